@@ -1,0 +1,71 @@
+"""Shared pydantic base for every pitlab resource model.
+
+Fields are snake_case in Python and camelCase in YAML (the Kubernetes convention), unknown fields are
+errors, and :class:`SpecError` turns pydantic's errors into messages that name the field path the way a
+user wrote it (``spec.training.seqLen``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "pitlab.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+
+class SpecModel(BaseModel):
+    """Base for spec/status blocks: camelCase aliases, unknown fields forbidden, assignment validated."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        validate_assignment=True,
+        use_enum_values=True,
+    )
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """The block as a user would write it: camelCase keys, JSON-compatible values, no unset Nones."""
+        return self.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+class SpecError(ValueError):
+    """A resource (or file) is invalid. ``problems`` is a list of ``(field_path, message)``.
+
+    ``str(err)`` gives one line per problem, each starting with the source (file name) and the field path
+    as written in YAML, e.g. ``demo.yaml: spec.training.seqLen: Input should be a valid integer``.
+    """
+
+    def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
+        self.problems = problems
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        super().__init__("\n".join(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}" for path, msg in problems))
+
+    @classmethod
+    def from_validation_error(cls, err: ValidationError, source: str | None = None, root: str = "") -> "SpecError":
+        """Convert a pydantic ``ValidationError`` into field-path messages (aliases, dotted, ``[i]`` for lists)."""
+        problems = []
+        for e in err.errors():
+            parts: list[str] = [root] if root else []
+            for loc in e["loc"]:
+                if isinstance(loc, int):
+                    if parts:
+                        parts[-1] = f"{parts[-1]}[{loc}]"
+                    else:
+                        parts.append(f"[{loc}]")
+                elif loc in ("function-after", "function-before") or "[" in str(loc):
+                    continue  # pydantic internals for validators and tagged unions
+                else:
+                    parts.append(str(loc))
+            msg = e["msg"]
+            if e["type"] == "extra_forbidden":
+                msg = "unknown field (check the spelling; fields are camelCase)"
+            elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):
+                msg = f"{msg} (got {e['input']!r})"
+            problems.append((".".join(parts), msg))
+        return cls(problems, source)

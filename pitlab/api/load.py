@@ -1,0 +1,89 @@
+"""Load a resource from the same YAML a user would ``kubectl apply``, with field-path errors."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Union
+
+import yaml
+from pydantic import ValidationError
+
+from pitlab.api.base import GROUP_VERSION, SpecError
+from pitlab.api.leakageeval import LeakageEval
+from pitlab.api.pittraining import PitTraining
+
+Resource = Union[PitTraining, LeakageEval]
+KINDS: dict[str, type] = {"PitTraining": PitTraining, "LeakageEval": LeakageEval}
+DATA_ROOT_ENV = "PITLAB_DATA_ROOT"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def parse_resource(doc: object, source: str | None = None) -> Resource:
+    """Validate a parsed YAML document as a PitTraining or LeakageEval.
+
+    Raises :class:`SpecError` naming the field path (``spec.protocol.testStart``) for unknown fields,
+    wrong types, missing fields and cross-field rules, or naming ``kind``/``apiVersion`` when those are wrong.
+    """
+    if not isinstance(doc, dict):
+        raise SpecError([("", f"expected a YAML mapping (a Kubernetes resource), got {type(doc).__name__}")], source)
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        raise SpecError([("kind", f"must be one of {sorted(KINDS)} (got {kind!r})")], source)
+    if doc.get("apiVersion") != GROUP_VERSION:
+        raise SpecError([("apiVersion", f"must be {GROUP_VERSION!r} (got {doc.get('apiVersion')!r})")], source)
+    try:
+        return KINDS[kind].model_validate(doc)
+    except ValidationError as err:
+        raise SpecError.from_validation_error(err, source) from None
+
+
+def load_resource(path: str | os.PathLike) -> Resource:
+    """Read one resource from a YAML file. Raises :class:`SpecError` (file missing, YAML syntax, schema)."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError([("", "file not found")], str(p))
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except yaml.YAMLError as err:
+        raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
+    if len(docs) != 1:
+        raise SpecError([("", f"expected exactly one YAML document, found {len(docs)}")], str(p))
+    return parse_resource(docs[0], str(p))
+
+
+def expand_uri(uri: str, field: str, env: dict[str, str] | None = None) -> str:
+    """Expand ``${VAR}`` references in a spec URI from the environment.
+
+    ``${PITLAB_DATA_ROOT}`` is the one configurable root of the shared data. Raises :class:`SpecError`
+    naming ``field`` when a variable is unset.
+    """
+    env = os.environ if env is None else env
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in env or not env[name]:
+            hint = (" (the folder holding the shared data sets, e.g. ../shared/data; `make demo` sets it)"
+                    if name == DATA_ROOT_ENV else "")
+            raise SpecError([(field, f"{uri!r} uses ${{{name}}}, which is not set{hint}")])
+        return env[name]
+
+    return _VAR.sub(sub, uri)
+
+
+def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[str, str] | None = None) -> Path:
+    """Expand variables in ``uri`` and return it as a local path; raises :class:`SpecError` naming ``field``
+    if it does not exist (when ``must_exist``) or is an unsupported scheme."""
+    s = expand_uri(uri, field, env)
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    if "://" in s:
+        raise SpecError([(field, f"{s!r}: only local paths are supported by this version (s3:// is planned)")])
+    p = Path(s).expanduser()
+    if must_exist and not p.exists():
+        hint = ""
+        if DATA_ROOT_ENV in uri:
+            hint = f" (is {DATA_ROOT_ENV}={os.environ.get(DATA_ROOT_ENV)!r} the shared data folder?)"
+        raise SpecError([(field, f"{s!r} does not exist{hint}")])
+    return p

@@ -1,0 +1,154 @@
+"""``PitTraining``: one point-in-time continued-pretraining run and its evaluations (DESIGN section 3)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from pitlab.api.base import GROUP_VERSION, SpecModel
+from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.api.meta import ObjectMeta
+from pitlab.api.status import ResourceStatus
+
+ARCHITECTURES = ("qwen3_5_moe_text", "qwen3_moe", "llama")
+
+
+class RandomInit(SpecModel):
+    """A random-initialised model of a real architecture (for tests, demos and rehearsals).
+
+    ``modelType`` is a transformers ``model_type``; ``config`` overrides that architecture's defaults
+    (``hidden_size``, ``num_hidden_layers``, ...; snake_case keys as in the Hugging Face config);
+    ``vocab_size`` is set from the trained tokenizer. ``seed`` fixes the initial weights.
+    """
+
+    model_type: Literal["qwen3_5_moe_text", "qwen3_moe", "llama"]
+    config: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+
+
+class TokenizerSpec(SpecModel):
+    """Byte-level BPE tokenizer trained on the filtered corpus (only with ``baseModel.randomInit``)."""
+
+    vocab_size: int = Field(4096, ge=300, le=262144)
+
+
+class BaseModelSpec(SpecModel):
+    """Where training starts: a Hugging Face model directory (``uri``) or ``randomInit``. Exactly one."""
+
+    uri: str | None = None
+    random_init: RandomInit | None = None
+    tokenizer: TokenizerSpec = TokenizerSpec()
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "BaseModelSpec":
+        if (self.uri is None) == (self.random_init is None):
+            raise ValueError("give exactly one of uri and randomInit")
+        return self
+
+
+class CorpusSpec(SpecModel):
+    """Dated documents. ``timestampField`` values are ISO dates or datetimes; naive values are read in
+    ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number)."""
+
+    uri: str
+    format: Literal["jsonl", "csv"]
+    text_field: str = "text"
+    timestamp_field: str = "date"
+    id_field: str | None = None
+    timezone: str = "UTC"
+    on_missing_timestamp: Literal["error", "drop"] = "error"
+
+    @model_validator(mode="after")
+    def _tz(self) -> "CorpusSpec":
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(self.timezone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
+        return self
+
+
+class LoraSpec(SpecModel):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class TrainingSpec(SpecModel):
+    """Optimisation settings. Units: ``seqLen`` in tokens; ``learningRate`` peak LR; ``warmupSteps`` in
+    optimizer steps. One optimizer step consumes seqLen × microBatchSize × gradientAccumulationSteps ×
+    world-size tokens."""
+
+    seq_len: int = Field(2048, ge=8)
+    micro_batch_size: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    learning_rate: float = Field(1e-5, gt=0)
+    min_learning_rate_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    optimizer: Literal["adamw"] = "adamw"
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    activation_checkpointing: bool = False
+    precision: Literal["fp32", "bf16"] = "bf16"
+    seed: int = 0
+    layer_streaming: bool = False
+
+
+class ResourcesSpec(SpecModel):
+    """Cluster resources. Locally, ``gpusPerNode`` is the number of torchrun processes (CPU ranks if no GPU)."""
+
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(8, ge=1)
+    image: str | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    queue_name: str | None = None
+
+
+class CheckpointSpec(SpecModel):
+    """DCP sharded checkpoints: every ``everySteps`` optimizer steps (0 = only at the end), last ``keep`` kept."""
+
+    uri: str | None = None
+    every_steps: int = Field(0, ge=0)
+    keep: int = Field(2, ge=1)
+
+
+class OutputSpec(SpecModel):
+    uri: str = "out"
+
+
+class PitTrainingSpec(SpecModel):
+    base_model: BaseModelSpec
+    corpus: CorpusSpec
+    knowledge_cutoff: dt.date
+    tokens: int = Field(ge=1, description="training token budget")
+    method: Literal["full", "lora"] = "full"
+    lora: LoraSpec | None = None
+    training: TrainingSpec = TrainingSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    output: OutputSpec = OutputSpec()
+    evaluations: list[LeakageEvalTemplate] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _lora(self) -> "PitTrainingSpec":
+        if self.lora is not None and self.method != "lora":
+            raise ValueError("lora: the lora block is only allowed with method: lora")
+        if self.method == "lora":
+            raise ValueError("method: lora is not implemented yet in this version; use method: full")
+        return self
+
+
+class PitTraining(SpecModel):
+    api_version: Literal["pitlab.io/v1alpha1"] = Field(GROUP_VERSION, alias="apiVersion")
+    kind: Literal["PitTraining"] = "PitTraining"
+    metadata: ObjectMeta
+    spec: PitTrainingSpec
+    status: ResourceStatus | None = None

@@ -1,0 +1,114 @@
+"""Status blocks and Kubernetes-style conditions, written by one function for the operator and the local runner.
+
+Conditions follow the Kubernetes API convention (type, status, reason, message, lastTransitionTime,
+observedGeneration) plus the kstatus types ``Ready``, ``Reconciling`` and ``Stalled``, so ``kubectl wait
+--for=condition=Ready`` works. ``lastTransitionTime`` changes only when a condition's status changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pitlab.api.base import SpecModel
+
+Phase = Literal["Pending", "Validating", "Training", "Merging", "Evaluating", "Embedding", "Analyzing",
+                "Succeeded", "Failed"]
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+class Condition(SpecModel):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = ""
+    last_transition_time: str
+    observed_generation: int | None = None
+
+
+class Progress(SpecModel):
+    step: int = 0
+    total_steps: int | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+
+
+class CorpusAuditStatus(SpecModel):
+    included: int
+    excluded_by_date: int
+    rejected_timestamp: int
+    max_included_timestamp: str | None
+    included_ids_sha256: str
+
+
+class ResourceStatus(SpecModel):
+    """``status`` of a PitTraining or a LeakageEval (fields a kind does not use stay unset)."""
+
+    phase: Phase = "Pending"
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    progress: Progress | None = None
+    corpus_audit: CorpusAuditStatus | None = None
+    checkpoint_uri: str | None = None
+    model_uri: str | None = None
+    report_uri: str | None = None
+    children: dict[str, str] = Field(default_factory=dict)
+    results: dict[str, Any] | None = None
+
+
+def now_rfc3339() -> str:
+    """Current UTC time as RFC 3339 with second precision (the Kubernetes ``metav1.Time`` format)."""
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def set_condition(status: ResourceStatus, type_: str, state: Literal["True", "False", "Unknown"], reason: str,
+                  message: str = "", generation: int | None = None, now: str | None = None) -> ResourceStatus:
+    """Set (or add) condition ``type_`` on ``status`` in place and return it.
+
+    ``lastTransitionTime`` is kept when ``state`` equals the current status; reason, message and
+    observedGeneration are always updated.
+    """
+    now = now or now_rfc3339()
+    conds = list(status.conditions)
+    for i, c in enumerate(conds):
+        if c.type == type_:
+            ltt = c.last_transition_time if c.status == state else now
+            conds[i] = Condition(type=type_, status=state, reason=reason, message=message,
+                                 last_transition_time=ltt, observed_generation=generation)
+            break
+    else:
+        conds.append(Condition(type=type_, status=state, reason=reason, message=message,
+                               last_transition_time=now, observed_generation=generation))
+    status.conditions = conds
+    return status
+
+
+def set_phase(status: ResourceStatus, phase: str, reason: str, message: str = "",
+              generation: int | None = None, now: str | None = None) -> ResourceStatus:
+    """Move to ``phase`` and keep the kstatus conditions consistent with it.
+
+    Non-terminal phases: Reconciling=True, Ready=False, Stalled=False. Succeeded: Ready=True, Reconciling=False.
+    Failed: Stalled=True (reason/message from the failure), Ready=False, Reconciling=False.
+    """
+    status.phase = phase
+    status.observed_generation = generation
+    if phase == "Succeeded":
+        set_condition(status, "Ready", "True", reason, message, generation, now)
+        set_condition(status, "Reconciling", "False", reason, message, generation, now)
+        set_condition(status, "Stalled", "False", reason, "", generation, now)
+    elif phase == "Failed":
+        set_condition(status, "Ready", "False", reason, message, generation, now)
+        set_condition(status, "Reconciling", "False", reason, message, generation, now)
+        set_condition(status, "Stalled", "True", reason, message, generation, now)
+    else:
+        set_condition(status, "Ready", "False", reason, message, generation, now)
+        set_condition(status, "Reconciling", "True", reason, message, generation, now)
+        set_condition(status, "Stalled", "False", reason, "", generation, now)
+    return status
+
+
+def get_condition(status: ResourceStatus, type_: str) -> Condition | None:
+    """The condition of type ``type_``, or None."""
+    return next((c for c in status.conditions if c.type == type_), None)

@@ -1,0 +1,34 @@
+"""Data types passed between pitlab.data and its consumers (trainer, evaluator)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class Document:
+    """One corpus document. ``timestamp`` is timezone-aware (UTC) or None when missing/unparseable."""
+
+    id: str
+    text: str
+    timestamp: pd.Timestamp | None
+    row: int  # 1-based data row number in the source file (header excluded)
+
+
+@dataclass
+class Panel:
+    """An evaluation panel of (date t, security i) rows.
+
+    ``rows`` columns: ``date`` (datetime64[ns], trading day t), ``security`` (str), ``prompt`` (str, built
+    from information available at t only), ``target`` (float64, close change from t+1 to t+2:
+    close[t+2] / close[t+1] - 1, JPX definition). Sorted by (date, security), unique on (date, security),
+    no NaN target. ``calendar`` is every trading day of the source panel (sorted, unique), used to count
+    embargo days in trading days. ``dropped`` counts rows removed while sampling and why.
+    """
+
+    rows: pd.DataFrame
+    calendar: pd.DatetimeIndex
+    source: str
+    dropped: dict[str, int] = field(default_factory=dict)
