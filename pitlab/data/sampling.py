@@ -1,0 +1,99 @@
+"""Seeded sampling of an evaluation panel (dates × securities) and prompts built from information at t only."""
+
+from __future__ import annotations
+
+import datetime as dt
+import string
+
+import numpy as np
+import pandas as pd
+
+from pitlab.data.panels import HISTORY_DAYS, PanelError, Prices, compute_features, compute_target
+from pitlab.data.types import Panel
+
+DEFAULT_PROMPT_TEMPLATE = (
+    "Date: {date}. Stock: {name} ({security}). Close {close:.2f}. Returns: 1-day {ret_1d:+.2%}, "
+    "5-day {ret_5d:+.2%}, 20-day {ret_20d:+.2%}. Volume {volume_ratio:.2f}x its 20-day average."
+)
+PROMPT_FIELDS = ("date", "security", "name", "close", "ret_1d", "ret_5d", "ret_20d", "volume", "volume_ratio")
+
+
+def check_prompt_template(template: str) -> None:
+    """Raise ValueError naming ``dataset.promptTemplate`` if it uses a field not in :data:`PROMPT_FIELDS`
+    (no field may refer to t+1 or later) or is not a valid ``str.format`` template."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as err:
+        raise ValueError(f"dataset.promptTemplate: invalid template ({err})") from None
+    unknown = sorted({f.split(".")[0].split("[")[0] for f in fields} - set(PROMPT_FIELDS))
+    if unknown:
+        raise ValueError(f"dataset.promptTemplate: unknown field(s) {unknown}; available: {list(PROMPT_FIELDS)}")
+
+
+def sample_dates(calendar: pd.DatetimeIndex, count: int, seed: int, start: dt.date | None = None,
+                 end: dt.date | None = None) -> pd.DatetimeIndex:
+    """Draw ``count`` distinct trading days (sorted) with ``numpy.random.default_rng(seed)``.
+
+    Eligible days lie in [start, end], have ``HISTORY_DAYS`` (20) trading days before them (for the
+    features) and two after them (for the target). Raises PanelError naming ``dataset.dates.count`` when
+    fewer days are eligible.
+    """
+    idx = np.arange(len(calendar))
+    ok = (idx >= HISTORY_DAYS) & (idx <= len(calendar) - 3)
+    if start is not None:
+        ok &= calendar >= pd.Timestamp(start)
+    if end is not None:
+        ok &= calendar <= pd.Timestamp(end)
+    eligible = calendar[ok]
+    if len(eligible) < count:
+        raise PanelError(f"dataset.dates.count: {count} dates requested but only {len(eligible)} trading days "
+                         "are eligible (20 days of history before, 2 days after, inside dates.start..end)")
+    rng = np.random.default_rng(seed)
+    return pd.DatetimeIndex(np.sort(rng.choice(eligible.to_numpy(), size=count, replace=False)))
+
+
+def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
+                start: dt.date | None = None, end: dt.date | None = None,
+                template: str | None = None) -> Panel:
+    """Sample dates, then a universe, and build one prompt and target per (date, security) row.
+
+    Universe (point-in-time): securities with a close and 20 trading days of history at the *first* sampled
+    date, drawn with ``default_rng(seed + 1)``; whether a security survives later is not used to pick it.
+    Rows whose target or features are missing (a security delisted or halted later) are dropped and
+    counted in ``Panel.dropped`` (``missing_target``, ``missing_features``). Raises PanelError naming
+    ``dataset.universeSize`` when fewer securities are eligible.
+    """
+    template = template or DEFAULT_PROMPT_TEMPLATE
+    check_prompt_template(template)
+    dates = sample_dates(prices.calendar, date_count, seed, start, end)
+    feats = compute_features(prices)
+    target = compute_target(prices.close)
+    first = dates[0]
+    hist_ok = feats["ret_20d"].loc[first].notna() & feats["volume_ratio"].loc[first].notna()
+    eligible = np.array(sorted(hist_ok.index[hist_ok.to_numpy()]))
+    if len(eligible) < universe_size:
+        raise PanelError(f"dataset.universeSize: {universe_size} securities requested but only {len(eligible)} "
+                         f"have 20 trading days of history at the first sampled date {first.date()}")
+    rng = np.random.default_rng(seed + 1)
+    universe = np.sort(rng.choice(eligible, size=universe_size, replace=False))
+
+    long = pd.DataFrame({"date": np.repeat(dates.to_numpy(), len(universe)),
+                         "security": np.tile(universe, len(dates))})
+    for name, frame in {**feats, "target": target}.items():
+        long[name] = frame.loc[dates, universe].to_numpy().ravel()
+    feature_cols = ["close", "ret_1d", "ret_5d", "ret_20d", "volume", "volume_ratio"]
+    missing_feat = long[feature_cols].isna().any(axis=1)
+    missing_target = long["target"].isna() & ~missing_feat
+    dropped = {"missing_features": int(missing_feat.sum()), "missing_target": int(missing_target.sum())}
+    long = long[~missing_feat & ~missing_target].reset_index(drop=True)
+    if long.empty:
+        raise PanelError(f"{prices.source}: every sampled row lacks a target or features")
+    long["name"] = long["security"].map(prices.names)
+    long["prompt"] = [
+        template.format(date=r.date.date().isoformat(), security=r.security, name=r.name, close=r.close,
+                        ret_1d=r.ret_1d, ret_5d=r.ret_5d, ret_20d=r.ret_20d, volume=r.volume,
+                        volume_ratio=r.volume_ratio)
+        for r in long.itertuples(index=False)
+    ]
+    rows = long[["date", "security", "prompt", "target"]].sort_values(["date", "security"]).reset_index(drop=True)
+    return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped)

@@ -1,0 +1,94 @@
+"""Resource models: the YAML a user applies, and the errors they see."""
+
+import copy
+
+import pytest
+import yaml
+
+from pitlab.api import SpecError, expand_uri, load_resource, parse_resource, set_condition, set_phase
+from pitlab.api.status import ResourceStatus, get_condition
+
+EXAMPLE = "examples/local-sp500-fomc.yaml"
+
+
+@pytest.fixture()
+def doc():
+    with open(EXAMPLE) as f:
+        return yaml.safe_load(f)
+
+
+def test_example_loads(doc):
+    r = parse_resource(doc)
+    assert r.kind == "PitTraining" and r.metadata.name == "sp500-fomc-demo"
+    assert r.spec.training.seq_len == 128 and r.spec.resources.gpus_per_node == 2
+    ev = r.spec.evaluations[0].spec
+    assert [m.name for m in ev.models] == ["base", "pit-2016", "minilm"]
+    assert ev.protocol.embargo_days == 5 and ev.bootstrap.resamples == 200
+    # camelCase round trip
+    again = parse_resource(r.model_dump(by_alias=True, mode="json"))
+    assert again == r
+
+
+def test_unknown_field_names_the_path(doc):
+    doc["spec"]["training"]["seqLength"] = 128
+    with pytest.raises(SpecError) as e:
+        parse_resource(doc, "x.yaml")
+    assert str(e.value) == "x.yaml: spec.training.seqLength: unknown field (check the spelling; fields are camelCase)"
+
+
+def test_wrong_type_names_the_path(doc):
+    doc["spec"]["training"]["microBatchSize"] = "eight"
+    with pytest.raises(SpecError, match=r"^x.yaml: spec.training.microBatchSize: Input should be a valid integer.*'eight'"):
+        parse_resource(doc, "x.yaml")
+
+
+def test_list_index_in_path(doc):
+    doc["spec"]["evaluations"][0]["spec"]["models"][1]["knowledgeCutoff"] = "not-a-date"
+    with pytest.raises(SpecError, match=r"spec.evaluations\[0\].spec.models\[1\].knowledgeCutoff"):
+        parse_resource(doc)
+
+
+def test_test_start_must_follow_train_end(doc):
+    doc["spec"]["evaluations"][0]["spec"]["protocol"]["testStart"] = "2016-12-31"
+    with pytest.raises(SpecError, match=r"spec.evaluations\[0\].spec.protocol: .*testStart \(2016-12-31\) must be after trainEnd \(2016-12-31\)"):
+        parse_resource(doc)
+
+
+def test_leakageeval_kind_and_errors(doc):
+    ev = {"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval", "metadata": {"name": "e"},
+          "spec": copy.deepcopy(doc["spec"]["evaluations"][0]["spec"])}
+    assert parse_resource(ev).kind == "LeakageEval"
+    ev["apiVersion"] = "pitlab.io/v1"
+    with pytest.raises(SpecError, match=r"apiVersion: must be 'pitlab.io/v1alpha1'"):
+        parse_resource(ev)
+    ev["apiVersion"], ev["kind"] = "pitlab.io/v1alpha1", "Leakage"
+    with pytest.raises(SpecError, match=r"kind: must be one of"):
+        parse_resource(ev)
+
+
+def test_yaml_syntax_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: [unclosed\n")
+    with pytest.raises(SpecError, match=r"bad.yaml: YAML syntax error"):
+        load_resource(bad)
+    with pytest.raises(SpecError, match=r"nope.yaml: file not found"):
+        load_resource(tmp_path / "nope.yaml")
+
+
+def test_data_root_variable():
+    assert expand_uri("${PITLAB_DATA_ROOT}/a.csv", "spec.corpus.uri", {"PITLAB_DATA_ROOT": "/d"}) == "/d/a.csv"
+    with pytest.raises(SpecError, match=r"spec.corpus.uri: .*PITLAB_DATA_ROOT\}, which is not set"):
+        expand_uri("${PITLAB_DATA_ROOT}/a.csv", "spec.corpus.uri", {})
+
+
+def test_conditions_keep_transition_time_when_status_unchanged():
+    s = ResourceStatus()
+    set_condition(s, "Trained", "False", "Running", "step 1", 1, now="2026-01-01T00:00:00Z")
+    set_condition(s, "Trained", "False", "Running", "step 2", 1, now="2026-01-01T00:01:00Z")
+    c = get_condition(s, "Trained")
+    assert c.last_transition_time == "2026-01-01T00:00:00Z" and c.message == "step 2"
+    set_condition(s, "Trained", "True", "Completed", "", 1, now="2026-01-01T00:02:00Z")
+    assert get_condition(s, "Trained").last_transition_time == "2026-01-01T00:02:00Z"
+    set_phase(s, "Failed", "MergeFailed", "logits differ", 1, now="2026-01-01T00:03:00Z")
+    assert (get_condition(s, "Stalled").status, get_condition(s, "Ready").status) == ("True", "False")
+    assert get_condition(s, "Stalled").message == "logits differ" and s.phase == "Failed"

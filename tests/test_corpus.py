@@ -1,0 +1,111 @@
+"""PIT corpus reader and cutoff filter."""
+
+import datetime as dt
+import json
+import zoneinfo
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pitlab.data import CorpusError, cutoff_instant, filter_corpus, read_corpus
+from pitlab.data.corpus import parse_timestamp
+from pitlab.data.types import Document
+
+TIMEZONES = ["UTC", "America/New_York", "Asia/Tokyo", "Europe/London", "Pacific/Kiritimati", "Pacific/Pago_Pago"]
+
+
+def test_fomc_cutoff_counts(data_root):
+    src = data_root / "fomc_statements" / "fomc_statements_1994_2026.csv"
+    docs = read_corpus(src, "csv", "text", "date", "America/New_York")
+    kept, audit = filter_corpus(docs, dt.date(2016, 12, 31), "America/New_York", source=str(src))
+    assert audit.total == 235
+    # statements dated 1994-02-04 .. 2016-12-14 are kept; 2017-02-01 onwards excluded
+    assert audit.included == 159 and audit.excluded_by_date == 76 and audit.rejected_timestamp == 0
+    assert audit.max_included_timestamp == "2016-12-14T05:00:00+00:00"
+    assert audit.included + audit.excluded_by_date + audit.rejected_timestamp + audit.rejected_empty_text == 235
+    assert all(d.timestamp < pd.Timestamp("2017-01-01T05:00:00Z") for d in kept)
+
+
+def test_day_boundary_in_timezone():
+    # 23:59:59 on the cutoff day in Tokyo is kept; 00:00:00 the next day is not, whatever UTC says
+    docs = [Document("a", "x", parse_timestamp("2016-12-31T23:59:59", "Asia/Tokyo"), 1),
+            Document("b", "y", parse_timestamp("2017-01-01T00:00:00", "Asia/Tokyo"), 2),
+            Document("c", "z", parse_timestamp("2016-12-31T15:30:00+00:00", "Asia/Tokyo"), 3)]  # 00:30 JST Jan 1
+    kept, audit = filter_corpus(docs, dt.date(2016, 12, 31), "Asia/Tokyo")
+    assert [d.id for d in kept] == ["a"]
+    assert audit.excluded_by_date == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tz=st.sampled_from(TIMEZONES),
+    cutoff=st.dates(min_value=dt.date(1990, 1, 1), max_value=dt.date(2030, 12, 31)),
+    offsets=st.lists(st.integers(min_value=-3 * 86400, max_value=3 * 86400), min_size=1, max_size=30),
+    doc_tz=st.sampled_from(TIMEZONES + [None]),
+)
+def test_filter_never_keeps_a_document_after_the_cutoff(tz, cutoff, offsets, doc_tz):
+    """Property: kept ⇔ local date (in the spec's timezone) ≤ cutoff, for timestamps written in any zone."""
+    end_local = dt.datetime.combine(cutoff + dt.timedelta(days=1), dt.time(0), tzinfo=zoneinfo.ZoneInfo(tz))
+    docs = []
+    for i, off in enumerate(offsets):
+        instant = end_local + dt.timedelta(seconds=off)
+        if doc_tz is None:  # naive string, read in the spec's timezone
+            s = instant.astimezone(zoneinfo.ZoneInfo(tz)).replace(tzinfo=None).isoformat()
+        else:
+            s = instant.astimezone(zoneinfo.ZoneInfo(doc_tz)).isoformat()
+        docs.append(Document(f"d{i}", "text", parse_timestamp(s, tz), i + 1))
+    try:
+        kept, audit = filter_corpus(docs, cutoff, tz)
+    except CorpusError:
+        kept = []
+        audit = None
+    limit = cutoff_instant(cutoff, tz)
+    for d in kept:
+        assert d.timestamp < limit
+        assert d.timestamp.tz_convert(tz).date() <= cutoff
+    expected = {d.id for d in docs if d.timestamp.tz_convert(tz).date() <= cutoff}
+    assert {d.id for d in kept} == expected
+    if audit is not None:
+        assert audit.included + audit.excluded_by_date == len(docs)
+
+
+def test_missing_timestamp_is_an_error_naming_the_row(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("date,text\n2016-01-05,first\n,second\n2016-02-01,third\n")
+    docs = read_corpus(f, "csv", "text", "date", "UTC")
+    with pytest.raises(CorpusError, match=r"c\.csv: row 2 \(id 'row-2'\): missing or unparseable timestamp"):
+        filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
+
+
+def test_drop_counts_missing_and_unparseable(tmp_path):
+    f = tmp_path / "c.jsonl"
+    rows = [{"id": "a", "ts": "2016-01-05", "body": "one"}, {"id": "b", "ts": None, "body": "two"},
+            {"id": "c", "ts": "not a date", "body": "three"}, {"id": "d", "ts": "2017-03-01", "body": "four"}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    docs = read_corpus(f, "jsonl", "body", "ts", "UTC", id_field="id")
+    kept, audit = filter_corpus(docs, dt.date(2016, 12, 31), "UTC", "drop")
+    assert [d.id for d in kept] == ["a"]
+    assert (audit.included, audit.excluded_by_date, audit.rejected_timestamp) == (1, 1, 2)
+    import hashlib
+    assert audit.included_ids_sha256 == hashlib.sha256(b"a").hexdigest()
+
+
+def test_no_document_before_cutoff(tmp_path):
+    f = tmp_path / "late.csv"
+    f.write_text("date,text\n2020-01-01,a\n2021-01-01,b\n")
+    docs = read_corpus(f, "csv", "text", "date", "UTC")
+    with pytest.raises(CorpusError, match=r"no document at or before the knowledge cutoff 2016-12-31.*2 documents"):
+        filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
+
+
+def test_missing_column_and_duplicate_id(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("when,text\n2016-01-05,a\n")
+    with pytest.raises(CorpusError, match=r"no field 'date' \(spec.corpus.timestampField\)"):
+        read_corpus(f, "csv", "text", "date", "UTC")
+    g = tmp_path / "d.csv"
+    g.write_text("id,date,text\nx,2016-01-05,a\nx,2016-01-06,b\n")
+    with pytest.raises(CorpusError, match=r"row 2: duplicate id 'x' \(first seen at row 1\)"):
+        read_corpus(g, "csv", "text", "date", "UTC", id_field="id")
