@@ -153,6 +153,28 @@ def evaluate(file: Path = typer.Argument(..., help="LeakageEval YAML."),
 
 
 @app.command()
+def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML or JSON."),
+            run_dir: Path = typer.Option(..., "--run-dir", help="Run folder to write base/, data/, spec.json into."),
+            data_root: Optional[Path] = DataRoot) -> None:
+    """Filter the corpus to the knowledge cutoff, train the tokenizer, write the base model and packed tokens
+    (the prepare Job's entry point; `pitlab run` does the same before training)."""
+    from pitlab.data import CorpusError, PanelError
+    from pitlab.local import check_corpus, prepare_run, write_json_atomic
+
+    res = _load(spec, data_root)
+    if not isinstance(res, PitTraining):
+        _fail(f"{spec}: kind {res.kind}: `pitlab prepare` takes a PitTraining", 2)
+    try:
+        plan = check_corpus(res)
+    except (SpecError, CorpusError, PanelError) as err:
+        _fail(err, 2)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+    base_dir, n_tokens = prepare_run(res, plan, run_dir)
+    console.print(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
+
+
+@app.command()
 def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (JSON) written by the runner."),
           run_dir: Path = typer.Option(..., "--run-dir", help="Run folder with base/ and data/.")) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""

@@ -272,7 +272,6 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     says Failed with the stage's reason).
     """
     from pitlab.trainer.launch import run_training
-    from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
 
     reporter = reporter or SilentReporter()
     reporter.stage("validate", "schema, files, corpus, panel, models")
@@ -296,17 +295,11 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     try:
         st.phase("Training", "Preparing", "training the tokenizer and preparing the base model")
         reporter.stage("prepare", "tokenizer + base model + packed tokens")
-        texts = [d.text for d in plan.documents]
-        base_dir = prepare_base_model(res.spec, texts, run_dir / "base")
-        from transformers import AutoTokenizer
-
-        n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy")
+        base_dir, n_tokens = prepare_run(res, plan, run_dir)
         reporter.done("prepare", f"{n_tokens:,} corpus tokens")
 
         stage = "Training"
         spec_path = run_dir / "spec.json"
-        write_json_atomic(spec_path, res.model_dump(by_alias=True, mode="json", exclude_none=True,
-                                                    exclude={"status"}))
         n = nproc or res.spec.resources.gpus_per_node
         reporter.stage("train", f"torchrun, {n} processes, FSDP2")
         last_write = [0.0]
@@ -363,6 +356,28 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         raise RunError(reason, _short(err)) from err
     st.phase("Succeeded", "Completed", "trained, merged and evaluated")
     return json.loads((run_dir / "status.json").read_text())
+
+
+def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path, int]:
+    """Write what every training rank reads: ``base/`` (tokenizer trained on the kept documents + base
+    model), ``data/tokens.npy`` (packed corpus tokens) and ``spec.json`` (the resolved resource).
+
+    This is the ``pitlab prepare`` entry point's work (a single-pod Job on a cluster). Returns
+    (base model folder, number of corpus tokens).
+    """
+    from transformers import AutoTokenizer
+
+    from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / "spec.json", res.model_dump(by_alias=True, mode="json", exclude_none=True,
+                                                            exclude={"status"}))
+    if not (run_dir / "corpus_audit.json").exists():
+        write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+    texts = [d.text for d in plan.documents]
+    base_dir = prepare_base_model(res.spec, texts, run_dir / "base")
+    n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy")
+    return base_dir, n_tokens
 
 
 def run_merge(checkpoint: Path, base_dir: Path, out_dir: Path) -> dict:
