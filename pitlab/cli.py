@@ -186,11 +186,14 @@ def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (J
 @app.command()
 def merge(checkpoint: Path = typer.Option(..., "--checkpoint", help="DCP checkpoint folder."),
           base: Path = typer.Option(..., "--base", help="Base model folder (config + tokenizer)."),
-          out: Path = typer.Option(..., "--out", help="Output Hugging Face model folder.")) -> None:
+          out: Path = typer.Option(..., "--out", help="Output Hugging Face model folder."),
+          summary: Optional[Path] = typer.Option(None, "--summary",
+                                                 help="Training summary.json whose param_sha256 must match.")) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point)."""
     from pitlab.trainer.merge import main as merge_main
 
-    sys.exit(merge_main(["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out)]))
+    argv = ["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out)]
+    sys.exit(merge_main(argv + (["--summary", str(summary)] if summary else [])))
 
 
 if __name__ == "__main__":

@@ -313,7 +313,7 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
                 last_write[0] = time.monotonic()
                 st.write()
 
-        summary = run_training(spec_path, run_dir, n, on_step=on_step)
+        summary = run_training(spec_path, run_dir, n, on_step=on_step, base=base_dir)
         st.status.checkpoint_uri = str(summary.get("checkpoint", run_dir / "checkpoint"))
         st.condition("Trained", "True", "Completed",
                      f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
@@ -324,7 +324,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         stage = "Merging"
         st.phase("Merging", "Merging", "single-process merge of the DCP checkpoint")
         reporter.stage("merge", "DCP → Hugging Face safetensors (separate process)")
-        merge = run_merge(Path(st.status.checkpoint_uri), base_dir, run_dir / "model")
+        merge = run_merge(Path(st.status.checkpoint_uri), base_dir, run_dir / "model",
+                          summary=run_dir / "train" / "summary.json")
         st.status.model_uri = str(run_dir / "model")
         st.condition("Merged", "True", "Verified", "merged model's logits equal the checkpoint's")
         reporter.done("merge", f"{merge.get('tensors')} tensors, {merge.get('bytes', 0) / 1e6:.1f} MB, logits verified")
@@ -380,10 +381,13 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     return base_dir, n_tokens
 
 
-def run_merge(checkpoint: Path, base_dir: Path, out_dir: Path) -> dict:
-    """Run the merge as its own process (``python -m pitlab.trainer.merge``), as the merge Job does."""
+def run_merge(checkpoint: Path, base_dir: Path, out_dir: Path, summary: Path | None = None) -> dict:
+    """Run the merge as its own process (``python -m pitlab.trainer.merge``), as the merge Job does.
+
+    With ``summary`` (the trainer's summary.json) the merged weights must also match its ``param_sha256``.
+    """
     cmd = [sys.executable, "-m", "pitlab.trainer.merge", "--checkpoint", str(checkpoint), "--base", str(base_dir),
-           "--out", str(out_dir)]
+           "--out", str(out_dir)] + (["--summary", str(summary)] if summary else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])

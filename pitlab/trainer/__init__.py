@@ -1,0 +1,16 @@
+"""Continued pretraining under torchrun + FSDP2, sharded checkpoints and the offline merge (DESIGN 4.3, 4.4).
+
+Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothing heavy):
+
+- ``tokenizer``: byte-level BPE tokenizer trained on the PIT-filtered corpus
+- ``prepare``: base model directory (random init of a real architecture, or a given HF dir); token file
+- ``data``: packed sequences, seeded per-epoch order, per-rank slices; token budget -> steps
+- ``schedule``: learning-rate warmup and decay
+- ``fsdp``: ``fully_shard`` per decoder layer and root, mixed-precision policy
+- ``checkpoint``: atomic DCP checkpoints, ``latest`` pointer, retention
+- ``metrics``: JSON-lines progress (writer and tailer)
+- ``train``: the training loop (``python -m pitlab.trainer.train`` under torchrun)
+- ``launch``: builds and runs the torchrun command, follows metrics, returns the summary
+- ``merge``: DCP checkpoint -> verified Hugging Face model dir (``python -m pitlab.trainer.merge``)
+- ``digest``, ``files``: tensor sha256; atomic file writes
+"""

@@ -1,0 +1,45 @@
+"""Atomic small-file writes: a reader sees the old content or the new, never a partial file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via ``<path>.tmp`` + fsync + ``os.replace``."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (see :func:`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames inside it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_readable(directory: Path) -> None:
+    """Give every file directly in ``directory`` the umask's default mode (usually 0644).
+
+    ``save_pretrained`` writes ``*.safetensors`` as 0600 (private temp file renamed into place); a model
+    directory read by another user (e.g. an evaluation pod with a different uid) needs ordinary modes.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in Path(directory).iterdir():
+        if p.is_file():
+            os.chmod(p, 0o666 & ~umask)

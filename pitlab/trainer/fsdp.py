@@ -1,0 +1,44 @@
+"""FSDP2 sharding of a Hugging Face decoder-only causal LM."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM (``model.model.layers`` for llama, qwen3_moe, qwen3_5_moe_text).
+
+    Raises ``TypeError`` naming the model class if it has no such ``ModuleList``.
+    """
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise TypeError(f"{type(model).__name__}: expected decoder layers at model.model.layers (a non-empty "
+                        "ModuleList); this architecture is not supported by the FSDP2 wrapper")
+    return layers
+
+
+def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
+    """``bf16``: bfloat16 parameters in forward/backward, float32 gradient reduction (sharded params and
+    optimizer state stay float32). ``fp32``: no casting. Raises ``ValueError`` for another value."""
+    if precision == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    raise ValueError(f"spec.training.precision: must be fp32 or bf16 (got {precision!r})")
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
+    """Apply FSDP2 ``fully_shard`` to each decoder layer, then to the root module; returns ``model``.
+
+    Parameters become ``DTensor`` shards (dim-0 ``Shard`` over ``mesh``) on the mesh's device; names from
+    ``named_parameters()`` are unchanged. Gradients are reduce-scattered after every backward (also per
+    microbatch under gradient accumulation), so no unsharded gradient is kept between microbatches.
+    """
+    policy = mixed_precision_policy(precision)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model

@@ -1,0 +1,114 @@
+"""Run the trainer as a local torchrun job and follow its progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from pitlab.api import PitTraining
+from pitlab.trainer.files import write_json_atomic
+from pitlab.trainer.metrics import MetricsTail
+
+STDERR_TAIL_LINES = 30
+ERROR_PREFIX = "pitlab.trainer.train: error"  # how train.py reports a known error
+
+
+class TrainingError(RuntimeError):
+    """The training job failed; the message holds the exit code and the end of the job's stderr."""
+
+
+def write_spec(resource: PitTraining, path: Path) -> Path:
+    """Write ``resource`` as the resolved-spec JSON the trainer reads (camelCase, JSON values); returns ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, resource.model_dump(mode="json", by_alias=True))
+    return path
+
+
+def build_torchrun_command(spec_path: Path, run_dir: Path, nproc: int, base: Path | None = None) -> list[str]:
+    """The torchrun command line of a single-node job with ``nproc`` ranks (pure; runs nothing).
+
+    ``base`` overrides the base model directory (default ``run_dir/base``). Raises ``ValueError`` if
+    ``nproc < 1``.
+    """
+    if nproc < 1:
+        raise ValueError(f"spec.resources.gpusPerNode: must be >= 1 (got {nproc})")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "pitlab.trainer.train", "--spec", str(spec_path), "--run-dir", str(run_dir)]
+    if base is not None:
+        cmd += ["--base", str(base)]
+    return cmd
+
+
+def training_env(nproc: int, cuda: bool, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment of the job: ``environ`` (default ``os.environ``) with ``OMP_NUM_THREADS`` set for CPU
+    ranks to ``max(1, cpu_count // nproc)`` so the ranks do not oversubscribe the cores."""
+    env = dict(os.environ if environ is None else environ)
+    if not cuda:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[dict], None] | None = None,
+                 base: Path | None = None, poll_s: float = 0.5) -> dict:
+    """Run the training job to completion and return ``run_dir/train/summary.json`` as a dict.
+
+    Removes a previous run's ``metrics.jsonl`` and ``summary.json`` first, starts the torchrun command
+    of :func:`build_torchrun_command` (stdout/stderr to ``run_dir/train/{stdout,stderr}.log``), and calls
+    ``on_step(record)`` for each metrics line as it appears (see :mod:`pitlab.trainer.metrics`).
+    Raises :class:`TrainingError` when the job fails or finishes without a summary; its message holds
+    the exit code, the errors the ranks reported (e.g. a spec field), the command and the last 30
+    lines of stderr.
+    """
+    import torch  # deferred: the parent only needs it to pick the environment
+
+    run_dir = Path(run_dir)
+    train_dir = run_dir / "train"
+    train_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path, summary_path = train_dir / "metrics.jsonl", train_dir / "summary.json"
+    for stale in (metrics_path, summary_path):
+        stale.unlink(missing_ok=True)
+    cmd = build_torchrun_command(spec_path, run_dir, nproc, base)
+    env = training_env(nproc, torch.cuda.is_available())
+    tail = MetricsTail(metrics_path)
+    stderr_path = train_dir / "stderr.log"
+    with open(train_dir / "stdout.log", "wb") as out, open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        try:
+            while True:
+                rc = proc.poll()
+                for rec in tail.poll():
+                    if on_step is not None:
+                        on_step(rec)
+                if rc is not None:
+                    break
+                time.sleep(poll_s)
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    if rc != 0:
+        raise TrainingError(_failure_message(f"training failed (exit code {rc})", cmd, stderr_path))
+    if not summary_path.is_file():
+        raise TrainingError(_failure_message(f"training exited 0 but wrote no {summary_path}", cmd, stderr_path))
+    return json.loads(summary_path.read_text())
+
+
+def _failure_message(headline: str, cmd: list[str], stderr_path: Path) -> str:
+    """``headline``, the errors the ranks reported (deduplicated), the command and the end of stderr."""
+    with open(stderr_path, "r", encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    reported = list(dict.fromkeys(line.rstrip() for line in lines if line.startswith(ERROR_PREFIX)))
+    parts = [headline + (":" if reported else "")] + reported
+    parts.append(f"command: {' '.join(cmd)}")
+    parts.append(f"last {STDERR_TAIL_LINES} lines of {stderr_path}:")
+    return "\n".join(parts) + "\n" + "".join(lines[-STDERR_TAIL_LINES:])

@@ -1,0 +1,68 @@
+"""Training metrics as JSON lines: one object per optimizer step, flushed so another process can tail it.
+
+Record fields (written by the trainer): ``step`` (1-based optimizer steps done), ``total_steps``,
+``loss`` (mean token cross-entropy in nats over all ranks and microbatches of the step), ``lr``
+(learning rate used by the step), ``grad_norm`` (global L2 norm before clipping), ``tokens``
+(cumulative input tokens over all ranks), ``tokens_per_second`` (this step, all ranks),
+``elapsed_s`` (seconds since the first step started).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsWriter:
+    """Append-only JSON-lines writer. ``mode="w"`` starts a fresh file, ``"a"`` appends (e.g. on resume)."""
+
+    def __init__(self, path: Path, mode: str = "w"):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, mode, encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        """Write ``record`` as one line of JSON and flush it to the OS."""
+        self._f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class MetricsTail:
+    """Incremental reader of a JSON-lines file being written by another process.
+
+    :meth:`poll` returns the records of the complete lines (ending in a newline) added since the last
+    call; a partially written last line is kept for the next call. A missing file yields nothing.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._offset = 0
+
+    def poll(self) -> list[dict]:
+        """New complete records since the last call. Raises ``ValueError`` naming the file and line for
+        a complete line that is not JSON."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        records = []
+        for line in data[:end].splitlines():
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{self.path}: malformed metrics line {line[:200]!r}: {err}") from None
+        self._offset += end
+        return records

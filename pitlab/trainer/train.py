@@ -1,0 +1,258 @@
+"""The training loop: one rank of a torchrun job (full-weight continued pretraining under FSDP2).
+
+Run under torchrun (``pitlab.trainer.launch`` builds the command)::
+
+    python -m torch.distributed.run --standalone --nproc_per_node N \\
+        -m pitlab.trainer.train --spec RESOLVED.json --run-dir DIR
+
+Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", by_alias=True)``),
+``DIR/base`` (Hugging Face model directory from :mod:`pitlab.trainer.prepare`; ``--base`` overrides),
+``DIR/data/tokens.npy`` (flat uint32 token ids). Outputs: ``DIR/train/metrics.jsonl`` (one line per
+optimizer step, rank 0), ``DIR/checkpoint/step-<N>`` + ``latest`` (DCP, every ``checkpoint.everySteps``
+and at the end), ``DIR/train/summary.json`` (rank 0, written last and atomically: its presence means
+training finished).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from pydantic import ValidationError
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM
+
+from pitlab.api import PitTraining, SpecError
+from pitlab.trainer.checkpoint import save_checkpoint
+from pitlab.trainer.data import PackedSequences, steps_for_budget
+from pitlab.trainer.digest import tensor_sha256
+from pitlab.trainer.files import write_json_atomic
+from pitlab.trainer.fsdp import shard_model
+from pitlab.trainer.metrics import MetricsWriter
+from pitlab.trainer.prepare import load_tokens
+from pitlab.trainer.schedule import lr_factor
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Files of one training run under ``run_dir``."""
+
+    run_dir: Path
+    base: Path
+
+    @property
+    def tokens(self) -> Path:
+        return self.run_dir / "data" / "tokens.npy"
+
+    @property
+    def train_dir(self) -> Path:
+        return self.run_dir / "train"
+
+    @property
+    def metrics(self) -> Path:
+        return self.train_dir / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.train_dir / "summary.json"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoint"
+
+
+def load_spec(path: Path) -> PitTraining:
+    """Read and validate the resolved PitTraining JSON. Raises :class:`SpecError` naming the file and field."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError([("", "spec file not found")], str(path)) from None
+    except json.JSONDecodeError as err:
+        raise SpecError([("", f"not valid JSON: {err}")], str(path)) from None
+    try:
+        return PitTraining.model_validate(doc)
+    except ValidationError as err:
+        raise SpecError.from_validation_error(err, str(path)) from None
+
+
+def train(spec_path: Path, paths: RunPaths) -> dict | None:
+    """Run the training loop on this rank (the default process group must be initialised).
+
+    Returns the summary dict on rank 0 (also written to ``summary.json``), None on other ranks.
+    Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing
+    input file.
+    """
+    resource = load_spec(spec_path)
+    spec = resource.spec
+    tr = spec.training
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = dist.get_backend()
+    t_start = time.perf_counter()
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    mesh = init_device_mesh(device.type, (world,))
+
+    tokens = load_tokens(paths.tokens)
+    data = PackedSequences(tokens, tr.seq_len, tr.micro_batch_size, tr.gradient_accumulation_steps,
+                           world, rank, tr.seed)
+    total_steps = steps_for_budget(spec.tokens, tr.seq_len, tr.micro_batch_size,
+                                   tr.gradient_accumulation_steps, world)
+    if not (paths.base / "config.json").is_file():
+        raise FileNotFoundError(f"{paths.base}: base model directory has no config.json "
+                                "(written by pitlab.trainer.prepare.prepare_base_model)")
+
+    torch.manual_seed(tr.seed)
+    model = AutoModelForCausalLM.from_pretrained(paths.base, dtype=torch.float32)
+    vocab = model.config.get_text_config().vocab_size
+    max_id = int(np.max(tokens))
+    if max_id >= vocab:
+        raise ValueError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
+                         f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
+    model.config.use_cache = False
+    if tr.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    shard_model(model, mesh, tr.precision)
+    model.train()
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tr.learning_rate, weight_decay=tr.weight_decay,
+                                  fused=device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
+
+    if rank == 0:
+        print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
+              f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
+              f"corpus_tokens={len(tokens)} chunks={data.n_chunks}", file=sys.stderr, flush=True)
+    metrics = MetricsWriter(paths.metrics) if rank == 0 else None
+    first_loss = final_loss = None
+    last_ckpt = None
+    t_loop = time.perf_counter()
+    try:
+        for step in range(total_steps):
+            t_step = time.perf_counter()
+            lr = optimizer.param_groups[0]["lr"]
+            loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+            for micro in range(tr.gradient_accumulation_steps):
+                input_ids, labels = data.microbatch(step, micro)
+                input_ids, labels = input_ids.to(device), labels.to(device)
+                logits = model(input_ids=input_ids).logits
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                (loss / tr.gradient_accumulation_steps).backward()
+                loss_sum += loss.detach()
+            grad_norm = _clip_grad_norm(model, tr.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+            step_loss = loss_sum.item() / (world * tr.gradient_accumulation_steps)
+            if not np.isfinite(step_loss):
+                raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
+            first_loss = step_loss if first_loss is None else first_loss
+            final_loss = step_loss
+            now = time.perf_counter()
+            if metrics is not None:
+                metrics.write({
+                    "step": step + 1, "total_steps": total_steps, "loss": step_loss, "lr": lr,
+                    "grad_norm": grad_norm, "tokens": (step + 1) * data.tokens_per_step,
+                    "tokens_per_second": data.tokens_per_step / max(now - t_step, 1e-9),
+                    "elapsed_s": now - t_loop,
+                })
+            every = spec.checkpoint.every_steps
+            if every > 0 and (step + 1) % every == 0 and step + 1 < total_steps:
+                last_ckpt = save_checkpoint(paths.checkpoint_dir, step + 1, model, optimizer, spec.checkpoint.keep,
+                                            {"tokens_seen": (step + 1) * data.tokens_per_step})
+        loop_seconds = time.perf_counter() - t_loop
+        tokens_seen = total_steps * data.tokens_per_step
+        last_ckpt = save_checkpoint(paths.checkpoint_dir, total_steps, model, optimizer, spec.checkpoint.keep,
+                                    {"tokens_seen": tokens_seen})
+        digests = _full_parameter_sha256(model, rank)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    if rank != 0:
+        return None
+    summary = {
+        "name": resource.metadata.name,
+        "steps": total_steps,
+        "tokens_seen": tokens_seen,
+        "tokens_per_step": data.tokens_per_step,
+        "corpus_tokens": int(len(tokens)),
+        "epochs": tokens_seen / (data.n_chunks * tr.seq_len),
+        "first_loss": first_loss,
+        "final_loss": final_loss,
+        "mean_tokens_per_second": tokens_seen / loop_seconds,
+        "train_seconds": loop_seconds,
+        "wall_seconds": time.perf_counter() - t_start,
+        "world_size": world,
+        "backend": backend,
+        "device": device.type,
+        "precision": tr.precision,
+        "checkpoint": str(last_ckpt),
+        "param_sha256": digests,
+    }
+    write_json_atomic(paths.summary, summary)
+    return summary
+
+
+def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a Python float)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
+    return float(total)
+
+
+def _full_parameter_sha256(model: torch.nn.Module, rank: int) -> dict[str, str]:
+    """Collective: sha256 of every full (unsharded) parameter, gathered one at a time; filled on rank 0 only."""
+    digests = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        if rank == 0:
+            digests[name] = tensor_sha256(full)
+        del full
+    return digests
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pitlab.trainer.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path, help="resolved PitTraining JSON")
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory (base/, data/, train/, checkpoint/)")
+    parser.add_argument("--base", type=Path, default=None, help="base HF model directory (default RUN_DIR/base)")
+    args = parser.parse_args(argv)
+    paths = RunPaths(args.run_dir, args.base if args.base is not None else args.run_dir / "base")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    try:
+        train(args.spec, paths)
+    except (SpecError, ValueError, FileNotFoundError, FloatingPointError) as err:
+        if not isinstance(err, SpecError):
+            traceback.print_exc()  # where it came from; the one-line message below is what launch reports
+        print(f"pitlab.trainer.train: error (rank {dist.get_rank()}): {err}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
