@@ -16,7 +16,6 @@ training finished).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -28,13 +27,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from pydantic import ValidationError
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
-from pitlab.api import PitTraining, SpecError
+from pitlab.api import PitTraining, SpecError, load_resource
 from pitlab.trainer.checkpoint import save_checkpoint
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
@@ -74,18 +72,14 @@ class RunPaths:
 
 
 def load_spec(path: Path) -> PitTraining:
-    """Read and validate the resolved PitTraining JSON. Raises :class:`SpecError` naming the file and field."""
-    path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError([("", "spec file not found")], str(path)) from None
-    except json.JSONDecodeError as err:
-        raise SpecError([("", f"not valid JSON: {err}")], str(path)) from None
-    try:
-        return PitTraining.model_validate(doc)
-    except ValidationError as err:
-        raise SpecError.from_validation_error(err, str(path)) from None
+    """Read and validate the resolved PitTraining (YAML or JSON, as ``kubectl apply`` takes it).
+
+    Raises :class:`SpecError` naming the file and field, or naming ``kind`` when it is not a PitTraining.
+    """
+    resource = load_resource(path)
+    if not isinstance(resource, PitTraining):
+        raise SpecError([("kind", f"the trainer takes a PitTraining, got {resource.kind}")], str(path))
+    return resource
 
 
 def train(spec_path: Path, paths: RunPaths) -> dict | None:
