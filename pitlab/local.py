@@ -250,12 +250,11 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
 
 def summarize_results(results: dict) -> dict:
     """The status summary of a results.json: per-model r2Off, r2On, premium with CI and verdict; reductions."""
-    models = {}
-    for name, r in results.get("models", {}).items():
-        models[name] = {"r2Off": r.get("r2_off"), "r2On": r.get("r2_on"), "premium": r.get("premium"),
-                        "premiumCI": r.get("premium_ci"), "verdict": r.get("verdict")}
-    reductions = [{"from": x.get("from"), "to": x.get("to"), "reduction": x.get("reduction"),
-                   "ci": x.get("ci"), "verdict": x.get("verdict")} for x in results.get("reductions", [])]
+    models = {m["name"]: {"r2Off": m["r2_off"], "r2On": m["r2_on"], "premium": m["premium"],
+                          "premiumCI": m["premium_ci"], "verdict": m["verdict"]}
+              for m in results.get("models", [])}
+    reductions = [{"from": x["model_a"], "to": x["model_b"], "reduction": x["reduction"], "ci": x["ci"],
+                   "verdict": x["verdict"]} for x in results.get("reductions", [])]
     return {"models": models, "reductions": reductions}
 
 
@@ -319,7 +318,7 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
                      f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
                      f"{summary.get('final_loss'):.3f}")
         reporter.done("train", f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
-                               f"{summary.get('final_loss'):.3f}, {summary.get('tokens_per_second', 0):,.0f} tokens/s")
+                               f"{summary.get('final_loss'):.3f}, {summary.get('mean_tokens_per_second', 0):,.0f} tokens/s")
 
         stage = "Merging"
         st.phase("Merging", "Merging", "single-process merge of the DCP checkpoint")

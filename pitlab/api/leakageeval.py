@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from pitlab.api.base import GROUP_VERSION, SpecModel
 from pitlab.api.meta import ObjectMeta
@@ -26,6 +26,9 @@ class ModelRef(SpecModel):
     all-MiniLM-L6-v2 encoder shipped by that pip package. ``kind: auto`` picks encoder (mean pooling) for
     encoder-only configs (e.g. BERT) and causal otherwise.
     """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "has(self.uri) != has(self.trainingRef)", "message": "give exactly one of uri and trainingRef"}]})
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=63)
     uri: str | None = None
@@ -63,6 +66,9 @@ class Dataset(SpecModel):
 class Protocol(SpecModel):
     """Split protocols. leakage-off: train dates <= trainEnd with ``embargoDays`` trading days removed before
     the first test date; test dates >= testStart. leakage-on: GroupKFold by security over all dates."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "self.testStart > self.trainEnd", "message": "testStart must be after trainEnd"}]})
 
     train_end: dt.date
     test_start: dt.date
@@ -113,7 +119,9 @@ class EvalResources(SpecModel):
 
 
 class LeakageEvalSpec(SpecModel):
-    models: list[ModelRef] = Field(min_length=1)
+    models: list[ModelRef] = Field(
+        min_length=1, max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     dataset: Dataset
     protocol: Protocol
     bootstrap: Bootstrap = Bootstrap()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from pitlab.api.base import GROUP_VERSION, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
@@ -36,6 +36,9 @@ class TokenizerSpec(SpecModel):
 
 class BaseModelSpec(SpecModel):
     """Where training starts: a Hugging Face model directory (``uri``) or ``randomInit``. Exactly one."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "has(self.uri) != has(self.randomInit)", "message": "give exactly one of uri and randomInit"}]})
 
     uri: str | None = None
     random_init: RandomInit | None = None
@@ -125,6 +128,12 @@ class OutputSpec(SpecModel):
 
 
 class PitTrainingSpec(SpecModel):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.lora) || self.method == 'lora'",
+         "message": "lora: the lora block is only allowed with method: lora"},
+        {"rule": "self.method != 'lora'",
+         "message": "method: lora is not implemented yet in this version; use method: full"}]})
+
     base_model: BaseModelSpec
     corpus: CorpusSpec
     knowledge_cutoff: dt.date
@@ -135,7 +144,9 @@ class PitTrainingSpec(SpecModel):
     resources: ResourcesSpec = ResourcesSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     output: OutputSpec = OutputSpec()
-    evaluations: list[LeakageEvalTemplate] = Field(default_factory=list)
+    evaluations: list[LeakageEvalTemplate] = Field(
+        default_factory=list, max_length=16,
+        description="LeakageEvals created (owned by this PitTraining) once the merge succeeds")
 
     @model_validator(mode="after")
     def _lora(self) -> "PitTrainingSpec":

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from pitlab.api.base import SpecModel
 
-Phase = Literal["Pending", "Validating", "Training", "Merging", "Evaluating", "Embedding", "Analyzing",
+Phase = Literal["Pending", "Validating", "Preparing", "Training", "Merging", "Evaluating", "Embedding", "Analyzing",
                 "Succeeded", "Failed"]
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -56,6 +56,11 @@ class ResourceStatus(SpecModel):
     report_uri: str | None = None
     children: dict[str, str] = Field(default_factory=dict)
     results: dict[str, Any] | None = None
+    premium_summary: str | None = Field(
+        None, description="one-line leakage premium summary (model premium [CI]) for `kubectl get` (operator)")
+    spec_digest: str | None = Field(
+        None, description="sha256 of the spec the run executes; set when the first child is created, after which "
+                          "the spec is immutable (operator)")
 
 
 def now_rfc3339() -> str:

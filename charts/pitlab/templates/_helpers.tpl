@@ -1,0 +1,75 @@
+{{/* Names and labels. */}}
+{{- define "pitlab.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pitlab.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "pitlab.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pitlab.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "pitlab.labels" -}}
+{{ include "pitlab.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: pitlab
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "pitlab.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "pitlab.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The rules of the resources the operator reconciles and creates (pitlab/operator/rbac.py: NAMESPACED_RULES). */}}
+{{- define "pitlab.namespacedRules" -}}
+- apiGroups: ["pitlab.io"]
+  resources: ["pittrainings"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["pitlab.io"]
+  resources: ["leakageevals"]
+  verbs: ["get", "list", "watch", "patch", "create"]
+- apiGroups: ["pitlab.io"]
+  resources: ["pittrainings/status", "leakageevals/status"]
+  verbs: ["patch"]
+- apiGroups: ["pitlab.io"]
+  resources: ["pittrainings/finalizers", "leakageevals/finalizers"]
+  verbs: ["update"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create"]
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/* Cluster-scoped reads kopf needs to discover resources (pitlab/operator/rbac.py: CLUSTER_RULES). */}}
+{{- define "pitlab.clusterRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- end -}}

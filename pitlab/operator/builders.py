@@ -1,0 +1,350 @@
+"""Pure manifest builders: a resource (and the operator's settings) in, a Kubernetes object as a plain dict out.
+
+No API calls here. Every object carries the owner reference to its parent, the ``app.kubernetes.io/*``
+labels and a deterministic name (:mod:`pitlab.operator.naming`), so that the handlers can create it,
+find it again after a restart, and let the garbage collector delete it with its parent.
+
+The pods share one volume (:class:`~pitlab.operator.config.OperatorConfig`: a PVC mounted at the same path
+everywhere) and read the resolved spec from a ConfigMap mounted at ``/etc/pitlab``. Jobs that report
+something to the operator write it as JSON to their termination message (see
+:mod:`pitlab.operator.workload`); on failure the container's last log lines are the message instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import shlex
+from typing import Any
+
+from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining
+from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.operator import naming
+from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
+
+PYTORCHJOB_API = "kubeflow.org/v1"
+TRAINING_SPEC_PATH = posixpath.join(SPEC_DIR, TRAINING_SPEC_FILE)
+EVAL_SPEC_PATH = posixpath.join(SPEC_DIR, EVAL_SPEC_FILE)
+WORKLOAD = ["python", "-m", "pitlab.operator.workload"]
+RUN_AS_USER = 1000
+
+
+# ---------------------------------------------------------------- shared pieces
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    """The controller owner reference to ``owner`` (a resource body: apiVersion, kind, metadata.name/uid)."""
+    ref = {"apiVersion": owner.get("apiVersion", GROUP_VERSION), "kind": owner["kind"],
+           "name": owner["metadata"]["name"], "controller": True, "blockOwnerDeletion": True}
+    if owner["metadata"].get("uid"):
+        ref["uid"] = owner["metadata"]["uid"]
+    return ref
+
+
+def _metadata(name: str, owner: dict[str, Any], component: str, **extra_labels: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner["metadata"].get("namespace"),
+        "labels": naming.labels(owner["kind"], owner["metadata"]["name"], component, **extra_labels),
+        "ownerReferences": [owner_reference(owner)],
+    }
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """sha256 of a spec's canonical JSON: the identity of the run's inputs (``status.specDigest``)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _resources(cpu: str | None, memory: str | None, gpus: int = 0) -> dict[str, Any]:
+    req: dict[str, Any] = {}
+    if cpu:
+        req["cpu"] = cpu
+    if memory:
+        req["memory"] = memory
+    lim = {"memory": memory} if memory else {}
+    if gpus:
+        req["nvidia.com/gpu"] = str(gpus)
+        lim["nvidia.com/gpu"] = str(gpus)
+    out: dict[str, Any] = {}
+    if req:
+        out["requests"] = req
+    if lim:
+        out["limits"] = lim
+    return out
+
+
+def _env(cfg: OperatorConfig, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    env = {"PITLAB_DATA_ROOT": cfg.data_root, "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
+    env.update(extra or {})
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _container(name: str, image: str, command: list[str], cfg: OperatorConfig, resources: dict[str, Any],
+               env: dict[str, str] | None = None, spec_file: str | None = None) -> dict[str, Any]:
+    mounts = [{"name": "data", "mountPath": cfg.mount_path}]
+    if spec_file:
+        mounts.append({"name": "spec", "mountPath": SPEC_DIR, "readOnly": True})
+    c = {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": command,
+        "workingDir": cfg.mount_path,  # relative spec URIs resolve on the shared volume, as in the operator
+        "env": _env(cfg, env),
+        "volumeMounts": mounts,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+    }
+    if resources:
+        c["resources"] = resources
+    return c
+
+
+def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: str | None, spec_file: str | None,
+              restart_policy: str, node_selector: dict[str, str] | None = None,
+              tolerations: list[dict[str, Any]] | None = None, shm: bool = False,
+              init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [{"name": "data", "persistentVolumeClaim": {"claimName": cfg.pvc}}]
+    if configmap:
+        volumes.append({"name": "spec", "configMap": {"name": configmap,
+                                                      "items": [{"key": spec_file, "path": spec_file}]}})
+    if shm:  # NCCL and data loader workers need more than the default 64 MiB of /dev/shm
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        for c in containers:
+            c["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": containers,
+        "volumes": volumes,
+    }
+    if init_containers:
+        spec["initContainers"] = init_containers
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    return spec
+
+
+def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[str, Any], backoff_limit: int,
+               extra_labels: dict[str, str] | None = None, **job_spec: Any) -> dict[str, Any]:
+    meta = _metadata(name, owner, component, **(extra_labels or {}))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": backoff_limit,
+            **job_spec,
+            "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
+        },
+    }
+
+
+def _configmap(name: str, owner: dict[str, Any], component: str, key: str, doc: dict[str, Any]) -> dict[str, Any]:
+    # JSON is YAML: `pitlab prepare` reads the file as YAML, the trainer as JSON.
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _metadata(name, owner, component),
+            "data": {key: json.dumps(doc, indent=2, sort_keys=True) + "\n"}}
+
+
+# ---------------------------------------------------------------- PitTraining
+def resolved_training(pt: PitTraining) -> dict[str, Any]:
+    """The PitTraining as the pods read it: every default filled in, camelCase, no status."""
+    doc = pt.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+    doc["metadata"] = {"name": pt.metadata.name, "namespace": pt.metadata.namespace}
+    doc["metadata"] = {k: v for k, v in doc["metadata"].items() if v}
+    return doc
+
+
+def training_run_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
+    """``RUN`` of a PitTraining: ``<spec.output.uri>/<metadata.name>`` on the shared volume."""
+    return cfg.run_dir(pt.spec.output.uri, pt.metadata.name)
+
+
+def build_training_configmap(pt: PitTraining, owner: dict[str, Any]) -> dict[str, Any]:
+    """ConfigMap ``<name>-pit-spec`` with the resolved PitTraining as ``spec.yaml``."""
+    return _configmap(naming.training_spec_configmap(pt.metadata.name), owner, "config", TRAINING_SPEC_FILE,
+                      resolved_training(pt))
+
+
+def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
+    """The CPU Job running ``pitlab prepare``; reports the corpus audit in its termination message."""
+    run = training_run_dir(pt, cfg)
+    res = pt.spec.resources
+    command = WORKLOAD + ["report-audit", "--audit", f"{run}/corpus_audit.json", "--",
+                          "pitlab", "prepare", "--spec", TRAINING_SPEC_PATH, "--run-dir", run]
+    c = _container("prepare", res.image or cfg.trainer_image, command, cfg,
+                   _resources(cfg.prepare_cpu, cfg.prepare_memory), spec_file=TRAINING_SPEC_FILE)
+    pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never",
+                    res.node_selector, res.tolerations)
+    return _batch_job(naming.prepare_job(pt.metadata.name), owner, "prepare", pod, cfg.backoff_limit)
+
+
+def torchrun_command(nodes: int, gpus_per_node: int, spec_path: str, run_dir: str) -> list[str]:
+    """``torchrun`` for one PyTorchJob replica: static rendezvous at the master's Service.
+
+    ``$(RANK)``, ``$(MASTER_ADDR)`` and ``$(MASTER_PORT)`` are set in the ``pytorch`` container by the Kubeflow
+    training operator (RANK is the node rank when ``nprocPerNode`` is set) and expanded by the kubelet.
+    """
+    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus_per_node}", "--node-rank=$(RANK)",
+            "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)",
+            "-m", "pitlab.cli", "train", "--spec", spec_path, "--run-dir", run_dir]
+
+
+def nccl_env(timeout_seconds: int) -> dict[str, str]:
+    """Environment bounding how long a hung collective may block a rank before the job fails (and frees GPUs)."""
+    return {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(timeout_seconds),
+        "PITLAB_PG_TIMEOUT_SECONDS": str(timeout_seconds),
+        "NCCL_DEBUG": "WARN",
+    }
+
+
+def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
+    """The Kubeflow PyTorchJob: Master ×1 + Worker ×(nodes−1), ``nprocPerNode`` = gpusPerNode.
+
+    Container ``pytorch`` runs ``torchrun … -m pitlab.cli train``; the master also runs the ``progress``
+    sidecar (a native sidecar: an init container with ``restartPolicy: Always``) that prints the latest
+    training metrics for the operator to read. ``cleanPodPolicy: Running`` frees the GPUs of a failed job.
+    """
+    name = pt.metadata.name
+    res = pt.spec.resources
+    run = training_run_dir(pt, cfg)
+    image = res.image or cfg.trainer_image
+    extra = {naming.KUEUE_QUEUE_KEY: res.queue_name} if res.queue_name else {}
+    meta = _metadata(naming.pytorchjob(name), owner, "training", **extra)
+    pod_labels = {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
+
+    def template(role: str) -> dict[str, Any]:
+        main = _container("pytorch", image,
+                          torchrun_command(res.nodes, res.gpus_per_node, TRAINING_SPEC_PATH, run), cfg,
+                          _resources(res.cpu, res.memory, res.gpus_per_node), nccl_env(cfg.nccl_timeout_seconds),
+                          spec_file=TRAINING_SPEC_FILE)
+        main["ports"] = [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]
+        sidecars = None
+        if role == "Master":
+            side = _container("progress", image,
+                              WORKLOAD + ["progress", "--metrics", f"{run}/train/metrics.jsonl",
+                                          "--interval", str(cfg.progress_interval_seconds)],
+                              cfg, _resources("50m", "64Mi"))
+            side["restartPolicy"] = "Always"
+            side["volumeMounts"][0]["readOnly"] = True
+            sidecars = [side]
+        spec = _pod_spec([main], cfg, naming.training_spec_configmap(name), TRAINING_SPEC_FILE, "OnFailure",
+                         res.node_selector, res.tolerations, shm=True, init_containers=sidecars)
+        spec.pop("restartPolicy")  # set per replica type by the training operator
+        return {"metadata": {"labels": dict(pod_labels)}, "spec": spec}
+
+    replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template("Master")}}
+    if res.nodes > 1:
+        replicas["Worker"] = {"replicas": res.nodes - 1, "restartPolicy": "OnFailure", "template": template("Worker")}
+    return {
+        "apiVersion": PYTORCHJOB_API,
+        "kind": "PyTorchJob",
+        "metadata": meta,
+        "spec": {
+            "nprocPerNode": str(res.gpus_per_node),
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": cfg.backoff_limit},
+            "pytorchReplicaSpecs": replicas,
+        },
+    }
+
+
+def merge_command(run_dir: str) -> list[str]:
+    """``pitlab merge`` of the final checkpoint into ``RUN/model`` (one process, no process group)."""
+    return ["pitlab", "merge", "--checkpoint", f"{run_dir}/checkpoint", "--base", f"{run_dir}/base",
+            "--out", f"{run_dir}/model"]
+
+
+def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
+    """The single-pod merge Job: no process group (so no NCCL watchdog); GPUs only if ``cfg.merge_gpus``."""
+    res = pt.spec.resources
+    run = training_run_dir(pt, cfg)
+    c = _container("merge", res.image or cfg.trainer_image, merge_command(run), cfg,
+                   _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
+    pod = _pod_spec([c], cfg, None, None, "Never", res.node_selector if cfg.merge_gpus else None,
+                    res.tolerations if cfg.merge_gpus else None)
+    return _batch_job(naming.merge_job(pt.metadata.name), owner, "merge", pod, cfg.backoff_limit,
+                      completions=1, parallelism=1)
+
+
+def build_evaluation(pt: PitTraining, template: LeakageEvalTemplate, owner: dict[str, Any]) -> dict[str, Any]:
+    """A LeakageEval child of a PitTraining (``spec.evaluations[]``); its output defaults to the parent's."""
+    spec = template.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    spec.setdefault("output", {"uri": pt.spec.output.uri})
+    meta = _metadata(template.name, owner, "evaluation")
+    return {"apiVersion": GROUP_VERSION, "kind": "LeakageEval", "metadata": meta, "spec": spec}
+
+
+# ---------------------------------------------------------------- LeakageEval
+def eval_dir(le: LeakageEval, cfg: OperatorConfig) -> str:
+    """``EVALDIR`` = ``<spec.output.uri or out>/<name>/eval`` on the shared volume (as ``pitlab run``)."""
+    return posixpath.join(cfg.run_dir(le.spec.output.uri if le.spec.output else "out", le.metadata.name), "eval")
+
+
+def resolved_eval(le: LeakageEval, model_uris: dict[str, str]) -> dict[str, Any]:
+    """The LeakageEval as the pods read it: defaults filled in, ``trainingRef`` models given as their URI."""
+    doc = le.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+    doc["metadata"] = {k: v for k, v in {"name": le.metadata.name, "namespace": le.metadata.namespace}.items() if v}
+    for m in doc["spec"]["models"]:
+        if "trainingRef" in m:
+            m.pop("trainingRef")
+            m["uri"] = model_uris[m["name"]]
+    return doc
+
+
+def build_eval_configmap(le: LeakageEval, model_uris: dict[str, str], owner: dict[str, Any]) -> dict[str, Any]:
+    """ConfigMap ``<name>-eval-spec`` with the resolved LeakageEval as ``leakageeval.yaml``."""
+    return _configmap(naming.eval_spec_configmap(le.metadata.name), owner, "config", EVAL_SPEC_FILE,
+                      resolved_eval(le, model_uris))
+
+
+def embed_command(model: str, out: str) -> list[str]:
+    """``pitlab embed`` of one model of the panel."""
+    return ["pitlab", "embed", "--spec", EVAL_SPEC_PATH, "--model", model, "--out", out]
+
+
+def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]) -> list[dict[str, Any]]:
+    """One embedding Job per model; one indexed Job (completion index = model) above the threshold."""
+    r = le.spec.resources
+    out = eval_dir(le, cfg)
+    image = r.image or cfg.evaluator_image
+    cm = naming.eval_spec_configmap(le.metadata.name)
+    models = [m.name for m in le.spec.models]
+
+    def pod(command: list[str]) -> dict[str, Any]:
+        c = _container("embed", image, command, cfg, _resources(r.cpu, r.memory, r.gpus), spec_file=EVAL_SPEC_FILE)
+        return _pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", shm=r.gpus > 0)
+
+    if len(models) > cfg.indexed_embed_threshold:
+        command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
+        return [_batch_job(naming.embed_indexed_job(le.metadata.name), owner, "embed", pod(command),
+                           cfg.backoff_limit, completionMode="Indexed", completions=len(models),
+                           parallelism=min(cfg.embed_parallelism, len(models)))]
+    return [_batch_job(naming.embed_job(le.metadata.name, m), owner, "embed", pod(embed_command(m, out)),
+                       cfg.backoff_limit, {naming.MODEL_KEY: naming.dns_label(m)}, completions=1, parallelism=1)
+            for m in models]
+
+
+def analyze_command(out: str) -> list[str]:
+    """``pitlab analyze`` wrapped so that its results summary becomes the termination message."""
+    return WORKLOAD + ["report-results", "--results", f"{out}/results.json", "--report", f"{out}/report.md", "--",
+                       "pitlab", "analyze", "--spec", EVAL_SPEC_PATH, "--out", out]
+
+
+def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
+    """The CPU Job running protocols, bootstrap and report (``pitlab analyze``)."""
+    out = eval_dir(le, cfg)
+    c = _container("analyze", le.spec.resources.image or cfg.evaluator_image, analyze_command(out), cfg,
+                   _resources(cfg.analyze_cpu, cfg.analyze_memory), spec_file=EVAL_SPEC_FILE)
+    pod = _pod_spec([c], cfg, naming.eval_spec_configmap(le.metadata.name), EVAL_SPEC_FILE, "Never")
+    return _batch_job(naming.analyze_job(le.metadata.name), owner, "analyze", pod, cfg.backoff_limit,
+                      completions=1, parallelism=1)
+
+
+def command_line(argv: list[str]) -> str:
+    """A container command as one shell-quoted line (for messages and docs)."""
+    return shlex.join(argv)

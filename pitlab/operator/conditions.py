@@ -1,0 +1,57 @@
+"""The operator's conditions, written only through :func:`pitlab.api.status.set_condition` / ``set_phase``.
+
+Each resource has the kstatus conditions ``Ready``, ``Reconciling`` and ``Stalled`` (kept consistent with
+the phase by ``set_phase``) plus one condition per stage: PitTraining ``Validated``, ``Prepared``,
+``Trained``, ``Merged``, ``Evaluated``; LeakageEval ``Validated``, ``Embedded``, ``Analyzed``. A stage's
+condition is False with an in-progress reason while it runs, True when it is done, and False with the
+child's reason when it failed. ``lastTransitionTime`` only moves when a condition's status changes.
+"""
+
+from __future__ import annotations
+
+from pitlab.api.status import ResourceStatus, set_condition, set_phase
+
+TRAINING_STAGES = ("Validated", "Prepared", "Trained", "Merged", "Evaluated")
+EVAL_STAGES = ("Validated", "Embedded", "Analyzed")
+SPEC_IMMUTABLE = "SpecImmutable"
+
+
+def is_true(status: ResourceStatus, type_: str) -> bool:
+    """Whether condition ``type_`` is present with status True."""
+    return any(c.type == type_ and c.status == "True" for c in status.conditions)
+
+
+def stage_running(status: ResourceStatus, stage: str, phase: str, reason: str, message: str,
+                  generation: int | None, now: str | None = None) -> None:
+    """Stage ``stage`` is in progress: its condition False/``reason``, phase ``phase`` (Reconciling=True)."""
+    set_condition(status, stage, "False", reason, message, generation, now)
+    set_phase(status, phase, reason, message, generation, now)
+
+
+def stage_done(status: ResourceStatus, stage: str, reason: str, message: str, generation: int | None,
+               now: str | None = None) -> None:
+    """Stage ``stage`` finished: its condition True/``reason`` (the phase moves with the next stage)."""
+    set_condition(status, stage, "True", reason, message, generation, now)
+
+
+def stage_failed(status: ResourceStatus, stage: str, reason: str, message: str, generation: int | None,
+                 now: str | None = None) -> None:
+    """Stage ``stage`` failed: its condition False and phase Failed (Stalled=True), both with the child's
+    ``reason`` and ``message``."""
+    set_condition(status, stage, "False", reason, message, generation, now)
+    set_phase(status, "Failed", reason, message, generation, now)
+
+
+def succeeded(status: ResourceStatus, reason: str, message: str, generation: int | None,
+              now: str | None = None) -> None:
+    """The whole resource succeeded: phase Succeeded, Ready=True."""
+    set_phase(status, "Succeeded", reason, message, generation, now)
+
+
+def refuse_spec_change(status: ResourceStatus, message: str, generation: int | None,
+                       now: str | None = None) -> None:
+    """The spec was edited after the run started: the run goes on with the spec it started with, and the
+    resource reports Stalled=True / Ready=False with reason SpecImmutable until the edit is reverted."""
+    status.observed_generation = generation
+    set_condition(status, "Ready", "False", SPEC_IMMUTABLE, message, generation, now)
+    set_condition(status, "Stalled", "True", SPEC_IMMUTABLE, message, generation, now)

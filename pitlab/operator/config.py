@@ -1,0 +1,73 @@
+"""Operator settings: images, the shared volume, defaults. Read once from the environment (the Helm chart's
+values become the Deployment's environment); the builders take them as an argument."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import posixpath
+
+SPEC_DIR = "/etc/pitlab"
+TRAINING_SPEC_FILE = "spec.yaml"
+EVAL_SPEC_FILE = "leakageeval.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorConfig:
+    """What the operator needs besides the resources themselves.
+
+    ``pvc``/``mount_path``: the PersistentVolumeClaim (same name in every watched namespace) that every pod
+    mounts at ``mount_path``; relative spec URIs (``output.uri: out``) resolve under it, and
+    ``${PITLAB_DATA_ROOT}`` in spec URIs is ``data_root``. ``nccl_timeout_seconds`` goes to the training pods'
+    environment. ``reconcile_interval`` is how often (s) a running resource's children are looked at.
+    ``indexed_embed_threshold``: panels with more models than this embed in one indexed Job.
+    """
+
+    trainer_image: str = "ghcr.io/pitlab/pitlab-trainer:0.1.0"
+    evaluator_image: str = "ghcr.io/pitlab/pitlab-evaluator:0.1.0"
+    image_pull_policy: str = "IfNotPresent"
+    pvc: str = "pitlab-data"
+    mount_path: str = "/pitlab"
+    data_root: str = "/pitlab/data"
+    nccl_timeout_seconds: int = 1800
+    backoff_limit: int = 2
+    merge_gpus: int = 0
+    merge_cpu: str = "8"
+    merge_memory: str = "64Gi"
+    prepare_cpu: str = "4"
+    prepare_memory: str = "16Gi"
+    analyze_cpu: str = "4"
+    analyze_memory: str = "16Gi"
+    indexed_embed_threshold: int = 8
+    embed_parallelism: int = 4
+    progress_interval_seconds: int = 15
+    reconcile_interval: float = 10.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
+        """Settings from ``PITLAB_<FIELD>`` variables (e.g. ``PITLAB_TRAINER_IMAGE``, ``PITLAB_PVC``)."""
+        env = os.environ if env is None else env
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            key = "PITLAB_" + f.name.upper()
+            if env.get(key):
+                kwargs[f.name] = type(f.default)(env[key])
+        return cls(**kwargs)
+
+    def resolve(self, uri: str) -> str:
+        """A spec URI as a path in the pods: ``${PITLAB_DATA_ROOT}`` expanded, relative paths under the mount.
+
+        Raises ``ValueError`` for URI schemes the pods cannot read yet (``s3://``: see the storage issue).
+        """
+        path = uri.replace("${PITLAB_DATA_ROOT}", self.data_root)
+        if path.startswith("file://"):
+            path = path[len("file://"):]
+        if path.startswith("package://"):
+            return uri
+        if "://" in path:
+            raise ValueError(f"{uri!r}: only paths on the shared volume are supported by this version")
+        return posixpath.normpath(path if path.startswith("/") else posixpath.join(self.mount_path, path))
+
+    def run_dir(self, output_uri: str, name: str) -> str:
+        """``RUN`` = ``<output.uri>/<name>`` on the shared volume."""
+        return posixpath.join(self.resolve(output_uri), name)

@@ -1,0 +1,81 @@
+"""The operator's own Kubernetes API calls (kopf makes the others: watching, patching its resources, events).
+
+:class:`Kube` is the :class:`pitlab.operator.lifecycle.World` the state machines read, plus ``create``.
+Every call it makes is listed in :data:`pitlab.operator.rbac.OPERATOR_RULES`, which the Helm chart's
+RBAC must equal (tested).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes
+from kubernetes.client import ApiClient, ApiException
+
+from pitlab.operator import lifecycle
+
+
+def _split(resource: str) -> tuple[str, str, str]:
+    parts = resource.split("/")
+    return ("", parts[0], parts[1]) if len(parts) == 2 else (parts[0], parts[1], parts[2])
+
+
+class Kube:
+    """Reads and creates children in one API server (a configured ``kubernetes.client.ApiClient``)."""
+
+    def __init__(self, api_client: ApiClient):
+        self.client = api_client
+        self.core = kubernetes.client.CoreV1Api(api_client)
+        self.batch = kubernetes.client.BatchV1Api(api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api_client)
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None if it does not exist."""
+        group, version, plural = _split(resource)
+        try:
+            if resource == lifecycle.CONFIGMAPS:
+                obj = self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
+            elif resource == lifecycle.JOBS:
+                obj = self.batch.read_namespaced_job(name, namespace, _preload_content=False)
+            else:
+                return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return json.loads(obj.data)
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Create ``manifest``; False if an object of that name already exists (409: adopt it next time)."""
+        ns = manifest["metadata"]["namespace"]
+        try:
+            if manifest["kind"] == "ConfigMap":
+                self.core.create_namespaced_config_map(ns, manifest)
+            elif manifest["kind"] == "Job":
+                self.batch.create_namespaced_job(ns, manifest)
+            else:
+                group, version, plural = _split(lifecycle.RESOURCE_OF_KIND[manifest["kind"]])
+                self.custom.create_namespaced_custom_object(group, version, ns, plural, manifest)
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The pods of Job ``job`` (selected by the ``batch.kubernetes.io/job-name`` label)."""
+        resp = self.core.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job}",
+                                             _preload_content=False)
+        return json.loads(resp.data).get("items") or []
+
+    def pod_log(self, namespace: str, pod: str, container: str) -> str | None:
+        """The last 5 lines of a container's log, or None if the pod or container is not there (yet)."""
+        try:
+            resp = self.core.read_namespaced_pod_log(pod, namespace, container=container, tail_lines=5,
+                                                     _preload_content=False)
+        except ApiException as err:
+            if err.status in (400, 404):  # no such pod yet, or container still starting
+                return None
+            raise
+        return resp.data.decode("utf-8", "replace")

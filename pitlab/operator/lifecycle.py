@@ -1,0 +1,375 @@
+"""The two state machines, as pure-ish functions: a resource body and a read-only view of the cluster in,
+the children to create and the new status out (a :class:`Plan`). The handlers execute plans.
+
+PitTraining: Validating → Preparing (prepare Job) → Training (PyTorchJob) → Merging (merge Job) →
+Evaluating (LeakageEval children) → Succeeded; or Failed with the failing child's reason and message.
+LeakageEval: Validating → Embedding (one Job per model, or an indexed Job) → Analyzing (one Job) → Succeeded.
+
+Every call starts from what exists (level-triggered): a child that exists is adopted, never created twice,
+so an operator restarted in any phase carries on. A finished stage is remembered in the status (its
+condition is True), so its child is not looked at again. Once the first child exists the run's spec is fixed
+(``status.specDigest``); later edits are refused with Stalled=True / reason SpecImmutable, and the run
+continues from the spec stored in its ConfigMap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from pitlab.api import LeakageEval, PitTraining, SpecError
+from pitlab.api.status import TERMINAL_PHASES, ResourceStatus
+from pitlab.operator import builders, conditions, naming, validation
+from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
+from pitlab.operator.mirroring import (FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, last_lines,
+                                       leakageeval_state, message_json, progress_from_log, pytorchjob_state,
+                                       termination_message)
+from pitlab.operator.summary import premium_summary
+
+# Resource keys of the World (group/version/plural)
+CONFIGMAPS = "v1/configmaps"
+JOBS = "batch/v1/jobs"
+PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+PITTRAININGS = "pitlab.io/v1alpha1/pittrainings"
+LEAKAGEEVALS = "pitlab.io/v1alpha1/leakageevals"
+RESOURCE_OF_KIND = {"ConfigMap": CONFIGMAPS, "Job": JOBS, "PyTorchJob": PYTORCHJOBS, "LeakageEval": LEAKAGEEVALS}
+
+
+class World(Protocol):
+    """Read-only view of one namespace (implemented over the API by :class:`pitlab.operator.kube.Kube`)."""
+
+    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
+    def pod_log(self, namespace: str, pod: str, container: str) -> str | None: ...
+
+
+@dataclasses.dataclass
+class Plan:
+    """What to do: create ``creates`` (in order), then write ``status`` (None: leave the status alone)."""
+
+    status: ResourceStatus | None
+    creates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+class NameConflict(Exception):
+    """A child's name is taken by an object this resource does not own."""
+
+
+def load_status(body: dict[str, Any]) -> ResourceStatus:
+    """The body's status as a model (an unreadable status starts afresh)."""
+    try:
+        return ResourceStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return ResourceStatus()
+
+
+def owned_by(child: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Whether ``child`` has an owner reference to ``owner`` (kind and name; uid too when both have one)."""
+    uid = owner["metadata"].get("uid")
+    for ref in (child.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == owner["kind"] and ref.get("name") == owner["metadata"]["name"]:
+            if not uid or not ref.get("uid") or ref["uid"] == uid:
+                return True
+    return False
+
+
+class _Children:
+    """Looks children up by name, checks they are ours, and queues the missing ones for creation."""
+
+    def __init__(self, world: World, owner: dict[str, Any], plan: Plan):
+        self.world, self.owner, self.plan = world, owner, plan
+        self.ns = owner["metadata"].get("namespace")
+
+    def ensure(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        """The existing child named like ``manifest`` (None if it is being created now)."""
+        name = manifest["metadata"]["name"]
+        found = self.world.get(RESOURCE_OF_KIND[manifest["kind"]], self.ns, name)
+        if found is None:
+            self.plan.creates.append(manifest)
+            return None
+        if not owned_by(found, self.owner):
+            raise NameConflict(f"{manifest['kind']} {name} exists and is not owned by "
+                               f"{self.owner['kind']} {self.owner['metadata']['name']}")
+        return found
+
+
+def _generation(body: dict[str, Any]) -> int | None:
+    return (body.get("metadata") or {}).get("generation")
+
+
+def _stored_spec(cm: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((cm or {}).get("data", {})[key])
+    except (KeyError, TypeError, json.JSONDecodeError):
+        return None
+
+
+def _job_message(world: World, ns: str, job: dict[str, Any] | None, container: str, state: ChildState) -> str:
+    name = job["metadata"]["name"] if job else "?"
+    msg = termination_message(world.job_pods(ns, name), name, container) if job else None
+    detail = last_lines(msg) if msg and message_json(msg) is None else ""
+    return f"Job {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
+
+
+# ---------------------------------------------------------------- PitTraining
+def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
+    """One reconciliation of a PitTraining body: the children to create and its next status."""
+    gen = _generation(body)
+    status = load_status(body)
+    plan = Plan(status)
+    if status.phase in TERMINAL_PHASES and status.observed_generation == gen:
+        return Plan(None)
+    try:
+        current = validation.parse(body, "PitTraining")
+        problems = validation.check_training(current, cfg)
+    except SpecError as err:
+        current, problems = None, err.problems
+    if status.spec_digest is None:  # nothing started yet: the spec must be valid to start
+        if problems:
+            conditions.stage_failed(status, "Validated", "InvalidSpec", validation.message(problems), gen, now)
+            return plan
+        conditions.stage_done(status, "Validated", "SpecValid", "spec is valid", gen, now)
+    try:
+        _advance_training(body, current, world, cfg, plan, gen, now)
+    except NameConflict as err:
+        conditions.stage_failed(status, _current_training_stage(status), "NameConflict", str(err), gen, now)
+    digest = builders.spec_digest(body.get("spec") or {})
+    if status.spec_digest is not None and status.spec_digest != digest:
+        conditions.refuse_spec_change(
+            status, f"spec changed after the run started (generation {gen}); the run continues with the spec "
+                    f"stored in ConfigMap {naming.training_spec_configmap(body['metadata']['name'])}. Revert the "
+                    "edit, or create a new PitTraining", gen, now)
+    return plan
+
+
+def _current_training_stage(status: ResourceStatus) -> str:
+    for stage in conditions.TRAINING_STAGES:
+        if not conditions.is_true(status, stage):
+            return stage
+    return "Evaluated"
+
+
+def _advance_training(body: dict[str, Any], current: PitTraining | None, world: World, cfg: OperatorConfig,
+                      plan: Plan, gen: int | None, now: str | None) -> None:
+    status = plan.status
+    assert status is not None
+    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    kids = _Children(world, body, plan)
+    cm = kids.ensure(builders.build_training_configmap(current, body)) if current and status.spec_digest is None \
+        else world.get(CONFIGMAPS, ns, naming.training_spec_configmap(name))
+    stored = _stored_spec(cm, TRAINING_SPEC_FILE)
+    if status.spec_digest is None:
+        pt = current
+        status.spec_digest = builders.spec_digest(body.get("spec") or {})
+    elif stored is not None:
+        pt = PitTraining.model_validate(stored)
+    else:
+        conditions.stage_failed(status, _current_training_stage(status), "SpecConfigMapMissing",
+                                f"ConfigMap {naming.training_spec_configmap(name)} with the run's spec is gone; "
+                                "delete and recreate the PitTraining", gen, now)
+        return
+    run = builders.training_run_dir(pt, cfg)
+    status.children.setdefault("configMap", naming.training_spec_configmap(name))
+
+    # Preparing
+    if not conditions.is_true(status, "Prepared"):
+        job = kids.ensure(builders.build_prepare_job(pt, cfg, body))
+        status.children["prepareJob"] = naming.prepare_job(name)
+        st = batch_job_state(job) if job else ChildState("Pending", "Created")
+        if st.state == FAILED:
+            conditions.stage_failed(status, "Prepared", "PrepareFailed",
+                                    _job_message(world, ns, job, "prepare", st), gen, now)
+            return
+        if st.state != SUCCEEDED:
+            conditions.stage_running(status, "Prepared", "Preparing", "Preparing",
+                                     f"Job {naming.prepare_job(name)}: {st.reason}", gen, now)
+            return
+        doc = message_json(termination_message(world.job_pods(ns, job["metadata"]["name"]), job["metadata"]["name"],
+                                               "prepare")) or {}
+        audit = doc.get("corpusAudit") or {}
+        if audit:
+            status.corpus_audit = audit
+        msg = (f"{audit.get('included')} documents up to {pt.spec.knowledge_cutoff}, "
+               f"{audit.get('excludedByDate')} after it" if audit else "corpus filtered")
+        conditions.stage_done(status, "Prepared", "CorpusFiltered", msg, gen, now)
+
+    # Training
+    if not conditions.is_true(status, "Trained"):
+        job = kids.ensure(builders.build_pytorchjob(pt, cfg, body))
+        job_name = naming.pytorchjob(name)
+        status.children["pytorchJob"] = job_name
+        st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
+        status.checkpoint_uri = f"{run}/checkpoint"
+        if st.state == FAILED:
+            conditions.stage_failed(status, "Trained", st.reason, f"PyTorchJob {job_name}: {st.message}", gen, now)
+            return
+        if st.state != SUCCEEDED:
+            prog = progress_from_log(world.pod_log(ns, naming.master_pod(name), "progress")) if job else None
+            if prog:
+                status.progress = prog
+            step = f" (step {prog['step']}/{prog.get('totalSteps', '?')})" if prog else ""
+            conditions.stage_running(status, "Trained", "Training", "Training",
+                                     f"PyTorchJob {job_name}: {st.reason}{step}", gen, now)
+            return
+        if status.progress is not None and status.progress.total_steps:
+            status.progress.step = status.progress.total_steps
+        conditions.stage_done(status, "Trained", st.reason or "Succeeded", f"PyTorchJob {job_name}: {st.message}",
+                              gen, now)
+
+    # Merging
+    if not conditions.is_true(status, "Merged"):
+        job = kids.ensure(builders.build_merge_job(pt, cfg, body))
+        status.children["mergeJob"] = naming.merge_job(name)
+        st = batch_job_state(job) if job else ChildState("Pending", "Created")
+        if st.state == FAILED:
+            conditions.stage_failed(status, "Merged", st.reason, _job_message(world, ns, job, "merge", st), gen, now)
+            return
+        if st.state != SUCCEEDED:
+            conditions.stage_running(status, "Merged", "Merging", "Merging",
+                                     f"Job {naming.merge_job(name)}: {st.reason}", gen, now)
+            return
+        status.model_uri = f"{run}/model"
+        conditions.stage_done(status, "Merged", "MergeSucceeded", f"model written to {status.model_uri}", gen, now)
+
+    # Evaluating
+    if not pt.spec.evaluations:
+        conditions.stage_done(status, "Evaluated", "NoEvaluations", "spec.evaluations is empty", gen, now)
+        conditions.succeeded(status, "Succeeded", f"model at {status.model_uri}", gen, now)
+        return
+    results: dict[str, Any] = {}
+    pending = []
+    for tpl in pt.spec.evaluations:
+        child = kids.ensure(builders.build_evaluation(pt, tpl, body))
+        status.children[f"leakageEval.{tpl.name}"] = tpl.name
+        st = leakageeval_state(child) if child else ChildState("Pending", "Created")
+        if st.state == FAILED:
+            conditions.stage_failed(status, "Evaluated", st.reason, f"LeakageEval {tpl.name}: {st.message}", gen, now)
+            return
+        if st.state == SUCCEEDED:
+            results[tpl.name] = ((child or {}).get("status") or {}).get("results") or {}
+        else:
+            pending.append(f"{tpl.name} ({st.reason})")
+    if pending:
+        conditions.stage_running(status, "Evaluated", "Evaluating", "Evaluating",
+                                 "waiting for LeakageEval " + ", ".join(pending), gen, now)
+        return
+    status.results = results
+    conditions.stage_done(status, "Evaluated", "EvaluationsSucceeded",
+                          f"{len(results)} evaluation(s) succeeded", gen, now)
+    conditions.succeeded(status, "Succeeded", f"model at {status.model_uri}", gen, now)
+
+
+# ---------------------------------------------------------------- LeakageEval
+def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig) -> tuple[dict[str, str], str | None]:
+    """URIs of the ``trainingRef`` models, or (partial, reason to wait)."""
+    uris: dict[str, str] = {}
+    ns = le.metadata.namespace
+    for m in le.spec.models:
+        if m.training_ref is None:
+            continue
+        ref = m.training_ref
+        body = world.get(PITTRAININGS, ns, ref.name)
+        if body is None:
+            return uris, f"model {m.name}: PitTraining {ref.name} not found"
+        st = load_status(body)
+        ready = conditions.is_true(st, "Merged" if ref.artifact == "model" else "Prepared")
+        if not ready:
+            return uris, f"model {m.name}: PitTraining {ref.name} has no {ref.artifact} yet (phase {st.phase})"
+        pt = validation.parse(body, "PitTraining")
+        uris[m.name] = f"{builders.training_run_dir(pt, cfg)}/{ref.artifact}"
+    return uris, None
+
+
+def reconcile_eval(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
+    """One reconciliation of a LeakageEval body: the children to create and its next status."""
+    gen = _generation(body)
+    status = load_status(body)
+    plan = Plan(status)
+    if status.phase in TERMINAL_PHASES and status.observed_generation == gen:
+        return Plan(None)
+    try:
+        current = validation.parse(body, "LeakageEval")
+        problems = validation.check_eval(current, cfg)
+    except SpecError as err:
+        current, problems = None, err.problems
+    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    kids = _Children(world, body, plan)
+    try:
+        if status.spec_digest is None:
+            if problems:
+                conditions.stage_failed(status, "Validated", "InvalidSpec", validation.message(problems), gen, now)
+                return plan
+            uris, wait = _model_uris(current, world, cfg)
+            if wait:
+                conditions.stage_running(status, "Validated", "Validating", "WaitingForModel", wait, gen, now)
+                return plan
+            conditions.stage_done(status, "Validated", "SpecValid", "spec is valid", gen, now)
+            kids.ensure(builders.build_eval_configmap(current, uris, body))
+            status.spec_digest = builders.spec_digest(body.get("spec") or {})
+            le = current
+        else:
+            stored = _stored_spec(world.get(CONFIGMAPS, ns, naming.eval_spec_configmap(name)), EVAL_SPEC_FILE)
+            if stored is None:
+                conditions.stage_failed(status, "Embedded", "SpecConfigMapMissing",
+                                        f"ConfigMap {naming.eval_spec_configmap(name)} with the run's spec is gone",
+                                        gen, now)
+                return plan
+            le = LeakageEval.model_validate(stored)
+        status.children.setdefault("configMap", naming.eval_spec_configmap(name))
+        _advance_eval(body, le, world, cfg, kids, plan, gen, now)
+    except NameConflict as err:
+        conditions.stage_failed(status, "Embedded", "NameConflict", str(err), gen, now)
+    if status.spec_digest is not None and status.spec_digest != builders.spec_digest(body.get("spec") or {}):
+        conditions.refuse_spec_change(
+            status, f"spec changed after the evaluation started (generation {gen}); it continues with the spec "
+                    f"stored in ConfigMap {naming.eval_spec_configmap(name)}. Revert the edit, or create a new "
+                    "LeakageEval", gen, now)
+    return plan
+
+
+def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: OperatorConfig, kids: _Children,
+                  plan: Plan, gen: int | None, now: str | None) -> None:
+    status = plan.status
+    assert status is not None
+    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
+    out = builders.eval_dir(le, cfg)
+    if not conditions.is_true(status, "Embedded"):
+        jobs = []
+        for manifest in builders.build_embed_jobs(le, cfg, body):
+            jobs.append(kids.ensure(manifest))
+            status.children[f"embedJob.{manifest['metadata']['labels'].get(naming.MODEL_KEY, 'all')}"] = \
+                manifest["metadata"]["name"]
+        st = jobs_state([j for j in jobs if j is not None]) if all(jobs) else ChildState("Pending", "Created")
+        if st.state == FAILED:
+            conditions.stage_failed(status, "Embedded", st.reason, st.message, gen, now)
+            return
+        if st.state != SUCCEEDED:
+            conditions.stage_running(status, "Embedded", "Embedding", "Embedding", st.message or st.reason, gen, now)
+            return
+        conditions.stage_done(status, "Embedded", "EmbeddingsWritten", f"{len(le.spec.models)} model(s) embedded",
+                              gen, now)
+    job = kids.ensure(builders.build_analyze_job(le, cfg, body))
+    status.children["analyzeJob"] = naming.analyze_job(name)
+    st = batch_job_state(job) if job else ChildState("Pending", "Created")
+    if st.state == FAILED:
+        conditions.stage_failed(status, "Analyzed", st.reason, _job_message(world, ns, job, "analyze", st), gen, now)
+        return
+    if st.state != SUCCEEDED:
+        conditions.stage_running(status, "Analyzed", "Analyzing", "Analyzing",
+                                 f"Job {naming.analyze_job(name)}: {st.reason}", gen, now)
+        return
+    doc = message_json(termination_message(world.job_pods(ns, naming.analyze_job(name)), naming.analyze_job(name),
+                                           "analyze"))
+    if not doc or "results" not in doc:
+        conditions.stage_failed(status, "Analyzed", "ResultsUnavailable",
+                                f"Job {naming.analyze_job(name)} succeeded but its pod has no results termination "
+                                f"message; see {out}/results.json", gen, now)
+        return
+    status.results = doc["results"]
+    status.report_uri = doc.get("reportUri") or f"{out}/report.md"
+    status.premium_summary = premium_summary(doc["results"]) or None
+    conditions.stage_done(status, "Analyzed", "ResultsWritten", f"report at {status.report_uri}", gen, now)
+    conditions.succeeded(status, "Succeeded", status.premium_summary or "evaluation complete", gen, now)

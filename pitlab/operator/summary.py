@@ -1,0 +1,90 @@
+"""The small JSON documents that travel from the pods to the operator (termination messages, progress lines),
+written by :mod:`pitlab.operator.workload` and read by :mod:`pitlab.operator.mirroring`. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+PROGRESS_PREFIX = "PITLAB_PROGRESS "
+TERMINATION_LIMIT = 4096  # bytes: the kubelet truncates longer termination messages
+
+
+def _num(x: Any, digits: int = 6) -> Any:
+    """Round floats to ``digits`` significant digits (keeps termination messages small); others unchanged."""
+    if isinstance(x, float) and math.isfinite(x) and x != 0:
+        return float(f"{x:.{digits}g}")
+    if isinstance(x, list):
+        return [_num(v, digits) for v in x]
+    return x
+
+
+def _get(d: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if k in d:
+            return d[k]
+    return None
+
+
+def compact_results(results: dict[str, Any]) -> dict[str, Any]:
+    """The status summary of an evaluator ``results.json``: per model r2Off, r2On, premium, premiumCI,
+    verdict; per pair reduction, ci, verdict (snake_case or camelCase input)."""
+    models = {}
+    for name, r in (results.get("models") or {}).items():
+        models[name] = {k: v for k, v in {
+            "r2Off": _num(_get(r, "r2Off", "r2_off")), "r2On": _num(_get(r, "r2On", "r2_on")),
+            "premium": _num(_get(r, "premium")), "premiumCI": _num(_get(r, "premiumCI", "premium_ci")),
+            "verdict": _get(r, "verdict")}.items() if v is not None}
+    reductions = [{k: v for k, v in {
+        "from": _get(x, "from"), "to": _get(x, "to"), "reduction": _num(_get(x, "reduction")),
+        "ci": _num(_get(x, "ci")), "verdict": _get(x, "verdict")}.items() if v is not None}
+        for x in results.get("reductions") or []]
+    return {"models": models, "reductions": reductions}
+
+
+def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:
+    """The status fields of a ``corpus_audit.json`` (camelCase, as ``status.corpusAudit``)."""
+    return {k: v for k, v in {
+        "included": _get(audit, "included"),
+        "excludedByDate": _get(audit, "excludedByDate", "excluded_by_date"),
+        "rejectedTimestamp": _get(audit, "rejectedTimestamp", "rejected_timestamp"),
+        "maxIncludedTimestamp": _get(audit, "maxIncludedTimestamp", "max_included_timestamp"),
+        "includedIdsSha256": _get(audit, "includedIdsSha256", "included_ids_sha256"),
+    }.items() if v is not None}
+
+
+def progress_record(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``, ...)."""
+    return {k: v for k, v in {
+        "step": metrics.get("step"), "totalSteps": metrics.get("total_steps"),
+        "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("tokens_per_second"), 4),
+    }.items() if v is not None}
+
+
+def parse_progress_log(text: str) -> dict[str, Any] | None:
+    """The newest ``PITLAB_PROGRESS {json}`` line of a log, as ``status.progress``; None if there is none."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(PROGRESS_PREFIX):
+            try:
+                doc = json.loads(line[len(PROGRESS_PREFIX):])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("step"), int):
+                return doc
+    return None
+
+
+def premium_summary(results: dict[str, Any]) -> str:
+    """One line for ``kubectl get leakageevals``: ``model +0.130 [+0.070, +0.260]; ...``."""
+    parts = []
+    for name, r in (results.get("models") or {}).items():
+        p, ci = r.get("premium"), r.get("premiumCI")
+        if p is None:
+            continue
+        text = f"{name} {p:+.3f}"
+        if ci and len(ci) == 2 and None not in ci:
+            text += f" [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+        parts.append(text)
+    return "; ".join(parts)

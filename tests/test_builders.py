@@ -1,0 +1,194 @@
+"""Pure builders: exact manifest fields, and every manifest valid against the real schemas."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from test_builders_schemas import validate
+
+from pitlab.api import LeakageEval, PitTraining, parse_resource
+from pitlab.operator import builders, naming
+from pitlab.operator.config import OperatorConfig
+
+CFG = OperatorConfig(trainer_image="reg.example/pitlab-trainer:1", evaluator_image="reg.example/pitlab-evaluator:1",
+                     pvc="pitlab-data", mount_path="/pitlab", data_root="/pitlab/data")
+PIT_BODY = {
+    "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining",
+    "metadata": {"name": "qwen-2020", "namespace": "research", "uid": "u-1", "generation": 1},
+    "spec": {
+        "baseModel": {"uri": "models/Qwen3.5-35B-A3B-Base"},
+        "corpus": {"uri": "${PITLAB_DATA_ROOT}/news/news.jsonl", "format": "jsonl"},
+        "knowledgeCutoff": "2020-12-31", "tokens": 1_000_000_000,
+        "training": {"seqLen": 4096, "activationCheckpointing": True},
+        "resources": {"nodes": 3, "gpusPerNode": 8, "cpu": "64", "memory": "900Gi", "queueName": "h200",
+                      "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
+                      "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        "evaluations": [{"name": "qwen-2020-jpx", "spec": {
+            "models": [{"name": "base", "trainingRef": {"name": "qwen-2020", "artifact": "base"}},
+                       {"name": "pit_2020.v1", "trainingRef": {"name": "qwen-2020"}}],
+            "dataset": {"kind": "jpx", "uri": "${PITLAB_DATA_ROOT}/jpx"},
+            "protocol": {"trainEnd": "2020-12-31", "testStart": "2021-01-01"}, "resources": {"gpus": 1}}}],
+    },
+}
+
+
+@pytest.fixture()
+def pit() -> PitTraining:
+    return parse_resource(copy.deepcopy(PIT_BODY))
+
+
+def eval_of(pit: PitTraining, n_models: int | None = None) -> tuple[LeakageEval, dict]:
+    child = builders.build_evaluation(pit, pit.spec.evaluations[0], PIT_BODY)
+    if n_models:
+        child["spec"]["models"] = [{"name": f"m{i}", "uri": f"models/m{i}"} for i in range(n_models)]
+    child["metadata"]["uid"] = "u-2"
+    return parse_resource({**child, "metadata": {k: child["metadata"][k] for k in ("name", "namespace")}}), child
+
+
+def test_configmap_holds_the_resolved_spec(pit: PitTraining) -> None:
+    cm = builders.build_training_configmap(pit, PIT_BODY)
+    assert cm["metadata"]["name"] == "qwen-2020-pit-spec"
+    doc = json.loads(cm["data"]["spec.yaml"])
+    assert doc["spec"]["training"]["seqLen"] == 4096 and doc["spec"]["training"]["learningRate"] == 1e-5  # defaults
+    assert doc["metadata"] == {"name": "qwen-2020", "namespace": "research"} and "status" not in doc
+    assert parse_resource(doc) == pit.model_copy(update={"status": None}) or parse_resource(doc).spec == pit.spec
+    assert validate(cm) == []
+
+
+def test_pytorchjob_shape(pit: PitTraining) -> None:
+    job = builders.build_pytorchjob(pit, CFG, PIT_BODY)
+    assert validate(job) == []
+    assert job["metadata"]["name"] == "qwen-2020-train"
+    assert job["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "pitlab", "app.kubernetes.io/instance": "qwen-2020",
+        "app.kubernetes.io/component": "training", "app.kubernetes.io/part-of": "pitlab",
+        "app.kubernetes.io/managed-by": "pitlab-operator", "pitlab.io/owner-kind": "pittraining",
+        "kueue.x-k8s.io/queue-name": "h200"}
+    assert job["metadata"]["ownerReferences"] == [{"apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining",
+                                                   "name": "qwen-2020", "uid": "u-1", "controller": True,
+                                                   "blockOwnerDeletion": True}]
+    spec = job["spec"]
+    assert spec["nprocPerNode"] == "8"
+    assert spec["runPolicy"] == {"cleanPodPolicy": "Running", "backoffLimit": 2}
+    reps = spec["pytorchReplicaSpecs"]
+    assert (reps["Master"]["replicas"], reps["Worker"]["replicas"]) == (1, 2)
+    master, worker = reps["Master"]["template"]["spec"], reps["Worker"]["template"]["spec"]
+    main = master["containers"][0]
+    assert main["name"] == "pytorch" and main["image"] == "reg.example/pitlab-trainer:1"
+    assert main["workingDir"] == "/pitlab"  # relative spec URIs (baseModel.uri: models/...) live on the volume
+    assert main["command"] == [
+        "torchrun", "--nnodes=3", "--nproc-per-node=8", "--node-rank=$(RANK)", "--master-addr=$(MASTER_ADDR)",
+        "--master-port=$(MASTER_PORT)", "-m", "pitlab.cli", "train", "--spec", "/etc/pitlab/spec.yaml",
+        "--run-dir", "/pitlab/out/qwen-2020"]
+    assert main["resources"] == {"requests": {"cpu": "64", "memory": "900Gi", "nvidia.com/gpu": "8"},
+                                 "limits": {"memory": "900Gi", "nvidia.com/gpu": "8"}}
+    env = {e["name"]: e["value"] for e in main["env"]}
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "1800" and env["PITLAB_DATA_ROOT"] == "/pitlab/data"
+    assert master["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert master["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert {v["name"] for v in master["volumes"]} == {"data", "spec", "dshm"}
+    assert master["volumes"][0] == {"name": "data", "persistentVolumeClaim": {"claimName": "pitlab-data"}}
+    # progress sidecar on the master only, as a native sidecar
+    assert [c["name"] for c in master["initContainers"]] == ["progress"]
+    assert master["initContainers"][0]["restartPolicy"] == "Always"
+    assert master["initContainers"][0]["command"][-4:] == ["--metrics", "/pitlab/out/qwen-2020/train/metrics.jsonl",
+                                                            "--interval", "15"]
+    assert "initContainers" not in worker and worker["containers"][0]["command"] == main["command"]
+    assert master["securityContext"]["runAsNonRoot"] is True and master["automountServiceAccountToken"] is False
+
+
+def test_single_node_pytorchjob_has_no_worker_and_no_queue_label(pit: PitTraining) -> None:
+    body = copy.deepcopy(PIT_BODY)
+    body["spec"]["resources"] = {"nodes": 1, "gpusPerNode": 1}
+    job = builders.build_pytorchjob(parse_resource(body), CFG, body)
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"] and job["spec"]["nprocPerNode"] == "1"
+    assert naming.KUEUE_QUEUE_KEY not in job["metadata"]["labels"]
+    assert validate(job) == []
+
+
+def test_torchrun_command_parses_as_torchrun_and_pitlab_train() -> None:
+    """The built command is what torchrun and the pitlab CLI accept (after the kubelet expands $(VAR))."""
+    from torch.distributed.run import get_args_parser
+
+    argv = builders.torchrun_command(2, 8, "/etc/pitlab/spec.yaml", "/pitlab/out/x")
+    expanded = [a.replace("$(RANK)", "1").replace("$(MASTER_ADDR)", "x-train-master-0")
+                .replace("$(MASTER_PORT)", "23456") for a in argv]
+    args = get_args_parser().parse_args(expanded[1:])
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "8", 1)
+    assert (args.master_addr, args.master_port, args.module) == ("x-train-master-0", 23456, True)
+    assert args.training_script == "pitlab.cli"
+    assert args.training_script_args == ["train", "--spec", "/etc/pitlab/spec.yaml", "--run-dir", "/pitlab/out/x"]
+
+    import typer.main
+
+    from pitlab.cli import app
+    cmd = typer.main.get_command(app)
+    sub = cmd.commands[args.training_script_args[0]]
+    params = sub.make_context("train", args.training_script_args[1:]).params
+    assert {k: str(v) for k, v in params.items()} == {"spec": "/etc/pitlab/spec.yaml", "run_dir": "/pitlab/out/x"}
+
+
+def test_prepare_and_merge_jobs(pit: PitTraining) -> None:
+    prep = builders.build_prepare_job(pit, CFG, PIT_BODY)
+    merge = builders.build_merge_job(pit, CFG, PIT_BODY)
+    assert validate(prep) == [] and validate(merge) == []
+    c = prep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["python", "-m", "pitlab.operator.workload", "report-audit", "--audit",
+                            "/pitlab/out/qwen-2020/corpus_audit.json", "--", "pitlab", "prepare", "--spec",
+                            "/etc/pitlab/spec.yaml", "--run-dir", "/pitlab/out/qwen-2020"]
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    m = merge["spec"]["template"]["spec"]
+    assert m["containers"][0]["command"] == builders.merge_command("/pitlab/out/qwen-2020")
+    assert "nvidia.com/gpu" not in json.dumps(m["containers"][0]["resources"])  # no GPUs unless asked
+    assert "nodeSelector" not in m and m["restartPolicy"] == "Never"
+    assert merge["spec"]["completions"] == 1 and merge["spec"]["backoffLimit"] == 2
+    gpu_merge = builders.build_merge_job(pit, OperatorConfig(merge_gpus=1), PIT_BODY)
+    assert gpu_merge["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert validate(gpu_merge) == []
+
+
+def test_evaluation_child_and_its_jobs(pit: PitTraining) -> None:
+    le, child = eval_of(pit)
+    assert validate(child) == []
+    assert child["metadata"]["name"] == "qwen-2020-jpx" and child["spec"]["output"] == {"uri": "out"}
+    uris = {"base": "/pitlab/out/qwen-2020/base", "pit_2020.v1": "/pitlab/out/qwen-2020/model"}
+    cm = builders.build_eval_configmap(le, uris, child)
+    resolved = json.loads(cm["data"]["leakageeval.yaml"])
+    assert [m.get("uri") for m in resolved["spec"]["models"]] == list(uris.values())
+    assert parse_resource(resolved).spec.models[1].uri == "/pitlab/out/qwen-2020/model"
+    jobs = builders.build_embed_jobs(le, CFG, child)
+    assert [j["metadata"]["name"] for j in jobs] == ["qwen-2020-jpx-embed-base",
+                                                     f"qwen-2020-jpx-embed-pit-2020-v1-{naming.short_hash('pit_2020.v1')}"]
+    assert jobs[1]["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "pitlab", "embed", "--spec", "/etc/pitlab/leakageeval.yaml", "--model", "pit_2020.v1",
+        "--out", "/pitlab/out/qwen-2020-jpx/eval"]
+    assert jobs[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    analyze = builders.build_analyze_job(le, CFG, child)
+    assert analyze["spec"]["template"]["spec"]["containers"][0]["command"] == [
+        "python", "-m", "pitlab.operator.workload", "report-results", "--results",
+        "/pitlab/out/qwen-2020-jpx/eval/results.json", "--report", "/pitlab/out/qwen-2020-jpx/eval/report.md", "--",
+        "pitlab", "analyze", "--spec", "/etc/pitlab/leakageeval.yaml", "--out", "/pitlab/out/qwen-2020-jpx/eval"]
+    assert "nvidia.com/gpu" not in json.dumps(analyze)
+    for m in [cm, *jobs, analyze]:
+        assert validate(m) == [], m["metadata"]["name"]
+        assert m["metadata"]["ownerReferences"][0]["kind"] == "LeakageEval"
+
+
+def test_large_panel_embeds_in_one_indexed_job(pit: PitTraining) -> None:
+    le, child = eval_of(pit, n_models=10)
+    (job,) = builders.build_embed_jobs(le, CFG, child)
+    assert job["metadata"]["name"] == "qwen-2020-jpx-embed"
+    assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 10, 4)
+    cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[:6] == ["python", "-m", "pitlab.operator.workload", "embed-index", "--models",
+                       ",".join(f"m{i}" for i in range(10))]
+    assert cmd[6:] == ["--", "pitlab", "embed", "--spec", "/etc/pitlab/leakageeval.yaml", "--model", "{model}",
+                       "--out", "/pitlab/out/qwen-2020-jpx/eval"]
+    assert validate(job) == []
+
+
+def test_spec_digest_is_canonical() -> None:
+    assert builders.spec_digest({"a": 1, "b": [1, 2]}) == builders.spec_digest({"b": [1, 2], "a": 1})
+    assert builders.spec_digest({"a": 1}) != builders.spec_digest({"a": 2})

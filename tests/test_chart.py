@@ -1,0 +1,117 @@
+"""The Helm chart, with the real helm binary (`make install` puts it in .venv/bin): lint is clean, every
+rendered object validates, the RBAC is exactly what the operator calls, the Deployment is locked down."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from test_builders_schemas import REPO, validate
+
+from pitlab.operator import rbac
+from pitlab.operator.config import OperatorConfig
+
+CHART = REPO / "charts" / "pitlab"
+
+
+@functools.cache
+def helm() -> str:
+    for cand in (REPO / ".venv" / "bin" / "helm", Path(shutil.which("helm") or "/nonexistent")):
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    pytest.fail("helm not found: run `make install` (scripts/install_helm.py puts it in .venv/bin/helm)")
+
+
+def render(*args: str) -> list[dict]:
+    out = subprocess.run([helm(), "template", "pitlab", str(CHART), "--namespace", "pitlab-system",
+                          "--include-crds", *args], capture_output=True, text=True, check=True)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def of_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def test_helm_lint_is_clean() -> None:
+    for extra in ([], ["--set", "watchNamespaces={research,prod}"]):
+        out = subprocess.run([helm(), "lint", "--strict", str(CHART), *extra], capture_output=True, text=True)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
+        assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize("args", [[], ["--set", "watchNamespaces={research,prod}"]])
+def test_every_rendered_object_validates(args: list[str]) -> None:
+    objs = render(*args)
+    assert {o["kind"] for o in objs} >= {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                                         "Deployment", "ServiceAccount"}
+    for o in objs:
+        assert validate(o) == [], (o["kind"], o["metadata"]["name"])
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    crds = {o["metadata"]["name"]: o for o in of_kind(render(), "CustomResourceDefinition")}
+    for f in (REPO / "crds").glob("*.yaml"):
+        doc = yaml.safe_load(f.read_text())
+        assert crds[doc["metadata"]["name"]] == doc
+
+
+def _rules(role: dict) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+def test_cluster_wide_rbac_is_exactly_the_operators_calls() -> None:
+    objs = render()
+    (role,) = of_kind(objs, "ClusterRole")
+    assert _rules(role) == rbac.triples(rbac.NAMESPACED_RULES + rbac.CLUSTER_RULES)
+    assert of_kind(objs, "Role") == []
+    (binding,) = of_kind(objs, "ClusterRoleBinding")
+    (sa,) = of_kind(objs, "ServiceAccount")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": "pitlab-system"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_namespaced_rbac_grants_only_the_watched_namespaces() -> None:
+    objs = render("--set", "watchNamespaces={research,prod}")
+    (cluster_role,) = of_kind(objs, "ClusterRole")
+    assert _rules(cluster_role) == rbac.triples(rbac.CLUSTER_RULES)
+    roles = of_kind(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["prod", "research"]
+    for r in roles:
+        assert _rules(r) == rbac.triples(rbac.NAMESPACED_RULES)
+    assert sorted(b["metadata"]["namespace"] for b in of_kind(objs, "RoleBinding")) == ["prod", "research"]
+    args = of_kind(objs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=research" in args and "--namespace=prod" in args and "--all-namespaces" not in args
+
+
+def test_deployment_is_locked_down_and_probed() -> None:
+    (dep,) = of_kind(render(), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
+    assert c["args"] == ["run", "--standalone", "--liveness=http://0.0.0.0:8080/healthz", "--all-namespaces",
+                         "-m", "pitlab.operator.main"]
+    assert c["image"] == "ghcr.io/pitlab/pitlab-operator:0.1.0"
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_values_reach_the_operator_config() -> None:
+    (dep,) = of_kind(render("--set", "storage.pvc=team-a-data", "--set", "defaults.mergeGpus=1",
+                            "--set", "workloads.trainerImage=reg.example/trainer:9"), "Deployment")
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    cfg = OperatorConfig.from_env(env)
+    assert (cfg.pvc, cfg.merge_gpus, cfg.trainer_image) == ("team-a-data", 1, "reg.example/trainer:9")
+    # every operator setting is set by the chart
+    assert {k.removeprefix("PITLAB_").lower() for k in env} == {f for f in OperatorConfig.__dataclass_fields__}

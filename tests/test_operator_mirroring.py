@@ -1,0 +1,63 @@
+"""Reading children: Kubeflow and batch Job conditions, LeakageEval phases, termination messages, progress."""
+
+from pitlab.operator import mirroring as m
+from pitlab.operator.summary import PROGRESS_PREFIX, compact_results, premium_summary, progress_record
+
+
+def test_pytorchjob_state() -> None:
+    job = lambda *c: {"status": {"conditions": list(c)}}  # noqa: E731
+    created = {"type": "Created", "status": "True", "reason": "PyTorchJobCreated"}
+    running = {"type": "Running", "status": "True", "reason": "PyTorchJobRunning"}
+    failed = {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed", "message": "1 Master failed"}
+    assert m.pytorchjob_state({}) == m.ChildState("Pending", "Created", "")
+    assert m.pytorchjob_state(job(created)).state == "Pending"
+    assert m.pytorchjob_state(job(created, running)) == m.ChildState("Running", "PyTorchJobRunning", "")
+    assert m.pytorchjob_state(job(created, dict(running, status="False"), failed)) == m.ChildState(
+        "Failed", "PyTorchJobFailed", "1 Master failed")
+
+
+def test_batch_job_state() -> None:
+    assert m.batch_job_state({"status": {}}).state == "Pending"
+    assert m.batch_job_state({"status": {"active": 1}}) == m.ChildState("Running", "Running", "1 pod(s) running")
+    assert m.batch_job_state({"spec": {"completions": 3}, "status": {"succeeded": 2}}).state == "Pending"
+    assert m.batch_job_state({"status": {"succeeded": 1}}).state == "Succeeded"
+    failed = {"status": {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded",
+                                         "message": "too slow"}]}}
+    assert m.batch_job_state(failed) == m.ChildState("Failed", "DeadlineExceeded", "too slow")
+    jobs = [{"metadata": {"name": "a"}, "status": {"succeeded": 1}}, {"metadata": {"name": "b"}, **failed}]
+    assert m.jobs_state(jobs) == m.ChildState("Failed", "DeadlineExceeded", "Job b: too slow")
+    assert m.jobs_state(jobs[:1]) == m.ChildState("Succeeded", "Completed", "1/1 Jobs complete")
+
+
+def test_leakageeval_state_carries_the_stalled_reason() -> None:
+    le = {"status": {"phase": "Failed", "conditions": [
+        {"type": "Stalled", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job x-analyze: oom"}]}}
+    assert m.leakageeval_state(le) == m.ChildState("Failed", "BackoffLimitExceeded", "Job x-analyze: oom")
+    assert m.leakageeval_state({"status": {"phase": "Embedding"}}) == m.ChildState("Running", "Embedding", "")
+
+
+def test_termination_message_of_the_newest_pod() -> None:
+    pod = lambda name, job, msg, t: {"metadata": {"name": name, "labels": {"batch.kubernetes.io/job-name": job}},  # noqa: E731
+                                     "status": {"containerStatuses": [{"name": "analyze", "state": {
+                                         "terminated": {"message": msg, "finishedAt": t}}}]}}
+    pods = [pod("p1", "j", "old", "2026-01-01T00:00:00Z"), pod("p2", "j", "new", "2026-01-01T01:00:00Z"),
+            pod("p3", "other", "x", "2027-01-01T00:00:00Z")]
+    assert m.termination_message(pods, "j", "analyze") == "new"
+    assert m.termination_message(pods, "j", "merge") is None
+    assert m.message_json('{"a": 1}') == {"a": 1} and m.message_json("Traceback ...") is None
+    assert m.last_lines("a\n\nb\nc\nd\n") == "b | c | d"
+
+
+def test_progress_lines_and_summaries() -> None:
+    rec = {"step": 7, "total_steps": 70, "loss": 2.123456789, "tokens_per_second": 8151.234, "lr": 1e-5}
+    assert progress_record(rec) == {"step": 7, "totalSteps": 70, "loss": 2.12346, "tokensPerSecond": 8151.0}
+    log = f"noise\n{PROGRESS_PREFIX}{{\"step\": 6}}\n{PROGRESS_PREFIX}{{\"step\": 7, \"loss\": 2.1}}\n{PROGRESS_PREFIX}oops"
+    assert m.progress_from_log(log) == {"step": 7, "loss": 2.1}
+    assert m.progress_from_log(None) is None
+    res = compact_results({"models": {"base": {"r2_off": 0.011111111, "r2_on": 0.2, "premium": 0.21,
+                                               "premium_ci": [0.14, 0.35], "verdict": "significant"}},
+                           "reductions": [{"from": "base", "to": "pit", "reduction": 0.07, "ci": [-0.03, 0.24]}]})
+    assert res == {"models": {"base": {"r2Off": 0.0111111, "r2On": 0.2, "premium": 0.21, "premiumCI": [0.14, 0.35],
+                                       "verdict": "significant"}},
+                   "reductions": [{"from": "base", "to": "pit", "reduction": 0.07, "ci": [-0.03, 0.24]}]}
+    assert premium_summary(res) == "base +0.210 [+0.140, +0.350]"
