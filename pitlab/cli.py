@@ -86,12 +86,18 @@ def _print_results_table(results: dict, title: str) -> None:
 
 @app.command()
 def validate(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."),
-             data_root: Optional[Path] = DataRoot) -> None:
+             data_root: Optional[Path] = DataRoot,
+             schema_only: bool = typer.Option(False, "--schema-only",
+                                              help="Check the schema only (for cluster specs whose files live "
+                                                   "on the cluster's volume).")) -> None:
     """Check a spec without running it: schema, then files, columns, corpus cutoff and models."""
     from pitlab.data import CorpusError, PanelError
     from pitlab.local import preflight
 
     res = _load(file, data_root)
+    if schema_only:
+        console.print(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r} (schema)")
+        return
     try:
         plan = preflight(res)
     except (SpecError, CorpusError, PanelError) as err:
