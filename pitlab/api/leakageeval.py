@@ -103,9 +103,19 @@ class Embedding(SpecModel):
 
 
 class Regression(SpecModel):
-    """Ridge penalties searched inside each training fold (generalised cross-validation)."""
+    """Ridge penalties searched inside each training fold.
 
-    alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0], min_length=1)
+    ``selection: security-cv`` (default) scores each α by an ``innerFolds``-fold GroupKFold by security inside
+    the training set, then refits on all of it: α is judged on unseen securities, as leakage-on tests them.
+    ``selection: gcv`` uses generalised cross-validation (Golub, Heath & Wahba 1979), which approximates
+    leave-one-*row*-out and so rewards fitting what rows of one security or one date share; on panels with
+    a strong date component it can pick a far too small penalty.
+    """
+
+    alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0],
+                                min_length=1)
+    selection: Literal["security-cv", "gcv"] = "security-cv"
+    inner_folds: int = Field(5, ge=2, le=20)
     benchmark: Literal["train_mean"] = "train_mean"
 
 

@@ -1,0 +1,255 @@
+"""One leakage evaluation, end to end: embed → per-security statistics → point estimates → clustered bootstrap
+→ results.json / report.md / premium.png (DESIGN section 4.7)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pitlab.api.leakageeval import LeakageEvalSpec
+from pitlab.data.types import Panel
+from pitlab.evaluator.bootstrap import (bootstrap_model, draw_cluster_weights, paired_reductions, percentile_ci,
+                                       replicate_folds, verdict)
+from pitlab.evaluator.embed import embed_texts
+from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_off_r2, leakage_on_r2
+from pitlab.evaluator.protocols import ChronologicalSplit, security_folds
+from pitlab.evaluator.report import RESULTS_FILE, write_outputs
+
+BENCHMARK = "training mean"
+TARGET = "close[t+2] / close[t+1] - 1 (JPX definition)"
+StageProgress = Callable[[str, int, int], None]
+
+
+class EvaluationError(ValueError):
+    """The panel or the model list cannot be evaluated (the message names the field or model)."""
+
+
+def check_panel(panel: Panel) -> None:
+    """Raise :class:`EvaluationError` unless ``panel.rows`` has date/security/prompt/target, no missing
+    value, finite targets and unique (date, security) rows."""
+    rows = panel.rows
+    missing = [c for c in ("date", "security", "prompt", "target") if c not in rows.columns]
+    if missing:
+        raise EvaluationError(f"panel.rows lacks column(s) {missing}")
+    if len(rows) == 0:
+        raise EvaluationError("panel.rows is empty")
+    for c in ("date", "security", "prompt", "target"):
+        if rows[c].isna().any():
+            raise EvaluationError(f"panel.rows.{c} has {int(rows[c].isna().sum())} missing value(s)")
+    if not np.all(np.isfinite(rows["target"].to_numpy(dtype=np.float64))):
+        raise EvaluationError("panel.rows.target has non-finite values")
+    if rows.duplicated(["date", "security"]).any():
+        raise EvaluationError("panel.rows has duplicate (date, security) rows")
+
+
+def _ordered_models(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) -> list[str]:
+    names = [m.name for m in spec.models]
+    extra, absent = sorted(set(models) - set(names)), [n for n in names if n not in models]
+    if extra or absent:
+        raise EvaluationError(f"models: spec.models names {names} and the given model folders {list(models)} "
+                              f"differ (missing folders for {absent}, not in spec: {extra})")
+    for n in names:
+        path, kind = models[n]
+        if kind not in ("auto", "causal", "encoder"):
+            raise EvaluationError(f"models[{n}].kind must be auto, causal or encoder (got {kind!r})")
+        if not (Path(path) / "config.json").is_file():
+            raise EvaluationError(f"models[{n}]: {path} is not a Hugging Face model folder (no config.json)")
+    return names
+
+
+def _grid_edge(off, on, alphas: list[float]) -> str | None:
+    """"upper" when a point-estimate fit chose the largest penalty of the grid yet still uses at least one
+    effective parameter besides the intercept (df - 1 >= 1: the selection wanted more shrinkage than the grid
+    offers); "lower" when one chose the smallest penalty; None otherwise or for a one-value grid."""
+    chosen = np.concatenate([off.alpha[:1], on.alpha[0]])
+    df = np.concatenate([off.df[:1], on.df[0]])
+    if len(set(alphas)) < 2:
+        return None
+    top = chosen >= max(alphas)
+    if np.any(top & (df - 1.0 >= 1.0)):
+        return "upper"
+    if np.any(chosen <= min(alphas)):
+        return "lower"
+    return None
+
+
+def _versions() -> dict[str, str]:
+    import matplotlib
+    import sklearn
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
+            "scikit-learn": sklearn.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "matplotlib": matplotlib.__version__}
+
+
+def _panel_summary(panel: Panel) -> dict:
+    rows = panel.rows
+    dates = pd.DatetimeIndex(rows["date"])
+    return {"source": panel.source, "n_rows": len(rows), "n_securities": int(rows["security"].nunique()),
+            "n_dates": int(dates.nunique()), "first_date": dates.min().date().isoformat(),
+            "last_date": dates.max().date().isoformat(),
+            "calendar": [panel.calendar[0].date().isoformat(), panel.calendar[-1].date().isoformat()],
+            "dropped": dict(panel.dropped), "target": TARGET}
+
+
+def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tuple[Path, str]], out_dir: Path,
+                     progress: StageProgress | None = None, cache_dir: Path | None = None, *,
+                     num_threads: int | None = None, alpha_selection: AlphaSelection | str | None = None) -> dict:
+    """Measure the leakage premium of every model of ``spec`` on ``panel`` and write the outputs to ``out_dir``.
+
+    ``models``: spec model name → (local model folder, kind "auto" | "causal" | "encoder"); the names must be
+    those of ``spec.models`` (their order is the spec's; reductions are premium(i) − premium(j) for i listed
+    before j). ``progress(stage, done, total)`` is called with stages ``embed:<name>`` (prompts done),
+    ``statistics:<name>`` (0/1, 1/1) and ``report``. ``cache_dir`` caches embeddings; ``num_threads`` sets
+    torch's CPU threads while embedding. ``alpha_selection``: how the ridge penalty is chosen inside every
+    training set: None (default) takes ``spec.regression.selection`` and ``innerFolds``; ``"gcv"``,
+    ``"security-cv"`` or an :class:`AlphaSelection` override it, see
+    :class:`pitlab.evaluator.estimates.AlphaSelection`.
+    Returns the results dict (as written to ``results.json``). A stale ``results.json`` in ``out_dir`` is
+    removed first, so the folder never looks complete after a failure.
+    """
+    t_all = time.perf_counter()
+    out_dir = Path(out_dir)
+    (out_dir / RESULTS_FILE).unlink(missing_ok=True)
+    note = progress or (lambda stage, done, total: None)
+    check_panel(panel)
+    names = _ordered_models(spec, models)
+    if alpha_selection is None:
+        selection = AlphaSelection(spec.regression.selection, inner_folds=spec.regression.inner_folds)
+    elif isinstance(alpha_selection, str):
+        selection = AlphaSelection(alpha_selection, inner_folds=spec.regression.inner_folds)
+    else:
+        selection = alpha_selection
+    alphas = list(spec.regression.alphas)
+    if any(not np.isfinite(a) or a <= 0 for a in alphas):
+        raise EvaluationError(f"regression.alphas must be positive (got {alphas})")
+    proto, boot, emb = spec.protocol, spec.bootstrap, spec.embedding
+    rows = panel.rows
+    split = ChronologicalSplit(rows["date"].to_numpy(), panel.calendar, proto.train_end, proto.test_start,
+                               proto.embargo_days)
+    codes, securities = pd.factorize(rows["security"].astype(str), sort=True)
+    S, K = len(securities), proto.group_k_folds
+    rows_per_sec = np.bincount(codes, minlength=S)
+    if S < K:
+        raise EvaluationError(f"protocol.groupKFolds={K} exceeds the number of securities in the panel ({S})")
+    y = rows["target"].to_numpy(dtype=np.float64)
+    prompts = rows["prompt"].astype(str).tolist()
+
+    t0 = time.perf_counter()
+    ones = np.ones((1, S))
+    point_folds = security_folds(rows_per_sec, K)[None, :]
+    weights = draw_cluster_weights(S, boot.resamples, boot.seed)
+    folds = replicate_folds(rows_per_sec, weights, K)  # shared by every model, like the weights
+    timings: dict = {"draws_s": time.perf_counter() - t0, "models": {}}
+
+    cutoffs = {m.name: m.knowledge_cutoff for m in spec.models}
+    sources = {m.name: {"uri": m.uri, "training_ref": m.training_ref.model_dump(by_alias=True) if m.training_ref
+                        else None} for m in spec.models}
+    model_results, premium_reps, replicates = [], {}, {}
+    run_warnings = list(split.warnings)
+    for name in names:
+        path, kind = models[name]
+        info: dict = {}
+        t_emb = time.perf_counter()
+        X = embed_texts(Path(path), prompts, kind=kind, layer=emb.layer, pooling=emb.pooling,
+                        batch_size=emb.batch_size, max_length=emb.max_length, dtype=emb.dtype,
+                        progress=lambda d, t, n=name: note(f"embed:{n}", d, t), num_threads=num_threads,
+                        cache_dir=cache_dir, info=info)
+        t_stat = time.perf_counter()
+        note(f"statistics:{name}", 0, 1)
+        stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask)
+        off = leakage_off_r2(stats, ones, alphas, selection)
+        on = leakage_on_r2(stats, ones, point_folds, K, alphas, selection)
+        t_boot = time.perf_counter()
+        reps = bootstrap_model(stats, weights, folds, K, alphas, selection)
+        del stats
+        t_end = time.perf_counter()
+        note(f"statistics:{name}", 1, 1)
+        r2_off, r2_on = float(off.r2[0]), float(on.r2[0])
+        premium = r2_on - r2_off
+        ci = percentile_ci(reps.premium, boot.confidence)
+        premium_reps[name] = reps.premium
+        replicates[name] = {"r2_off": reps.r2_off, "r2_on": reps.r2_on}
+        model_results.append({
+            "name": name, **sources[name], "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
+            "knowledge_cutoff": cutoffs[name].isoformat() if cutoffs[name] else None,
+            "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
+            "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
+            "r2_off": r2_off, "r2_on": r2_on, "premium": premium, "premium_ci": list(ci),
+            "r2_off_ci": list(percentile_ci(reps.r2_off, boot.confidence)),
+            "r2_on_ci": list(percentile_ci(reps.r2_on, boot.confidence)),
+            "verdict": verdict(ci), "n_train": split.n_train, "n_test": split.n_test,
+            "n_embargoed": split.n_embargoed, "alpha_off": float(off.alpha[0]),
+            "alpha_on": [float(a) for a in on.alpha[0]],
+            "n_valid_replicates": int(np.isfinite(reps.premium).sum()),
+            "df_off": float(off.df[0]), "df_on": [float(x) for x in on.df[0]],
+            "alpha_at_grid_edge": _grid_edge(off, on, alphas),
+        })
+        edge = model_results[-1]["alpha_at_grid_edge"]
+        if edge:
+            run_warnings.append(
+                f"model {name}: the penalty selection ({selection.method}) chose the {edge} end of "
+                f"regression.alphas {alphas}; its optimum lies outside the grid (widen regression.alphas)."
+                + (" The fits still use more than one effective parameter: the two protocols, whose training "
+                   "sets differ in size, then overfit by different amounts, which shifts the premium even for "
+                   "an uninformative embedding." if edge == "upper" else ""))
+        if np.isfinite(ci[0]) and not ci[0] <= premium <= ci[1]:
+            run_warnings.append(
+                f"model {name}: the premium {premium:.4g} lies outside its own bootstrap interval "
+                f"[{ci[0]:.4g}, {ci[1]:.4g}]: the estimate is unstable (it changes with the number of distinct "
+                "securities); check the chosen penalties (alpha_off, alpha_on) and the penalty selection.")
+        timings["models"][name] = {"embed_s": t_stat - t_emb, "point_estimate_s": t_boot - t_stat,
+                                   "bootstrap_s": t_end - t_boot, "statistics_s": t_end - t_stat}
+        del X
+
+    reductions = paired_reductions(names, {m["name"]: m["premium"] for m in model_results}, premium_reps,
+                                   boot.confidence)
+    for r in reductions:
+        lo, hi = r["ci"]
+        if np.isfinite(lo) and not lo <= r["reduction"] <= hi:
+            run_warnings.append(f"reduction premium({r['model_a']}) - premium({r['model_b']}) = {r['reduction']:.4g} "
+                                f"lies outside its own bootstrap interval [{lo:.4g}, {hi:.4g}]: unstable estimate.")
+    timings["statistics_s"] = timings["draws_s"] + sum(m["statistics_s"] for m in timings["models"].values())
+    timings["embed_s"] = sum(m["embed_s"] for m in timings["models"].values())
+    results = {
+        "kind": "LeakageEvalResults",
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": BENCHMARK,
+        "r2_definition": "out-of-sample R² = 1 - SSE / Σ(y - ȳ_train)², ȳ_train = mean target of the fitting set",
+        "protocol": {
+            "leakage_off": {"method": "chronological split with embargo (trading days)", **split.summary()},
+            "leakage_on": {"method": "GroupKFold by security over all dates (scikit-learn, no shuffle), pooled "
+                                     "out-of-fold R² = 1 - Σ_k SSE_k / Σ_k SST_k, SST_k about fold k's "
+                                     "training mean",
+                           "n_splits": K, "n_rows": len(rows)},
+            "premium": "r2_on - r2_off",
+        },
+        "regression": {"model": "ridge, unpenalised intercept, raw embeddings", "alphas": alphas,
+                       "alpha_selection": selection.method, "alpha_selection_detail": selection.describe()},
+        "bootstrap": {"resamples": boot.resamples, "confidence": boot.confidence, "cluster": boot.cluster,
+                      "seed": boot.seed, "ci_method": "percentile", "shared_draws": True,
+                      "weights_sha256": hashlib.sha256(np.ascontiguousarray(weights).tobytes()).hexdigest(),
+                      "replicate_folds": "GroupKFold on the replicate; all copies of a security share one fold"},
+        "embedding": emb.model_dump(mode="json"),
+        "panel": _panel_summary(panel),
+        "models": model_results,
+        "reductions": reductions,
+        "warnings": run_warnings,
+        "versions": _versions(),
+        "timings": timings,
+    }
+    note("report", 0, 1)
+    t_rep = time.perf_counter()
+    timings["total_s"] = t_rep - t_all  # before the report is written: results.json cannot time its own writing
+    clean = write_outputs(results, out_dir, replicates)
+    note("report", 1, 1)
+    return clean
