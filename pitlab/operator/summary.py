@@ -29,17 +29,22 @@ def _get(d: dict[str, Any], *keys: str) -> Any:
 
 
 def compact_results(results: dict[str, Any]) -> dict[str, Any]:
-    """The status summary of an evaluator ``results.json``: per model r2Off, r2On, premium, premiumCI,
-    verdict; per pair reduction, ci, verdict (snake_case or camelCase input)."""
+    """The status summary of an evaluator ``results.json`` (see :mod:`pitlab.evaluator.report`).
+
+    Input: ``models`` a list of ``{"name", "r2_off", "r2_on", "premium", "premium_ci", "verdict", ...}`` in
+    spec order, ``reductions`` a list of ``{"model_a", "model_b", "reduction", "ci", "verdict"}`` (premium(a)
+    − premium(b)). Output (camelCase, for ``.status.results``): ``models`` name → r2Off, r2On, premium,
+    premiumCI, verdict; ``reductions`` list of from, to, reduction, ci, verdict. Floats keep 6 significant
+    digits so the summary fits a termination message.
+    """
     models = {}
-    for name, r in (results.get("models") or {}).items():
-        models[name] = {k: v for k, v in {
-            "r2Off": _num(_get(r, "r2Off", "r2_off")), "r2On": _num(_get(r, "r2On", "r2_on")),
-            "premium": _num(_get(r, "premium")), "premiumCI": _num(_get(r, "premiumCI", "premium_ci")),
-            "verdict": _get(r, "verdict")}.items() if v is not None}
+    for r in results.get("models") or []:
+        models[r["name"]] = {k: v for k, v in {
+            "r2Off": _num(r.get("r2_off")), "r2On": _num(r.get("r2_on")), "premium": _num(r.get("premium")),
+            "premiumCI": _num(r.get("premium_ci")), "verdict": r.get("verdict")}.items() if v is not None}
     reductions = [{k: v for k, v in {
-        "from": _get(x, "from"), "to": _get(x, "to"), "reduction": _num(_get(x, "reduction")),
-        "ci": _num(_get(x, "ci")), "verdict": _get(x, "verdict")}.items() if v is not None}
+        "from": x.get("model_a"), "to": x.get("model_b"), "reduction": _num(x.get("reduction")),
+        "ci": _num(x.get("ci")), "verdict": x.get("verdict")}.items() if v is not None}
         for x in results.get("reductions") or []]
     return {"models": models, "reductions": reductions}
 

