@@ -105,7 +105,7 @@ def plot_premium(results: dict, path: Path) -> None:
 
     models = results["models"]
     pct = f"{100 * results['bootstrap']['confidence']:g}%"
-    fig = Figure(figsize=(7.0, 1.4 + 0.55 * len(models)))
+    fig = Figure(figsize=(7.0, 1.9 + 0.55 * len(models)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     ys = np.arange(len(models))[::-1]
@@ -121,14 +121,14 @@ def plot_premium(results: dict, path: Path) -> None:
 
     ax.legend(handles=[Line2D([], [], color="tab:red", marker="o", label="significant (CI excludes 0)"),
                        Line2D([], [], color="tab:blue", marker="o", label="not significant")],
-              loc="best", fontsize="small")
+              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, fontsize="small", frameon=False)
     ax.set_yticks(ys, [m["name"] for m in models])
     ax.set_ylim(-0.7, len(models) - 0.3)
     ax.set_xlabel(f"leakage premium R²(on) − R²(off), {pct} CI")
     ax.set_ylabel("model")
     ax.set_title(f"Leakage premium ({results['bootstrap']['resamples']} security-clustered bootstrap resamples)")
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=120)
+    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
 
 
 def _replicates_csv(results: dict, replicates: dict[str, dict[str, np.ndarray]]) -> str:
