@@ -334,7 +334,9 @@ def test_checkpoints_are_complete_and_retained(trained):
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["latest", "step-20", "step-30"]  # keep: 2 of 10/20/30
     assert not list(trained["run"].rglob("*.tmp"))
     state = json.loads((ckpt_dir / "step-30" / "train_state.json").read_text())
-    assert state == {"tokens_seen": 30 * 1024, "step": 30, "world_size": 2}
+    assert {k: state[k] for k in ("tokens_seen", "step", "world_size")} == {"tokens_seen": 30 * 1024, "step": 30,
+                                                                          "world_size": 2}
+    assert state["data"] == {"next_step": 30, "chunks_consumed": 30 * 16} and state["scheduler"]["last_epoch"] == 30
 
 
 @pytest.mark.slow
@@ -429,3 +431,95 @@ def test_training_error_names_the_field(trained, tmp_path):
     msg = str(err.value)
     assert "exit code" in msg and "spec.training.seqLen" in msg and "fewer than one sequence" in msg
     assert not (run / "train" / "summary.json").exists() and not (run / "checkpoint").exists()
+
+
+@pytest.mark.slow
+def test_killed_rank_resumes_bit_identically(trained, tmp_path):
+    """SIGKILL one rank mid-run; the resumed run (from ``latest``) ends bit-identical to the uninterrupted one."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from pitlab.trainer.launch import training_env
+    run = tmp_path / "killed"
+    (run / "data").mkdir(parents=True)
+    shutil.copy(trained["run"] / "data" / "tokens.npy", run / "data" / "tokens.npy")
+    spec = make_spec().model_dump(mode="json", by_alias=True)
+    spec["spec"]["checkpoint"] = {"everySteps": 4, "keep": 2}  # checkpoint cadence does not change the maths
+    spec_path = write_spec(PitTraining.model_validate(spec), run / "spec.json")
+    ckpt_dir, metrics = run / "checkpoint", run / "train" / "metrics.jsonl"
+    (run / "train").mkdir()
+    with open(run / "train" / "first-attempt.log", "wb") as log:
+        proc = subprocess.Popen(build_torchrun_command(spec_path, run, 2, base=trained["base"]), stdout=log,
+                                stderr=log, env=training_env(2, cuda=False))
+        try:
+            deadline = time.monotonic() + 180
+            while True:  # wait for a complete checkpoint and two more steps past it
+                assert proc.poll() is None, "the run ended before it could be interrupted"
+                assert time.monotonic() < deadline, "no checkpoint within 180 s"
+                latest = latest_checkpoint(ckpt_dir)
+                done = len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+                if latest is not None and done >= int(latest.name.split("-")[1]) + 2:
+                    break
+                time.sleep(0.05)
+            ranks = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                     if c.environ().get("LOCAL_RANK") == "1"]
+            assert len(ranks) == 1, ranks
+            os.kill(ranks[0].pid, signal.SIGKILL)  # a real signal to one rank, no cooperation from the trainer
+            rc = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert rc != 0
+    assert not (run / "train" / "summary.json").exists()
+    killed_at = int(latest_checkpoint(ckpt_dir).name.split("-")[1])
+    assert 4 <= killed_at < 30 and killed_at % 4 == 0
+    lines_before = len(metrics.read_text().splitlines())
+    assert lines_before >= killed_at + 2  # steps past the checkpoint were done and are redone
+    state = json.loads((ckpt_dir / f"step-{killed_at}" / "train_state.json").read_text())
+    assert state["step"] == killed_at and state["data"] == {"next_step": killed_at,
+                                                            "chunks_consumed": killed_at * 16}
+    assert state["scheduler"]["last_epoch"] == killed_at
+    assert sorted(p.name for p in (ckpt_dir / f"step-{killed_at}").glob("rng-rank-*.pt")) == [
+        "rng-rank-0.pt", "rng-rank-1.pt"]
+
+    summary = run_training(spec_path, run, nproc=2, base=trained["base"])  # resumes from latest
+    assert summary["resumed_from_step"] == killed_at
+    assert summary["param_sha256"] == trained["summary"]["param_sha256"]  # bit-identical parameters
+    assert summary["final_loss"] == trained["summary"]["final_loss"]
+    assert summary["first_loss"] == trained["summary"]["first_loss"]
+    resumed = [json.loads(x) for x in metrics.read_text().splitlines()]
+    uninterrupted = [json.loads(x) for x in (trained["run"] / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in resumed] == list(range(1, 31))  # each step once: the redone ones replaced
+    assert [(r["loss"], r["lr"], r["grad_norm"]) for r in resumed] == [
+        (r["loss"], r["lr"], r["grad_norm"]) for r in uninterrupted]
+    assert (ckpt_dir / "latest").read_text().strip() == "step-30"
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_checkpoint_of_another_run(trained, tmp_path):
+    run = tmp_path / "other"
+    shutil.copytree(trained["run"] / "data", run / "data")
+    shutil.copytree(trained["run"] / "checkpoint", run / "checkpoint")
+    spec_path = write_spec(make_spec(seed=1), run / "spec.json")
+    with pytest.raises(TrainingError, match=r"spec\.training\.seed: differs from the checkpoint to resume"):
+        run_training(spec_path, run, nproc=2, base=trained["base"])
+
+
+@pytest.mark.slow
+def test_accumulation_without_per_microbatch_sync_matches_the_default(trained, tmp_path):
+    """gradientSyncEveryMicrobatch: false (one reduce-scatter per step) gives the same updates up to float
+    summation order; the LR of the first 3 (warmup) steps does not depend on the run length."""
+    run = tmp_path / "nosync"
+    shutil.copytree(trained["run"] / "data", run / "data")
+    spec_path = write_spec(make_spec(tokens=4 * 1024, gradientSyncEveryMicrobatch=False), run / "spec.json")
+    summary = run_training(spec_path, run, nproc=2, base=trained["base"])
+    assert summary["steps"] == 4
+    got = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(x) for x in (trained["run"] / "train" / "metrics.jsonl").read_text().splitlines()][:3]
+    assert got[0]["loss"] == ref[0]["loss"]  # before any update: identical
+    assert [r["lr"] for r in got[:3]] == [r["lr"] for r in ref]
+    assert [r["loss"] for r in got[1:3]] == pytest.approx([r["loss"] for r in ref[1:3]], rel=1e-4)
+    assert [r["grad_norm"] for r in got[:3]] == pytest.approx([r["grad_norm"] for r in ref], rel=1e-4)

@@ -81,10 +81,18 @@ class LoraSpec(SpecModel):
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
 
 
+_BNB_REFUSAL = ("bitsandbytes 8-bit optimizers are refused under FSDP2: they expect plain tensors and "
+                "quantise optimizer state per local tensor, which breaks on FSDP2's DTensor parameter shards "
+                "(the published 35B recipe crashed this way); use optimizer: adamw")
+
+
 class TrainingSpec(SpecModel):
     """Optimisation settings. Units: ``seqLen`` in tokens; ``learningRate`` peak LR; ``warmupSteps`` in
     optimizer steps. One optimizer step consumes seqLen × microBatchSize × gradientAccumulationSteps ×
     world-size tokens."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.optimizer) || self.optimizer == 'adamw'", "message": "optimizer: " + _BNB_REFUSAL}]})
 
     seq_len: int = Field(2048, ge=8)
     micro_batch_size: int = Field(1, ge=1)
@@ -93,13 +101,25 @@ class TrainingSpec(SpecModel):
     min_learning_rate_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    optimizer: Literal["adamw"] = "adamw"
+    optimizer: Literal["adamw", "adamw8bit", "paged_adamw8bit"] = Field("adamw", description=(
+        "adamw: torch AdamW (fused on CUDA). The bitsandbytes 8-bit optimizers are refused under FSDP2: "
+        "they quantise state per flat tensor and mishandle FSDP2's DTensor shards"))
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     activation_checkpointing: bool = False
+    gradient_sync_every_microbatch: bool = Field(True, description=(
+        "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
+        "false skips the sync until the last microbatch of a step: less communication, but every rank holds "
+        "the full unsharded gradients (parameters x 2 bytes in bf16) between microbatches; see pitlab plan"))
     precision: Literal["fp32", "bf16"] = "bf16"
     seed: int = 0
     layer_streaming: bool = False
+
+    @model_validator(mode="after")
+    def _no_bnb(self) -> "TrainingSpec":
+        if self.optimizer != "adamw":
+            raise ValueError(f"optimizer: {self.optimizer}: {_BNB_REFUSAL}")
+        return self
 
 
 class ResourcesSpec(SpecModel):
@@ -107,6 +127,9 @@ class ResourcesSpec(SpecModel):
 
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(8, ge=1)
+    gpu_memory_gib: float | None = Field(None, gt=0, alias="gpuMemoryGiB", description=(
+        "memory of one GPU in GiB (e.g. 80 for an H100 80GB, 141 for an H200); `pitlab plan` refuses a run "
+        "whose predicted per-GPU peak exceeds it"))
     image: str | None = None
     cpu: str | None = None
     memory: str | None = None

@@ -7,7 +7,10 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``data``: packed sequences, seeded per-epoch order, per-rank slices; token budget -> steps
 - ``schedule``: learning-rate warmup and decay
 - ``fsdp``: ``fully_shard`` per decoder layer and root, mixed-precision policy
-- ``checkpoint``: atomic DCP checkpoints, ``latest`` pointer, retention
+- ``loading``: meta-device build + per-rank shard reads from safetensors (about one model copy per node)
+- ``checkpoint``: atomic DCP checkpoints, ``latest`` pointer, retention, bit-identical resume
+- ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU
+- ``lora``: peft LoRA and verified adapter saves
 - ``metrics``: JSON-lines progress (writer and tailer)
 - ``train``: the training loop (``python -m pitlab.trainer.train`` under torchrun)
 - ``launch``: builds and runs the torchrun command, follows metrics, returns the summary

@@ -3,6 +3,7 @@
 Layout under ``checkpoint_dir``::
 
     step-<N>/          a complete checkpoint: DCP shards + ``.metadata`` + ``train_state.json``
+                       + ``rng-rank-<R>.pt`` (each rank's RNG states)
     step-<N>.tmp/      a checkpoint being written (never read; removed by the next save)
     latest             text ``step-<N>``: the newest complete checkpoint, replaced atomically
 
@@ -11,20 +12,28 @@ A ``step-<N>`` directory appears only by renaming its ``.tmp`` after every rank 
 checkpoint. The DCP state dict is ``{"model": <model state dict>, "optim": <optimizer state dict>}``
 with the model's original parameter names (``model.layers.0.mlp.gate.weight``), so a single process
 can load ``"model"`` into an unsharded model of the same architecture.
+
+Resume (:func:`load_checkpoint`) restores the model and optimizer shards (DCP), the LR scheduler
+(``train_state.json["scheduler"]``), each rank's RNG states (torch CPU, CUDA, numpy, python ``random``)
+and the step; the data position is a pure function of the step (see :mod:`pitlab.trainer.data`), and
+``train_state.json["data"]`` records it so a resume with a different data layout is refused.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 from pathlib import Path
 
+import numpy as np
+
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from pitlab.trainer.files import fsync_dir, write_text_atomic
 
@@ -42,15 +51,39 @@ def step_dir_name(step: int) -> str:
     return f"step-{step}"
 
 
+def rng_file_name(rank: int) -> str:
+    """``rng-rank-<R>.pt``: rank R's RNG states inside a checkpoint directory."""
+    return f"rng-rank-{rank}.pt"
+
+
+def rng_state() -> dict:
+    """This process's RNG states: ``torch`` (CPU ByteTensor), ``cuda`` (list of ByteTensors, one per
+    visible device, empty without CUDA), ``numpy`` (legacy global state tuple), ``python`` (``random``)."""
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore the states returned by :func:`rng_state` (CUDA states only when CUDA is available)."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
 def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    keep: int, train_state: dict | None = None) -> Path:
+                    keep: int, train_state: dict | None = None,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> Path:
     """Collective: every rank of the default process group must call it with the same arguments.
 
     Writes the sharded model and optimizer state of ``step`` with ``torch.distributed.checkpoint`` to
-    ``step-<N>.tmp``; rank 0 adds ``train_state.json`` (``train_state`` plus ``step`` and
-    ``world_size``), then, after a barrier, renames it to ``step-<N>``, writes ``latest`` atomically and
-    deletes all but the newest ``keep`` complete checkpoints. Returns the ``step-<N>`` path.
-    Raises ``ValueError`` if ``keep < 1``.
+    ``step-<N>.tmp`` and each rank's RNG states to ``rng-rank-<R>.pt`` (fsynced); rank 0 adds
+    ``train_state.json`` (``train_state`` plus ``step``, ``world_size`` and the scheduler's
+    ``state_dict()`` under ``scheduler``), then, after a barrier, renames the directory to ``step-<N>``,
+    writes ``latest`` atomically and deletes all but the newest ``keep`` complete checkpoints.
+    Returns the ``step-<N>`` path. Raises ``ValueError`` if ``keep < 1``.
     """
     if keep < 1:
         raise ValueError(f"spec.checkpoint.keep: must be >= 1 (got {keep})")
@@ -65,8 +98,14 @@ def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, opt
     dist.barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    with open(tmp / rng_file_name(rank), "wb") as f:
+        torch.save(rng_state(), f)
+        f.flush()
+        os.fsync(f.fileno())
     if rank == 0:
         state = dict(train_state or {}, step=step, world_size=dist.get_world_size())
+        if scheduler is not None:
+            state["scheduler"] = scheduler.state_dict()
         write_text_atomic(tmp / TRAIN_STATE, json.dumps(state, indent=2) + "\n")
     dist.barrier()  # every rank's shards are on disk
     if rank == 0:
@@ -78,6 +117,37 @@ def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, opt
         prune_checkpoints(checkpoint_dir, keep)
     dist.barrier()
     return final
+
+
+def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> dict:
+    """Collective: restore a checkpoint written by :func:`save_checkpoint` into this rank's live objects.
+
+    Loads the model and optimizer shards in place (DCP, resharded by ``set_state_dict``), the scheduler
+    state from ``train_state.json`` and this rank's RNG states; returns the ``train_state.json`` dict
+    (``step`` = completed optimizer steps). Raises :class:`CheckpointError` naming the file when the
+    checkpoint was written with another world size (``spec.resources.gpusPerNode``: the RNG states and
+    the data order are per rank) or lacks this rank's RNG file.
+    """
+    path = Path(path)
+    state = json.loads((path / TRAIN_STATE).read_text())
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if state.get("world_size") != world:
+        raise CheckpointError(f"{path / TRAIN_STATE}: written with world_size {state.get('world_size')}, this job "
+                              f"has {world}; spec.resources.gpusPerNode must match to resume bit-identically")
+    rng_path = path / rng_file_name(rank)
+    if not rng_path.is_file():
+        raise CheckpointError(f"{rng_path}: missing; the checkpoint has no RNG state for rank {rank}")
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    sd = {"model": model_sd, "optim": optim_sd}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    if scheduler is not None:
+        if "scheduler" not in state:
+            raise CheckpointError(f"{path / TRAIN_STATE}: no scheduler state to resume from")
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(torch.load(rng_path, weights_only=False))
+    return state
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:

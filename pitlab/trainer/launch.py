@@ -12,7 +12,8 @@ from typing import Callable
 
 from pitlab.api import PitTraining
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.metrics import MetricsTail
+from pitlab.trainer.checkpoint import TRAIN_STATE, latest_checkpoint
+from pitlab.trainer.metrics import MetricsTail, truncate_metrics
 
 STDERR_TAIL_LINES = 30
 ERROR_PREFIX = "pitlab.trainer.train: error"  # how train.py reports a known error
@@ -59,7 +60,8 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
                  base: Path | None = None, poll_s: float = 0.5) -> dict:
     """Run the training job to completion and return ``run_dir/train/summary.json`` as a dict.
 
-    Removes a previous run's ``metrics.jsonl`` and ``summary.json`` first, starts the torchrun command
+    Removes a previous run's ``summary.json`` (and ``metrics.jsonl`` unless ``run_dir/checkpoint/latest``
+    exists: then the trainer resumes from it and keeps the lines up to that step), starts the torchrun command
     of :func:`build_torchrun_command` (stdout/stderr to ``run_dir/train/{stdout,stderr}.log``), and calls
     ``on_step(record)`` for each metrics line as it appears (see :mod:`pitlab.trainer.metrics`).
     Raises :class:`TrainingError` when the job fails or finishes without a summary; its message holds
@@ -72,8 +74,12 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     train_dir = run_dir / "train"
     train_dir.mkdir(parents=True, exist_ok=True)
     metrics_path, summary_path = train_dir / "metrics.jsonl", train_dir / "summary.json"
-    for stale in (metrics_path, summary_path):
-        stale.unlink(missing_ok=True)
+    summary_path.unlink(missing_ok=True)
+    resume = latest_checkpoint(run_dir / "checkpoint")
+    if resume is None:
+        metrics_path.unlink(missing_ok=True)
+    else:  # the trainer resumes: keep (and re-report) the lines up to its checkpoint, drop the redone ones
+        truncate_metrics(metrics_path, int(json.loads((resume / TRAIN_STATE).read_text())["step"]))
     cmd = build_torchrun_command(spec_path, run_dir, nproc, base)
     env = training_env(nproc, torch.cuda.is_available())
     tail = MetricsTail(metrics_path)

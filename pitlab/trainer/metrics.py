@@ -4,13 +4,18 @@ Record fields (written by the trainer): ``step`` (1-based optimizer steps done),
 ``loss`` (mean token cross-entropy in nats over all ranks and microbatches of the step), ``lr``
 (learning rate used by the step), ``grad_norm`` (global L2 norm before clipping), ``tokens``
 (cumulative input tokens over all ranks), ``tokens_per_second`` (this step, all ranks),
-``elapsed_s`` (seconds since the first step started).
+``mfu`` (model FLOPs utilisation: ``tokens_per_second × train_flops_per_token / (peak bf16 FLOP/s ×
+world size)``, FLOPs from active parameters, see :func:`pitlab.trainer.plan.train_flops_per_token`; null
+on devices without a known peak, e.g. CPU), ``peak_memory_bytes`` (rank 0: CUDA max allocated bytes, or
+peak RSS on CPU), ``elapsed_s`` (seconds since the first step started).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from pitlab.trainer.files import write_text_atomic
 
 
 class MetricsWriter:
@@ -34,6 +39,28 @@ class MetricsWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def truncate_metrics(path: Path, step: int) -> tuple[float | None, float | None]:
+    """Keep only the records of steps ``<= step`` in ``path`` (a resumed run redoes the later ones), rewriting
+    the file atomically; a half-written last line is dropped. Idempotent: the kept lines are byte-identical,
+    so a :class:`MetricsTail` that already read them stays at a valid offset. Returns ``(loss of the first
+    kept record, loss of the last kept record)``, ``(None, None)`` when none is kept or the file is missing."""
+    path = Path(path)
+    kept: list[str] = []
+    losses: list[float] = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if not line.endswith("\n") or rec.get("step", step + 1) > step:
+                break
+            kept.append(line)
+            losses.append(rec.get("loss"))
+        write_text_atomic(path, "".join(kept))
+    return (losses[0], losses[-1]) if losses else (None, None)
 
 
 class MetricsTail:

@@ -11,6 +11,12 @@ Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", b
 optimizer step, rank 0), ``DIR/checkpoint/step-<N>`` + ``latest`` (DCP, every ``checkpoint.everySteps``
 and at the end), ``DIR/train/summary.json`` (rank 0, written last and atomically: its presence means
 training finished).
+
+Resume: when ``DIR/checkpoint/latest`` names a complete checkpoint, the run continues from it (model,
+optimizer, LR scheduler, per-rank RNG states, data position = step), so a run interrupted at any point
+and started again ends with parameters bit-identical to an uninterrupted one. ``metrics.jsonl`` is cut
+back to the checkpoint's step. A checkpoint of a different run (seed, sequence length, batch layout,
+token budget or world size differ) is refused, naming the field.
 """
 
 from __future__ import annotations
@@ -30,15 +36,16 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
-from pitlab.trainer.checkpoint import save_checkpoint
+from pitlab.trainer.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.fsdp import shard_model
-from pitlab.trainer.metrics import MetricsWriter
+from pitlab.trainer.loading import WeightLoadError, load_sharded_model
+from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
+from pitlab.trainer.plan import model_shape, peak_flops, plan_memory, train_flops_per_token
 from pitlab.trainer.prepare import load_tokens
 from pitlab.trainer.schedule import lr_factor
 
@@ -113,37 +120,56 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
                                 "(written by pitlab.trainer.prepare.prepare_base_model)")
 
     torch.manual_seed(tr.seed)
-    model = AutoModelForCausalLM.from_pretrained(paths.base, dtype=torch.float32)
-    vocab = model.config.get_text_config().vocab_size
+    vocab = AutoConfig.from_pretrained(paths.base).get_text_config().vocab_size
     max_id = int(np.max(tokens))
     if max_id >= vocab:
         raise ValueError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
-    model.config.use_cache = False
-    if tr.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    shard_model(model, mesh, tr.precision)
+    # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
+    model = load_sharded_model(paths.base, mesh, tr.precision, device, tr.activation_checkpointing)
     model.train()
+    sync_every_micro = tr.gradient_sync_every_microbatch or tr.gradient_accumulation_steps == 1
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=tr.learning_rate, weight_decay=tr.weight_decay,
                                   fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
 
+    shape = model_shape(model.config)
+    flops_per_token = train_flops_per_token(shape, tr.seq_len)
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = peak_flops(device_name)
     if rank == 0:
         print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
               f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
               f"corpus_tokens={len(tokens)} chunks={data.n_chunks}", file=sys.stderr, flush=True)
-    metrics = MetricsWriter(paths.metrics) if rank == 0 else None
-    first_loss = final_loss = None
-    last_ckpt = None
+    run_identity = {"seed": tr.seed, "seq_len": tr.seq_len, "micro_batch_size": tr.micro_batch_size,
+                    "gradient_accumulation_steps": tr.gradient_accumulation_steps, "world_size": world,
+                    "tokens": spec.tokens, "total_steps": total_steps, "n_chunks": data.n_chunks}
+    start_step, first_loss, final_loss = 0, None, None
+    resumed_from = latest_checkpoint(paths.checkpoint_dir)
+    if resumed_from is not None:
+        start_step = _resume(resumed_from, model, optimizer, scheduler, run_identity)
+        if rank == 0:
+            first_loss, final_loss = truncate_metrics(paths.metrics, start_step)
+            print(f"pitlab.trainer.train: resumed from {resumed_from} at step {start_step}", file=sys.stderr,
+                  flush=True)
+    metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if rank == 0 else None
+
+    def train_state(step: int) -> dict:
+        return {"tokens_seen": step * data.tokens_per_step, "run": run_identity,
+                "data": {"next_step": step, "chunks_consumed": step * data.chunks_per_step}}
+
+    last_ckpt = resumed_from
     t_loop = time.perf_counter()
     try:
-        for step in range(total_steps):
+        for step in range(start_step, total_steps):
             t_step = time.perf_counter()
             lr = optimizer.param_groups[0]["lr"]
             loss_sum = torch.zeros((), device=device, dtype=torch.float32)
             for micro in range(tr.gradient_accumulation_steps):
+                if not sync_every_micro:  # unsharded grads accumulate until the last microbatch (see planner)
+                    model.set_requires_gradient_sync(micro == tr.gradient_accumulation_steps - 1)
                 input_ids, labels = data.microbatch(step, micro)
                 input_ids, labels = input_ids.to(device), labels.to(device)
                 logits = model(input_ids=input_ids).logits
@@ -162,20 +188,24 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
             final_loss = step_loss
             now = time.perf_counter()
             if metrics is not None:
+                tps = data.tokens_per_step / max(now - t_step, 1e-9)
                 metrics.write({
                     "step": step + 1, "total_steps": total_steps, "loss": step_loss, "lr": lr,
                     "grad_norm": grad_norm, "tokens": (step + 1) * data.tokens_per_step,
-                    "tokens_per_second": data.tokens_per_step / max(now - t_step, 1e-9),
+                    "tokens_per_second": tps,
+                    "mfu": None if peak is None else tps * flops_per_token / (peak * world),
+                    "peak_memory_bytes": _peak_memory(device),
                     "elapsed_s": now - t_loop,
                 })
             every = spec.checkpoint.every_steps
             if every > 0 and (step + 1) % every == 0 and step + 1 < total_steps:
                 last_ckpt = save_checkpoint(paths.checkpoint_dir, step + 1, model, optimizer, spec.checkpoint.keep,
-                                            {"tokens_seen": (step + 1) * data.tokens_per_step})
+                                            train_state(step + 1), scheduler)
         loop_seconds = time.perf_counter() - t_loop
         tokens_seen = total_steps * data.tokens_per_step
-        last_ckpt = save_checkpoint(paths.checkpoint_dir, total_steps, model, optimizer, spec.checkpoint.keep,
-                                    {"tokens_seen": tokens_seen})
+        if start_step < total_steps or last_ckpt is None:
+            last_ckpt = save_checkpoint(paths.checkpoint_dir, total_steps, model, optimizer, spec.checkpoint.keep,
+                                        train_state(total_steps), scheduler)
         digests = _full_parameter_sha256(model, rank)
     finally:
         if metrics is not None:
@@ -191,18 +221,83 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         "epochs": tokens_seen / (data.n_chunks * tr.seq_len),
         "first_loss": first_loss,
         "final_loss": final_loss,
-        "mean_tokens_per_second": tokens_seen / loop_seconds,
+        "resumed_from_step": start_step if resumed_from is not None else None,
+        "mean_tokens_per_second": (total_steps - start_step) * data.tokens_per_step / max(loop_seconds, 1e-9),
         "train_seconds": loop_seconds,
         "wall_seconds": time.perf_counter() - t_start,
         "world_size": world,
         "backend": backend,
         "device": device.type,
+        "device_name": device_name,
+        "parameters": shape.total,
+        "active_parameters": shape.active,
+        "train_flops_per_token": flops_per_token,
+        "mfu": None if peak is None else
+        (total_steps - start_step) * data.tokens_per_step / max(loop_seconds, 1e-9) * flops_per_token / (peak * world),
+        "peak_memory_bytes": _peak_memory(device),
+        "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
+        "planned_peak_bytes": _planned_peak(spec, shape),
+        "software": _software(device, world, backend),
         "precision": tr.precision,
         "checkpoint": str(last_ckpt),
         "param_sha256": digests,
     }
     write_json_atomic(paths.summary, summary)
     return summary
+
+
+def _peak_memory(device: torch.device) -> int:
+    """Peak memory of this rank in bytes: ``torch.cuda.max_memory_allocated`` on CUDA (tensors only, not the
+    allocator's cache or the CUDA context), else the process's peak resident set size (``ru_maxrss``)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _planned_peak(spec, shape) -> int | None:
+    """The memory planner's per-GPU peak for this run (bytes), None for what it does not plan (LoRA)."""
+    try:
+        return plan_memory(spec, shape).peak_bytes
+    except SpecError:
+        return None
+
+
+def _software(device: torch.device, world: int, backend: str) -> dict:
+    """The software stack of this run: python, torch, CUDA, transformers, peft (None if not installed)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    def ver(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "transformers": ver("transformers"), "peft": ver("peft"), "safetensors": ver("safetensors"),
+            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+            or "cpu", "world_size": world, "backend": backend}
+
+
+def _resume(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            scheduler: torch.optim.lr_scheduler.LRScheduler, run_identity: dict) -> int:
+    """Collective: load ``path`` into the live objects after checking it belongs to this run; returns the
+    number of completed optimizer steps. Raises :class:`SpecError` naming the field that differs."""
+    import json
+
+    from pitlab.trainer.checkpoint import TRAIN_STATE
+    saved = json.loads((path / TRAIN_STATE).read_text()).get("run", {})
+    fields = {"seed": "spec.training.seed", "seq_len": "spec.training.seqLen",
+              "micro_batch_size": "spec.training.microBatchSize",
+              "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
+              "world_size": "spec.resources.gpusPerNode", "tokens": "spec.tokens", "total_steps": "spec.tokens",
+              "n_chunks": "data/tokens.npy"}
+    for key, field in fields.items():
+        if saved.get(key) != run_identity[key]:
+            raise SpecError([(field, f"differs from the checkpoint to resume ({path}: {key}={saved.get(key)!r}, "
+                                     f"now {run_identity[key]!r}); use a new run directory or the same settings")])
+    return int(load_checkpoint(path, model, optimizer, scheduler)["step"])
 
 
 def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
@@ -238,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend)
     try:
         train(args.spec, paths)
-    except (SpecError, ValueError, FileNotFoundError, FloatingPointError) as err:
+    except (SpecError, ValueError, FileNotFoundError, FloatingPointError, CheckpointError,
+            WeightLoadError) as err:
         if not isinstance(err, SpecError):
             traceback.print_exc()  # where it came from; the one-line message below is what launch reports
         print(f"pitlab.trainer.train: error (rank {dist.get_rank()}): {err}", file=sys.stderr, flush=True)

@@ -1,0 +1,237 @@
+"""Memory planner: per-GPU bytes of a PitTraining run by component, before any GPU is taken.
+
+Model of what pitlab's trainer does (:mod:`pitlab.trainer.train`, :mod:`pitlab.trainer.fsdp`): the model is
+loaded in float32 and sharded with FSDP2 ``fully_shard`` per decoder layer and at the root over
+``W = nodes × gpusPerNode`` ranks; with ``precision: bf16`` the ``MixedPrecisionPolicy`` computes in
+bfloat16 (2 bytes) and reduces gradients in float32 (4 bytes). Torch AdamW keeps two float32 states.
+
+Components (bytes per GPU; ``P`` parameters, ``P_root`` those outside the decoder layers — embeddings,
+final norm, untied ``lm_head`` —, ``P_layer`` the largest decoder layer, ``c`` compute bytes, ``T`` tokens
+per microbatch = ``microBatchSize × seqLen``):
+
+- ``parameters``: sharded float32 parameters, ``4 P / W``.
+- ``gradients``: sharded float32 gradients, ``4 P / W``.
+- ``optimizer``: AdamW ``exp_avg`` + ``exp_avg_sq``, ``8 P / W`` (ZeRO-3 accounting, Rajbhandari et al.
+  2020, "ZeRO", §3: 16 bytes per parameter for mixed-precision Adam, here all sharded).
+- ``unsharded_parameters``: all-gathered compute-dtype copies in flight: the root's (FSDP2 keeps the root
+  unsharded between forward and backward) plus the current and the prefetched layer,
+  ``c (P_root + 2 P_layer)``.
+- ``gradient_buffers``: the root's unsharded compute-dtype gradients (held until the end of backward)
+  and one layer's unsharded gradients plus its float32 reduce-scatter input, ``c P_root + (c + 4) P_layer``.
+- ``accumulation``: with ``gradientSyncEveryMicrobatch: false`` and accumulation > 1, FSDP2 keeps every
+  gradient unsharded between microbatches, upcast to the reduce dtype (``FSDPParam.
+  to_accumulated_grad_if_needed``): ``4 P`` (float32 reduce) — the same 35B model with bf16 gradients (the
+  published recipe) holds ``2 P`` ≈ 70 GB. Zero otherwise (reduce-scatter every microbatch).
+- ``activations``: with activation checkpointing, each decoder layer's input (``L T H c``) plus one layer
+  recomputed in backward; without, every layer's saved tensors. One layer's saved tensors are estimated as
+  the inputs and outputs of each of its matrix products (linear layers; routed experts counted
+  ``num_experts_per_tok`` times) in the compute dtype, plus float32 RMSNorm inputs (``8 T H`` for two
+  norms) — an estimate in the spirit of Korthikanti et al. 2022, "Reducing Activation Recomputation in
+  Large Transformer Models", §4.1, with flash/SDPA attention (no ``S²`` term).
+- ``logits``: the loss head at its peak in backward: compute-dtype logits, float32 log-softmax output,
+  its float32 gradient and the float32 gradient of the logits, ``T V (c + 12)``.
+- ``reserve``: CUDA context and allocator fragmentation, a fixed 2 GiB.
+
+Peak = parameters + gradients + optimizer + accumulation + unsharded_parameters + reserve +
+max(phase at the loss: logits + saved activations; phase inside backward: gradient_buffers + saved
+activations + one layer's working set). The fit check compares this with ``spec.resources.gpuMemoryGiB``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from pitlab.api import PitTrainingSpec, SpecError
+
+GiB = 1024 ** 3
+RESERVE_BYTES = 2 * GiB
+COMPONENTS = ("parameters", "gradients", "optimizer", "accumulation", "unsharded_parameters", "gradient_buffers",
+              "activations", "logits", "reserve")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Parameter counts of a causal LM (counts of scalars, not bytes).
+
+    ``total``: all parameters; ``root``: outside the decoder layers; ``largest_layer``: the biggest decoder
+    layer; ``active``: parameters used per token (routed experts counted ``k / E``; the input embedding
+    included); ``layer_activation_elems``: estimated saved elements per token of the largest-activation layer
+    (see the module docstring); ``hidden``, ``vocab``, ``layers``: from the config; ``full_attention_layers``
+    and ``attention_dim`` (heads × head_dim) for the attention FLOP term.
+    """
+
+    model_type: str
+    total: int
+    root: int
+    largest_layer: int
+    active: int
+    layer_activation_elems: int
+    hidden: int
+    vocab: int
+    layers: int
+    full_attention_layers: int
+    attention_dim: int
+
+
+@dataclass
+class MemoryPlan:
+    """Per-GPU bytes by component (:data:`COMPONENTS`), the predicted peak, and the verdict."""
+
+    world_size: int
+    components: dict[str, int]
+    peak_bytes: int
+    capacity_bytes: int | None
+    shape: ModelShape
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        """True/False against ``capacity_bytes``; None when no GPU memory was given."""
+        return None if self.capacity_bytes is None else self.peak_bytes <= self.capacity_bytes
+
+    def table(self) -> str:
+        """The plan as a fixed-width text table (GiB and GB per GPU)."""
+        rows = [f"{'component':<22}{'GiB':>10}{'GB':>10}"]
+        for k in COMPONENTS:
+            v = self.components[k]
+            rows.append(f"{k:<22}{v / GiB:>10.2f}{v / 1e9:>10.2f}")
+        rows.append(f"{'predicted peak':<22}{self.peak_bytes / GiB:>10.2f}{self.peak_bytes / 1e9:>10.2f}")
+        if self.capacity_bytes is not None:
+            rows.append(f"{'GPU memory':<22}{self.capacity_bytes / GiB:>10.2f}{self.capacity_bytes / 1e9:>10.2f}")
+        return "\n".join(rows + self.notes)
+
+
+def model_shape(config) -> ModelShape:
+    """Count the parameters of ``config``'s causal LM by building it on the meta device (no memory).
+
+    Raises ``TypeError`` (from :func:`pitlab.trainer.fsdp.decoder_layers`) for an architecture without
+    ``model.layers``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from pitlab.trainer.fsdp import decoder_layers
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    text = config.get_text_config()
+    k = getattr(text, "num_experts_per_tok", None) or 1
+    n_exp = getattr(text, "num_experts", None) or 1
+    total = sum(p.numel() for p in model.parameters())
+    layers = decoder_layers(model)
+    per_layer = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+    active = total
+    act_elems = []
+    for layer in layers:
+        elems = 4 * text.hidden_size  # two float32 RMSNorm inputs, in units of c=2-byte elements (8 T H bytes)
+        for name, mod in layer.named_modules():
+            if isinstance(mod, nn.Linear):
+                elems += mod.in_features + mod.out_features
+            elif name.endswith("experts"):  # fused routed experts: 3-D parameters (E, out, in)
+                for p in mod.parameters(recurse=False):
+                    if p.dim() == 3:
+                        active -= p.numel() - p.numel() * k // n_exp
+                        elems += k * (p.shape[1] + p.shape[2])
+        act_elems.append(elems)
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    heads = getattr(text, "num_attention_heads", 0)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // max(heads, 1)
+    return ModelShape(model_type=text.model_type, total=total, root=total - sum(per_layer),
+                      largest_layer=max(per_layer), active=active, layer_activation_elems=max(act_elems),
+                      hidden=text.hidden_size, vocab=text.vocab_size, layers=len(layers),
+                      full_attention_layers=sum(t == "full_attention" for t in layer_types),
+                      attention_dim=heads * head_dim)
+
+
+def spec_config(spec: PitTrainingSpec):
+    """The transformers config the spec trains: ``baseModel.uri``'s ``config.json`` or the ``randomInit``
+    config (vocabulary = ``tokenizer.vocabSize``). Raises :class:`SpecError` naming ``spec.baseModel.uri``
+    when the folder has no config.json."""
+    from transformers import AutoConfig
+
+    from pitlab.trainer.prepare import build_config
+
+    base = spec.base_model
+    if base.uri is not None:
+        path = Path(base.uri)
+        if not (path / "config.json").is_file():
+            raise SpecError([("spec.baseModel.uri", f"{path}: no config.json to plan from")])
+        return AutoConfig.from_pretrained(path)
+    ri = base.random_init
+    return build_config(ri.model_type, ri.config, vocab_size=base.tokenizer.vocab_size)
+
+
+def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
+                gpu_memory_gib: float | None = None) -> MemoryPlan:
+    """Predict per-GPU memory (bytes) of ``spec`` by component; see the module docstring for each formula.
+
+    ``shape`` defaults to :func:`model_shape` of :func:`spec_config`; ``gpu_memory_gib`` (GiB = 2**30
+    bytes) overrides ``spec.resources.gpuMemoryGiB``. Raises :class:`SpecError` naming ``spec.method`` for
+    LoRA (not planned yet).
+    """
+    if spec.method != "full":
+        raise SpecError([("spec.method", f"the planner covers full-weight training only (got {spec.method!r})")])
+    shape = shape or model_shape(spec_config(spec))
+    tr = spec.training
+    world = spec.resources.nodes * spec.resources.gpus_per_node
+    c = 2 if tr.precision == "bf16" else 4
+    r = 4  # float32 reduce (bf16 policy) or float32 gradients (fp32)
+    p = shape.total
+    tokens = tr.micro_batch_size * tr.seq_len
+    saved_layer = tokens * shape.layer_activation_elems * c
+    if tr.activation_checkpointing:
+        saved = shape.layers * tokens * shape.hidden * c
+        working = saved_layer + 2 * tokens * shape.hidden * c
+    else:
+        saved = shape.layers * saved_layer
+        working = 2 * tokens * shape.hidden * c
+    nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch
+    comp = {
+        "parameters": 4 * p // world,
+        "gradients": 4 * p // world,
+        "optimizer": 8 * p // world,
+        "accumulation": r * p if nosync else 0,
+        "unsharded_parameters": c * (shape.root + 2 * shape.largest_layer),
+        "gradient_buffers": c * shape.root + (c + r) * shape.largest_layer,
+        "activations": saved + working,
+        "logits": tokens * shape.vocab * (c + 12),
+        "reserve": RESERVE_BYTES,
+    }
+    static = sum(comp[k] for k in ("parameters", "gradients", "optimizer", "accumulation", "unsharded_parameters",
+                                   "reserve"))
+    peak = static + max(comp["logits"] + saved, comp["gradient_buffers"] + saved + working)
+    capacity = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
+    notes = [f"model: {shape.model_type}, {p / 1e9:.2f} B parameters ({shape.active / 1e9:.2f} B active), "
+             f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
+             f"(sync every microbatch: {not nosync}), activation checkpointing: {tr.activation_checkpointing}"]
+    if nosync:
+        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {p / 1e9:.2f} B gradients unsharded on every "
+                     f"GPU: {2 * p / 1e9:.1f} GB in bf16, {r * p / 1e9:.1f} GB as FSDP2 accumulates them in "
+                     "float32; set it to true (the default)")
+    return MemoryPlan(world, comp, peak, None if capacity is None else int(capacity * GiB), shape, notes)
+
+
+def train_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    """Training FLOPs per token: ``6 N_active + 6 L_full S d_attn`` (forward + backward = 3 × forward;
+    matmul parameters ``N_active`` excluding the input embedding lookup; causal attention scores and values
+    ``2 × 2 × S/2 × d_attn`` per layer and token forward). Source: Kaplan et al. 2020, "Scaling Laws for
+    Neural Language Models", §2.1 (C ≈ 6N), and Chowdhery et al. 2022, "PaLM", Appendix B (attention term,
+    halved for causal masking). Linear-attention layers are counted through their projections only."""
+    n_matmul = shape.active - shape.vocab * shape.hidden  # the embedding is a lookup, not a matmul
+    return 6.0 * n_matmul + 6.0 * shape.full_attention_layers * seq_len * shape.attention_dim
+
+
+# Dense bf16 tensor-core peak FLOP/s by device name substring (vendor datasheets: NVIDIA H100/H200 SXM
+# 989.4 TFLOP/s dense, A100 312 TFLOP/s).
+PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of a device from :data:`PEAK_BF16_FLOPS`, None when unknown (e.g. CPU)."""
+    for key, value in PEAK_BF16_FLOPS.items():
+        if key in device_name:
+            return value
+    return None

@@ -1,0 +1,116 @@
+"""pitlab.trainer.plan: the memory planner on the published Qwen3.5-35B-A3B cases, and `pitlab plan`."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from transformers import AutoConfig
+from typer.testing import CliRunner
+
+from pitlab.api import PitTraining, SpecError
+from pitlab.cli import app
+from pitlab.trainer.plan import GiB, RESERVE_BYTES, model_shape, plan_memory, train_flops_per_token
+
+P_35B = 34_660_610_688  # Qwen3.5-35B-A3B (transformers' qwen3_5_moe_text defaults): 40 layers, 256 experts
+ACTIVE_35B = 3_454_988_928  # 8 of 256 routed experts per token ("A3B")
+
+
+@pytest.fixture(scope="module")
+def base35(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwen35-35b-a3b")
+    AutoConfig.for_model("qwen3_5_moe_text").save_pretrained(d)  # config only: the planner needs no weights
+    return d
+
+
+@pytest.fixture(scope="module")
+def shape35(base35):
+    return model_shape(AutoConfig.from_pretrained(base35))
+
+
+def published(base, gpus: int, accum: int, sync: bool = True, **training) -> dict:
+    """The published recipe: seq 2048, microbatch 1, activation checkpointing, bf16, 80 GB GPUs."""
+    t = {"seqLen": 2048, "microBatchSize": 1, "gradientAccumulationSteps": accum,
+         "gradientSyncEveryMicrobatch": sync, "activationCheckpointing": True, "precision": "bf16"}
+    t.update(training)
+    return {"apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "qwen35-a3b"},
+            "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "news.jsonl", "format": "jsonl"},
+                     "knowledgeCutoff": "2020-12-31", "tokens": 10 ** 9, "training": t,
+                     "resources": {"nodes": 1, "gpusPerNode": gpus, "gpuMemoryGiB": 80}}}
+
+
+def plan(base, shape, *args, **kw):
+    return plan_memory(PitTraining.model_validate(published(base, *args, **kw)).spec, shape)
+
+
+def test_shape_of_the_35b_model(shape35):
+    assert shape35.total == P_35B and shape35.active == ACTIVE_35B
+    assert shape35.root == 2 * 248_320 * 2048 + 2048  # embeddings + untied lm_head + final norm
+    assert shape35.layers == 40 and shape35.full_attention_layers == 10 and shape35.vocab == 248_320
+
+
+def test_35b_full_weight_on_one_80gb_gpu_refuses(base35, shape35):
+    p = plan(base35, shape35, gpus=1, accum=1)
+    assert p.components["parameters"] == 4 * P_35B and p.components["optimizer"] == 8 * P_35B
+    assert p.fits is False and p.peak_bytes > 16 * P_35B > 6 * 80 * GiB
+
+
+def test_35b_on_8x80gb_accumulation_4_without_sync_refuses(base35, shape35):
+    p = plan(base35, shape35, gpus=8, accum=4, sync=False)
+    # every rank holds all gradients unsharded: 69.3 GB in bf16 (the published figure), and FSDP2 accumulates
+    # them upcast to the float32 reduce dtype: 138.6 GB
+    assert p.components["accumulation"] == 4 * P_35B
+    assert any("69.3 GB in bf16, 138.6 GB" in n for n in p.notes)
+    assert p.components["parameters"] == p.components["gradients"] == 4 * P_35B // 8
+    assert p.fits is False and p.peak_bytes - p.components["accumulation"] < 80 * GiB  # the accumulation is why
+
+
+def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
+    p = plan(base35, shape35, gpus=8, accum=1)
+    c = p.components
+    assert c["accumulation"] == 0 and c["optimizer"] == 8 * P_35B // 8 and c["reserve"] == RESERVE_BYTES
+    assert c["unsharded_parameters"] == 2 * (shape35.root + 2 * shape35.largest_layer)
+    assert c["logits"] == 2048 * 248_320 * 14
+    assert c["activations"] == 40 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2 + 2 * 2048 * 2048 * 2
+    assert p.fits is True and 75 * GiB < p.peak_bytes < 80 * GiB
+    # reduce-scatter every microbatch: accumulation 4 costs no extra memory
+    assert plan(base35, shape35, gpus=8, accum=4).peak_bytes == p.peak_bytes
+    # without activation checkpointing every layer's activations are kept: it no longer fits
+    assert plan(base35, shape35, gpus=8, accum=1, activationCheckpointing=False).fits is False
+
+
+def test_flops_per_token_counts_active_matmul_parameters(shape35):
+    assert train_flops_per_token(shape35, 2048) == 6 * (ACTIVE_35B - 248_320 * 2048) + 6 * 10 * 2048 * 16 * 256
+
+
+def test_plan_cli(base35, tmp_path):
+    runner = CliRunner()
+    bad = tmp_path / "nosync.yaml"
+    bad.write_text(yaml.safe_dump(published(base35, 8, 4, sync=False)))
+    res = runner.invoke(app, ["plan", str(bad)])
+    assert res.exit_code == 3, res.output
+    assert "accumulation" in res.output and "138.64" in res.output
+    assert "exceeds spec.resources.gpuMemoryGiB = 80.0 GiB" in res.output
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(published(base35, 8, 1)))
+    res = runner.invoke(app, ["plan", str(good)])
+    assert res.exit_code == 0 and "fits" in res.output
+    assert runner.invoke(app, ["plan", str(good), "--gpu-memory-gib", "40"]).exit_code == 3
+    missing = tmp_path / "missing.yaml"
+    missing.write_text(yaml.safe_dump(published(tmp_path / "nowhere", 8, 1)))
+    res = runner.invoke(app, ["plan", str(missing)])
+    assert res.exit_code == 2 and "spec.baseModel.uri" in res.output
+
+
+def test_plan_refuses_lora(base35, shape35):
+    doc = published(base35, 8, 1)
+    doc["spec"]["method"] = "lora"
+    with pytest.raises(Exception, match="lora"):
+        plan_memory(PitTraining.model_validate(doc).spec, shape35)
+
+
+@pytest.mark.parametrize("name", ["adamw8bit", "paged_adamw8bit"])
+def test_bitsandbytes_8bit_optimizers_are_refused_under_fsdp2(base35, name):
+    doc = published(base35, 8, 1, optimizer=name)
+    with pytest.raises(ValueError, match=f"optimizer: {name}: bitsandbytes 8-bit optimizers are refused under "
+                                         "FSDP2.*DTensor"):
+        PitTraining.model_validate(doc)
