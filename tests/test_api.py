@@ -92,3 +92,17 @@ def test_conditions_keep_transition_time_when_status_unchanged():
     set_phase(s, "Failed", "MergeFailed", "logits differ", 1, now="2026-01-01T00:03:00Z")
     assert (get_condition(s, "Stalled").status, get_condition(s, "Ready").status) == ("True", "False")
     assert get_condition(s, "Stalled").message == "logits differ" and s.phase == "Failed"
+
+
+@pytest.mark.parametrize("value", [20161231, "20161231", "31/12/2016", "2016-12-31T00:00:00"])
+def test_dates_must_be_iso(doc, value):
+    doc["spec"]["knowledgeCutoff"] = value
+    with pytest.raises(SpecError, match=r"^spec.knowledgeCutoff: expected a date as YYYY-MM-DD"):
+        parse_resource(doc)
+
+
+def test_unquoted_impossible_date_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(open(EXAMPLE).read().replace('knowledgeCutoff: "2016-12-31"', "knowledgeCutoff: 2016-13-01"))
+    with pytest.raises(SpecError, match=r"bad.yaml: invalid value in YAML \(month must be in 1..12\)"):
+        load_resource(bad)

@@ -7,14 +7,35 @@ user wrote it (``spec.training.seqLen``).
 
 from __future__ import annotations
 
-from typing import Any
+import datetime as dt
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "pitlab.io"
 API_VERSION = "v1alpha1"
 GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def _iso_date(value: object) -> object:
+    """Accept a ``datetime.date`` or a ``YYYY-MM-DD`` string; refuse numbers (pydantic would read them as
+    Unix timestamps) and other date spellings, so ``20161231`` or ``31/12/2016`` is an error, not a guess."""
+    if isinstance(value, dt.datetime):
+        raise ValueError(f"expected a date as YYYY-MM-DD, got a date and time ({value.isoformat()})")
+    if isinstance(value, dt.date):
+        return value
+    if isinstance(value, str) and _ISO_DATE.match(value.strip()):
+        return value.strip()
+    raise ValueError("expected a date as YYYY-MM-DD")
+
+
+ISODate = Annotated[dt.date, BeforeValidator(_iso_date)]
+"""A calendar date written ``YYYY-MM-DD`` in YAML (quoted or not)."""
 
 
 class SpecModel(BaseModel):
@@ -62,7 +83,7 @@ class SpecError(ValueError):
                     continue  # pydantic internals for validators and tagged unions
                 else:
                     parts.append(str(loc))
-            msg = e["msg"]
+            msg = e["msg"].removeprefix("Value error, ")
             if e["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; fields are camelCase)"
             elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):

@@ -48,6 +48,8 @@ def load_resource(path: str | os.PathLike) -> Resource:
         docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
     except yaml.YAMLError as err:
         raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
+    except ValueError as err:  # e.g. an unquoted impossible date (2016-13-01) fails in YAML's date constructor
+        raise SpecError([("", f"invalid value in YAML ({err}); dates are YYYY-MM-DD")], str(p)) from None
     if len(docs) != 1:
         raise SpecError([("", f"expected exactly one YAML document, found {len(docs)}")], str(p))
     return parse_resource(docs[0], str(p))

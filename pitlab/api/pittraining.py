@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from pitlab.api.base import GROUP_VERSION, SpecModel
+from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.status import ResourceStatus
@@ -159,7 +159,7 @@ class PitTrainingSpec(SpecModel):
 
     base_model: BaseModelSpec
     corpus: CorpusSpec
-    knowledge_cutoff: dt.date
+    knowledge_cutoff: ISODate
     tokens: int = Field(ge=1, description="training token budget")
     method: Literal["full", "lora"] = "full"
     lora: LoraSpec | None = None
