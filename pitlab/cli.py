@@ -237,6 +237,49 @@ def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or 
 
 
 @app.command()
+def plan(file: Path = typer.Argument(..., help="PitTraining YAML."),
+         data_root: Optional[Path] = DataRoot,
+         gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib",
+                                                        help="GPU memory in GiB (overrides "
+                                                             "spec.resources.gpuMemoryGiB).")) -> None:
+    """Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names."""
+    from pitlab.trainer.plan import plan_memory
+
+    res = _load(file, data_root)
+    if not isinstance(res, PitTraining):
+        _fail(SpecError([("kind", f"pitlab plan takes a PitTraining, got {res.kind}")], str(file)), 2)
+    try:
+        result = plan_memory(res.spec, gpu_memory_gib=gpu_memory_gib)
+    except SpecError as err:
+        _fail(err, 2)
+    print(result.table())
+    if result.fits is None:
+        console.print("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB or --gpu-memory-gib): "
+                      "no fit check")
+    elif not result.fits:
+        _fail(RuntimeError(f"{file}: predicted peak {result.peak_bytes / 2**30:.1f} GiB per GPU exceeds "
+                           f"spec.resources.gpuMemoryGiB = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
+    else:
+        console.print(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
+                      "GiB per GPU")
+
+
+@app.command()
+def report(out: Path = typer.Argument(..., help="Evaluation folder holding results.json.")) -> None:
+    """Rebuild report.md, report.html and the plots of an evaluation folder from its results.json."""
+    from pitlab.evaluator.report import rebuild_report
+
+    try:
+        written = rebuild_report(out)
+    except FileNotFoundError as err:
+        _fail(ValueError(f"{out}: no results.json ({err.strerror})"), 2)
+    except (ValueError, KeyError) as err:
+        _fail(ValueError(f"{out}/results.json cannot be rendered: {err}"), 2)
+    for p in written:
+        console.print(f"  wrote {p}")
+
+
+@app.command()
 def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (JSON) written by the runner."),
           run_dir: Path = typer.Option(..., "--run-dir", help="Run folder with base/ and data/.")) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""

@@ -200,7 +200,7 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
     path = resolve_local_path(ds.uri, f"{field_prefix}.dataset.uri")
     prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
-                       ds.prompt_template)
+                       ds.prompt_template, ds.universe)
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:

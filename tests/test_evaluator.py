@@ -314,9 +314,9 @@ def fake_models(tmp_path, monkeypatch):
 
     real_bootstrap = run_mod.bootstrap_model
 
-    def spy(stats, weights, folds, n_splits, alphas, selection):
+    def spy(stats, weights, folds, n_splits, alphas, selection, *args):
         calls.append((stats, weights, folds))
-        return real_bootstrap(stats, weights, folds, n_splits, alphas, selection)
+        return real_bootstrap(stats, weights, folds, n_splits, alphas, selection, *args)
 
     monkeypatch.setattr(run_mod, "embed_texts", fake_embed)
     monkeypatch.setattr(run_mod, "bootstrap_model", spy)

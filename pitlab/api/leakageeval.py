@@ -53,7 +53,10 @@ class DateSampling(SpecModel):
 
 class Dataset(SpecModel):
     """The market panel. ``kind: ohlcv`` reads a long OHLCV CSV (date, open, high, low, close, volume, Name);
-    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_prices.csv`` and ``stock_list.csv``."""
+    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_prices.csv`` and ``stock_list.csv``.
+    ``universe``: ``point-in-time`` (securities with prices and history at the first sampled date) or
+    ``universe0`` (JPX: stock_list.csv's Universe0 flag, a December 2021 snapshot; a warning when used for
+    earlier dates)."""
 
     kind: Literal["ohlcv", "jpx"]
     uri: str
@@ -61,11 +64,21 @@ class Dataset(SpecModel):
     dates: DateSampling = DateSampling()
     seed: int = 0
     prompt_template: str | None = None
+    universe: Literal["point-in-time", "universe0"] = "point-in-time"
+
+
+PROTOCOLS = ("chronological", "group-kfold", "walk-forward", "purged-kfold")
 
 
 class Protocol(SpecModel):
-    """Split protocols. leakage-off: train dates <= trainEnd with ``embargoDays`` trading days removed before
-    the first test date; test dates >= testStart. leakage-on: GroupKFold by security over all dates."""
+    """Split protocols. leakage-off (``chronological``): train dates <= trainEnd with ``embargoDays`` trading
+    days removed before the first test date; test dates >= testStart. leakage-on (``group-kfold``): GroupKFold
+    by security over all dates. Both are always run (premium = R²(on) − R²(off)). ``protocols`` may add
+    ``walk-forward`` (expanding window, ``walkForwardFolds`` test blocks of dates, embargo before each) and
+    ``purged-kfold`` (López de Prado's purged and embargoed K-fold over ``purgedFolds`` date blocks); each is
+    reported beside the others with R²(on) − R²(protocol) on the same bootstrap draws.
+    ``embargoRobustness``: further embargo lengths (trading days) at which the chronological R² and the
+    premium are re-estimated (point estimates) for the robustness table."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "self.testStart > self.trainEnd", "message": "testStart must be after trainEnd"}]})
@@ -74,11 +87,20 @@ class Protocol(SpecModel):
     test_start: dt.date
     embargo_days: int = Field(5, ge=0)
     group_k_folds: int = Field(5, ge=2)
+    protocols: list[Literal["chronological", "group-kfold", "walk-forward", "purged-kfold"]] = Field(
+        default_factory=lambda: ["chronological", "group-kfold"], max_length=4)
+    walk_forward_folds: int = Field(5, ge=2, le=50)
+    purged_folds: int = Field(5, ge=2, le=50)
+    embargo_robustness: list[int] = Field(default_factory=list, max_length=10)
 
     @model_validator(mode="after")
     def _order(self) -> "Protocol":
         if self.test_start <= self.train_end:
             raise ValueError(f"testStart ({self.test_start}) must be after trainEnd ({self.train_end})")
+        if len(set(self.protocols)) != len(self.protocols):
+            raise ValueError(f"protocols: duplicate entries in {self.protocols}")
+        if any(e < 0 for e in self.embargo_robustness):
+            raise ValueError(f"embargoRobustness: embargo lengths must be >= 0 (got {self.embargo_robustness})")
         return self
 
 
@@ -110,13 +132,15 @@ class Regression(SpecModel):
     ``selection: gcv`` uses generalised cross-validation (Golub, Heath & Wahba 1979), which approximates
     leave-one-*row*-out and so rewards fitting what rows of one security or one date share; on panels with
     a strong date component it can pick a far too small penalty.
+    ``benchmark``: the forecast R² is measured against: ``train_mean`` (the fitting set's mean target) or
+    ``zero`` (Gu, Kelly & Xiu 2020: R² = 1 − Σ(y − ŷ)² / Σy²).
     """
 
     alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0],
                                 min_length=1)
     selection: Literal["security-cv", "gcv"] = "security-cv"
     inner_folds: int = Field(5, ge=2, le=20)
-    benchmark: Literal["train_mean"] = "train_mean"
+    benchmark: Literal["train_mean", "zero"] = "train_mean"
 
 
 class EvalResources(SpecModel):

@@ -34,6 +34,8 @@ class Prices:
     names: dict[str, str]
     calendar: pd.DatetimeIndex
     source: str
+    universe0: frozenset[str] | None = None
+    """JPX only: codes with ``Universe0`` true in stock_list.csv (a December 2021 snapshot), if the column exists."""
 
 
 def _read_csv(path: Path, required: tuple[str, ...], **kw) -> pd.DataFrame:
@@ -137,8 +139,12 @@ def load_jpx(folder: str | Path) -> Prices:
     volume = df.pivot(index="Date", columns="SecuritiesCode", values="Volume").reindex(close.index)
     names = dict(zip(stock_list["SecuritiesCode"].astype(str), stock_list["Name"].astype(str)))
     names = {s: names.get(s, s) for s in close.columns}
+    universe0 = None
+    if "Universe0" in stock_list.columns:
+        flag = stock_list["Universe0"].astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+        universe0 = frozenset(stock_list.loc[flag, "SecuritiesCode"].astype(str))
     return Prices(close=close, volume=volume, names=names, calendar=pd.DatetimeIndex(close.index),
-                  source=str(prices_path))
+                  source=str(prices_path), universe0=universe0)
 
 
 def compute_target(close: pd.DataFrame) -> pd.DataFrame:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import datetime as dt
 import string
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -17,6 +19,10 @@ DEFAULT_PROMPT_TEMPLATE = (
 )
 PROMPT_FIELDS = ("date", "security", "name", "close", "ret_1d", "ret_5d", "ret_20d", "volume", "volume_ratio")
 
+
+
+UNIVERSE0_SNAPSHOT = pd.Timestamp("2021-12-01")
+"""First day of the month of the JPX stock_list.csv Universe0 snapshot (December 2021)."""
 
 def check_prompt_template(template: str) -> None:
     """Raise ValueError naming ``dataset.promptTemplate`` if it uses a field not in :data:`PROMPT_FIELDS`
@@ -54,7 +60,7 @@ def sample_dates(calendar: pd.DatetimeIndex, count: int, seed: int, start: dt.da
 
 def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
                 start: dt.date | None = None, end: dt.date | None = None,
-                template: str | None = None) -> Panel:
+                template: str | None = None, universe: str = "point-in-time") -> Panel:
     """Sample dates, then a universe, and build one prompt and target per (date, security) row.
 
     Universe (point-in-time): securities with a close and 20 trading days of history at the *first* sampled
@@ -62,6 +68,11 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     Rows whose target or features are missing (a security delisted or halted later) are dropped and
     counted in ``Panel.dropped`` (``missing_target``, ``missing_features``). Raises PanelError naming
     ``dataset.universeSize`` when fewer securities are eligible.
+
+    ``universe="universe0"`` (JPX): only securities flagged in stock_list.csv's ``Universe0`` are eligible.
+    That flag is a December 2021 snapshot (:data:`UNIVERSE0_SNAPSHOT`): picking a universe with it for earlier
+    dates keeps only securities that survived to December 2021 (survivorship, itself look-ahead), so a
+    ``UserWarning`` is issued and kept in ``Panel.warnings`` when the first sampled date precedes it.
     """
     template = template or DEFAULT_PROMPT_TEMPLATE
     check_prompt_template(template)
@@ -71,6 +82,21 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     first = dates[0]
     hist_ok = feats["ret_20d"].loc[first].notna() & feats["volume_ratio"].loc[first].notna()
     eligible = np.array(sorted(hist_ok.index[hist_ok.to_numpy()]))
+    panel_warnings: list[str] = []
+    if universe == "universe0":
+        if prices.universe0 is None:
+            raise PanelError(f"dataset.universe: universe0 needs a Universe0 column in stock_list.csv "
+                             f"({prices.source})")
+        eligible = np.array([s for s in eligible if s in prices.universe0])
+        if first < UNIVERSE0_SNAPSHOT:
+            msg = (f"dataset.universe: universe0 picks the universe with stock_list.csv's Universe0, a snapshot of "
+                   f"{UNIVERSE0_SNAPSHOT.date():%B %Y}, for dates from {first.date()}: securities delisted or "
+                   f"demoted before the snapshot are excluded (survivorship, a look-ahead). Use "
+                   f"universe: point-in-time.")
+            panel_warnings.append(msg)
+            warnings.warn(msg, UserWarning, stacklevel=2)
+    elif universe != "point-in-time":
+        raise PanelError(f"dataset.universe must be point-in-time or universe0 (got {universe!r})")
     if len(eligible) < universe_size:
         raise PanelError(f"dataset.universeSize: {universe_size} securities requested but only {len(eligible)} "
                          f"have 20 trading days of history at the first sampled date {first.date()}")
@@ -96,4 +122,5 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
         for r in long.itertuples(index=False)
     ]
     rows = long[["date", "security", "prompt", "target"]].sort_values(["date", "security"]).reset_index(drop=True)
-    return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped)
+    return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped,
+                 warnings=panel_warnings)

@@ -25,10 +25,12 @@ class Panel:
     from information available at t only), ``target`` (float64, close change from t+1 to t+2:
     close[t+2] / close[t+1] - 1, JPX definition). Sorted by (date, security), unique on (date, security),
     no NaN target. ``calendar`` is every trading day of the source panel (sorted, unique), used to count
-    embargo days in trading days. ``dropped`` counts rows removed while sampling and why.
+    embargo days in trading days. ``dropped`` counts rows removed while sampling and why; ``warnings`` are
+    look-ahead hazards of the panel's construction (reported with the results).
     """
 
     rows: pd.DataFrame
     calendar: pd.DatetimeIndex
     source: str
     dropped: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)

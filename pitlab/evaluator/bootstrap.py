@@ -51,6 +51,22 @@ def percentile_ci(values: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def bootstrap_p_value(values: np.ndarray) -> float:
+    """Two-sided bootstrap p-value of H0: "the statistic is 0", from its replicates (finite ones only).
+
+    ``p = min(1, 2·min(#{v ≤ 0} + 1, #{v ≥ 0} + 1) / (R + 1))``: twice the smaller tail mass of the replicate
+    distribution at 0, with the +1 correction that keeps a Monte Carlo p-value valid (Davison & Hinkley 1997,
+    *Bootstrap Methods and their Application*, eq. 4.11). It inverts the percentile interval: p < 1 − c
+    (up to the ±1 correction) exactly when the c-percentile interval excludes 0. NaN when no replicate is finite.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return float("nan")
+    lo, hi = int((v <= 0).sum()), int((v >= 0).sum())
+    return float(min(1.0, 2.0 * (min(lo, hi) + 1) / (v.size + 1)))
+
+
 def verdict(ci: tuple[float, float]) -> str:
     """"significant" only when the interval excludes 0 (both ends finite and of one sign), else "not significant"."""
     lo, hi = ci
@@ -71,15 +87,16 @@ class PremiumReplicates:
 
 
 def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int,
-                    alphas, selection: AlphaSelection = AlphaSelection()) -> PremiumReplicates:
+                    alphas, selection: AlphaSelection = AlphaSelection(),
+                    benchmark: str = "train_mean") -> PremiumReplicates:
     """leakage-off and leakage-on R² of one model in every replicate of the shared draws.
 
     ``weights`` int [R, S] from :func:`draw_cluster_weights`, ``folds`` int [R, S] from
     :func:`replicate_folds`; both must be the same objects for every model of an evaluation. ``selection``:
     how the ridge penalty is chosen in every fit (as for the point estimate).
     """
-    off = leakage_off_r2(stats, weights, alphas, selection)
-    on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection)
+    off = leakage_off_r2(stats, weights, alphas, selection, benchmark)
+    on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection, benchmark)
     return PremiumReplicates(r2_off=off.r2, r2_on=on.r2)
 
 
@@ -89,7 +106,7 @@ def paired_reductions(names: list[str], points: dict[str, float], replicates: di
 
     ``points``: point-estimate premium per model; ``replicates``: premium per replicate (float [R], same
     draws). Returns one dict per pair: ``model_a``, ``model_b``, ``reduction`` (point estimate of
-    premium(model_a) - premium(model_b)), ``ci`` [lo, hi], ``verdict``, ``n_valid`` (replicates where both
+    premium(model_a) - premium(model_b)), ``ci`` [lo, hi], ``p_value`` (:func:`bootstrap_p_value`), ``verdict``, ``n_valid`` (replicates where both
     premiums are finite).
     """
     out = []
@@ -98,5 +115,42 @@ def paired_reductions(names: list[str], points: dict[str, float], replicates: di
             diff = replicates[a] - replicates[b]
             ci = percentile_ci(diff, confidence)
             out.append({"model_a": a, "model_b": b, "reduction": points[a] - points[b], "ci": [ci[0], ci[1]],
-                        "verdict": verdict(ci), "n_valid": int(np.isfinite(diff).sum())})
+                        "p_value": bootstrap_p_value(diff), "verdict": verdict(ci),
+                        "n_valid": int(np.isfinite(diff).sum())})
     return out
+
+
+def cutoff_control(names: list[str], cutoffs: dict, points: dict[str, float], replicates: dict[str, np.ndarray],
+                   confidence: float) -> dict | None:
+    """Control by knowledge cutoff: the premium of each model against its knowledge cutoff.
+
+    ``cutoffs``: model → ``datetime.date`` or None (models without a cutoff are left out); ``points``:
+    point-estimate premium; ``replicates``: premium per replicate (float [R], the shared draws). Fits the OLS
+    line premium = a + slope · (cutoff in years since the earliest cutoff) to the point estimates and, with the
+    same formula, to every replicate (paired over models), giving a percentile CI and p-value for the slope
+    (premium units per year); also the difference premium(earliest cutoff) − premium(latest cutoff) with its
+    CI. Returns None with fewer than two models with distinct cutoffs.
+    """
+    have = [n for n in names if cutoffs.get(n) is not None]
+    if len({cutoffs[n] for n in have}) < 2:
+        return None
+    t0 = min(cutoffs[n] for n in have)
+    x = np.array([(cutoffs[n] - t0).days / 365.25 for n in have])
+    xc = x - x.mean()
+
+    def slope(p: np.ndarray) -> np.ndarray:  # p [..., n_models]
+        return (p - p.mean(axis=-1, keepdims=True)) @ xc / (xc @ xc)
+
+    pts = np.array([points[n] for n in have])
+    reps = np.stack([replicates[n] for n in have], axis=1)  # [R, n_models]
+    first = have[int(np.argmin(x))]
+    last = have[int(np.argmax(x))]
+    s_reps = slope(reps)
+    diff = replicates[first] - replicates[last]
+    s_ci, d_ci = percentile_ci(s_reps, confidence), percentile_ci(diff, confidence)
+    return {"models": have, "cutoffs": [cutoffs[n].isoformat() for n in have], "cutoff_years": x.tolist(),
+            "premiums": pts.tolist(), "slope_per_year": float(slope(pts)), "slope_ci": list(s_ci),
+            "slope_p_value": bootstrap_p_value(s_reps), "slope_verdict": verdict(s_ci),
+            "earliest": first, "latest": last, "earliest_minus_latest": float(points[first] - points[last]),
+            "earliest_minus_latest_ci": list(d_ci), "earliest_minus_latest_p_value": bootstrap_p_value(diff),
+            "earliest_minus_latest_verdict": verdict(d_ci)}

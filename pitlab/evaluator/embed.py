@@ -167,7 +167,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     num_threads : torch CPU threads during the call (restored afterwards); None keeps torch's setting.
     cache_dir : if set, embeddings are read from / written to ``cache_dir/<key>.npy`` (atomic rename).
     info : if a dict is given, it is filled with ``kind``, ``pooling``, ``layer``, ``dim``, ``digest``,
-        ``n_truncated``, ``cache_hit``, ``seconds``.
+        ``n_truncated``, ``cache_hit``, ``seconds``, ``device`` ("cuda" when torch sees a GPU, which is then
+        used, else "cpu").
     """
     import torch
 
@@ -191,7 +192,11 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     digest = model_digest(model_dir)
     meta = {"kind": resolved, "pooling": pool, "layer": layer, "digest": digest, "n_truncated": 0,
             "cache_hit": False}
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # GPU used when present
+    meta["device"] = device
     settings = {"kind": resolved, "pooling": pool, "layer": layer, "max_length": max_length, "dtype": dtype}
+    if device != "cpu":  # GPU kernels round differently: their embeddings get their own cache entries
+        settings["device"] = device
     cache_path = Path(cache_dir) / f"{_cache_key(digest, settings, texts)}.npy" if cache_dir else None
     if cache_path is not None and cache_path.is_file():
         cached = np.load(cache_path)
@@ -208,6 +213,7 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
         torch.set_num_threads(int(num_threads))
     try:
         tok, model = _load(model_dir, resolved, dtype)
+        model.to(device)
         enc = tok(texts, truncation=True, max_length=max_length, return_attention_mask=True)
         full_len = [len(ids) for ids in tok(texts, truncation=False)["input_ids"]] if texts else []
         ids, masks = enc["input_ids"], enc["attention_mask"]
@@ -226,9 +232,9 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
                 idx = order[s:s + batch_size]
                 batch = tok.pad({"input_ids": [ids[i] for i in idx], "attention_mask": [masks[i] for i in idx]},
                                 padding=True, return_tensors="pt")
-                hs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           output_hidden_states=True).hidden_states[layer]
-                vec = _pool(hs, batch["attention_mask"], pool).float().numpy()
+                input_ids, attn = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+                hs = model(input_ids=input_ids, attention_mask=attn, output_hidden_states=True).hidden_states[layer]
+                vec = _pool(hs, attn, pool).float().cpu().numpy()
                 if out is None:
                     out = np.empty((len(texts), vec.shape[1]), dtype=np.float32)
                 out[idx] = vec

@@ -43,6 +43,7 @@ class PanelStats:
     off_test: SuffStats
     all_rows: SuffStats
     rows_per_security: np.ndarray
+    y_shift: float = 0.0
 
     @classmethod
     def build(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int,
@@ -50,17 +51,24 @@ class PanelStats:
         """X float [n_rows, d] embeddings, y float [n_rows] targets, security int [n_rows] codes in
         0..n_securities-1, masks bool [n_rows]. X and y are shifted by their panel means first (exact for
         ridge with intercept, see :mod:`pitlab.evaluator.ridge`) for numerical accuracy."""
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        X = X - X.mean(axis=0)
-        y = y - y.mean()
+        X, y, y_shift = center(X, y)
         sec = np.asarray(security, dtype=np.int64)
         return cls(
             off_train=SuffStats.from_rows(X[train_mask], y[train_mask], sec[train_mask], n_securities),
             off_test=SuffStats.from_rows(X[test_mask], y[test_mask], sec[test_mask], n_securities),
             all_rows=SuffStats.from_rows(X, y, sec, n_securities),
             rows_per_security=np.bincount(sec, minlength=n_securities),
+            y_shift=y_shift,
         )
+
+
+def center(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """X float [n_rows, d] and y float [n_rows] minus their panel means, as float64, and the mean of y (the
+    ``y_shift`` the zero benchmark needs). Exact for ridge with an unpenalised intercept."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    mu = float(y.mean())
+    return X - X.mean(axis=0), y - mu, mu
 
 
 @dataclass(frozen=True)
@@ -144,25 +152,72 @@ def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelect
     return fit_ridge_at(fitting, alphas, np.argmin(cv_sse, axis=1), cv_sse, "security-cv")
 
 
-def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
-                   selection: AlphaSelection = AlphaSelection()) -> R2Batch:
-    """leakage-off R² for each row of ``weights`` ([B, n_securities] multiplicities): ridge (α chosen by
-    ``selection``) on the weighted training statistics, SSE/SST on the weighted test statistics."""
-    W = _as_weights(weights, stats.off_train.m)
+def split_r2(train: SuffStats, test: SuffStats, weights: np.ndarray, alphas,
+             selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+             y_shift: float = 0.0) -> R2Batch:
+    """Out-of-sample R² of one train/test split for each row of ``weights`` ([B, n_securities]
+    multiplicities): ridge (α chosen by ``selection``) on the weighted per-security training statistics,
+    SSE/SST on the weighted test statistics (``benchmark`` and ``y_shift`` as in
+    :func:`pitlab.evaluator.ridge.out_of_sample_errors`)."""
+    W = _as_weights(weights, train.m)
     B = W.shape[0]
-    step = max(1, _fits_per_chunk(stats.off_train.d) // selection.fits_per_set)
+    step = max(1, _fits_per_chunk(train.d) // selection.fits_per_set)
     sse, sst, alpha, df = np.empty(B), np.empty(B), np.empty(B), np.empty(B)
     for s in range(0, B, step):
         w = W[s:s + step]
-        fit = fit_selected(stats.off_train, w, alphas, selection)
-        sse[s:s + step], sst[s:s + step] = out_of_sample_errors(fit, stats.off_test.weighted(w))
+        fit = fit_selected(train, w, alphas, selection)
+        sse[s:s + step], sst[s:s + step] = out_of_sample_errors(fit, test.weighted(w), benchmark, y_shift)
         alpha[s:s + step] = fit.alpha
         df[s:s + step] = fit.df[np.arange(len(w)), fit.alpha_index]
     return R2Batch(r2=r2_score_oos(sse, sst), sse=sse, sst=sst, alpha=alpha, df=df)
 
 
+def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
+                   selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean") -> R2Batch:
+    """leakage-off R² for each row of ``weights`` ([B, n_securities] multiplicities): ridge (α chosen by
+    ``selection``) on the weighted training statistics, SSE/SST on the weighted test statistics."""
+    return split_r2(stats.off_train, stats.off_test, weights, alphas, selection, benchmark, stats.y_shift)
+
+
+@dataclass(frozen=True)
+class FoldsR2:
+    """Out-of-sample results of a date-block K-fold protocol for B weightings: ``r2`` [B, K] per fold,
+    ``mean`` [B] (mean of the per-fold R²), ``pooled`` [B] (1 - Σ_k SSE_k / Σ_k SST_k), ``alpha`` [B, K]."""
+
+    r2: np.ndarray
+    mean: np.ndarray
+    pooled: np.ndarray
+    alpha: np.ndarray
+
+
+def date_folds_r2(X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int, fold_train: np.ndarray,
+                  fold_test: np.ndarray, weights: np.ndarray, alphas,
+                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+                  y_shift: float = 0.0) -> FoldsR2:
+    """R² of a protocol whose folds are row masks (walk-forward, purged K-fold) for every weighting.
+
+    ``X`` float64 [n_rows, d] and ``y`` [n_rows], already centred (:func:`center`; ``y_shift`` = the mean
+    removed from y); ``security`` int [n_rows] in 0..n_securities-1; ``fold_train``, ``fold_test`` bool
+    [K, n_rows]; ``weights`` [B, n_securities] multiplicities (the shared bootstrap draws; a row of ones for the
+    point estimate). Per fold, per-security statistics of its training and test rows are built once (memory:
+    two [n_securities, d, d] float64 arrays at a time) and every weighting is a weighted sum of them.
+    """
+    W = _as_weights(weights, n_securities)
+    K = fold_train.shape[0]
+    sec = np.asarray(security, dtype=np.int64)
+    r2, sse, sst, alpha = (np.empty((W.shape[0], K)) for _ in range(4))
+    for k in range(K):
+        tr, te = fold_train[k], fold_test[k]
+        train = SuffStats.from_rows(X[tr], y[tr], sec[tr], n_securities)
+        test = SuffStats.from_rows(X[te], y[te], sec[te], n_securities)
+        res = split_r2(train, test, W, alphas, selection, benchmark, y_shift)
+        del train, test
+        r2[:, k], sse[:, k], sst[:, k], alpha[:, k] = res.r2, res.sse, res.sst, res.alpha
+    return FoldsR2(r2=r2, mean=r2.mean(axis=1), pooled=r2_score_oos(sse.sum(axis=1), sst.sum(axis=1)), alpha=alpha)
+
+
 def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int, alphas,
-                  selection: AlphaSelection = AlphaSelection()) -> R2Batch:
+                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean") -> R2Batch:
     """Pooled out-of-fold leakage-on R² for each row of ``weights`` ([B, n_securities] multiplicities).
 
     ``folds`` int [B, n_securities]: fold of each security in that weighting (-1 = not drawn), from
@@ -188,7 +243,7 @@ def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_s
         test = stats.all_rows.weighted(w_test)
         train = stats.all_rows.weighted(w).take(np.repeat(np.arange(w.shape[0]), K)) - test
         fit = fit_selected(stats.all_rows, w_train, alphas, selection, fitting=train)
-        e, t = out_of_sample_errors(fit, test)
+        e, t = out_of_sample_errors(fit, test, benchmark, stats.y_shift)
         del test, train
         sse[s:s + step] = e.reshape(-1, K).sum(axis=1)
         sst[s:s + step] = t.reshape(-1, K).sum(axis=1)

@@ -163,3 +163,145 @@ def security_folds(rows_per_security: np.ndarray, n_splits: int, multiplicity: n
     for k, (_, test_idx) in enumerate(GroupKFold(n_splits=n_splits).split(groups, groups=groups)):
         folds[np.unique(groups[test_idx])] = k
     return folds
+
+
+def _calendar_positions(dates, calendar: pd.DatetimeIndex) -> np.ndarray:
+    """Position of every row date on ``calendar`` (int64 [n_rows]); raises :class:`ProtocolError` for a date
+    that is not a trading day of the calendar."""
+    cal = pd.DatetimeIndex(calendar)
+    if not (cal.is_monotonic_increasing and cal.is_unique):
+        raise ProtocolError("panel calendar must be sorted and unique")
+    d = pd.DatetimeIndex(dates)
+    pos = cal.get_indexer(d)
+    if (pos < 0).any():
+        raise ProtocolError(f"panel date {d[pos < 0][0].date()} is not a trading day of the panel calendar")
+    return pos.astype(np.int64)
+
+
+class _DateFoldSplit:
+    """Common part of the date-block K-fold protocols: ``fold_train`` / ``fold_test`` bool [K, n_rows]."""
+
+    name = ""
+    fold_train: np.ndarray
+    fold_test: np.ndarray
+    fold_dates: list[tuple[pd.Timestamp, pd.Timestamp]]
+
+    def split(self, X=None, y=None, groups=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(train_idx, test_idx)`` (int64 row indices) per fold, in date order of the test block."""
+        if X is not None and len(X) != self.fold_train.shape[1]:
+            raise ValueError(f"X has {len(X)} rows but the split was built for {self.fold_train.shape[1]} dates")
+        for tr, te in zip(self.fold_train, self.fold_test):
+            yield np.flatnonzero(tr), np.flatnonzero(te)
+
+    def get_n_splits(self, X=None, y=None, groups=None) -> int:
+        """Number of folds K."""
+        return int(self.fold_train.shape[0])
+
+    def summary(self) -> dict:
+        """JSON-ready description: per fold the test date range and row counts (train, test, removed)."""
+        return {"n_splits": self.get_n_splits(), "embargo_days": self.embargo_days,
+                "folds": [{"test_first_date": a.date().isoformat(), "test_last_date": b.date().isoformat(),
+                           "n_train": int(tr.sum()), "n_test": int(te.sum()), "n_removed": int(rm.sum())}
+                          for (a, b), tr, te, rm in zip(self.fold_dates, self.fold_train, self.fold_test,
+                                                        self.fold_removed)]}
+
+
+class WalkForwardSplit(_DateFoldSplit):
+    """Walk-forward (expanding window) protocol: K folds over the panel's distinct dates, in date order.
+
+    The distinct panel dates are cut into K+1 contiguous blocks by scikit-learn ``TimeSeriesSplit(n_splits=K)``
+    (the first block takes the remainder); fold k (k = 1..K) tests on block k and trains on every earlier
+    row less the embargo: a training row at date t needs ``calendar_index(t) < calendar_index(T0_k) -
+    embargo_days``, T0_k the first date of block k (the same rule as :class:`ChronologicalSplit`; the row's
+    label window t+1..t+2 must end before the test block starts, so ``embargo_days >= 2`` is advised).
+
+    Parameters
+    ----------
+    dates : array-like of datetime64 [n_rows]; calendar : pd.DatetimeIndex (all trading days, sorted, unique);
+    n_splits : int K (``protocol.walkForwardFolds``); embargo_days : int, trading days on ``calendar``.
+
+    Attributes
+    ----------
+    fold_train, fold_test, fold_removed : bool [K, n_rows] (removed = earlier rows dropped by the embargo).
+    """
+
+    name = "walk-forward"
+
+    def __init__(self, dates, calendar: pd.DatetimeIndex, n_splits: int, embargo_days: int):
+        from sklearn.model_selection import TimeSeriesSplit
+
+        if embargo_days < 0:
+            raise ProtocolError(f"protocol.embargoDays must be >= 0 (got {embargo_days})")
+        pos = _calendar_positions(dates, calendar)
+        cal = pd.DatetimeIndex(calendar)
+        udates = np.unique(pos)
+        if len(udates) < n_splits + 1:
+            raise ProtocolError(f"protocol.walkForwardFolds={n_splits} needs at least {n_splits + 1} distinct "
+                                f"panel dates (the panel has {len(udates)})")
+        self.embargo_days = int(embargo_days)
+        tr_l, te_l, rm_l, self.fold_dates = [], [], [], []
+        for _, te in TimeSeriesSplit(n_splits=n_splits).split(udates):
+            first, last = udates[te[0]], udates[te[-1]]
+            test = (pos >= first) & (pos <= last)
+            before = pos < first
+            train = before & (pos < first - self.embargo_days)
+            if not train.any():
+                raise ProtocolError(f"protocol.walkForwardFolds={n_splits} with embargoDays={embargo_days}: "
+                                    f"the fold testing from {cal[first].date()} has no training row")
+            tr_l.append(train)
+            te_l.append(test)
+            rm_l.append(before & ~train)
+            self.fold_dates.append((cal[first], cal[last]))
+        self.fold_train, self.fold_test, self.fold_removed = np.stack(tr_l), np.stack(te_l), np.stack(rm_l)
+
+
+class PurgedKFoldSplit(_DateFoldSplit):
+    """Purged and embargoed K-fold (López de Prado 2018, *Advances in Financial Machine Learning*, ch. 7.4).
+
+    The distinct panel dates are cut into K contiguous blocks (scikit-learn ``KFold(n_splits=K)``, no
+    shuffling). Fold k tests on the rows of block k, dates [a, b]. A row at date t uses information over
+    the trading days [t, t + h] (h = ``horizon`` = 2: the label is close t+1 → t+2). Training rows are all
+    other rows except
+
+    * purged: rows whose span [t, t+h] overlaps the test span [a, b+h], i.e. ``pos(a) - h <= pos(t) <=
+      pos(b) + h``;
+    * embargoed: the ``embargo_days`` trading days after that, ``pos(b) + h < pos(t) <= pos(b) + h +
+      embargo_days`` (López de Prado's embargo after the test fold, which guards against serial correlation).
+
+    Positions are counted on the exchange ``calendar``, not on the panel's sampled dates. Training uses rows
+    both before and after the test block, so this protocol sits between leakage-off and leakage-on.
+
+    Attributes
+    ----------
+    fold_train, fold_test, fold_removed : bool [K, n_rows] (removed = purged or embargoed, outside the block).
+    """
+
+    name = "purged-kfold"
+
+    def __init__(self, dates, calendar: pd.DatetimeIndex, n_splits: int, embargo_days: int,
+                 horizon: int = LABEL_HORIZON_DAYS):
+        from sklearn.model_selection import KFold
+
+        if embargo_days < 0:
+            raise ProtocolError(f"protocol.embargoDays must be >= 0 (got {embargo_days})")
+        pos = _calendar_positions(dates, calendar)
+        cal = pd.DatetimeIndex(calendar)
+        udates = np.unique(pos)
+        if len(udates) < n_splits:
+            raise ProtocolError(f"protocol.purgedFolds={n_splits} exceeds the number of distinct panel dates "
+                                f"({len(udates)})")
+        self.embargo_days, self.horizon = int(embargo_days), int(horizon)
+        tr_l, te_l, rm_l, self.fold_dates = [], [], [], []
+        for _, te in KFold(n_splits=n_splits).split(udates):
+            first, last = udates[te[0]], udates[te[-1]]
+            test = (pos >= first) & (pos <= last)
+            removed = ~test & (pos >= first - self.horizon) & (pos <= last + self.horizon + self.embargo_days)
+            train = ~test & ~removed
+            if not train.any():
+                raise ProtocolError(f"protocol.purgedFolds={n_splits}: the fold testing {cal[first].date()}.."
+                                    f"{cal[last].date()} has no training row after purging and embargo")
+            tr_l.append(train)
+            te_l.append(test)
+            rm_l.append(removed)
+            self.fold_dates.append((cal[first], cal[last]))
+        self.fold_train, self.fold_test, self.fold_removed = np.stack(tr_l), np.stack(te_l), np.stack(rm_l)

@@ -1,4 +1,7 @@
-"""Outputs of a leakage evaluation: ``results.json``, ``report.md``, ``premium.png``, ``bootstrap_replicates.csv``.
+"""Outputs of a leakage evaluation: ``results.json``, ``report.md``, ``report.html``, ``premium.png`` (forest plot),
+``r2_by_fold.png`` (per-fold R² of the date-block protocols), ``premium_vs_cutoff.png`` (control by knowledge
+cutoff), ``bootstrap_replicates.csv``. :func:`rebuild_report` (``pitlab report``) rewrites the report files from
+``results.json`` alone.
 
 Every file is written under a temporary name and renamed into place; ``results.json`` is written last, so an
 output folder holding ``results.json`` is complete. If writing fails, the files this call wrote are removed.
@@ -17,8 +20,12 @@ import numpy as np
 RESULTS_FILE = "results.json"
 REPORT_FILE = "report.md"
 PLOT_FILE = "premium.png"
+HTML_FILE = "report.html"
+FOLDS_PLOT_FILE = "r2_by_fold.png"
+CUTOFF_PLOT_FILE = "premium_vs_cutoff.png"
 REPLICATES_FILE = "bootstrap_replicates.csv"
-OUTPUT_FILES = (REPORT_FILE, PLOT_FILE, REPLICATES_FILE, RESULTS_FILE)
+OUTPUT_FILES = (REPORT_FILE, HTML_FILE, PLOT_FILE, REPLICATES_FILE, RESULTS_FILE)
+"""Files every evaluation writes (r2_by_fold.png and premium_vs_cutoff.png only when there is something to plot)."""
 
 
 def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
@@ -73,29 +80,203 @@ def render_markdown(results: dict) -> str:
          f"from {boot['resamples']} bootstrap resamples of securities (seed {boot['seed']}), the same draws for every "
          f"model; a result is *significant* only when its interval excludes 0."),
         "",
-        f"| model | r2_off | r2_on | premium [{pct} CI] | verdict |",
-        "|---|---:|---:|---|---|",
+        f"| model | r2_off | r2_on | premium [{pct} CI] | verdict | p |",
+        "|---|---:|---:|---|---|---:|",
     ]
     for m in results["models"]:
         lines.append(f"| {m['name']} | {_f(m['r2_off'])} | {_f(m['r2_on'])} | {_f(m['premium'])} "
-                     f"{_ci(m['premium_ci'])} | {m['verdict']} |")
+                     f"{_ci(m['premium_ci'])} | {m['verdict']} | {_p(m.get('premium_p_value'))} |")
     if results["reductions"]:
         lines += ["", "## Premium reductions (paired over the same bootstrap draws)", "",
-                  f"| reduction | estimate [{pct} CI] | verdict |", "|---|---|---|"]
+                  f"| reduction | estimate [{pct} CI] | verdict | p |", "|---|---|---|---:|"]
         for r in results["reductions"]:
             lines.append(f"| premium({r['model_a']}) − premium({r['model_b']}) | {_f(r['reduction'])} "
-                         f"{_ci(r['ci'])} | {r['verdict']} |")
+                         f"{_ci(r['ci'])} | {r['verdict']} | {_p(r.get('p_value'))} |")
     lines += ["", "## Details", "", "| model | kind | dim | α (off) | α (on, per fold) | r2_off CI | r2_on CI |",
               "|---|---|---:|---:|---|---|---|"]
     for m in results["models"]:
         lines.append(f"| {m['name']} | {m['kind']} | {m['embedding_dim']} | {m['alpha_off']:g} | "
                      f"{', '.join(f'{a:g}' for a in m['alpha_on'])} | {_ci(m['r2_off_ci'])} | {_ci(m['r2_on_ci'])} |")
+    for title, header, rows, align in extra_tables(results):
+        lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", f"Panel: {panel['n_rows']} rows, {panel['n_securities']} securities, {panel['n_dates']} dates "
               f"({panel['first_date']} .. {panel['last_date']}), source `{panel['source']}`. "
               f"Target: {panel['target']}."]
     for w in results.get("warnings", []):
         lines.append(f"\n**Warning:** {w}")
     return "\n".join(lines) + "\n"
+
+
+def _p(x) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
+
+
+PROTOCOL_LABELS = {"walk-forward": "walk-forward (mean of folds)", "purged-kfold": "purged K-fold (pooled)"}
+
+
+def main_table(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the per-model table: model | r2_off | r2_on | premium [CI] | p | verdict."""
+    pct = f"{100 * results['bootstrap']['confidence']:g}%"
+    rows = [[m["name"], _f(m["r2_off"]), _f(m["r2_on"]), f"{_f(m['premium'])} {_ci(m['premium_ci'])}",
+             _p(m.get("premium_p_value")), m["verdict"]] for m in results["models"]]
+    return ["model", "r2_off", "r2_on", f"premium [{pct} CI]", "p", "verdict"], rows
+
+
+def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """The tables beyond the per-model one, each (title, header, rows, alignment string 'l'/'r' per column):
+    protocols side by side, per-fold R² of each date-block protocol, reductions under those protocols,
+    embargo robustness and the control by knowledge cutoff. Empty when the results hold none of them."""
+    pct = f"{100 * results['bootstrap']['confidence']:g}%"
+    models = results["models"]
+    extra = [p for p in results["protocol"].get("selected", []) if p in ("walk-forward", "purged-kfold")]
+    out = []
+    if extra:
+        header = ["model", "R² chronological", "R² GroupKFold"] + [f"R² {PROTOCOL_LABELS[p]}" for p in extra] + \
+            [f"R²(on) − R²({p}) [{pct} CI]" for p in extra]
+        rows = []
+        for m in models:
+            pr = m["protocols"]
+            rows.append([m["name"], _f(m["r2_off"]), _f(m["r2_on"])] + [f"{_f(pr[p]['r2'])} {_ci(pr[p]['r2_ci'])}"
+                                                                           for p in extra]
+                        + [f"{_f(pr[p]['premium'])} {_ci(pr[p]['premium_ci'])} p={_p(pr[p]['premium_p_value'])}"
+                           for p in extra])
+        out.append(("Protocols side by side (same bootstrap draws)", header, rows, "lrr" + "r" * 2 * len(extra)))
+        for p in extra:
+            info = results["protocol"][p]
+            header = ["model"] + [f"fold {i + 1}: {f['test_first_date']}..{f['test_last_date']} (train {f['n_train']})"
+                                  for i, f in enumerate(info["folds"])] + ["mean", "pooled"]
+            rows = [[m["name"]] + [_f(v) for v in m["protocols"][p]["r2_per_fold"]]
+                    + [_f(m["protocols"][p]["r2_mean"]), _f(m["protocols"][p]["r2_pooled"])] for m in models]
+            out.append((f"{p}: R² by fold", header, rows, "l" + "r" * (len(header) - 1)))
+            reds = results.get("protocol_reductions", {}).get(p, [])
+            if reds:
+                out.append((f"{p}: premium reductions", ["reduction", f"estimate [{pct} CI]", "p", "verdict"],
+                            [[f"premium({r['model_a']}) − premium({r['model_b']})",
+                              f"{_f(r['reduction'])} {_ci(r['ci'])}", _p(r.get("p_value")), r["verdict"]]
+                             for r in reds], "lllr"))
+    if models and models[0].get("embargo_robustness"):
+        base = results["protocol"]["leakage_off"]["embargo_days"]
+        header = ["model", f"r2_off (embargo {base})"] + \
+            [f"r2_off / premium (embargo {e['embargo_days']})" for e in models[0]["embargo_robustness"]]
+        rows = [[m["name"], _f(m["r2_off"])] + [f"{_f(e['r2_off'])} / {_f(e['premium'])}"
+                                               for e in m["embargo_robustness"]] for m in models]
+        out.append(("Embargo robustness (point estimates, trading days)", header, rows, "l" + "r" * (len(header) - 1)))
+    cc = results.get("cutoff_control")
+    if cc:
+        rows = [[n, c, _f(p)] for n, c, p in zip(cc["models"], cc["cutoffs"], cc["premiums"])]
+        rows.append(["slope (premium per year of cutoff)", "", f"{_f(cc['slope_per_year'])} {_ci(cc['slope_ci'])} "
+                     f"p={_p(cc['slope_p_value'])}"])
+        rows.append([f"premium({cc['earliest']}) − premium({cc['latest']}) (earliest − latest)", "",
+                     f"{_f(cc['earliest_minus_latest'])} {_ci(cc['earliest_minus_latest_ci'])} "
+                     f"p={_p(cc['earliest_minus_latest_p_value'])}"])
+        out.append(("Control by knowledge cutoff", ["model", "knowledge cutoff", f"premium / estimate [{pct} CI]"],
+                    rows, "llr"))
+    return out
+
+
+_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Leakage evaluation</title>
+<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;line-height:1.4}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em}
+td.r{text-align:right;font-variant-numeric:tabular-nums}.warn{color:#a40}</style></head><body>
+<h1>Leakage evaluation</h1>
+<p>R² is out-of-sample; benchmark: <b>{{ r.benchmark }}</b> ({{ r.r2_definition }}).
+Premium = R²(on) − R²(off); {{ pct }} percentile intervals and two-sided bootstrap p-values from
+{{ r.bootstrap.resamples }} resamples of securities (seed {{ r.bootstrap.seed }}), the same draws for every model
+and protocol.</p>
+{% for t in tables %}<h2>{{ t[0] }}</h2>
+<table><tr>{% for h in t[1] %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in t[2] %}<tr>{% for c in row %}<td class="{{ t[3][loop.index0] }}">{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% endfor %}
+{% for img, alt in plots %}<p><img src="{{ img }}" alt="{{ alt }}" style="max-width:100%"></p>{% endfor %}
+{% for w in r.warnings %}<p class="warn"><b>Warning:</b> {{ w }}</p>{% endfor %}
+<p>Panel: {{ r.panel.n_rows }} rows, {{ r.panel.n_securities }} securities, {{ r.panel.n_dates }} dates
+({{ r.panel.first_date }} .. {{ r.panel.last_date }}). Seed {{ r.get('seed') }}; versions
+{{ r.get('versions', {}) }}; device {{ r.get('device', {}) }}.</p>
+</body></html>
+"""
+
+
+def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
+    """The HTML page: the same tables as report.md (jinja2, autoescaped) and the given ``plots``
+    (file name relative to the page, alt text)."""
+    import jinja2
+
+    pct = f"{100 * results['bootstrap']['confidence']:g}%"
+    header, rows = main_table(results)
+    tables = [("Leakage premium per model", header, rows, "lrrrrl")]
+    if results["reductions"]:
+        tables.append(("Premium reductions (paired over the same bootstrap draws)",
+                       ["reduction", f"estimate [{pct} CI]", "p", "verdict"],
+                       [[f"premium({r['model_a']}) − premium({r['model_b']})", f"{_f(r['reduction'])} {_ci(r['ci'])}",
+                         _p(r.get("p_value")), r["verdict"]] for r in results["reductions"]], "lllr"))
+    tables += extra_tables(results)
+    env = jinja2.Environment(autoescape=True)
+    return env.from_string(_HTML).render(r=results, pct=pct, tables=tables, plots=plots)
+
+
+def plot_r2_by_fold(results: dict, path: Path) -> bool:
+    """R² by fold of the date-block protocols (walk-forward, purged K-fold), one line per model (PNG).
+    Returns False (writes nothing) when the results hold no such protocol."""
+    extra = [p for p in results["protocol"].get("selected", []) if p in ("walk-forward", "purged-kfold")]
+    if not extra:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0 * len(extra), 3.8))
+    FigureCanvasAgg(fig)
+    for i, p in enumerate(extra):
+        ax = fig.add_subplot(1, len(extra), i + 1)
+        for m in results["models"]:
+            v = [np.nan if x is None else x for x in m["protocols"][p]["r2_per_fold"]]
+            ax.plot(np.arange(1, len(v) + 1), v, marker="o", label=m["name"])
+        ax.axhline(0.0, color="black", linestyle="--", linewidth=1)
+        ax.set_xlabel("fold (test block, in date order)")
+        ax.set_ylabel(f"out-of-sample R² ({results['benchmark']} benchmark)")
+        ax.set_title(f"{p}: R² by fold")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    return True
+
+
+def plot_premium_vs_cutoff(results: dict, path: Path) -> bool:
+    """Premium (with CI) against knowledge cutoff, with the bootstrap slope line (PNG). False when the results
+    have no cutoff control (fewer than two distinct cutoffs)."""
+    cc = results.get("cutoff_control")
+    if not cc:
+        return False
+    import datetime as dt
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by_name = {m["name"]: m for m in results["models"]}
+    fig = Figure(figsize=(6.5, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.array(cc["cutoff_years"])
+    t0 = dt.date.fromisoformat(min(cc["cutoffs"])).year + (dt.date.fromisoformat(min(cc["cutoffs"])).timetuple()
+                                                             .tm_yday - 1) / 365.25
+    for xi, n, p in zip(x, cc["models"], cc["premiums"]):
+        lo, hi = (np.nan if v is None else v for v in by_name[n]["premium_ci"])
+        ax.errorbar([t0 + xi], [p], yerr=[[p - lo], [hi - p]], fmt="o", capsize=4)
+        ax.annotate(n, (t0 + xi, p), textcoords="offset points", xytext=(6, 4), fontsize="small")
+    xs = np.linspace(x.min(), x.max(), 20)
+    pts = np.array(cc["premiums"])
+    ax.plot(t0 + xs, pts.mean() + cc["slope_per_year"] * (xs - x.mean()), color="gray", linestyle=":",
+            label=f"slope {cc['slope_per_year']:.3g}/yr {_ci(cc['slope_ci'])}")
+    ax.axhline(0.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("knowledge cutoff (year)")
+    ax.set_ylabel("leakage premium R²(on) − R²(off)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    return True
 
 
 def plot_premium(results: dict, path: Path) -> None:
@@ -151,8 +332,7 @@ def write_outputs(results: dict, out_dir: Path, replicates: dict[str, dict[str, 
     written: list[Path] = []
     try:
         for name, write in (
-            (REPORT_FILE, lambda p: p.write_text(render_markdown(clean), encoding="utf-8")),
-            (PLOT_FILE, lambda p: plot_premium(clean, p)),
+            *_report_writers(clean),
             (REPLICATES_FILE, (lambda p: p.write_text(_replicates_csv(clean, replicates), encoding="utf-8"))
              if replicates is not None else None),
             (RESULTS_FILE, lambda p: p.write_text(text, encoding="utf-8")),
@@ -166,3 +346,30 @@ def write_outputs(results: dict, out_dir: Path, replicates: dict[str, dict[str, 
             p.unlink(missing_ok=True)
         raise
     return clean
+
+
+def _report_writers(results: dict) -> list[tuple[str, Callable[[Path], None] | None]]:
+    """(file name, writer) of every report file derived from the JSON-ready ``results``."""
+    plots = [(PLOT_FILE, "premium forest plot")]
+    writers: list = [(REPORT_FILE, lambda p: p.write_text(render_markdown(results), encoding="utf-8")),
+                     (PLOT_FILE, lambda p: plot_premium(results, p))]
+    if [p for p in results["protocol"].get("selected", []) if p in ("walk-forward", "purged-kfold")]:
+        plots.append((FOLDS_PLOT_FILE, "R² by fold"))
+        writers.append((FOLDS_PLOT_FILE, lambda p: plot_r2_by_fold(results, p)))
+    if results.get("cutoff_control"):
+        plots.append((CUTOFF_PLOT_FILE, "premium vs knowledge cutoff"))
+        writers.append((CUTOFF_PLOT_FILE, lambda p: plot_premium_vs_cutoff(results, p)))
+    writers.append((HTML_FILE, lambda p: p.write_text(render_html(results, plots), encoding="utf-8")))
+    return writers
+
+
+def rebuild_report(out_dir: Path) -> list[Path]:
+    """Rewrite report.md, report.html and the plots of ``out_dir`` from its ``results.json`` alone (the
+    ``pitlab report`` command). Returns the paths written. Raises FileNotFoundError without results.json."""
+    out = Path(out_dir)
+    results = json.loads((out / RESULTS_FILE).read_text(encoding="utf-8"))
+    written = []
+    for name, write in _report_writers(results):
+        _atomic_write(out / name, write)
+        written.append(out / name)
+    return written

@@ -262,12 +262,22 @@ def path_test_sse(path: RidgePath, test: SuffStats) -> np.ndarray:
     return np.clip(sse, 0.0, None)
 
 
-def out_of_sample_errors(fit: RidgeFit, test: SuffStats) -> tuple[np.ndarray, np.ndarray]:
+BENCHMARKS = ("train_mean", "zero")
+
+
+def out_of_sample_errors(fit: RidgeFit, test: SuffStats, benchmark: str = "train_mean",
+                         y_shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """SSE and SST of fit b on test set b (B pairs), from the test sets' raw statistics.
 
-    Returns ``(sse, sst)``, float64 [B] each: ``sse = Σ(y - c - xᵀβ)²``; ``sst = Σ(y - ȳ_train)²`` with
-    ȳ_train = ``fit.y_mean`` (the training-mean benchmark). ``R² = 1 - sse/sst``.
+    Returns ``(sse, sst)``, float64 [B] each: ``sse = Σ(y - c - xᵀβ)²``. ``benchmark``:
+    ``"train_mean"``: ``sst = Σ(y - ȳ_train)²`` with ȳ_train = ``fit.y_mean``; ``"zero"``: the benchmark is a
+    zero forecast of the *unshifted* target, ``sst = Σ(y + y_shift)² = Σy² + 2·y_shift·Σy + n·y_shift²``
+    (Gu, Kelly & Xiu 2020, "Empirical Asset Pricing via Machine Learning", RFS 33(5), eq. 19: R²_oos against
+    zero, since the historical mean return is a noisy, too-easy-to-beat benchmark). ``y_shift``: the constant
+    subtracted from the target before the statistics were built (SSE does not depend on it). ``R² = 1 - sse/sst``.
     """
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"regression.benchmark must be one of {BENCHMARKS} (got {benchmark!r})")
     if test.m != fit.beta.shape[0] or test.d != fit.beta.shape[1]:
         raise ValueError(f"{fit.beta.shape[0]} fits of dimension {fit.beta.shape[1]} vs {test.m} test sets "
                          f"of dimension {test.d}")
@@ -275,7 +285,7 @@ def out_of_sample_errors(fit: RidgeFit, test: SuffStats) -> tuple[np.ndarray, np
     quad = np.einsum("bi,bi->b", b, (test.sxx @ b[:, :, None])[:, :, 0])
     sse = (test.syy - 2 * c * test.sy - 2 * np.einsum("bi,bi->b", b, test.sxy) + test.n * c * c
            + 2 * c * np.einsum("bi,bi->b", b, test.sx) + quad)
-    ybar = fit.y_mean
+    ybar = fit.y_mean if benchmark == "train_mean" else np.full_like(fit.y_mean, -float(y_shift))
     sst = test.syy - 2 * ybar * test.sy + test.n * ybar * ybar
     return np.clip(sse, 0.0, None), np.clip(sst, 0.0, None)
 

@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import platform
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,14 +16,19 @@ import pandas as pd
 
 from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.data.types import Panel
-from pitlab.evaluator.bootstrap import (bootstrap_model, draw_cluster_weights, paired_reductions, percentile_ci,
-                                       replicate_folds, verdict)
+from pitlab.evaluator.bootstrap import (bootstrap_model, bootstrap_p_value, cutoff_control, draw_cluster_weights,
+                                       paired_reductions, percentile_ci, replicate_folds, verdict)
 from pitlab.evaluator.embed import embed_texts
-from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_off_r2, leakage_on_r2
-from pitlab.evaluator.protocols import ChronologicalSplit, security_folds
+from pitlab.evaluator.estimates import (AlphaSelection, PanelStats, center, date_folds_r2, leakage_off_r2,
+                                       leakage_on_r2, split_r2)
+from pitlab.evaluator.protocols import ChronologicalSplit, PurgedKFoldSplit, WalkForwardSplit, security_folds
+from pitlab.evaluator.ridge import SuffStats
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
 
 BENCHMARK = "training mean"
+BENCHMARK_TEXT = {"train_mean": ("training mean", "R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train the mean target of the "
+                                                  "set the ridge was fitted on"),
+                  "zero": ("zero", "R² = 1 − SSE / Σy² (zero forecast as benchmark, Gu, Kelly & Xiu 2020)")}
 TARGET = "close[t+2] / close[t+1] - 1 (JPX definition)"
 StageProgress = Callable[[str, int, int], None]
 
@@ -78,6 +84,38 @@ def _grid_edge(off, on, alphas: list[float]) -> str | None:
     if np.any(chosen <= min(alphas)):
         return "lower"
     return None
+
+
+def _device() -> dict:
+    """Where the statistics ran (numpy/float64 on the CPU) and the accelerator torch sees, if any."""
+    import torch
+
+    d = {"statistics": f"cpu ({platform.processor() or platform.machine()}), numpy float64",
+         "cuda": torch.cuda.is_available()}
+    if d["cuda"]:
+        d["gpu"] = torch.cuda.get_device_name(0)
+    return d
+
+
+def _extra_splitters(spec: LeakageEvalSpec, panel: Panel) -> dict:
+    """The date-block protocols the spec asks for, built once for all models."""
+    proto, dates = spec.protocol, panel.rows["date"].to_numpy()
+    out = {}
+    if "walk-forward" in proto.protocols:
+        out["walk-forward"] = WalkForwardSplit(dates, panel.calendar, proto.walk_forward_folds, proto.embargo_days)
+    if "purged-kfold" in proto.protocols:
+        out["purged-kfold"] = PurgedKFoldSplit(dates, panel.calendar, proto.purged_folds, proto.embargo_days)
+    return out
+
+
+PROTOCOL_TEXT = {
+    "walk-forward": "walk-forward, expanding window: the distinct panel dates cut into K+1 blocks "
+                    "(scikit-learn TimeSeriesSplit); fold k tests on block k, trains on all earlier rows less the "
+                    "embargo; headline R² = mean of the per-fold R²",
+    "purged-kfold": "purged and embargoed K-fold over date blocks (López de Prado 2018, ch. 7): training rows "
+                    "whose span [t, t+2] overlaps the test fold's are purged, plus embargoDays trading days after "
+                    "it; headline R² pooled out-of-fold (1 − Σ SSE / Σ SST)",
+}
 
 
 def _versions() -> dict[str, str]:
@@ -148,6 +186,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         raise EvaluationError(f"regression.alphas must be positive (got {alphas})")
     proto, boot, emb = spec.protocol, spec.bootstrap, spec.embedding
     rows = panel.rows
+    benchmark = spec.regression.benchmark
+    extra = _extra_splitters(spec, panel)
     split = ChronologicalSplit(rows["date"].to_numpy(), panel.calendar, proto.train_end, proto.test_start,
                                proto.embargo_days)
     codes, securities = pd.factorize(rows["security"].astype(str), sort=True)
@@ -168,8 +208,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     cutoffs = {m.name: m.knowledge_cutoff for m in spec.models}
     sources = {m.name: {"uri": m.uri, "training_ref": m.training_ref.model_dump(by_alias=True) if m.training_ref
                         else None} for m in spec.models}
-    model_results, premium_reps, replicates = [], {}, {}
-    run_warnings = list(split.warnings)
+    model_results, premium_reps, replicates, extra_reps = [], {}, {}, {}
+    run_warnings = list(panel.warnings) + list(split.warnings)
     for name in names:
         path, kind = models[name]
         info: dict = {}
@@ -179,11 +219,43 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         t_stat = time.perf_counter()
         note(f"statistics:{name}", 0, 1)
         stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask)
-        off = leakage_off_r2(stats, ones, alphas, selection)
-        on = leakage_on_r2(stats, ones, point_folds, K, alphas, selection)
+        off = leakage_off_r2(stats, ones, alphas, selection, benchmark)
+        on = leakage_on_r2(stats, ones, point_folds, K, alphas, selection, benchmark)
         t_boot = time.perf_counter()
-        reps = bootstrap_model(stats, weights, folds, K, alphas, selection)
+        reps = bootstrap_model(stats, weights, folds, K, alphas, selection, benchmark)
         del stats
+        t_extra = time.perf_counter()
+        Xc, yc, y_shift = center(X, y)
+        proto_results = {}
+        for pname, sp in extra.items():
+            fr = date_folds_r2(Xc, yc, codes, S, sp.fold_train, sp.fold_test, np.vstack([ones, weights]), alphas,
+                               selection, benchmark, y_shift)
+            head = fr.mean if pname == "walk-forward" else fr.pooled
+            prem = on.r2[0] - head[0]
+            prem_reps = reps.r2_on - head[1:]
+            pci = percentile_ci(prem_reps, boot.confidence)
+            proto_results[pname] = {
+                "r2": float(head[0]), "r2_ci": list(percentile_ci(head[1:], boot.confidence)),
+                "r2_mean": float(fr.mean[0]), "r2_pooled": float(fr.pooled[0]),
+                "r2_per_fold": [float(v) for v in fr.r2[0]],
+                "r2_per_fold_ci": [list(percentile_ci(fr.r2[1:, k], boot.confidence)) for k in range(fr.r2.shape[1])],
+                "alpha_per_fold": [float(a) for a in fr.alpha[0]],
+                "premium": float(prem), "premium_ci": list(pci), "premium_p_value": bootstrap_p_value(prem_reps),
+                "verdict": verdict(pci)}
+            extra_reps.setdefault(pname, {})[name] = prem_reps
+        robustness = []
+        for e in spec.protocol.embargo_robustness:
+            with warnings.catch_warnings():  # a short embargo is the point of the robustness check
+                warnings.simplefilter("ignore", UserWarning)
+                sp_e = ChronologicalSplit(rows["date"].to_numpy(), panel.calendar, proto.train_end,
+                                          proto.test_start, e)
+            tr, te = sp_e.train_mask, sp_e.test_mask
+            r_e = split_r2(SuffStats.from_rows(Xc[tr], yc[tr], codes[tr], S),
+                           SuffStats.from_rows(Xc[te], yc[te], codes[te], S), ones, alphas, selection, benchmark,
+                           y_shift)
+            robustness.append({"embargo_days": int(e), "n_train": sp_e.n_train, "r2_off": float(r_e.r2[0]),
+                               "premium": float(on.r2[0] - r_e.r2[0])})
+        del Xc, yc
         t_end = time.perf_counter()
         note(f"statistics:{name}", 1, 1)
         r2_off, r2_on = float(off.r2[0]), float(on.r2[0])
@@ -193,10 +265,13 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         replicates[name] = {"r2_off": reps.r2_off, "r2_on": reps.r2_on}
         model_results.append({
             "name": name, **sources[name], "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
+            "embedding_device": info.get("device"),
             "knowledge_cutoff": cutoffs[name].isoformat() if cutoffs[name] else None,
             "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
             "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
             "r2_off": r2_off, "r2_on": r2_on, "premium": premium, "premium_ci": list(ci),
+            "premium_p_value": bootstrap_p_value(reps.premium), "protocols": proto_results,
+            "embargo_robustness": robustness,
             "r2_off_ci": list(percentile_ci(reps.r2_off, boot.confidence)),
             "r2_on_ci": list(percentile_ci(reps.r2_on, boot.confidence)),
             "verdict": verdict(ci), "n_train": split.n_train, "n_test": split.n_test,
@@ -220,7 +295,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                 f"[{ci[0]:.4g}, {ci[1]:.4g}]: the estimate is unstable (it changes with the number of distinct "
                 "securities); check the chosen penalties (alpha_off, alpha_on) and the penalty selection.")
         timings["models"][name] = {"embed_s": t_stat - t_emb, "point_estimate_s": t_boot - t_stat,
-                                   "bootstrap_s": t_end - t_boot, "statistics_s": t_end - t_stat}
+                                   "bootstrap_s": t_extra - t_boot, "extra_protocols_s": t_end - t_extra,
+                                   "statistics_s": t_end - t_stat}
         del X
 
     reductions = paired_reductions(names, {m["name"]: m["premium"] for m in model_results}, premium_reps,
@@ -230,13 +306,18 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         if np.isfinite(lo) and not lo <= r["reduction"] <= hi:
             run_warnings.append(f"reduction premium({r['model_a']}) - premium({r['model_b']}) = {r['reduction']:.4g} "
                                 f"lies outside its own bootstrap interval [{lo:.4g}, {hi:.4g}]: unstable estimate.")
+    protocol_reductions = {p: paired_reductions(names, {m["name"]: m["protocols"][p]["premium"] for m in model_results},
+                                                 extra_reps[p], boot.confidence) for p in extra}
+    control = cutoff_control(names, cutoffs, {m["name"]: m["premium"] for m in model_results}, premium_reps,
+                             boot.confidence)
     timings["statistics_s"] = timings["draws_s"] + sum(m["statistics_s"] for m in timings["models"].values())
     timings["embed_s"] = sum(m["embed_s"] for m in timings["models"].values())
     results = {
         "kind": "LeakageEvalResults",
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "benchmark": BENCHMARK,
-        "r2_definition": "out-of-sample R² = 1 - SSE / Σ(y - ȳ_train)², ȳ_train = mean target of the fitting set",
+        "benchmark": BENCHMARK_TEXT[benchmark][0],
+        "benchmark_key": benchmark,
+        "r2_definition": "out-of-sample " + BENCHMARK_TEXT[benchmark][1],
         "protocol": {
             "leakage_off": {"method": "chronological split with embargo (trading days)", **split.summary()},
             "leakage_on": {"method": "GroupKFold by security over all dates (scikit-learn, no shuffle), pooled "
@@ -244,6 +325,9 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                                      "training mean",
                            "n_splits": K, "n_rows": len(rows)},
             "premium": "r2_on - r2_off",
+            "selected": list(proto.protocols),
+            **{p: {"method": PROTOCOL_TEXT[p], "premium": f"r2_on - r2_{p}", **sp.summary()}
+               for p, sp in extra.items()},
         },
         "regression": {"model": "ridge, unpenalised intercept, raw embeddings", "alphas": alphas,
                        "alpha_selection": selection.method, "alpha_selection_detail": selection.describe()},
@@ -255,8 +339,13 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         "panel": _panel_summary(panel),
         "models": model_results,
         "reductions": reductions,
+        "protocol_reductions": protocol_reductions,
+        "cutoff_control": control,
         "warnings": run_warnings,
         "versions": _versions(),
+        "device": _device(),
+        "seed": boot.seed,
+        "spec": spec.model_dump(mode="json", by_alias=True),
         "timings": timings,
     }
     note("report", 0, 1)

@@ -76,7 +76,8 @@ def read_rows(path: Path, data_start: int, entry: dict, start: int, stop: int, o
     for d in shape[1:]:
         row_elems *= d
     offset = data_start + entry["data_offsets"][0] + start * row_elems * itemsize
-    target = out if out.dtype == dtype else torch.empty(out.shape, dtype=dtype)
+    # through a host buffer when the dtype differs or ``out`` lives on the GPU (numpy views need CPU memory)
+    target = out if out.dtype == dtype and out.device.type == "cpu" else torch.empty(out.shape, dtype=dtype)
     buf = memoryview(target.view(torch.uint8).numpy()).cast("B") if target.numel() else memoryview(b"")
     with open(path, "rb", buffering=0) as f:
         f.seek(offset)

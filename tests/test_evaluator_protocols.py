@@ -1,0 +1,194 @@
+"""Walk-forward and purged K-fold estimators, the zero benchmark, bootstrap p-values, control by cutoff, and the
+full protocol set end to end (report.html, ``pitlab report``, reproducibility record)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import Ridge
+from sklearn.model_selection import TimeSeriesSplit
+from typer.testing import CliRunner
+
+import pitlab.evaluator.run as run_mod
+from pitlab.api.leakageeval import LeakageEvalSpec
+from pitlab.cli import app
+from pitlab.data.types import Panel
+from pitlab.evaluator.bootstrap import bootstrap_p_value, cutoff_control, draw_cluster_weights
+from pitlab.evaluator.estimates import AlphaSelection, PanelStats, center, date_folds_r2, leakage_off_r2
+from pitlab.evaluator.protocols import PurgedKFoldSplit, WalkForwardSplit
+from pitlab.evaluator.run import run_leakage_eval
+
+NOPENALTY_DUP = AlphaSelection("gcv", duplicate_aware=False)
+
+
+def _panel_arrays(S=12, T=15, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    cal = pd.bdate_range("2021-01-04", periods=3 * T + 5)
+    dates = cal[:3 * T:3]
+    di = np.repeat(np.arange(T), S)
+    sec = np.tile(np.arange(S), T)
+    X = rng.standard_normal((S * T, d)) + 3.0
+    y = X[:, 0] * 0.4 + rng.standard_normal(S * T) + 0.2
+    return cal, dates[di], sec, X, y
+
+
+def test_walk_forward_blocks_are_sklearn_timeseriessplit_of_the_dates():
+    cal, dates, sec, X, y = _panel_arrays()
+    wf = WalkForwardSplit(dates, cal, n_splits=4, embargo_days=0)
+    u = np.unique(dates)
+    for (tr, te), (tr_ref, te_ref) in zip(wf.split(X), TimeSeriesSplit(4).split(u)):
+        assert set(dates[te]) == set(u[te_ref]) and set(dates[tr]) == set(u[tr_ref])
+    assert wf.get_n_splits() == 4
+
+
+@pytest.mark.parametrize("protocol", ["walk-forward", "purged-kfold"])
+def test_date_folds_r2_equals_sklearn_ridge_per_fold_point_and_replicate(protocol):
+    cal, dates, sec, X, y = _panel_arrays()
+    S = 12
+    sp = (WalkForwardSplit(dates, cal, 3, 4) if protocol == "walk-forward" else PurgedKFoldSplit(dates, cal, 3, 2))
+    Xc, yc, mu = center(X, y)
+    w = draw_cluster_weights(S, 1, seed=3)
+    W = np.vstack([np.ones((1, S)), w])
+    for bench in ("train_mean", "zero"):
+        fr = date_folds_r2(Xc, yc, sec, S, sp.fold_train, sp.fold_test, W, [7.0], NOPENALTY_DUP, bench, mu)
+        for b, mult in enumerate(W.astype(int)):
+            r2s, sse_t, sst_t = [], 0.0, 0.0
+            for tr, te in sp.split(X):
+                tr = np.repeat(tr, mult[sec[tr]])
+                te = np.repeat(te, mult[sec[te]])
+                m = Ridge(alpha=7.0).fit(X[tr], y[tr])
+                sse = np.sum((y[te] - m.predict(X[te])) ** 2)
+                sst = np.sum((y[te] - (y[tr].mean() if bench == "train_mean" else 0.0)) ** 2)
+                r2s.append(1 - sse / sst)
+                sse_t, sst_t = sse_t + sse, sst_t + sst
+            np.testing.assert_allclose(fr.r2[b], r2s, rtol=0, atol=1e-9)
+            assert fr.mean[b] == pytest.approx(np.mean(r2s), abs=1e-9)
+            assert fr.pooled[b] == pytest.approx(1 - sse_t / sst_t, abs=1e-9)
+
+
+def test_zero_benchmark_is_gu_kelly_xiu_r2_on_the_unshifted_target():
+    cal, dates, sec, X, y = _panel_arrays()
+    train, test = np.arange(len(y)) < 100, np.arange(len(y)) >= 120
+    st = PanelStats.build(X, y, sec, 12, train, test)
+    r2 = leakage_off_r2(st, np.ones((1, 12)), [2.0], NOPENALTY_DUP, benchmark="zero").r2[0]
+    m = Ridge(alpha=2.0).fit(X[train], y[train])
+    assert r2 == pytest.approx(1 - np.sum((y[test] - m.predict(X[test])) ** 2) / np.sum(y[test] ** 2), abs=1e-10)
+    r2_mean = leakage_off_r2(st, np.ones((1, 12)), [2.0], NOPENALTY_DUP).r2[0]
+    assert r2_mean == pytest.approx(
+        1 - np.sum((y[test] - m.predict(X[test])) ** 2) / np.sum((y[test] - y[train].mean()) ** 2), abs=1e-10)
+
+
+def test_bootstrap_p_value_hand_cases():
+    assert bootstrap_p_value(np.arange(1.0, 20.0)) == pytest.approx(2 * 1 / 20)  # no replicate <= 0
+    assert bootstrap_p_value(np.array([-1.0, 1.0, 2.0, 3.0])) == pytest.approx(2 * 2 / 5)
+    assert bootstrap_p_value(np.array([-2.0, -1.0, 1.0, 2.0, np.nan])) == 1.0
+    assert np.isnan(bootstrap_p_value(np.array([np.nan])))
+
+
+def test_cutoff_control_slope_and_difference_hand_computed():
+    cut = {"a": dt.date(2020, 1, 1), "b": dt.date(2021, 1, 1), "c": dt.date(2022, 1, 1), "n": None}
+    pts = {"a": 0.1, "b": 0.2, "c": 0.4, "n": 9.0}
+    reps = {"a": np.array([0.1, 0.0, 0.2]), "b": np.array([0.2, 0.2, 0.2]), "c": np.array([0.3, 0.4, 0.2]),
+            "n": np.zeros(3)}
+    cc = cutoff_control(["a", "b", "c", "n"], cut, pts, reps, 0.5)
+    x = np.array([0.0, 366, 731]) / 365.25
+    xc = x - x.mean()
+    assert cc["models"] == ["a", "b", "c"]
+    assert cc["slope_per_year"] == pytest.approx((np.array([0.1, 0.2, 0.4]) - 0.7 / 3) @ xc / (xc @ xc))
+    slopes = [(np.array(r) - np.mean(r)) @ xc / (xc @ xc) for r in ([0.1, 0.2, 0.3], [0.0, 0.2, 0.4], [0.2, 0.2, 0.2])]
+    assert cc["slope_ci"] == pytest.approx(list(np.percentile(slopes, [25, 75])))
+    assert cc["earliest_minus_latest"] == pytest.approx(-0.3)
+    assert cc["earliest_minus_latest_ci"] == pytest.approx(list(np.percentile([-0.2, -0.4, 0.0], [25, 75])))
+    assert cutoff_control(["a", "n"], cut, pts, reps, 0.5) is None
+
+
+@pytest.fixture()
+def fake_models(tmp_path, monkeypatch):
+    table: dict[str, dict[str, np.ndarray]] = {}
+
+    def fake_embed(model_dir, texts, **kw):
+        kw["info"].update(kind="encoder", digest=Path(model_dir).name.ljust(64, "0"), pooling="mean",
+                          n_truncated=0, cache_hit=False)
+        return np.stack([table[Path(model_dir).name][t] for t in texts]).astype(np.float32)
+
+    monkeypatch.setattr(run_mod, "embed_texts", fake_embed)
+
+    def add(name, prompts, X):
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        table[name] = dict(zip(prompts, X))
+        return folder, "auto"
+
+    return add
+
+
+def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(tmp_path, fake_models):
+    S, T, d = 30, 20, 8
+    cal = pd.bdate_range("2019-01-01", "2019-12-31")
+    dates = cal[5:5 + 3 * T:3]
+    rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S), "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
+    rows["prompt"] = [f"{a.date()} {b}" for a, b in zip(rows["date"], rows["security"])]
+    rng = np.random.default_rng(0)
+    di = np.repeat(np.arange(T), S)
+    effect = rng.standard_normal(T)
+    rows["target"] = effect[di] + rng.standard_normal(len(rows))
+    prompts = rows["prompt"].tolist()
+    X_mem = rng.standard_normal((T, d))[di] + 0.5 * rng.standard_normal((len(rows), d))
+    models = {"early": fake_models("early", prompts, rng.standard_normal((len(rows), d))),
+              "late": fake_models("late", prompts, X_mem)}
+    spec = LeakageEvalSpec.model_validate({
+        "models": [{"name": "early", "uri": "/m/early", "knowledgeCutoff": "2015-01-01"},
+                   {"name": "late", "uri": "/m/late", "knowledgeCutoff": "2020-01-01"}],
+        "dataset": {"kind": "ohlcv", "uri": "synthetic"},
+        "protocol": {"trainEnd": str(dates[12].date()), "testStart": str(dates[13].date()), "embargoDays": 3,
+                     "groupKFolds": 4, "protocols": ["chronological", "group-kfold", "walk-forward", "purged-kfold"],
+                     "walkForwardFolds": 3, "purgedFolds": 4, "embargoRobustness": [0, 10]},
+        "bootstrap": {"resamples": 50, "seed": 7},
+        "regression": {"alphas": [1.0, 10.0, 100.0, 1000.0], "selection": "gcv", "benchmark": "zero"}})
+    panel = Panel(rows=rows, calendar=cal, source="synthetic")
+    res = run_leakage_eval(spec, panel, models, tmp_path / "a")
+    res2 = run_leakage_eval(spec, panel, models, tmp_path / "b")
+    strip = lambda r: {k: v for k, v in r.items() if k not in ("created", "timings")}  # noqa: E731
+    assert json.dumps(strip(res), sort_keys=True) == json.dumps(strip(res2), sort_keys=True)  # bit-identical
+    early, late = res["models"]
+    # the date-recognising model leaks under GroupKFold and purged K-fold (both mix dates), not walk-forward
+    assert late["premium"] > 0.2 and late["verdict"] == "significant" and late["premium_p_value"] < 0.05
+    wf, pk = late["protocols"]["walk-forward"], late["protocols"]["purged-kfold"]
+    assert len(wf["r2_per_fold"]) == 3 and len(pk["r2_per_fold"]) == 4
+    assert wf["r2"] == pytest.approx(np.mean(wf["r2_per_fold"]))
+    assert wf["premium"] == pytest.approx(late["r2_on"] - wf["r2"]) and wf["verdict"] == "significant"
+    assert pk["premium"] == pytest.approx(late["r2_on"] - pk["r2_pooled"])
+    assert [e["embargo_days"] for e in late["embargo_robustness"]] == [0, 10]
+    assert late["embargo_robustness"][1]["n_train"] < late["n_train"] < late["embargo_robustness"][0]["n_train"]
+    assert res["benchmark"] == "zero" and "Σy²" in res["r2_definition"]
+    cc = res["cutoff_control"]
+    assert (cc["earliest"], cc["latest"]) == ("early", "late")
+    assert cc["earliest_minus_latest"] == pytest.approx(early["premium"] - late["premium"])
+    assert cc["earliest_minus_latest_verdict"] == "significant"
+    assert set(res["protocol_reductions"]) == {"walk-forward", "purged-kfold"}
+    # what produced the numbers
+    assert early["digest"].startswith("early") and res["seed"] == 7
+    assert res["spec"]["protocol"]["walkForwardFolds"] == 3 and "cuda" in res["device"]
+    assert {"torch", "transformers", "scikit-learn", "numpy"} <= set(res["versions"])
+    out = tmp_path / "a"
+    for f in ("report.md", "report.html", "premium.png", "r2_by_fold.png", "premium_vs_cutoff.png"):
+        assert (out / f).stat().st_size > 0
+    html = (out / "report.html").read_text()
+    assert "Protocols side by side" in html and "Control by knowledge cutoff" in html and "r2_by_fold.png" in html
+    md = (out / "report.md").read_text()
+    assert "## walk-forward: R² by fold" in md and "## Embargo robustness" in md
+    # pitlab report rebuilds the report files from results.json alone
+    for f in ("report.md", "report.html", "r2_by_fold.png"):
+        (out / f).unlink()
+    r = CliRunner().invoke(app, ["report", str(out)], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    assert (out / "report.md").read_text() == md and (out / "report.html").read_text() == html
+    assert (out / "r2_by_fold.png").stat().st_size > 0
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")], env={"COLUMNS": "400"})
+    assert r.exit_code == 2 and "no results.json" in r.output

@@ -1,0 +1,100 @@
+"""examples/leakageeval-jpx.yaml end to end on generated files in the exact Kaggle JPX schema."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pitlab.cli import app
+from pitlab.data.panels import JPX_PRICE_COLUMNS, load_jpx
+from pitlab.data.sampling import build_panel
+
+EXAMPLE = "examples/leakageeval-jpx.yaml"
+
+
+def write_kaggle_jpx(folder, n_securities=30, seed=0):
+    """stock_prices.csv / stock_list.csv in the Kaggle schema over 2017-01-04..2021-12-30 (weekdays): the
+    2020-10-01 halt (rows present, no prices), 1:2 and 2:1 splits (AdjustmentFactor), ExpectedDividend mostly
+    missing, SupervisionFlag set on some rows; codes 1300+ (the last five listed only from 2019, the first
+    three delisted in 2020, not flagged in Universe0)."""
+    rng = np.random.default_rng(seed)
+    days = pd.bdate_range("2017-01-04", "2021-12-30")
+    codes = [1301 + 10 * i for i in range(n_securities)]
+    frames = []
+    for k, code in enumerate(codes):
+        d = days[days >= "2019-01-04"] if k >= n_securities - 5 else days
+        d = d[d < "2020-06-01"] if k < 3 else d
+        ret = 0.0003 + 0.015 * rng.standard_normal(len(d))
+        close = 1000 * np.exp(np.cumsum(ret))
+        factor = np.ones(len(d))
+        split_at = rng.integers(50, len(d) - 50)
+        factor[split_at] = 0.5 if k % 2 else 2.0
+        close[split_at + 1:] *= factor[split_at]  # the raw close jumps on the next day
+        df = pd.DataFrame({"RowId": [f"{x:%Y%m%d}_{code}" for x in d], "Date": d.strftime("%Y-%m-%d"),
+                           "SecuritiesCode": code, "Open": close.round(1), "High": (close * 1.01).round(1),
+                           "Low": (close * 0.99).round(1), "Close": close.round(1),
+                           "Volume": rng.integers(1000, 100000, len(d)).astype(float), "AdjustmentFactor": factor,
+                           "ExpectedDividend": np.where(rng.random(len(d)) < 0.01, 10.0, np.nan),
+                           "SupervisionFlag": rng.random(len(d)) < 0.002, "Target": 0.0})
+        halt = df["Date"] == "2020-10-01"
+        df.loc[halt, ["Open", "High", "Low", "Close", "Volume"]] = np.nan
+        frames.append(df)
+    prices = pd.concat(frames).sort_values(["Date", "SecuritiesCode"])
+    prices[list(JPX_PRICE_COLUMNS)].to_csv(folder / "stock_prices.csv", index=False)
+    pd.DataFrame({"SecuritiesCode": codes, "EffectiveDate": 20211230, "Name": [f"CO {c}" for c in codes],
+                  "Section/Products": "First Section (Domestic)", "NewMarketSegment": "Prime Market",
+                  "33SectorCode": "50", "33SectorName": "Fishery", "17SectorCode": "1",
+                  "17SectorName": "FOODS", "NewIndexSeriesSizeCode": "7", "NewIndexSeriesSize": "TOPIX Small 2",
+                  "TradeDate": 20211230, "Close": 1000.0, "IssuedShares": 1e7, "MarketCapitalization": 1e10,
+                  "Universe0": [k >= 3 for k in range(n_securities)]}).to_csv(folder / "stock_list.csv", index=False)
+    return codes
+
+
+def test_universe0_warns_when_it_picks_a_universe_for_earlier_dates(tmp_path):
+    codes = write_kaggle_jpx(tmp_path)
+    prices = load_jpx(tmp_path)
+    assert prices.universe0 == frozenset(str(c) for c in codes[3:])
+    assert pd.Timestamp("2020-10-01") in prices.calendar and prices.close.loc["2020-10-01"].isna().all()
+    with pytest.warns(UserWarning, match="Universe0, a snapshot of December 2021, for dates from 2018"):
+        panel = build_panel(prices, 10, 6, 0, start=pd.Timestamp("2018-01-01").date(), universe="universe0")
+    assert set(panel.rows["security"]) <= prices.universe0 and len(panel.warnings) == 1
+    pit = build_panel(prices, 10, 6, 0, start=pd.Timestamp("2018-01-01").date())
+    assert pit.warnings == []
+    # after the snapshot the flag is not look-ahead: no warning
+    late = build_panel(prices, 10, 2, 0, start=pd.Timestamp("2021-12-01").date(), universe="universe0")
+    assert late.warnings == []
+
+
+@pytest.mark.slow
+def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
+    (tmp_path / "jpx").mkdir()
+    write_kaggle_jpx(tmp_path / "jpx")
+    with open(EXAMPLE) as f:
+        doc = yaml.safe_load(f)
+    spec = doc["spec"]
+    spec["dataset"]["universeSize"] = 20  # the generated market has 30 securities
+    spec["dataset"]["dates"]["count"] = 16
+    spec["bootstrap"]["resamples"] = 10  # the minimum: statistics at 384 dimensions cost ~0.1 s per fit here
+    path = tmp_path / "jpx.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(app, ["run", str(path), "--data-root", str(tmp_path), "--out", str(tmp_path / "out")],
+                           env={"COLUMNS": "300"})
+    text = re.sub(r"\s+", " ", r.output)
+    assert r.exit_code == 0, text
+    res = json.loads(next((tmp_path / "out").rglob("results.json")).read_text())
+    m, = res["models"]
+    assert res["panel"]["n_securities"] == 20 and res["panel"]["n_rows"] <= 20 * 16
+    assert set(m["protocols"]) == {"walk-forward", "purged-kfold"}
+    assert len(m["protocols"]["walk-forward"]["r2_per_fold"]) == 4
+    assert [e["embargo_days"] for e in m["embargo_robustness"]] == [2, 20]
+    assert all(np.isfinite(x) for x in (m["r2_off"], m["r2_on"], m["premium"]))
+    assert m["embedding_dim"] == 384 and len(m["digest"]) == 64
+    assert res["spec"]["dataset"]["universe"] == "point-in-time" and res["warnings"] == []
+    # the halt day has no prices: no panel row is dated 2020-10-01 or has a target spanning it
+    assert (next((tmp_path / "out").rglob("report.html"))).is_file()
