@@ -33,6 +33,38 @@ CONFIG = dict(hidden_size=2048, num_hidden_layers=12, num_attention_heads=16, nu
               shared_expert_intermediate_size=512, max_position_embeddings=8192)
 VOCAB = 32768
 SEQ = 4096
+# a CPU smoke-test shape (--tiny), also used by bench/multigpu_qwen35.py
+TINY_CONFIG = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16, linear_num_key_heads=2,
+                   linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+                   num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+TINY_SEQ, TINY_VOCAB = 128, 1024
+
+
+def write_synthetic_tokens(path: Path, n: int, vocab: int, seed: int = 0) -> np.ndarray:
+    """Write ``n`` seeded Zipf-distributed token ids (< ``vocab``, uint32) to ``path`` (.npy); returns them."""
+    rng = np.random.default_rng(seed)
+    tokens = np.minimum(rng.zipf(1.2, size=n), vocab - 1).astype(np.uint32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, tokens)
+    return tokens
+
+
+def training_resource(name: str, base: Path, seq: int, tokens: int, nproc: int, *, accumulation: int = 1,
+                      sync_every_microbatch: bool = True, checkpointing: bool = True, checkpoint_every: int = 0,
+                      keep: int = 1):
+    """The PitTraining of these benchmarks: full-weight AdamW, bf16, micro-batch 1, lr 3e-4, warmup 10 + cosine."""
+    from pitlab.api import PitTraining
+
+    return PitTraining.model_validate({
+        "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": name},
+        "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "synthetic.jsonl", "format": "jsonl"},
+                 "knowledgeCutoff": "2020-12-31", "tokens": tokens,
+                 "training": {"seqLen": seq, "microBatchSize": 1, "gradientAccumulationSteps": accumulation,
+                              "gradientSyncEveryMicrobatch": sync_every_microbatch,
+                              "learningRate": 3e-4, "warmupSteps": 10, "schedule": "cosine",
+                              "activationCheckpointing": checkpointing, "precision": "bf16"},
+                 "resources": {"nodes": 1, "gpusPerNode": nproc, "gpuMemoryGiB": 139},
+                 "checkpoint": {"everySteps": checkpoint_every, "keep": keep}}})
 
 
 def main() -> int:
@@ -47,17 +79,14 @@ def main() -> int:
 
     from transformers import AutoModelForCausalLM
 
-    from pitlab.api import PitTraining
     from pitlab.trainer.launch import run_training, write_spec
     from pitlab.trainer.plan import model_shape, plan_memory
     from pitlab.trainer.prepare import build_config
 
     cfg, seq, vocab = dict(CONFIG), SEQ, VOCAB
     if args.tiny:
-        cfg.update(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16, linear_num_key_heads=2,
-                   linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
-                   num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
-        seq, vocab = 128, 1024
+        cfg.update(TINY_CONFIG)
+        seq, vocab = TINY_SEQ, TINY_VOCAB
     run = args.work
     run.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -68,23 +97,12 @@ def main() -> int:
     model.save_pretrained(run / "base")
     n_params = sum(p.numel() for p in model.parameters())
     del model
-    rng = np.random.default_rng(0)
-    tokens_needed = (seq + 1) * args.steps * args.nproc + 1
-    tokens = np.minimum(rng.zipf(1.2, size=tokens_needed), vocab - 1).astype(np.uint32)
-    (run / "data").mkdir(exist_ok=True)
-    np.save(run / "data" / "tokens.npy", tokens)
+    tokens = write_synthetic_tokens(run / "data" / "tokens.npy", (seq + 1) * args.steps * args.nproc + 1, vocab)
     print(f"bench: base model {n_params / 1e9:.3f} B parameters, {len(tokens)} tokens "
           f"({time.perf_counter() - t0:.1f} s)", flush=True)
 
-    resource = PitTraining.model_validate({
-        "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "h200-qwen35"},
-        "spec": {"baseModel": {"uri": str(run / "base")}, "corpus": {"uri": "synthetic.jsonl", "format": "jsonl"},
-                 "knowledgeCutoff": "2020-12-31", "tokens": seq * args.steps * args.nproc,
-                 "training": {"seqLen": seq, "microBatchSize": 1, "gradientAccumulationSteps": 1,
-                              "learningRate": 3e-4, "warmupSteps": 10, "schedule": "cosine",
-                              "activationCheckpointing": not args.no_checkpointing, "precision": "bf16"},
-                 "resources": {"nodes": 1, "gpusPerNode": args.nproc, "gpuMemoryGiB": 139},
-                 "checkpoint": {"everySteps": 0, "keep": 1}}})
+    resource = training_resource("h200-qwen35", run / "base", seq, seq * args.steps * args.nproc, args.nproc,
+                                 checkpointing=not args.no_checkpointing)
     spec_path = write_spec(resource, run / "spec.json")
     shape = model_shape(config)
     plan = plan_memory(resource.spec, shape)

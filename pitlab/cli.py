@@ -34,6 +34,7 @@ class RichReporter:
         self.p = progress
         self.tasks: dict[str, int] = {}
         self.t0: dict[str, float] = {}
+        self.last_line: dict[str, float] = {}
 
     def stage(self, name: str, detail: str = "") -> None:
         self.t0[name] = time.monotonic()
@@ -43,6 +44,11 @@ class RichReporter:
         if task not in self.tasks:
             self.tasks[task] = self.p.add_task(task, total=total, info=info)
         self.p.update(self.tasks[task], completed=done, total=total, info=info)
+        if not console.is_terminal:  # logs and CI: a plain line every 15 s instead of a live bar
+            now = time.monotonic()
+            if now - self.last_line.get(task, 0.0) > 15 or done == total:
+                self.last_line[task] = now
+                console.print(f"  {task}: {done}/{total} {info}".rstrip())
 
     def done(self, name: str, detail: str = "") -> None:
         secs = time.monotonic() - self.t0.get(name, time.monotonic())
@@ -80,7 +86,7 @@ def _print_results_table(results: dict, title: str) -> None:
     console.print(table)
     for x in results.get("reductions", []):
         lo, hi = x.get("ci") or [float("nan")] * 2
-        console.print(f"  reduction {x['from']} → {x['to']}: {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+        console.print(f"  premium({x['from']}) − premium({x['to']}): {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
                       f"{x.get('verdict') or ''}")
 
 
@@ -125,6 +131,10 @@ def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."
     from pitlab.operator.summary import compact_results
 
     res = _load(file, data_root)
+    spec_out = res.spec.output.uri if res.spec.output else "out"
+    existing = (out or Path(spec_out)) / res.metadata.name
+    if existing.exists() and not overwrite:
+        _fail(f"{existing} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to replace it", 2)
     t0 = time.monotonic()
     with _progress() as p:
         reporter = RichReporter(p)

@@ -151,10 +151,13 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
     for i, m in enumerate(spec.models):
         f = f"{field_prefix}.models[{i}]"
         if m.training_ref is not None:
-            if training_name is None or m.training_ref.name != training_name:
+            if training_name is None:
+                raise SpecError([(f"{f}.trainingRef", "a standalone LeakageEval run here cannot wait for a "
+                                  "PitTraining; give uri: <model folder>, e.g. out/<training>/model")])
+            if m.training_ref.name != training_name:
                 raise SpecError([(f"{f}.trainingRef.name",
                                   f"{m.training_ref.name!r}: locally a trainingRef must name the PitTraining that "
-                                  f"contains this evaluation ({training_name!r}); use uri: <model dir> instead")])
+                                  f"contains this evaluation ({training_name!r})")])
         elif m.uri == MINILM_URI:
             from pitlab.evaluator.embed import resolve_model_uri
 
@@ -162,7 +165,10 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
         elif m.uri.startswith("package://"):
             raise SpecError([(f"{f}.uri", f"{m.uri!r}: the only packaged model is {MINILM_URI}")])
         else:
-            resolve_local_path(m.uri, f"{f}.uri")
+            path = resolve_local_path(m.uri, f"{f}.uri")
+            if not (path / "config.json").is_file():
+                raise SpecError([(f"{f}.uri", f"{str(path)!r} is not a Hugging Face model folder (no config.json); "
+                                  "Hub ids cannot be downloaded here: give a local folder")])
 
 
 def preflight(res: PitTraining | LeakageEval) -> CorpusPlan | None:
