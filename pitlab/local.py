@@ -25,9 +25,9 @@ from typing import Callable, Protocol
 
 from pitlab.api import LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, resolve_local_path
 from pitlab.api.status import CorpusAuditStatus, Progress
-from pitlab.data import CorpusError, PanelError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
+from pitlab.data import CorpusError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
-from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS
+from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, check_csv_columns
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
 from pitlab.operator import conditions
@@ -121,8 +121,6 @@ def check_corpus(res: PitTraining) -> CorpusPlan:
 
 def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     """Check the panel files exist and carry the required columns (header only); return the resolved path."""
-    import pandas as pd
-
     ds = spec.dataset
     path = resolve_local_path(ds.uri, f"{field_prefix}.dataset.uri")
     if ds.prompt_template:
@@ -133,15 +131,7 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     files = ([(path, OHLCV_COLUMNS)] if ds.kind == "ohlcv"
              else [(path / "stock_prices.csv", JPX_PRICE_COLUMNS), (path / "stock_list.csv", JPX_LIST_COLUMNS)])
     for f, cols in files:
-        if not f.is_file():
-            raise PanelError(f"{f}: file not found ({field_prefix}.dataset.uri, kind {ds.kind})")
-        try:
-            header = list(pd.read_csv(f, nrows=0).columns)
-        except Exception as err:  # noqa: BLE001 - any read failure is reported with the file
-            raise PanelError(f"{f}: cannot read as CSV ({err})") from None
-        missing = [c for c in cols if c not in header]
-        if missing:
-            raise PanelError(f"{f}: missing column(s) {missing}; found {header}")
+        check_csv_columns(f, cols)
     return path
 
 

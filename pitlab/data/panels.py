@@ -38,7 +38,9 @@ class Prices:
     """JPX only: codes with ``Universe0`` true in stock_list.csv (a December 2021 snapshot), if the column exists."""
 
 
-def _read_csv(path: Path, required: tuple[str, ...], **kw) -> pd.DataFrame:
+def check_csv_columns(path: Path, required: tuple[str, ...], **kw) -> None:
+    """Read only the header of a CSV and raise :class:`PanelError` naming the file if it is missing, unreadable
+    or lacks any of ``required`` (the message lists the missing and the present columns)."""
     if not path.is_file():
         raise PanelError(f"{path}: file not found")
     try:
@@ -48,6 +50,10 @@ def _read_csv(path: Path, required: tuple[str, ...], **kw) -> pd.DataFrame:
     missing = [c for c in required if c not in header.columns]
     if missing:
         raise PanelError(f"{path}: missing column(s) {missing}; found {list(header.columns)}")
+
+
+def _read_csv(path: Path, required: tuple[str, ...], **kw) -> pd.DataFrame:
+    check_csv_columns(path, required, **kw)
     return pd.read_csv(path, **kw)
 
 

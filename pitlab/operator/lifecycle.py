@@ -114,19 +114,28 @@ def _job_message(world: World, ns: str, job: dict[str, Any] | None, container: s
     return f"Job {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
 
 
+def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig):
+    """The common start of a reconciliation: None when the resource is finished at its current generation,
+    else (generation, status, plan, parsed spec or None, validation problems)."""
+    gen = _generation(body)
+    status = load_status(body)
+    if status.phase in TERMINAL_PHASES and status.observed_generation == gen:
+        return None
+    try:
+        current = validation.parse(body, kind)
+        problems = check(current, cfg)
+    except SpecError as err:
+        current, problems = None, err.problems
+    return gen, status, Plan(status), current, problems
+
+
 # ---------------------------------------------------------------- PitTraining
 def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
     """One reconciliation of a PitTraining body: the children to create and its next status."""
-    gen = _generation(body)
-    status = load_status(body)
-    plan = Plan(status)
-    if status.phase in TERMINAL_PHASES and status.observed_generation == gen:
+    begun = _begin(body, "PitTraining", validation.check_training, cfg)
+    if begun is None:
         return Plan(None)
-    try:
-        current = validation.parse(body, "PitTraining")
-        problems = validation.check_training(current, cfg)
-    except SpecError as err:
-        current, problems = None, err.problems
+    gen, status, plan, current, problems = begun
     if status.spec_digest is None:  # nothing started yet: the spec must be valid to start
         if problems:
             conditions.stage_failed(status, "Validated", "InvalidSpec", validation.message(problems), gen, now)
@@ -285,16 +294,10 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig) -> tuple[dic
 
 def reconcile_eval(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
     """One reconciliation of a LeakageEval body: the children to create and its next status."""
-    gen = _generation(body)
-    status = load_status(body)
-    plan = Plan(status)
-    if status.phase in TERMINAL_PHASES and status.observed_generation == gen:
+    begun = _begin(body, "LeakageEval", validation.check_eval, cfg)
+    if begun is None:
         return Plan(None)
-    try:
-        current = validation.parse(body, "LeakageEval")
-        problems = validation.check_eval(current, cfg)
-    except SpecError as err:
-        current, problems = None, err.problems
+    gen, status, plan, current, problems = begun
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     kids = _Children(world, body, plan)
     try:
