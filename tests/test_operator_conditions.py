@@ -21,9 +21,9 @@ def test_running_done_failed() -> None:
     conditions.stage_done(s, "Trained", "PyTorchJobSucceeded", "", 1, T1)
     conditions.stage_failed(s, "Merged", "BackoffLimitExceeded", "Job m: boom", 1, T2)
     assert s.phase == "Failed" and table(s) == [
-        ("Trained", "True", "PyTorchJobSucceeded", T1, 1), ("Ready", "False", "BackoffLimitExceeded", T0, 1),
-        ("Reconciling", "False", "BackoffLimitExceeded", T2, 1), ("Stalled", "True", "BackoffLimitExceeded", T2, 1),
-        ("Merged", "False", "BackoffLimitExceeded", T2, 1)]
+        ("Trained", "True", "PyTorchJobSucceeded", T1, 1), ("Merged", "False", "BackoffLimitExceeded", T2, 1),
+        ("Ready", "False", "BackoffLimitExceeded", T0, 1), ("Reconciling", "False", "BackoffLimitExceeded", T2, 1),
+        ("Stalled", "True", "BackoffLimitExceeded", T2, 1)]
     assert conditions.is_true(s, "Trained") and not conditions.is_true(s, "Merged")
 
 

@@ -260,6 +260,11 @@ def conds(obj: dict) -> list[tuple[str, str, str]]:
     return [(c["type"], c["status"], c["reason"]) for c in (obj.get("status") or {}).get("conditions") or []]
 
 
+def cond(obj: dict, type_: str) -> dict:
+    """The condition of type ``type_`` (KeyError when absent)."""
+    return {c["type"]: c for c in obj["status"]["conditions"]}[type_]
+
+
 @pytest_asyncio.fixture()
 async def cluster():
     async with ApiServer() as server, kmock.Server(server):
@@ -303,8 +308,9 @@ async def test_happy_path(cluster: Cluster) -> None:
     pit = await c.phase(PIT, "fomc-2016", "Training")
     assert pit["status"]["corpusAudit"] == {"excludedByDate": 76, "included": 159, "includedIdsSha256": "ab12",
                                             "maxIncludedTimestamp": "2016-12-14T14:00:00-05:00", "rejectedTimestamp": 0}
-    assert conds(pit)[:3] == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                              ("Ready", "False", "Training")]
+    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
+                          ("Trained", "False", "Training"), ("Ready", "False", "Training"),
+                          ("Reconciling", "True", "Training"), ("Stalled", "False", "Training")]
     job = c.get(PTJ, "fomc-2016-train")
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
     assert job["spec"]["nprocPerNode"] == "4" and job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
@@ -350,9 +356,9 @@ async def test_happy_path(cluster: Cluster) -> None:
 
     pit = await c.phase(PIT, "fomc-2016", "Succeeded")
     assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                          ("Ready", "True", "Succeeded"), ("Reconciling", "False", "Succeeded"),
-                          ("Stalled", "False", "Succeeded"), ("Trained", "True", "PyTorchJobSucceeded"),
-                          ("Merged", "True", "MergeSucceeded"), ("Evaluated", "True", "EvaluationsSucceeded")]
+                          ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "True", "MergeSucceeded"),
+                          ("Evaluated", "True", "EvaluationsSucceeded"), ("Ready", "True", "Succeeded"),
+                          ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
     assert pit["status"]["results"] == {"fomc-2016-leakage": le["status"]["results"]}
     assert pit["status"]["children"] == {"configMap": "fomc-2016-pit-spec", "prepareJob": "fomc-2016-prepare",
                                          "pytorchJob": "fomc-2016-train", "mergeJob": "fomc-2016-merge",
@@ -373,9 +379,9 @@ async def test_pytorchjob_failure_fails_the_training_with_its_reason(cluster: Cl
     c.finish_pytorchjob("fomc-2016-train", ok=False)
     pit = await c.phase(PIT, "fomc-2016", "Failed")
     assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                          ("Ready", "False", "PyTorchJobFailed"), ("Reconciling", "False", "PyTorchJobFailed"),
-                          ("Stalled", "True", "PyTorchJobFailed"), ("Trained", "False", "PyTorchJobFailed")]
-    stalled = pit["status"]["conditions"][4]
+                          ("Trained", "False", "PyTorchJobFailed"), ("Ready", "False", "PyTorchJobFailed"),
+                          ("Reconciling", "False", "PyTorchJobFailed"), ("Stalled", "True", "PyTorchJobFailed")]
+    stalled = cond(pit, "Stalled")
     assert stalled["message"] == ("PyTorchJob fomc-2016-train: PyTorchJob fomc-2016-train is failed because 1 "
                                   "Master replica(s) failed.")
     await asyncio.sleep(0.3)
@@ -392,8 +398,8 @@ async def test_merge_failure_carries_the_job_reason_and_log(cluster: Cluster) ->
     c.finish_job("fomc-2016-merge", ok=False,
                  message="loading shards\npitlab.trainer.merge: error: merged logits differ from the checkpoint's")
     pit = await c.phase(PIT, "fomc-2016", "Failed")
-    assert conds(pit)[-1] == ("Merged", "False", "BackoffLimitExceeded")
-    assert pit["status"]["conditions"][-1]["message"] == (
+    assert conds(pit)[3] == ("Merged", "False", "BackoffLimitExceeded")
+    assert cond(pit, "Merged")["message"] == (
         "Job fomc-2016-merge: BackoffLimitExceeded: Job has reached the specified backoff limit; loading shards | "
         "pitlab.trainer.merge: error: merged logits differ from the checkpoint's")
     assert c.names(LE) == []
@@ -452,9 +458,9 @@ async def test_fixing_an_invalid_spec_starts_the_run(cluster: Cluster) -> None:
     await c.until(PIT, "fomc-2016", lambda o: not o["metadata"].get("finalizers"))
     await c.edit_spec("pittrainings", "fomc-2016", {"output": {"uri": "out"}}, generation=2)  # the Git fix
     pit = await c.phase(PIT, "fomc-2016", "Preparing")
-    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Ready", "False", "Preparing"),
-                          ("Reconciling", "True", "Preparing"), ("Stalled", "False", "Preparing"),
-                          ("Prepared", "False", "Preparing")]
+    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "False", "Preparing"),
+                          ("Ready", "False", "Preparing"), ("Reconciling", "True", "Preparing"),
+                          ("Stalled", "False", "Preparing")]
     assert pit["status"]["observedGeneration"] == 2 and c.names(JOBS) == ["fomc-2016-prepare"]
     OBSERVED_CALLS.update(c.operator_calls())
 
@@ -466,14 +472,14 @@ async def test_spec_edit_after_start_is_refused(cluster: Cluster) -> None:
     await c.edit_spec("pittrainings", "fomc-2016", {"tokens": 2000000}, generation=2)
     pit = await c.until(PIT, "fomc-2016", lambda o: o["status"].get("observedGeneration") == 2)
     assert pit["status"]["phase"] == "Training"
-    assert conds(pit)[2:5] == [("Ready", "False", "SpecImmutable"), ("Reconciling", "True", "Training"),
+    assert conds(pit)[3:6] == [("Ready", "False", "SpecImmutable"), ("Reconciling", "True", "Training"),
                                ("Stalled", "True", "SpecImmutable")]
-    assert "spec changed after the run started (generation 2)" in pit["status"]["conditions"][4]["message"]
+    assert "spec changed after the run started (generation 2)" in cond(pit, "Stalled")["message"]
     job = c.get(PTJ, "fomc-2016-train")  # the run goes on with the spec it started with
     assert '"tokens": 1000000' in c.get(CM, "fomc-2016-pit-spec")["data"]["spec.yaml"] and job is not None
     await c.edit_spec("pittrainings", "fomc-2016", {"tokens": 1000000}, generation=3)  # GitOps revert
     pit = await c.until(PIT, "fomc-2016", lambda o: o["status"].get("observedGeneration") == 3)
-    assert conds(pit)[2:5] == [("Ready", "False", "Training"), ("Reconciling", "True", "Training"),
+    assert conds(pit)[3:6] == [("Ready", "False", "Training"), ("Reconciling", "True", "Training"),
                                ("Stalled", "False", "Training")]
     OBSERVED_CALLS.update(c.operator_calls())
 
@@ -505,8 +511,8 @@ async def test_cluster_without_kubeflow_fails_with_a_hint_and_an_event(cluster: 
     await c.phase(PIT, "fomc-2016", "Preparing")
     c.finish_job("fomc-2016-prepare", message=AUDIT_MESSAGE)
     pit = await c.phase(PIT, "fomc-2016", "Failed")
-    assert conds(pit)[-1] == ("Trained", "False", "CreateFailed")
-    assert pit["status"]["conditions"][-1]["message"].startswith(
+    assert conds(pit)[2] == ("Trained", "False", "CreateFailed")
+    assert cond(pit, "Trained")["message"].startswith(
         "PyTorchJob fomc-2016-train was refused: 404 Not Found (is the Kubeflow training operator installed?)")
     def events() -> list[tuple[str, str, str]]:
         return [(r.data["type"], r.data["reason"], r.data["message"]) for r in c.server

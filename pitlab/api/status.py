@@ -63,6 +63,19 @@ class ResourceStatus(SpecModel):
                           "the spec is immutable (operator)")
 
 
+CONDITION_ORDER = ("Validated", "Prepared", "Trained", "Merged", "Evaluated", "Embedded", "Analyzed",
+                   "Ready", "Reconciling", "Stalled")
+"""Order in which conditions are listed: stages in pipeline order, then the kstatus types. A fixed order keeps
+``kubectl describe`` (and any diff of the status) stable whatever order the reconciles happened to run in."""
+
+
+def _order(cond: Condition) -> int:
+    try:
+        return CONDITION_ORDER.index(cond.type)
+    except ValueError:
+        return CONDITION_ORDER.index("Ready")  # unknown types after the stages, before the kstatus types
+
+
 def now_rfc3339() -> str:
     """Current UTC time as RFC 3339 with second precision (the Kubernetes ``metav1.Time`` format)."""
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
@@ -73,7 +86,7 @@ def set_condition(status: ResourceStatus, type_: str, state: Literal["True", "Fa
     """Set (or add) condition ``type_`` on ``status`` in place and return it.
 
     ``lastTransitionTime`` is kept when ``state`` equals the current status; reason, message and
-    observedGeneration are always updated.
+    observedGeneration are always updated. The list is kept in :data:`CONDITION_ORDER`.
     """
     now = now or now_rfc3339()
     conds = list(status.conditions)
@@ -86,7 +99,7 @@ def set_condition(status: ResourceStatus, type_: str, state: Literal["True", "Fa
     else:
         conds.append(Condition(type=type_, status=state, reason=reason, message=message,
                                last_transition_time=now, observed_generation=generation))
-    status.conditions = conds
+    status.conditions = sorted(conds, key=_order)
     return status
 
 
