@@ -372,6 +372,19 @@ def test_merge_writes_a_verified_hf_model(trained, tmp_path):
 
 
 @pytest.mark.slow
+def test_merge_streams_an_fsdp_checkpoint_into_several_shards(trained, tmp_path):
+    """The world-size-2 checkpoint (each tensor in two ranks' files) read in groups of at most 100 kB."""
+    out = tmp_path / "sharded"
+    report = merge_checkpoint(trained["run"] / "checkpoint", trained["base"], out,
+                              trained["summary"]["param_sha256"], max_shard_size="100KB", logits_probe="always")
+    assert report["shards"] >= 3 and report["logits_probe"] == "equal" and report["summary_digests_checked"]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(index["weight_map"]) == report["tensors"] == 56 and index["metadata"]["total_size"] == report["bytes"]
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    assert parameter_sha256(merged) == trained["summary"]["param_sha256"]
+
+
+@pytest.mark.slow
 def test_merge_cli_with_summary(trained, tmp_path, capsys):
     out = tmp_path / "cli-model"
     rc = merge_main(["--checkpoint", str(trained["run"] / "checkpoint" / "step-30"), "--base", str(trained["base"]),

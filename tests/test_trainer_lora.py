@@ -1,4 +1,5 @@
-"""pitlab.trainer.lora: verified LoRA adapter saves (round trip, and the 0-tensor wrapper bug fails loudly)."""
+"""pitlab.trainer.lora: verified LoRA adapter saves (round trip, the 0-tensor wrapper bug fails loudly) and LoRA
+training under torchrun (gloo, world size 2): frozen base, adapter checkpoints, resume, merge into the base."""
 
 from __future__ import annotations
 
@@ -103,3 +104,199 @@ def test_apply_lora_names_the_field_for_unknown_modules():
                                                         num_hidden_layers=1, num_attention_heads=2))
     with pytest.raises(ValueError, match=r"spec\.lora\.targetModules: none of \['qkv'\]"):
         apply_lora(base, r=2, alpha=4, dropout=0.0, target_modules=["qkv"])
+
+
+# ----------------------------------------------------------------- LoRA under torchrun (gloo, world size 2)
+
+LORA_TARGETS = ["q_proj", "v_proj", "o_proj", "out_proj", "down_proj", "lm_head"]
+# r = 8 × (in + out) per target of the tiny qwen3_5_moe_text: layer 0 (linear attention) out_proj 64→64 and
+# the shared expert's down_proj 64→64; layer 1 q 64→128, v 64→32, o 64→64, down_proj 64→64; the root's
+# lm_head 64→1024 (so both a decoder layer's and the root's FSDP2 group mix frozen and trainable parameters)
+ADAPTER_PARAMS = 8 * ((64 + 64) + (64 + 64) + (64 + 128) + (64 + 32) + (64 + 64) + (64 + 64) + (64 + 1024))
+
+
+def lora_spec(tokens: int = 12 * 1024, merge_into_base: bool = True, **checkpoint):
+    from test_trainer import make_spec
+
+    from pitlab.api import PitTraining
+
+    doc = make_spec(learningRate=1e-2, warmupSteps=2).model_dump(mode="json", by_alias=True)
+    doc["spec"].update(method="lora", tokens=tokens,
+                       lora={"r": 8, "alpha": 32, "targetModules": LORA_TARGETS, "mergeIntoBase": merge_into_base})
+    doc["spec"]["checkpoint"] = {"everySteps": 4, "keep": 3, **checkpoint}
+    return PitTraining.model_validate(doc)
+
+
+@pytest.fixture(scope="module")
+def lora_trained(tmp_path_factory):
+    """A LoRA run of the tiny qwen3_5_moe_text on FOMC statements up to 2005: 12 steps, world size 2, gloo."""
+    from test_trainer import fomc_texts
+    from transformers import AutoTokenizer
+
+    from pitlab.trainer.launch import run_training, write_spec
+    from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
+
+    run = tmp_path_factory.mktemp("lora-run")
+    texts = fomc_texts()
+    resource = lora_spec()
+    base = prepare_base_model(resource.spec, texts, run / "base")
+    tokenize_corpus(texts, AutoTokenizer.from_pretrained(base), run / "data" / "tokens.npy")
+    spec_path = write_spec(resource, run / "spec.json")
+    summary = run_training(spec_path, run, nproc=2)
+    return {"run": run, "base": base, "summary": summary, "spec_path": spec_path}
+
+
+@pytest.mark.slow
+def test_lora_training_learns_only_the_adapter(lora_trained):
+    import json
+    import math
+
+    from pitlab.trainer.digest import parameter_sha256
+    from pitlab.trainer.lora import base_parameter_name
+    from pitlab.trainer.merge import checkpoint_tensors
+
+    s, run = lora_trained["summary"], lora_trained["run"]
+    assert s["method"] == "lora" and s["steps"] == 12 and s["world_size"] == 2 and s["backend"] == "gloo"
+    assert s["trainable_parameters"] == ADAPTER_PARAMS == 15_104
+    assert abs(s["first_loss"] - math.log(1024)) < 0.3  # lora_B = 0: the first step is the base model's loss
+    assert s["final_loss"] < s["first_loss"] - 1.0, (s["first_loss"], s["final_loss"])  # 6.94 -> 5.61 here
+    losses = [json.loads(x)["loss"] for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 12 and losses[-1] == s["final_loss"]
+    # the frozen base, gathered from the FSDP2 shards at the end, is bit-identical to the base folder
+    base = parameter_sha256(AutoModelForCausalLM.from_pretrained(lora_trained["base"]))
+    digests = s["param_sha256"]
+    frozen = {base_parameter_name(n): d for n, d in digests.items() if "lora_" not in n}
+    assert frozen == base and len(base) == 36
+    adapter = {n: d for n, d in digests.items() if "lora_" in n}
+    assert len(adapter) == 14  # 7 targeted modules x (lora_A, lora_B)
+    # checkpoints hold the adapter only (the base is reloaded from base/), and record the LoRA settings
+    ckpt = run / "checkpoint" / "step-12"
+    assert sorted(checkpoint_tensors(ckpt)) == sorted(adapter)
+    state = json.loads((ckpt / "train_state.json").read_text())
+    assert state["lora"] == {"r": 8, "alpha": 32, "dropout": 0.0, "target_modules": LORA_TARGETS,
+                             "merge_into_base": True}
+    assert sorted(p.name for p in (run / "checkpoint").iterdir()) == ["latest", "step-12", "step-4", "step-8"]
+    assert s["planned_peak_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_lora_adapter_save_is_verified_and_matches_the_checkpoint(lora_trained):
+    from peft import PeftModel
+
+    from pitlab.trainer.digest import tensor_sha256
+    from pitlab.trainer.merge import checkpoint_tensors, load_tensors
+
+    s, run = lora_trained["summary"], lora_trained["run"]
+    assert s["adapter"]["tensors"] == 14 and s["adapter"]["elements"] == ADAPTER_PARAMS
+    with safe_open(str(run / "adapter" / ADAPTER_FILE), framework="pt") as f:
+        saved = {k: f.get_tensor(k) for k in f.keys()}
+    assert len(saved) == 14 and sum(t.numel() for t in saved.values()) == 15_104
+    ckpt = run / "checkpoint" / "step-12"
+    meta = checkpoint_tensors(ckpt)
+    live = load_tensors(ckpt, sorted(meta), meta)
+    for name, t in live.items():  # peft's file names drop the adapter name ("default")
+        assert torch.equal(saved[name.replace(".default.", ".")], t), name
+        assert tensor_sha256(t) == s["param_sha256"][name]
+    assert all(t.abs().sum() > 0 for n, t in live.items() if "lora_B" in n)  # lora_B moved away from 0
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_trained["base"]), run / "adapter")
+    got = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert got.keys() == live.keys() and all(torch.equal(got[n], live[n]) for n in got)
+
+
+@pytest.mark.slow
+def test_lora_merge_into_base_matches_the_peft_model(lora_trained, tmp_path):
+    from peft import PeftModel
+
+    from pitlab.trainer.merge import merge_checkpoint, probe_logits
+
+    run, base = lora_trained["run"], lora_trained["base"]
+    out = tmp_path / "merged"
+    report = merge_checkpoint(run / "checkpoint", base, out, lora_trained["summary"]["param_sha256"],
+                              max_shard_size="40KB")
+    assert report["kind"] == "lora-merged" and report["merged_weights"] == 7 and report["shards"] >= 3
+    assert report["tensors"] == 56 and report["verified"] and report["logits_probe"] == "skipped"
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    peft_model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), run / "adapter").eval()
+    want, got = probe_logits(peft_model), probe_logits(merged)
+    diff = (got - want).abs().max().item()
+    # tolerance: the same float32 maths in another order (x(W + BA s) vs xW + (xA)B s); logits are O(1)
+    assert diff < 1e-4, diff
+    assert not torch.equal(probe_logits(AutoModelForCausalLM.from_pretrained(base)), got)  # the adapter matters
+    with safe_open(str(base / "model.safetensors"), framework="pt") as f:
+        base_tensors = {k: f.get_tensor(k) for k in f.keys()}
+    merged_sd = merged.state_dict()
+    changed = sorted(k for k in base_tensors if k in merged_sd and not torch.equal(merged_sd[k], base_tensors[k]))
+    assert changed == sorted([f"model.layers.{n}.weight" for n in [
+        "0.linear_attn.out_proj", "0.mlp.shared_expert.down_proj", "1.self_attn.q_proj", "1.self_attn.v_proj",
+        "1.self_attn.o_proj", "1.mlp.shared_expert.down_proj"]] + ["lm_head.weight"])
+    # with the probe on (small model): the merge itself checks base + adapter against the merged logits
+    report = merge_checkpoint(run / "checkpoint", base, tmp_path / "probed", logits_probe="always")
+    assert report["logits_probe"] in ("close", "equal") and report["logits_probe_max_abs_diff"] < 1e-4
+
+
+@pytest.mark.slow
+def test_lora_merge_can_write_the_adapter_only(lora_trained, tmp_path):
+    import json
+
+    from pitlab.trainer.merge import merge_checkpoint
+
+    run, base = lora_trained["run"], lora_trained["base"]
+    out = tmp_path / "adapter-out"
+    report = merge_checkpoint(run / "checkpoint", base, out, merge_adapter=False, logits_probe="always")
+    assert report["kind"] == "lora-adapter" and report["tensors"] == 14 and report["logits_probe"] == "equal"
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(base.resolve()) and config["r"] == 8
+    assert (out / ADAPTER_FILE).read_bytes() == (run / "adapter" / ADAPTER_FILE).read_bytes()
+    assert (out / "tokenizer.json").is_file() and not (out / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_lora_run_resumes_from_a_checkpoint_bit_identically(lora_trained, tmp_path):
+    import shutil
+
+    from pitlab.trainer.launch import run_training
+
+    run = tmp_path / "resumed"
+    shutil.copytree(lora_trained["run"] / "data", run / "data")
+    shutil.copytree(lora_trained["run"] / "checkpoint" / "step-8", run / "checkpoint" / "step-8")
+    (run / "checkpoint" / "latest").write_text("step-8\n")
+    summary = run_training(lora_trained["spec_path"], run, nproc=2, base=lora_trained["base"])
+    assert summary["resumed_from_step"] == 8 and summary["steps"] == 12
+    assert summary["param_sha256"] == lora_trained["summary"]["param_sha256"]
+    assert summary["final_loss"] == lora_trained["summary"]["final_loss"]
+
+
+@pytest.mark.slow
+def test_summary_records_the_software_stack(lora_trained):
+    from importlib.metadata import version
+
+    sw = lora_trained["summary"]["software"]
+    assert sw["torch"] == torch.__version__ == "2.13.0+cpu"
+    assert sw["transformers"] == version("transformers") and sw["peft"] == version("peft")
+    assert sw["safetensors"] == version("safetensors") and sw["cuda"] is None
+    assert sw["device_name"] == lora_trained["summary"]["device_name"] == "cpu"
+    assert sw["world_size"] == lora_trained["summary"]["world_size"] == 2 and sw["backend"] == "gloo"
+
+
+def test_lora_spec_defaults_and_the_adapter_only_merge_needs_no_model_evaluation():
+    import copy
+
+    import yaml
+
+    from pitlab.api import SpecError, parse_resource
+
+    with open("examples/local-lora-fomc.yaml") as f:
+        doc = yaml.safe_load(f)
+    res = parse_resource(copy.deepcopy(doc))
+    assert res.spec.method == "lora" and res.spec.lora.merge_into_base is True and res.spec.lora.r == 8
+    bare = copy.deepcopy(doc)
+    del bare["spec"]["lora"]
+    lora = parse_resource(bare).spec.lora  # method: lora alone gets the defaults, written out
+    assert (lora.r, lora.alpha, lora.target_modules, lora.merge_into_base) == (
+        16, 32, ["q_proj", "k_proj", "v_proj", "o_proj"], True)
+    doc["spec"]["lora"]["mergeIntoBase"] = False
+    with pytest.raises(SpecError, match=r"lora\.mergeIntoBase: false writes an adapter folder.*"
+                                        r"evaluations\[0\]\.spec\.models\[1\] evaluates the trained model"):
+        parse_resource(copy.deepcopy(doc))
+    doc["spec"]["evaluations"][0]["spec"]["models"].pop(1)  # base and MiniLM only: fine
+    assert parse_resource(doc).spec.lora.merge_into_base is False

@@ -80,6 +80,9 @@ def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
 
 def test_flops_per_token_counts_active_matmul_parameters(shape35):
     assert train_flops_per_token(shape35, 2048) == 6 * (ACTIVE_35B - 248_320 * 2048) + 6 * 10 * 2048 * 16 * 256
+    # LoRA: no weight gradients for the frozen base
+    assert train_flops_per_token(shape35, 2048, frozen_base=True) == (
+        4 * (ACTIVE_35B - 248_320 * 2048) + 6 * 10 * 2048 * 16 * 256)
 
 
 def test_plan_cli(base35, tmp_path):
@@ -101,11 +104,44 @@ def test_plan_cli(base35, tmp_path):
     assert res.exit_code == 2 and "spec.baseModel.uri" in res.output
 
 
-def test_plan_refuses_lora(base35, shape35):
-    doc = published(base35, 8, 1)
+def lora_plan(base, shape, gpus: int, accum: int = 1, sync: bool = True, lora: dict | None = None):
+    doc = published(base, gpus, accum, sync)
     doc["spec"]["method"] = "lora"
-    with pytest.raises(Exception, match="lora"):
-        plan_memory(PitTraining.model_validate(doc).spec, shape35)
+    if lora is not None:
+        doc["spec"]["lora"] = lora
+    return plan_memory(PitTraining.model_validate(doc).spec, shape)
+
+
+def test_lora_plan_is_smaller_than_full_by_the_frozen_base(base35, shape35):
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):  # count the adapter independently of peft: r × (in + out) per targeted linear
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base35))
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj")  # the LoraSpec default, r = 16
+    a = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and n.split(".")[-1] in targets)
+    assert a == 3_440_640  # only the 10 full-attention layers have q/k/v/o projections
+    for gpus in (1, 8):
+        full, lora = plan(base35, shape35, gpus, 1).components, lora_plan(base35, shape35, gpus).components
+        assert lora["parameters"] == (2 * P_35B + 4 * a) // gpus  # frozen base in bf16 + float32 adapter
+        assert full["parameters"] - lora["parameters"] == 4 * P_35B // gpus - (2 * P_35B + 4 * a) // gpus
+        assert lora["gradients"] == 4 * a // gpus and lora["optimizer"] == 8 * a // gpus
+        assert full["gradients"] - lora["gradients"] == 4 * P_35B // gpus - 4 * a // gpus
+        assert full["optimizer"] - lora["optimizer"] == 8 * P_35B // gpus - 8 * a // gpus
+        assert lora["gradient_buffers"] == (2 + 4) * 344_064  # no adapter outside the layers; 1 layer's adapter
+        assert lora["unsharded_parameters"] == full["unsharded_parameters"] + 2 * 2 * 344_064
+        assert lora["activations"] == full["activations"] and lora["logits"] == full["logits"]
+    # the published 35B case that refuses full-weight on one 80 GB GPU fits as LoRA (69.3 GB of bf16 base)
+    one = lora_plan(base35, shape35, 1)
+    assert one.fits is True and plan(base35, shape35, 1, 1).fits is False
+    assert 78 * GiB < one.peak_bytes < 79 * GiB
+    assert any("3.44 M trainable adapter parameters" in n for n in one.notes)
+    # without per-microbatch sync only the adapter's gradients stay unsharded: 4 bytes x 3.44 M
+    assert lora_plan(base35, shape35, 8, accum=4, sync=False).components["accumulation"] == 4 * a
+    with pytest.raises(SpecError, match=r"spec\.lora\.targetModules: none of \['qkv'\]"):
+        lora_plan(base35, shape35, 8, lora={"targetModules": ["qkv"]})
 
 
 @pytest.mark.parametrize("name", ["adamw8bit", "paged_adamw8bit"])

@@ -17,6 +17,10 @@ Resume (:func:`load_checkpoint`) restores the model and optimizer shards (DCP), 
 (``train_state.json["scheduler"]``), each rank's RNG states (torch CPU, CUDA, numpy, python ``random``)
 and the step; the data position is a pure function of the step (see :mod:`pitlab.trainer.data`), and
 ``train_state.json["data"]`` records it so a resume with a different data layout is refused.
+
+``checkpoint_dir`` may also be an ``s3://bucket/prefix`` string: the same layout and guarantees in object
+storage (each rank uploads its own files, ``_COMPLETE`` then ``latest`` written last), see
+:mod:`pitlab.trainer.checkpoint_s3`.
 """
 
 from __future__ import annotations
@@ -33,12 +37,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from pitlab import storage
 from pitlab.trainer.files import fsync_dir, write_text_atomic
 
 LATEST = "latest"
 TRAIN_STATE = "train_state.json"
+# Frozen parameters (a LoRA run's base) are not checkpointed: they are reloaded from the base model folder, so
+# a checkpoint holds the trained tensors only. With full training nothing is frozen and this changes nothing.
+STATE_DICT_OPTIONS = StateDictOptions(ignore_frozen_params=True)
+# set_state_dict then must not ask for the frozen keys; every trained key was already required by dcp.load
+# (its default planner refuses a checkpoint that lacks a requested key)
+LOAD_STATE_DICT_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -87,6 +98,10 @@ def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, opt
     """
     if keep < 1:
         raise ValueError(f"spec.checkpoint.keep: must be >= 1 (got {keep})")
+    if storage.is_s3(checkpoint_dir):
+        from pitlab.trainer import checkpoint_s3
+
+        return checkpoint_s3.save_checkpoint(checkpoint_dir, step, model, optimizer, keep, train_state, scheduler)
     checkpoint_dir = Path(checkpoint_dir)
     final = checkpoint_dir / step_dir_name(step)
     tmp = final.with_name(final.name + ".tmp")
@@ -96,7 +111,7 @@ def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, opt
         for stale in checkpoint_dir.glob("step-*.tmp"):
             shutil.rmtree(stale)  # left by an interrupted save
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_DICT_OPTIONS)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
     with open(tmp / rng_file_name(rank), "wb") as f:
         torch.save(rng_state(), f)
@@ -129,6 +144,10 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     checkpoint was written with another world size (``spec.resources.gpusPerNode``: the RNG states and
     the data order are per rank) or lacks this rank's RNG file.
     """
+    if storage.is_s3(path):
+        from pitlab.trainer import checkpoint_s3
+
+        return checkpoint_s3.load_checkpoint(path, model, optimizer, scheduler)
     path = Path(path)
     state = json.loads((path / TRAIN_STATE).read_text())
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -138,10 +157,11 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     rng_path = path / rng_file_name(rank)
     if not rng_path.is_file():
         raise CheckpointError(f"{rng_path}: missing; the checkpoint has no RNG state for rank {rank}")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_DICT_OPTIONS)
     sd = {"model": model_sd, "optim": optim_sd}
     dcp.load(sd, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
+                   options=LOAD_STATE_DICT_OPTIONS)
     if scheduler is not None:
         if "scheduler" not in state:
             raise CheckpointError(f"{path / TRAIN_STATE}: no scheduler state to resume from")
@@ -154,8 +174,13 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     """The newest complete checkpoint named by ``<checkpoint_dir>/latest``, or None when there is none yet.
 
     Never returns a ``.tmp`` directory. Raises :class:`CheckpointError` naming the file if ``latest``
-    holds something other than ``step-<N>`` or names a directory without DCP ``.metadata``.
+    holds something other than ``step-<N>`` or names a directory without DCP ``.metadata``. For an
+    ``s3://`` ``checkpoint_dir`` returns the ``s3://.../step-<N>`` string (only a step with ``_COMPLETE``).
     """
+    if storage.is_s3(checkpoint_dir):
+        from pitlab.trainer import checkpoint_s3
+
+        return checkpoint_s3.latest_checkpoint(checkpoint_dir)
     pointer = Path(checkpoint_dir) / LATEST
     if not pointer.is_file():
         return None
@@ -190,3 +215,32 @@ def prune_checkpoints(checkpoint_dir: Path, keep: int) -> list[Path]:
         shutil.rmtree(p)
         deleted.append(p)
     return deleted
+
+
+def read_train_state(path: Path | str) -> dict:
+    """``train_state.json`` of a complete checkpoint (a local ``step-<N>`` folder or an ``s3://`` one)."""
+    if storage.is_s3(path):
+        return json.loads(storage.read_text(storage.join(path, TRAIN_STATE)))
+    return json.loads((Path(path) / TRAIN_STATE).read_text())
+
+
+def checkpoint_location(uri: str | None, run_dir: Path) -> Path | str:
+    """Where a run's checkpoints go: ``spec.checkpoint.uri`` (``${VAR}`` expanded; ``s3://`` kept as a
+    string, a local path as a Path) or, when unset, ``<run_dir>/checkpoint``. Raises SpecError naming
+    ``spec.checkpoint.uri`` for an unset variable or an unsupported scheme."""
+    from pitlab.api import SpecError, expand_uri
+
+    if not uri:
+        return Path(run_dir) / "checkpoint"
+    s = expand_uri(uri, "spec.checkpoint.uri").rstrip("/")
+    if storage.is_s3(s):
+        try:
+            storage.parse_s3(s)
+        except storage.StorageError as err:
+            raise SpecError([("spec.checkpoint.uri", str(err))]) from None
+        return s
+    if s.startswith("file://"):
+        s = s[len("file://"):]
+    if "://" in s:
+        raise SpecError([("spec.checkpoint.uri", f"{s!r}: give a local path or s3://bucket/prefix")])
+    return Path(s).expanduser()

@@ -9,11 +9,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a causal LM (``model.model.layers`` for llama, qwen3_moe, qwen3_5_moe_text).
+    """The decoder layers of a causal LM (``model.model.layers`` for llama, qwen3_moe, qwen3_5_moe_text), also
+    of one wrapped by peft (``PeftModel.get_base_model()``).
 
     Raises ``TypeError`` naming the model class if it has no such ``ModuleList``.
     """
-    layers = getattr(getattr(model, "model", None), "layers", None)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(getattr(inner, "model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise TypeError(f"{type(model).__name__}: expected decoder layers at model.model.layers (a non-empty "
                         "ModuleList); this architecture is not supported by the FSDP2 wrapper")

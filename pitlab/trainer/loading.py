@@ -89,7 +89,8 @@ def read_rows(path: Path, data_start: int, entry: dict, start: int, stop: int, o
 
 
 def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: torch.device,
-                       activation_checkpointing: bool = False) -> nn.Module:
+                       activation_checkpointing: bool = False, lora: dict | None = None,
+                       seed: int = 0) -> nn.Module:
     """Collective (every rank of ``mesh``): the model of ``base`` (HF directory), FSDP2-sharded on ``device``,
     with float32 parameters equal bit for bit to ``from_pretrained(base, dtype=float32)``'s.
 
@@ -97,21 +98,44 @@ def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: tor
     ``[r * ceil(n / W), min((r + 1) * ceil(n / W), n))``. Raises :class:`WeightLoadError` naming the tensor
     and file when a parameter is missing from the safetensors or has another shape, and for a
     non-persistent buffer it cannot recompute.
+
+    ``lora`` (a :func:`pitlab.trainer.lora.lora_record` dict): the meta model is wrapped with peft LoRA
+    *before* ``fully_shard`` (so each decoder layer's FSDP2 group holds its frozen base weights and its
+    trainable adapter); the base is frozen and, with ``precision="bf16"``, stored in bfloat16 (the dtype it
+    is computed in anyway); base tensors are read under their base names
+    (:func:`pitlab.trainer.lora.base_parameter_name`); ``lora_A`` is initialised as peft does by default
+    (Kaiming-uniform, ``a = √5``) from a generator seeded with ``seed`` over the full tensor (identical on
+    every rank, each keeps its rows) and ``lora_B`` with zeros, so the initial model equals the base. Returns
+    the ``PeftModel``.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pitlab.trainer.lora import apply_lora, base_parameter_name
 
     config = AutoConfig.from_pretrained(base)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.config.use_cache = False
-    if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+        if activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora is not None:
+            model = apply_lora(model, r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
+                               target_modules=lora["target_modules"])
+            if precision == "bf16":
+                for p in model.parameters():
+                    if not p.requires_grad:
+                        p.data = p.data.to(torch.bfloat16)
     shard_model(model, mesh, precision)
     model.to_empty(device=device)
     files = safetensors_index(base)
     headers = {path: read_header(path) for path in set(files.values())}
+    name_of = base_parameter_name if lora is not None else (lambda n: n)
     with torch.no_grad():
-        for name, tensor in list(model.named_parameters()) + list(_persistent_buffers(model)):
+        for full_name, tensor in list(model.named_parameters()) + list(_persistent_buffers(model)):
+            if lora is not None and tensor.requires_grad:
+                _init_adapter(full_name, tensor, seed)
+                continue
+            name = name_of(full_name)
             path = files.get(name)
             if path is None and _is_fused_experts(name):
                 _load_fused_experts(base, name, tensor, files, headers)
@@ -138,6 +162,27 @@ def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: tor
                 read_rows(path, data_start, entry, 0, tensor.shape[0], tensor)
     _recompute_non_persistent_buffers(model, device)
     return model
+
+
+def _init_adapter(name: str, tensor: torch.Tensor, seed: int) -> None:
+    """peft's default LoRA init (``init_lora_weights=True``) with a seeded generator: ``lora_A`` Kaiming-uniform
+    (``a = √5``), ``lora_B`` zeros; the full tensor is drawn on every rank and each keeps its ``Shard(0)`` rows."""
+    import math
+    import zlib
+
+    if "lora_B" in name:
+        full = torch.zeros(tensor.shape, dtype=torch.float32)
+    elif "lora_A" in name:
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))  # per tensor, any order
+        full = torch.empty(tensor.shape, dtype=torch.float32)
+        torch.nn.init.kaiming_uniform_(full, a=math.sqrt(5), generator=gen)
+    else:
+        raise WeightLoadError(f"{name}: a trainable parameter that is not a LoRA adapter (lora_A/lora_B)")
+    if isinstance(tensor, DTensor):
+        start, stop = _rows(tensor)
+        tensor.to_local().copy_(full[start:stop])
+    else:
+        tensor.copy_(full)
 
 
 def _is_fused_experts(name: str) -> bool:

@@ -42,6 +42,57 @@ def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modu
     return get_peft_model(model, config)
 
 
+PEFT_PREFIX = "base_model.model."
+
+
+def lora_record(lora) -> dict:
+    """The LoRA settings a checkpoint records (``train_state.json["lora"]``) from ``spec.lora`` (a
+    :class:`pitlab.api.pittraining.LoraSpec`): ``r``, ``alpha``, ``dropout``, ``target_modules``,
+    ``merge_into_base``. The merge rebuilds the adapter from this alone."""
+    return {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "target_modules": list(lora.target_modules),
+            "merge_into_base": lora.merge_into_base}
+
+
+def base_parameter_name(name: str) -> str:
+    """The base model's name of a parameter of the peft-wrapped model:
+    ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` → ``model.layers.0.self_attn.q_proj.weight``
+    (names without peft's parts are returned with only the prefix removed)."""
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):]
+    return name.replace(".base_layer.", ".")
+
+
+def lora_meta_model(base_dir: Path, lora: dict):
+    """``(config, peft model)`` of ``base_dir``'s architecture on the meta device (no memory), wrapped with the
+    LoRA of ``lora`` (a :func:`lora_record` dict). Parameter names and shapes are the trainer's. Raises
+    ``ValueError`` naming ``spec.lora.targetModules`` when no module matches."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(base_dir)
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = apply_lora(base, r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
+                           target_modules=lora["target_modules"])
+    return config, model
+
+
+def lora_modules(peft_model: nn.Module) -> dict[str, tuple[nn.Module, str]]:
+    """``{base weight name: (peft LoRA layer, its module name in peft_model)}`` for every LoRA-wrapped module,
+    e.g. ``model.layers.0.self_attn.q_proj.weight`` → (``lora.Linear``, ``base_model.model.model.layers.0....``).
+    Raises ``TypeError`` for a LoRA layer that is not a linear one (merging is implemented for those)."""
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    found = {}
+    for name, mod in peft_model.named_modules():
+        if isinstance(mod, LoraLayer):
+            if not isinstance(mod, LoraLinear):
+                raise TypeError(f"{name}: LoRA on {type(mod).__name__} cannot be merged into the base; "
+                                "target linear layers (spec.lora.targetModules)")
+            found[base_parameter_name(name + ".weight")] = (mod, name)
+    return found
+
+
 def _peft_model(model: nn.Module):
     from peft import PeftModel
 
@@ -51,19 +102,26 @@ def _peft_model(model: nn.Module):
     raise AdapterSaveError(f"{type(model).__name__}: no peft PeftModel inside; nothing to save as an adapter")
 
 
-def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def adapter_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The adapter tensors peft would save, read through ``model.state_dict()`` of the outermost module (as a
-    sharding or streaming wrapper is saved), keyed by peft's adapter names (``...lora_A.weight``)."""
+    sharding or streaming wrapper is saved) or through ``state_dict`` (the same keys, e.g. the full tensors
+    gathered from FSDP2 shards), keyed by peft's adapter names (``...lora_A.weight``)."""
     from peft import get_peft_model_state_dict
 
     prefix, peft_model = _peft_model(model)
     prefix = prefix + "." if prefix else ""
-    sd = {k[len(prefix):]: v for k, v in model.state_dict().items() if k.startswith(prefix)}
+    source = model.state_dict() if state_dict is None else state_dict
+    sd = {k[len(prefix):]: v for k, v in source.items() if k.startswith(prefix)}
     return get_peft_model_state_dict(peft_model, state_dict=sd)
 
 
-def save_adapter_verified(model: nn.Module, out_dir: Path) -> dict:
+def save_adapter_verified(model: nn.Module, out_dir: Path,
+                          state_dict: dict[str, torch.Tensor] | None = None) -> dict:
     """Save the LoRA adapter of ``model`` (a ``PeftModel`` or a module wrapping one) to ``out_dir`` and verify it.
+
+    ``state_dict``: the adapter's full tensors keyed as in ``model.state_dict()`` when the model's own are not
+    plain tensors (FSDP2 ``DTensor`` shards, gathered with ``get_model_state_dict(full_state_dict=True)``; or
+    a meta-device model in the merge); by default ``model.state_dict()``.
 
     Writes ``adapter_model.safetensors`` + ``adapter_config.json`` to ``<out_dir>.tmp``, reopens the file and
     checks: tensor count == the number of trainable parameter tensors of the peft model (counted by identity,
@@ -80,7 +138,7 @@ def save_adapter_verified(model: nn.Module, out_dir: Path) -> dict:
     _, peft_model = _peft_model(model)
     trainable = [p for p in peft_model.parameters() if p.requires_grad]
     expected_elems = sum(p.numel() for p in trainable)
-    live = {k: v.detach().to("cpu").contiguous() for k, v in adapter_state_dict(model).items()}
+    live = {k: v.detach().to("cpu").contiguous() for k, v in adapter_state_dict(model, state_dict).items()}
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)

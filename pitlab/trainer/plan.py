@@ -32,6 +32,14 @@ per microbatch = ``microBatchSize × seqLen``):
   its float32 gradient and the float32 gradient of the logits, ``T V (c + 12)``.
 - ``reserve``: CUDA context and allocator fragmentation, a fixed 2 GiB.
 
+``method: lora`` (:mod:`pitlab.trainer.lora`; ``A`` adapter parameters, ``A_root`` / ``A_layer`` those outside
+the decoder layers / in the layer with the most): the frozen base is stored in the compute dtype (``c_b = 2``
+bytes with ``bf16``, 4 with ``fp32``) and only the adapter has float32 master weights, gradients and AdamW
+states: ``parameters = (c_b P + 4 A) / W``, ``gradients = 4 A / W``, ``optimizer = 8 A / W``,
+``accumulation = 4 A`` (without per-microbatch sync), ``unsharded_parameters = c (P_root + A_root + 2 (P_layer +
+A_layer))``, ``gradient_buffers = c A_root + (c + 4) A_layer``. Activations and logits are planned as for
+full training (an upper bound: a frozen linear layer does not save its input for a weight gradient).
+
 Peak = parameters + gradients + optimizer + accumulation + unsharded_parameters + reserve +
 max(phase at the loss: logits + saved activations; phase inside backward: gradient_buffers + saved
 activations + one layer's working set). The fit check compares this with ``spec.resources.gpuMemoryGiB``.
@@ -75,6 +83,33 @@ class ModelShape:
     layers: int
     full_attention_layers: int
     attention_dim: int
+
+
+@dataclass(frozen=True)
+class AdapterShape:
+    """LoRA adapter parameter counts (scalars): ``total``, ``root`` (outside the decoder layers) and
+    ``largest_layer`` (the decoder layer with the most adapter parameters)."""
+
+    total: int
+    root: int
+    largest_layer: int
+
+
+def adapter_shape(config, lora) -> AdapterShape:
+    """Count the LoRA adapter parameters peft adds to ``config``'s causal LM for ``lora`` (a ``LoraSpec``:
+    ``r × (in_features + out_features)`` per targeted linear layer), built on the meta device (no memory).
+    Raises ``ValueError`` naming ``spec.lora.targetModules`` when no module matches."""
+    from transformers import AutoModelForCausalLM
+
+    from pitlab.trainer.fsdp import decoder_layers
+    from pitlab.trainer.lora import apply_lora
+
+    with torch.device("meta"):
+        model = apply_lora(AutoModelForCausalLM.from_config(config), r=lora.r, alpha=lora.alpha,
+                           dropout=lora.dropout, target_modules=list(lora.target_modules))
+    total = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    per_layer = [sum(p.numel() for p in layer.parameters() if p.requires_grad) for layer in decoder_layers(model)]
+    return AdapterShape(total=total, root=total - sum(per_layer), largest_layer=max(per_layer))
 
 
 @dataclass
@@ -165,15 +200,20 @@ def spec_config(spec: PitTrainingSpec):
 
 
 def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
-                gpu_memory_gib: float | None = None) -> MemoryPlan:
+                gpu_memory_gib: float | None = None, adapter: AdapterShape | None = None) -> MemoryPlan:
     """Predict per-GPU memory (bytes) of ``spec`` by component; see the module docstring for each formula.
 
-    ``shape`` defaults to :func:`model_shape` of :func:`spec_config`; ``gpu_memory_gib`` (GiB = 2**30
-    bytes) overrides ``spec.resources.gpuMemoryGiB``. Raises :class:`SpecError` naming ``spec.method`` for
-    LoRA (not planned yet).
+    ``shape`` defaults to :func:`model_shape` of :func:`spec_config`; ``adapter`` (``method: lora`` only)
+    to :func:`adapter_shape` of the same config and ``spec.lora``; ``gpu_memory_gib`` (GiB = 2**30 bytes)
+    overrides ``spec.resources.gpuMemoryGiB``. Raises :class:`SpecError` naming ``spec.lora.targetModules``
+    when no module of the model matches.
     """
-    if spec.method != "full":
-        raise SpecError([("spec.method", f"the planner covers full-weight training only (got {spec.method!r})")])
+    lora = spec.method == "lora"
+    if lora and adapter is None:
+        try:
+            adapter = adapter_shape(spec_config(spec), spec.lora)
+        except ValueError as err:
+            raise SpecError([("spec.lora.targetModules", str(err).split(": ", 1)[-1])]) from None
     shape = shape or model_shape(spec_config(spec))
     tr = spec.training
     world = spec.resources.nodes * spec.resources.gpus_per_node
@@ -189,13 +229,22 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         saved = shape.layers * saved_layer
         working = 2 * tokens * shape.hidden * c
     nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch
+    if lora:  # frozen base in the compute dtype; master weights, gradients, AdamW only for the adapter
+        a = adapter.total
+        params, trained = (c * p + 4 * a) // world, a
+        unsharded = c * (shape.root + adapter.root + 2 * (shape.largest_layer + adapter.largest_layer))
+        grad_buffers = c * adapter.root + (c + r) * adapter.largest_layer
+    else:
+        params, trained = 4 * p // world, p
+        unsharded = c * (shape.root + 2 * shape.largest_layer)
+        grad_buffers = c * shape.root + (c + r) * shape.largest_layer
     comp = {
-        "parameters": 4 * p // world,
-        "gradients": 4 * p // world,
-        "optimizer": 8 * p // world,
-        "accumulation": r * p if nosync else 0,
-        "unsharded_parameters": c * (shape.root + 2 * shape.largest_layer),
-        "gradient_buffers": c * shape.root + (c + r) * shape.largest_layer,
+        "parameters": params,
+        "gradients": 4 * trained // world,
+        "optimizer": 8 * trained // world,
+        "accumulation": r * trained if nosync else 0,
+        "unsharded_parameters": unsharded,
+        "gradient_buffers": grad_buffers,
         "activations": saved + working,
         "logits": tokens * shape.vocab * (c + 12),
         "reserve": RESERVE_BYTES,
@@ -207,21 +256,28 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
     notes = [f"model: {shape.model_type}, {p / 1e9:.2f} B parameters ({shape.active / 1e9:.2f} B active), "
              f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
              f"(sync every microbatch: {not nosync}), activation checkpointing: {tr.activation_checkpointing}"]
+    if lora:
+        notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
+                     f"{adapter.total / 1e6:.2f} M trainable adapter parameters "
+                     f"({100 * adapter.total / p:.3f}% of the base); frozen base stored in "
+                     f"{'bf16' if c == 2 else 'fp32'}")
     if nosync:
-        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {p / 1e9:.2f} B gradients unsharded on every "
-                     f"GPU: {2 * p / 1e9:.1f} GB in bf16, {r * p / 1e9:.1f} GB as FSDP2 accumulates them in "
-                     "float32; set it to true (the default)")
+        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {trained / 1e9:.2f} B gradients unsharded on "
+                     f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {r * trained / 1e9:.1f} GB as FSDP2 "
+                     "accumulates them in float32; set it to true (the default)")
     return MemoryPlan(world, comp, peak, None if capacity is None else int(capacity * GiB), shape, notes)
 
 
-def train_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+def train_flops_per_token(shape: ModelShape, seq_len: int, frozen_base: bool = False) -> float:
     """Training FLOPs per token: ``6 N_active + 6 L_full S d_attn`` (forward + backward = 3 × forward;
     matmul parameters ``N_active`` excluding the input embedding lookup; causal attention scores and values
     ``2 × 2 × S/2 × d_attn`` per layer and token forward). Source: Kaplan et al. 2020, "Scaling Laws for
     Neural Language Models", §2.1 (C ≈ 6N), and Chowdhery et al. 2022, "PaLM", Appendix B (attention term,
-    halved for causal masking). Linear-attention layers are counted through their projections only."""
+    halved for causal masking). Linear-attention layers are counted through their projections only.
+    ``frozen_base`` (LoRA): frozen weights need no weight gradient, so their matmuls cost forward + input
+    gradient, ``4 N_active`` (the small adapter is not counted); the attention term is unchanged."""
     n_matmul = shape.active - shape.vocab * shape.hidden  # the embedding is a lookup, not a matmul
-    return 6.0 * n_matmul + 6.0 * shape.full_attention_layers * seq_len * shape.attention_dim
+    return (4.0 if frozen_base else 6.0) * n_matmul + 6.0 * shape.full_attention_layers * seq_len * shape.attention_dim
 
 
 # Dense bf16 tensor-core peak FLOP/s by device name substring (vendor datasheets: NVIDIA H100/H200 SXM

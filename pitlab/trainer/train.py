@@ -9,8 +9,14 @@ Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", b
 ``DIR/base`` (Hugging Face model directory from :mod:`pitlab.trainer.prepare`; ``--base`` overrides),
 ``DIR/data/tokens.npy`` (flat uint32 token ids). Outputs: ``DIR/train/metrics.jsonl`` (one line per
 optimizer step, rank 0), ``DIR/checkpoint/step-<N>`` + ``latest`` (DCP, every ``checkpoint.everySteps``
-and at the end), ``DIR/train/summary.json`` (rank 0, written last and atomically: its presence means
-training finished).
+and at the end; under ``spec.checkpoint.uri`` instead when set, a local path or ``s3://``), ``DIR/adapter/`` (``method: lora`` only: the verified adapter save), ``DIR/train/summary.json``
+(rank 0, written last and atomically: its presence means training finished).
+
+``method: lora``: the meta-device model is wrapped with peft LoRA before ``fully_shard``
+(:func:`pitlab.trainer.loading.load_sharded_model`), the base is frozen, AdamW gets the adapter parameters
+only, checkpoints hold the adapter and its optimizer state (frozen parameters are not saved; see
+:data:`pitlab.trainer.checkpoint.STATE_DICT_OPTIONS`) plus ``train_state.json["lora"]`` for the merge, and
+the final adapter is gathered and saved through :func:`pitlab.trainer.lora.save_adapter_verified`.
 
 Resume: when ``DIR/checkpoint/latest`` names a complete checkpoint, the run continues from it (model,
 optimizer, LR scheduler, per-rank RNG states, data position = step), so a run interrupted at any point
@@ -39,13 +45,16 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
-from pitlab.trainer.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from pitlab.storage import StorageError
+from pitlab.trainer.checkpoint import (CheckpointError, checkpoint_location, latest_checkpoint, load_checkpoint,
+                                       save_checkpoint)
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.loading import WeightLoadError, load_sharded_model
+from pitlab.trainer.lora import AdapterSaveError, lora_record, save_adapter_verified
 from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
-from pitlab.trainer.plan import model_shape, peak_flops, plan_memory, train_flops_per_token
+from pitlab.trainer.plan import adapter_shape, model_shape, peak_flops, plan_memory, train_flops_per_token
 from pitlab.trainer.prepare import load_tokens
 from pitlab.trainer.schedule import lr_factor
 
@@ -76,6 +85,10 @@ class RunPaths:
     @property
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoint"
+
+    @property
+    def adapter(self) -> Path:
+        return self.run_dir / "adapter"
 
 
 def load_spec(path: Path) -> PitTraining:
@@ -125,18 +138,21 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     if max_id >= vocab:
         raise ValueError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
+    lora = lora_record(spec.lora) if spec.method == "lora" else None
     # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
-    model = load_sharded_model(paths.base, mesh, tr.precision, device, tr.activation_checkpointing)
+    model = load_sharded_model(paths.base, mesh, tr.precision, device, tr.activation_checkpointing, lora=lora,
+                               seed=tr.seed)
     model.train()
     sync_every_micro = tr.gradient_sync_every_microbatch or tr.gradient_accumulation_steps == 1
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tr.learning_rate, weight_decay=tr.weight_decay,
+    trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
+    optimizer = torch.optim.AdamW(trainable, lr=tr.learning_rate, weight_decay=tr.weight_decay,
                                   fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
 
     shape = model_shape(model.config)
-    flops_per_token = train_flops_per_token(shape, tr.seq_len)
+    flops_per_token = train_flops_per_token(shape, tr.seq_len, frozen_base=lora is not None)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = peak_flops(device_name)
     if rank == 0:
@@ -145,9 +161,12 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
               f"corpus_tokens={len(tokens)} chunks={data.n_chunks}", file=sys.stderr, flush=True)
     run_identity = {"seed": tr.seed, "seq_len": tr.seq_len, "micro_batch_size": tr.micro_batch_size,
                     "gradient_accumulation_steps": tr.gradient_accumulation_steps, "world_size": world,
-                    "tokens": spec.tokens, "total_steps": total_steps, "n_chunks": data.n_chunks}
+                    "tokens": spec.tokens, "total_steps": total_steps, "n_chunks": data.n_chunks,
+                    "method": spec.method,
+                    "lora": None if lora is None else {k: v for k, v in lora.items() if k != "merge_into_base"}}
     start_step, first_loss, final_loss = 0, None, None
-    resumed_from = latest_checkpoint(paths.checkpoint_dir)
+    ckpt_dir = checkpoint_location(spec.checkpoint.uri, paths.run_dir)  # spec.checkpoint.uri: local or s3://
+    resumed_from = latest_checkpoint(ckpt_dir)
     if resumed_from is not None:
         start_step = _resume(resumed_from, model, optimizer, scheduler, run_identity)
         if rank == 0:
@@ -158,7 +177,8 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
 
     def train_state(step: int) -> dict:
         return {"tokens_seen": step * data.tokens_per_step, "run": run_identity,
-                "data": {"next_step": step, "chunks_consumed": step * data.chunks_per_step}}
+                "data": {"next_step": step, "chunks_consumed": step * data.chunks_per_step},
+                "method": spec.method, "lora": lora}
 
     last_ckpt = resumed_from
     t_loop = time.perf_counter()
@@ -199,14 +219,15 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
                 })
             every = spec.checkpoint.every_steps
             if every > 0 and (step + 1) % every == 0 and step + 1 < total_steps:
-                last_ckpt = save_checkpoint(paths.checkpoint_dir, step + 1, model, optimizer, spec.checkpoint.keep,
+                last_ckpt = save_checkpoint(ckpt_dir, step + 1, model, optimizer, spec.checkpoint.keep,
                                             train_state(step + 1), scheduler)
         loop_seconds = time.perf_counter() - t_loop
         tokens_seen = total_steps * data.tokens_per_step
         if start_step < total_steps or last_ckpt is None:
-            last_ckpt = save_checkpoint(paths.checkpoint_dir, total_steps, model, optimizer, spec.checkpoint.keep,
+            last_ckpt = save_checkpoint(ckpt_dir, total_steps, model, optimizer, spec.checkpoint.keep,
                                         train_state(total_steps), scheduler)
         digests = _full_parameter_sha256(model, rank)
+        adapter = _save_adapter(model, paths.adapter, rank) if lora is not None else None
     finally:
         if metrics is not None:
             metrics.close()
@@ -229,17 +250,20 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         "backend": backend,
         "device": device.type,
         "device_name": device_name,
+        "method": spec.method,
         "parameters": shape.total,
+        "trainable_parameters": sum(p.numel() for p in trainable),
         "active_parameters": shape.active,
         "train_flops_per_token": flops_per_token,
         "mfu": None if peak is None else
         (total_steps - start_step) * data.tokens_per_step / max(loop_seconds, 1e-9) * flops_per_token / (peak * world),
         "peak_memory_bytes": _peak_memory(device),
         "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
-        "planned_peak_bytes": _planned_peak(spec, shape),
+        "planned_peak_bytes": _planned_peak(spec, shape, model.config),
         "software": _software(device, world, backend),
         "precision": tr.precision,
         "checkpoint": str(last_ckpt),
+        "adapter": adapter,
         "param_sha256": digests,
     }
     write_json_atomic(paths.summary, summary)
@@ -255,12 +279,27 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _planned_peak(spec, shape) -> int | None:
-    """The memory planner's per-GPU peak for this run (bytes), None for what it does not plan (LoRA)."""
+def _planned_peak(spec, shape, config) -> int | None:
+    """The memory planner's per-GPU peak for this run (bytes), None when it cannot plan it."""
     try:
-        return plan_memory(spec, shape).peak_bytes
-    except SpecError:
+        adapter = adapter_shape(config, spec.lora) if spec.method == "lora" else None
+        return plan_memory(spec, shape, adapter=adapter).peak_bytes
+    except (SpecError, ValueError, TypeError):
         return None
+
+
+def _save_adapter(model: torch.nn.Module, out_dir: Path, rank: int) -> dict | None:
+    """Collective: gather the full LoRA adapter tensors to rank 0 (``get_model_state_dict`` with
+    ``full_state_dict``, ``cpu_offload``, frozen parameters left out) and save them there with
+    :func:`save_adapter_verified` (reopened and compared; :class:`AdapterSaveError` on any mismatch). Returns
+    the save report on rank 0, None elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                ignore_frozen_params=True))
+    if rank != 0:
+        return None
+    return save_adapter_verified(model, out_dir, state_dict=full)
 
 
 def _software(device: torch.device, world: int, backend: str) -> dict:
@@ -284,17 +323,16 @@ def _resume(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
             scheduler: torch.optim.lr_scheduler.LRScheduler, run_identity: dict) -> int:
     """Collective: load ``path`` into the live objects after checking it belongs to this run; returns the
     number of completed optimizer steps. Raises :class:`SpecError` naming the field that differs."""
-    import json
-
-    from pitlab.trainer.checkpoint import TRAIN_STATE
-    saved = json.loads((path / TRAIN_STATE).read_text()).get("run", {})
+    from pitlab.trainer.checkpoint import read_train_state
+    saved = read_train_state(path).get("run", {})
     fields = {"seed": "spec.training.seed", "seq_len": "spec.training.seqLen",
               "micro_batch_size": "spec.training.microBatchSize",
               "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
               "world_size": "spec.resources.gpusPerNode", "tokens": "spec.tokens", "total_steps": "spec.tokens",
-              "n_chunks": "data/tokens.npy"}
+              "n_chunks": "data/tokens.npy", "method": "spec.method", "lora": "spec.lora"}
+    defaults = {"method": "full", "lora": None}  # checkpoints written before LoRA existed
     for key, field in fields.items():
-        if saved.get(key) != run_identity[key]:
+        if saved.get(key, defaults.get(key)) != run_identity[key]:
             raise SpecError([(field, f"differs from the checkpoint to resume ({path}: {key}={saved.get(key)!r}, "
                                      f"now {run_identity[key]!r}); use a new run directory or the same settings")])
     return int(load_checkpoint(path, model, optimizer, scheduler)["step"])
@@ -334,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(args.spec, paths)
     except (SpecError, ValueError, FileNotFoundError, FloatingPointError, CheckpointError,
-            WeightLoadError) as err:
+            WeightLoadError, StorageError, AdapterSaveError) as err:
         if not isinstance(err, SpecError):
             traceback.print_exc()  # where it came from; the one-line message below is what launch reports
         print(f"pitlab.trainer.train: error (rank {dist.get_rank()}): {err}", file=sys.stderr, flush=True)
