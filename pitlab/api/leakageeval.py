@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pitlab.api.base import GROUP_VERSION, SpecModel
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.status import ResourceStatus
+from pitlab.api.storage import StorageSpec
 
 
 class TrainingRef(SpecModel):
@@ -56,10 +57,14 @@ class Dataset(SpecModel):
     ``kind: jpx`` reads a folder with Kaggle JPX ``stock_prices.csv`` and ``stock_list.csv``.
     ``universe``: ``point-in-time`` (securities with prices and history at the first sampled date) or
     ``universe0`` (JPX: stock_list.csv's Universe0 flag, a December 2021 snapshot; a warning when used for
-    earlier dates)."""
+    earlier dates).
+    ``calendar``: the exchange calendar on which embargo and purge days are counted (trading sessions):
+    ``auto`` (default) = ``XNYS`` for ``ohlcv``, ``XTKS`` for ``jpx``; any ``exchange_calendars`` name
+    (``XNYS``, ``XTKS``, ``XLON``, ...); or ``panel`` = the trading days of the price file itself."""
 
     kind: Literal["ohlcv", "jpx"]
     uri: str
+    calendar: str = Field("auto", pattern=r"^[A-Za-z0-9_/-]{2,32}$")
     universe_size: int = Field(300, ge=2)
     dates: DateSampling = DateSampling()
     seed: int = 0
@@ -105,12 +110,18 @@ class Protocol(SpecModel):
 
 
 class Bootstrap(SpecModel):
-    """Clustered bootstrap by security: ``resamples`` draws of securities with replacement, shared by all models."""
+    """Clustered bootstrap by security: ``resamples`` draws of securities with replacement, shared by all models.
+
+    ``reselectPenalty`` (default true): every replicate chooses its ridge penalties again, as the point
+    estimate did, so the interval includes the variability of the penalty selection. ``false``: each
+    protocol and fold keeps the penalty the point estimate chose (much faster, but the interval is conditional
+    on those penalties and can be too narrow)."""
 
     resamples: int = Field(200, ge=10)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     cluster: Literal["security"] = "security"
     seed: int = 0
+    reselect_penalty: bool = True
 
 
 class Embedding(SpecModel):
@@ -134,6 +145,8 @@ class Regression(SpecModel):
     a strong date component it can pick a far too small penalty.
     ``benchmark``: the forecast R² is measured against: ``train_mean`` (the fitting set's mean target) or
     ``zero`` (Gu, Kelly & Xiu 2020: R² = 1 − Σ(y − ŷ)² / Σy²).
+    ``device``: where the statistics' float64 linear algebra runs: ``cpu`` (numpy), ``cuda`` (torch on the
+    GPU) or ``auto`` (the GPU when torch sees one).
     """
 
     alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0],
@@ -141,6 +154,7 @@ class Regression(SpecModel):
     selection: Literal["security-cv", "gcv"] = "security-cv"
     inner_folds: int = Field(5, ge=2, le=20)
     benchmark: Literal["train_mean", "zero"] = "train_mean"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 class EvalResources(SpecModel):
@@ -163,6 +177,7 @@ class LeakageEvalSpec(SpecModel):
     regression: Regression = Regression()
     resources: EvalResources = EvalResources()
     output: "EvalOutput | None" = None
+    storage: StorageSpec | None = None
 
     @model_validator(mode="after")
     def _unique_names(self) -> "LeakageEvalSpec":

@@ -81,7 +81,8 @@ def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[
     if s.startswith("file://"):
         s = s[len("file://"):]
     if "://" in s:
-        raise SpecError([(field, f"{s!r}: only local paths are supported by this version (s3:// is planned)")])
+        raise SpecError([(field, f"{s!r}: give a local path" + ("" if s.startswith("s3://") else
+                                                               " or s3://bucket/prefix"))])
     p = Path(s).expanduser()
     if must_exist and not p.exists():
         hint = ""
@@ -89,3 +90,24 @@ def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[
             hint = f" (is {DATA_ROOT_ENV}={os.environ.get(DATA_ROOT_ENV)!r} the shared data folder?)"
         raise SpecError([(field, f"{s!r} does not exist{hint}")])
     return p
+
+
+def resolve_input(uri: str, field: str, published: bool = False, must_exist: bool = True,
+                  env: dict[str, str] | None = None) -> Path:
+    """A local path with the content of the input ``uri``: :func:`resolve_local_path` for a local path; an
+    ``s3://`` URI is downloaded once (every file verified by sha256) into the cache
+    (``$PITLAB_CACHE_DIR``) and its local copy returned. ``published=True`` accepts only a directory with
+    a ``_COMPLETE`` marker (models, checkpoints); data sets may also be a single object or a plain prefix.
+
+    Raises :class:`SpecError` naming ``field`` with the storage problem (missing object or bucket, no
+    credentials, unreachable endpoint, sha256 mismatch, unpublished directory).
+    """
+    from pitlab import storage
+
+    s = expand_uri(uri, field, env)
+    if storage.is_s3(s):
+        try:
+            return storage.localize(s, require_published=published)
+        except storage.StorageError as err:
+            raise SpecError([(field, str(err))]) from None
+    return resolve_local_path(uri, field, must_exist, env)

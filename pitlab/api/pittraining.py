@@ -11,6 +11,7 @@ from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.status import ResourceStatus
+from pitlab.api.storage import StorageSpec
 
 ARCHITECTURES = ("qwen3_5_moe_text", "qwen3_moe", "llama")
 
@@ -75,10 +76,18 @@ class CorpusSpec(SpecModel):
 
 
 class LoraSpec(SpecModel):
+    """LoRA (peft) settings for ``method: lora``: rank ``r``, scaling ``alpha / r``, ``dropout`` on the adapter
+    input, ``targetModules`` (module-name suffixes of linear layers). The base stays frozen (bfloat16 with
+    ``precision: bf16``); only the adapter is trained and checkpointed. ``mergeIntoBase`` (default true): the
+    merge step writes the base with the adapter merged in (a full model, what evaluations load); false writes
+    the adapter folder (peft format, naming the base model folder) instead."""
+
     r: int = Field(16, ge=1)
     alpha: int = Field(32, ge=1)
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                                      min_length=1)
+    merge_into_base: bool = True
 
 
 _BNB_REFUSAL = ("bitsandbytes 8-bit optimizers are refused under FSDP2: they expect plain tensors and "
@@ -153,9 +162,7 @@ class OutputSpec(SpecModel):
 class PitTrainingSpec(SpecModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "!has(self.lora) || self.method == 'lora'",
-         "message": "lora: the lora block is only allowed with method: lora"},
-        {"rule": "self.method != 'lora'",
-         "message": "method: lora is not implemented yet in this version; use method: full"}]})
+         "message": "lora: the lora block is only allowed with method: lora"}]})
 
     base_model: BaseModelSpec
     corpus: CorpusSpec
@@ -167,6 +174,7 @@ class PitTrainingSpec(SpecModel):
     resources: ResourcesSpec = ResourcesSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     output: OutputSpec = OutputSpec()
+    storage: StorageSpec | None = None
     evaluations: list[LeakageEvalTemplate] = Field(
         default_factory=list, max_length=16,
         description="LeakageEvals created (owned by this PitTraining) once the merge succeeds")
@@ -175,8 +183,16 @@ class PitTrainingSpec(SpecModel):
     def _lora(self) -> "PitTrainingSpec":
         if self.lora is not None and self.method != "lora":
             raise ValueError("lora: the lora block is only allowed with method: lora")
-        if self.method == "lora":
-            raise ValueError("method: lora is not implemented yet in this version; use method: full")
+        if self.method == "lora" and self.lora is None:
+            self.lora = LoraSpec()  # the defaults, written out in the resolved spec
+        if self.method == "lora" and not self.lora.merge_into_base:
+            for i, ev in enumerate(self.evaluations):
+                for j, m in enumerate(ev.spec.models):
+                    if m.training_ref is not None and m.training_ref.artifact == "model":
+                        raise ValueError(
+                            f"lora.mergeIntoBase: false writes an adapter folder, which evaluations cannot load, but "
+                            f"evaluations[{i}].spec.models[{j}] evaluates the trained model; set "
+                            "lora.mergeIntoBase: true")
         return self
 
 

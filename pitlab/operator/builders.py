@@ -20,6 +20,7 @@ from typing import Any
 
 from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining
 from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.api.storage import StorageSpec
 from pitlab.operator import naming
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
 
@@ -97,6 +98,20 @@ def _container(name: str, image: str, command: list[str], cfg: OperatorConfig, r
     if resources:
         c["resources"] = resources
     return c
+
+
+def _with_storage(pod: dict[str, Any], storage: StorageSpec | None) -> dict[str, Any]:
+    """Give every container of ``pod`` the object-storage settings of ``spec.storage``: the Secret as
+    ``envFrom`` (its keys, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, as variables) and endpoint, region and
+    addressing style as AWS_ENDPOINT_URL / AWS_REGION / PITLAB_S3_ADDRESSING_STYLE. Returns ``pod``."""
+    if storage is None:
+        return pod
+    for c in pod.get("containers", []) + pod.get("initContainers", []):
+        if storage.secret_name:
+            c["envFrom"] = c.get("envFrom", []) + [{"secretRef": {"name": storage.secret_name}}]
+        names = {e["name"] for e in c["env"]}
+        c["env"] += [{"name": k, "value": v} for k, v in storage.env().items() if k not in names]
+    return pod
 
 
 def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: str | None, spec_file: str | None,
@@ -179,6 +194,7 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
                    _resources(cfg.prepare_cpu, cfg.prepare_memory), spec_file=TRAINING_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never",
                     res.node_selector, res.tolerations)
+    _with_storage(pod, pt.spec.storage)
     return _batch_job(naming.prepare_job(pt.metadata.name), owner, "prepare", pod, cfg.backoff_limit)
 
 
@@ -236,6 +252,7 @@ def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]
         spec = _pod_spec([main], cfg, naming.training_spec_configmap(name), TRAINING_SPEC_FILE, "OnFailure",
                          res.node_selector, res.tolerations, shm=True, init_containers=sidecars)
         spec.pop("restartPolicy")  # set per replica type by the training operator
+        _with_storage(spec, pt.spec.storage)
         return {"metadata": {"labels": dict(pod_labels)}, "spec": spec}
 
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template("Master")}}
@@ -253,20 +270,29 @@ def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]
     }
 
 
-def merge_command(run_dir: str) -> list[str]:
-    """``pitlab merge`` of the final checkpoint into ``RUN/model`` (one process, no process group)."""
-    return ["pitlab", "merge", "--checkpoint", f"{run_dir}/checkpoint", "--base", f"{run_dir}/base",
+def merge_command(run_dir: str, checkpoint: str | None = None) -> list[str]:
+    """``pitlab merge`` of the final checkpoint (``checkpoint``: ``spec.checkpoint.uri`` as the pods see it,
+    e.g. ``s3://...``; default ``RUN/checkpoint``) into ``RUN/model`` (one process, no process group)."""
+    return ["pitlab", "merge", "--checkpoint", checkpoint or f"{run_dir}/checkpoint", "--base", f"{run_dir}/base",
             "--out", f"{run_dir}/model"]
+
+
+def training_checkpoint_uri(pt: PitTraining, cfg: OperatorConfig) -> str:
+    """Where the trainer writes checkpoints: ``spec.checkpoint.uri`` (``s3://`` or a volume path) or
+    ``RUN/checkpoint``."""
+    uri = pt.spec.checkpoint.uri
+    return cfg.resolve(uri).rstrip("/") if uri else f"{training_run_dir(pt, cfg)}/checkpoint"
 
 
 def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
     """The single-pod merge Job: no process group (so no NCCL watchdog); GPUs only if ``cfg.merge_gpus``."""
     res = pt.spec.resources
     run = training_run_dir(pt, cfg)
-    c = _container("merge", res.image or cfg.trainer_image, merge_command(run), cfg,
-                   _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
+    c = _container("merge", res.image or cfg.trainer_image, merge_command(run, training_checkpoint_uri(pt, cfg)),
+                   cfg, _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
     pod = _pod_spec([c], cfg, None, None, "Never", res.node_selector if cfg.merge_gpus else None,
                     res.tolerations if cfg.merge_gpus else None)
+    _with_storage(pod, pt.spec.storage)
     return _batch_job(naming.merge_job(pt.metadata.name), owner, "merge", pod, cfg.backoff_limit,
                       completions=1, parallelism=1)
 
@@ -275,6 +301,8 @@ def build_evaluation(pt: PitTraining, template: LeakageEvalTemplate, owner: dict
     """A LeakageEval child of a PitTraining (``spec.evaluations[]``); its output defaults to the parent's."""
     spec = template.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     spec.setdefault("output", {"uri": pt.spec.output.uri})
+    if pt.spec.storage is not None:  # the evaluation reads the parent's storage unless it names its own
+        spec.setdefault("storage", pt.spec.storage.model_dump(by_alias=True, mode="json", exclude_none=True))
     meta = _metadata(template.name, owner, "evaluation")
     return {"apiVersion": GROUP_VERSION, "kind": "LeakageEval", "metadata": meta, "spec": spec}
 
@@ -317,7 +345,7 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
 
     def pod(command: list[str]) -> dict[str, Any]:
         c = _container("embed", image, command, cfg, _resources(r.cpu, r.memory, r.gpus), spec_file=EVAL_SPEC_FILE)
-        return _pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", shm=r.gpus > 0)
+        return _with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", shm=r.gpus > 0), le.spec.storage)
 
     if len(models) > cfg.indexed_embed_threshold:
         command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
@@ -341,6 +369,7 @@ def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any
     c = _container("analyze", le.spec.resources.image or cfg.evaluator_image, analyze_command(out), cfg,
                    _resources(cfg.analyze_cpu, cfg.analyze_memory), spec_file=EVAL_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.eval_spec_configmap(le.metadata.name), EVAL_SPEC_FILE, "Never")
+    _with_storage(pod, le.spec.storage)
     return _batch_job(naming.analyze_job(le.metadata.name), owner, "analyze", pod, cfg.backoff_limit,
                       completions=1, parallelism=1)
 

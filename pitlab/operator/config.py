@@ -57,15 +57,24 @@ class OperatorConfig:
     def resolve(self, uri: str) -> str:
         """A spec URI as a path in the pods: ``${PITLAB_DATA_ROOT}`` expanded, relative paths under the mount.
 
-        Raises ``ValueError`` for URI schemes the pods cannot read yet (``s3://``: see the storage issue).
+        ``s3://bucket/prefix`` URIs are returned as they are (the pods read them with ``spec.storage``).
+        Raises ``ValueError`` for other URI schemes and invalid bucket names.
         """
         path = uri.replace("${PITLAB_DATA_ROOT}", self.data_root)
         if path.startswith("file://"):
             path = path[len("file://"):]
         if path.startswith("package://"):
             return uri
+        if path.startswith("s3://"):
+            from pitlab.storage import StorageError, parse_s3
+
+            try:
+                parse_s3(path)
+            except StorageError as err:
+                raise ValueError(str(err)) from None
+            return path
         if "://" in path:
-            raise ValueError(f"{uri!r}: only paths on the shared volume are supported by this version")
+            raise ValueError(f"{uri!r}: give a path on the shared volume or s3://bucket/prefix")
         return posixpath.normpath(path if path.startswith("/") else posixpath.join(self.mount_path, path))
 
     def run_dir(self, output_uri: str, name: str) -> str:

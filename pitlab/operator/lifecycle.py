@@ -211,7 +211,7 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
         job_name = naming.pytorchjob(name)
         status.children["pytorchJob"] = job_name
         st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
-        status.checkpoint_uri = f"{run}/checkpoint"
+        status.checkpoint_uri = builders.training_checkpoint_uri(pt, cfg)
         if st.state == FAILED:
             conditions.stage_failed(status, "Trained", st.reason, f"PyTorchJob {job_name}: {st.message}", gen, now)
             return

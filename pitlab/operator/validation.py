@@ -30,17 +30,25 @@ def _uri(cfg: OperatorConfig, uri: str, field: str, problems: list[tuple[str, st
         problems.append((field, str(err)))
 
 
+def _output_uri(cfg: OperatorConfig, uri: str, field: str, problems: list[tuple[str, str]]) -> None:
+    if uri.startswith("s3://"):
+        problems.append((field, "s3:// outputs are not supported on Kubernetes yet: the run folders are on the "
+                                "shared volume (inputs, models and spec.checkpoint.uri can be s3://; "
+                                "`pitlab run` publishes s3:// outputs)"))
+    else:
+        _uri(cfg, uri, field, problems)
+
+
 def check_training(pt: PitTraining, cfg: OperatorConfig) -> list[tuple[str, str]]:
     """Problems of a PitTraining that its schema cannot see (empty list: fine)."""
     problems: list[tuple[str, str]] = []
     s = pt.spec
     _uri(cfg, s.corpus.uri, "spec.corpus.uri", problems)
-    _uri(cfg, s.output.uri, "spec.output.uri", problems)
+    _output_uri(cfg, s.output.uri, "spec.output.uri", problems)
     if s.base_model.uri:
         _uri(cfg, s.base_model.uri, "spec.baseModel.uri", problems)
     if s.checkpoint.uri:
-        problems.append(("spec.checkpoint.uri", "not supported on Kubernetes yet: checkpoints are written to "
-                                                "<output.uri>/<name>/checkpoint"))
+        _uri(cfg, s.checkpoint.uri, "spec.checkpoint.uri", problems)
     names = [e.name for e in s.evaluations]
     for i, e in enumerate(s.evaluations):
         if names.count(e.name) > 1:
@@ -54,7 +62,7 @@ def check_training(pt: PitTraining, cfg: OperatorConfig) -> list[tuple[str, str]
             if m.uri is not None:
                 _uri(cfg, m.uri, f"{field}.uri", problems)
         if e.spec.output is not None:
-            _uri(cfg, e.spec.output.uri, f"spec.evaluations[{i}].spec.output.uri", problems)
+            _output_uri(cfg, e.spec.output.uri, f"spec.evaluations[{i}].spec.output.uri", problems)
     return problems
 
 
@@ -63,7 +71,7 @@ def check_eval(le: LeakageEval, cfg: OperatorConfig) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     _uri(cfg, le.spec.dataset.uri, "spec.dataset.uri", problems)
     if le.spec.output is not None:
-        _uri(cfg, le.spec.output.uri, "spec.output.uri", problems)
+        _output_uri(cfg, le.spec.output.uri, "spec.output.uri", problems)
     for j, m in enumerate(le.spec.models):
         if m.uri is not None:
             _uri(cfg, m.uri, f"spec.models[{j}].uri", problems)

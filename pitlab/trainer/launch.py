@@ -12,7 +12,7 @@ from typing import Callable
 
 from pitlab.api import PitTraining
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.checkpoint import TRAIN_STATE, latest_checkpoint
+from pitlab.trainer.checkpoint import checkpoint_location, latest_checkpoint, read_train_state
 from pitlab.trainer.metrics import MetricsTail, truncate_metrics
 
 STDERR_TAIL_LINES = 30
@@ -60,8 +60,9 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
                  base: Path | None = None, poll_s: float = 0.5) -> dict:
     """Run the training job to completion and return ``run_dir/train/summary.json`` as a dict.
 
-    Removes a previous run's ``summary.json`` (and ``metrics.jsonl`` unless ``run_dir/checkpoint/latest``
-    exists: then the trainer resumes from it and keeps the lines up to that step), starts the torchrun command
+    Removes a previous run's ``summary.json`` (and ``metrics.jsonl`` unless the checkpoint location's
+    ``latest`` exists, ``spec.checkpoint.uri`` (local or ``s3://``) or else ``run_dir/checkpoint``: then the
+    trainer resumes from it and keeps the lines up to that step), starts the torchrun command
     of :func:`build_torchrun_command` (stdout/stderr to ``run_dir/train/{stdout,stderr}.log``), and calls
     ``on_step(record)`` for each metrics line as it appears (see :mod:`pitlab.trainer.metrics`).
     Raises :class:`TrainingError` when the job fails or finishes without a summary; its message holds
@@ -75,11 +76,11 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     train_dir.mkdir(parents=True, exist_ok=True)
     metrics_path, summary_path = train_dir / "metrics.jsonl", train_dir / "summary.json"
     summary_path.unlink(missing_ok=True)
-    resume = latest_checkpoint(run_dir / "checkpoint")
+    resume = latest_checkpoint(_checkpoint_dir(spec_path, run_dir))
     if resume is None:
         metrics_path.unlink(missing_ok=True)
     else:  # the trainer resumes: keep (and re-report) the lines up to its checkpoint, drop the redone ones
-        truncate_metrics(metrics_path, int(json.loads((resume / TRAIN_STATE).read_text())["step"]))
+        truncate_metrics(metrics_path, int(read_train_state(resume)["step"]))
     cmd = build_torchrun_command(spec_path, run_dir, nproc, base)
     env = training_env(nproc, torch.cuda.is_available())
     tail = MetricsTail(metrics_path)
@@ -107,6 +108,19 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     if not summary_path.is_file():
         raise TrainingError(_failure_message(f"training exited 0 but wrote no {summary_path}", cmd, stderr_path))
     return json.loads(summary_path.read_text())
+
+
+def _checkpoint_dir(spec_path: Path, run_dir: Path) -> Path | str:
+    """The run's checkpoint location (``spec.checkpoint.uri`` or ``run_dir/checkpoint``); a spec that does not
+    load falls back to the default and is reported by the trainer itself, naming the field."""
+    from pitlab.api import SpecError, load_resource
+
+    try:
+        res = load_resource(spec_path)
+        uri = res.spec.checkpoint.uri if isinstance(res, PitTraining) else None
+    except SpecError:
+        uri = None
+    return checkpoint_location(uri, run_dir)
 
 
 def _failure_message(headline: str, cmd: list[str], stderr_path: Path) -> str:

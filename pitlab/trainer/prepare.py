@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
 
-from pitlab.api import PitTrainingSpec, SpecError, resolve_local_path
+from pitlab.api import PitTrainingSpec, SpecError, resolve_input
 from pitlab.trainer.files import make_readable
 from pitlab.trainer.tokenizer import train_tokenizer
 
@@ -35,8 +35,8 @@ def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path) -
     complete; an existing ``out_dir`` is replaced). Returns ``out_dir``. Deterministic for the same
     spec and texts.
 
-    With ``spec.baseModel.uri`` (a local Hugging Face directory holding ``config.json`` and a tokenizer):
-    returns that path; nothing is written and ``texts`` is unused.
+    With ``spec.baseModel.uri`` (a Hugging Face directory holding ``config.json`` and a tokenizer, local or
+    a published ``s3://`` prefix, then downloaded into the cache): returns that local path; nothing is written and ``texts`` is unused.
 
     Raises :class:`pitlab.api.SpecError` naming the field for a missing/invalid ``uri``, a config key the
     architecture does not know, a reserved key (``vocab_size``, ``*_token_id``) or a config the
@@ -44,7 +44,7 @@ def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path) -
     """
     base = spec.base_model
     if base.uri is not None:
-        path = resolve_local_path(base.uri, "spec.baseModel.uri")
+        path = resolve_input(base.uri, "spec.baseModel.uri", published=True)  # s3://: a verified local copy
         if not (path / "config.json").is_file():
             raise SpecError([("spec.baseModel.uri", f"{str(path)!r} is not a Hugging Face model directory "
                                                     "(no config.json)")])

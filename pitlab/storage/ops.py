@@ -1,0 +1,294 @@
+"""The storage interface: the same operations on a local path and on an ``s3://`` URI.
+
+Every function takes a location as a ``str`` (``s3://bucket/key`` or a local path) or a ``Path`` and raises
+:class:`~pitlab.storage.errors.StorageError` (or a subclass) with a message naming the location; local
+``OSError`` s are translated too. Writes are atomic per object: a local file is written to ``<name>.part`` and
+renamed, an S3 object appears whole when its single PUT or its multipart upload completes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Union
+
+from pitlab.storage import s3
+from pitlab.storage.errors import ChecksumMismatch, ObjectNotFound, StorageError
+from pitlab.storage.uri import is_s3, parse_s3
+
+Location = Union[str, os.PathLike]
+HASH_BLOCK = 8 * s3.MiB  # bytes read per step when hashing a file
+SHA256_METADATA = "sha256"  # user metadata (x-amz-meta-sha256) set on every object pitlab uploads
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One stored file: ``size`` in bytes and its hex ``sha256``."""
+
+    size: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return {"size": self.size, "sha256": self.sha256}
+
+
+def file_sha256(path: str | os.PathLike) -> FileEntry:
+    """Size (bytes) and sha256 of a local file, read in 8 MiB blocks (memory stays at one block)."""
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            h.update(block)
+            n += len(block)
+    return FileEntry(n, h.hexdigest())
+
+
+def _local_error(err: OSError, path: Path, op: str) -> StorageError:
+    if isinstance(err, FileNotFoundError):
+        return ObjectNotFound(f"{op} {path}: no such file or directory")
+    return StorageError(f"{op} {path}: {err.strerror or err}")
+
+
+def exists(uri: Location) -> bool:
+    """True when a file (or, locally, a directory) exists at ``uri``. For S3: the object exists (HEAD).
+    Raises :class:`StorageError` for a missing bucket, missing credentials or an unreachable endpoint."""
+    if not is_s3(uri):
+        return Path(uri).exists()
+    from botocore.exceptions import ClientError
+
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    try:
+        c.head_object(Bucket=url.bucket, Key=url.key)
+        return True
+    except ClientError as err:
+        if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+            if s3.bucket_missing(url):
+                raise StorageError(f"check {url}: bucket {url.bucket!r} does not exist at {st.endpoint}") from None
+            return False
+        raise s3.translate(err, url, "check", st) from None
+    except Exception as err:  # noqa: BLE001
+        raise s3.translate(err, url, "check", st) from None
+
+
+def read_bytes(uri: Location) -> bytes:
+    """The whole content of a (small) file, held in memory. An S3 object that carries
+    ``x-amz-meta-sha256`` (everything pitlab writes) is verified against it. Raises :class:`ObjectNotFound`
+    when it does not exist, :class:`ChecksumMismatch` when the content does not match."""
+    if not is_s3(uri):
+        try:
+            return Path(uri).read_bytes()
+        except OSError as err:
+            raise _local_error(err, Path(uri), "read") from None
+    from botocore.exceptions import ClientError
+
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    try:
+        resp = c.get_object(Bucket=url.bucket, Key=url.key)
+        data = resp["Body"].read()
+    except ClientError as err:
+        if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
+            raise s3.not_found(url, "read", err) from None
+        raise s3.translate(err, url, "read", st) from None
+    except Exception as err:  # noqa: BLE001
+        raise s3.translate(err, url, "read", st) from None
+    expected = (resp.get("Metadata") or {}).get(SHA256_METADATA)
+    if expected is not None:
+        got = hashlib.sha256(data).hexdigest()
+        if got != expected:
+            raise ChecksumMismatch(str(uri), expected, got)
+    return data
+
+
+def read_text(uri: Location) -> str:
+    """:func:`read_bytes` decoded as UTF-8."""
+    return read_bytes(uri).decode("utf-8")
+
+
+def open_read(uri: Location) -> BinaryIO:
+    """A binary stream of the file's content (S3: the GET response body, read as it arrives; close it)."""
+    if not is_s3(uri):
+        try:
+            return open(uri, "rb")
+        except OSError as err:
+            raise _local_error(err, Path(uri), "open") from None
+    from botocore.exceptions import ClientError
+
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    try:
+        return c.get_object(Bucket=url.bucket, Key=url.key)["Body"]
+    except ClientError as err:
+        if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
+            raise s3.not_found(url, "open", err) from None
+        raise s3.translate(err, url, "open", st) from None
+    except Exception as err:  # noqa: BLE001
+        raise s3.translate(err, url, "open", st) from None
+
+
+def write_bytes(uri: Location, data: bytes) -> FileEntry:
+    """Write ``data`` atomically (local: ``.part`` + fsync + rename; S3: one PUT, which S3 applies whole).
+    Returns its size and sha256."""
+    entry = FileEntry(len(data), hashlib.sha256(data).hexdigest())
+    if not is_s3(uri):
+        p = Path(uri)
+        tmp = p.with_name(p.name + ".part")
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except OSError as err:
+            raise _local_error(err, p, "write") from None
+        return entry
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    try:
+        c.put_object(Bucket=url.bucket, Key=url.key, Body=data, Metadata={SHA256_METADATA: entry.sha256})
+    except Exception as err:  # noqa: BLE001
+        raise s3.translate(err, url, "write", st) from None
+    return entry
+
+
+def write_text(uri: Location, text: str) -> FileEntry:
+    """:func:`write_bytes` of ``text`` encoded as UTF-8."""
+    return write_bytes(uri, text.encode("utf-8"))
+
+
+def list_files(uri: Location) -> dict[str, int]:
+    """Every file below the directory/prefix ``uri``, recursively: relative name (``/``-separated) → size in
+    bytes. Empty when there is none. S3 pages through ``ListObjectsV2`` (1000 keys a page)."""
+    if not is_s3(uri):
+        root = Path(uri)
+        if not root.is_dir():
+            return {}
+        return {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    out: dict[str, int] = {}
+    try:
+        for page in c.get_paginator("list_objects_v2").paginate(Bucket=url.bucket, Prefix=url.prefix):
+            for obj in page.get("Contents", []):
+                out[obj["Key"][len(url.prefix):]] = int(obj["Size"])
+    except Exception as err:  # noqa: BLE001 - a missing bucket answers NoSuchBucket here
+        raise s3.translate(err, url, "list", st) from None
+    return dict(sorted(out.items()))
+
+
+def delete(uri: Location) -> None:
+    """Delete one file if it exists (no error when it does not)."""
+    if not is_s3(uri):
+        Path(uri).unlink(missing_ok=True)
+        return
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    try:
+        c.delete_object(Bucket=url.bucket, Key=url.key)
+    except Exception as err:  # noqa: BLE001
+        raise s3.translate(err, url, "delete", st) from None
+
+
+def delete_tree(uri: Location) -> int:
+    """Delete a directory/prefix and everything below it; returns the number of files deleted."""
+    if not is_s3(uri):
+        p = Path(uri)
+        n = len(list_files(p))
+        shutil.rmtree(p, ignore_errors=True)
+        return n
+    url = parse_s3(str(uri))
+    keys = [url.prefix + k for k in list_files(uri)]
+    c, st = s3.client()
+    try:
+        for i in range(0, len(keys), 1000):
+            c.delete_objects(Bucket=url.bucket, Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]],
+                                                        "Quiet": True})
+    except Exception as err:  # noqa: BLE001
+        raise s3.translate(err, url, "delete", st) from None
+    return len(keys)
+
+
+def upload_file(path: str | os.PathLike, uri: Location, entry: FileEntry | None = None,
+                part_size: int | None = None, concurrency: int | None = None) -> FileEntry:
+    """Copy the local file ``path`` to ``uri``; returns its size (bytes) and sha256 (``entry`` if given,
+    else computed in one streaming pass first).
+
+    S3: above one part, a multipart upload of ``part_size``-byte parts (default ``PITLAB_S3_PART_SIZE_MIB``),
+    ``concurrency`` in parallel, retried with backoff on throttling, 5xx and connection errors; the sha256
+    goes into the object's metadata (``x-amz-meta-sha256``). The object appears only when the upload
+    completes; a failed multipart upload is aborted when the endpoint can still be reached. Local: copied to
+    ``<uri>.part`` and renamed. Raises :class:`StorageError` (missing bucket, credentials, unreachable
+    endpoint: named).
+    """
+    entry = entry or file_sha256(path)
+    if not is_s3(uri):
+        dst = Path(uri)
+        tmp = dst.with_name(dst.name + ".part")
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, dst)
+        except OSError as err:
+            raise _local_error(err, dst, "upload") from None
+        return entry
+    url = parse_s3(str(uri))
+    c, st = s3.client()
+    try:
+        c.upload_file(str(path), url.bucket, url.key, ExtraArgs={"Metadata": {SHA256_METADATA: entry.sha256}},
+                      Config=s3.transfer_config(st, part_size, concurrency))
+    except Exception as err:  # noqa: BLE001
+        if "NoSuchBucket" in str(err):
+            raise StorageError(f"upload {url}: bucket {url.bucket!r} does not exist at {st.endpoint}") from None
+        raise s3.translate(err, url, "upload", st) from err
+    return entry
+
+
+def download_file(uri: Location, path: str | os.PathLike, expected_sha256: str | None = None,
+                  part_size: int | None = None, concurrency: int | None = None) -> FileEntry:
+    """Copy ``uri`` to the local file ``path`` (via ``<path>.part``, renamed only after the check) and verify
+    its sha256 against ``expected_sha256``, or else against the object's ``x-amz-meta-sha256`` when it has
+    one. S3 objects are fetched in ranged parts in parallel (see :func:`upload_file`).
+
+    Returns size (bytes) and sha256. Raises :class:`ChecksumMismatch` naming the URI and both digests (the
+    ``.part`` file is removed), :class:`ObjectNotFound`, or :class:`StorageError`.
+    """
+    dst = Path(path)
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}-{threading.get_ident()}.part")  # unique: no clash between
+    dst.parent.mkdir(parents=True, exist_ok=True)                                # processes fetching one file
+    expected = expected_sha256
+    if not is_s3(uri):
+        try:
+            shutil.copyfile(uri, tmp)
+        except OSError as err:
+            raise _local_error(err, Path(uri), "download") from None
+    else:
+        from botocore.exceptions import ClientError
+
+        url = parse_s3(str(uri))
+        c, st = s3.client()
+        try:
+            if expected is None:
+                head = c.head_object(Bucket=url.bucket, Key=url.key)
+                expected = head.get("Metadata", {}).get(SHA256_METADATA)
+            c.download_file(url.bucket, url.key, str(tmp), Config=s3.transfer_config(st, part_size, concurrency))
+        except ClientError as err:
+            tmp.unlink(missing_ok=True)
+            if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
+                raise s3.not_found(url, "download", err) from None
+            raise s3.translate(err, url, "download", st) from None
+        except Exception as err:  # noqa: BLE001
+            tmp.unlink(missing_ok=True)
+            raise s3.translate(err, url, "download", st) from err
+    got = file_sha256(tmp)
+    if expected is not None and got.sha256 != expected:
+        tmp.unlink(missing_ok=True)
+        raise ChecksumMismatch(str(uri), expected, got.sha256)
+    os.replace(tmp, dst)
+    return got
