@@ -316,11 +316,13 @@ def report(out: Path = typer.Argument(..., help="Evaluation folder holding resul
 
 @app.command()
 def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (JSON) written by the runner."),
-          run_dir: Path = typer.Option(..., "--run-dir", help="Run folder with base/ and data/.")) -> None:
+          run_dir: Path = typer.Option(..., "--run-dir", help="Run folder with base/ and data/."),
+          base: Optional[Path] = typer.Option(None, "--base", help="Base model folder (default RUN_DIR/base).")
+          ) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""
     from pitlab.trainer.train import main as train_main
 
-    sys.exit(train_main(["--spec", str(spec), "--run-dir", str(run_dir)]))
+    sys.exit(train_main(["--spec", str(spec), "--run-dir", str(run_dir)] + (["--base", str(base)] if base else [])))
 
 
 @app.command()

@@ -81,7 +81,7 @@ def test_pytorchjob_shape(pit: PitTraining) -> None:
     assert main["command"] == [
         "torchrun", "--nnodes=3", "--nproc-per-node=8", "--node-rank=$(RANK)", "--master-addr=$(MASTER_ADDR)",
         "--master-port=$(MASTER_PORT)", "-m", "pitlab.cli", "train", "--spec", "/etc/pitlab/spec.yaml",
-        "--run-dir", "/pitlab/out/qwen-2020"]
+        "--run-dir", "/pitlab/out/qwen-2020", "--base", "/pitlab/models/Qwen3.5-35B-A3B-Base"]
     assert main["resources"] == {"requests": {"cpu": "64", "memory": "900Gi", "nvidia.com/gpu": "8"},
                                  "limits": {"memory": "900Gi", "nvidia.com/gpu": "8"}}
     env = {e["name"]: e["value"] for e in main["env"]}
@@ -112,14 +112,15 @@ def test_torchrun_command_parses_as_torchrun_and_pitlab_train() -> None:
     """The built command is what torchrun and the pitlab CLI accept (after the kubelet expands $(VAR))."""
     from torch.distributed.run import get_args_parser
 
-    argv = builders.torchrun_command(2, 8, "/etc/pitlab/spec.yaml", "/pitlab/out/x")
+    argv = builders.torchrun_command(2, 8, "/etc/pitlab/spec.yaml", "/pitlab/out/x", "/pitlab/models/b")
     expanded = [a.replace("$(RANK)", "1").replace("$(MASTER_ADDR)", "x-train-master-0")
                 .replace("$(MASTER_PORT)", "23456") for a in argv]
     args = get_args_parser().parse_args(expanded[1:])
     assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "8", 1)
     assert (args.master_addr, args.master_port, args.module) == ("x-train-master-0", 23456, True)
     assert args.training_script == "pitlab.cli"
-    assert args.training_script_args == ["train", "--spec", "/etc/pitlab/spec.yaml", "--run-dir", "/pitlab/out/x"]
+    assert args.training_script_args == ["train", "--spec", "/etc/pitlab/spec.yaml", "--run-dir", "/pitlab/out/x",
+                                         "--base", "/pitlab/models/b"]
 
     import typer.main
 
@@ -127,7 +128,8 @@ def test_torchrun_command_parses_as_torchrun_and_pitlab_train() -> None:
     cmd = typer.main.get_command(app)
     sub = cmd.commands[args.training_script_args[0]]
     params = sub.make_context("train", args.training_script_args[1:]).params
-    assert {k: str(v) for k, v in params.items()} == {"spec": "/etc/pitlab/spec.yaml", "run_dir": "/pitlab/out/x"}
+    assert {k: str(v) for k, v in params.items()} == {"spec": "/etc/pitlab/spec.yaml", "run_dir": "/pitlab/out/x",
+                                                      "base": "/pitlab/models/b"}
 
 
 def test_prepare_and_merge_jobs(pit: PitTraining) -> None:
@@ -140,7 +142,16 @@ def test_prepare_and_merge_jobs(pit: PitTraining) -> None:
                             "/etc/pitlab/spec.yaml", "--run-dir", "/pitlab/out/qwen-2020"]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     m = merge["spec"]["template"]["spec"]
-    assert m["containers"][0]["command"] == builders.merge_command("/pitlab/out/qwen-2020")
+    # a base model on the volume is read where it is (not copied into RUN/base), by the merge and the ranks
+    assert m["containers"][0]["command"] == [
+        "pitlab", "merge", "--checkpoint", "/pitlab/out/qwen-2020/checkpoint", "--base",
+        "/pitlab/models/Qwen3.5-35B-A3B-Base", "--out", "/pitlab/out/qwen-2020/model"]
+    train = builders.build_pytorchjob(pit, CFG, PIT_BODY)["spec"]["pytorchReplicaSpecs"]["Master"]
+    assert train["template"]["spec"]["containers"][0]["command"][-2:] == [
+        "--base", "/pitlab/models/Qwen3.5-35B-A3B-Base"]
+    random_init = copy.deepcopy(PIT_BODY)
+    random_init["spec"]["baseModel"] = {"randomInit": {"modelType": "llama"}}
+    assert builders.base_model_dir(parse_resource(random_init), CFG) == "/pitlab/out/qwen-2020/base"
     assert "nvidia.com/gpu" not in json.dumps(m["containers"][0]["resources"])  # no GPUs unless asked
     assert "nodeSelector" not in m and m["restartPolicy"] == "Never"
     assert merge["spec"]["completions"] == 1 and merge["spec"]["backoffLimit"] == 2

@@ -328,7 +328,8 @@ async def test_happy_path(cluster: Cluster) -> None:
     assert pit["status"]["progress"]["step"] == 100
     merge = c.get(JOBS, "fomc-2016-merge")
     assert merge["spec"]["template"]["spec"]["containers"][0]["command"] == [
-        "pitlab", "merge", "--checkpoint", "/pitlab/out/fomc-2016/checkpoint", "--base", "/pitlab/out/fomc-2016/base",
+        "pitlab", "merge", "--checkpoint", "/pitlab/out/fomc-2016/checkpoint", "--base",
+        "/pitlab/models/Qwen3.5-35B-A3B-Base",
         "--out", "/pitlab/out/fomc-2016/model"]
 
     c.finish_job("fomc-2016-merge")

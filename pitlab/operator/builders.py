@@ -198,15 +198,31 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
     return _batch_job(naming.prepare_job(pt.metadata.name), owner, "prepare", pod, cfg.backoff_limit)
 
 
-def torchrun_command(nodes: int, gpus_per_node: int, spec_path: str, run_dir: str) -> list[str]:
+def torchrun_command(nodes: int, gpus_per_node: int, spec_path: str, run_dir: str,
+                     base: str | None = None) -> list[str]:
     """``torchrun`` for one PyTorchJob replica: static rendezvous at the master's Service.
 
     ``$(RANK)``, ``$(MASTER_ADDR)`` and ``$(MASTER_PORT)`` are set in the ``pytorch`` container by the Kubeflow
     training operator (RANK is the node rank when ``nprocPerNode`` is set) and expanded by the kubelet.
+    ``base``: the base model folder as the pods see it (default ``RUN/base``; see :func:`base_model_dir`).
     """
     return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus_per_node}", "--node-rank=$(RANK)",
             "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)",
-            "-m", "pitlab.cli", "train", "--spec", spec_path, "--run-dir", run_dir]
+            "-m", "pitlab.cli", "train", "--spec", spec_path, "--run-dir", run_dir] + (
+                ["--base", base] if base else [])
+
+
+def base_model_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
+    """Where the training and merge pods read the base model.
+
+    A volume path in ``spec.baseModel.uri`` is read where it is (a 70 GB base is not copied per run);
+    otherwise ``RUN/base``, written by the prepare Job (``randomInit``, or the verified copy of an ``s3://``
+    base).
+    """
+    uri = pt.spec.base_model.uri
+    if uri and not uri.startswith("s3://"):
+        return cfg.resolve(uri).rstrip("/")
+    return f"{training_run_dir(pt, cfg)}/base"
 
 
 def nccl_env(timeout_seconds: int) -> dict[str, str]:
@@ -236,7 +252,8 @@ def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]
 
     def template(role: str) -> dict[str, Any]:
         main = _container("pytorch", image,
-                          torchrun_command(res.nodes, res.gpus_per_node, TRAINING_SPEC_PATH, run), cfg,
+                          torchrun_command(res.nodes, res.gpus_per_node, TRAINING_SPEC_PATH, run,
+                                           base_model_dir(pt, cfg)), cfg,
                           _resources(res.cpu, res.memory, res.gpus_per_node), nccl_env(cfg.nccl_timeout_seconds),
                           spec_file=TRAINING_SPEC_FILE)
         main["ports"] = [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]
@@ -270,11 +287,12 @@ def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]
     }
 
 
-def merge_command(run_dir: str, checkpoint: str | None = None) -> list[str]:
+def merge_command(run_dir: str, checkpoint: str | None = None, base: str | None = None) -> list[str]:
     """``pitlab merge`` of the final checkpoint (``checkpoint``: ``spec.checkpoint.uri`` as the pods see it,
-    e.g. ``s3://...``; default ``RUN/checkpoint``) into ``RUN/model`` (one process, no process group)."""
-    return ["pitlab", "merge", "--checkpoint", checkpoint or f"{run_dir}/checkpoint", "--base", f"{run_dir}/base",
-            "--out", f"{run_dir}/model"]
+    e.g. ``s3://...``; default ``RUN/checkpoint``) and the base model folder (``base``, default ``RUN/base``)
+    into ``RUN/model`` (one process, no process group)."""
+    return ["pitlab", "merge", "--checkpoint", checkpoint or f"{run_dir}/checkpoint", "--base",
+            base or f"{run_dir}/base", "--out", f"{run_dir}/model"]
 
 
 def training_checkpoint_uri(pt: PitTraining, cfg: OperatorConfig) -> str:
@@ -288,7 +306,7 @@ def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any])
     """The single-pod merge Job: no process group (so no NCCL watchdog); GPUs only if ``cfg.merge_gpus``."""
     res = pt.spec.resources
     run = training_run_dir(pt, cfg)
-    c = _container("merge", res.image or cfg.trainer_image, merge_command(run, training_checkpoint_uri(pt, cfg)),
+    c = _container("merge", res.image or cfg.trainer_image, merge_command(run, training_checkpoint_uri(pt, cfg), base_model_dir(pt, cfg)),
                    cfg, _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
     pod = _pod_spec([c], cfg, None, None, "Never", res.node_selector if cfg.merge_gpus else None,
                     res.tolerations if cfg.merge_gpus else None)

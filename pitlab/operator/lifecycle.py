@@ -288,7 +288,8 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig) -> tuple[dic
         if not ready:
             return uris, f"model {m.name}: PitTraining {ref.name} has no {ref.artifact} yet (phase {st.phase})"
         pt = validation.parse(body, "PitTraining")
-        uris[m.name] = f"{builders.training_run_dir(pt, cfg)}/{ref.artifact}"
+        uris[m.name] = (builders.base_model_dir(pt, cfg) if ref.artifact == "base"
+                        else f"{builders.training_run_dir(pt, cfg)}/{ref.artifact}")
     return uris, None
 
 
