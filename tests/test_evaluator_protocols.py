@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import exchange_calendars as xcals
 import pytest
 from sklearn.linear_model import Ridge
 from sklearn.model_selection import TimeSeriesSplit
@@ -20,7 +21,7 @@ from pitlab.cli import app
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import bootstrap_p_value, cutoff_control, draw_cluster_weights
 from pitlab.evaluator.estimates import AlphaSelection, PanelStats, center, date_folds_r2, leakage_off_r2
-from pitlab.evaluator.protocols import PurgedKFoldSplit, WalkForwardSplit
+from pitlab.evaluator.protocols import PurgedKFoldSplit, WalkForwardSplit, trading_calendar
 from pitlab.evaluator.run import run_leakage_eval
 
 NOPENALTY_DUP = AlphaSelection("gcv", duplicate_aware=False)
@@ -130,7 +131,8 @@ def fake_models(tmp_path, monkeypatch):
 
 def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(tmp_path, fake_models):
     S, T, d = 30, 20, 8
-    cal = pd.bdate_range("2019-01-01", "2019-12-31")
+    cal = trading_calendar("XNYS", "ohlcv", pd.bdate_range("2019-01-01", "2019-12-31"))  # the ohlcv default
+    cal = cal[(cal >= "2019-01-01") & (cal <= "2019-12-31")].rename(None)
     dates = cal[5:5 + 3 * T:3]
     rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S), "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
     rows["prompt"] = [f"{a.date()} {b}" for a, b in zip(rows["date"], rows["security"])]
@@ -175,7 +177,23 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     # what produced the numbers
     assert early["digest"].startswith("early") and res["seed"] == 7
     assert res["spec"]["protocol"]["walkForwardFolds"] == 3 and "cuda" in res["device"]
-    assert {"torch", "transformers", "scikit-learn", "numpy"} <= set(res["versions"])
+    assert res["spec"]["bootstrap"]["reselectPenalty"] is True and res["spec"]["dataset"]["calendar"] == "auto"
+    assert res["spec"]["regression"]["device"] == "auto"
+    import sklearn
+    import torch
+    import transformers
+    assert res["versions"]["torch"] == torch.__version__ and res["versions"]["numpy"] == np.__version__
+    assert res["versions"]["transformers"] == transformers.__version__
+    assert res["versions"]["scikit-learn"] == sklearn.__version__
+    assert res["versions"]["exchange_calendars"] == xcals.__version__
+    stat_dev = res["device"]["statistics"]
+    assert (stat_dev["library"], stat_dev["dtype"]) == (("torch", "float64") if torch.cuda.is_available()
+                                                        else ("numpy", "float64"))
+    assert res["device"]["blas"] and res["device"]["blas"][0]["threads"] >= 1
+    assert res["bootstrap"]["reselect_penalty"] is True and res["bootstrap"]["seed"] == 7
+    assert res["protocol"]["leakage_off"]["calendar"] == "XNYS"
+    assert res["panel"]["trading_calendar"]["name"] == "XNYS"
+    assert res["panel"]["trading_calendar"]["price_file_days_not_sessions"] == []
     out = tmp_path / "a"
     for f in ("report.md", "report.html", "premium.png", "r2_by_fold.png", "premium_vs_cutoff.png"):
         assert (out / f).stat().st_size > 0

@@ -167,7 +167,8 @@ def test_xtks_golden_week_and_the_2020_halt_day_in_embargo_and_purge():
 
 def test_calendar_setting_panel_and_unknown_names():
     days = pd.bdate_range("2021-01-04", periods=30)
-    assert trading_calendar("panel", "ohlcv", days).equals(days) and trading_calendar("panel", "jpx", days).name == "panel"
+    assert trading_calendar("panel", "ohlcv", days).equals(days)
+    assert trading_calendar("panel", "jpx", days).name == "panel"
     assert trading_calendar("XLON", "ohlcv", days).name == "XLON"
     with pytest.raises(ProtocolError, match="dataset.calendar: 'NOPE' is not an exchange_calendars calendar"):
         trading_calendar("NOPE", "ohlcv", days)

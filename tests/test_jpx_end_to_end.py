@@ -14,17 +14,20 @@ from typer.testing import CliRunner
 from pitlab.cli import app
 from pitlab.data.panels import JPX_PRICE_COLUMNS, load_jpx
 from pitlab.data.sampling import build_panel
+from pitlab.evaluator.protocols import trading_calendar
 
 EXAMPLE = "examples/leakageeval-jpx.yaml"
 
 
 def write_kaggle_jpx(folder, n_securities=30, seed=0):
-    """stock_prices.csv / stock_list.csv in the Kaggle schema over 2017-01-04..2021-12-30 (weekdays): the
-    2020-10-01 halt (rows present, no prices), 1:2 and 2:1 splits (AdjustmentFactor), ExpectedDividend mostly
+    """stock_prices.csv / stock_list.csv in the Kaggle schema over 2017-01-04..2021-12-30 (the XTKS sessions, as
+    the Kaggle files, plus the 2020-10-01 halt: rows present, no prices),
+    1:2 and 2:1 splits (AdjustmentFactor), ExpectedDividend mostly
     missing, SupervisionFlag set on some rows; codes 1300+ (the last five listed only from 2019, the first
     three delisted in 2020, not flagged in Universe0)."""
     rng = np.random.default_rng(seed)
-    days = pd.bdate_range("2017-01-04", "2021-12-30")
+    xtks = trading_calendar("XTKS", "jpx", pd.bdate_range("2017-01-04", "2021-12-30"))
+    days = xtks[(xtks >= "2017-01-04") & (xtks <= "2021-12-30")].union(pd.DatetimeIndex(["2020-10-01"]))
     codes = [1301 + 10 * i for i in range(n_securities)]
     frames = []
     for k, code in enumerate(codes):
@@ -96,5 +99,9 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     assert all(np.isfinite(x) for x in (m["r2_off"], m["r2_on"], m["premium"]))
     assert m["embedding_dim"] == 384 and len(m["digest"]) == 64
     assert res["spec"]["dataset"]["universe"] == "point-in-time" and res["warnings"] == []
+    # embargo and purge days are XTKS sessions; the price file's halt day is not one
+    assert res["protocol"]["leakage_off"]["calendar"] == "XTKS"
+    assert res["panel"]["trading_calendar"]["price_file_days_not_sessions"] == ["2020-10-01"]
+    assert res["panel"]["trading_calendar"]["sessions_missing_from_price_file"] == 0
     # the halt day has no prices: no panel row is dated 2020-10-01 or has a target spanning it
     assert (next((tmp_path / "out").rglob("report.html"))).is_file()

@@ -4,12 +4,13 @@ reports (DESIGN section 4.7). Entry point: :func:`run_leakage_eval`."""
 from pitlab.evaluator.bootstrap import (bootstrap_p_value, cutoff_control, draw_cluster_weights, paired_reductions,
                                        percentile_ci, replicate_folds, verdict)
 from pitlab.evaluator.embed import EmbeddingError, detect_kind, embed_texts, model_digest, resolve_model_uri
-from pitlab.evaluator.estimates import (AlphaSelection, FoldsR2, PanelStats, center, date_folds_r2, fit_selected,
-                                       leakage_off_r2, leakage_on_r2, split_r2)
+from pitlab.evaluator.estimates import (AlphaSelection, Fold, FoldsR2, PanelStats, center, date_folds_r2,
+                                       fit_selected, group_kfold_folds, leakage_off_r2, leakage_on_r2, split_r2)
+from pitlab.evaluator.linalg import Backend
 from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, PurgedKFoldSplit, WalkForwardSplit,
-                                        leakage_on_splitter, security_folds)
+                                        leakage_on_splitter, security_folds, trading_calendar)
 from pitlab.evaluator.ridge import (RidgeFit, RidgePath, SuffStats, fit_ridge_at, fit_ridge_gcv, out_of_sample_errors,
-                                   path_test_sse, r2_score_oos, ridge_path)
+                                   path_test_sse, r2_score_oos, ridge_path, solve_ridge)
 from pitlab.evaluator.run import EvaluationError, run_leakage_eval
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "detect_kind", "embed_texts", "model_digest", "resolve_model_uri", "AlphaSelection", "PanelStats",
     "fit_selected", "leakage_off_r2", "leakage_on_r2", "ChronologicalSplit", "ProtocolError", "leakage_on_splitter",
     "security_folds", "RidgeFit", "RidgePath", "SuffStats", "fit_ridge_at", "fit_ridge_gcv", "out_of_sample_errors",
-    "path_test_sse", "r2_score_oos", "ridge_path", "EvaluationError", "run_leakage_eval",
+    "path_test_sse", "r2_score_oos", "ridge_path", "EvaluationError", "run_leakage_eval", "Backend", "Fold",
+    "group_kfold_folds", "trading_calendar", "solve_ridge",
 ]

@@ -88,15 +88,23 @@ class PremiumReplicates:
 
 def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int,
                     alphas, selection: AlphaSelection = AlphaSelection(),
-                    benchmark: str = "train_mean") -> PremiumReplicates:
+                    benchmark: str = "train_mean", fixed_alpha_index: tuple | None = None) -> PremiumReplicates:
     """leakage-off and leakage-on R² of one model in every replicate of the shared draws.
 
     ``weights`` int [R, S] from :func:`draw_cluster_weights`, ``folds`` int [R, S] from
     :func:`replicate_folds`; both must be the same objects for every model of an evaluation. ``selection``:
-    how the ridge penalty is chosen in every fit (as for the point estimate).
+    how the ridge penalty is chosen in every replicate's fits (``bootstrap.reselectPenalty: true``, the
+    default). ``fixed_alpha_index``: ``(off, on)`` grid positions chosen by the point estimate, int [1] and
+    [1, K] (``reselectPenalty: false``): every replicate then refits at the point estimate's penalty of the
+    same protocol and fold, and the interval is conditional on those penalties (see the README).
     """
-    off = leakage_off_r2(stats, weights, alphas, selection, benchmark)
-    on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection, benchmark)
+    R = np.asarray(weights).shape[0]
+    fix_off = fix_on = None
+    if fixed_alpha_index is not None:
+        fix_off = np.repeat(np.asarray(fixed_alpha_index[0]).reshape(1), R, axis=0)
+        fix_on = np.repeat(np.asarray(fixed_alpha_index[1]).reshape(1, -1), R, axis=0)
+    off = leakage_off_r2(stats, weights, alphas, selection, benchmark, fix_off, diagnostics=False)
+    on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection, benchmark, fix_on, diagnostics=False)
     return PremiumReplicates(r2_off=off.r2, r2_on=on.r2)
 
 

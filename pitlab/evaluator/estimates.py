@@ -1,93 +1,50 @@
-"""leakage-off and leakage-on out-of-sample R² of one model, for a batch of security weightings.
+"""Out-of-sample R² of one model under every protocol, for a batch of security weightings.
 
-A weighting is a vector of multiplicities over securities: all ones for the point estimate, a bootstrap
-draw for a replicate. Both estimators work on per-security sufficient statistics (:mod:`pitlab.evaluator.ridge`),
-so a batch of B weightings costs B weighted sums plus B eigendecompositions per fold, never a refit from rows.
+A weighting is a vector of multiplicities over securities: all ones for the point estimate, a bootstrap draw
+for a replicate. Every protocol is a list of :class:`Fold` (a training row set, a test row set and, for
+GroupKFold, which securities each weighting puts on either side), and every fold is evaluated the same way
+(:meth:`PanelStats.fold_errors`):
 
-* leakage-off: ridge fitted on the chronological training rows, R² on the test rows (one split).
-* leakage-on: GroupKFold by security over all rows; each fold's ridge is fitted on the other folds; pooled
-  out-of-fold ``R² = 1 - Σ_k SSE_k / Σ_k SST_k`` with SST_k about fold k's own training mean.
-The R² benchmark is the training mean of the target (of the fitting set). The ridge penalty is chosen inside
-every fitting set (:class:`AlphaSelection`: GCV, or inner cross-validation by security); when a weighting
-repeats securities (a bootstrap replicate), GCV counts the copies' shared errors, and inner folds keep all
-copies of a security together, so a replicate selects its penalty the way the point estimate does.
+1. per-security sufficient statistics of the fold's training rows are built once, from the rows
+   (:class:`pitlab.evaluator.ridge.SuffStats`); the training set of a weighting is their weighted sum
+   (weights = multiplicity of each security in the draw): one matrix product per batch of weightings;
+2. the penalty: chosen inside that training set (:class:`AlphaSelection`; inner GroupKFold by security with
+   one eigendecomposition per inner fold for the whole α grid, or GCV), or held at a given grid position
+   (``alpha_index``, e.g. the one the point estimate chose: ``bootstrap.reselectPenalty: false``);
+3. the ridge refit at that α by a direct SPD solve (exact; :func:`pitlab.evaluator.ridge.solve_ridge`);
+4. SSE and SST from the fold's test *rows*, ``SSE = Σ_r w_s(r) (y_r - c - x_rᵀβ)²`` (w the multiplicity of
+   the row's security): a test set has far fewer rows per security than features, so this costs less than
+   weighted test Gram matrices and needs none.
+
+* leakage-off: one fold, the chronological split.
+* leakage-on: GroupKFold by security over all rows; pooled out-of-fold ``R² = 1 - Σ_k SSE_k / Σ_k SST_k``
+  with SST_k about fold k's own training mean.
+* walk-forward, purged K-fold: date-block folds (:mod:`pitlab.evaluator.protocols`).
+The R² benchmark is the training mean of the target (of the fitting set) or zero. When a weighting repeats
+securities (a bootstrap replicate), GCV counts the copies' shared errors and inner folds keep all copies of a
+security together, so a replicate selects its penalty the way the point estimate does.
+
+The arrays live on a :class:`pitlab.evaluator.linalg.Backend` (numpy on the CPU, or torch float64 on CUDA);
+results come back as numpy float64. On the numpy backend the weightings are processed in batches spread over one
+Python thread per core, each with one BLAS thread (:func:`pitlab.evaluator.linalg.run_batches`); a batch's
+numbers do not depend on the thread, so reruns are bit-identical. Cost per fold and weighting: one weighted
+sum of S per-security Gram matrices (S·d(d+1) flops), with security-cv ``inner_folds`` more plus as many
+eigendecompositions of d × d, then one d × d solve and 2·d flops per test row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
 from pitlab.evaluator.protocols import security_folds
-from pitlab.evaluator.ridge import (RidgeFit, SuffStats, fit_ridge_at, fit_ridge_gcv, out_of_sample_errors,
-                                   path_test_sse, r2_score_oos, ridge_path)
+from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, SuffStats, centred, fit_ridge_at, fit_ridge_gcv,
+                                   gcv_scores, out_of_sample_errors, path_test_sse, r2_score_oos, ridge_path,
+                                   solve_ridge)
 
-_MEMORY_BUDGET_BYTES = 384 * 2**20  # float64 d×d temporaries held at once while a batch is fitted
-_MATRICES_PER_FIT = 10  # weighted train/test/copies XᵀX, centred copies, eigenvectors, products: d×d per fit
-
-
-def _fits_per_chunk(d: int) -> int:
-    return max(1, _MEMORY_BUDGET_BYTES // (_MATRICES_PER_FIT * 8 * d * d))
-
-
-@dataclass(frozen=True)
-class PanelStats:
-    """Per-security sufficient statistics of one model's embeddings (m = n_securities each).
-
-    ``off_train``: rows of the chronological training set; ``off_test``: rows of its test set;
-    ``all_rows``: every panel row (the leakage-on data set); ``rows_per_security`` int [n_securities].
-    """
-
-    off_train: SuffStats
-    off_test: SuffStats
-    all_rows: SuffStats
-    rows_per_security: np.ndarray
-    y_shift: float = 0.0
-
-    @classmethod
-    def build(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int,
-              train_mask: np.ndarray, test_mask: np.ndarray) -> "PanelStats":
-        """X float [n_rows, d] embeddings, y float [n_rows] targets, security int [n_rows] codes in
-        0..n_securities-1, masks bool [n_rows]. X and y are shifted by their panel means first (exact for
-        ridge with intercept, see :mod:`pitlab.evaluator.ridge`) for numerical accuracy."""
-        X, y, y_shift = center(X, y)
-        sec = np.asarray(security, dtype=np.int64)
-        return cls(
-            off_train=SuffStats.from_rows(X[train_mask], y[train_mask], sec[train_mask], n_securities),
-            off_test=SuffStats.from_rows(X[test_mask], y[test_mask], sec[test_mask], n_securities),
-            all_rows=SuffStats.from_rows(X, y, sec, n_securities),
-            rows_per_security=np.bincount(sec, minlength=n_securities),
-            y_shift=y_shift,
-        )
-
-
-def center(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-    """X float [n_rows, d] and y float [n_rows] minus their panel means, as float64, and the mean of y (the
-    ``y_shift`` the zero benchmark needs). Exact for ridge with an unpenalised intercept."""
-    X = np.asarray(X, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    mu = float(y.mean())
-    return X - X.mean(axis=0), y - mu, mu
-
-
-@dataclass(frozen=True)
-class R2Batch:
-    """Out-of-sample results for B weightings: ``r2``, ``sse``, ``sst`` float64 [B]; ``alpha`` (chosen penalty) and
-    ``df`` (degrees of freedom at it, intercept included) [B] (leakage-off) or [B, K] (leakage-on, per fold)."""
-
-    r2: np.ndarray
-    sse: np.ndarray
-    sst: np.ndarray
-    alpha: np.ndarray
-    df: np.ndarray
-
-
-def _as_weights(weights: np.ndarray, m: int) -> np.ndarray:
-    W = np.asarray(weights, dtype=np.float64)
-    if W.ndim != 2 or W.shape[1] != m:
-        raise ValueError(f"weights must have shape [B, {m}], got {W.shape}")
-    return W
+ALPHA_SELECTIONS = ("gcv", "security-cv")
 
 
 @dataclass(frozen=True)
@@ -115,8 +72,8 @@ class AlphaSelection:
 
     @property
     def fits_per_set(self) -> int:
-        """Eigendecompositions per fitting set."""
-        return 1 if self.method == "gcv" else self.inner_folds + 1
+        """Eigendecompositions per fitting set when α is selected."""
+        return 1 if self.method == "gcv" else self.inner_folds
 
     def describe(self) -> str:
         """One phrase for reports: how α is chosen."""
@@ -128,125 +85,357 @@ class AlphaSelection:
                 "out-of-fold SSE), then refitted on the whole training set")
 
 
-ALPHA_SELECTIONS = ("gcv", "security-cv")
+def center(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """X float [n_rows, d] and y float [n_rows] minus their panel means, as float64, and the mean of y (the
+    ``y_shift`` the zero benchmark needs). Exact for ridge with an unpenalised intercept."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    mu = float(y.mean())
+    return X - X.mean(axis=0), y - mu, mu
+
+
+def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None):
+    """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
+    ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
+    ``score`` [B, A] (GCV score or pooled inner-CV SSE) on the backend``)``.
+
+    security-cv: inner folds by :func:`pitlab.evaluator.protocols.security_folds` on each weighting (all copies
+    of a security in one fold); per inner fold the training statistics are the fitting set minus the inner
+    test set, eigendecomposed once for the whole grid (:func:`pitlab.evaluator.ridge.ridge_path`), and scored
+    on the inner test statistics (:func:`pitlab.evaluator.ridge.path_test_sse`).
+    """
+    w_b = _like(units.n, w)
+    fitting = units.weighted(w_b) if fitting is None else fitting
+    m = xp(w_b)
+    if selection.method == "gcv":
+        w_np = to_numpy(w_b)
+        copies = units.weighted(w_b * w_b) if selection.duplicate_aware and np.any(w_np > 1) else None
+        score, _ = gcv_scores(ridge_path(fitting, alphas), copies)
+        return to_numpy(m.argmin(score, axis=1)).astype(np.int64), score
+    k = selection.inner_folds
+    rows = np.rint(to_numpy(units.n)).astype(np.int64)
+    inner = np.stack([security_folds(rows, k, wb, field="inner folds of the penalty selection")
+                      for wb in np.rint(to_numpy(w_b)).astype(np.int64)])  # [B, S]
+    mask = _like(units.n, (inner[:, None, :] == np.arange(k)[None, :, None]).astype(np.float64))
+    inner_test = units.weighted((w_b[:, None, :] * mask).reshape(-1, units.m))
+    inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
+    path = ridge_path(inner_train, alphas)
+    cv_sse = path_test_sse(path, inner_test).reshape(w_b.shape[0], k, -1).sum(axis=1)  # [B, A]
+    return to_numpy(m.argmin(cv_sse, axis=1)).astype(np.int64), cv_sse
 
 
 def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelection,
                  fitting: SuffStats | None = None) -> RidgeFit:
     """Ridge fits on B weighted unions of ``units`` (per-security statistics), ``w`` [B, n_units]
-    multiplicities, with α chosen by ``selection``. ``fitting``: ``units.weighted(w)`` if already computed."""
-    fitting = units.weighted(w) if fitting is None else fitting
+    multiplicities, with α chosen by ``selection`` (:func:`select_alpha`); the fit carries the whole path's
+    diagnostics (score and df per α). ``fitting``: ``units.weighted(w)`` if already computed."""
+    fitting = units.weighted(_like(units.n, w)) if fitting is None else fitting
     if selection.method == "gcv":
-        copies = units.weighted(w * w) if selection.duplicate_aware and np.any(w > 1) else None
+        w_np = np.asarray(to_numpy(w), dtype=np.float64)
+        copies = units.weighted(w_np * w_np) if selection.duplicate_aware and np.any(w_np > 1) else None
         return fit_ridge_gcv(fitting, alphas, copies)
-    k = selection.inner_folds
-    rows = np.rint(units.n).astype(np.int64)
-    inner = np.stack([security_folds(rows, k, wb, field="inner folds of the penalty selection")
-                      for wb in np.rint(w).astype(np.int64)])  # [B, U]
-    w_test = (w[:, None, :] * (inner[:, None, :] == np.arange(k)[None, :, None])).reshape(-1, units.m)
-    inner_test = units.weighted(w_test)
-    inner_train = fitting.take(np.repeat(np.arange(w.shape[0]), k)) - inner_test
-    path = ridge_path(inner_train, alphas)
-    cv_sse = path_test_sse(path, inner_test).reshape(w.shape[0], k, -1).sum(axis=1)  # [B, A]
-    del path, inner_train, inner_test
-    return fit_ridge_at(fitting, alphas, np.argmin(cv_sse, axis=1), cv_sse, "security-cv")
+    idx, cv_sse = select_alpha(units, w, alphas, selection, fitting)
+    return fit_ridge_at(fitting, alphas, idx, cv_sse, "security-cv")
 
 
-def split_r2(train: SuffStats, test: SuffStats, weights: np.ndarray, alphas,
-             selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
-             y_shift: float = 0.0) -> R2Batch:
-    """Out-of-sample R² of one train/test split for each row of ``weights`` ([B, n_securities]
-    multiplicities): ridge (α chosen by ``selection``) on the weighted per-security training statistics,
-    SSE/SST on the weighted test statistics (``benchmark`` and ``y_shift`` as in
-    :func:`pitlab.evaluator.ridge.out_of_sample_errors`)."""
-    W = _as_weights(weights, train.m)
-    B = W.shape[0]
-    step = max(1, _fits_per_chunk(train.d) // selection.fits_per_set)
-    sse, sst, alpha, df = np.empty(B), np.empty(B), np.empty(B), np.empty(B)
-    for s in range(0, B, step):
-        w = W[s:s + step]
-        fit = fit_selected(train, w, alphas, selection)
-        sse[s:s + step], sst[s:s + step] = out_of_sample_errors(fit, test.weighted(w), benchmark, y_shift)
-        alpha[s:s + step] = fit.alpha
-        df[s:s + step] = fit.df[np.arange(len(w)), fit.alpha_index]
-    return R2Batch(r2=r2_score_oos(sse, sst), sse=sse, sst=sst, alpha=alpha, df=df)
+def _like(ref, a):
+    m = xp(ref)
+    if m is np:
+        return np.asarray(to_numpy(a), dtype=np.float64)
+    return a.to(device=ref.device, dtype=m.float64) if xp(a) is m else m.as_tensor(
+        np.asarray(a, dtype=np.float64), device=ref.device)
 
 
-def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
-                   selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean") -> R2Batch:
-    """leakage-off R² for each row of ``weights`` ([B, n_securities] multiplicities): ridge (α chosen by
-    ``selection``) on the weighted training statistics, SSE/SST on the weighted test statistics."""
-    return split_r2(stats.off_train, stats.off_test, weights, alphas, selection, benchmark, stats.y_shift)
+@dataclass(frozen=True)
+class R2Batch:
+    """Out-of-sample results for B weightings: ``r2``, ``sse``, ``sst`` float64 [B]; ``alpha`` (chosen penalty) and
+    ``df`` (degrees of freedom at it, intercept included; NaN where not computed) [B] (leakage-off) or [B, K]
+    (leakage-on, per fold); ``alpha_index`` int [B] or [B, K], the position of ``alpha`` in the grid."""
+
+    r2: np.ndarray
+    sse: np.ndarray
+    sst: np.ndarray
+    alpha: np.ndarray
+    df: np.ndarray
+    alpha_index: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class FoldsR2:
-    """Out-of-sample results of a date-block K-fold protocol for B weightings: ``r2`` [B, K] per fold,
-    ``mean`` [B] (mean of the per-fold R²), ``pooled`` [B] (1 - Σ_k SSE_k / Σ_k SST_k), ``alpha`` [B, K]."""
+    """Out-of-sample results of a K-fold protocol for B weightings: ``r2`` [B, K] per fold,
+    ``mean`` [B] (mean of the per-fold R²), ``pooled`` [B] (1 - Σ_k SSE_k / Σ_k SST_k), ``alpha`` [B, K],
+    ``alpha_index`` int [B, K], ``sse``/``sst`` [B, K], ``df`` [B, K] (NaN where not computed)."""
 
     r2: np.ndarray
     mean: np.ndarray
     pooled: np.ndarray
     alpha: np.ndarray
+    alpha_index: np.ndarray | None = None
+    sse: np.ndarray | None = None
+    sst: np.ndarray | None = None
+    df: np.ndarray | None = None
 
 
-def date_folds_r2(X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int, fold_train: np.ndarray,
-                  fold_test: np.ndarray, weights: np.ndarray, alphas,
-                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
-                  y_shift: float = 0.0) -> FoldsR2:
-    """R² of a protocol whose folds are row masks (walk-forward, purged K-fold) for every weighting.
+@dataclass(frozen=True)
+class Fold:
+    """One fit of a protocol. ``train``, ``test``: bool [n_rows] row masks. ``train_securities``,
+    ``test_securities``: bool [B, n_securities] per weighting (GroupKFold: which securities of weighting b sit
+    in the training / test side of this fold), or None = every security."""
 
-    ``X`` float64 [n_rows, d] and ``y`` [n_rows], already centred (:func:`center`; ``y_shift`` = the mean
-    removed from y); ``security`` int [n_rows] in 0..n_securities-1; ``fold_train``, ``fold_test`` bool
-    [K, n_rows]; ``weights`` [B, n_securities] multiplicities (the shared bootstrap draws; a row of ones for the
-    point estimate). Per fold, per-security statistics of its training and test rows are built once (memory:
-    two [n_securities, d, d] float64 arrays at a time) and every weighting is a weighted sum of them.
+    train: np.ndarray
+    test: np.ndarray
+    train_securities: np.ndarray | None = None
+    test_securities: np.ndarray | None = None
+
+
+def group_kfold_folds(n_rows: int, folds: np.ndarray, n_splits: int) -> list[Fold]:
+    """The K folds of leakage-on: every row on both sides, securities split by ``folds`` int [B, S] (fold of
+    each security in each weighting, -1 = not drawn; :func:`pitlab.evaluator.protocols.security_folds`)."""
+    F = np.asarray(folds, dtype=np.int64)
+    every = np.ones(n_rows, dtype=bool)
+    return [Fold(every, every, (F != k) & (F >= 0), F == k) for k in range(n_splits)]
+
+
+@dataclass(frozen=True)
+class PanelStats:
+    """One model's panel, ready for the statistics: centred rows on a backend, the chronological split and
+    per-security row counts.
+
+    ``X`` float64 [n_rows, d] and ``y`` [n_rows] minus their panel means (exact for ridge with intercept,
+    :mod:`pitlab.evaluator.ridge`), on ``backend``; ``security`` int [n_rows] codes in 0..n_securities-1;
+    ``train_mask``, ``test_mask`` bool [n_rows] (leakage-off); ``rows_per_security`` int [n_securities];
+    ``y_shift`` the mean removed from y. ``off_train``, ``off_test``, ``all_rows``: per-security statistics
+    (m = n_securities), built on first use.
     """
-    W = _as_weights(weights, n_securities)
-    K = fold_train.shape[0]
-    sec = np.asarray(security, dtype=np.int64)
-    r2, sse, sst, alpha = (np.empty((W.shape[0], K)) for _ in range(4))
-    for k in range(K):
-        tr, te = fold_train[k], fold_test[k]
-        train = SuffStats.from_rows(X[tr], y[tr], sec[tr], n_securities)
-        test = SuffStats.from_rows(X[te], y[te], sec[te], n_securities)
-        res = split_r2(train, test, W, alphas, selection, benchmark, y_shift)
-        del train, test
-        r2[:, k], sse[:, k], sst[:, k], alpha[:, k] = res.r2, res.sse, res.sst, res.alpha
-    return FoldsR2(r2=r2, mean=r2.mean(axis=1), pooled=r2_score_oos(sse.sum(axis=1), sst.sum(axis=1)), alpha=alpha)
+
+    X: object
+    y: object
+    security: np.ndarray
+    n_securities: int
+    train_mask: np.ndarray
+    test_mask: np.ndarray
+    rows_per_security: np.ndarray
+    y_shift: float = 0.0
+    backend: Backend = Backend()
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def build(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int,
+              train_mask: np.ndarray, test_mask: np.ndarray, backend: Backend | None = None,
+              centered: bool = False, y_shift: float = 0.0) -> "PanelStats":
+        """X float [n_rows, d] embeddings, y float [n_rows] targets, security int [n_rows] codes in
+        0..n_securities-1, masks bool [n_rows]. X and y are shifted by their panel means first (unless
+        ``centered``, then ``y_shift`` is the mean already removed from y) for numerical accuracy."""
+        if not centered:
+            X, y, y_shift = center(X, y)
+        backend = backend or Backend()
+        sec = np.asarray(security, dtype=np.int64)
+        return cls(X=backend.asarray(X), y=backend.asarray(y), security=sec, n_securities=int(n_securities),
+                   train_mask=np.asarray(train_mask, dtype=bool), test_mask=np.asarray(test_mask, dtype=bool),
+                   rows_per_security=np.bincount(sec, minlength=n_securities), y_shift=float(y_shift),
+                   backend=backend)
+
+    def stats_of(self, rows: np.ndarray) -> SuffStats:
+        """Per-security statistics of the rows selected by the bool mask ``rows`` [n_rows] (m = n_securities).
+        The two last built are kept (GroupKFold's folds share one; the point estimate and the bootstrap of
+        leakage-off and leakage-on reuse theirs): memory 2 × n_securities × d² float64."""
+        key = np.asarray(rows, dtype=bool).tobytes()
+        cache = self._cache.setdefault("lru", [])
+        for i, (k, st) in enumerate(cache):
+            if k == key:
+                cache.append(cache.pop(i))
+                return st
+        if len(cache) >= 2:
+            cache.pop(0)
+        idx = np.flatnonzero(rows)
+        ix = self.backend.as_index(idx)
+        st = SuffStats.from_rows(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.backend)
+        cache.append((key, st))
+        return st
+
+    def release(self) -> None:
+        """Drop the cached per-security statistics."""
+        self._cache.clear()
+
+    @property
+    def off_train(self) -> SuffStats:
+        """Per-security statistics of the chronological training rows."""
+        return SuffStats.from_rows(*self._rows(self.train_mask), self.n_securities, self.backend)
+
+    @property
+    def off_test(self) -> SuffStats:
+        """Per-security statistics of the chronological test rows."""
+        return SuffStats.from_rows(*self._rows(self.test_mask), self.n_securities, self.backend)
+
+    @property
+    def all_rows(self) -> SuffStats:
+        """Per-security statistics of every panel row (the leakage-on data set)."""
+        return SuffStats.from_rows(*self._rows(np.ones(len(self.security), bool)), self.n_securities,
+                                   self.backend)
+
+    def _rows(self, mask):
+        idx = np.flatnonzero(mask)
+        ix = self.backend.as_index(idx)
+        return self.X[ix], self.y[ix], self.security[idx]
+
+    def _batch(self, selection: AlphaSelection | None) -> int:
+        """Weightings per batch: the float64 d×d temporaries of one weighting (fitting set, inner folds,
+        centred copies, eigenvectors, products: ~4 per fit) within the backend's memory budget."""
+        d = int(self.X.shape[1])
+        fits = 1 if selection is None else selection.fits_per_set + 1
+        return max(1, self.backend.memory_budget_bytes // ((fits + 1) * 4 * 8 * d * d))
+
+    def fold_errors(self, fold: Fold, weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
+                    benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,
+                    diagnostics: bool = False, point_first: bool = False,
+                    reselect: bool = True) -> dict[str, np.ndarray]:
+        """SSE and SST of one fold for every weighting (module docstring, steps 1-4).
+
+        ``weights`` [B, n_securities] multiplicities; ``alpha_index`` int [B]: hold α at these grid positions
+        (then ``selection`` is not used), or None to choose α by ``selection`` in every weighting's training set.
+        ``point_first``: row 0 of ``weights`` is the point estimate (all ones); it is computed first (α chosen
+        by ``selection``) and, with ``reselect=False``, every other row is refitted at row 0's α
+        (``bootstrap.reselectPenalty: false``). ``diagnostics``: also the degrees of freedom at the chosen α
+        (one symmetric eigenvalue decomposition per weighting; only row 0 with ``point_first``). Returns numpy
+        arrays [B]: ``sse``, ``sst``, ``alpha``, ``df`` (NaN where not computed) float64, ``alpha_index`` int64.
+        """
+        if benchmark not in BENCHMARKS:
+            raise ValueError(f"regression.benchmark must be one of {BENCHMARKS} (got {benchmark!r})")
+        a_grid = np.asarray(alphas, dtype=np.float64)
+        W = np.asarray(weights, dtype=np.float64)
+        if W.ndim != 2 or W.shape[1] != self.n_securities:
+            raise ValueError(f"weights must have shape [B, {self.n_securities}], got {W.shape}")
+        B = W.shape[0]
+        units = self.stats_of(fold.train)
+        te = np.flatnonzero(fold.test)
+        te_ix = self.backend.as_index(te)
+        Xte, yte, sec_te = self.X[te_ix], self.y[te_ix], self.backend.as_index(self.security[te])
+        out = {"sse": np.empty(B), "sst": np.empty(B), "alpha": np.empty(B), "df": np.full(B, np.nan),
+               "alpha_index": np.empty(B, dtype=np.int64)}
+
+        def batch(s: int, e: int, fixed: np.ndarray | None, diag: bool) -> None:
+            w = W[s:e]
+            w_tr = w if fold.train_securities is None else w * fold.train_securities[s:e]
+            w_te = w if fold.test_securities is None else w * fold.test_securities[s:e]
+            wb_tr = self.backend.asarray(w_tr)
+            fitting = units.weighted(wb_tr)
+            if fixed is None:
+                k, _ = select_alpha(units, wb_tr, a_grid, selection, fitting)
+            else:
+                k = np.asarray(fixed, dtype=np.int64)[s:e]
+            beta, c, ybar = solve_ridge(fitting, a_grid[k])
+            rw = self.backend.asarray(w_te)[:, sec_te]  # [b, n_test] multiplicity of each test row
+            resid = yte[None, :] - c[:, None] - beta @ Xte.T
+            bench = ybar if benchmark == "train_mean" else xp(ybar).full_like(ybar, -self.y_shift)
+            dev = yte[None, :] - bench[:, None]
+            out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
+            out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
+            out["alpha"][s:e] = a_grid[k]
+            out["alpha_index"][s:e] = k
+            if diag:
+                _, _, sxx_c, _, _ = centred(fitting)
+                lam = xp(sxx_c).clip(eigvalsh(sxx_c), 0.0, None)
+                a = self.backend.asarray(a_grid[k])
+                out["df"][s:e] = to_numpy(1.0 + (lam / (lam + a[:, None])).sum(axis=1))
+
+        first = 0
+        fixed = alpha_index
+        if point_first and B:
+            batch(0, 1, None if alpha_index is None else alpha_index, diagnostics)
+            first = 1
+            if not reselect:
+                fixed = np.full(B, out["alpha_index"][0], dtype=np.int64)
+        n = B - first
+        workers = parallel_batches(self.backend, n)
+        step = max(1, self._batch(None if fixed is not None else selection) // workers)
+        step = min(step, -(-n // workers)) if n else 1  # at least one batch per worker
+        run_batches(lambda s, e: batch(s, e, fixed, diagnostics and not point_first),
+                    [(s, min(s + step, B)) for s in range(first, B, step)], workers)
+        return out
+
+    def protocol_errors(self, folds: list[Fold], weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
+                        benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,
+                        diagnostics: bool = False, point_first: bool = False, reselect: bool = True) -> FoldsR2:
+        """:meth:`fold_errors` for every fold (``alpha_index`` int [B, K] or None; ``point_first``, ``reselect``
+        per fold as there). Returns :class:`FoldsR2`."""
+        res = [self.fold_errors(f, weights, alphas, selection, benchmark,
+                                None if alpha_index is None else np.asarray(alpha_index)[:, k], diagnostics,
+                                point_first, reselect)
+               for k, f in enumerate(folds)]
+        sse, sst = np.stack([r["sse"] for r in res], 1), np.stack([r["sst"] for r in res], 1)
+        r2 = r2_score_oos(sse, sst)
+        return FoldsR2(r2=r2, mean=r2.mean(axis=1), pooled=r2_score_oos(sse.sum(axis=1), sst.sum(axis=1)),
+                       alpha=np.stack([r["alpha"] for r in res], 1),
+                       alpha_index=np.stack([r["alpha_index"] for r in res], 1), sse=sse, sst=sst,
+                       df=np.stack([r["df"] for r in res], 1))
+
+
+def split_r2(train: SuffStats, test: SuffStats, weights: np.ndarray, alphas,
+             selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+             y_shift: float = 0.0) -> R2Batch:
+    """Out-of-sample R² of one train/test split given as per-security statistics, for each row of ``weights``
+    ([B, n_securities] multiplicities): ridge (α chosen by ``selection``, fitted from its α-path) on the
+    weighted training statistics, SSE/SST on the weighted test statistics (``benchmark`` and ``y_shift`` as in
+    :func:`pitlab.evaluator.ridge.out_of_sample_errors`). The estimators of a run use :class:`PanelStats`."""
+    W = np.asarray(weights, dtype=np.float64)
+    fit = fit_selected(train, W, alphas, selection)
+    sse, sst = out_of_sample_errors(fit, test.weighted(W), benchmark, y_shift)
+    sse, sst = to_numpy(sse), to_numpy(sst)
+    k = np.asarray(fit.alpha_index)
+    return R2Batch(r2=r2_score_oos(sse, sst), sse=sse, sst=sst, alpha=np.asarray(fit.alpha),
+                   df=to_numpy(fit.df)[np.arange(len(k)), k], alpha_index=k)
+
+
+def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
+                   selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+                   alpha_index: np.ndarray | None = None, diagnostics: bool | None = None) -> R2Batch:
+    """leakage-off R² for each row of ``weights`` ([B, n_securities] multiplicities): ridge (α chosen by
+    ``selection``, or held at ``alpha_index`` int [B]) on the weighted training rows, SSE/SST on the weighted
+    test rows. ``diagnostics`` (default: when B = 1): degrees of freedom at the chosen α."""
+    W = np.asarray(weights, dtype=np.float64)
+    diag = W.shape[0] == 1 if diagnostics is None else diagnostics
+    fr = stats.protocol_errors([Fold(stats.train_mask, stats.test_mask)], W, alphas, selection, benchmark,
+                               None if alpha_index is None else np.asarray(alpha_index).reshape(-1, 1), diag)
+    return R2Batch(r2=fr.r2[:, 0], sse=fr.sse[:, 0], sst=fr.sst[:, 0], alpha=fr.alpha[:, 0], df=fr.df[:, 0],
+                   alpha_index=fr.alpha_index[:, 0])
 
 
 def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int, alphas,
-                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean") -> R2Batch:
+                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+                  alpha_index: np.ndarray | None = None, diagnostics: bool | None = None) -> R2Batch:
     """Pooled out-of-fold leakage-on R² for each row of ``weights`` ([B, n_securities] multiplicities).
 
     ``folds`` int [B, n_securities]: fold of each security in that weighting (-1 = not drawn), from
     :func:`pitlab.evaluator.protocols.security_folds`, so all copies of a security share one fold. Fold k
-    trains on the weighted statistics of securities outside fold k (α chosen there by ``selection``) and is
-    scored on those inside it.
+    trains on the weighted rows of securities outside fold k (α chosen there by ``selection``, or held at
+    ``alpha_index`` int [B, K]) and is scored on those inside it.
     """
-    W = _as_weights(weights, stats.all_rows.m)
+    W = np.asarray(weights, dtype=np.float64)
     F = np.asarray(folds, dtype=np.int64)
     if F.shape != W.shape:
         raise ValueError(f"folds has shape {F.shape}, weights {W.shape}")
     if np.any((W > 0) & (F < 0)):
         raise ValueError("a security with positive weight has no fold")
-    B, K = W.shape[0], n_splits
-    step = max(1, _fits_per_chunk(stats.all_rows.d) // (K * selection.fits_per_set))
-    sse, sst, alpha, df = np.zeros(B), np.zeros(B), np.empty((B, K)), np.empty((B, K))
-    ks = np.arange(K)
-    for s in range(0, B, step):
-        w, f = W[s:s + step], F[s:s + step]
-        in_fold = f[:, None, :] == ks[None, :, None]  # [b, K, S]
-        w_test = (w[:, None, :] * in_fold).reshape(-1, W.shape[1])
-        w_train = (w[:, None, :] * (~in_fold & (f[:, None, :] >= 0))).reshape(-1, W.shape[1])
-        test = stats.all_rows.weighted(w_test)
-        train = stats.all_rows.weighted(w).take(np.repeat(np.arange(w.shape[0]), K)) - test
-        fit = fit_selected(stats.all_rows, w_train, alphas, selection, fitting=train)
-        e, t = out_of_sample_errors(fit, test, benchmark, stats.y_shift)
-        del test, train
-        sse[s:s + step] = e.reshape(-1, K).sum(axis=1)
-        sst[s:s + step] = t.reshape(-1, K).sum(axis=1)
-        alpha[s:s + step] = fit.alpha.reshape(-1, K)
-        df[s:s + step] = fit.df[np.arange(fit.alpha.shape[0]), fit.alpha_index].reshape(-1, K)
-    return R2Batch(r2=r2_score_oos(sse, sst), sse=sse, sst=sst, alpha=alpha, df=df)
+    diag = W.shape[0] == 1 if diagnostics is None else diagnostics
+    fr = stats.protocol_errors(group_kfold_folds(len(stats.security), F, n_splits), W, alphas, selection,
+                               benchmark, alpha_index, diag)
+    return R2Batch(r2=r2_score_oos(fr.sse.sum(axis=1), fr.sst.sum(axis=1)), sse=fr.sse.sum(axis=1),
+                   sst=fr.sst.sum(axis=1), alpha=fr.alpha, df=fr.df, alpha_index=fr.alpha_index)
+
+
+def date_folds_r2(X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int, fold_train: np.ndarray,
+                  fold_test: np.ndarray, weights: np.ndarray, alphas,
+                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+                  y_shift: float = 0.0, alpha_index: np.ndarray | None = None,
+                  backend: Backend | None = None) -> FoldsR2:
+    """R² of a protocol whose folds are row masks (walk-forward, purged K-fold) for every weighting.
+
+    ``X`` float64 [n_rows, d] and ``y`` [n_rows], already centred (:func:`center`; ``y_shift`` = the mean
+    removed from y); ``security`` int [n_rows] in 0..n_securities-1; ``fold_train``, ``fold_test`` bool
+    [K, n_rows]; ``weights`` [B, n_securities] multiplicities. Per fold, per-security statistics of its
+    training rows are built once and every weighting is a weighted sum of them; SSE/SST come from the test rows.
+    """
+    st = PanelStats.build(X, y, security, n_securities, fold_train[0], fold_test[0], backend, centered=True,
+                          y_shift=y_shift)
+    return st.protocol_errors([Fold(tr, te) for tr, te in zip(fold_train, fold_test)], weights, alphas,
+                              selection, benchmark, alpha_index, diagnostics=np.asarray(weights).shape[0] == 1)

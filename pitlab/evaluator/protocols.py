@@ -6,6 +6,10 @@
   :func:`security_folds` gives the fold of each security, also for a bootstrap replicate in which a security
   is drawn several times (every copy keeps one group label, so all copies land in the same fold).
 
+Trading days are the sessions of the panel's exchange calendar (:func:`trading_calendar`: ``exchange_calendars``
+XNYS for US panels, XTKS for JPX, or the price file's own days with ``dataset.calendar: panel``): embargo and
+purge lengths count sessions of that calendar, whether or not the panel (or the price file) has a row that day.
+
 Both follow scikit-learn's splitter protocol (``split(X, y=None, groups=None)`` yields ``(train_idx,
 test_idx)``; ``get_n_splits``), so they can be handed to ``cross_val_score`` and compared with sklearn.
 """
@@ -28,6 +32,43 @@ class ProtocolError(ValueError):
     """A split cannot be made from the panel and the spec's ``protocol`` (the message names the field)."""
 
 
+DEFAULT_CALENDARS = {"ohlcv": "XNYS", "jpx": "XTKS"}
+"""``dataset.calendar: auto``: the exchange calendar of each dataset kind (US OHLCV files: New York Stock
+Exchange; Kaggle JPX: Tokyo Stock Exchange)."""
+
+
+def trading_calendar(setting: str, dataset_kind: str, panel_calendar: pd.DatetimeIndex) -> pd.DatetimeIndex:
+    """The trading sessions on which embargo and purge days are counted, named (``.name``) after the calendar.
+
+    ``setting`` (``dataset.calendar``): ``"auto"`` → :data:`DEFAULT_CALENDARS` of ``dataset_kind``; ``"panel"``
+    → ``panel_calendar`` itself (the trading days of the price file); else an ``exchange_calendars`` name
+    (e.g. ``"XNYS"``, ``"XTKS"``), whose sessions from 60 days before the panel calendar's first day to 60 days
+    after its last are returned (tz-naive, midnight, sorted, unique).
+
+    The exchange calendar, not the panel, defines trading days: a session the price file lacks still counts,
+    and a day the exchange did not trade does not. A market-wide halt counts as the calendar records it:
+    ``exchange_calendars`` (4.x) lists 2020-10-01 on XTKS (the TSE system failure: no trade all day) as a
+    closure, so that day is no trading day (no price formed, no label window advances over it), while the JPX
+    price file keeps it as a row without prices. Raises :class:`ProtocolError` for an unknown calendar name.
+    """
+    cal = pd.DatetimeIndex(panel_calendar)
+    name = DEFAULT_CALENDARS.get(dataset_kind, "panel") if setting == "auto" else setting
+    if name == "panel":
+        return cal.rename("panel")
+    import exchange_calendars as xcals
+
+    lo, hi = cal[0] - pd.Timedelta(days=60), cal[-1] + pd.Timedelta(days=60)
+    with warnings.catch_warnings():  # exchange_calendars 4.13 on pandas 3: Series.values deprecation notices
+        warnings.filterwarnings("ignore", message=".*Series.values returning an ndarray")
+        try:
+            ec = xcals.get_calendar(name, start=lo.date().isoformat(), end=hi.date().isoformat())
+        except xcals.errors.InvalidCalendarName as e:
+            raise ProtocolError(f"dataset.calendar: {name!r} is not an exchange_calendars calendar (e.g. XNYS, "
+                                f"XTKS) nor 'panel'") from e
+        sessions = pd.DatetimeIndex(ec.sessions)
+    return sessions.tz_localize(None).normalize().rename(name)
+
+
 class ChronologicalSplit:
     """leakage-off: one chronological train/test split with an embargo counted in trading days.
 
@@ -36,7 +77,7 @@ class ChronologicalSplit:
     dates : array-like of datetime64, shape [n_rows]
         Trading day t of each panel row; every date must be a day of ``calendar``.
     calendar : pd.DatetimeIndex
-        Every trading day of the source panel (sorted, unique); embargo days are counted on it.
+        Every trading session (sorted, unique; :func:`trading_calendar`); embargo days are counted on it.
     train_end : date
         Last date a training row may have (``protocol.trainEnd``, inclusive).
     test_start : date
@@ -73,7 +114,8 @@ class ChronologicalSplit:
         pos = cal.get_indexer(d)
         if (pos < 0).any():
             bad = d[pos < 0][0]
-            raise ProtocolError(f"panel date {bad.date()} is not a trading day of the panel calendar")
+            raise ProtocolError(f"panel date {bad.date()} is not a trading day of the {cal.name or 'panel'} calendar "
+                                "(dataset.calendar: 'panel' counts the price file's own days)")
         t0_pos = int(cal.searchsorted(t_start, side="left"))
         if t0_pos >= len(cal):
             raise ProtocolError(f"protocol.testStart ({t_start.date()}) is after the last trading day of the "
@@ -174,7 +216,8 @@ def _calendar_positions(dates, calendar: pd.DatetimeIndex) -> np.ndarray:
     d = pd.DatetimeIndex(dates)
     pos = cal.get_indexer(d)
     if (pos < 0).any():
-        raise ProtocolError(f"panel date {d[pos < 0][0].date()} is not a trading day of the panel calendar")
+        raise ProtocolError(f"panel date {d[pos < 0][0].date()} is not a trading day of the {cal.name or 'panel'} "
+                            "calendar (dataset.calendar: 'panel' counts the price file's own days)")
     return pos.astype(np.int64)
 
 

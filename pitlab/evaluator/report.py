@@ -69,16 +69,22 @@ def render_markdown(results: dict) -> str:
     lines = [
         "# Leakage evaluation", "",
         (f"R² is out-of-sample with the **{results['benchmark']}** as benchmark: "
-         f"R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train being the mean target of the fold the ridge was fitted on. "
-         f"Ridge regression on the embeddings, intercept unpenalised, penalty chosen inside every training set "
+         + (results["r2_definition"].removeprefix("out-of-sample ") + ". " if results.get("r2_definition") else
+            "R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train being the mean target of the fold the ridge was fitted on. ")
+         + f"Ridge regression on the embeddings, intercept unpenalised, penalty chosen inside every training set "
          f"by {results['regression']['alpha_selection_detail']}. "
          f"**leakage-off**: fitted on dates ≤ {off['train_end']} "
-         f"less the {off['embargo_days']} trading days before the first test date {off['first_test_date']} "
+         f"less the {off['embargo_days']} trading days"
+         + (f" ({off['calendar']} sessions)" if off.get("calendar") else "")
+         + f" before the first test date {off['first_test_date']} "
          f"({off['n_train']} rows, {off['n_embargoed']} embargoed), tested on dates ≥ {off['test_start']} "
          f"({off['n_test']} rows). **leakage-on**: GroupKFold by security ({on['n_splits']} folds) over all "
          f"{on['n_rows']} rows, pooled out-of-fold R². Premium = R²(on) − R²(off). {pct} percentile intervals "
          f"from {boot['resamples']} bootstrap resamples of securities (seed {boot['seed']}), the same draws for every "
-         f"model; a result is *significant* only when its interval excludes 0."),
+         f"model"
+         + (f"; in every replicate the penalty is {boot['penalty_in_replicates']}"
+            if boot.get("penalty_in_replicates") else "")
+         + "; a result is *significant* only when its interval excludes 0."),
         "",
         f"| model | r2_off | r2_on | premium [{pct} CI] | verdict | p |",
         "|---|---:|---:|---|---|---:|",

@@ -20,9 +20,16 @@ Out-of-sample, on a test set with raw statistics (n, Σx, Σy, Σy², XᵀX, X�
 ``SSE = Σy² - 2cΣy - 2βᵀXᵀy + n c² + 2c βᵀΣx + βᵀXᵀXβ`` and, against the training-mean benchmark,
 ``SST = Σ(y - ȳ_train)² = Σy² - 2ȳ_train Σy + n ȳ_train²``; ``R² = 1 - SSE/SST``.
 
+Solving at one α (:func:`solve_ridge`): ``(Sxx + αI) β = Sxy`` by a direct SPD solve
+(:func:`pitlab.evaluator.linalg.solve_spd`), a third of the cost of an eigendecomposition; the α-path
+(:func:`ridge_path`) uses one eigendecomposition for all α of the grid (penalty selection).
+
 Numerics: the raw sums lose precision when the columns of X have means far from zero; callers should
 subtract one global constant vector from X (and a constant from y) before building statistics. Ridge with
 an unpenalised intercept is exactly invariant to such shifts (only the intercept moves).
+
+Every function accepts numpy arrays or torch tensors (float64) and returns the same kind
+(:mod:`pitlab.evaluator.linalg`).
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pitlab.evaluator.linalg import Backend, across_matrices, eigh, is_torch, solve_spd, xp
+
 
 @dataclass(frozen=True)
 class SuffStats:
-    """Sufficient statistics of m row sets (securities, or weighted unions of them), all float64.
+    """Sufficient statistics of m row sets (securities, or weighted unions of them), all float64 (numpy
+    arrays or torch tensors of one device).
 
     Shapes: ``n`` [m] row counts, ``sx`` [m, d] Σx, ``sy`` [m] Σy, ``syy`` [m] Σy², ``sxx`` [m, d, d] XᵀX,
     ``sxy`` [m, d] Xᵀy.
@@ -58,47 +68,77 @@ class SuffStats:
         return int(self.sx.shape[1])
 
     @classmethod
-    def from_rows(cls, X: np.ndarray, y: np.ndarray, groups: np.ndarray, n_groups: int) -> "SuffStats":
+    def from_rows(cls, X, y, groups, n_groups: int, backend: Backend | None = None) -> "SuffStats":
         """Statistics per group from raw rows.
 
         X: float [n_rows, d]; y: float [n_rows]; groups: int [n_rows] in 0..n_groups-1 (rows of a group need
-        not be contiguous). Returns statistics with m = n_groups (zeros for a group without rows).
+        not be contiguous). Returns statistics with m = n_groups (zeros for a group without rows), on
+        ``backend`` (default: numpy, or the backend of a torch ``X``). The rows are sorted by group and padded
+        to [n_groups, max rows per group, d], so XᵀX of every group is one batched matrix product.
         """
-        X = np.asarray(X, dtype=np.float64)
-        y = np.asarray(y, dtype=np.float64)
-        g = np.asarray(groups, dtype=np.int64)
-        if X.ndim != 2 or y.shape != (X.shape[0],) or g.shape != (X.shape[0],):
-            raise ValueError(f"from_rows: X {X.shape}, y {y.shape}, groups {g.shape} do not match")
+        if backend is None:
+            backend = Backend("torch", str(X.device.type)) if is_torch(X) else Backend()
+        g = np.asarray(groups.cpu().numpy() if is_torch(groups) else groups, dtype=np.int64)
+        Xb, yb = backend.asarray(X), backend.asarray(y)
+        if Xb.ndim != 2 or tuple(yb.shape) != (Xb.shape[0],) or g.shape != (Xb.shape[0],):
+            raise ValueError(f"from_rows: X {tuple(Xb.shape)}, y {tuple(yb.shape)}, groups {g.shape} do not match")
         if len(g) and (g.min() < 0 or g.max() >= n_groups):
             raise ValueError(f"from_rows: group ids must lie in 0..{n_groups - 1}")
-        d = X.shape[1]
+        d = int(Xb.shape[1])
         order = np.argsort(g, kind="stable")
-        bounds = np.searchsorted(g[order], np.arange(n_groups + 1))
-        n = np.diff(bounds).astype(np.float64)
-        sx, sxy, sxx = np.zeros((n_groups, d)), np.zeros((n_groups, d)), np.zeros((n_groups, d, d))
-        sy, syy = np.zeros(n_groups), np.zeros(n_groups)
-        for k in np.flatnonzero(n):
-            idx = order[bounds[k]:bounds[k + 1]]
-            rows, ys = X[idx], y[idx]
-            sx[k], sy[k], syy[k] = rows.sum(axis=0), ys.sum(), ys @ ys
-            sxx[k], sxy[k] = rows.T @ rows, ys @ rows
-        return cls(n=n, sx=sx, sy=sy, syy=syy, sxx=sxx, sxy=sxy)
+        counts = np.bincount(g, minlength=n_groups)
+        r = int(counts.max()) if len(g) else 0
+        slot = np.arange(len(g)) - np.repeat(np.cumsum(counts) - counts, counts)  # position inside its group
+        flat = backend.as_index(g[order] * max(r, 1) + slot)
+        m = xp(Xb)
+        if backend.library == "numpy":
+            P = np.zeros((n_groups * max(r, 1), d))
+            Py = np.zeros(n_groups * max(r, 1))
+        else:
+            P = Xb.new_zeros((n_groups * max(r, 1), d))
+            Py = yb.new_zeros(n_groups * max(r, 1))
+        idx = backend.as_index(order)
+        P[flat] = Xb[idx]
+        Py[flat] = yb[idx]
+        P = P.reshape(n_groups, max(r, 1), d)
+        Py = Py.reshape(n_groups, max(r, 1))
+        n = backend.asarray(counts.astype(np.float64))
+        gram = (lambda P_: m.swapaxes(P_, 1, 2) @ P_) if backend.library == "torch" else \
+            (lambda P_: across_matrices(lambda Q: np.swapaxes(Q, 1, 2) @ Q, P_))
+        return cls(n=n, sx=P.sum(axis=1), sy=Py.sum(axis=1), syy=(Py * Py).sum(axis=1),
+                   sxx=gram(P), sxy=(m.swapaxes(P, 1, 2) @ Py[:, :, None])[:, :, 0])
 
-    def weighted(self, weights: np.ndarray) -> "SuffStats":
+    def weighted(self, weights) -> "SuffStats":
         """Weighted sums of the m row sets: ``weights`` [B, m] (e.g. bootstrap multiplicities, zero for
         excluded sets) → statistics of B row sets. Equals the statistics of the data set in which every row
-        of set i appears ``weights[b, i]`` times."""
-        W = np.asarray(weights, dtype=np.float64)
+        of set i appears ``weights[b, i]`` times. One matrix product [B, m] × [m, d²] for XᵀX (numpy: over
+        the d(d+1)/2 entries of the lower triangles, packed once per SuffStats, then mirrored)."""
+        W = _like(self.n, weights)
         if W.ndim != 2 or W.shape[1] != self.m:
-            raise ValueError(f"weights must have shape [B, {self.m}], got {W.shape}")
+            raise ValueError(f"weights must have shape [B, {self.m}], got {tuple(W.shape)}")
         d = self.d
-        sxx = W @ self.sxx.reshape(self.m, d * d)
-        return SuffStats(n=W @ self.n, sx=W @ self.sx, sy=W @ self.sy, syy=W @ self.syy,
-                         sxx=sxx.reshape(W.shape[0], d, d), sxy=W @ self.sxy)
+        if is_torch(W):
+            sxx = (W @ self.sxx.reshape(self.m, d * d)).reshape(W.shape[0], d, d)
+        else:  # numpy: sum only the lower triangles (half the flops of the product), then mirror
+            lo, hi = np.tril_indices(d)
+            packed = self.__dict__.get("_packed")
+            if packed is None:
+                packed = np.take(self.sxx.reshape(self.m, d * d), lo * d + hi, axis=1)
+                object.__setattr__(self, "_packed", packed)  # frozen dataclass: a cache, not a field
+            tri = W @ packed
+            sxx = np.empty((W.shape[0], d * d))
+            sxx[:, lo * d + hi] = tri
+            sxx[:, hi * d + lo] = tri
+            sxx = sxx.reshape(W.shape[0], d, d)
+        return SuffStats(n=W @ self.n, sx=W @ self.sx, sy=W @ self.sy, syy=W @ self.syy, sxx=sxx, sxy=W @ self.sxy)
 
-    def take(self, index: np.ndarray) -> "SuffStats":
+    def take(self, index) -> "SuffStats":
         """The row sets at ``index`` (int array; repeats allowed), as a new SuffStats."""
         i = np.asarray(index, dtype=np.int64)
+        if is_torch(self.n):
+            import torch
+
+            i = torch.as_tensor(i, device=self.n.device)
         return SuffStats(n=self.n[i], sx=self.sx[i], sy=self.sy[i], syy=self.syy[i], sxx=self.sxx[i],
                          sxy=self.sxy[i])
 
@@ -110,6 +150,17 @@ class SuffStats:
     def total(self) -> "SuffStats":
         """The union of all m sets (m = 1)."""
         return self.weighted(np.ones((1, self.m)))
+
+
+def _like(ref, a):
+    """``a`` as a float64 array of ``ref``'s kind and device."""
+    if is_torch(ref):
+        import torch
+
+        if is_torch(a):
+            return a.to(device=ref.device, dtype=torch.float64)
+        return torch.as_tensor(np.asarray(a, dtype=np.float64), device=ref.device)
+    return np.asarray(a.cpu().numpy() if is_torch(a) else a, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -131,9 +182,9 @@ class RidgeFit:
     df: np.ndarray
     criterion: str
 
-    def predict(self, X: np.ndarray) -> np.ndarray:
+    def predict(self, X) -> np.ndarray:
         """Predictions ``c + Xβ``: X [n_rows, d] → [B, n_rows]."""
-        return self.intercept[:, None] + (np.asarray(X, dtype=np.float64) @ self.beta.T).T
+        return self.intercept[:, None] + (_like(self.beta, X) @ self.beta.T).T
 
 
 def _check_alphas(alphas) -> np.ndarray:
@@ -141,6 +192,19 @@ def _check_alphas(alphas) -> np.ndarray:
     if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
         raise ValueError(f"regression.alphas must be positive finite numbers (got {list(a)})")
     return a
+
+
+def centred(stats: SuffStats) -> tuple:
+    """Centred statistics of each fitting set: ``x̄`` [B, d], ``ȳ`` [B], ``Sxx`` [B, d, d], ``Sxy`` [B, d],
+    ``Syy`` [B] (module docstring). Raises ValueError for a set with fewer than 2 rows."""
+    n = stats.n
+    if bool((n < 2).any()):
+        raise ValueError(f"a fitting set has fewer than 2 rows (n = {float(n.min()):g})")
+    xm = stats.sx / n[:, None]
+    ym = stats.sy / n
+    sxx_c = stats.sxx - (n[:, None] * xm)[:, :, None] * xm[:, None, :]
+    sxy_c = stats.sxy - n[:, None] * xm * ym[:, None]
+    return xm, ym, sxx_c, sxy_c, stats.syy - n * ym * ym
 
 
 @dataclass(frozen=True)
@@ -161,31 +225,33 @@ class RidgePath:
     z: np.ndarray
 
     @property
-    def den(self) -> np.ndarray:
+    def den(self):
         """λ_j + α, [B, A, d]."""
-        return self.lam[:, None, :] + self.alphas[None, :, None]
+        return self.lam[:, None, :] + _like(self.lam, self.alphas)[None, :, None]
 
-    def df(self) -> np.ndarray:
+    def df(self):
         """Trace of the hat matrix per α (intercept included): 1 + Σ λ/(λ+α), [B, A]."""
         return 1.0 + (self.lam[:, None, :] / self.den).sum(axis=2)
 
-    def rss(self) -> np.ndarray:
+    def rss(self):
         """In-sample residual sum of squares per α: Syy - Σ z²(λ+2α)/(λ+α)², [B, A] (clipped at 0)."""
         den = self.den
-        r = self.syy_c[:, None] - (self.z[:, None, :] ** 2 * (self.lam[:, None, :] + 2 * self.alphas[None, :, None])
+        a = _like(self.lam, self.alphas)
+        r = self.syy_c[:, None] - (self.z[:, None, :] ** 2 * (self.lam[:, None, :] + 2 * a[None, :, None])
                                    / den**2).sum(axis=2)
-        return np.clip(r, 0.0, None)
+        return xp(r).clip(r, 0.0, None)
 
-    def betas(self) -> np.ndarray:
+    def betas(self):
         """Slopes for every α: V diag(1/(λ+α)) z, [B, A, d]."""
-        return np.swapaxes(self.V @ np.swapaxes(self.z[:, None, :] / self.den, 1, 2), 1, 2)
+        m = xp(self.V)
+        return m.swapaxes(self.V @ m.swapaxes(self.z[:, None, :] / self.den, 1, 2), 1, 2)
 
-    def fit_at(self, alpha_index: np.ndarray, score: np.ndarray, df: np.ndarray, criterion: str) -> RidgeFit:
+    def fit_at(self, alpha_index, score, df, criterion: str) -> RidgeFit:
         """The fits at the chosen grid positions ``alpha_index`` [B]."""
-        k = np.asarray(alpha_index, dtype=np.int64)
+        k = np.asarray(alpha_index.cpu().numpy() if is_torch(alpha_index) else alpha_index, dtype=np.int64)
         rows = np.arange(len(k))
         beta = (self.V @ (self.z / self.den[rows, k])[:, :, None])[:, :, 0]
-        intercept = self.y_mean - np.einsum("bi,bi->b", self.x_mean, beta)
+        intercept = self.y_mean - xp(beta).einsum("bi,bi->b", self.x_mean, beta)
         return RidgeFit(alphas=self.alphas, alpha=self.alphas[k], alpha_index=k, beta=beta, intercept=intercept,
                         y_mean=self.y_mean, n=self.n, score=score, df=df, criterion=criterion)
 
@@ -193,18 +259,34 @@ class RidgePath:
 def ridge_path(stats: SuffStats, alphas) -> RidgePath:
     """Centre each fitting set's statistics and eigendecompose its Gram matrix (module docstring formulas)."""
     a = _check_alphas(alphas)
-    n = stats.n
-    if np.any(n < 2):
-        raise ValueError(f"a fitting set has fewer than 2 rows (n = {n.min():g})")
-    xm = stats.sx / n[:, None]
-    ym = stats.sy / n
-    sxx_c = stats.sxx - (n[:, None] * xm)[:, :, None] * xm[:, None, :]  # eigh reads the lower triangle
-    sxy_c = stats.sxy - n[:, None] * xm * ym[:, None]
-    lam, V = np.linalg.eigh(sxx_c)
+    xm, ym, sxx_c, sxy_c, syy_c = centred(stats)
+    m = xp(sxx_c)
+    lam, V = eigh(sxx_c)  # both libraries read the lower triangle
     del sxx_c
-    lam = np.clip(lam, 0.0, None)  # a PSD matrix; tiny negative eigenvalues are rounding
-    z = (np.swapaxes(V, 1, 2) @ sxy_c[:, :, None])[:, :, 0]
-    return RidgePath(alphas=a, n=n, x_mean=xm, y_mean=ym, syy_c=stats.syy - n * ym * ym, lam=lam, V=V, z=z)
+    lam = m.clip(lam, 0.0, None)  # a PSD matrix; tiny negative eigenvalues are rounding
+    z = (m.swapaxes(V, 1, 2) @ sxy_c[:, :, None])[:, :, 0]
+    return RidgePath(alphas=a, n=stats.n, x_mean=xm, y_mean=ym, syy_c=syy_c, lam=lam, V=V, z=z)
+
+
+def gcv_scores(path: RidgePath, copies: SuffStats | None = None) -> tuple:
+    """GCV score and degrees of freedom per α, both [B, A] (see :func:`fit_ridge_gcv`)."""
+    n, xm = path.n, path.x_mean
+    if copies is None:
+        df = path.df()
+    else:
+        if copies.m != path.n.shape[0] or copies.d != path.x_mean.shape[1]:
+            raise ValueError("copies must describe the same sets as stats")
+        q = copies.sx
+        C = copies.sxx - q[:, :, None] * xm[:, None, :] - xm[:, :, None] * q[:, None, :] \
+            + copies.n[:, None, None] * xm[:, :, None] * xm[:, None, :]
+        c_diag = xp(C).einsum("bij,bij->bj", path.V, C @ path.V)  # diag(VᵀCV)
+        del C
+        df = (copies.n / n)[:, None] + (c_diag[:, None, :] / path.den).sum(axis=2)
+    resid_df = n[:, None] - df
+    m = xp(df)
+    safe = m.where(resid_df > 0, resid_df, m.ones_like(resid_df))
+    gcv = m.where(resid_df > 0, n[:, None] * path.rss() / safe**2, m.full_like(resid_df, float("inf")))
+    return gcv, df
 
 
 def fit_ridge_gcv(stats: SuffStats, alphas, copies: SuffStats | None = None) -> RidgeFit:
@@ -222,56 +304,61 @@ def fit_ridge_gcv(stats: SuffStats, alphas, copies: SuffStats | None = None) -> 
     (all m = 1) both are the same number. ``None`` = plain GCV.
     """
     path = ridge_path(stats, alphas)
-    n, xm = path.n, path.x_mean
-    if copies is None:
-        df = path.df()
-    else:
-        if copies.m != stats.m or copies.d != stats.d:
-            raise ValueError("copies must describe the same sets as stats")
-        q = copies.sx
-        C = copies.sxx - q[:, :, None] * xm[:, None, :] - xm[:, :, None] * q[:, None, :] \
-            + copies.n[:, None, None] * xm[:, :, None] * xm[:, None, :]
-        c_diag = np.einsum("bij,bij->bj", path.V, C @ path.V)  # diag(VᵀCV)
-        del C
-        df = (copies.n / n)[:, None] + (c_diag[:, None, :] / path.den).sum(axis=2)
-    resid_df = n[:, None] - df
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gcv = np.where(resid_df > 0, n[:, None] * path.rss() / resid_df**2, np.inf)
-    return path.fit_at(np.argmin(gcv, axis=1), gcv, df, "gcv")
+    gcv, df = gcv_scores(path, copies)
+    return path.fit_at(xp(gcv).argmin(gcv, axis=1), gcv, df, "gcv")
 
 
-def fit_ridge_at(stats: SuffStats, alphas, alpha_index: np.ndarray, score: np.ndarray | None = None,
-                 criterion: str = "given") -> RidgeFit:
+def fit_ridge_at(stats: SuffStats, alphas, alpha_index, score=None, criterion: str = "given") -> RidgeFit:
     """Fit ridge on each fitting set at a given grid position ``alpha_index`` [B] (chosen elsewhere, e.g. by
-    inner cross-validation whose per-α score [B, A] is passed on as ``score``)."""
+    inner cross-validation whose per-α score [B, A] is passed on as ``score``), from one eigendecomposition
+    per set (so ``df`` is known for every α)."""
     path = ridge_path(stats, alphas)
-    score = np.full((stats.m, path.alphas.size), np.nan) if score is None else score
+    if score is None:
+        score = xp(path.lam).full_like(path.df(), float("nan"))
     return path.fit_at(alpha_index, score, path.df(), criterion)
 
 
-def path_test_sse(path: RidgePath, test: SuffStats) -> np.ndarray:
+def solve_ridge(stats: SuffStats, alpha) -> tuple:
+    """Ridge slopes at one penalty per fitting set by a direct solve: ``alpha`` [B] (float) →
+    ``beta`` [B, d], ``intercept`` [B], ``y_mean`` [B] (training mean of y). Solves
+    ``(Sxx + αI) β = Sxy`` (centred statistics; SPD since α > 0) with
+    :func:`pitlab.evaluator.linalg.solve_spd`; equal to the eigendecomposition formula up to rounding."""
+    xm, ym, sxx_c, sxy_c, _ = centred(stats)
+    a = _like(ym, alpha)
+    d = sxx_c.shape[1]
+    idx = np.arange(d)
+    if is_torch(sxx_c):
+        import torch
+
+        idx = torch.arange(d, device=sxx_c.device)
+    sxx_c[:, idx, idx] += a[:, None]
+    beta = solve_spd(sxx_c, sxy_c)
+    return beta, ym - xp(beta).einsum("bi,bi->b", xm, beta), ym
+
+
+def path_test_sse(path: RidgePath, test: SuffStats):
     """SSE of every α's fit of set b on test set b: [B, A] (same raw-statistics formula as
     :func:`out_of_sample_errors`)."""
     if test.m != path.n.shape[0]:
         raise ValueError(f"{path.n.shape[0]} fitting sets vs {test.m} test sets")
+    m = xp(path.V)
     B = path.betas()  # [b, A, d]
-    c = path.y_mean[:, None] - np.einsum("bi,bai->ba", path.x_mean, B)
-    quad = np.einsum("bai,bia->ba", B, test.sxx @ np.swapaxes(B, 1, 2))
-    sse = (test.syy[:, None] - 2 * c * test.sy[:, None] - 2 * np.einsum("bai,bi->ba", B, test.sxy)
-           + test.n[:, None] * c * c + 2 * c * np.einsum("bai,bi->ba", B, test.sx) + quad)
-    return np.clip(sse, 0.0, None)
+    c = path.y_mean[:, None] - m.einsum("bi,bai->ba", path.x_mean, B)
+    quad = m.einsum("bai,bia->ba", B, test.sxx @ m.swapaxes(B, 1, 2))
+    sse = (test.syy[:, None] - 2 * c * test.sy[:, None] - 2 * m.einsum("bai,bi->ba", B, test.sxy)
+           + test.n[:, None] * c * c + 2 * c * m.einsum("bai,bi->ba", B, test.sx) + quad)
+    return m.clip(sse, 0.0, None)
 
 
 BENCHMARKS = ("train_mean", "zero")
 
 
 def out_of_sample_errors(fit: RidgeFit, test: SuffStats, benchmark: str = "train_mean",
-                         y_shift: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """SSE and SST of fit b on test set b (B pairs), from the test sets' raw statistics.
+                         y_shift: float = 0.0) -> tuple:
+    """SSE and SST of B fits, fit b scored on test set b: ([B], [B]).
 
-    Returns ``(sse, sst)``, float64 [B] each: ``sse = Σ(y - c - xᵀβ)²``. ``benchmark``:
-    ``"train_mean"``: ``sst = Σ(y - ȳ_train)²`` with ȳ_train = ``fit.y_mean``; ``"zero"``: the benchmark is a
-    zero forecast of the *unshifted* target, ``sst = Σ(y + y_shift)² = Σy² + 2·y_shift·Σy + n·y_shift²``
+    ``benchmark``: ``"train_mean"``: SST about the training mean, ``Σy² - 2ȳ_train Σy + n ȳ_train²``;
+    ``"zero"``: SST of the raw (unshifted) target, ``Σ(y + y_shift)² = Σy² + 2·y_shift·Σy + n·y_shift²``
     (Gu, Kelly & Xiu 2020, "Empirical Asset Pricing via Machine Learning", RFS 33(5), eq. 19: R²_oos against
     zero, since the historical mean return is a noisy, too-easy-to-beat benchmark). ``y_shift``: the constant
     subtracted from the target before the statistics were built (SSE does not depend on it). ``R² = 1 - sse/sst``.
@@ -281,17 +368,20 @@ def out_of_sample_errors(fit: RidgeFit, test: SuffStats, benchmark: str = "train
     if test.m != fit.beta.shape[0] or test.d != fit.beta.shape[1]:
         raise ValueError(f"{fit.beta.shape[0]} fits of dimension {fit.beta.shape[1]} vs {test.m} test sets "
                          f"of dimension {test.d}")
+    m = xp(fit.beta)
     b, c = fit.beta, fit.intercept
-    quad = np.einsum("bi,bi->b", b, (test.sxx @ b[:, :, None])[:, :, 0])
-    sse = (test.syy - 2 * c * test.sy - 2 * np.einsum("bi,bi->b", b, test.sxy) + test.n * c * c
-           + 2 * c * np.einsum("bi,bi->b", b, test.sx) + quad)
-    ybar = fit.y_mean if benchmark == "train_mean" else np.full_like(fit.y_mean, -float(y_shift))
+    quad = m.einsum("bi,bi->b", b, (test.sxx @ b[:, :, None])[:, :, 0])
+    sse = (test.syy - 2 * c * test.sy - 2 * m.einsum("bi,bi->b", b, test.sxy) + test.n * c * c
+           + 2 * c * m.einsum("bi,bi->b", b, test.sx) + quad)
+    ybar = fit.y_mean if benchmark == "train_mean" else m.full_like(fit.y_mean, -float(y_shift))
     sst = test.syy - 2 * ybar * test.sy + test.n * ybar * ybar
-    return np.clip(sse, 0.0, None), np.clip(sst, 0.0, None)
+    return m.clip(sse, 0.0, None), m.clip(sst, 0.0, None)
 
 
-def r2_score_oos(sse: np.ndarray, sst: np.ndarray) -> np.ndarray:
+def r2_score_oos(sse, sst):
     """Out-of-sample R² = 1 - SSE/SST (NaN where SST = 0)."""
-    sse, sst = np.asarray(sse, dtype=np.float64), np.asarray(sst, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(sst > 0, 1.0 - sse / sst, np.nan)
+    m = xp(sse)
+    if m is np:
+        sse, sst = np.asarray(sse, dtype=np.float64), np.asarray(sst, dtype=np.float64)
+    safe = m.where(sst > 0, sst, m.ones_like(sst))
+    return m.where(sst > 0, 1.0 - sse / safe, m.full_like(sst, float("nan")))

@@ -19,10 +19,10 @@ from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import (bootstrap_model, bootstrap_p_value, cutoff_control, draw_cluster_weights,
                                        paired_reductions, percentile_ci, replicate_folds, verdict)
 from pitlab.evaluator.embed import embed_texts
-from pitlab.evaluator.estimates import (AlphaSelection, PanelStats, center, date_folds_r2, leakage_off_r2,
-                                       leakage_on_r2, split_r2)
-from pitlab.evaluator.protocols import ChronologicalSplit, PurgedKFoldSplit, WalkForwardSplit, security_folds
-from pitlab.evaluator.ridge import SuffStats
+from pitlab.evaluator.estimates import AlphaSelection, Fold, PanelStats, leakage_off_r2, leakage_on_r2
+from pitlab.evaluator.linalg import Backend
+from pitlab.evaluator.protocols import (ChronologicalSplit, PurgedKFoldSplit, WalkForwardSplit, security_folds,
+                                        trading_calendar)
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
 
 BENCHMARK = "training mean"
@@ -86,25 +86,30 @@ def _grid_edge(off, on, alphas: list[float]) -> str | None:
     return None
 
 
-def _device() -> dict:
-    """Where the statistics ran (numpy/float64 on the CPU) and the accelerator torch sees, if any."""
+def _device(backend: Backend) -> dict:
+    """Where the statistics ran (library, device, dtype, BLAS threads on the CPU), the host, and the
+    accelerator torch sees, if any."""
     import torch
+    from threadpoolctl import threadpool_info
 
-    d = {"statistics": f"cpu ({platform.processor() or platform.machine()}), numpy float64",
-         "cuda": torch.cuda.is_available()}
+    d = {"statistics": backend.describe(), "host": f"{platform.machine()} ({platform.processor() or 'cpu'}), "
+                                                  f"{__import__('os').cpu_count()} cores",
+         "blas": [{"library": i.get("internal_api"), "threads": i.get("num_threads"),
+                   "version": i.get("version")} for i in threadpool_info() if i.get("user_api") == "blas"],
+         "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
     if d["cuda"]:
         d["gpu"] = torch.cuda.get_device_name(0)
     return d
 
 
-def _extra_splitters(spec: LeakageEvalSpec, panel: Panel) -> dict:
-    """The date-block protocols the spec asks for, built once for all models."""
+def _extra_splitters(spec: LeakageEvalSpec, panel: Panel, calendar: pd.DatetimeIndex) -> dict:
+    """The date-block protocols the spec asks for, built once for all models (days counted on ``calendar``)."""
     proto, dates = spec.protocol, panel.rows["date"].to_numpy()
     out = {}
     if "walk-forward" in proto.protocols:
-        out["walk-forward"] = WalkForwardSplit(dates, panel.calendar, proto.walk_forward_folds, proto.embargo_days)
+        out["walk-forward"] = WalkForwardSplit(dates, calendar, proto.walk_forward_folds, proto.embargo_days)
     if "purged-kfold" in proto.protocols:
-        out["purged-kfold"] = PurgedKFoldSplit(dates, panel.calendar, proto.purged_folds, proto.embargo_days)
+        out["purged-kfold"] = PurgedKFoldSplit(dates, calendar, proto.purged_folds, proto.embargo_days)
     return out
 
 
@@ -119,23 +124,39 @@ PROTOCOL_TEXT = {
 
 
 def _versions() -> dict[str, str]:
+    """Versions of everything that can move a number: interpreter, array and model libraries, calendars."""
+    from importlib.metadata import PackageNotFoundError, version
+
     import matplotlib
     import sklearn
     import torch
     import transformers
 
-    return {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
-            "scikit-learn": sklearn.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__, "matplotlib": matplotlib.__version__}
+    out = {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
+           "scikit-learn": sklearn.__version__, "torch": torch.__version__,
+           "transformers": transformers.__version__, "matplotlib": matplotlib.__version__}
+    for dist in ("exchange_calendars", "tokenizers", "safetensors", "pitlab"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            out[dist] = None
+    return out
 
 
-def _panel_summary(panel: Panel) -> dict:
+def _panel_summary(panel: Panel, calendar: pd.DatetimeIndex) -> dict:
     rows = panel.rows
     dates = pd.DatetimeIndex(rows["date"])
+    pcal = pd.DatetimeIndex(panel.calendar)
+    first, last = pcal[0], pcal[-1]
+    sessions = calendar[(calendar >= first) & (calendar <= last)]
     return {"source": panel.source, "n_rows": len(rows), "n_securities": int(rows["security"].nunique()),
             "n_dates": int(dates.nunique()), "first_date": dates.min().date().isoformat(),
             "last_date": dates.max().date().isoformat(),
-            "calendar": [panel.calendar[0].date().isoformat(), panel.calendar[-1].date().isoformat()],
+            "calendar": [first.date().isoformat(), last.date().isoformat()],
+            "trading_calendar": {
+                "name": calendar.name, "sessions": int(len(sessions)),
+                "price_file_days_not_sessions": [d.date().isoformat() for d in pcal.difference(sessions)][:20],
+                "sessions_missing_from_price_file": int(len(sessions.difference(pcal)))},
             "dropped": dict(panel.dropped), "target": TARGET}
 
 
@@ -166,6 +187,10 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     training set: None (default) takes ``spec.regression.selection`` and ``innerFolds``; ``"gcv"``,
     ``"security-cv"`` or an :class:`AlphaSelection` override it, see
     :class:`pitlab.evaluator.estimates.AlphaSelection`.
+    Trading days (embargo, purge) are sessions of ``spec.dataset.calendar``
+    (:func:`pitlab.evaluator.protocols.trading_calendar`); the statistics run on ``spec.regression.device``
+    (:class:`pitlab.evaluator.linalg.Backend`, float64); ``spec.bootstrap.reselectPenalty`` decides whether
+    replicates choose their penalties again (default) or keep the point estimate's per protocol and fold.
     Returns the results dict (as written to ``results.json``). A stale ``results.json`` in ``out_dir`` is
     removed first, so the folder never looks complete after a failure.
     """
@@ -187,8 +212,11 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     proto, boot, emb = spec.protocol, spec.bootstrap, spec.embedding
     rows = panel.rows
     benchmark = spec.regression.benchmark
-    extra = _extra_splitters(spec, panel)
-    split = ChronologicalSplit(rows["date"].to_numpy(), panel.calendar, proto.train_end, proto.test_start,
+    backend = Backend.resolve(spec.regression.device)
+    reselect = boot.reselect_penalty
+    calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
+    extra = _extra_splitters(spec, panel, calendar)
+    split = ChronologicalSplit(rows["date"].to_numpy(), calendar, proto.train_end, proto.test_start,
                                proto.embargo_days)
     codes, securities = pd.factorize(rows["security"].astype(str), sort=True)
     S, K = len(securities), proto.group_k_folds
@@ -218,19 +246,20 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                         progress=lambda d, t, n=name: note(f"embed:{n}", d, t))
         t_stat = time.perf_counter()
         note(f"statistics:{name}", 0, 1)
-        stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask)
+        stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask, backend)
         off = leakage_off_r2(stats, ones, alphas, selection, benchmark)
         on = leakage_on_r2(stats, ones, point_folds, K, alphas, selection, benchmark)
         t_boot = time.perf_counter()
-        reps = bootstrap_model(stats, weights, folds, K, alphas, selection, benchmark)
-        del stats
+        fixed = None if reselect else (off.alpha_index, on.alpha_index)
+        reps = bootstrap_model(stats, weights, folds, K, alphas, selection, benchmark, fixed)
         t_extra = time.perf_counter()
-        Xc, yc, y_shift = center(X, y)
         proto_results = {}
         for pname, sp in extra.items():
-            fr = date_folds_r2(Xc, yc, codes, S, sp.fold_train, sp.fold_test, np.vstack([ones, weights]), alphas,
-                               selection, benchmark, y_shift)
+            pfolds = [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)]
+            fr = stats.protocol_errors(pfolds, np.vstack([ones, weights]), alphas, selection, benchmark,
+                                       diagnostics=True, point_first=True, reselect=reselect)
             head = fr.mean if pname == "walk-forward" else fr.pooled
+            r2_folds = fr.r2
             prem = on.r2[0] - head[0]
             prem_reps = reps.r2_on - head[1:]
             pci = percentile_ci(prem_reps, boot.confidence)
@@ -238,7 +267,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                 "r2": float(head[0]), "r2_ci": list(percentile_ci(head[1:], boot.confidence)),
                 "r2_mean": float(fr.mean[0]), "r2_pooled": float(fr.pooled[0]),
                 "r2_per_fold": [float(v) for v in fr.r2[0]],
-                "r2_per_fold_ci": [list(percentile_ci(fr.r2[1:, k], boot.confidence)) for k in range(fr.r2.shape[1])],
+                "r2_per_fold_ci": [list(percentile_ci(r2_folds[1:, k], boot.confidence))
+                                   for k in range(r2_folds.shape[1])],
                 "alpha_per_fold": [float(a) for a in fr.alpha[0]],
                 "premium": float(prem), "premium_ci": list(pci), "premium_p_value": bootstrap_p_value(prem_reps),
                 "verdict": verdict(pci)}
@@ -247,15 +277,14 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         for e in spec.protocol.embargo_robustness:
             with warnings.catch_warnings():  # a short embargo is the point of the robustness check
                 warnings.simplefilter("ignore", UserWarning)
-                sp_e = ChronologicalSplit(rows["date"].to_numpy(), panel.calendar, proto.train_end,
+                sp_e = ChronologicalSplit(rows["date"].to_numpy(), calendar, proto.train_end,
                                           proto.test_start, e)
-            tr, te = sp_e.train_mask, sp_e.test_mask
-            r_e = split_r2(SuffStats.from_rows(Xc[tr], yc[tr], codes[tr], S),
-                           SuffStats.from_rows(Xc[te], yc[te], codes[te], S), ones, alphas, selection, benchmark,
-                           y_shift)
-            robustness.append({"embargo_days": int(e), "n_train": sp_e.n_train, "r2_off": float(r_e.r2[0]),
-                               "premium": float(on.r2[0] - r_e.r2[0])})
-        del Xc, yc
+            r_e = stats.protocol_errors([Fold(sp_e.train_mask, sp_e.test_mask)], ones, alphas, selection,
+                                         benchmark)
+            robustness.append({"embargo_days": int(e), "n_train": sp_e.n_train, "r2_off": float(r_e.r2[0, 0]),
+                               "premium": float(on.r2[0] - r_e.r2[0, 0])})
+        stats.release()
+        del stats
         t_end = time.perf_counter()
         note(f"statistics:{name}", 1, 1)
         r2_off, r2_on = float(off.r2[0]), float(on.r2[0])
@@ -319,7 +348,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         "benchmark_key": benchmark,
         "r2_definition": "out-of-sample " + BENCHMARK_TEXT[benchmark][1],
         "protocol": {
-            "leakage_off": {"method": "chronological split with embargo (trading days)", **split.summary()},
+            "leakage_off": {"method": "chronological split with embargo (trading days)",
+                            "calendar": calendar.name, **split.summary()},
             "leakage_on": {"method": "GroupKFold by security over all dates (scikit-learn, no shuffle), pooled "
                                      "out-of-fold R² = 1 - Σ_k SSE_k / Σ_k SST_k, SST_k about fold k's "
                                      "training mean",
@@ -330,20 +360,26 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                for p, sp in extra.items()},
         },
         "regression": {"model": "ridge, unpenalised intercept, raw embeddings", "alphas": alphas,
-                       "alpha_selection": selection.method, "alpha_selection_detail": selection.describe()},
+                       "alpha_selection": selection.method, "alpha_selection_detail": selection.describe(),
+                       "device": backend.name, "dtype": "float64"},
         "bootstrap": {"resamples": boot.resamples, "confidence": boot.confidence, "cluster": boot.cluster,
                       "seed": boot.seed, "ci_method": "percentile", "shared_draws": True,
+                      "reselect_penalty": reselect,
+                      "penalty_in_replicates": ("chosen again by the same selection as the point estimate"
+                                                if reselect else
+                                                "held at the point estimate's choice for each protocol and fold "
+                                                "(interval conditional on those penalties)"),
                       "weights_sha256": hashlib.sha256(np.ascontiguousarray(weights).tobytes()).hexdigest(),
                       "replicate_folds": "GroupKFold on the replicate; all copies of a security share one fold"},
         "embedding": emb.model_dump(mode="json"),
-        "panel": _panel_summary(panel),
+        "panel": _panel_summary(panel, calendar),
         "models": model_results,
         "reductions": reductions,
         "protocol_reductions": protocol_reductions,
         "cutoff_control": control,
         "warnings": run_warnings,
         "versions": _versions(),
-        "device": _device(),
+        "device": _device(backend),
         "seed": boot.seed,
         "spec": spec.model_dump(mode="json", by_alias=True),
         "timings": timings,
