@@ -204,6 +204,47 @@ def complete_checkpoints(checkpoint_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def checkpoint_steps(start_step: int, total_steps: int, every_steps: int) -> list[int]:
+    """Optimizer steps at which a run from ``start_step`` to ``total_steps`` saves: every ``every_steps``
+    (0 = never) before the end, and ``total_steps`` itself."""
+    steps = [s for s in range(start_step + 1, total_steps) if every_steps > 0 and s % every_steps == 0]
+    return steps + [total_steps] if start_step < total_steps else steps
+
+
+def checkpoint_bytes(trainable: list[torch.Tensor]) -> int:
+    """Estimated bytes of one checkpoint of a whole run (all ranks): every trainable parameter plus AdamW's
+    ``exp_avg`` and ``exp_avg_sq`` in the parameter's dtype (3 × the trainable bytes; ``numel`` of a DTensor
+    shard is the global count). RNG and train state (kilobytes) are left out."""
+    return 3 * sum(p.numel() * p.element_size() for p in trainable)
+
+
+def check_disk_space(checkpoint_dir: Path, one_checkpoint: int, saves: int, keep: int,
+                     free_bytes: int | None = None) -> None:
+    """Refuse, before the first training step, a run whose checkpoints cannot fit the local disk.
+
+    A save writes ``step-<N>.tmp`` while the ``keep`` newest complete checkpoints are still there (the old
+    ones are pruned only after ``latest`` names the new one), so this run needs up to
+    ``min(keep + 1, existing + saves) - existing`` more checkpoints of ``one_checkpoint`` bytes. ``free_bytes``
+    defaults to the free space of the file system holding ``checkpoint_dir``. Raises :class:`CheckpointError`
+    naming the sizes in GB and what to change; S3 checkpoints are not checked (nothing to measure).
+    """
+    d = Path(checkpoint_dir)
+    existing = len(complete_checkpoints(d)) if d.is_dir() else 0
+    more = max(0, min(keep + 1, existing + saves) - existing)
+    need = more * one_checkpoint
+    if free_bytes is None:
+        probe = d
+        while not probe.exists():
+            probe = probe.parent
+        free_bytes = shutil.disk_usage(probe).free
+    if need > free_bytes:
+        raise CheckpointError(
+            f"spec.checkpoint: this run saves {saves} checkpoint(s) of about {one_checkpoint / 1e9:.1f} GB "
+            f"(parameters + AdamW moments) and keeps {keep}: up to {more} more on {d} "
+            f"({need / 1e9:.1f} GB), which has {free_bytes / 1e9:.1f} GB free; lower spec.checkpoint.keep, "
+            f"raise spec.checkpoint.everySteps, use an s3:// checkpoint.uri or free space")
+
+
 def prune_checkpoints(checkpoint_dir: Path, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` complete checkpoints (never the one ``latest`` names); return
     the deleted paths."""

@@ -45,9 +45,9 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
-from pitlab.storage import StorageError
-from pitlab.trainer.checkpoint import (CheckpointError, checkpoint_location, latest_checkpoint, load_checkpoint,
-                                       save_checkpoint)
+from pitlab.storage import StorageError, is_s3
+from pitlab.trainer.checkpoint import (CheckpointError, check_disk_space, checkpoint_bytes, checkpoint_location,
+                                       checkpoint_steps, latest_checkpoint, load_checkpoint, save_checkpoint)
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.files import write_json_atomic
@@ -167,6 +167,11 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     start_step, first_loss, final_loss = 0, None, None
     ckpt_dir = checkpoint_location(spec.checkpoint.uri, paths.run_dir)  # spec.checkpoint.uri: local or s3://
     resumed_from = latest_checkpoint(ckpt_dir)
+    if not is_s3(str(ckpt_dir)):  # every rank checks the same numbers, so all fail together
+        resume_step = int(str(resumed_from).rstrip("/").rsplit("step-", 1)[1]) if resumed_from is not None else 0
+        check_disk_space(ckpt_dir, checkpoint_bytes(trainable),
+                         len(checkpoint_steps(resume_step, total_steps, spec.checkpoint.every_steps)),
+                         spec.checkpoint.keep)
     if resumed_from is not None:
         start_step = _resume(resumed_from, model, optimizer, scheduler, run_identity)
         if rank == 0:
@@ -372,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(args.spec, paths)
     except (SpecError, ValueError, FileNotFoundError, FloatingPointError, CheckpointError,
-            WeightLoadError, StorageError, AdapterSaveError) as err:
+            WeightLoadError, StorageError, AdapterSaveError, OSError) as err:
         if not isinstance(err, SpecError):
             traceback.print_exc()  # where it came from; the one-line message below is what launch reports
         print(f"pitlab.trainer.train: error (rank {dist.get_rank()}): {err}", file=sys.stderr, flush=True)

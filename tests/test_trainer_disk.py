@@ -1,0 +1,58 @@
+"""The checkpoint disk-space preflight: a run whose checkpoints cannot fit is refused before step 1.
+
+Found on the H200 (64 GiB disk): a 2.91 B-parameter run saving at steps 15 and 20 with keep 2 wrote the
+first 34.9 GB checkpoint, trained 5 more steps and died writing the second.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pitlab.trainer.checkpoint import CheckpointError, check_disk_space, checkpoint_bytes, checkpoint_steps
+
+GB = 10**9
+
+
+def test_checkpoint_steps() -> None:
+    assert checkpoint_steps(0, 20, 15) == [15, 20]
+    assert checkpoint_steps(0, 20, 5) == [5, 10, 15, 20]  # the end is saved once
+    assert checkpoint_steps(10, 20, 5) == [15, 20]  # resumed at 10
+    assert checkpoint_steps(0, 7, 0) == [7]
+    assert checkpoint_steps(20, 20, 5) == []  # already finished
+
+
+def test_checkpoint_bytes_counts_parameters_and_two_adam_moments() -> None:
+    params = [torch.zeros(10, 4), torch.zeros(6, dtype=torch.bfloat16)]
+    assert checkpoint_bytes(params) == 3 * (40 * 4 + 6 * 2)
+
+
+def test_refuses_the_run_that_died_on_the_h200(tmp_path) -> None:
+    one = 3 * 2_910_834_816 * 4  # 2.91 B fp32 parameters + AdamW moments = 34.9 GB
+    with pytest.raises(CheckpointError) as err:
+        check_disk_space(tmp_path / "ckpt", one, saves=2, keep=2, free_bytes=64 * 2**30)
+    assert str(err.value) == (
+        f"spec.checkpoint: this run saves 2 checkpoint(s) of about 34.9 GB (parameters + AdamW moments) and "
+        f"keeps 2: up to 2 more on {tmp_path / 'ckpt'} (69.9 GB), which has 68.7 GB free; lower "
+        f"spec.checkpoint.keep, raise spec.checkpoint.everySteps, use an s3:// checkpoint.uri or free space")
+    # keep 1 still holds the old one while the new one is written: 2 copies, the same refusal
+    with pytest.raises(CheckpointError):
+        check_disk_space(tmp_path / "ckpt", one, saves=2, keep=1, free_bytes=64 * 2**30)
+    check_disk_space(tmp_path / "ckpt", one, saves=1, keep=2, free_bytes=64 * 2**30)  # one save fits
+
+
+def test_existing_checkpoints_are_already_on_disk(tmp_path) -> None:
+    ckpt = tmp_path / "ckpt"
+    for n in (5, 10):
+        (ckpt / f"step-{n}").mkdir(parents=True)
+    (ckpt / "step-15.tmp").mkdir()  # incomplete: not counted
+    # keep 2 with 2 complete: the next save adds 1 (then prunes), so 1 more checkpoint whatever the count
+    check_disk_space(ckpt, 10 * GB, saves=4, keep=2, free_bytes=11 * GB)
+    with pytest.raises(CheckpointError, match=r"up to 1 more .* \(10\.0 GB\), which has 9\.0 GB free"):
+        check_disk_space(ckpt, 10 * GB, saves=4, keep=2, free_bytes=9 * GB)
+
+
+def test_free_space_is_read_from_the_nearest_existing_parent(tmp_path) -> None:
+    check_disk_space(tmp_path / "a" / "b" / "ckpt", 1, saves=1, keep=1)  # 3 bytes fit any test disk
+    with pytest.raises(CheckpointError, match="which has"):
+        check_disk_space(tmp_path / "a" / "b" / "ckpt", 10**18, saves=1, keep=1)  # 1 EB does not
