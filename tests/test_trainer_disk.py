@@ -56,3 +56,19 @@ def test_free_space_is_read_from_the_nearest_existing_parent(tmp_path) -> None:
     check_disk_space(tmp_path / "a" / "b" / "ckpt", 1, saves=1, keep=1)  # 3 bytes fit any test disk
     with pytest.raises(CheckpointError, match="which has"):
         check_disk_space(tmp_path / "a" / "b" / "ckpt", 10**18, saves=1, keep=1)  # 1 EB does not
+
+
+def test_an_uncaught_rank_exception_heads_the_launch_error(tmp_path) -> None:
+    """torchrun ends stderr with its own ChildFailedError traceback; the rank's exception must lead the message."""
+    from pitlab.trainer.launch import _failure_message
+
+    log = tmp_path / "stderr.log"
+    log.write_text("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "OSError: [Errno 28] No space left on device: '/ckpt/step-20.tmp/__0_0.distcp'\n"
+                   "Traceback (most recent call last):\n  File \"run.py\", line 9\n"
+                   "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=\n" * 40)
+    msg = _failure_message("training failed (exit code 1)", ["torchrun", "-m", "pitlab.trainer.train"], log)
+    assert msg.splitlines()[:3] == [
+        "training failed (exit code 1):",
+        "OSError: [Errno 28] No space left on device: '/ckpt/step-20.tmp/__0_0.distcp'",
+        "command: torchrun -m pitlab.trainer.train"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -123,11 +124,18 @@ def _checkpoint_dir(spec_path: Path, run_dir: Path) -> Path | str:
     return checkpoint_location(uri, run_dir)
 
 
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:)?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::|$)")
+
+
 def _failure_message(headline: str, cmd: list[str], stderr_path: Path) -> str:
     """``headline``, the errors the ranks reported (deduplicated), the command and the end of stderr."""
     with open(stderr_path, "r", encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
     reported = list(dict.fromkeys(line.rstrip() for line in lines if line.startswith(ERROR_PREFIX)))
+    if not reported:  # an uncaught exception in a rank: its last line, not torchrun's own ChildFailedError
+        reported = list(dict.fromkeys(
+            line.rstrip() for line in lines
+            if _EXCEPTION_LINE.match(line) and "ChildFailedError" not in line))[-3:]
     parts = [headline + (":" if reported else "")] + reported
     parts.append(f"command: {' '.join(cmd)}")
     parts.append(f"last {STDERR_TAIL_LINES} lines of {stderr_path}:")
