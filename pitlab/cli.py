@@ -22,7 +22,8 @@ app = typer.Typer(
          "Kubernetes with `kubectl apply`.",
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
-console = Console(stderr=True)
+# not a terminal (CI logs, `| tee`, a pod's log): no 80-column wrapping of result lines and tables
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 DataRoot = typer.Option(None, "--data-root", envvar=DATA_ROOT_ENV,
                         help=f"Folder of the shared data sets, substituted for ${{{DATA_ROOT_ENV}}} in spec URIs.")
@@ -293,7 +294,8 @@ def plan(file: Path = typer.Argument(..., help="PitTraining YAML."),
                       "no fit check")
     elif not result.fits:
         _fail(RuntimeError(f"{file}: predicted peak {result.peak_bytes / 2**30:.1f} GiB per GPU exceeds "
-                           f"spec.resources.gpuMemoryGiB = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
+                           f"{'--gpu-memory-gib' if gpu_memory_gib is not None else 'spec.resources.gpuMemoryGiB'}"
+                           f" = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
     else:
         console.print(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
                       "GiB per GPU")

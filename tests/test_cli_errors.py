@@ -87,3 +87,16 @@ def test_validate_ok(tmp_path, spec, data_root):
     r, out = _run(tmp_path, spec, data_root, cmd="validate")
     assert r.exit_code == 0, out
     assert "valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents" in out
+
+
+def test_evaluation_dates_the_prices_cannot_supply_are_refused_before_training(tmp_path, spec, data_root):
+    """Found by a new user: dates after the panel's end passed validation and failed only after training."""
+    spec["spec"]["evaluations"][0]["spec"]["dataset"]["dates"] = {"count": 30, "start": "2019-01-01",
+                                                                   "end": "2020-01-01"}
+    r, out = _run(tmp_path, spec, data_root)
+    assert r.exit_code == 2 and _no_output(tmp_path)
+    assert ("spec.evaluations[0].spec.dataset.dates.count: 30 dates requested but only 0 trading days are "
+            "eligible (20 days of history before, 2 days after, inside dates.start..end = 2019-01-01..2020-01-01); "
+            "the prices cover 2013-02-08..2018-02-07") in out
+    r, out = _run(tmp_path, spec, data_root, cmd="validate")
+    assert r.exit_code == 2 and "dataset.dates.count: 30 dates requested" in out

@@ -97,7 +97,8 @@ def test_plan_cli(base35, tmp_path):
     good.write_text(yaml.safe_dump(published(base35, 8, 1)))
     res = runner.invoke(app, ["plan", str(good)])
     assert res.exit_code == 0 and "fits" in res.output
-    assert runner.invoke(app, ["plan", str(good), "--gpu-memory-gib", "40"]).exit_code == 3
+    res = runner.invoke(app, ["plan", str(good), "--gpu-memory-gib", "40"])
+    assert res.exit_code == 3 and "exceeds --gpu-memory-gib = 40.0 GiB" in res.output  # the flag, not the spec
     missing = tmp_path / "missing.yaml"
     missing.write_text(yaml.safe_dump(published(tmp_path / "nowhere", 8, 1)))
     res = runner.invoke(app, ["plan", str(missing)])

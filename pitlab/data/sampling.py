@@ -52,8 +52,11 @@ def sample_dates(calendar: pd.DatetimeIndex, count: int, seed: int, start: dt.da
         ok &= calendar <= pd.Timestamp(end)
     eligible = calendar[ok]
     if len(eligible) < count:
+        span = (f"; the prices cover {calendar[0].date()}..{calendar[-1].date()}" if len(calendar) else
+                "; the price file has no dates")
         raise PanelError(f"dataset.dates.count: {count} dates requested but only {len(eligible)} trading days "
-                         "are eligible (20 days of history before, 2 days after, inside dates.start..end)")
+                         f"are eligible (20 days of history before, 2 days after, inside dates.start..end = "
+                         f"{start or 'first'}..{end or 'last'}){span}")
     rng = np.random.default_rng(seed)
     return pd.DatetimeIndex(np.sort(rng.choice(eligible.to_numpy(), size=count, replace=False)))
 
