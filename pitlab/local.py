@@ -296,9 +296,11 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
         reporter.done("panel", f"{len(panel.rows):,} rows ({panel.rows.security.nunique()} securities × "
                                f"{panel.rows.date.nunique()} dates), dropped {panel.dropped}")
         prompts = panel.rows["prompt"].astype(str).tolist()
+        embedded: dict[str, dict] = {}
         for name, (path, kind) in models.items():
             reporter.stage(f"embed {name}", str(path))
             info: dict = {}
+            embedded[name] = info
             X = embed_panel(res.spec, prompts, path, kind, cache_dir=cache, info=info,
                             progress=lambda d, t, n=name: reporter.progress(f"embed {n}", d, t))
             reporter.done(f"embed {name}", f"{X.shape[1]}-dim {info.get('kind', kind)} embeddings"
@@ -314,7 +316,8 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
             if task.startswith("statistics:"):
                 reporter.progress("analyze", list(models).index(task.split(":", 1)[1]) + done, len(models))
 
-        results = run_leakage_eval(res.spec, panel, models, run_dir / "eval", progress=progress, cache_dir=cache)
+        results = run_leakage_eval(res.spec, panel, models, run_dir / "eval", progress=progress, cache_dir=cache,
+                                   embedded=embedded)
         reporter.done("analyze", str(run_dir / "eval"))
     except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
         reason = {"Embedded": "EmbeddingFailed", "Analyzed": "AnalysisFailed"}[stage]

@@ -66,6 +66,9 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     results = json.loads((ev_dir / "eval" / "results.json").read_text())
     assert [m["name"] for m in results["models"]] == ["base", "pit-2016", "minilm"]
     assert [m["embedding_dim"] for m in results["models"]] == [64, 64, 384]
+    # a fresh output folder: every model was embedded by this run's Embedded stage, none came from the cache
+    assert [m["embedding_cache_hit"] for m in results["models"]] == [False, False, False]
+    assert all(t["embed_s"] > 0.05 for t in results["timings"]["models"].values())
     for m in results["models"]:
         lo, hi = m["premium_ci"]
         assert m["premium"] == pytest.approx(m["r2_on"] - m["r2_off"], abs=1e-12) and lo <= hi

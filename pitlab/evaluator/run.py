@@ -176,7 +176,8 @@ def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind
 
 def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tuple[Path, str]], out_dir: Path,
                      progress: StageProgress | None = None, cache_dir: Path | None = None, *,
-                     num_threads: int | None = None, alpha_selection: AlphaSelection | str | None = None) -> dict:
+                     num_threads: int | None = None, alpha_selection: AlphaSelection | str | None = None,
+                     embedded: dict[str, dict] | None = None) -> dict:
     """Measure the leakage premium of every model of ``spec`` on ``panel`` and write the outputs to ``out_dir``.
 
     ``models``: spec model name → (local model folder, kind "auto" | "causal" | "encoder"); the names must be
@@ -186,7 +187,9 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     torch's CPU threads while embedding. ``alpha_selection``: how the ridge penalty is chosen inside every
     training set: None (default) takes ``spec.regression.selection`` and ``innerFolds``; ``"gcv"``,
     ``"security-cv"`` or an :class:`AlphaSelection` override it, see
-    :class:`pitlab.evaluator.estimates.AlphaSelection`.
+    :class:`pitlab.evaluator.estimates.AlphaSelection`. ``embedded``: model name → the ``info`` dict of an
+    earlier :func:`embed_panel` call in the same run (the local runner embeds as its own stage), so that
+    results.json reports that stage's cache hit and seconds rather than this call's cache lookup.
     Trading days (embargo, purge) are sessions of ``spec.dataset.calendar``
     (:func:`pitlab.evaluator.protocols.trading_calendar`); the statistics run on ``spec.regression.device``
     (:class:`pitlab.evaluator.linalg.Backend`, float64); ``spec.bootstrap.reselectPenalty`` decides whether
@@ -245,6 +248,10 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         X = embed_panel(spec, prompts, path, kind, cache_dir=cache_dir, num_threads=num_threads, info=info,
                         progress=lambda d, t, n=name: note(f"embed:{n}", d, t))
         t_stat = time.perf_counter()
+        embed_s = t_stat - t_emb
+        if embedded and name in embedded:  # embedded by an earlier stage of this run: report that stage
+            info["cache_hit"] = bool(embedded[name].get("cache_hit", info["cache_hit"]))
+            embed_s = float(embedded[name].get("seconds", embed_s))
         note(f"statistics:{name}", 0, 1)
         stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask, backend)
         off = leakage_off_r2(stats, ones, alphas, selection, benchmark)
@@ -323,7 +330,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                 f"model {name}: the premium {premium:.4g} lies outside its own bootstrap interval "
                 f"[{ci[0]:.4g}, {ci[1]:.4g}]: the estimate is unstable (it changes with the number of distinct "
                 "securities); check the chosen penalties (alpha_off, alpha_on) and the penalty selection.")
-        timings["models"][name] = {"embed_s": t_stat - t_emb, "point_estimate_s": t_boot - t_stat,
+        timings["models"][name] = {"embed_s": embed_s, "point_estimate_s": t_boot - t_stat,
                                    "bootstrap_s": t_extra - t_boot, "extra_protocols_s": t_end - t_extra,
                                    "statistics_s": t_end - t_stat}
         del X
