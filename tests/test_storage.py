@@ -167,6 +167,10 @@ def test_missing_credentials_message(s3_bucket, monkeypatch):
         storage.read_bytes(f"{s3_bucket.uri}/a")
     assert str(err.value) == (f"read {s3_bucket.uri}/a: no S3 credentials found: set AWS_ACCESS_KEY_ID/"
                               "AWS_SECRET_ACCESS_KEY or AWS_PROFILE, or on Kubernetes spec.storage.secretName")
+    # a data set read through localize names the object asked for, not the _COMPLETE marker it probes first
+    with pytest.raises(StorageError) as err:
+        storage.localize(f"{s3_bucket.uri}/fomc.csv")
+    assert str(err.value).startswith(f"read {s3_bucket.uri}/fomc.csv: no S3 credentials found")
 
 
 def test_missing_bucket_message(s3_bucket, tmp_path):
