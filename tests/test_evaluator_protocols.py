@@ -199,6 +199,8 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
         assert (out / f).stat().st_size > 0
     html = (out / "report.html").read_text()
     assert "Protocols side by side" in html and "Control by knowledge cutoff" in html and "r2_by_fold.png" in html
+    import numpy  # the provenance footer is readable text, not an escaped Python dict
+    assert f"numpy {numpy.__version__}, " in html and "&#39;" not in html and "statistics library numpy" in html
     md = (out / "report.md").read_text()
     assert "## walk-forward: R² by fold" in md and "## Embargo robustness" in md
     # pitlab report rebuilds the report files from results.json alone

@@ -200,8 +200,9 @@ and protocol.</p>
 {% for img, alt in plots %}<p><img src="{{ img }}" alt="{{ alt }}" style="max-width:100%"></p>{% endfor %}
 {% for w in r.warnings %}<p class="warn"><b>Warning:</b> {{ w }}</p>{% endfor %}
 <p>Panel: {{ r.panel.n_rows }} rows, {{ r.panel.n_securities }} securities, {{ r.panel.n_dates }} dates
-({{ r.panel.first_date }} .. {{ r.panel.last_date }}). Seed {{ r.get('seed') }}; versions
-{{ r.get('versions', {}) }}; device {{ r.get('device', {}) }}.</p>
+({{ r.panel.first_date }} .. {{ r.panel.last_date }}). Seed {{ r.get('seed') }}.</p>
+<p>Versions: {{ versions }}.</p>
+<p>Device: {{ device }}.</p>
 </body></html>
 """
 
@@ -221,7 +222,18 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
                          _p(r.get("p_value")), r["verdict"]] for r in results["reductions"]], "lllr"))
     tables += extra_tables(results)
     env = jinja2.Environment(autoescape=True)
-    return env.from_string(_HTML).render(r=results, pct=pct, tables=tables, plots=plots)
+    return env.from_string(_HTML).render(r=results, pct=pct, tables=tables, plots=plots,
+                                         versions=_plain(results.get("versions", {})),
+                                         device=_plain(results.get("device", {})))
+
+
+def _plain(value) -> str:
+    """A results.json value as readable text: ``key value`` pairs joined by commas, lists by semicolons."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_plain(v)}" for k, v in value.items() if v not in (None, "", [], {}))
+    if isinstance(value, list):
+        return "; ".join(_plain(v) for v in value)
+    return str(value)
 
 
 def plot_r2_by_fold(results: dict, path: Path) -> bool:
