@@ -19,13 +19,7 @@ from pitlab.api import PitTraining, SpecError
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 12  # 12 × 1024 tokens: seqLen 64 × microBatch 4 × accumulation 2 × 2 ranks
-QWEN35_TINY = dict(
-    hidden_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
-    num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-    max_position_embeddings=512,
-)
+from tiny_models import QWEN35_TINY  # noqa: E402  (tests/ is on sys.path under pytest)
 
 
 def _spec(corpus_uri: str, checkpoint_uri: str) -> PitTraining:

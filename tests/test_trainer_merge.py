@@ -19,13 +19,7 @@ from pitlab.trainer.merge import (INDEX, MergeError, merge_checkpoint, parse_siz
 from pitlab.trainer.prepare import build_config
 from pitlab.trainer.tokenizer import train_tokenizer
 
-QWEN35_TINY = dict(
-    hidden_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
-    num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64,
-    max_position_embeddings=512,
-)
+from tiny_models import QWEN35_TINY  # noqa: E402  (tests/ is on sys.path under pytest)
 TEXTS = [f"The Committee decided to keep the target range at {i} percent; inflation ran at {i % 7}.{i % 10}."
          for i in range(60)]
 
