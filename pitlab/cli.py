@@ -107,7 +107,7 @@ def validate(file: Path = typer.Argument(..., help="PitTraining or LeakageEval Y
         console.print(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r} (schema)")
         return
     try:
-        plan = preflight(res)
+        plan = preflight(res).corpus
     except (SpecError, CorpusError, PanelError) as err:
         _fail(err, 2)
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"

@@ -111,6 +111,14 @@ class CorpusPlan:
     audit: CorpusAudit
 
 
+@dataclass
+class Preflight:
+    """What :func:`preflight` checked and keeps for the run: the filtered corpus (PitTraining only) and the
+    evaluation panels it sampled (one per LeakageEval, in spec order), so the run does not read them again."""
+    corpus: CorpusPlan | None
+    panels: list[Panel]
+
+
 def check_corpus(res: PitTraining) -> CorpusPlan:
     """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
     c = res.spec.corpus
@@ -193,9 +201,10 @@ def _check_remote_model(uri: str, field: str) -> None:
         raise SpecError([(field, f"{s!r} is not a Hugging Face model folder (no config.json in its manifest)")])
 
 
-def preflight(res: PitTraining | LeakageEval) -> CorpusPlan | None:
-    """Check a resource beyond its schema (files, columns, corpus, models). Returns the filtered corpus for
-    a PitTraining. Raises SpecError, CorpusError or PanelError with the field, file, row or column."""
+def preflight(res: PitTraining | LeakageEval) -> Preflight:
+    """Check a resource beyond its schema (files, columns, corpus, models, panel). Returns the filtered corpus
+    (a PitTraining's) and the sampled panels. Raises SpecError, CorpusError or PanelError with the field,
+    file, row or column."""
     if isinstance(res, PitTraining):
         if res.spec.checkpoint.uri:
             from pitlab.trainer.checkpoint import checkpoint_location
@@ -212,15 +221,15 @@ def preflight(res: PitTraining | LeakageEval) -> CorpusPlan | None:
             else:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
         plan = check_corpus(res)
+        panels = []
         for i, ev in enumerate(res.spec.evaluations):
             check_dataset(ev.spec, f"spec.evaluations[{i}].spec")
             check_models(ev.spec, f"spec.evaluations[{i}].spec", res.metadata.name)
-            check_panel(ev.spec, f"spec.evaluations[{i}].spec")
-        return plan
+            panels.append(check_panel(ev.spec, f"spec.evaluations[{i}].spec"))
+        return Preflight(plan, panels)
     check_dataset(res.spec, "spec")
     check_models(res.spec, "spec", None)
-    check_panel(res.spec, "spec")
-    return None
+    return Preflight(None, [check_panel(res.spec, "spec")])
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -270,19 +279,20 @@ def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = N
 
 def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
                            overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
-                           preflight_done: bool = False) -> dict:
+                           panel: Panel | None = None) -> dict:
     """Run a LeakageEval into ``out_root/<name>/``; returns the results dict (``eval/results.json``).
 
     Embedding (every model, cached in ``out_root/.cache/embeddings``) then Analyzing (protocols, bootstrap,
     report), as the embedding Jobs and the analyze Job do on a cluster. ``model_dirs`` maps the names of
-    ``trainingRef`` models to their local folders (set by a parent PitTraining). Raises a preflight error
-    (nothing written) or RunError (status.json then says Failed).
+    ``trainingRef`` models to their local folders (set by a parent PitTraining). ``panel``: the panel a
+    preflight already sampled (the preflight is then not run again). Raises a preflight error (nothing
+    written) or RunError (status.json then says Failed).
     """
     from pitlab.evaluator.run import embed_panel, run_leakage_eval
 
     reporter = reporter or SilentReporter()
-    if not preflight_done:
-        preflight(res)
+    if panel is None:
+        panel = preflight(res).panels[0]
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
     st = StatusWriter(run_dir / "status.json", res)
     st.done("Validated", "SpecValid", "spec is valid")
@@ -292,7 +302,6 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
         models = resolve_models(res.spec, model_dirs)
         st.running("Embedded", "Embedding", "Embedding", f"embedding the panel's prompts with {len(models)} models")
         reporter.stage("panel", f"{res.spec.dataset.kind} panel")
-        panel = load_panel(res.spec)
         reporter.done("panel", f"{len(panel.rows):,} rows ({panel.rows.security.nunique()} securities × "
                                f"{panel.rows.date.nunique()} dates), dropped {panel.dropped}")
         prompts = panel.rows["prompt"].astype(str).tolist()
@@ -348,7 +357,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
 
     reporter = reporter or SilentReporter()
     reporter.stage("validate", "schema, files, corpus, panel, models")
-    plan = preflight(res)
+    checked = preflight(res)
+    plan = checked.corpus
     reporter.done("validate", f"corpus: {plan.audit.included} documents ≤ {res.spec.knowledge_cutoff}, "
                               f"{plan.audit.excluded_by_date} after it")
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
@@ -411,13 +421,13 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
             st.running("Evaluated", "Evaluating", "Evaluating", f"{len(res.spec.evaluations)} LeakageEval(s)")
         dirs = {"base": base_dir, "model": run_dir / "model"}
         results = {}
-        for tmpl in res.spec.evaluations:
+        for tmpl, panel in zip(res.spec.evaluations, checked.panels):
             child = LeakageEval(metadata={"name": tmpl.name, "labels": {"pitlab.io/training": res.metadata.name}},
                                 spec=tmpl.spec)
             st.status.children[f"leakageeval/{tmpl.name}"] = str(out_root / tmpl.name)
             model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
             out = run_leakage_eval_local(child, out_root, reporter, overwrite=True, model_dirs=model_dirs,
-                                         preflight_done=True)
+                                         panel=panel)
             results[tmpl.name] = compact_results(out)
         if results:
             st.status.results = results

@@ -53,7 +53,7 @@ def test_existing_checkpoints_are_already_on_disk(tmp_path) -> None:
 
 
 def test_free_space_is_read_from_the_nearest_existing_parent(tmp_path) -> None:
-    check_disk_space(tmp_path / "a" / "b" / "ckpt", 1, saves=1, keep=1)  # 3 bytes fit any test disk
+    check_disk_space(tmp_path / "a" / "b" / "ckpt", 1, saves=1, keep=1)  # 1 byte fits any test disk
     with pytest.raises(CheckpointError, match="which has"):
         check_disk_space(tmp_path / "a" / "b" / "ckpt", 10**18, saves=1, keep=1)  # 1 EB does not
 

@@ -69,11 +69,11 @@ CONDITION_ORDER = ("Validated", "Prepared", "Trained", "Merged", "Evaluated", "E
 ``kubectl describe`` (and any diff of the status) stable whatever order the reconciles happened to run in."""
 
 
-def _order(cond: Condition) -> int:
+def _order(cond: Condition) -> float:
     try:
         return CONDITION_ORDER.index(cond.type)
     except ValueError:
-        return CONDITION_ORDER.index("Ready")  # unknown types after the stages, before the kstatus types
+        return CONDITION_ORDER.index("Ready") - 0.5  # unknown types after the stages, before the kstatus types
 
 
 def now_rfc3339() -> str:

@@ -114,6 +114,27 @@ def _job_message(world: World, ns: str, job: dict[str, Any] | None, container: s
     return f"Job {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
 
 
+def _job_stage(world: World, ns: str, kids: _Children, status: ResourceStatus, manifest: dict[str, Any],
+               child_key: str, stage: str, phase: str, container: str, gen: int | None, now: str | None,
+               failed_reason: str | None = None) -> dict[str, Any] | None:
+    """One stage run by a single batch Job (prepare, merge, analyze): create or adopt the Job, record it in
+    ``status.children[child_key]`` and mirror its state onto ``stage``. Returns the Job once it succeeded;
+    None while it runs (``stage`` False, reason ``phase``) or after it failed (``stage`` False with the Job's
+    reason, or ``failed_reason``, and its message and log tail)."""
+    job = kids.ensure(manifest)
+    job_name = manifest["metadata"]["name"]
+    status.children[child_key] = job_name
+    st = batch_job_state(job) if job else ChildState("Pending", "Created")
+    if st.state == FAILED:
+        conditions.stage_failed(status, stage, failed_reason or st.reason,
+                                _job_message(world, ns, job, container, st), gen, now)
+        return None
+    if st.state != SUCCEEDED:
+        conditions.stage_running(status, stage, phase, phase, f"Job {job_name}: {st.reason}", gen, now)
+        return None
+    return job
+
+
 def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig):
     """The common start of a reconciliation: None when the resource is finished at its current generation,
     else (generation, status, plan, parsed spec or None, validation problems)."""
@@ -185,16 +206,9 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
 
     # Preparing
     if not conditions.is_true(status, "Prepared"):
-        job = kids.ensure(builders.build_prepare_job(pt, cfg, body))
-        status.children["prepareJob"] = naming.prepare_job(name)
-        st = batch_job_state(job) if job else ChildState("Pending", "Created")
-        if st.state == FAILED:
-            conditions.stage_failed(status, "Prepared", "PrepareFailed",
-                                    _job_message(world, ns, job, "prepare", st), gen, now)
-            return
-        if st.state != SUCCEEDED:
-            conditions.stage_running(status, "Prepared", "Preparing", "Preparing",
-                                     f"Job {naming.prepare_job(name)}: {st.reason}", gen, now)
+        job = _job_stage(world, ns, kids, status, builders.build_prepare_job(pt, cfg, body), "prepareJob",
+                         "Prepared", "Preparing", "prepare", gen, now, failed_reason="PrepareFailed")
+        if job is None:
             return
         doc = message_json(termination_message(world.job_pods(ns, job["metadata"]["name"]), job["metadata"]["name"],
                                                "prepare")) or {}
@@ -230,15 +244,8 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
 
     # Merging
     if not conditions.is_true(status, "Merged"):
-        job = kids.ensure(builders.build_merge_job(pt, cfg, body))
-        status.children["mergeJob"] = naming.merge_job(name)
-        st = batch_job_state(job) if job else ChildState("Pending", "Created")
-        if st.state == FAILED:
-            conditions.stage_failed(status, "Merged", st.reason, _job_message(world, ns, job, "merge", st), gen, now)
-            return
-        if st.state != SUCCEEDED:
-            conditions.stage_running(status, "Merged", "Merging", "Merging",
-                                     f"Job {naming.merge_job(name)}: {st.reason}", gen, now)
+        if _job_stage(world, ns, kids, status, builders.build_merge_job(pt, cfg, body), "mergeJob", "Merged",
+                      "Merging", "merge", gen, now) is None:
             return
         status.model_uri = f"{run}/model"
         conditions.stage_done(status, "Merged", "MergeSucceeded", f"model written to {status.model_uri}", gen, now)
@@ -355,15 +362,8 @@ def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: Oper
             return
         conditions.stage_done(status, "Embedded", "EmbeddingsWritten", f"{len(le.spec.models)} model(s) embedded",
                               gen, now)
-    job = kids.ensure(builders.build_analyze_job(le, cfg, body))
-    status.children["analyzeJob"] = naming.analyze_job(name)
-    st = batch_job_state(job) if job else ChildState("Pending", "Created")
-    if st.state == FAILED:
-        conditions.stage_failed(status, "Analyzed", st.reason, _job_message(world, ns, job, "analyze", st), gen, now)
-        return
-    if st.state != SUCCEEDED:
-        conditions.stage_running(status, "Analyzed", "Analyzing", "Analyzing",
-                                 f"Job {naming.analyze_job(name)}: {st.reason}", gen, now)
+    if _job_stage(world, ns, kids, status, builders.build_analyze_job(le, cfg, body), "analyzeJob", "Analyzed",
+                  "Analyzing", "analyze", gen, now) is None:
         return
     doc = message_json(termination_message(world.job_pods(ns, naming.analyze_job(name)), naming.analyze_job(name),
                                            "analyze"))

@@ -130,22 +130,26 @@ def open_read(uri: Location) -> BinaryIO:
         raise s3.translate(err, url, "open", st) from None
 
 
+def _replace_local(dst: Path, op: str, fill) -> None:
+    """Atomically replace the local file ``dst``: ``fill(<dst>.part)`` writes the content, which is fsynced
+    and renamed over ``dst``. Raises :class:`StorageError` (via ``_local_error``) naming ``dst`` and ``op``."""
+    tmp = dst.with_name(dst.name + ".part")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fill(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, dst)
+    except OSError as err:
+        raise _local_error(err, dst, op) from None
+
+
 def write_bytes(uri: Location, data: bytes) -> FileEntry:
     """Write ``data`` atomically (local: ``.part`` + fsync + rename; S3: one PUT, which S3 applies whole).
     Returns its size and sha256."""
     entry = FileEntry(len(data), hashlib.sha256(data).hexdigest())
     if not is_s3(uri):
-        p = Path(uri)
-        tmp = p.with_name(p.name + ".part")
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except OSError as err:
-            raise _local_error(err, p, "write") from None
+        _replace_local(Path(uri), "write", lambda tmp: tmp.write_bytes(data))
         return entry
     url = parse_s3(str(uri))
     c, st = s3.client()
@@ -227,16 +231,7 @@ def upload_file(path: str | os.PathLike, uri: Location, entry: FileEntry | None 
     """
     entry = entry or file_sha256(path)
     if not is_s3(uri):
-        dst = Path(uri)
-        tmp = dst.with_name(dst.name + ".part")
-        try:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, dst)
-        except OSError as err:
-            raise _local_error(err, dst, "upload") from None
+        _replace_local(Path(uri), "upload", lambda tmp: shutil.copyfile(path, tmp))
         return entry
     url = parse_s3(str(uri))
     c, st = s3.client()

@@ -43,7 +43,8 @@ def staging_root() -> Path:
     return Path(os.environ.get(STAGING_ENV) or tempfile.gettempdir()) / "pitlab-staging"
 
 
-def _tag(uri: str) -> str:
+def staging_tag(uri: str) -> str:
+    """A short, stable name part for ``uri``'s staging folder (12 hex digits of its sha256)."""
     return hashlib.sha256(uri.encode()).hexdigest()[:12]
 
 
@@ -93,7 +94,7 @@ def save_checkpoint(uri: str, step: int, model: torch.nn.Module, optimizer: torc
     rank, world = dist.get_rank(), dist.get_world_size()
     name = step_dir_name(step)
     step_uri = storage.join(uri, name)
-    stage = staging_root() / f"save-{_tag(uri)}-{name}-rank-{rank}"
+    stage = staging_root() / f"save-{staging_tag(uri)}-{name}-rank-{rank}"
     shutil.rmtree(stage, ignore_errors=True)
     error = None
     if rank == 0:
@@ -151,7 +152,7 @@ def load_checkpoint(step_uri: str, model: torch.nn.Module, optimizer: torch.opti
     from pitlab.trainer.checkpoint import load_checkpoint as load_local
 
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
-    cache = staging_root() / f"load-{_tag(step_uri)}"
+    cache = staging_root() / f"load-{staging_tag(step_uri)}"
     path, error = None, None
     if local_rank == 0:
         try:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from pitlab import storage
+from pitlab.trainer.files import write_json_atomic
 
 _STEP_PREFIX = "step-"
 
@@ -62,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             summary = str(storage.localize(summary, require_published=False))
         out = args.out
         if storage.is_s3(out):
-            from pitlab.trainer.checkpoint_s3 import staging_root
+            from pitlab.trainer.checkpoint_s3 import staging_root, staging_tag
 
-            staging = staging_root() / f"merge-{storage.basename(out)}-{abs(hash(out)) % 10**8}"
+            staging = staging_root() / f"merge-{storage.basename(out)}-{staging_tag(out)}"
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             out = str(staging / "model")
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         report_path = Path(out) / "merge_report.json"
         report = json.loads(report_path.read_text())
         report.update(checkpoint_uri=args.checkpoint, model_uri=args.out)
-        report_path.write_text(json.dumps(report, indent=2) + "\n")
+        write_json_atomic(report_path, report)
         m = storage.upload_dir(out, args.out, extra={"kind": "model", "checkpoint": args.checkpoint})
         print(f"pitlab merge: published {len(m.files)} files, {m.total_bytes} bytes to {args.out}",
               file=sys.stderr)

@@ -167,17 +167,16 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     start_step, first_loss, final_loss = 0, None, None
     ckpt_dir = checkpoint_location(spec.checkpoint.uri, paths.run_dir)  # spec.checkpoint.uri: local or s3://
     resumed_from = latest_checkpoint(ckpt_dir)
-    if not is_s3(str(ckpt_dir)):  # every rank checks the same numbers, so all fail together
-        resume_step = int(str(resumed_from).rstrip("/").rsplit("step-", 1)[1]) if resumed_from is not None else 0
-        check_disk_space(ckpt_dir, checkpoint_bytes(trainable),
-                         len(checkpoint_steps(resume_step, total_steps, spec.checkpoint.every_steps)),
-                         spec.checkpoint.keep)
     if resumed_from is not None:
         start_step = _resume(resumed_from, model, optimizer, scheduler, run_identity)
         if rank == 0:
             first_loss, final_loss = truncate_metrics(paths.metrics, start_step)
             print(f"pitlab.trainer.train: resumed from {resumed_from} at step {start_step}", file=sys.stderr,
                   flush=True)
+    if not is_s3(str(ckpt_dir)):  # before step 1; every rank checks the same numbers, so all fail together
+        check_disk_space(ckpt_dir, checkpoint_bytes(trainable),
+                         len(checkpoint_steps(start_step, total_steps, spec.checkpoint.every_steps)),
+                         spec.checkpoint.keep)
     metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if rank == 0 else None
 
     def train_state(step: int) -> dict:
