@@ -113,6 +113,11 @@ def main() -> int:
     ap.add_argument("--final-checkpoint-only", action="store_true",
                     help="base saves only its final checkpoint (a 64 GiB disk holds one 35 GB checkpoint, not "
                          "two); the resume stage is then skipped")
+    ap.add_argument("--layers", type=int, default=REDUCED["num_hidden_layers"],
+                    help="decoder layers (the real model has 40; default %(default)s)")
+    ap.add_argument("--experts", type=int, default=REDUCED["num_experts"],
+                    help="routed experts per layer (the real model has 256; top-8 routing either way, so the "
+                         "active parameters and FLOPs per token do not depend on it; default %(default)s)")
     ap.add_argument("--stages", default="base,accum_sync,accum_nosync,merge,resume",
                     help="comma-separated subset to run (resume and merge need base)")
     args = ap.parse_args()
@@ -128,7 +133,8 @@ def main() -> int:
 
     cuda = torch.cuda.is_available()
     nproc = args.nproc or (torch.cuda.device_count() if cuda else 2)
-    cfg, seq, vocab = dict(REAL, **REDUCED), SEQ, REAL_VOCAB
+    reduced = {"num_hidden_layers": args.layers, "num_experts": args.experts}
+    cfg, seq, vocab = dict(REAL, **reduced), SEQ, REAL_VOCAB
     if args.tiny:
         cfg.update(TINY_CONFIG)
         cfg.update(num_experts=4, num_experts_per_tok=2)
@@ -138,7 +144,7 @@ def main() -> int:
     work.mkdir(parents=True)
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {"command": " ".join(sys.argv), "world_size": nproc, "seq_len": seq, "vocab": vocab,
-                     "config": cfg, "reduced_from_real": {k: (REAL.get(k), v) for k, v in REDUCED.items()},
+                     "config": cfg, "reduced_from_real": {k: (REAL.get(k), v) for k, v in reduced.items() if REAL.get(k) != v},
                      "nccl_env": {k: os.environ.get(k) for k in sorted(os.environ)
                                   if k.startswith(("NCCL", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM"))},
                      "nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
