@@ -6,24 +6,61 @@ import os
 import shutil
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from pitlab.api import DATA_ROOT_ENV, LeakageEval, PitTraining, SpecError, load_resource
 
+
+EXIT_CODES = ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before "
+              "anything runs); 1 a stage failed (training, merge, evaluation, an upload or download); 3 `pitlab "
+              "plan`: the run does not fit the GPU memory. (`pitlab train`, the pods' entry point, exits 2 on any "
+              "error.)")
+
+# rich_markup_mode=None: click's own help formatter, which flows each docstring paragraph to the terminal
+# width, prints flags without a value type, and needs no patching of typer's rich panels
 app = typer.Typer(
+    rich_markup_mode=None, context_settings={"max_content_width": 120},
     help="pitlab: point-in-time language models for finance, and how much look-ahead leakage inflates their "
          "backtests. One YAML resource (PitTraining or LeakageEval) runs here with `pitlab run`, or on "
          "Kubernetes with `kubectl apply`.",
+    epilog=EXIT_CODES,
     no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
 )
-# not a terminal (CI logs, `| tee`, a pod's log): no 80-column wrapping of result lines and tables
+# not a terminal (CI logs, `| tee`, a pod's log): tables 160 columns wide, and message lines never wrapped
+# (soft wrap), so that a grep for a phrase of an error finds it
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _say(*objects, **kwargs) -> None:
+    """Print a message line: unwrapped when not on a terminal (the terminal wraps it, a log keeps it whole)."""
+    console.print(*objects, soft_wrap=not console.is_terminal, **kwargs)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pitlab")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"pitlab {_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="Print the version of pitlab and exit.")) -> None:
+    pass
 
 DataRoot = typer.Option(None, "--data-root", envvar=DATA_ROOT_ENV,
                         help=f"Folder of the shared data sets, substituted for ${{{DATA_ROOT_ENV}}} in spec URIs.")
@@ -40,7 +77,7 @@ class RichReporter:
 
     def stage(self, name: str, detail: str = "") -> None:
         self.t0[name] = time.monotonic()
-        console.print(f"[bold cyan]▶ {name}[/] {detail}")
+        _say(f"[bold cyan]▶ {name}[/] {detail}")
 
     def progress(self, task: str, done: int, total: int, info: str = "") -> None:
         if task not in self.tasks:
@@ -50,11 +87,11 @@ class RichReporter:
             now = time.monotonic()
             if now - self.last_line.get(task, 0.0) > 15 or done == total:
                 self.last_line[task] = now
-                console.print(f"  {task}: {done}/{total} {info}".rstrip())
+                _say(f"  {task}: {done}/{total} {info}".rstrip())
 
     def done(self, name: str, detail: str = "") -> None:
         secs = time.monotonic() - self.t0.get(name, time.monotonic())
-        console.print(f"[green]✓ {name}[/] {detail} [dim]({secs:.1f} s)[/]")
+        _say(f"[green]✓ {name}[/] {detail} [dim]({secs:.1f} s)[/]")
 
 
 def _progress() -> Progress:
@@ -64,7 +101,7 @@ def _progress() -> Progress:
 
 
 def _fail(err: BaseException, code: int = 1) -> None:
-    console.print(f"[bold red]error:[/] {err}")
+    _say(f"[bold red]error:[/] {escape(str(err))}")
     raise typer.Exit(code)
 
 
@@ -88,23 +125,24 @@ def _print_results_table(results: dict, title: str) -> None:
     console.print(table)
     for x in results.get("reductions", []):
         lo, hi = x.get("ci") or [float("nan")] * 2
-        console.print(f"  premium({x['from']}) − premium({x['to']}): {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
-                      f"{x.get('verdict') or ''}")
+        _say(f"  premium({x['from']}) − premium({x['to']}): {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
+              f"{x.get('verdict') or ''}")
 
 
 @app.command()
-def validate(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."),
+def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or LeakageEval YAML."),
              data_root: Optional[Path] = DataRoot,
              schema_only: bool = typer.Option(False, "--schema-only",
                                               help="Check the schema only (for cluster specs whose files live "
                                                    "on the cluster's volume).")) -> None:
     """Check a spec without running it: schema, then files, columns, corpus cutoff and models."""
     from pitlab.data import CorpusError, PanelError
+    from pitlab.data.corpus import local_isoformat
     from pitlab.local import preflight
 
     res = _load(file, data_root)
     if schema_only:
-        console.print(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r} (schema)")
+        _say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r} (schema)")
         return
     try:
         plan = preflight(res).corpus
@@ -113,12 +151,12 @@ def validate(file: Path = typer.Argument(..., help="PitTraining or LeakageEval Y
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
     if plan is not None:
         msg += (f"; corpus keeps {plan.audit.included} of {plan.audit.total} documents "
-                f"(latest {plan.audit.max_included_timestamp})")
-    console.print(f"[green]✓[/] {msg}")
+                f"(latest {local_isoformat(plan.audit.max_included_timestamp, plan.audit.timezone)})")
+    _say(f"[green]✓[/] {msg}")
 
 
 @app.command()
-def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."),
+def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or LeakageEval YAML."),
         out: Optional[Path] = typer.Option(None, "--out", "-o",
                                            help="Output root (default: the spec's output.uri, else ./out)."),
         data_root: Optional[Path] = DataRoot,
@@ -176,15 +214,15 @@ def run(file: Path = typer.Argument(..., help="PitTraining or LeakageEval YAML."
             _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
     publish()
     if remote:
-        console.print(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
+        _say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
     for name, r in results.items():
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
-        console.print(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
-    console.print(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+        _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
+    _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
 
 
 @app.command()
-def evaluate(file: Path = typer.Argument(..., help="LeakageEval YAML."),
+def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval YAML."),
              out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
              data_root: Optional[Path] = DataRoot,
              overwrite: bool = typer.Option(False, "--overwrite")) -> None:
@@ -212,7 +250,7 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
     base_dir, n_tokens = prepare_run(res, plan, run_dir)
-    console.print(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
+    _say(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
 
 
 def _load_eval(spec: Path, data_root: Optional[Path]) -> LeakageEval:
@@ -247,8 +285,8 @@ def embed(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JS
         X = embed_panel(res.spec, panel.rows["prompt"].astype(str).tolist(), path, kind,
                         cache_dir=out / "embeddings", info=info,
                         progress=lambda d, t: p.update(task, completed=d, total=t))
-    console.print(f"[green]✓[/] {model}: {X.shape[0]:,} × {X.shape[1]} embeddings → {out / 'embeddings'}"
-                  f"{' (cached)' if info.get('cache_hit') else ''}")
+    _say(f"[green]✓[/] {model}: {X.shape[0]:,} × {X.shape[1]} embeddings → {out / 'embeddings'}"
+          f"{' (cached)' if info.get('cache_hit') else ''}")
 
 
 @app.command()
@@ -269,11 +307,11 @@ def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or 
         _fail(err, 2)
     results = run_leakage_eval(res.spec, panel, models, out, cache_dir=out / "embeddings")
     _print_results_table(compact_results(results), f"Leakage evaluation {res.metadata.name}")
-    console.print(f"  report: {out / 'report.md'}   plot: {out / 'premium.png'}")
+    _say(f"  report: {out / 'report.md'}   plot: {out / 'premium.png'}")
 
 
 @app.command()
-def plan(file: Path = typer.Argument(..., help="PitTraining YAML."),
+def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML."),
          data_root: Optional[Path] = DataRoot,
          gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib",
                                                         help="GPU memory in GiB (overrides "
@@ -290,19 +328,19 @@ def plan(file: Path = typer.Argument(..., help="PitTraining YAML."),
         _fail(err, 2)
     print(result.table())
     if result.fits is None:
-        console.print("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB or --gpu-memory-gib): "
-                      "no fit check")
+        _say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB or --gpu-memory-gib): "
+              "no fit check")
     elif not result.fits:
         _fail(RuntimeError(f"{file}: predicted peak {result.peak_bytes / 2**30:.1f} GiB per GPU exceeds "
                            f"{'--gpu-memory-gib' if gpu_memory_gib is not None else 'spec.resources.gpuMemoryGiB'}"
                            f" = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
     else:
-        console.print(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
-                      "GiB per GPU")
+        _say(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
+              "GiB per GPU")
 
 
 @app.command()
-def report(out: Path = typer.Argument(..., help="Evaluation folder holding results.json.")) -> None:
+def report(out: Path = typer.Argument(..., metavar="OUT", help="Evaluation folder holding results.json.")) -> None:
     """Rebuild report.md, report.html and the plots of an evaluation folder from its results.json."""
     from pitlab.evaluator.report import rebuild_report
 
@@ -313,7 +351,7 @@ def report(out: Path = typer.Argument(..., help="Evaluation folder holding resul
     except (ValueError, KeyError) as err:
         _fail(ValueError(f"{out}/results.json cannot be rendered: {err}"), 2)
     for p in written:
-        console.print(f"  wrote {p}")
+        _say(f"  wrote {p}")
 
 
 @app.command()
@@ -351,8 +389,8 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
 
 
 @app.command()
-def push(src: Path = typer.Argument(..., help="Local folder (a model, a data set)."),
-         dest: str = typer.Argument(..., help="s3://bucket/prefix (or a local folder).")) -> None:
+def push(src: Path = typer.Argument(..., metavar="SRC", help="Local folder (a model, a data set)."),
+         dest: str = typer.Argument(..., metavar="DEST", help="s3://bucket/prefix (or a local folder).")) -> None:
     """Publish a folder for pitlab to read: upload every file (multipart, parallel parts), then MANIFEST.json
     (sha256 of each) and _COMPLETE last. Models and base models in s3:// must be published this way."""
     from pitlab import storage
@@ -361,13 +399,13 @@ def push(src: Path = typer.Argument(..., help="Local folder (a model, a data set
         m = storage.upload_dir(src, dest)
     except storage.StorageError as err:
         _fail(err, 1)
-    console.print(f"[green]✓[/] published {len(m.files)} files, {m.total_bytes:,} bytes → {dest} "
-                  f"(manifest sha256 {m.digest[:16]}…)")
+    _say(f"[green]✓[/] published {len(m.files)} files, {m.total_bytes:,} bytes → {dest} "
+          f"(manifest sha256 {m.digest[:16]}…)")
 
 
 @app.command()
-def pull(src: str = typer.Argument(..., help="A published s3://bucket/prefix."),
-         dest: Path = typer.Argument(..., help="Local folder to create.")) -> None:
+def pull(src: str = typer.Argument(..., metavar="SRC", help="A published s3://bucket/prefix."),
+         dest: Path = typer.Argument(..., metavar="DEST", help="Local folder to create.")) -> None:
     """Download a published folder, verifying every file's sha256 against its manifest."""
     from pitlab import storage
 
@@ -377,7 +415,7 @@ def pull(src: str = typer.Argument(..., help="A published s3://bucket/prefix."),
         m = storage.download_dir(src, dest)
     except storage.StorageError as err:
         _fail(err, 1)
-    console.print(f"[green]✓[/] {len(m.files)} files, {m.total_bytes:,} bytes verified → {dest}")
+    _say(f"[green]✓[/] {len(m.files)} files, {m.total_bytes:,} bytes verified → {dest}")
 
 
 if __name__ == "__main__":

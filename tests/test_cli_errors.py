@@ -100,3 +100,71 @@ def test_evaluation_dates_the_prices_cannot_supply_are_refused_before_training(t
             "the prices cover 2013-02-08..2018-02-07") in out
     r, out = _run(tmp_path, spec, data_root, cmd="validate")
     assert r.exit_code == 2 and "dataset.dates.count: 30 dates requested" in out
+
+
+# ------------------------------------------------------------------------- help, --version, unwrapped log lines
+def _help(args, columns=400):
+    r = CliRunner().invoke(app, args, env={"COLUMNS": str(columns)}, prog_name="pitlab")
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_run_help_shows_flags_without_a_value_and_the_argument_as_FILE():
+    """Found by a new user: typer 0.29's rich help printed `--overwrite <bool>`, `--help <bool>` and `{file}`.
+    pitlab uses click's plain formatter (rich_markup_mode=None); `{FILE}` in the usage line is typer's mark
+    of a required argument."""
+    out = _help(["run", "--help"], columns=120)
+    assert "Usage: pitlab run [OPTIONS] {FILE}\n" in out
+    assert "<bool>" not in out and "{file}" not in out
+    assert re.search(r"\n  --overwrite +Replace an existing out/<name>/ folder\.\n", out), out
+    assert re.search(r"\n  --help +Show this message and exit\.\n", out), out
+    assert re.search(r"\n  FILE <path> +PitTraining or LeakageEval YAML\. +\[required\]\n", out), out
+    assert re.search(r"\n  --nproc <int> +torchrun processes", out), out  # options that take a value keep it
+    assert "Usage: pitlab push [OPTIONS] {SRC} {DEST}\n" in _help(["push", "--help"])
+    r = CliRunner().invoke(app, ["run"], env={"COLUMNS": "120"})
+    assert r.exit_code == 2 and "Missing argument 'FILE'." in r.output
+
+
+def test_help_texts_flow_as_paragraphs():
+    """Found by a new user: hard-wrapped docstrings broke the help mid-sentence ("…or the / evaluation alone").
+    click's formatter re-wraps every paragraph to the width it has, so no line ends where the docstring did."""
+    out = _help(["run", "--help"], columns=120)
+    flat = " ".join(out.split())
+    assert ("Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the "
+            "evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would.") in flat
+    assert not any(line.rstrip().endswith("or the") for line in out.splitlines()), out  # the docstring's break
+    top = _help(["--help"], columns=120)
+    assert "\n  run       Run a resource on this machine: corpus filter → train → merge" in top  # click's summary
+
+
+def test_version_and_exit_codes_in_the_top_level_help():
+    from importlib.metadata import version
+
+    r = CliRunner().invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output == f"pitlab {version('pitlab')}\n"
+    assert ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before anything "
+            "runs); 1 a stage failed (training, merge, evaluation, an upload or download); 3 `pitlab plan`: the run "
+            "does not fit the GPU memory. (`pitlab train`, the pods' entry point, exits 2 on any error.)") in " ".join(
+        _help(["--help"]).split())
+
+
+def test_error_lines_are_not_wrapped_off_a_terminal(tmp_path, spec, data_root):
+    """Found by a new user: in a log the error broke at ~155 columns ("235 \\ndocuments read"), defeating grep.
+    Timestamps in the message are in the cutoff's time zone."""
+    spec["spec"]["knowledgeCutoff"] = "1990-01-01"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(app, ["run", str(path), "--data-root", str(data_root)])  # no COLUMNS: a log
+    src = data_root / "fomc_statements" / "fomc_statements_1994_2026.csv"
+    assert r.exit_code == 2
+    assert (f"error: {src}: no document at or before the knowledge cutoff 1990-01-01 (America/New_York); 235 "
+            "documents read, earliest timestamp 1994-02-04T00:00:00-05:00") in r.output.splitlines()
+
+
+def test_validate_gives_the_latest_document_in_the_cutoffs_timezone(tmp_path, spec, data_root):
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(app, ["validate", str(path), "--data-root", str(data_root)])
+    assert r.exit_code == 0
+    assert (f"✓ {path}: valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents "
+            "(latest 2016-12-14T00:00:00-05:00)") in r.output.splitlines()

@@ -109,3 +109,18 @@ def test_missing_column_and_duplicate_id(tmp_path):
     g.write_text("id,date,text\nx,2016-01-05,a\nx,2016-01-06,b\n")
     with pytest.raises(CorpusError, match=r"row 2: duplicate id 'x' \(first seen at row 1\)"):
         read_corpus(g, "csv", "text", "date", "UTC", id_field="id")
+
+
+def test_messages_give_timestamps_in_the_cutoffs_timezone(tmp_path):
+    """Found by a new user: the cutoff was named in America/New_York, the earliest timestamp in UTC."""
+    f = tmp_path / "late.csv"
+    f.write_text("date,text\n2017-06-14,a\n2018-01-02T09:30:00+00:00,b\n")
+    docs = read_corpus(f, "csv", "text", "date", "America/New_York")
+    with pytest.raises(CorpusError) as err:
+        filter_corpus(docs, dt.date(2016, 12, 31), "America/New_York", source=str(f))
+    assert str(err.value) == (f"{f}: no document at or before the knowledge cutoff 2016-12-31 (America/New_York); "
+                              "2 documents read, earliest timestamp 2017-06-14T00:00:00-04:00")
+    # the audit keeps UTC
+    docs = read_corpus(f, "csv", "text", "date", "America/New_York")
+    _, audit = filter_corpus(docs, dt.date(2017, 12, 31), "America/New_York")
+    assert audit.max_included_timestamp == "2017-06-14T04:00:00+00:00"

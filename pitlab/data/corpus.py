@@ -90,6 +90,14 @@ def parse_timestamp(value: object, timezone: str) -> pd.Timestamp | None:
     return ts.tz_convert("UTC")
 
 
+def local_isoformat(ts: pd.Timestamp | str, timezone: str) -> str:
+    """``ts`` (a timestamp or an ISO string with an offset) as ISO 8601 in ``timezone``, offset kept.
+
+    For messages, so that a timestamp reads in the same zone as the knowledge cutoff it is compared with
+    (the audit keeps UTC)."""
+    return pd.Timestamp(ts).tz_convert(zoneinfo.ZoneInfo(timezone)).isoformat()
+
+
 def _iter_records(path: Path, fmt: Literal["csv", "jsonl"]) -> Iterator[tuple[int, dict]]:
     """Yield (1-based data row, record). CSV rows are numbered after the header; JSONL by line."""
     if fmt == "csv":
@@ -186,7 +194,7 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
         earliest = min((d.timestamp for d in docs if d.timestamp is not None), default=None)
         raise CorpusError(f"{source}: no document at or before the knowledge cutoff {cutoff} ({timezone}); "
                           f"{len(docs)} documents read, earliest timestamp "
-                          f"{earliest.isoformat() if earliest is not None else 'none'}")
+                          f"{local_isoformat(earliest, timezone) if earliest is not None else 'none'}")
     ids = "\n".join(sorted(d.id for d in kept)).encode("utf-8")
     audit = CorpusAudit(
         source=source, source_sha256=source_sha256, knowledge_cutoff=cutoff.isoformat(), timezone=timezone,
