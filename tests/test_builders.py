@@ -238,3 +238,18 @@ def test_storage_secret_and_settings_reach_every_pod(pit: PitTraining) -> None:
     # without spec.storage nothing is added
     plain = builders.build_merge_job(pit, CFG, PIT_BODY)["spec"]["template"]["spec"]["containers"][0]
     assert "envFrom" not in plain and not {e["name"] for e in plain["env"]} & set(want_env)
+
+
+def test_evaluation_children_of_two_trainings_do_not_collide(pit: PitTraining) -> None:
+    names = []
+    for parent in ("qwen-2020", "qwen-2021"):
+        body = copy.deepcopy(PIT_BODY)
+        body["metadata"]["name"] = parent
+        body["spec"]["evaluations"][0]["name"] = "jpx"
+        for m in body["spec"]["evaluations"][0]["spec"]["models"]:
+            m["trainingRef"]["name"] = parent
+        pt = parse_resource(body)
+        child = builders.build_evaluation(pt, pt.spec.evaluations[0], body)
+        assert child["metadata"]["ownerReferences"][0]["name"] == parent
+        names.append(child["metadata"]["name"])
+    assert names == ["qwen-2020-jpx", "qwen-2021-jpx"]

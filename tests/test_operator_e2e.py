@@ -38,7 +38,7 @@ JOBS = "batch/v1/jobs"
 PTJ = "kubeflow.org/v1/pytorchjobs"
 PODS = "v1/pods"
 CFG = OperatorConfig(reconcile_interval=0.1, pvc="research-data", trainer_image="registry.example/pitlab-trainer:t",
-                     evaluator_image="registry.example/pitlab-evaluator:t")
+                     evaluator_image="registry.example/pitlab-evaluator:t", create_retry_delay=0.2)
 
 RESOURCES = {
     "v1/namespaces": dict(kind="Namespace", namespaced=False),
@@ -89,11 +89,20 @@ AUDIT_MESSAGE = ('{"corpusAudit":{"excludedByDate":76,"included":159,"includedId
 class ApiServer(kmock.KubernetesEmulator):
     """kmock's emulator plus what a real API server does and kopf relies on: uid, generation and a name for
     ``generateName`` on create; a new resourceVersion on every write; 409 Conflict (not 500) when a JSON
-    patch's test of the resourceVersion fails."""
+    patch's test of the resourceVersion fails. ``refusals`` (resource key → error) answers creates of that
+    resource with the error and stores nothing (kmock alone would keep the object of an intercepted create)."""
 
     version = 0
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refusals: dict[str, kmock.KubernetesError] = {}
+
     async def _handle(self, request: kmock.Request):
+        if request.resource is not None and request.action == kmock.action.CREATE:
+            for key, err in list(self.refusals.items()):
+                if request.resource == key:
+                    return await self._render_error(err)
         if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE):
             ApiServer.version += 1
             rv = str(ApiServer.version)
@@ -506,16 +515,23 @@ def _no_such_resource(request: kmock.Request) -> None:
 
 
 @pytest.mark.asyncio
-async def test_cluster_without_kubeflow_fails_with_a_hint_and_an_event(cluster: Cluster) -> None:
+async def test_cluster_without_kubeflow_stalls_with_a_hint_until_the_crd_appears(cluster: Cluster) -> None:
     c = cluster
-    c.server["post", re.compile(r"/apis/kubeflow.org/v1/namespaces/[^/]+/pytorchjobs")] << _no_such_resource
+    c.server.refusals[PTJ] = kmock.KubernetesResourceNotFoundError(
+        reason="Not Found", message="the server could not find the requested resource")
     await c.apply(TRAINING)
     await c.phase(PIT, "fomc-2016", "Preparing")
     c.finish_job("fomc-2016-prepare", message=AUDIT_MESSAGE)
-    pit = await c.phase(PIT, "fomc-2016", "Failed")
-    assert conds(pit)[2] == ("Trained", "False", "CreateFailed")
-    assert cond(pit, "Trained")["message"].startswith(
-        "PyTorchJob fomc-2016-train was refused: 404 Not Found (is the Kubeflow training operator installed?)")
+    pit = await c.until(PIT, "fomc-2016", lambda o: ("Stalled", "True", "ChildKindMissing") in conds(o))
+    assert pit["status"]["phase"] == "Training" and conds(pit) == [
+        ("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
+        ("Trained", "False", "ChildKindMissing"), ("Ready", "False", "ChildKindMissing"),
+        ("Reconciling", "True", "ChildKindMissing"), ("Stalled", "True", "ChildKindMissing")]
+    hint = ("PyTorchJob fomc-2016-train cannot be created: the API server has no PyTorchJob kind (404 Not Found: "
+            "the server could not find the requested resource); install the Kubeflow training operator (the "
+            f"kubeflow.org/v1 PyTorchJob CRD). Retrying every {CFG.create_retry_delay:g} s")
+    assert cond(pit, "Stalled")["message"] == hint and cond(pit, "Trained")["message"] == hint
+
     def events() -> list[tuple[str, str, str]]:
         return [(r.data["type"], r.data["reason"], r.data["message"]) for r in c.server
                 if r.resource == "v1/events" and r.action is not None and r.action.name == "CREATE"]
@@ -523,10 +539,21 @@ async def test_cluster_without_kubeflow_fails_with_a_hint_and_an_event(cluster: 
     deadline = time.monotonic() + 10
     while len(events()) < 3 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    await asyncio.sleep(4 * CFG.create_retry_delay)  # retried meanwhile: still one Warning
     assert sorted(events()) == [
         ("Normal", "Created", "created ConfigMap fomc-2016-pit-spec"),
         ("Normal", "Created", "created Job fomc-2016-prepare"),
-        ("Warning", "CreateFailed", pit["status"]["conditions"][-1]["message"])]
+        ("Warning", "ChildKindMissing", hint)]
+    assert c.names(PTJ) == []
+
+    del c.server.refusals[PTJ]  # the platform team installs the Kubeflow training operator
+    pit = await c.until(PIT, "fomc-2016", lambda o: ("Stalled", "False", "Training") in conds(o))
+    assert pit["status"]["phase"] == "Training" and conds(pit) == [
+        ("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"), ("Trained", "False", "Training"),
+        ("Ready", "False", "Training"), ("Reconciling", "True", "Training"), ("Stalled", "False", "Training")]
+    assert c.names(PTJ) == ["fomc-2016-train"]
+    c.finish_pytorchjob("fomc-2016-train")
+    await c.phase(PIT, "fomc-2016", "Merging")
     OBSERVED_CALLS.update(c.operator_calls())
 
 

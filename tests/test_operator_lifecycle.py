@@ -5,9 +5,12 @@ from __future__ import annotations
 import copy
 import json
 
+import kopf
 import pytest
+from kubernetes.client import ApiException
 
-from pitlab.operator import lifecycle, naming
+from pitlab.api import SpecError
+from pitlab.operator import handlers, lifecycle, naming
 from pitlab.operator.config import OperatorConfig
 from pitlab.operator.validation import check_training, parse
 
@@ -131,3 +134,341 @@ def test_config_resolves_uris_on_the_shared_volume() -> None:
     with pytest.raises(ValueError, match="'b' is not a valid bucket name"):
         CFG.resolve("s3://b/x")
     assert OperatorConfig.from_env({"PITLAB_MERGE_GPUS": "2", "PITLAB_RECONCILE_INTERVAL": "0.5"}).merge_gpus == 2
+
+
+# ---------------------------------------------------------------- audit fixes
+AUDIT = {"corpusAudit": {"included": 159, "excludedByDate": 76, "rejectedTimestamp": 0,
+                         "maxIncludedTimestamp": "2020-12-14T14:00:00-05:00", "includedIdsSha256": "ab12"}}
+
+
+def conds(body: dict) -> list[tuple[str, str, str]]:
+    return [(c["type"], c["status"], c["reason"]) for c in body["status"]["conditions"]]
+
+
+def message(body: dict, type_: str) -> str:
+    return next(c["message"] for c in body["status"]["conditions"] if c["type"] == type_)
+
+
+def finish(w: FakeWorld, resource: str, name: str, ok: bool = True, container: str = "", msg: str = "") -> None:
+    """Play the Job (or Kubeflow) controller for child ``name``; ``msg``: its pod's termination message."""
+    obj = w.objects[(resource, name)]
+    if resource == lifecycle.PYTORCHJOBS:
+        obj["status"] = {"conditions": [{"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded",
+                                         "message": "done"}]}
+        return
+    obj["status"] = {"conditions": [{"type": "Complete", "status": "True", "reason": "CompletionsReached"} if ok else
+                                    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                     "message": "Job has reached the specified backoff limit"}]}
+    if container:
+        w.pods.append({"metadata": {"labels": {"batch.kubernetes.io/job-name": name}}, "status": {
+            "containerStatuses": [{"name": container, "state": {"terminated": {"message": msg}}}]}})
+
+
+def to_training(w: FakeWorld, audit: dict | None = None) -> dict:
+    body, _ = step(w, copy.deepcopy(BODY))
+    finish(w, lifecycle.JOBS, "t-prepare", container="prepare", msg=json.dumps(audit or AUDIT))
+    return body
+
+
+def test_prepare_failure_carries_the_jobs_reason_like_merge() -> None:
+    w = FakeWorld()
+    body, _ = step(w, copy.deepcopy(BODY))
+    finish(w, lifecycle.JOBS, "t-prepare", ok=False, container="prepare", msg="reading c.csv\nerror: no column 'date'")
+    body, plan = step(w, body)
+    assert plan.creates == [] and conds(body) == [
+        ("Validated", "True", "SpecValid"), ("Prepared", "False", "BackoffLimitExceeded"),
+        ("Ready", "False", "BackoffLimitExceeded"), ("Reconciling", "False", "BackoffLimitExceeded"),
+        ("Stalled", "True", "BackoffLimitExceeded")]
+    assert message(body, "Prepared") == ("Job t-prepare: BackoffLimitExceeded: Job has reached the specified "
+                                         "backoff limit; reading c.csv | error: no column 'date'")
+
+
+def test_malformed_corpus_audit_is_ignored_with_a_warning() -> None:
+    w = FakeWorld()
+    body = to_training(w, {"corpusAudit": {"included": "many", "excludedByDate": 3}})
+    body, plan = step(w, body)
+    assert [m["metadata"]["name"] for m in plan.creates] == ["t-train"]
+    assert "corpusAudit" not in body["status"] and body["status"]["phase"] == "Training"
+    assert conds(body)[1] == ("Prepared", "True", "CorpusFiltered") and message(body, "Prepared") == "corpus filtered"
+    assert plan.warnings == [("MalformedCorpusAudit", AUDIT_WARNING)]
+
+
+AUDIT_WARNING = ("Job t-prepare: corpus audit ignored: corpusAudit.included: Input should be a valid integer, unable "
+                 "to parse string as an integer (got 'many'); corpusAudit.rejectedTimestamp: Field required; "
+                 "corpusAudit.maxIncludedTimestamp: Field required; corpusAudit.includedIdsSha256: Field required")
+
+
+def test_malformed_progress_line_is_ignored_with_a_warning() -> None:
+    w = FakeWorld()
+    body, _ = step(w, to_training(w))
+    log = 'PITLAB_PROGRESS {"step": 5, "loss": "high"}\n'
+    w.logs[("t-train-master-0", "progress")] = log
+    body, plan = step(w, body)
+    assert plan.creates == [] and body["status"]["phase"] == "Training" and "progress" not in body["status"]
+    assert conds(body)[2:] == [("Trained", "False", "Training"), ("Ready", "False", "Training"),
+                               ("Reconciling", "True", "Training"), ("Stalled", "False", "Training")]
+    assert plan.warnings == [("MalformedProgress", "pod t-train-master-0: progress line ignored: loss: Input "
+                                                   "should be a valid number, unable to parse string as a number "
+                                                   "(got 'high')")]
+    # unknown fields of a newer trainer are left out, the known ones reach the status
+    w.logs[("t-train-master-0", "progress")] = log + 'PITLAB_PROGRESS {"step": 6, "totalSteps": 9, "epoch": 1}\n'
+    body, plan = step(w, body)
+    assert plan.warnings == [] and body["status"]["progress"] == {"step": 6, "totalSteps": 9}
+    assert message(body, "Trained") == "PyTorchJob t-train: Created (step 6/9)"
+
+
+def test_stored_spec_that_no_longer_parses_fails_naming_the_field() -> None:
+    w = FakeWorld()
+    body, _ = step(w, copy.deepcopy(BODY))
+    cm = w.objects[(lifecycle.CONFIGMAPS, "t-pit-spec")]
+    stored = json.loads(cm["data"]["spec.yaml"])
+    stored["spec"]["tokens"] = "lots"
+    cm["data"]["spec.yaml"] = json.dumps(stored)
+    body, plan = step(w, body)
+    assert plan.creates == [] and conds(body) == [
+        ("Validated", "True", "SpecValid"), ("Prepared", "False", "StoredSpecInvalid"),
+        ("Ready", "False", "StoredSpecInvalid"), ("Reconciling", "False", "StoredSpecInvalid"),
+        ("Stalled", "True", "StoredSpecInvalid")]
+    assert message(body, "Stalled") == (
+        "ConfigMap t-pit-spec: the run's spec no longer parses: spec.tokens: Input should be a valid integer, "
+        "unable to parse string as an integer (got 'lots'); delete and recreate the PitTraining")
+
+
+LE_BODY = {"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval",
+           "metadata": {"name": "e", "namespace": "ns", "uid": "ue", "generation": 1},
+           "spec": {"models": [{"name": "pit", "trainingRef": {"name": "t"}}],
+                    "dataset": {"kind": "ohlcv", "uri": "p.csv"},
+                    "protocol": {"trainEnd": "2020-12-31", "testStart": "2021-01-01"}}}
+
+
+def test_leakageeval_waiting_for_a_failed_training_fails_with_its_reason() -> None:
+    w = FakeWorld()
+    w.objects[(lifecycle.PITTRAININGS, "t")] = {**BODY, "status": {"phase": "Failed", "conditions": [
+        {"type": "Prepared", "status": "True", "reason": "CorpusFiltered", "lastTransitionTime": NOW},
+        {"type": "Trained", "status": "False", "reason": "PyTorchJobFailed", "lastTransitionTime": NOW},
+        {"type": "Stalled", "status": "True", "reason": "PyTorchJobFailed", "lastTransitionTime": NOW,
+         "message": "PyTorchJob t-train: 1 Master replica(s) failed."}]}}
+    plan = lifecycle.reconcile_eval(copy.deepcopy(LE_BODY), w, CFG, NOW)
+    body = w.apply(plan, LE_BODY)
+    assert plan.creates == [] and body["status"]["phase"] == "Failed" and conds(body) == [
+        ("Validated", "False", "TrainingFailed"), ("Ready", "False", "TrainingFailed"),
+        ("Reconciling", "False", "TrainingFailed"), ("Stalled", "True", "TrainingFailed")]
+    assert message(body, "Stalled") == ("model pit: PitTraining t failed before its model was written "
+                                        "(PyTorchJobFailed: PyTorchJob t-train: 1 Master replica(s) failed.)")
+
+
+def test_leakageeval_whose_training_spec_does_not_parse_fails_naming_the_field() -> None:
+    w = FakeWorld()
+    train = copy.deepcopy(BODY)
+    train["spec"]["tokens"] = -1
+    train["status"] = {"phase": "Evaluating", "conditions": [
+        {"type": "Merged", "status": "True", "reason": "MergeSucceeded", "lastTransitionTime": NOW}]}
+    w.objects[(lifecycle.PITTRAININGS, "t")] = train
+    plan = lifecycle.reconcile_eval(copy.deepcopy(LE_BODY), w, CFG, NOW)
+    body = w.apply(plan, LE_BODY)
+    assert plan.creates == [] and conds(body)[0] == ("Validated", "False", "TrainingRefInvalid")
+    assert message(body, "Stalled") == ("model pit: the spec of PitTraining t does not parse: spec.tokens: Input "
+                                        "should be greater than or equal to 1 (got -1)")
+
+
+def _panel(n: int) -> dict:
+    le = copy.deepcopy(LE_BODY)
+    le["spec"]["models"] = [{"name": f"m{i}", "uri": f"models/m{i}"} for i in range(n)]
+    return le
+
+
+def test_embedding_layout_is_chosen_once_whatever_the_config_says_later() -> None:
+    w = FakeWorld()
+    le = _panel(3)
+    plan = lifecycle.reconcile_eval(le, w, CFG, NOW)
+    le = w.apply(plan, le)
+    assert [m["metadata"]["name"] for m in plan.creates] == ["e-eval-spec", "e-embed-m0", "e-embed-m1", "e-embed-m2"]
+    small = OperatorConfig(indexed_embed_threshold=1)  # the operator restarted with another threshold
+    plan = lifecycle.reconcile_eval(le, w, small, NOW)
+    assert plan.creates == [] and plan.status.children == {
+        "embedJob.m0": "e-embed-m0", "embedJob.m1": "e-embed-m1", "embedJob.m2": "e-embed-m2",
+        "configMap": "e-eval-spec"}
+    # restarted before the status recorded the Jobs: the existing ones are adopted
+    plan = lifecycle.reconcile_eval({**le, "status": {**le["status"], "children": {}}}, w, small, NOW)
+    assert plan.creates == [] and sorted(plan.status.children) == ["configMap", "embedJob.m0", "embedJob.m1",
+                                                                   "embedJob.m2"]
+    # and the other way round: an indexed Job stays the one Job
+    w2 = FakeWorld()
+    le = _panel(3)
+    plan = lifecycle.reconcile_eval(le, w2, small, NOW)
+    le = w2.apply(plan, le)
+    assert [m["metadata"]["name"] for m in plan.creates] == ["e-eval-spec", "e-embed"]
+    plan = lifecycle.reconcile_eval(le, w2, CFG, NOW)
+    assert plan.creates == [] and plan.status.children == {"configMap": "e-eval-spec", "embedJob.all": "e-embed"}
+
+
+def _succeeded_training() -> tuple[FakeWorld, dict]:
+    """A PitTraining with one evaluation, run to Succeeded in a FakeWorld."""
+    w = FakeWorld()
+    body = copy.deepcopy(BODY)
+    body["spec"]["evaluations"] = [{"name": "leak", "spec": {
+        "models": [{"name": "pit", "trainingRef": {"name": "t"}}], "dataset": {"kind": "ohlcv", "uri": "p.csv"},
+        "protocol": {"trainEnd": "2020-12-31", "testStart": "2021-01-01"}}}]
+    body, _ = step(w, body)
+    finish(w, lifecycle.JOBS, "t-prepare", container="prepare", msg=json.dumps(AUDIT))
+    body, _ = step(w, body)
+    finish(w, lifecycle.PYTORCHJOBS, "t-train")
+    body, _ = step(w, body)
+    finish(w, lifecycle.JOBS, "t-merge")
+    body, plan = step(w, body)
+    assert [m["metadata"]["name"] for m in plan.creates] == ["t-leak"]
+    w.objects[(lifecycle.LEAKAGEEVALS, "t-leak")]["status"] = {"phase": "Succeeded", "results": {"models": {}}}
+    body, _ = step(w, body)
+    assert body["status"]["phase"] == "Succeeded"
+    return w, body
+
+
+def test_a_finished_training_creates_nothing_after_a_spec_edit() -> None:
+    w, body = _succeeded_training()
+    finished = conds(body)
+    del w.objects[(lifecycle.LEAKAGEEVALS, "t-leak")]  # the user cleaned up
+    edited = copy.deepcopy(body)
+    edited["metadata"]["generation"] = 2
+    edited["spec"]["tokens"] = 200
+    body2, plan = step(w, edited)
+    assert plan.creates == [] and body2["status"]["phase"] == "Succeeded"
+    assert body2["status"]["observedGeneration"] == 2
+    assert conds(body2)[5:] == [("Ready", "False", "SpecImmutable"), ("Reconciling", "False", "Succeeded"),
+                                ("Stalled", "True", "SpecImmutable")]
+    assert message(body2, "Stalled") == (
+        "spec changed after the run finished (Succeeded, generation 2); nothing is run again. The run's spec is in "
+        "ConfigMap t-pit-spec: revert the edit, or create a new PitTraining")
+    reverted = copy.deepcopy(body2)
+    reverted["metadata"]["generation"] = 3
+    reverted["spec"]["tokens"] = 100
+    body3, plan = step(w, reverted)
+    assert plan.creates == [] and conds(body3) == finished and body3["status"]["observedGeneration"] == 3
+    assert message(body3, "Ready") == "model at /pitlab/out/t/model"
+    assert lifecycle.reconcile_training(body3, w, CFG, NOW).status is None
+
+
+def test_evaluation_children_are_named_after_parent_and_evaluation() -> None:
+    w, body = _succeeded_training()
+    assert body["status"]["children"]["leakageEval.leak"] == "t-leak"
+    assert body["status"]["results"] == {"leak": {"models": {}}}
+    assert naming.evaluation("fomc-2016", "leakage") == "fomc-2016-leakage"
+    assert naming.evaluation("fomc-2017", "leakage") == "fomc-2017-leakage"
+    assert naming.evaluation("fomc-2016", "fomc-2016-leakage") == "fomc-2016-leakage"  # already prefixed
+
+
+def test_evaluations_that_would_share_a_child_name_are_refused() -> None:
+    body = copy.deepcopy(BODY)
+    ev = {"models": [{"name": "m", "uri": "models/m"}], "dataset": {"kind": "ohlcv", "uri": "p"},
+          "protocol": {"trainEnd": "2020-01-01", "testStart": "2020-02-01"}}
+    body["spec"]["evaluations"] = [{"name": "leak", "spec": ev}, {"name": "t-leak", "spec": ev}]
+    assert check_training(parse(body, "PitTraining"), CFG) == [
+        ("spec.evaluations[0].name", "evaluation 'leak' would be LeakageEval 't-leak', like another evaluation"),
+        ("spec.evaluations[1].name", "evaluation 't-leak' would be LeakageEval 't-leak', like another evaluation")]
+
+
+# ---------------------------------------------------------------- handlers.run_plan
+class FakeKube(FakeWorld):
+    """A FakeWorld that creates through ``create`` (as :class:`pitlab.operator.kube.Kube`), refusing kinds
+    listed in ``refuse`` with the given ApiException."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse: dict[str, Exception] = {}
+
+    def create(self, manifest: dict) -> bool:
+        if manifest["kind"] in self.refuse:
+            raise self.refuse[manifest["kind"]]
+        self.objects[(lifecycle.RESOURCE_OF_KIND[manifest["kind"]], manifest["metadata"]["name"])] = manifest
+        return True
+
+
+@pytest.fixture()
+def events(monkeypatch) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    monkeypatch.setattr(kopf, "warn", lambda body, reason, message: out.append(("Warning", reason, message)))
+    monkeypatch.setattr(kopf, "event", lambda body, type, reason, message: out.append((type, reason, message)))
+    return out
+
+
+def run(kube: FakeKube, body: dict, memo: kopf.Memo, reconcile=lifecycle.reconcile_training) -> dict:
+    """One handler call; returns the body with the patched status."""
+    patch = kopf.Patch()
+    handlers.run_plan(body["kind"], kopf.Body(copy.deepcopy(body)), memo, patch, reconcile)
+    return {**body, "status": {**(body.get("status") or {}), **patch.get("status", {})}}
+
+
+def test_a_reconcile_value_error_fails_the_resource_naming_the_field_once(events) -> None:
+    kube, memo = FakeKube(), kopf.Memo(kube=None, config=CFG)
+    memo.kube = kube
+
+    def broken(body, world, cfg):
+        raise SpecError([("spec.evaluations[0].spec.models[0].trainingRef.name", "PitTraining x has no spec")])
+
+    body = run(kube, copy.deepcopy(BODY), memo, broken)
+    assert conds(body) == [("Validated", "False", "InvalidSpec"), ("Ready", "False", "InvalidSpec"),
+                           ("Reconciling", "False", "InvalidSpec"), ("Stalled", "True", "InvalidSpec")]
+    assert body["status"]["phase"] == "Failed" and message(body, "Stalled") == (
+        "spec.evaluations[0].spec.models[0].trainingRef.name: PitTraining x has no spec")
+    run(kube, copy.deepcopy(BODY), memo, broken)
+    assert events == [("Warning", "InvalidSpec", message(body, "Stalled"))]  # posted once
+
+    def pydantic_error(body, world, cfg):
+        from pitlab.api.status import Progress
+        Progress.model_validate({"step": "x"})
+
+    body = run(kube, copy.deepcopy(BODY), memo, pydantic_error)
+    assert conds(body)[0] == ("Validated", "False", "InvalidSpec")
+    assert message(body, "Stalled") == ("step: Input should be a valid integer, unable to parse string as an "
+                                        "integer (got 'x')")
+
+    def bug(body, world, cfg):
+        raise ValueError("math domain error")
+
+    body = run(kube, copy.deepcopy(BODY), memo, bug)
+    assert conds(body)[0] == ("Validated", "False", "ReconcileError")
+    assert message(body, "Stalled") == "ValueError: math domain error"
+
+
+def _forbidden() -> ApiException:
+    err = ApiException(status=403, reason="Forbidden")
+    err.body = json.dumps({"message": 'jobs.batch "t-prepare" is forbidden: exceeded quota: gpu-quota'})
+    return err
+
+
+def test_a_forbidden_create_stalls_and_is_retried_until_it_succeeds(events) -> None:
+    kube, memo = FakeKube(), kopf.Memo(kube=None, config=CFG)
+    memo.kube = kube
+    kube.refuse["Job"] = _forbidden()
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError) as raised:
+        handlers.run_plan("PitTraining", kopf.Body(copy.deepcopy(BODY)), memo, patch, lifecycle.reconcile_training)
+    assert raised.value.delay == CFG.create_retry_delay == 60
+    body = {**BODY, "status": dict(patch["status"])}
+    assert body["status"]["phase"] == "Preparing" and conds(body) == [
+        ("Validated", "True", "SpecValid"), ("Prepared", "False", "Forbidden"), ("Ready", "False", "Forbidden"),
+        ("Reconciling", "True", "Forbidden"), ("Stalled", "True", "Forbidden")]
+    want = ('Job t-prepare cannot be created: forbidden (403 Forbidden: jobs.batch "t-prepare" is forbidden: exceeded '
+            "quota: gpu-quota); grant the operator's ServiceAccount `create` on jobs (the chart's RBAC), or raise "
+            "the namespace's ResourceQuota. Retrying every 60 s")
+    assert message(body, "Stalled") == want
+    assert events == [("Normal", "Created", "created ConfigMap t-pit-spec"), ("Warning", "Forbidden", want)]
+    assert body["status"]["specDigest"]  # the ConfigMap exists: the run's spec is fixed
+    # the quota is raised: the next attempt creates the Job and the stage goes on
+    del kube.refuse["Job"]
+    body = run(kube, body, memo)
+    assert conds(body) == [("Validated", "True", "SpecValid"), ("Prepared", "False", "Preparing"),
+                           ("Ready", "False", "Preparing"), ("Reconciling", "True", "Preparing"),
+                           ("Stalled", "False", "Preparing")]
+    assert events[-1] == ("Normal", "Created", "created Job t-prepare")
+
+
+def test_a_refused_spec_configmap_does_not_fix_the_spec(events) -> None:
+    kube, memo = FakeKube(), kopf.Memo(kube=None, config=CFG)
+    memo.kube = kube
+    kube.refuse["ConfigMap"] = _forbidden()
+    patch = kopf.Patch()
+    with pytest.raises(kopf.TemporaryError):
+        handlers.run_plan("PitTraining", kopf.Body(copy.deepcopy(BODY)), memo, patch, lifecycle.reconcile_training)
+    assert "specDigest" not in patch["status"] and patch["status"]["phase"] == "Preparing"
+    assert [c["reason"] for c in patch["status"]["conditions"]] == ["SpecValid", "Forbidden", "Forbidden",
+                                                                    "Forbidden", "Forbidden"]

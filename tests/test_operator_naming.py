@@ -46,3 +46,13 @@ def test_every_child_name_is_a_valid_label(parent: str, model: str) -> None:
         assert DNS1123.match(name) and len(name) <= 63, name
     job = naming.pytorchjob(parent)
     assert re.match(r"^[a-z]", job) and len(f"{job}-worker-999") <= 63
+
+
+def test_evaluation_children_are_named_after_parent_and_evaluation() -> None:
+    assert naming.evaluation("fomc-2016", "leakage") == "fomc-2016-leakage"
+    assert naming.evaluation("fomc-2017", "leakage") == "fomc-2017-leakage"  # same evaluation, other parent
+    assert naming.evaluation("fomc-2016", "fomc-2016-leakage") == "fomc-2016-leakage"  # already prefixed
+    parent, ev = "p" * 40, "e" * 40
+    name = naming.evaluation(parent, ev)
+    assert name == "p" * 40 + "-" + "e" * 16 + "-" + naming.short_hash(f"{parent}/{ev}") and len(name) == 63
+    assert naming.evaluation("q" + "p" * 39, ev) != name

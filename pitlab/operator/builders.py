@@ -316,12 +316,13 @@ def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any])
 
 
 def build_evaluation(pt: PitTraining, template: LeakageEvalTemplate, owner: dict[str, Any]) -> dict[str, Any]:
-    """A LeakageEval child of a PitTraining (``spec.evaluations[]``); its output defaults to the parent's."""
+    """A LeakageEval child of a PitTraining (``spec.evaluations[]``), named by :func:`naming.evaluation` from
+    the parent's and the evaluation's names; its output defaults to the parent's."""
     spec = template.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     spec.setdefault("output", {"uri": pt.spec.output.uri})
     if pt.spec.storage is not None:  # the evaluation reads the parent's storage unless it names its own
         spec.setdefault("storage", pt.spec.storage.model_dump(by_alias=True, mode="json", exclude_none=True))
-    meta = _metadata(template.name, owner, "evaluation")
+    meta = _metadata(naming.evaluation(pt.metadata.name, template.name), owner, "evaluation")
     return {"apiVersion": GROUP_VERSION, "kind": "LeakageEval", "metadata": meta, "spec": spec}
 
 
@@ -353,8 +354,10 @@ def embed_command(model: str, out: str) -> list[str]:
     return ["pitlab", "embed", "--spec", EVAL_SPEC_PATH, "--model", model, "--out", out]
 
 
-def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]) -> list[dict[str, Any]]:
-    """One embedding Job per model; one indexed Job (completion index = model) above the threshold."""
+def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any],
+                     indexed: bool | None = None) -> list[dict[str, Any]]:
+    """One embedding Job per model, or one indexed Job (completion index = model): ``indexed`` when given
+    (the choice a resource already made), else above ``cfg.indexed_embed_threshold``."""
     r = le.spec.resources
     out = eval_dir(le, cfg)
     image = r.image or cfg.evaluator_image
@@ -365,7 +368,9 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
         c = _container("embed", image, command, cfg, _resources(r.cpu, r.memory, r.gpus), spec_file=EVAL_SPEC_FILE)
         return _with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", shm=r.gpus > 0), le.spec.storage)
 
-    if len(models) > cfg.indexed_embed_threshold:
+    if indexed is None:
+        indexed = len(models) > cfg.indexed_embed_threshold
+    if indexed:
         command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
         return [_batch_job(naming.embed_indexed_job(le.metadata.name), owner, "embed", pod(command),
                            cfg.backoff_limit, completionMode="Indexed", completions=len(models),

@@ -9,7 +9,7 @@ child's reason when it failed. ``lastTransitionTime`` only moves when a conditio
 
 from __future__ import annotations
 
-from pitlab.api.status import ResourceStatus, set_condition, set_phase
+from pitlab.api.status import ResourceStatus, get_condition, set_condition, set_phase
 
 TRAINING_STAGES = ("Validated", "Prepared", "Trained", "Merged", "Evaluated")
 EVAL_STAGES = ("Validated", "Embedded", "Analyzed")
@@ -55,3 +55,24 @@ def refuse_spec_change(status: ResourceStatus, message: str, generation: int | N
     status.observed_generation = generation
     set_condition(status, "Ready", "False", SPEC_IMMUTABLE, message, generation, now)
     set_condition(status, "Stalled", "True", SPEC_IMMUTABLE, message, generation, now)
+
+
+def restore_finished(status: ResourceStatus, generation: int | None, now: str | None = None) -> None:
+    """A finished resource whose spec is back to the one it ran: its kstatus conditions as they were when it
+    finished (the outcome's reason and message are kept on ``Reconciling``, which a refusal leaves alone)."""
+    rec = get_condition(status, "Reconciling")
+    reason = rec.reason if rec else status.phase
+    message = rec.message if rec else ""
+    set_phase(status, status.phase, reason, message or "", generation, now)
+
+
+def stage_blocked(status: ResourceStatus, stage: str, reason: str, message: str, generation: int | None,
+                  now: str | None = None) -> None:
+    """Stage ``stage`` cannot go on until something outside the operator changes (a missing CRD, RBAC, a
+    quota): its condition False/``reason``, Stalled=True and Ready=False with ``reason``/``message``, while
+    the phase stays and the operator keeps retrying (Reconciling=True)."""
+    set_condition(status, stage, "False", reason, message, generation, now)
+    status.observed_generation = generation
+    set_condition(status, "Ready", "False", reason, message, generation, now)
+    set_condition(status, "Reconciling", "True", reason, message, generation, now)
+    set_condition(status, "Stalled", "True", reason, message, generation, now)

@@ -20,7 +20,9 @@ class OperatorConfig:
     mounts at ``mount_path``; relative spec URIs (``output.uri: out``) resolve under it, and
     ``${PITLAB_DATA_ROOT}`` in spec URIs is ``data_root``. ``nccl_timeout_seconds`` goes to the training pods'
     environment. ``reconcile_interval`` is how often (s) a running resource's children are looked at.
-    ``indexed_embed_threshold``: panels with more models than this embed in one indexed Job.
+    ``indexed_embed_threshold``: panels with more models than this embed in one indexed Job (decided once per
+    LeakageEval). ``create_retry_delay``: seconds between attempts to create a child the API server cannot
+    take yet (kind not installed, forbidden, quota exceeded).
     """
 
     trainer_image: str = "ghcr.io/pitlab/pitlab-trainer:0.1.0"
@@ -42,6 +44,7 @@ class OperatorConfig:
     embed_parallelism: int = 4
     progress_interval_seconds: int = 15
     reconcile_interval: float = 10.0
+    create_retry_delay: float = 60.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":

@@ -14,15 +14,21 @@ from typing import Any, Callable
 
 import kopf
 from kubernetes.client import ApiException
+from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from pitlab.api import API_GROUP, API_VERSION
+from pitlab.api import API_GROUP, API_VERSION, SpecError
 from pitlab.api.status import TERMINAL_PHASES, ResourceStatus
-from pitlab.operator import conditions, lifecycle
+from pitlab.operator import conditions, lifecycle, validation
 from pitlab.operator.config import OperatorConfig
 
 FINALIZER = f"{API_GROUP}/finalizer"
-REFUSALS = (400, 403, 404, 422)  # a create refused for good: invalid, forbidden, kind not installed
+REFUSALS = (400, 422)  # a create refused for good: the manifest itself is invalid
+BLOCKED = {404: "ChildKindMissing", 403: "Forbidden"}  # refused until the cluster changes: retried
+WHAT_TO_DO = {
+    "PyTorchJob": "install the Kubeflow training operator (the kubeflow.org/v1 PyTorchJob CRD)",
+    "LeakageEval": "install the pitlab CRDs (helm upgrade --install of charts/pitlab, or kubectl apply -f crds/)",
+}
 
 
 def needs_reconcile(body: kopf.Body, **_: Any) -> bool:
@@ -45,22 +51,45 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
              reconcile: Callable[..., lifecycle.Plan]) -> None:
     """Reconcile once: create the planned children (one Normal event each), then patch the status if it
-    changed. A child the API server refuses fails the resource (CreateFailed, plus a Warning event); other
-    API errors are retried (kopf.TemporaryError)."""
+    changed, and post the plan's warnings (once each per object and operator run).
+
+    Errors: a spec (or stored spec) that does not parse fails the resource naming the field (InvalidSpec);
+    any other ValueError of the reconcile logic fails it with reason ReconcileError (never retried blindly,
+    an edit of the spec reconciles again). A child the API server refuses as invalid (400/422) fails the
+    resource (CreateFailed); one it cannot take yet (404: kind not installed; 403: RBAC or ResourceQuota)
+    stalls it (Stalled=True, ChildKindMissing / Forbidden, saying what to do) and is retried every
+    ``create_retry_delay`` seconds. Other API errors are retried (kopf.TemporaryError)."""
     doc = {"apiVersion": body.get("apiVersion"), "kind": kind, "metadata": dict(body.metadata),
            "spec": dict(body.spec), "status": dict(body.status)}
-    manifest = None
-    plan = None
     try:
         plan = reconcile(doc, memo.kube, memo.config)
+    except ApiException as err:
+        raise kopf.TemporaryError(f"API error {err}", delay=5) from err
+    except HTTPError as err:
+        raise kopf.TemporaryError(f"API unreachable: {err}", delay=5) from err
+    except ValueError as err:  # SpecError and pydantic's ValidationError are ValueErrors too
+        failed = broken_status(err, doc)
+        patch.status.update(failed)
+        _warn_once(body, memo, failed["conditions"][-1]["reason"], failed["conditions"][-1]["message"])
+        return
+    for reason, message in plan.warnings:
+        _warn_once(body, memo, reason, message)
+    manifest = None
+    try:
         for manifest in plan.creates:
             if memo.kube.create(manifest):
                 kopf.event(body, type="Normal", reason="Created",
                            message=f"created {manifest['kind']} {manifest['metadata']['name']}")
     except (ApiException, ValueError) as err:  # ValueError: the client's own validation of the body
         status_code = err.status if isinstance(err, ApiException) else 422
+        if manifest is not None and status_code in BLOCKED:  # the cluster must change first: retry later
+            blocked = blocked_status(err, plan.status, doc, manifest, memo.config.create_retry_delay)
+            patch.status.update(blocked)
+            _warn_once(body, memo, BLOCKED[status_code], blocked["conditions"][-1]["message"])
+            raise kopf.TemporaryError(blocked["conditions"][-1]["message"],
+                                      delay=memo.config.create_retry_delay) from err
         if manifest is not None and status_code in REFUSALS:  # the API server will not take this child
-            refused = refused_status(err, plan.status if plan else None, doc, manifest)
+            refused = refused_status(err, plan.status, doc, manifest)
             patch.status.update(refused)
             kopf.warn(body, reason="CreateFailed", message=refused["conditions"][-1]["message"])
             return
@@ -73,20 +102,74 @@ def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
             patch.status.update(new)
 
 
+def _warn_once(body: kopf.Body, memo: Any, reason: str, message: str) -> None:
+    """A Warning event, unless this object already got the same one from this operator process (the
+    per-object ``memo`` lives as long as the process: a reconcile every few seconds posts it once)."""
+    seen = getattr(memo, "warned", None)
+    if seen is None:
+        seen = memo.warned = set()
+    if (reason, message) in seen:
+        return
+    seen.add((reason, message))
+    kopf.warn(body, reason=reason, message=message)
+
+
+def _stage(status: ResourceStatus, doc: dict[str, Any]) -> str:
+    """The stage in progress: the first whose condition is not True."""
+    stages = conditions.TRAINING_STAGES if doc["kind"] == "PitTraining" else conditions.EVAL_STAGES
+    return next((s for s in stages if not conditions.is_true(status, s)), stages[-1])
+
+
+def broken_status(err: ValueError, doc: dict[str, Any]) -> dict[str, Any]:
+    """The status of a resource whose reconcile logic raised ``err``: the stage in progress failed, with
+    reason InvalidSpec naming the fields (a :class:`SpecError` or pydantic ``ValidationError``: something
+    in the spec, or in the spec stored when the run started, does not parse) or ReconcileError."""
+    status = lifecycle.load_status(doc)
+    if isinstance(err, ValidationError):
+        err = SpecError.from_validation_error(err)
+    if isinstance(err, SpecError):
+        reason, message = "InvalidSpec", validation.message(err.problems)
+    else:
+        reason, message = "ReconcileError", f"{type(err).__name__}: {err}"
+    conditions.stage_failed(status, _stage(status, doc), reason, message[:1000], doc["metadata"].get("generation"))
+    return status.to_yaml_dict()
+
+
+def blocked_status(err: ApiException | ValueError, status: ResourceStatus | None, doc: dict[str, Any],
+                   manifest: dict[str, Any], retry_delay: float) -> dict[str, Any]:
+    """The status of a resource whose child the API server cannot take yet (404: its kind is not installed;
+    403: RBAC or a ResourceQuota): the planned status, with the stage that needed the child stalled (reason
+    ChildKindMissing or Forbidden and what to do). The phase stays; the create is retried."""
+    original = lifecycle.load_status(doc)
+    status = status or original
+    if manifest["kind"] == "ConfigMap":  # the run's spec is not stored: it has not started
+        status.spec_digest = original.spec_digest
+    code = err.status if isinstance(err, ApiException) else 0
+    what = f"{manifest['kind']} {manifest['metadata']['name']}"
+    api = f"{err.status} {err.reason}: {_api_message(err)}" if isinstance(err, ApiException) else str(err)[:500]
+    if code == 404:
+        todo = WHAT_TO_DO.get(manifest["kind"], f"make the {manifest['kind']} kind available")
+        text = (f"{what} cannot be created: the API server has no {manifest['kind']} kind ({api}); {todo}. "
+                "Retrying every")
+    else:
+        resource = lifecycle.RESOURCE_OF_KIND[manifest["kind"]].split("/")[-1]
+        text = (f"{what} cannot be created: forbidden ({api}); grant the operator's ServiceAccount `create` on "
+                f"{resource} (the chart's RBAC), or raise the namespace's ResourceQuota. Retrying every")
+    conditions.stage_blocked(status, _stage(status, doc), BLOCKED[code], f"{text} {retry_delay:g} s",
+                             doc["metadata"].get("generation"))
+    return status.to_yaml_dict()
+
+
 def refused_status(err: ApiException | ValueError, status: ResourceStatus | None, doc: dict[str, Any],
                    manifest: dict[str, Any]) -> dict[str, Any]:
-    """The status of a resource whose child the API server refused to create: the stage that needed the child
-    (the first whose condition is not True in the planned ``status``) failed with reason CreateFailed."""
+    """The status of a resource whose child the API server refused as invalid: the stage that needed the
+    child (the first whose condition is not True in the planned ``status``) failed with reason CreateFailed."""
     status = status or lifecycle.load_status(doc)
-    stages = conditions.TRAINING_STAGES if doc["kind"] == "PitTraining" else conditions.EVAL_STAGES
-    stage = next((s for s in stages if not conditions.is_true(status, s)), stages[-1])
     if isinstance(err, ApiException):
-        hint = " (is the Kubeflow training operator installed?)" if err.status == 404 and manifest["kind"] == \
-            "PyTorchJob" else ""
-        detail = f"{err.status} {err.reason}{hint}: {_api_message(err)}"
+        detail = f"{err.status} {err.reason}: {_api_message(err)}"
     else:
         detail = str(err)[:500]
-    conditions.stage_failed(status, stage, "CreateFailed",
+    conditions.stage_failed(status, _stage(status, doc), "CreateFailed",
                             f"{manifest['kind']} {manifest['metadata']['name']} was refused: {detail}",
                             doc["metadata"].get("generation"))
     return status.to_yaml_dict()

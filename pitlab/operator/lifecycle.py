@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from pitlab.api import LeakageEval, PitTraining, SpecError
-from pitlab.api.status import TERMINAL_PHASES, ResourceStatus
+from pitlab.api.status import TERMINAL_PHASES, CorpusAuditStatus, Progress, ResourceStatus
 from pitlab.operator import builders, conditions, naming, validation
 from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.operator.mirroring import (FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, last_lines,
@@ -48,10 +48,12 @@ class World(Protocol):
 
 @dataclasses.dataclass
 class Plan:
-    """What to do: create ``creates`` (in order), then write ``status`` (None: leave the status alone)."""
+    """What to do: create ``creates`` (in order), then write ``status`` (None: leave the status alone), and
+    post ``warnings`` (reason, message) as Warning events (e.g. a malformed progress line, which is ignored)."""
 
     status: ResourceStatus | None
     creates: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    warnings: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
 class NameConflict(Exception):
@@ -100,6 +102,11 @@ def _generation(body: dict[str, Any]) -> int | None:
     return (body.get("metadata") or {}).get("generation")
 
 
+def _problems(err: ValidationError, root: str = "") -> str:
+    """A pydantic error as ``field: problem; field: problem`` (fields as written in YAML)."""
+    return validation.message(SpecError.from_validation_error(err, root=root).problems)
+
+
 def _stored_spec(cm: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
     try:
         return json.loads((cm or {}).get("data", {})[key])
@@ -135,13 +142,17 @@ def _job_stage(world: World, ns: str, kids: _Children, status: ResourceStatus, m
     return job
 
 
-def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig):
-    """The common start of a reconciliation: None when the resource is finished at its current generation,
-    else (generation, status, plan, parsed spec or None, validation problems)."""
+def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig, now: str | None):
+    """The common start of a reconciliation: a Plan when there is nothing to run (finished at its current
+    generation: ``Plan(None)``; a finished run whose spec was edited: :func:`_finished_edit`), else
+    (generation, status, plan, parsed spec or None, validation problems)."""
     gen = _generation(body)
     status = load_status(body)
-    if status.phase in TERMINAL_PHASES and status.observed_generation == gen:
-        return None
+    if status.phase in TERMINAL_PHASES:
+        if status.observed_generation == gen:
+            return Plan(None)
+        if status.spec_digest is not None:
+            return _finished_edit(body, kind, status, gen, now)
     try:
         current = validation.parse(body, kind)
         problems = check(current, cfg)
@@ -150,12 +161,29 @@ def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig):
     return gen, status, Plan(status), current, problems
 
 
+def _finished_edit(body: dict[str, Any], kind: str, status: ResourceStatus, gen: int | None,
+                   now: str | None) -> Plan:
+    """A spec edit of a run that finished (Succeeded or Failed after its first child existed): nothing is
+    created again (children a user deleted stay deleted). The edit is refused (Stalled=True, SpecImmutable);
+    an edit back to the run's spec restores the conditions the run finished with."""
+    name = body["metadata"]["name"]
+    cm = naming.training_spec_configmap(name) if kind == "PitTraining" else naming.eval_spec_configmap(name)
+    if status.spec_digest != builders.spec_digest(body.get("spec") or {}):
+        conditions.refuse_spec_change(
+            status, f"spec changed after the run finished ({status.phase}, generation {gen}); nothing is run "
+                    f"again. The run's spec is in ConfigMap {cm}: revert the edit, or create a new {kind}",
+            gen, now)
+    else:
+        conditions.restore_finished(status, gen, now)
+    return Plan(status)
+
+
 # ---------------------------------------------------------------- PitTraining
 def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
     """One reconciliation of a PitTraining body: the children to create and its next status."""
-    begun = _begin(body, "PitTraining", validation.check_training, cfg)
-    if begun is None:
-        return Plan(None)
+    begun = _begin(body, "PitTraining", validation.check_training, cfg, now)
+    if isinstance(begun, Plan):
+        return begun
     gen, status, plan, current, problems = begun
     if status.spec_digest is None:  # nothing started yet: the spec must be valid to start
         if problems:
@@ -195,7 +223,13 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
         pt = current
         status.spec_digest = builders.spec_digest(body.get("spec") or {})
     elif stored is not None:
-        pt = PitTraining.model_validate(stored)
+        try:
+            pt = PitTraining.model_validate(stored)
+        except ValidationError as err:
+            conditions.stage_failed(status, _current_training_stage(status), "StoredSpecInvalid",
+                                    f"ConfigMap {naming.training_spec_configmap(name)}: the run's spec no longer "
+                                    f"parses: {_problems(err)}; delete and recreate the PitTraining", gen, now)
+            return
     else:
         conditions.stage_failed(status, _current_training_stage(status), "SpecConfigMapMissing",
                                 f"ConfigMap {naming.training_spec_configmap(name)} with the run's spec is gone; "
@@ -207,16 +241,16 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
     # Preparing
     if not conditions.is_true(status, "Prepared"):
         job = _job_stage(world, ns, kids, status, builders.build_prepare_job(pt, cfg, body), "prepareJob",
-                         "Prepared", "Preparing", "prepare", gen, now, failed_reason="PrepareFailed")
+                         "Prepared", "Preparing", "prepare", gen, now)
         if job is None:
             return
         doc = message_json(termination_message(world.job_pods(ns, job["metadata"]["name"]), job["metadata"]["name"],
                                                "prepare")) or {}
-        audit = doc.get("corpusAudit") or {}
-        if audit:
+        audit = _corpus_audit(doc.get("corpusAudit"), job["metadata"]["name"], plan)
+        if audit is not None:
             status.corpus_audit = audit
-        msg = (f"{audit.get('included')} documents up to {pt.spec.knowledge_cutoff}, "
-               f"{audit.get('excludedByDate')} after it" if audit else "corpus filtered")
+        msg = (f"{audit.included} documents up to {pt.spec.knowledge_cutoff}, {audit.excluded_by_date} after it"
+               if audit is not None else "corpus filtered")
         conditions.stage_done(status, "Prepared", "CorpusFiltered", msg, gen, now)
 
     # Training
@@ -230,10 +264,11 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
             conditions.stage_failed(status, "Trained", st.reason, f"PyTorchJob {job_name}: {st.message}", gen, now)
             return
         if st.state != SUCCEEDED:
-            prog = progress_from_log(world.pod_log(ns, naming.master_pod(name), "progress")) if job else None
-            if prog:
+            prog = _progress(world.pod_log(ns, naming.master_pod(name), "progress"), naming.master_pod(name),
+                             plan) if job else None
+            if prog is not None:
                 status.progress = prog
-            step = f" (step {prog['step']}/{prog.get('totalSteps', '?')})" if prog else ""
+            step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
             conditions.stage_running(status, "Trained", "Training", "Training",
                                      f"PyTorchJob {job_name}: {st.reason}{step}", gen, now)
             return
@@ -258,16 +293,18 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
     results: dict[str, Any] = {}
     pending = []
     for tpl in pt.spec.evaluations:
+        child_name = naming.evaluation(name, tpl.name)
         child = kids.ensure(builders.build_evaluation(pt, tpl, body))
-        status.children[f"leakageEval.{tpl.name}"] = tpl.name
+        status.children[f"leakageEval.{tpl.name}"] = child_name
         st = leakageeval_state(child) if child else ChildState("Pending", "Created")
         if st.state == FAILED:
-            conditions.stage_failed(status, "Evaluated", st.reason, f"LeakageEval {tpl.name}: {st.message}", gen, now)
+            conditions.stage_failed(status, "Evaluated", st.reason, f"LeakageEval {child_name}: {st.message}", gen,
+                                    now)
             return
         if st.state == SUCCEEDED:
             results[tpl.name] = ((child or {}).get("status") or {}).get("results") or {}
         else:
-            pending.append(f"{tpl.name} ({st.reason})")
+            pending.append(f"{child_name} ({st.reason})")
     if pending:
         conditions.stage_running(status, "Evaluated", "Evaluating", "Evaluating",
                                  "waiting for LeakageEval " + ", ".join(pending), gen, now)
@@ -278,9 +315,43 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
     conditions.succeeded(status, "Succeeded", f"model at {status.model_uri}", gen, now)
 
 
+def _corpus_audit(doc: Any, job: str, plan: Plan) -> CorpusAuditStatus | None:
+    """The prepare Job's corpus audit for ``status.corpusAudit``; None (plus a warning) when it is missing or
+    malformed: the audit is informative, never a reason to fail a run."""
+    if not doc:
+        return None
+    try:
+        if not isinstance(doc, dict):
+            raise TypeError(f"expected an object, got {type(doc).__name__}")
+        return CorpusAuditStatus.model_validate(doc)
+    except (ValidationError, TypeError) as err:
+        detail = _problems(err, "corpusAudit") if isinstance(err, ValidationError) else f"corpusAudit: {err}"
+        plan.warnings.append(("MalformedCorpusAudit", f"Job {job}: corpus audit ignored: {detail}"[:1000]))
+        return None
+
+
+PROGRESS_FIELDS = ("step", "totalSteps", "loss", "tokensPerSecond")
+
+
+def _progress(log: str | None, pod: str, plan: Plan) -> Progress | None:
+    """``status.progress`` from the progress sidecar's log: the known fields of its newest progress line
+    (unknown fields are left out). A malformed line is ignored with a warning: progress never stops a run."""
+    prog = progress_from_log(log)
+    if prog is None:
+        return None
+    try:
+        return Progress.model_validate({k: prog[k] for k in PROGRESS_FIELDS if k in prog})
+    except ValidationError as err:
+        plan.warnings.append(("MalformedProgress", f"pod {pod}: progress line ignored: {_problems(err)}"[:1000]))
+        return None
+
+
 # ---------------------------------------------------------------- LeakageEval
-def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig) -> tuple[dict[str, str], str | None]:
-    """URIs of the ``trainingRef`` models, or (partial, reason to wait)."""
+def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig
+                ) -> tuple[dict[str, str], str | None, tuple[str, str] | None]:
+    """URIs of the ``trainingRef`` models: (uris, None, None); or (partial, reason to wait, None); or
+    (partial, None, (reason, message)) when a model can never come (its PitTraining failed without it, or
+    its spec does not parse)."""
     uris: dict[str, str] = {}
     ns = le.metadata.namespace
     for m in le.spec.models:
@@ -289,22 +360,31 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig) -> tuple[dic
         ref = m.training_ref
         body = world.get(PITTRAININGS, ns, ref.name)
         if body is None:
-            return uris, f"model {m.name}: PitTraining {ref.name} not found"
+            return uris, f"model {m.name}: PitTraining {ref.name} not found", None
         st = load_status(body)
         ready = conditions.is_true(st, "Merged" if ref.artifact == "model" else "Prepared")
+        if not ready and st.phase == "Failed":
+            stalled = next((c for c in st.conditions if c.type == "Stalled"), None)
+            why = f"{stalled.reason}: {stalled.message}" if stalled else "no reason given"
+            return uris, None, ("TrainingFailed", f"model {m.name}: PitTraining {ref.name} failed before its "
+                                                  f"{ref.artifact} was written ({why})")
         if not ready:
-            return uris, f"model {m.name}: PitTraining {ref.name} has no {ref.artifact} yet (phase {st.phase})"
-        pt = validation.parse(body, "PitTraining")
+            return uris, f"model {m.name}: PitTraining {ref.name} has no {ref.artifact} yet (phase {st.phase})", None
+        try:
+            pt = validation.parse(body, "PitTraining")
+        except SpecError as err:
+            return uris, None, ("TrainingRefInvalid", f"model {m.name}: the spec of PitTraining {ref.name} does "
+                                                      f"not parse: {validation.message(err.problems)}")
         uris[m.name] = (builders.base_model_dir(pt, cfg) if ref.artifact == "base"
                         else f"{builders.training_run_dir(pt, cfg)}/{ref.artifact}")
-    return uris, None
+    return uris, None, None
 
 
 def reconcile_eval(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
     """One reconciliation of a LeakageEval body: the children to create and its next status."""
-    begun = _begin(body, "LeakageEval", validation.check_eval, cfg)
-    if begun is None:
-        return Plan(None)
+    begun = _begin(body, "LeakageEval", validation.check_eval, cfg, now)
+    if isinstance(begun, Plan):
+        return begun
     gen, status, plan, current, problems = begun
     name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
     kids = _Children(world, body, plan)
@@ -313,7 +393,10 @@ def reconcile_eval(body: dict[str, Any], world: World, cfg: OperatorConfig, now:
             if problems:
                 conditions.stage_failed(status, "Validated", "InvalidSpec", validation.message(problems), gen, now)
                 return plan
-            uris, wait = _model_uris(current, world, cfg)
+            uris, wait, fail = _model_uris(current, world, cfg)
+            if fail:
+                conditions.stage_failed(status, "Validated", fail[0], fail[1], gen, now)
+                return plan
             if wait:
                 conditions.stage_running(status, "Validated", "Validating", "WaitingForModel", wait, gen, now)
                 return plan
@@ -328,7 +411,13 @@ def reconcile_eval(body: dict[str, Any], world: World, cfg: OperatorConfig, now:
                                         f"ConfigMap {naming.eval_spec_configmap(name)} with the run's spec is gone",
                                         gen, now)
                 return plan
-            le = LeakageEval.model_validate(stored)
+            try:
+                le = LeakageEval.model_validate(stored)
+            except ValidationError as err:
+                conditions.stage_failed(status, "Embedded", "StoredSpecInvalid",
+                                        f"ConfigMap {naming.eval_spec_configmap(name)}: the run's spec no longer "
+                                        f"parses: {_problems(err)}; delete and recreate the LeakageEval", gen, now)
+                return plan
         status.children.setdefault("configMap", naming.eval_spec_configmap(name))
         _advance_eval(body, le, world, cfg, kids, plan, gen, now)
     except NameConflict as err:
@@ -349,7 +438,7 @@ def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: Oper
     out = builders.eval_dir(le, cfg)
     if not conditions.is_true(status, "Embedded"):
         jobs = []
-        for manifest in builders.build_embed_jobs(le, cfg, body):
+        for manifest in builders.build_embed_jobs(le, cfg, body, _embed_indexed(status, le, world, ns)):
             jobs.append(kids.ensure(manifest))
             status.children[f"embedJob.{manifest['metadata']['labels'].get(naming.MODEL_KEY, 'all')}"] = \
                 manifest["metadata"]["name"]
@@ -367,13 +456,39 @@ def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: Oper
         return
     doc = message_json(termination_message(world.job_pods(ns, naming.analyze_job(name)), naming.analyze_job(name),
                                            "analyze"))
-    if not doc or "results" not in doc:
+    summary = None
+    if doc and isinstance(doc.get("results"), dict):
+        try:
+            summary = premium_summary(doc["results"])
+        except (TypeError, ValueError, AttributeError):
+            plan.warnings.append(("MalformedResults", f"Job {naming.analyze_job(name)}: results summary has an "
+                                                      "unexpected shape; no premium summary"))
+            summary = ""
+    if summary is None or not isinstance(doc.get("reportUri") or "", str):
         conditions.stage_failed(status, "Analyzed", "ResultsUnavailable",
                                 f"Job {naming.analyze_job(name)} succeeded but its pod has no results termination "
                                 f"message; see {out}/results.json", gen, now)
         return
     status.results = doc["results"]
     status.report_uri = doc.get("reportUri") or f"{out}/report.md"
-    status.premium_summary = premium_summary(doc["results"]) or None
+    status.premium_summary = summary or None
     conditions.stage_done(status, "Analyzed", "ResultsWritten", f"report at {status.report_uri}", gen, now)
     conditions.succeeded(status, "Succeeded", status.premium_summary or "evaluation complete", gen, now)
+
+
+def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: str | None) -> bool | None:
+    """Whether the panel embeds in one indexed Job (else one Job per model; None: not decided yet, the
+    builders apply ``indexed_embed_threshold``). Decided once per resource: the
+    choice recorded in ``status.children`` (``embedJob.all`` is the indexed Job), else the embedding Jobs that
+    exist (a restart before the status was written), else ``indexed_embed_threshold`` of the configuration
+    at the time. A configuration change never starts a second, differently named set of Jobs."""
+    name = le.metadata.name
+    indexed = naming.embed_indexed_job(name)
+    recorded = {k: v for k, v in status.children.items() if k.startswith("embedJob.")}
+    if recorded:
+        return recorded.get("embedJob.all") == indexed
+    if world.get(JOBS, ns, indexed) is not None:
+        return True
+    if any(world.get(JOBS, ns, naming.embed_job(name, m.name)) is not None for m in le.spec.models):
+        return False
+    return None

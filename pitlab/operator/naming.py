@@ -86,6 +86,20 @@ def merge_job(parent: str) -> str:
     return child_name(parent, "merge")
 
 
+def evaluation(parent: str, evaluation: str) -> str:
+    """The LeakageEval child of PitTraining ``parent`` for its ``spec.evaluations[].name`` ``evaluation``:
+    ``<parent>-<evaluation>``, or ``evaluation`` itself when it already starts with ``<parent>-`` (so
+    ``fomc-2016`` + ``fomc-2016-leakage`` stays ``fomc-2016-leakage``). Two PitTrainings of one namespace with
+    the same evaluation name get distinct children. Longer than 63 characters (or not a DNS label): cut,
+    with a 5-digit hash of ``parent/evaluation`` appended."""
+    full = evaluation if evaluation.startswith(parent + "-") else f"{parent}-{evaluation}"
+    if len(full) <= DNS_LABEL_MAX and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", full):
+        return full
+    suffix = "-" + short_hash(f"{parent}/{evaluation}")
+    base = _NOT_DNS.sub("-", full.lower()).strip("-") or "x"
+    return base[: DNS_LABEL_MAX - len(suffix)].rstrip("-") + suffix
+
+
 # LeakageEval children
 def eval_spec_configmap(parent: str) -> str:
     """ConfigMap holding the resolved LeakageEval (``leakageeval.yaml``)."""

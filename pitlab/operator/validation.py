@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pitlab.api import LeakageEval, PitTraining, SpecError, parse_resource
+from pitlab.operator import naming
 from pitlab.operator.config import OperatorConfig
 
 
@@ -50,9 +51,13 @@ def check_training(pt: PitTraining, cfg: OperatorConfig) -> list[tuple[str, str]
     if s.checkpoint.uri:
         _uri(cfg, s.checkpoint.uri, "spec.checkpoint.uri", problems)
     names = [e.name for e in s.evaluations]
+    children = [naming.evaluation(pt.metadata.name, n) for n in names]
     for i, e in enumerate(s.evaluations):
         if names.count(e.name) > 1:
             problems.append((f"spec.evaluations[{i}].name", f"duplicate evaluation name {e.name!r}"))
+        elif children.count(children[i]) > 1:
+            problems.append((f"spec.evaluations[{i}].name", f"evaluation {e.name!r} would be LeakageEval "
+                                                            f"{children[i]!r}, like another evaluation"))
         for j, m in enumerate(e.spec.models):
             field = f"spec.evaluations[{i}].spec.models[{j}]"
             if m.training_ref is not None and m.training_ref.name != pt.metadata.name:
