@@ -6,16 +6,16 @@ PITLAB_DATA_ROOT ?= $(abspath ../shared/data)
 export PITLAB_DATA_ROOT
 PYTEST_ARGS ?=
 
-.PHONY: install demo test validate clean help crds chart-lint images
+.PHONY: install demo test validate clean help crds chart-lint images lock
 
 help:  ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml constraints.txt
 	@test -d "$(PITLAB_DATA_ROOT)" || { echo "error: shared data not found at $(PITLAB_DATA_ROOT); set PITLAB_DATA_ROOT=/path/to/shared/data"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]'
 	$(BIN)/python scripts/install_helm.py $(BIN)/helm
 	@touch $@
 
@@ -33,6 +33,12 @@ validate: $(BIN)/.installed  ## validate the examples (local ones fully, cluster
 
 test: $(BIN)/.installed $(BIN)/helm  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lock: $(BIN)/.installed  ## rewrite constraints.txt from .venv (after changing a dependency; then run make test)
+	@{ echo "# Tested versions of every package in the CI environment (make lock writes this from .venv)."; \
+	   echo "# make install and the images install with -c constraints.txt, so CI and the images run what was tested."; \
+	   $(BIN)/python -m pip freeze --exclude-editable | grep -v -i -E '^(pip|setuptools|wheel)==' | sed -E 's/^(torch==[^+]+)\+.*/\1/'; \
+	 } > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 crds: $(BIN)/.installed  ## regenerate the CRDs (crds/, charts/pitlab/crds/) from pitlab/api
 	$(BIN)/python -m pitlab.api.crd --out crds --out charts/pitlab/crds
