@@ -111,14 +111,20 @@ def test_duplicate_model_names_refused_by_list_map_and_pydantic() -> None:
     assert len(names) != len(set(names))  # the API server refuses duplicate keys of a list-type map
 
 
-def test_spec_is_immutable_once_the_run_started() -> None:
-    schema = crd_schema(pitlab_crd("PitTraining"))
-    old = _spec_doc("PitTraining")
+@pytest.mark.parametrize("kind, edit", [
+    ("PitTraining", lambda spec: spec.update(tokens=2_000_000_000)),
+    ("LeakageEval", lambda spec: spec["bootstrap"].update(resamples=500)),
+])
+def test_spec_is_immutable_once_the_run_started(kind, edit) -> None:
+    schema = crd_schema(pitlab_crd(kind))
+    old = _spec_doc(kind)
+    old["spec"].setdefault("bootstrap", {"resamples": 200})
     new = copy.deepcopy(old)
-    new["spec"]["tokens"] = 2_000_000_000
+    edit(new["spec"])
+    assert new["spec"] != old["spec"]
     rule = "spec is immutable once the run has started (status.specDigest is set): create a new resource to change it"
     assert cel_errors(schema, new, old) == []  # not started: edits allowed
-    old["status"] = {"phase": "Training", "specDigest": "ab" * 32}
+    old["status"] = {"phase": "Embedding" if kind == "LeakageEval" else "Training", "specDigest": "ab" * 32}
     new["status"] = old["status"]
     assert cel_errors(schema, new, old) == [f"<root>: {rule}"]
     assert cel_errors(schema, copy.deepcopy(old), old) == []  # status-only updates pass
