@@ -34,7 +34,7 @@ validate: $(BIN)/.installed  ## validate the examples (local ones fully, cluster
 test: $(BIN)/.installed $(BIN)/helm  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lock: $(BIN)/.installed  ## rewrite constraints.txt from .venv (a fresh one: make clean first; then run make test)
+lock: $(BIN)/.installed  ## rewrite constraints.txt from .venv (from a fresh one: rm -rf .venv first; then make test)
 	@{ echo "# Tested versions of every package in the CI environment (make lock writes this from .venv)."; \
 	   echo "# make install and the images install with -c constraints.txt, so CI and the images run what was tested."; \
 	   $(BIN)/python -m pip freeze --exclude-editable | grep -v -i -E '^(pip|setuptools|wheel)==' | sed -E 's/^(torch==[^+]+)\+.*/\1/'; \
