@@ -253,3 +253,131 @@ def test_evaluation_children_of_two_trainings_do_not_collide(pit: PitTraining) -
         assert child["metadata"]["ownerReferences"][0]["name"] == parent
         names.append(child["metadata"]["name"])
     assert names == ["qwen-2020-jpx", "qwen-2021-jpx"]
+
+
+# ---------------------------------------------------------------- scheduling: nodeSelector, tolerations, Kueue
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _example(path: str) -> dict:
+    import yaml
+
+    with open(path) as f:
+        doc = yaml.safe_load(f)
+    doc["metadata"].update(namespace="research", uid="u-ex")
+    return doc
+
+
+def _child_and_jobs(pt_body: dict, cfg: OperatorConfig = CFG, index: int = 0) -> tuple[dict, list[dict], dict]:
+    """The evaluation child ``index`` of a PitTraining body, its embed Jobs and its analyze Job."""
+    pt = parse_resource(copy.deepcopy(pt_body))
+    child = builders.build_evaluation(pt, pt.spec.evaluations[index], pt_body)
+    assert validate(child) == []
+    le = parse_resource({**child, "metadata": {k: child["metadata"][k] for k in ("name", "namespace")}})
+    child["metadata"]["uid"] = "u-child"
+    return child, builders.build_embed_jobs(le, cfg, child), builders.build_analyze_job(le, cfg, child)
+
+
+def _placement(job: dict) -> tuple:
+    pod = job["spec"]["template"]["spec"]
+    return (pod.get("nodeSelector"), pod.get("tolerations"), job["metadata"]["labels"].get(naming.KUEUE_QUEUE_KEY))
+
+
+def _assert_queue_label_on_job_only(job: dict) -> None:
+    assert naming.KUEUE_QUEUE_KEY not in job["spec"]["template"]["metadata"]["labels"]
+    assert "suspend" not in job["spec"]  # Kueue's webhook suspends a queued Job, as for the PyTorchJob
+
+
+def test_evaluation_of_the_cluster_example_inherits_the_trainings_placement() -> None:
+    """examples/pittraining.yaml: its evaluation's GPU embed Jobs tolerate the GPU taint, select the GPU nodes
+    and (with queueName) are queued in Kueue; the CPU analyze Job gets none of it."""
+    body = _example("examples/pittraining.yaml")
+    body["spec"]["resources"]["queueName"] = "gpu-queue"  # commented out in the example
+    child, jobs, analyze = _child_and_jobs(body)
+    assert child["spec"]["resources"] == {
+        "gpus": 1, "cpu": "8", "memory": "200Gi", "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [GPU_TOLERATION], "queueName": "gpu-queue"}
+    assert [j["metadata"]["name"] for j in jobs] == ["qwen35-a3b-pit-2020-jpx-embed-base",
+                                                     "qwen35-a3b-pit-2020-jpx-embed-pit-2020"]
+    for job in jobs:
+        assert _placement(job) == ({"nvidia.com/gpu.present": "true"}, [GPU_TOLERATION], "gpu-queue")
+        _assert_queue_label_on_job_only(job)
+        assert validate(job) == []
+    assert _placement(analyze) == (None, None, None)
+    assert validate(analyze) == []
+    # the example as written (no queueName): placement without a queue label
+    _, jobs, _ = _child_and_jobs(_example("examples/pittraining.yaml"))
+    assert [_placement(j) for j in jobs] == [({"nvidia.com/gpu.present": "true"}, [GPU_TOLERATION], None)] * 2
+
+
+def test_evaluation_template_placement_overrides_the_trainings() -> None:
+    body = _example("examples/pittraining.yaml")
+    body["spec"]["resources"]["queueName"] = "gpu-queue"
+    res = body["spec"]["evaluations"][0]["spec"]["resources"]
+    res.update(nodeSelector={"pool": "eval-l40s"}, tolerations=[{"key": "eval", "operator": "Equal",
+                                                                 "value": "yes", "effect": "NoExecute"}],
+               queueName="eval-queue")
+    _, jobs, analyze = _child_and_jobs(body)
+    for job in jobs:
+        assert _placement(job) == ({"pool": "eval-l40s"},
+                                   [{"key": "eval", "operator": "Equal", "value": "yes", "effect": "NoExecute"}],
+                                   "eval-queue")
+        assert validate(job) == []
+    assert _placement(analyze) == (None, None, None)
+    # per field: an explicit empty value opts out, an unset field is still inherited
+    res.clear()
+    res.update(gpus=1, tolerations=[], nodeSelector={})
+    child, jobs, _ = _child_and_jobs(body)
+    assert child["spec"]["resources"]["queueName"] == "gpu-queue"
+    assert [_placement(j) for j in jobs] == [(None, None, "gpu-queue")] * 2
+    # a CPU-only evaluation inherits nothing: the training's placement describes its GPU nodes and quota
+    res.clear()
+    res.update(gpus=0)
+    child, jobs, _ = _child_and_jobs(body)
+    assert child["spec"]["resources"] == {"gpus": 0, "nodeSelector": {}, "tolerations": []}
+    assert [_placement(j) for j in jobs] == [(None, None, None)] * 2
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_standalone_leakageeval_placement_reaches_its_embed_jobs(indexed: bool) -> None:
+    body = _example("examples/leakageeval.yaml")
+    body["spec"]["resources"]["queueName"] = "gpu-queue"
+    le = parse_resource(copy.deepcopy(body))
+    assert validate(body) == []
+    jobs = builders.build_embed_jobs(le, CFG, body, indexed=indexed)
+    assert len(jobs) == (1 if indexed else 3)
+    for job in jobs:
+        assert _placement(job) == ({"nvidia.com/gpu.present": "true"}, [GPU_TOLERATION], "gpu-queue")
+        _assert_queue_label_on_job_only(job)
+        assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        assert validate(job) == []
+    analyze = builders.build_analyze_job(le, CFG, body)
+    assert _placement(analyze) == (None, None, None) and validate(analyze) == []
+    # without the fields: no nodeSelector, tolerations or queue label
+    for key in ("nodeSelector", "tolerations", "queueName"):
+        body["spec"]["resources"].pop(key)
+    plain = builders.build_embed_jobs(parse_resource(body), CFG, body, indexed=indexed)
+    assert {_placement(j) for j in plain} == {(None, None, None)}
+
+
+def test_gpu_merge_is_queued_and_placed_like_the_training(pit: PitTraining) -> None:
+    cpu = builders.build_merge_job(pit, CFG, PIT_BODY)
+    gpu = builders.build_merge_job(pit, OperatorConfig(merge_gpus=1), PIT_BODY)
+    assert _placement(cpu) == (None, None, None)
+    assert _placement(gpu) == ({"nvidia.com/gpu.product": "NVIDIA-H200"}, [GPU_TOLERATION], "h200")
+    _assert_queue_label_on_job_only(gpu)
+    assert validate(gpu) == []
+
+
+def test_every_pod_skips_the_recursive_chown_of_the_shared_volume(pit: PitTraining) -> None:
+    """fsGroup with fsGroupChangePolicy OnRootMismatch: no recursive chown of a multi-TB volume per pod."""
+    le, child = eval_of(pit)
+    job = builders.build_pytorchjob(pit, CFG, PIT_BODY)
+    pods = [builders.build_prepare_job(pit, CFG, PIT_BODY)["spec"]["template"]["spec"],
+            builders.build_merge_job(pit, CFG, PIT_BODY)["spec"]["template"]["spec"],
+            *[r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()],
+            *[j["spec"]["template"]["spec"] for j in builders.build_embed_jobs(le, CFG, child)],
+            builders.build_analyze_job(le, CFG, child)["spec"]["template"]["spec"]]
+    for pod in pods:
+        sc = pod["securityContext"]
+        assert (sc["fsGroup"], sc["fsGroupChangePolicy"]) == (1000, "OnRootMismatch")

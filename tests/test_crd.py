@@ -152,3 +152,21 @@ def test_unknown_field_and_wrong_enum_are_refused_by_the_schema() -> None:
     doc["spec"]["corpus"]["format"] = "xml"
     errors = validate_pitlab(doc)
     assert any("seqLength" in e for e in errors) and any("'xml' is not one of" in e for e in errors)
+
+
+def test_both_kinds_share_the_scheduling_fields() -> None:
+    """nodeSelector, tolerations and queueName: one pydantic model (PodScheduling) for both resources blocks,
+    so both CRDs have the same schema for them; an evaluation template carries them too."""
+    from pitlab.api.leakageeval import EvalResources
+    from pitlab.api.pittraining import ResourcesSpec
+    from pitlab.api.scheduling import PodScheduling
+
+    assert issubclass(ResourcesSpec, PodScheduling) and issubclass(EvalResources, PodScheduling)
+    fields = ("nodeSelector", "tolerations", "queueName")
+    pit = crd_schema(pitlab_crd("PitTraining"))["properties"]["spec"]["properties"]
+    le = crd_schema(pitlab_crd("LeakageEval"))["properties"]["spec"]["properties"]["resources"]["properties"]
+    tpl = pit["evaluations"]["items"]["properties"]["spec"]["properties"]["resources"]["properties"]
+    for f in fields:
+        assert pit["resources"]["properties"][f] == le[f] == tpl[f], f
+    assert le["tolerations"]["items"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    assert le["nodeSelector"]["additionalProperties"] == {"type": "string"}

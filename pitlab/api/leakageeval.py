@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from pitlab.api.base import GROUP_VERSION, SpecModel
 from pitlab.api.meta import ObjectMeta
+from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec
 
@@ -157,8 +158,10 @@ class Regression(SpecModel):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
-class EvalResources(SpecModel):
-    """Resources for evaluation Jobs (used by the operator; ignored by the local runner)."""
+class EvalResources(PodScheduling):
+    """Resources for evaluation Jobs (used by the operator; ignored by the local runner). ``gpus``, ``cpu``,
+    ``memory``, ``nodeSelector``, ``tolerations`` and ``queueName`` apply to the embedding Jobs; the analyze
+    Job (CPU) takes only ``image``."""
 
     gpus: int = Field(0, ge=0)
     cpu: str | None = None

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, model_validator
 from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
+from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec
 
@@ -131,7 +132,7 @@ class TrainingSpec(SpecModel):
         return self
 
 
-class ResourcesSpec(SpecModel):
+class ResourcesSpec(PodScheduling):
     """Cluster resources. Locally, ``gpusPerNode`` is the number of torchrun processes (CPU ranks if no GPU)."""
 
     nodes: int = Field(1, ge=1)
@@ -142,9 +143,6 @@ class ResourcesSpec(SpecModel):
     image: str | None = None
     cpu: str | None = None
     memory: str | None = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list)
-    queue_name: str | None = None
 
 
 class CheckpointSpec(SpecModel):

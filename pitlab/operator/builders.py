@@ -12,6 +12,7 @@ something to the operator write it as JSON to their termination message (see
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import posixpath
@@ -130,7 +131,11 @@ def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: 
         "restartPolicy": restart_policy,
         "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
-                            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+                            "fsGroup": RUN_AS_USER,
+                            # chown the shared volume only when its root's group differs, not recursively
+                            # through every file (a multi-TB volume) at each pod start
+                            "fsGroupChangePolicy": "OnRootMismatch",
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": containers,
         "volumes": volumes,
     }
@@ -143,9 +148,18 @@ def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: 
     return spec
 
 
+def _queue_label(queue_name: str | None) -> dict[str, str]:
+    """The Kueue label for ``queue_name`` (none without one). It goes on the workload object's metadata only
+    (Kueue reads it there for batch/v1 Jobs and PyTorchJobs), never on the pod template; the Job is not
+    created suspended: Kueue's webhook suspends a queued Job at creation, as for the PyTorchJob."""
+    return {naming.KUEUE_QUEUE_KEY: queue_name} if queue_name else {}
+
+
 def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[str, Any], backoff_limit: int,
-               extra_labels: dict[str, str] | None = None, **job_spec: Any) -> dict[str, Any]:
-    meta = _metadata(name, owner, component, **(extra_labels or {}))
+               extra_labels: dict[str, str] | None = None, queue_name: str | None = None,
+               **job_spec: Any) -> dict[str, Any]:
+    meta = _metadata(name, owner, component, **(extra_labels or {}), **_queue_label(queue_name))
+    pod_labels = {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -153,7 +167,7 @@ def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[
         "spec": {
             "backoffLimit": backoff_limit,
             **job_spec,
-            "template": {"metadata": {"labels": dict(meta["labels"])}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
 
@@ -246,8 +260,7 @@ def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]
     res = pt.spec.resources
     run = training_run_dir(pt, cfg)
     image = res.image or cfg.trainer_image
-    extra = {naming.KUEUE_QUEUE_KEY: res.queue_name} if res.queue_name else {}
-    meta = _metadata(naming.pytorchjob(name), owner, "training", **extra)
+    meta = _metadata(naming.pytorchjob(name), owner, "training", **_queue_label(res.queue_name))
     pod_labels = {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
 
     def template(role: str) -> dict[str, Any]:
@@ -303,7 +316,8 @@ def training_checkpoint_uri(pt: PitTraining, cfg: OperatorConfig) -> str:
 
 
 def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
-    """The single-pod merge Job: no process group (so no NCCL watchdog); GPUs only if ``cfg.merge_gpus``."""
+    """The single-pod merge Job: no process group (so no NCCL watchdog); GPUs only if ``cfg.merge_gpus``, and
+    then also the training's nodeSelector, tolerations and Kueue queue (a CPU merge gets none of them)."""
     res = pt.spec.resources
     run = training_run_dir(pt, cfg)
     c = _container("merge", res.image or cfg.trainer_image, merge_command(run, training_checkpoint_uri(pt, cfg), base_model_dir(pt, cfg)),
@@ -312,13 +326,24 @@ def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any])
                     res.tolerations if cfg.merge_gpus else None)
     _with_storage(pod, pt.spec.storage)
     return _batch_job(naming.merge_job(pt.metadata.name), owner, "merge", pod, cfg.backoff_limit,
-                      completions=1, parallelism=1)
+                      queue_name=res.queue_name if cfg.merge_gpus else None, completions=1, parallelism=1)
 
 
 def build_evaluation(pt: PitTraining, template: LeakageEvalTemplate, owner: dict[str, Any]) -> dict[str, Any]:
     """A LeakageEval child of a PitTraining (``spec.evaluations[]``), named by :func:`naming.evaluation` from
-    the parent's and the evaluation's names; its output defaults to the parent's."""
+    the parent's and the evaluation's names; its output defaults to the parent's.
+
+    An evaluation that requests GPUs inherits the parent's ``nodeSelector``, ``tolerations`` and ``queueName``
+    (the GPU nodes and queue of the training), each unless the template sets it itself, even to an empty
+    value. A CPU-only evaluation inherits none, as a CPU merge Job gets none: they describe GPU nodes."""
     spec = template.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    res, parent = template.spec.resources, pt.spec.resources
+    if res.gpus > 0:
+        inherited = spec.setdefault("resources", {})
+        for field in ("node_selector", "tolerations", "queue_name"):
+            value = getattr(parent, field)
+            if field not in res.model_fields_set and value:
+                inherited[type(res).model_fields[field].alias] = copy.deepcopy(value)
     spec.setdefault("output", {"uri": pt.spec.output.uri})
     if pt.spec.storage is not None:  # the evaluation reads the parent's storage unless it names its own
         spec.setdefault("storage", pt.spec.storage.model_dump(by_alias=True, mode="json", exclude_none=True))
@@ -357,7 +382,8 @@ def embed_command(model: str, out: str) -> list[str]:
 def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any],
                      indexed: bool | None = None) -> list[dict[str, Any]]:
     """One embedding Job per model, or one indexed Job (completion index = model): ``indexed`` when given
-    (the choice a resource already made), else above ``cfg.indexed_embed_threshold``."""
+    (the choice a resource already made), else above ``cfg.indexed_embed_threshold``. Every Job gets the
+    evaluation's ``nodeSelector``, ``tolerations`` and Kueue ``queueName`` (a label on the Job)."""
     r = le.spec.resources
     out = eval_dir(le, cfg)
     image = r.image or cfg.evaluator_image
@@ -366,17 +392,20 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
 
     def pod(command: list[str]) -> dict[str, Any]:
         c = _container("embed", image, command, cfg, _resources(r.cpu, r.memory, r.gpus), spec_file=EVAL_SPEC_FILE)
-        return _with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", shm=r.gpus > 0), le.spec.storage)
+        return _with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r.node_selector, r.tolerations,
+                                       shm=r.gpus > 0), le.spec.storage)
 
     if indexed is None:
         indexed = len(models) > cfg.indexed_embed_threshold
     if indexed:
         command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
         return [_batch_job(naming.embed_indexed_job(le.metadata.name), owner, "embed", pod(command),
-                           cfg.backoff_limit, completionMode="Indexed", completions=len(models),
+                           cfg.backoff_limit, queue_name=r.queue_name, completionMode="Indexed",
+                           completions=len(models),
                            parallelism=min(cfg.embed_parallelism, len(models)))]
     return [_batch_job(naming.embed_job(le.metadata.name, m), owner, "embed", pod(embed_command(m, out)),
-                       cfg.backoff_limit, {naming.MODEL_KEY: naming.dns_label(m)}, completions=1, parallelism=1)
+                       cfg.backoff_limit, {naming.MODEL_KEY: naming.dns_label(m)}, r.queue_name,
+                       completions=1, parallelism=1)
             for m in models]
 
 
@@ -387,7 +416,10 @@ def analyze_command(out: str) -> list[str]:
 
 
 def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
-    """The CPU Job running protocols, bootstrap and report (``pitlab analyze``)."""
+    """The CPU Job running protocols, bootstrap and report (``pitlab analyze``). It takes only ``image`` from
+    ``spec.resources``: it requests no GPUs, its size is the operator's (``OperatorConfig.analyze_cpu`` and
+    ``analyze_memory``), and it gets neither the evaluation's nodeSelector/tolerations (GPU nodes) nor its
+    Kueue queue (GPU quota)."""
     out = eval_dir(le, cfg)
     c = _container("analyze", le.spec.resources.image or cfg.evaluator_image, analyze_command(out), cfg,
                    _resources(cfg.analyze_cpu, cfg.analyze_memory), spec_file=EVAL_SPEC_FILE)
