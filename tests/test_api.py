@@ -36,6 +36,32 @@ def test_unknown_field_names_the_path(doc):
     assert str(e.value) == "x.yaml: spec.training.seqLength: unknown field (check the spelling; fields are camelCase)"
 
 
+@pytest.mark.parametrize("path, value, message", [
+    (("resources", "gpusPerNode"), "2", "spec.resources.gpusPerNode: Input should be a valid integer (got '2')"),
+    (("training", "activationCheckpointing"), "true",
+     "spec.training.activationCheckpointing: Input should be a valid boolean (got 'true')"),
+    (("resources", "nodeSelector"), {"gpu": True}, "spec.resources.nodeSelector.gpu: Input should be a valid string"),
+    (("knowledgeCutoff",), "2016-13-01", "spec.knowledgeCutoff: expected a date as YYYY-MM-DD (month must be in 1..12) (got '2016-13-01')"),
+])
+def test_types_are_checked_as_the_api_server_does(doc, path, value, message):
+    """No coercion, like the CRD schema under `kubectl apply`: a quoted "2" is not an integer."""
+    target = doc["spec"]
+    for key in path[:-1]:
+        target = target.setdefault(key, {})
+    target[path[-1]] = value
+    with pytest.raises(SpecError) as err:
+        parse_resource(doc)
+    assert message in str(err.value)
+
+
+def test_numbers_widen_and_yaml_dates_parse_as_the_api_server_does(doc):
+    doc["spec"]["training"]["learningRate"] = 1  # an integer for a number field: valid JSON schema `number`
+    doc["spec"]["knowledgeCutoff"] = "2016-12-31"  # quoted or not, one date
+    res = parse_resource(doc)
+    assert res.spec.training.learning_rate == 1.0 and isinstance(res.spec.training.learning_rate, float)
+    assert res.spec.knowledge_cutoff.isoformat() == "2016-12-31"
+
+
 def test_wrong_type_names_the_path(doc):
     doc["spec"]["training"]["microBatchSize"] = "eight"
     with pytest.raises(SpecError, match=r"^x.yaml: spec.training.microBatchSize: Input should be a valid integer.*'eight'"):

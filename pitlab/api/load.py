@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import re
 from pathlib import Path
@@ -20,11 +22,20 @@ DATA_ROOT_ENV = "PITLAB_DATA_ROOT"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def _json_scalar(value: object) -> str:
+    """YAML's dates and timestamps as the ISO strings the API server stores (JSON has no date type)."""
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
 def parse_resource(doc: object, source: str | None = None) -> Resource:
     """Validate a parsed YAML document as a PitTraining or LeakageEval.
 
-    Raises :class:`SpecError` naming the field path (``spec.protocol.testStart``) for unknown fields,
-    wrong types, missing fields and cross-field rules, or naming ``kind``/``apiVersion`` when those are wrong.
+    Types are checked as the API server checks the CRD schema (JSON, no coercion): ``gpusPerNode: "8"`` is
+    refused as it would be by ``kubectl apply``. Raises :class:`SpecError` naming the field path
+    (``spec.protocol.testStart``) for unknown fields, wrong types, missing fields and cross-field rules, or
+    naming ``kind``/``apiVersion`` when those are wrong.
     """
     if not isinstance(doc, dict):
         raise SpecError([("", f"expected a YAML mapping (a Kubernetes resource), got {type(doc).__name__}")], source)
@@ -33,8 +44,8 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
         raise SpecError([("kind", f"must be one of {sorted(KINDS)} (got {kind!r})")], source)
     if doc.get("apiVersion") != GROUP_VERSION:
         raise SpecError([("apiVersion", f"must be {GROUP_VERSION!r} (got {doc.get('apiVersion')!r})")], source)
-    try:
-        return KINDS[kind].model_validate(doc)
+    try:  # as JSON, strictly: the API server's types (an integer field refuses "8", a string field refuses 8)
+        return KINDS[kind].model_validate_json(json.dumps(doc, default=_json_scalar), strict=True)
     except ValidationError as err:
         raise SpecError.from_validation_error(err, source) from None
 
