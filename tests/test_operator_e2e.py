@@ -274,14 +274,21 @@ def cond(obj: dict, type_: str) -> dict:
     return {c["type"]: c for c in obj["status"]["conditions"]}[type_]
 
 
-@pytest_asyncio.fixture()
-async def cluster():
-    async with ApiServer() as server, kmock.Server(server):
+@contextlib.asynccontextmanager
+async def running_cluster(server_class: type | None = None):
+    """The API emulator (``server_class``, default :class:`ApiServer`) and the operator started against it."""
+    async with (server_class or ApiServer)() as server, kmock.Server(server):
         c = Cluster(server)
         c.start()
         yield c
         if c.task is not None:
             await c.stop()
+
+
+@pytest_asyncio.fixture()
+async def cluster():
+    async with running_cluster() as c:
+        yield c
 
 
 OBSERVED_CALLS: set[tuple[str, str, str]] = set()

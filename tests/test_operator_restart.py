@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from pitlab.operator import builders, naming, validation
 from test_operator_e2e import (AUDIT_MESSAGE, CFG, CM, EVAL_SPEC, JOBS, LE, NS, PIT, PTJ, RESULTS_MESSAGE,
-                               TEST_AGENT, TRAINING, ApiServer, Cluster, conds)
+                               TEST_AGENT, TRAINING, ApiServer, Cluster, conds, running_cluster)
 
 KINDS = {"ConfigMap": CM, "Job": JOBS, "PyTorchJob": PTJ, "LeakageEval": LE}
 PLURALS = {"configmaps": CM, "jobs": JOBS, "pytorchjobs": PTJ, "leakageevals": LE}
@@ -58,12 +58,8 @@ class UidApiServer(ApiServer):
 
 @pytest_asyncio.fixture()
 async def cluster():
-    async with UidApiServer() as server, kmock.Server(server):
-        c = Cluster(server)
-        c.start()
+    async with running_cluster(UidApiServer) as c:
         yield c
-        if c.task is not None:
-            await c.stop()
 
 
 # ------------------------------------------------------------------------------ expected children, by name

@@ -135,7 +135,7 @@ def broken_status(err: ValueError, doc: dict[str, Any]) -> dict[str, Any]:
     return status.to_yaml_dict()
 
 
-def blocked_status(err: ApiException | ValueError, status: ResourceStatus | None, doc: dict[str, Any],
+def blocked_status(err: ApiException, status: ResourceStatus | None, doc: dict[str, Any],
                    manifest: dict[str, Any], retry_delay: float) -> dict[str, Any]:
     """The status of a resource whose child the API server cannot take yet (404: its kind is not installed;
     403: RBAC or a ResourceQuota): the planned status, with the stage that needed the child stalled (reason
@@ -144,10 +144,9 @@ def blocked_status(err: ApiException | ValueError, status: ResourceStatus | None
     status = status or original
     if manifest["kind"] == "ConfigMap":  # the run's spec is not stored: it has not started
         status.spec_digest = original.spec_digest
-    code = err.status if isinstance(err, ApiException) else 0
     what = f"{manifest['kind']} {manifest['metadata']['name']}"
-    api = f"{err.status} {err.reason}: {_api_message(err)}" if isinstance(err, ApiException) else str(err)[:500]
-    if code == 404:
+    api = _api_detail(err)
+    if err.status == 404:
         todo = WHAT_TO_DO.get(manifest["kind"], f"make the {manifest['kind']} kind available")
         text = (f"{what} cannot be created: the API server has no {manifest['kind']} kind ({api}); {todo}. "
                 "Retrying every")
@@ -155,7 +154,7 @@ def blocked_status(err: ApiException | ValueError, status: ResourceStatus | None
         resource = lifecycle.RESOURCE_OF_KIND[manifest["kind"]].split("/")[-1]
         text = (f"{what} cannot be created: forbidden ({api}); grant the operator's ServiceAccount `create` on "
                 f"{resource} (the chart's RBAC), or raise the namespace's ResourceQuota. Retrying every")
-    conditions.stage_blocked(status, _stage(status, doc), BLOCKED[code], f"{text} {retry_delay:g} s",
+    conditions.stage_blocked(status, _stage(status, doc), BLOCKED[err.status], f"{text} {retry_delay:g} s",
                              doc["metadata"].get("generation"))
     return status.to_yaml_dict()
 
@@ -165,14 +164,17 @@ def refused_status(err: ApiException | ValueError, status: ResourceStatus | None
     """The status of a resource whose child the API server refused as invalid: the stage that needed the
     child (the first whose condition is not True in the planned ``status``) failed with reason CreateFailed."""
     status = status or lifecycle.load_status(doc)
-    if isinstance(err, ApiException):
-        detail = f"{err.status} {err.reason}: {_api_message(err)}"
-    else:
-        detail = str(err)[:500]
     conditions.stage_failed(status, _stage(status, doc), "CreateFailed",
-                            f"{manifest['kind']} {manifest['metadata']['name']} was refused: {detail}",
+                            f"{manifest['kind']} {manifest['metadata']['name']} was refused: {_api_detail(err)}",
                             doc["metadata"].get("generation"))
     return status.to_yaml_dict()
+
+
+def _api_detail(err: ApiException | ValueError) -> str:
+    """``<code> <reason>: <message>`` of an API error; the client's own validation error as its text."""
+    if isinstance(err, ApiException):
+        return f"{err.status} {err.reason}: {_api_message(err)}"
+    return str(err)[:500]
 
 
 def _api_message(err: ApiException) -> str:

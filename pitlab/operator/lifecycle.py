@@ -321,12 +321,10 @@ def _corpus_audit(doc: Any, job: str, plan: Plan) -> CorpusAuditStatus | None:
     if not doc:
         return None
     try:
-        if not isinstance(doc, dict):
-            raise TypeError(f"expected an object, got {type(doc).__name__}")
         return CorpusAuditStatus.model_validate(doc)
-    except (ValidationError, TypeError) as err:
-        detail = _problems(err, "corpusAudit") if isinstance(err, ValidationError) else f"corpusAudit: {err}"
-        plan.warnings.append(("MalformedCorpusAudit", f"Job {job}: corpus audit ignored: {detail}"[:1000]))
+    except ValidationError as err:
+        plan.warnings.append(("MalformedCorpusAudit",
+                              f"Job {job}: corpus audit ignored: {_problems(err, 'corpusAudit')}"[:1000]))
         return None
 
 
@@ -455,22 +453,21 @@ def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: Oper
                   "Analyzing", "analyze", gen, now) is None:
         return
     doc = message_json(termination_message(world.job_pods(ns, naming.analyze_job(name)), naming.analyze_job(name),
-                                           "analyze"))
-    summary = None
-    if doc and isinstance(doc.get("results"), dict):
-        try:
-            summary = premium_summary(doc["results"])
-        except (TypeError, ValueError, AttributeError):
-            plan.warnings.append(("MalformedResults", f"Job {naming.analyze_job(name)}: results summary has an "
-                                                      "unexpected shape; no premium summary"))
-            summary = ""
-    if summary is None or not isinstance(doc.get("reportUri") or "", str):
+                                           "analyze")) or {}
+    results, report = doc.get("results"), doc.get("reportUri") or f"{out}/report.md"
+    if not isinstance(results, dict) or not isinstance(report, str):
         conditions.stage_failed(status, "Analyzed", "ResultsUnavailable",
                                 f"Job {naming.analyze_job(name)} succeeded but its pod has no results termination "
                                 f"message; see {out}/results.json", gen, now)
         return
-    status.results = doc["results"]
-    status.report_uri = doc.get("reportUri") or f"{out}/report.md"
+    try:
+        summary = premium_summary(results)
+    except (TypeError, ValueError, AttributeError):
+        plan.warnings.append(("MalformedResults", f"Job {naming.analyze_job(name)}: results summary has an "
+                                                  "unexpected shape; no premium summary"))
+        summary = ""
+    status.results = results
+    status.report_uri = report
     status.premium_summary = summary or None
     conditions.stage_done(status, "Analyzed", "ResultsWritten", f"report at {status.report_uri}", gen, now)
     conditions.succeeded(status, "Succeeded", status.premium_summary or "evaluation complete", gen, now)

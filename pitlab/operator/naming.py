@@ -34,11 +34,12 @@ def short_hash(text: str, n: int = 5) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
-def dns_label(text: str, max_len: int = DNS_LABEL_MAX, dns1035: bool = False) -> str:
+def dns_label(text: str, max_len: int = DNS_LABEL_MAX, dns1035: bool = False, key: str | None = None) -> str:
     """``text`` as a DNS-1123 label (DNS-1035 when ``dns1035``: starts with a letter), at most ``max_len`` long.
 
     Valid, short-enough text is returned unchanged; otherwise it is lowercased, invalid characters become
-    ``-``, and a 5-digit hash of the original is appended so that distinct inputs stay distinct.
+    ``-``, and a 5-digit hash of ``key`` (default: the original text) is appended so that distinct inputs stay
+    distinct.
     """
     ok = re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", text) and len(text) <= max_len
     if ok and not (dns1035 and not text[0].isalpha()):
@@ -46,7 +47,7 @@ def dns_label(text: str, max_len: int = DNS_LABEL_MAX, dns1035: bool = False) ->
     base = _NOT_DNS.sub("-", text.lower()).strip("-") or "x"
     if dns1035 and not base[0].isalpha():
         base = "p" + base
-    suffix = "-" + short_hash(text)
+    suffix = "-" + short_hash(text if key is None else key)
     return base[: max_len - len(suffix)].rstrip("-") + suffix
 
 
@@ -93,11 +94,7 @@ def evaluation(parent: str, evaluation: str) -> str:
     the same evaluation name get distinct children. Longer than 63 characters (or not a DNS label): cut,
     with a 5-digit hash of ``parent/evaluation`` appended."""
     full = evaluation if evaluation.startswith(parent + "-") else f"{parent}-{evaluation}"
-    if len(full) <= DNS_LABEL_MAX and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", full):
-        return full
-    suffix = "-" + short_hash(f"{parent}/{evaluation}")
-    base = _NOT_DNS.sub("-", full.lower()).strip("-") or "x"
-    return base[: DNS_LABEL_MAX - len(suffix)].rstrip("-") + suffix
+    return dns_label(full, key=f"{parent}/{evaluation}")
 
 
 # LeakageEval children

@@ -8,6 +8,7 @@ renamed, an S3 object appears whole when its single PUT or its multipart upload 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -18,7 +19,7 @@ from typing import BinaryIO, Union
 
 from pitlab.storage import s3
 from pitlab.storage.errors import ChecksumMismatch, ObjectNotFound, StorageError
-from pitlab.storage.uri import is_s3, parse_s3
+from pitlab.storage.uri import S3Url, is_s3, parse_s3
 
 Location = Union[str, os.PathLike]
 HASH_BLOCK = 8 * s3.MiB  # bytes read per step when hashing a file
@@ -83,19 +84,11 @@ def read_bytes(uri: Location) -> bytes:
             return Path(uri).read_bytes()
         except OSError as err:
             raise _local_error(err, Path(uri), "read") from None
-    from botocore.exceptions import ClientError
-
     url = parse_s3(str(uri))
     c, st = s3.client()
-    try:
+    with _s3_errors(url, "read", st):
         resp = c.get_object(Bucket=url.bucket, Key=url.key)
         data = resp["Body"].read()
-    except ClientError as err:
-        if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
-            raise s3.not_found(url, "read", err) from None
-        raise s3.translate(err, url, "read", st) from None
-    except Exception as err:  # noqa: BLE001
-        raise s3.translate(err, url, "read", st) from None
     expected = (resp.get("Metadata") or {}).get(SHA256_METADATA)
     if expected is not None:
         got = hashlib.sha256(data).hexdigest()
@@ -116,18 +109,26 @@ def open_read(uri: Location) -> BinaryIO:
             return open(uri, "rb")
         except OSError as err:
             raise _local_error(err, Path(uri), "open") from None
-    from botocore.exceptions import ClientError
-
     url = parse_s3(str(uri))
     c, st = s3.client()
-    try:
+    with _s3_errors(url, "open", st):
         return c.get_object(Bucket=url.bucket, Key=url.key)["Body"]
+
+
+@contextlib.contextmanager
+def _s3_errors(url: S3Url, op: str, st: s3.S3Settings):
+    """Turn a boto3/botocore failure of ``op`` on ``url`` into a :class:`StorageError` (a 404: a missing bucket
+    or :class:`ObjectNotFound`, see :func:`s3.not_found`; the rest: :func:`s3.translate`)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        yield
     except ClientError as err:
         if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
-            raise s3.not_found(url, "open", err) from None
-        raise s3.translate(err, url, "open", st) from None
+            raise s3.not_found(url, op, err) from None
+        raise s3.translate(err, url, op, st) from None
     except Exception as err:  # noqa: BLE001
-        raise s3.translate(err, url, "open", st) from None
+        raise s3.translate(err, url, op, st) from err
 
 
 def _replace_local(dst: Path, op: str, fill) -> None:
@@ -264,23 +265,18 @@ def download_file(uri: Location, path: str | os.PathLike, expected_sha256: str |
         except OSError as err:
             raise _local_error(err, Path(uri), "download") from None
     else:
-        from botocore.exceptions import ClientError
-
         url = parse_s3(str(uri))
         c, st = s3.client()
         try:
-            if expected is None:
-                head = c.head_object(Bucket=url.bucket, Key=url.key)
-                expected = head.get("Metadata", {}).get(SHA256_METADATA)
-            c.download_file(url.bucket, url.key, str(tmp), Config=s3.transfer_config(st, part_size, concurrency))
-        except ClientError as err:
+            with _s3_errors(url, "download", st):
+                if expected is None:
+                    head = c.head_object(Bucket=url.bucket, Key=url.key)
+                    expected = head.get("Metadata", {}).get(SHA256_METADATA)
+                c.download_file(url.bucket, url.key, str(tmp),
+                                Config=s3.transfer_config(st, part_size, concurrency))
+        except StorageError:
             tmp.unlink(missing_ok=True)
-            if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey"):
-                raise s3.not_found(url, "download", err) from None
-            raise s3.translate(err, url, "download", st) from None
-        except Exception as err:  # noqa: BLE001
-            tmp.unlink(missing_ok=True)
-            raise s3.translate(err, url, "download", st) from err
+            raise
     got = file_sha256(tmp)
     if expected is not None and got.sha256 != expected:
         tmp.unlink(missing_ok=True)
