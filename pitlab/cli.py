@@ -360,9 +360,11 @@ def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (J
           base: Optional[Path] = typer.Option(None, "--base", help="Base model folder (default RUN_DIR/base).")
           ) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""
+    from pitlab.trainer.rank_exit import exit_rank
     from pitlab.trainer.train import main as train_main
 
-    sys.exit(train_main(["--spec", str(spec), "--run-dir", str(run_dir)] + (["--base", str(base)] if base else [])))
+    argv = ["--spec", str(spec), "--run-dir", str(run_dir)] + (["--base", str(base)] if base else [])
+    exit_rank(lambda: train_main(argv))  # ends the process without finalization (see pitlab.trainer.rank_exit)
 
 
 @app.command()

@@ -72,3 +72,21 @@ def test_an_uncaught_rank_exception_heads_the_launch_error(tmp_path) -> None:
         "training failed (exit code 1):",
         "OSError: [Errno 28] No space left on device: '/ckpt/step-20.tmp/__0_0.distcp'",
         "command: torchrun -m pitlab.trainer.train"]
+
+
+def test_a_native_abort_in_a_rank_heads_the_launch_error(tmp_path) -> None:
+    """A rank killed by std::terminate (SIGABRT) leaves no Python exception; its abort lines lead the message
+    (this CI failure's stderr, shortened: the abort lines came 60 lines before torchrun's 30-line tail)."""
+    from pitlab.trainer.launch import _failure_message
+
+    log = tmp_path / "stderr.log"
+    log.write_text("pitlab.trainer.train: s3-test: world_size=2 backend=gloo\n"
+                   "terminate called without an active exception\nFatal Python error: Aborted\n\n"
+                   "Thread 0x00007f40eb5e2b80 (most recent call first):\n  <no Python frame>\n"
+                   + "x\n" * 60 + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n")
+    msg = _failure_message("training failed (exit code 1)", ["torchrun"], log)
+    assert msg.splitlines()[:4] == [
+        "training failed (exit code 1):",
+        "terminate called without an active exception",
+        "Fatal Python error: Aborted",
+        "command: torchrun"]

@@ -124,6 +124,7 @@ def _checkpoint_dir(spec_path: Path, run_dir: Path) -> Path | str:
     return checkpoint_location(uri, run_dir)
 
 
+_FATAL_LINE = re.compile(r"^(?:\[rank\d+\]:)?(?:terminate called|Fatal Python error:|Segmentation fault)")
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:)?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)(?::|$)")
 
 
@@ -132,10 +133,10 @@ def _failure_message(headline: str, cmd: list[str], stderr_path: Path) -> str:
     with open(stderr_path, "r", encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
     reported = list(dict.fromkeys(line.rstrip() for line in lines if line.startswith(ERROR_PREFIX)))
-    if not reported:  # an uncaught exception in a rank: its last line, not torchrun's own ChildFailedError
+    if not reported:  # an uncaught exception or a native abort in a rank, not torchrun's own ChildFailedError
         reported = list(dict.fromkeys(
             line.rstrip() for line in lines
-            if _EXCEPTION_LINE.match(line) and "ChildFailedError" not in line))[-3:]
+            if (_EXCEPTION_LINE.match(line) and "ChildFailedError" not in line) or _FATAL_LINE.match(line)))[-3:]
     parts = [headline + (":" if reported else "")] + reported
     parts.append(f"command: {' '.join(cmd)}")
     parts.append(f"last {STDERR_TAIL_LINES} lines of {stderr_path}:")

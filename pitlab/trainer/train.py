@@ -387,4 +387,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pitlab.trainer.rank_exit import exit_rank
+
+    exit_rank(main)  # no interpreter finalization: a gloo worker thread may still free tensors (see rank_exit)
