@@ -306,8 +306,7 @@ def main() -> int:
         return stage
 
     if args.final_checkpoint_only:
-        results.setdefault("skipped", {})["resume"] = "--final-checkpoint-only: no mid-run checkpoint"
-        save()
+        results["skipped"]["resume"] = "--final-checkpoint-only: no mid-run checkpoint"
     elif "summary" in state:
         guarded("resume", overhead + per_step * 5 + 30, resume_stage)
     else:

@@ -1,6 +1,7 @@
 """Resource models: the YAML a user applies, and the errors they see."""
 
 import copy
+import datetime as dt
 
 import pytest
 import yaml
@@ -54,9 +55,10 @@ def test_types_are_checked_as_the_api_server_does(doc, path, value, message):
     assert message in str(err.value)
 
 
-def test_numbers_widen_and_yaml_dates_parse_as_the_api_server_does(doc):
+@pytest.mark.parametrize("cutoff", ["2016-12-31", dt.date(2016, 12, 31)], ids=["quoted", "yaml-date"])
+def test_numbers_widen_and_yaml_dates_parse_as_the_api_server_does(doc, cutoff):
     doc["spec"]["training"]["learningRate"] = 1  # an integer for a number field: valid JSON schema `number`
-    doc["spec"]["knowledgeCutoff"] = "2016-12-31"  # quoted or not, one date
+    doc["spec"]["knowledgeCutoff"] = cutoff  # quoted or not (YAML loads an unquoted date as a date), one date
     res = parse_resource(doc)
     assert res.spec.training.learning_rate == 1.0 and isinstance(res.spec.training.learning_rate, float)
     assert res.spec.knowledge_cutoff.isoformat() == "2016-12-31"

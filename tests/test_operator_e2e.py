@@ -520,11 +520,6 @@ async def test_standalone_leakageeval_waits_for_its_training(cluster: Cluster) -
     OBSERVED_CALLS.update(c.operator_calls())
 
 
-def _no_such_resource(request: kmock.Request) -> None:
-    raise kmock.KubernetesResourceNotFoundError(reason="Not Found", message="the server could not find the "
-                                                "requested resource")
-
-
 @pytest.mark.asyncio
 async def test_cluster_without_kubeflow_stalls_with_a_hint_until_the_crd_appears(cluster: Cluster) -> None:
     c = cluster

@@ -5,7 +5,7 @@ from pitlab.evaluator.bootstrap import (bootstrap_p_value, cutoff_control, draw_
                                        percentile_ci, replicate_folds, verdict)
 from pitlab.evaluator.embed import EmbeddingError, detect_kind, embed_texts, model_digest, resolve_model_uri
 from pitlab.evaluator.estimates import (AlphaSelection, Fold, FoldsR2, PanelStats, center, date_folds_r2,
-                                       fit_selected, group_kfold_folds, leakage_off_r2, leakage_on_r2, split_r2)
+                                       fit_selected, group_kfold_folds, leakage_off_r2, leakage_on_r2)
 from pitlab.evaluator.linalg import Backend
 from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, PurgedKFoldSplit, WalkForwardSplit,
                                         leakage_on_splitter, security_folds, trading_calendar)
@@ -14,7 +14,7 @@ from pitlab.evaluator.ridge import (RidgeFit, RidgePath, SuffStats, fit_ridge_at
 from pitlab.evaluator.run import EvaluationError, run_leakage_eval
 
 __all__ = [
-    "bootstrap_p_value", "cutoff_control", "FoldsR2", "center", "date_folds_r2", "split_r2", "PurgedKFoldSplit",
+    "bootstrap_p_value", "cutoff_control", "FoldsR2", "center", "date_folds_r2", "PurgedKFoldSplit",
     "WalkForwardSplit",
     "draw_cluster_weights", "paired_reductions", "percentile_ci", "replicate_folds", "verdict", "EmbeddingError",
     "detect_kind", "embed_texts", "model_digest", "resolve_model_uri", "AlphaSelection", "PanelStats",

@@ -40,9 +40,8 @@ import numpy as np
 
 from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
 from pitlab.evaluator.protocols import security_folds
-from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, SuffStats, centred, fit_ridge_at, fit_ridge_gcv,
-                                   gcv_scores, out_of_sample_errors, path_test_sse, r2_score_oos, ridge_path,
-                                   solve_ridge)
+from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, SuffStats, _like, centred, fit_ridge_at, fit_ridge_gcv,
+                                   gcv_scores, path_test_sse, r2_score_oos, ridge_path, solve_ridge)
 
 ALPHA_SELECTIONS = ("gcv", "security-cv")
 
@@ -94,6 +93,14 @@ def center(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]
     return X - X.mean(axis=0), y - mu, mu
 
 
+def _gcv_copies(units: SuffStats, w_b, selection: AlphaSelection) -> SuffStats | None:
+    """Duplicate-aware GCV: the statistics weighted by the squared multiplicities ``w_b`` [B, S] (on the
+    backend), or None when not asked for or no unit is drawn twice."""
+    if selection.duplicate_aware and np.any(to_numpy(w_b) > 1):
+        return units.weighted(w_b * w_b)
+    return None
+
+
 def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None):
     """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
     ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
@@ -108,9 +115,7 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
     fitting = units.weighted(w_b) if fitting is None else fitting
     m = xp(w_b)
     if selection.method == "gcv":
-        w_np = to_numpy(w_b)
-        copies = units.weighted(w_b * w_b) if selection.duplicate_aware and np.any(w_np > 1) else None
-        score, _ = gcv_scores(ridge_path(fitting, alphas), copies)
+        score, _ = gcv_scores(ridge_path(fitting, alphas), _gcv_copies(units, w_b, selection))
         return to_numpy(m.argmin(score, axis=1)).astype(np.int64), score
     k = selection.inner_folds
     rows = np.rint(to_numpy(units.n)).astype(np.int64)
@@ -129,21 +134,12 @@ def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelect
     """Ridge fits on B weighted unions of ``units`` (per-security statistics), ``w`` [B, n_units]
     multiplicities, with α chosen by ``selection`` (:func:`select_alpha`); the fit carries the whole path's
     diagnostics (score and df per α). ``fitting``: ``units.weighted(w)`` if already computed."""
-    fitting = units.weighted(_like(units.n, w)) if fitting is None else fitting
+    w_b = _like(units.n, w)
+    fitting = units.weighted(w_b) if fitting is None else fitting
     if selection.method == "gcv":
-        w_np = np.asarray(to_numpy(w), dtype=np.float64)
-        copies = units.weighted(w_np * w_np) if selection.duplicate_aware and np.any(w_np > 1) else None
-        return fit_ridge_gcv(fitting, alphas, copies)
+        return fit_ridge_gcv(fitting, alphas, _gcv_copies(units, w_b, selection))
     idx, cv_sse = select_alpha(units, w, alphas, selection, fitting)
     return fit_ridge_at(fitting, alphas, idx, cv_sse, "security-cv")
-
-
-def _like(ref, a):
-    m = xp(ref)
-    if m is np:
-        return np.asarray(to_numpy(a), dtype=np.float64)
-    return a.to(device=ref.device, dtype=m.float64) if xp(a) is m else m.as_tensor(
-        np.asarray(a, dtype=np.float64), device=ref.device)
 
 
 @dataclass(frozen=True)
@@ -204,8 +200,7 @@ class PanelStats:
     ``X`` float64 [n_rows, d] and ``y`` [n_rows] minus their panel means (exact for ridge with intercept,
     :mod:`pitlab.evaluator.ridge`), on ``backend``; ``security`` int [n_rows] codes in 0..n_securities-1;
     ``train_mask``, ``test_mask`` bool [n_rows] (leakage-off); ``rows_per_security`` int [n_securities];
-    ``y_shift`` the mean removed from y. ``off_train``, ``off_test``, ``all_rows``: per-security statistics
-    (m = n_securities), built on first use.
+    ``y_shift`` the mean removed from y. Per-security statistics of a row set: :meth:`stats_of`.
     """
 
     X: object
@@ -253,31 +248,6 @@ class PanelStats:
         cache.append((key, st))
         return st
 
-    def release(self) -> None:
-        """Drop the cached per-security statistics."""
-        self._cache.clear()
-
-    @property
-    def off_train(self) -> SuffStats:
-        """Per-security statistics of the chronological training rows."""
-        return SuffStats.from_rows(*self._rows(self.train_mask), self.n_securities, self.backend)
-
-    @property
-    def off_test(self) -> SuffStats:
-        """Per-security statistics of the chronological test rows."""
-        return SuffStats.from_rows(*self._rows(self.test_mask), self.n_securities, self.backend)
-
-    @property
-    def all_rows(self) -> SuffStats:
-        """Per-security statistics of every panel row (the leakage-on data set)."""
-        return SuffStats.from_rows(*self._rows(np.ones(len(self.security), bool)), self.n_securities,
-                                   self.backend)
-
-    def _rows(self, mask):
-        idx = np.flatnonzero(mask)
-        ix = self.backend.as_index(idx)
-        return self.X[ix], self.y[ix], self.security[idx]
-
     def _batch(self, selection: AlphaSelection | None) -> int:
         """Weightings per batch: the float64 d×d temporaries of one weighting (fitting set, inner folds,
         centred copies, eigenvectors, products: ~4 per fit) within the backend's memory budget."""
@@ -307,9 +277,12 @@ class PanelStats:
             raise ValueError(f"weights must have shape [B, {self.n_securities}], got {W.shape}")
         B = W.shape[0]
         units = self.stats_of(fold.train)
-        te = np.flatnonzero(fold.test)
-        te_ix = self.backend.as_index(te)
-        Xte, yte, sec_te = self.X[te_ix], self.y[te_ix], self.backend.as_index(self.security[te])
+        if fold.test.all():  # GroupKFold (leakage-on) tests every row: no n × d copy per fold
+            Xte, yte, sec_te = self.X, self.y, self.backend.as_index(self.security)
+        else:
+            te = np.flatnonzero(fold.test)
+            te_ix = self.backend.as_index(te)
+            Xte, yte, sec_te = self.X[te_ix], self.y[te_ix], self.backend.as_index(self.security[te])
         out = {"sse": np.empty(B), "sst": np.empty(B), "alpha": np.empty(B), "df": np.full(B, np.nan),
                "alpha_index": np.empty(B, dtype=np.int64)}
 
@@ -341,7 +314,7 @@ class PanelStats:
         first = 0
         fixed = alpha_index
         if point_first and B:
-            batch(0, 1, None if alpha_index is None else alpha_index, diagnostics)
+            batch(0, 1, alpha_index, diagnostics)
             first = 1
             if not reselect:
                 fixed = np.full(B, out["alpha_index"][0], dtype=np.int64)
@@ -368,22 +341,6 @@ class PanelStats:
                        alpha=np.stack([r["alpha"] for r in res], 1),
                        alpha_index=np.stack([r["alpha_index"] for r in res], 1), sse=sse, sst=sst,
                        df=np.stack([r["df"] for r in res], 1))
-
-
-def split_r2(train: SuffStats, test: SuffStats, weights: np.ndarray, alphas,
-             selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
-             y_shift: float = 0.0) -> R2Batch:
-    """Out-of-sample R² of one train/test split given as per-security statistics, for each row of ``weights``
-    ([B, n_securities] multiplicities): ridge (α chosen by ``selection``, fitted from its α-path) on the
-    weighted training statistics, SSE/SST on the weighted test statistics (``benchmark`` and ``y_shift`` as in
-    :func:`pitlab.evaluator.ridge.out_of_sample_errors`). The estimators of a run use :class:`PanelStats`."""
-    W = np.asarray(weights, dtype=np.float64)
-    fit = fit_selected(train, W, alphas, selection)
-    sse, sst = out_of_sample_errors(fit, test.weighted(W), benchmark, y_shift)
-    sse, sst = to_numpy(sse), to_numpy(sst)
-    k = np.asarray(fit.alpha_index)
-    return R2Batch(r2=r2_score_oos(sse, sst), sse=sse, sst=sst, alpha=np.asarray(fit.alpha),
-                   df=to_numpy(fit.df)[np.arange(len(k)), k], alpha_index=k)
 
 
 def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pitlab.evaluator.linalg import Backend, across_matrices, eigh, is_torch, solve_spd, xp
+from pitlab.evaluator.linalg import Backend, across_matrices, eigh, is_torch, solve_spd, to_numpy, xp
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class SuffStats:
         """
         if backend is None:
             backend = Backend("torch", str(X.device.type)) if is_torch(X) else Backend()
-        g = np.asarray(groups.cpu().numpy() if is_torch(groups) else groups, dtype=np.int64)
+        g = np.asarray(to_numpy(groups), dtype=np.int64)
         Xb, yb = backend.asarray(X), backend.asarray(y)
         if Xb.ndim != 2 or tuple(yb.shape) != (Xb.shape[0],) or g.shape != (Xb.shape[0],):
             raise ValueError(f"from_rows: X {tuple(Xb.shape)}, y {tuple(yb.shape)}, groups {g.shape} do not match")
@@ -160,7 +160,7 @@ def _like(ref, a):
         if is_torch(a):
             return a.to(device=ref.device, dtype=torch.float64)
         return torch.as_tensor(np.asarray(a, dtype=np.float64), device=ref.device)
-    return np.asarray(a.cpu().numpy() if is_torch(a) else a, dtype=np.float64)
+    return np.asarray(to_numpy(a), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -248,7 +248,7 @@ class RidgePath:
 
     def fit_at(self, alpha_index, score, df, criterion: str) -> RidgeFit:
         """The fits at the chosen grid positions ``alpha_index`` [B]."""
-        k = np.asarray(alpha_index.cpu().numpy() if is_torch(alpha_index) else alpha_index, dtype=np.int64)
+        k = np.asarray(to_numpy(alpha_index), dtype=np.int64)
         rows = np.arange(len(k))
         beta = (self.V @ (self.z / self.den[rows, k])[:, :, None])[:, :, 0]
         intercept = self.y_mean - xp(beta).einsum("bi,bi->b", self.x_mean, beta)

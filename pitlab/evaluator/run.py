@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import os
 import platform
 import time
 import warnings
@@ -93,7 +94,7 @@ def _device(backend: Backend) -> dict:
     from threadpoolctl import threadpool_info
 
     d = {"statistics": backend.describe(), "host": f"{platform.machine()} ({platform.processor() or 'cpu'}), "
-                                                  f"{__import__('os').cpu_count()} cores",
+                                                  f"{os.cpu_count()} cores",
          "blas": [{"library": i.get("internal_api"), "threads": i.get("num_threads"),
                    "version": i.get("version")} for i in threadpool_info() if i.get("user_api") == "blas"],
          "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
@@ -266,7 +267,6 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
             fr = stats.protocol_errors(pfolds, np.vstack([ones, weights]), alphas, selection, benchmark,
                                        diagnostics=True, point_first=True, reselect=reselect)
             head = fr.mean if pname == "walk-forward" else fr.pooled
-            r2_folds = fr.r2
             prem = on.r2[0] - head[0]
             prem_reps = reps.r2_on - head[1:]
             pci = percentile_ci(prem_reps, boot.confidence)
@@ -274,8 +274,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                 "r2": float(head[0]), "r2_ci": list(percentile_ci(head[1:], boot.confidence)),
                 "r2_mean": float(fr.mean[0]), "r2_pooled": float(fr.pooled[0]),
                 "r2_per_fold": [float(v) for v in fr.r2[0]],
-                "r2_per_fold_ci": [list(percentile_ci(r2_folds[1:, k], boot.confidence))
-                                   for k in range(r2_folds.shape[1])],
+                "r2_per_fold_ci": [list(percentile_ci(fr.r2[1:, k], boot.confidence))
+                                   for k in range(fr.r2.shape[1])],
                 "alpha_per_fold": [float(a) for a in fr.alpha[0]],
                 "premium": float(prem), "premium_ci": list(pci), "premium_p_value": bootstrap_p_value(prem_reps),
                 "verdict": verdict(pci)}
@@ -290,7 +290,6 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                                          benchmark)
             robustness.append({"embargo_days": int(e), "n_train": sp_e.n_train, "r2_off": float(r_e.r2[0, 0]),
                                "premium": float(on.r2[0] - r_e.r2[0, 0])})
-        stats.release()
         del stats
         t_end = time.perf_counter()
         note(f"statistics:{name}", 1, 1)

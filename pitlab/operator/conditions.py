@@ -21,6 +21,11 @@ def is_true(status: ResourceStatus, type_: str) -> bool:
     return any(c.type == type_ and c.status == "True" for c in status.conditions)
 
 
+def current_stage(status: ResourceStatus, stages: tuple[str, ...]) -> str:
+    """The stage in progress: the first of ``stages`` whose condition is not True (the last when all are)."""
+    return next((s for s in stages if not is_true(status, s)), stages[-1])
+
+
 def stage_running(status: ResourceStatus, stage: str, phase: str, reason: str, message: str,
                   generation: int | None, now: str | None = None) -> None:
     """Stage ``stage`` is in progress: its condition False/``reason``, phase ``phase`` (Reconciling=True)."""
@@ -63,7 +68,7 @@ def restore_finished(status: ResourceStatus, generation: int | None, now: str | 
     rec = get_condition(status, "Reconciling")
     reason = rec.reason if rec else status.phase
     message = rec.message if rec else ""
-    set_phase(status, status.phase, reason, message or "", generation, now)
+    set_phase(status, status.phase, reason, message, generation, now)
 
 
 def stage_blocked(status: ResourceStatus, stage: str, reason: str, message: str, generation: int | None,

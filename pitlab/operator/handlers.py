@@ -82,6 +82,8 @@ def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
                            message=f"created {manifest['kind']} {manifest['metadata']['name']}")
     except (ApiException, ValueError) as err:  # ValueError: the client's own validation of the body
         status_code = err.status if isinstance(err, ApiException) else 422
+        if manifest is not None and manifest["kind"] == "ConfigMap":  # the run's spec is not stored: not started
+            plan.status.spec_digest = lifecycle.load_status(doc).spec_digest
         if manifest is not None and status_code in BLOCKED:  # the cluster must change first: retry later
             blocked = blocked_status(err, plan.status, doc, manifest, memo.config.create_retry_delay)
             patch.status.update(blocked)
@@ -116,8 +118,8 @@ def _warn_once(body: kopf.Body, memo: Any, reason: str, message: str) -> None:
 
 def _stage(status: ResourceStatus, doc: dict[str, Any]) -> str:
     """The stage in progress: the first whose condition is not True."""
-    stages = conditions.TRAINING_STAGES if doc["kind"] == "PitTraining" else conditions.EVAL_STAGES
-    return next((s for s in stages if not conditions.is_true(status, s)), stages[-1])
+    return conditions.current_stage(status, conditions.TRAINING_STAGES if doc["kind"] == "PitTraining"
+                                    else conditions.EVAL_STAGES)
 
 
 def broken_status(err: ValueError, doc: dict[str, Any]) -> dict[str, Any]:
@@ -135,15 +137,11 @@ def broken_status(err: ValueError, doc: dict[str, Any]) -> dict[str, Any]:
     return status.to_yaml_dict()
 
 
-def blocked_status(err: ApiException, status: ResourceStatus | None, doc: dict[str, Any],
+def blocked_status(err: ApiException, status: ResourceStatus, doc: dict[str, Any],
                    manifest: dict[str, Any], retry_delay: float) -> dict[str, Any]:
     """The status of a resource whose child the API server cannot take yet (404: its kind is not installed;
-    403: RBAC or a ResourceQuota): the planned status, with the stage that needed the child stalled (reason
+    403: RBAC or a ResourceQuota): the planned ``status``, with the stage that needed the child stalled (reason
     ChildKindMissing or Forbidden and what to do). The phase stays; the create is retried."""
-    original = lifecycle.load_status(doc)
-    status = status or original
-    if manifest["kind"] == "ConfigMap":  # the run's spec is not stored: it has not started
-        status.spec_digest = original.spec_digest
     what = f"{manifest['kind']} {manifest['metadata']['name']}"
     api = _api_detail(err)
     if err.status == 404:
@@ -159,11 +157,10 @@ def blocked_status(err: ApiException, status: ResourceStatus | None, doc: dict[s
     return status.to_yaml_dict()
 
 
-def refused_status(err: ApiException | ValueError, status: ResourceStatus | None, doc: dict[str, Any],
+def refused_status(err: ApiException | ValueError, status: ResourceStatus, doc: dict[str, Any],
                    manifest: dict[str, Any]) -> dict[str, Any]:
     """The status of a resource whose child the API server refused as invalid: the stage that needed the
     child (the first whose condition is not True in the planned ``status``) failed with reason CreateFailed."""
-    status = status or lifecycle.load_status(doc)
     conditions.stage_failed(status, _stage(status, doc), "CreateFailed",
                             f"{manifest['kind']} {manifest['metadata']['name']} was refused: {_api_detail(err)}",
                             doc["metadata"].get("generation"))

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from pitlab.api import LeakageEval, PitTraining, SpecError
-from pitlab.api.status import TERMINAL_PHASES, CorpusAuditStatus, Progress, ResourceStatus
+from pitlab.api.status import TERMINAL_PHASES, CorpusAuditStatus, Progress, ResourceStatus, get_condition
 from pitlab.operator import builders, conditions, naming, validation
 from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.operator.mirroring import (FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, last_lines,
@@ -121,20 +121,19 @@ def _job_message(world: World, ns: str, job: dict[str, Any] | None, container: s
     return f"Job {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
 
 
-def _job_stage(world: World, ns: str, kids: _Children, status: ResourceStatus, manifest: dict[str, Any],
-               child_key: str, stage: str, phase: str, container: str, gen: int | None, now: str | None,
-               failed_reason: str | None = None) -> dict[str, Any] | None:
+def _job_stage(kids: _Children, status: ResourceStatus, manifest: dict[str, Any], child_key: str, stage: str,
+               phase: str, container: str, gen: int | None, now: str | None) -> dict[str, Any] | None:
     """One stage run by a single batch Job (prepare, merge, analyze): create or adopt the Job, record it in
     ``status.children[child_key]`` and mirror its state onto ``stage``. Returns the Job once it succeeded;
     None while it runs (``stage`` False, reason ``phase``) or after it failed (``stage`` False with the Job's
-    reason, or ``failed_reason``, and its message and log tail)."""
+    reason, its message and log tail)."""
     job = kids.ensure(manifest)
     job_name = manifest["metadata"]["name"]
     status.children[child_key] = job_name
     st = batch_job_state(job) if job else ChildState("Pending", "Created")
     if st.state == FAILED:
-        conditions.stage_failed(status, stage, failed_reason or st.reason,
-                                _job_message(world, ns, job, container, st), gen, now)
+        conditions.stage_failed(status, stage, st.reason, _job_message(kids.world, kids.ns, job, container, st),
+                                gen, now)
         return None
     if st.state != SUCCEEDED:
         conditions.stage_running(status, stage, phase, phase, f"Job {job_name}: {st.reason}", gen, now)
@@ -193,7 +192,7 @@ def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, 
     try:
         _advance_training(body, current, world, cfg, plan, gen, now)
     except NameConflict as err:
-        conditions.stage_failed(status, _current_training_stage(status), "NameConflict", str(err), gen, now)
+        conditions.stage_failed(status, conditions.current_stage(status, conditions.TRAINING_STAGES), "NameConflict", str(err), gen, now)
     digest = builders.spec_digest(body.get("spec") or {})
     if status.spec_digest is not None and status.spec_digest != digest:
         conditions.refuse_spec_change(
@@ -201,13 +200,6 @@ def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, 
                     f"stored in ConfigMap {naming.training_spec_configmap(body['metadata']['name'])}. Revert the "
                     "edit, or create a new PitTraining", gen, now)
     return plan
-
-
-def _current_training_stage(status: ResourceStatus) -> str:
-    for stage in conditions.TRAINING_STAGES:
-        if not conditions.is_true(status, stage):
-            return stage
-    return "Evaluated"
 
 
 def _advance_training(body: dict[str, Any], current: PitTraining | None, world: World, cfg: OperatorConfig,
@@ -226,12 +218,12 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
         try:
             pt = PitTraining.model_validate(stored)
         except ValidationError as err:
-            conditions.stage_failed(status, _current_training_stage(status), "StoredSpecInvalid",
+            conditions.stage_failed(status, conditions.current_stage(status, conditions.TRAINING_STAGES), "StoredSpecInvalid",
                                     f"ConfigMap {naming.training_spec_configmap(name)}: the run's spec no longer "
                                     f"parses: {_problems(err)}; delete and recreate the PitTraining", gen, now)
             return
     else:
-        conditions.stage_failed(status, _current_training_stage(status), "SpecConfigMapMissing",
+        conditions.stage_failed(status, conditions.current_stage(status, conditions.TRAINING_STAGES), "SpecConfigMapMissing",
                                 f"ConfigMap {naming.training_spec_configmap(name)} with the run's spec is gone; "
                                 "delete and recreate the PitTraining", gen, now)
         return
@@ -240,7 +232,7 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
 
     # Preparing
     if not conditions.is_true(status, "Prepared"):
-        job = _job_stage(world, ns, kids, status, builders.build_prepare_job(pt, cfg, body), "prepareJob",
+        job = _job_stage(kids, status, builders.build_prepare_job(pt, cfg, body), "prepareJob",
                          "Prepared", "Preparing", "prepare", gen, now)
         if job is None:
             return
@@ -279,7 +271,7 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
 
     # Merging
     if not conditions.is_true(status, "Merged"):
-        if _job_stage(world, ns, kids, status, builders.build_merge_job(pt, cfg, body), "mergeJob", "Merged",
+        if _job_stage(kids, status, builders.build_merge_job(pt, cfg, body), "mergeJob", "Merged",
                       "Merging", "merge", gen, now) is None:
             return
         status.model_uri = f"{run}/model"
@@ -328,7 +320,7 @@ def _corpus_audit(doc: Any, job: str, plan: Plan) -> CorpusAuditStatus | None:
         return None
 
 
-PROGRESS_FIELDS = ("step", "totalSteps", "loss", "tokensPerSecond")
+PROGRESS_FIELDS = tuple(f.alias or n for n, f in Progress.model_fields.items())  # camelCase, as in status
 
 
 def _progress(log: str | None, pod: str, plan: Plan) -> Progress | None:
@@ -362,7 +354,7 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig
         st = load_status(body)
         ready = conditions.is_true(st, "Merged" if ref.artifact == "model" else "Prepared")
         if not ready and st.phase == "Failed":
-            stalled = next((c for c in st.conditions if c.type == "Stalled"), None)
+            stalled = get_condition(st, "Stalled")
             why = f"{stalled.reason}: {stalled.message}" if stalled else "no reason given"
             return uris, None, ("TrainingFailed", f"model {m.name}: PitTraining {ref.name} failed before its "
                                                   f"{ref.artifact} was written ({why})")
@@ -449,7 +441,7 @@ def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: Oper
             return
         conditions.stage_done(status, "Embedded", "EmbeddingsWritten", f"{len(le.spec.models)} model(s) embedded",
                               gen, now)
-    if _job_stage(world, ns, kids, status, builders.build_analyze_job(le, cfg, body), "analyzeJob", "Analyzed",
+    if _job_stage(kids, status, builders.build_analyze_job(le, cfg, body), "analyzeJob", "Analyzed",
                   "Analyzing", "analyze", gen, now) is None:
         return
     doc = message_json(termination_message(world.job_pods(ns, naming.analyze_job(name)), naming.analyze_job(name),
@@ -483,7 +475,7 @@ def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: st
     indexed = naming.embed_indexed_job(name)
     recorded = {k: v for k, v in status.children.items() if k.startswith("embedJob.")}
     if recorded:
-        return recorded.get("embedJob.all") == indexed
+        return "embedJob.all" in recorded
     if world.get(JOBS, ns, indexed) is not None:
         return True
     if any(world.get(JOBS, ns, naming.embed_job(name, m.name)) is not None for m in le.spec.models):

@@ -53,14 +53,17 @@ def _local_error(err: OSError, path: Path, op: str) -> StorageError:
     return StorageError(f"{op} {path}: {err.strerror or err}")
 
 
-def exists(uri: Location) -> bool:
+def exists(uri: Location, op: str = "check", subject: Location | None = None) -> bool:
     """True when a file (or, locally, a directory) exists at ``uri``. For S3: the object exists (HEAD).
-    Raises :class:`StorageError` for a missing bucket, missing credentials or an unreachable endpoint."""
+    Raises :class:`StorageError` for a missing bucket, missing credentials or an unreachable endpoint; its
+    message reads ``"<op> <subject>: ..."`` (default ``"check <uri>"``; a caller probing a marker object
+    names what the user asked for instead)."""
     if not is_s3(uri):
         return Path(uri).exists()
     from botocore.exceptions import ClientError
 
     url = parse_s3(str(uri))
+    shown = url if subject is None else parse_s3(str(subject))
     c, st = s3.client()
     try:
         c.head_object(Bucket=url.bucket, Key=url.key)
@@ -68,11 +71,11 @@ def exists(uri: Location) -> bool:
     except ClientError as err:
         if str(err.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
             if s3.bucket_missing(url):
-                raise StorageError(f"check {url}: bucket {url.bucket!r} does not exist at {st.endpoint}") from None
+                raise StorageError(f"{op} {shown}: bucket {url.bucket!r} does not exist at {st.endpoint}") from None
             return False
-        raise s3.translate(err, url, "check", st) from None
+        raise s3.translate(err, shown, op, st) from None
     except Exception as err:  # noqa: BLE001
-        raise s3.translate(err, url, "check", st) from None
+        raise s3.translate(err, shown, op, st) from None
 
 
 def read_bytes(uri: Location) -> bytes:

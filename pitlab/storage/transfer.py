@@ -125,10 +125,8 @@ def localize(uri: ops.Location, cache_dir: str | os.PathLike | None = None, requ
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     root.mkdir(parents=True, exist_ok=True)
     url = parse_s3(uri)
-    try:
-        published = bool(url.key) and ops.exists(join(uri, COMPLETE))
-    except StorageError as err:  # credentials, endpoint, bucket: name what the user asked for, not the marker
-        raise type(err)(str(err).replace(f"check {join(uri, COMPLETE)}", f"read {uri}", 1)) from None
+    # credentials, endpoint, bucket errors name what the user asked for, not the marker
+    published = bool(url.key) and ops.exists(join(uri, COMPLETE), op="read", subject=uri)
     if published:
         digest = json.loads(ops.read_text(join(uri, COMPLETE))).get("manifest_sha256", "")
         dst = root / "dirs" / digest[:40]

@@ -229,7 +229,7 @@ def check_disk_space(checkpoint_dir: Path, one_checkpoint: int, saves: int, keep
     naming the sizes in GB and what to change; S3 checkpoints are not checked (nothing to measure).
     """
     d = Path(checkpoint_dir)
-    existing = len(complete_checkpoints(d)) if d.is_dir() else 0
+    existing = len(complete_checkpoints(d))  # 0 for a folder not made yet
     more = max(0, min(keep + 1, existing + saves) - existing)
     need = more * one_checkpoint
     if free_bytes is None:

@@ -173,10 +173,10 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
             first_loss, final_loss = truncate_metrics(paths.metrics, start_step)
             print(f"pitlab.trainer.train: resumed from {resumed_from} at step {start_step}", file=sys.stderr,
                   flush=True)
+    save_at = checkpoint_steps(start_step, total_steps, spec.checkpoint.every_steps)
+    periodic_saves = set(save_at) - {total_steps}  # the end's save comes after the loop
     if not is_s3(str(ckpt_dir)):  # before step 1; every rank checks the same numbers, so all fail together
-        check_disk_space(ckpt_dir, checkpoint_bytes(trainable),
-                         len(checkpoint_steps(start_step, total_steps, spec.checkpoint.every_steps)),
-                         spec.checkpoint.keep)
+        check_disk_space(ckpt_dir, checkpoint_bytes(trainable), len(save_at), spec.checkpoint.keep)
     metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if rank == 0 else None
 
     def train_state(step: int) -> dict:
@@ -221,8 +221,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
                     "peak_memory_bytes": _peak_memory(device),
                     "elapsed_s": now - t_loop,
                 })
-            every = spec.checkpoint.every_steps
-            if every > 0 and (step + 1) % every == 0 and step + 1 < total_steps:
+            if step + 1 in periodic_saves:
                 last_ckpt = save_checkpoint(ckpt_dir, step + 1, model, optimizer, spec.checkpoint.keep,
                                             train_state(step + 1), scheduler)
         loop_seconds = time.perf_counter() - t_loop
@@ -375,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group(backend)
     try:
         train(args.spec, paths)
-    except (SpecError, ValueError, FileNotFoundError, FloatingPointError, CheckpointError,
+    except (SpecError, ValueError, FloatingPointError, CheckpointError,
             WeightLoadError, StorageError, AdapterSaveError, OSError) as err:
         if not isinstance(err, SpecError):
             traceback.print_exc()  # where it came from; the one-line message below is what launch reports
