@@ -116,17 +116,20 @@ def _load(path: Path, data_root: Optional[Path]):
 
 def _print_results_table(results: dict, title: str) -> None:
     table = Table(title=title)
-    for col in ("model", "r2_off", "r2_on", "premium [CI]", "verdict"):
-        table.add_column(col, justify="left" if col in ("model", "verdict") else "right")
+    for col in ("model", "r2_off", "r2_on", "premium [CI]", "bias", "verdict", "reason"):
+        table.add_column(col, justify="left" if col in ("model", "verdict", "reason") else "right")
     for name, r in results.get("models", {}).items():
         lo, hi = r.get("premiumCI") or [float("nan")] * 2
+        bias = r.get("premiumBias")
         table.add_row(name, f"{r['r2Off']:+.4f}", f"{r['r2On']:+.4f}", f"{r['premium']:+.4f} [{lo:+.4f}, {hi:+.4f}]",
-                      r.get("verdict") or "")
+                      "" if bias is None else f"{bias:+.4f}", r.get("verdict") or "", "; ".join(r.get("reasons") or []))
     console.print(table)
     for x in results.get("reductions", []):
         lo, hi = x.get("ci") or [float("nan")] * 2
-        _say(f"  premium({x['from']}) − premium({x['to']}): {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}] "
-              f"{x.get('verdict') or ''}")
+        bias = "" if x.get("bias") is None else f" bias {x['bias']:+.4f}"
+        why = f" ({'; '.join(x['reasons'])})" if x.get("reasons") else ""
+        _say(f"  premium({x['from']}) − premium({x['to']}): {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}]{bias} "
+              f"{x.get('verdict') or ''}{why}")
 
 
 @app.command()
@@ -143,6 +146,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     res = _load(file, data_root)
     if schema_only:
         _say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r} (schema)")
+        _spec_warnings(res)
         return
     try:
         plan = preflight(res).corpus
@@ -153,6 +157,18 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         msg += (f"; corpus keeps {plan.audit.included} of {plan.audit.total} documents "
                 f"(latest {local_isoformat(plan.audit.max_included_timestamp, plan.audit.timezone)})")
     _say(f"[green]✓[/] {msg}")
+    _spec_warnings(res)
+
+
+def _spec_warnings(res) -> None:
+    """Print the warnings about a valid spec (a LeakageEval's, or a PitTraining's evaluations')."""
+    from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
+
+    specs = [("spec", res.spec)] if isinstance(res.spec, LeakageEvalSpec) else \
+        [(f"spec.evaluations[{i}].spec", e.spec) for i, e in enumerate(getattr(res.spec, "evaluations", []))]
+    for where, spec in specs:
+        for w in spec_warnings(spec):
+            _say(f"[yellow]warning:[/] {where}.{escape(w)}")
 
 
 @app.command()

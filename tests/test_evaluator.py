@@ -298,7 +298,7 @@ def _spec(names, train_end, test_start, resamples=100, folds=5, embargo=5, selec
         "protocol": {"trainEnd": str(train_end), "testStart": str(test_start), "embargoDays": embargo,
                      "groupKFolds": folds},
         "bootstrap": {"resamples": resamples, "confidence": 0.95, "seed": 0},
-        "regression": {"alphas": ALPHAS, "selection": selection}})
+        "regression": {"alphas": ALPHAS, "selection": selection, "allowRowLevelSelection": selection == "gcv"}})
 
 
 @pytest.fixture()
@@ -358,14 +358,20 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     assert mem["premium_ci"] == pytest.approx([0.50971, 1.12474], abs=1e-5)
     assert mem["verdict"] == "significant"
     # pure noise: the interval contains 0 (and the point estimate)
-    assert noise["premium"] == pytest.approx(-0.00253, abs=1e-5)
-    assert noise["premium_ci"] == pytest.approx([-0.00715, 0.00252], abs=1e-5)
-    assert noise["verdict"] == "not significant"
-    assert noise["alpha_off"] == 10000.0  # GCV shrinks noise features as hard as the grid allows
+    assert noise["premium"] == pytest.approx(-0.000026, abs=1e-6)
+    assert noise["premium_ci"] == pytest.approx([-0.00333, 0.00026], abs=1e-5)
+    assert noise["verdict"] == "not significant" and noise["verdict_reasons"] == []
+    # GCV shrinks noise features harder than the grid's largest penalty 1e4 allows (2 effective parameters
+    # left): the grid is widened once by two decades, and at 1e6 the fit keeps 1.02
+    assert noise["alpha_off"] == 1e6 and noise["alpha_grid_widenings"] == 1
+    assert noise["alphas"] == ALPHAS + [1e5, 1e6] and noise["df_off"] == pytest.approx(1.0191, abs=1e-4)
+    assert mem["alphas"] == ALPHAS and mem["alpha_grid_widenings"] == 0
+    # bootstrap bias beside each interval
+    assert mem["premium_bias"] == pytest.approx(0.03075, abs=1e-5) and mem["premium_sd"] == pytest.approx(0.18140, abs=1e-5)
     red, = res["reductions"]
     assert (red["model_a"], red["model_b"]) == ("memoriser", "noise")
-    assert red["reduction"] == pytest.approx(0.79375, abs=1e-5)
-    assert red["ci"] == pytest.approx([0.51505, 1.12524], abs=1e-5) and red["verdict"] == "significant"
+    assert red["reduction"] == pytest.approx(0.79124, abs=1e-5)
+    assert red["ci"] == pytest.approx([0.51196, 1.12495], abs=1e-5) and red["verdict"] == "significant"
     # one set of draws and folds, shared by both models
     assert len(calls) == 2
     assert calls[0][1] is calls[1][1] and calls[0][2] is calls[1][2]

@@ -110,8 +110,17 @@ class Protocol(SpecModel):
         return self
 
 
+CLUSTERS = ("security", "date", "security-and-date")
+
+
 class Bootstrap(SpecModel):
-    """Clustered bootstrap by security: ``resamples`` draws of securities with replacement, shared by all models.
+    """Clustered bootstrap: ``resamples`` draws, shared by all models. ``cluster``: what is resampled with
+    replacement: ``security`` (securities, all dates of a drawn security come along), ``date`` (dates, all
+    securities of a drawn date come along) or ``security-and-date`` (both, independently; a row's weight is the
+    product of its security's and its date's multiplicity: the pigeonhole bootstrap, Owen 2007; Davezies,
+    D'Haultfœuille & Guyonvarch 2021), which also covers noise common to all securities of a date.
+    A drawn date keeps its calendar position, so every date-based protocol (chronological split, walk-forward,
+    purged K-fold) puts all its copies on one side, and embargoes count calendar sessions.
 
     ``reselectPenalty`` (default true): every replicate chooses its ridge penalties again, as the point
     estimate did, so the interval includes the variability of the penalty selection. ``false``: each
@@ -120,7 +129,7 @@ class Bootstrap(SpecModel):
 
     resamples: int = Field(200, ge=10)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
-    cluster: Literal["security"] = "security"
+    cluster: Literal["security", "date", "security-and-date"] = "security"
     seed: int = 0
     reselect_penalty: bool = True
 
@@ -136,6 +145,21 @@ class Embedding(SpecModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
+GCV_REFUSAL = ("selection: gcv leaves out rows, not securities: it rewards fitting what the rows of one "
+               "security or one date share, can choose the smallest penalty in every fold and report a premium "
+               "its own interval excludes; use selection: security-cv, or set allowRowLevelSelection: true to "
+               "keep gcv with a warning")
+GCV_WARNING = ("regression.selection: gcv with allowRowLevelSelection: true: GCV scores the penalty on left-out "
+               "rows while the leakage-on protocol and the clustered bootstrap work on whole securities "
+               "(dates); GCV then rewards fitting what rows of one security or date share, and a premium can "
+               "come out far from its interval (reported as unreliable). security-cv avoids this.")
+
+
+def spec_warnings(spec: "LeakageEvalSpec") -> list[str]:
+    """Warnings about a valid LeakageEval spec (printed by ``pitlab validate``, kept in results.json)."""
+    return [GCV_WARNING] if spec.regression.selection == "gcv" else []
+
+
 class Regression(SpecModel):
     """Ridge penalties searched inside each training fold.
 
@@ -148,7 +172,15 @@ class Regression(SpecModel):
     ``zero`` (Gu, Kelly & Xiu 2020: R² = 1 − Σ(y − ŷ)² / Σy²).
     ``device``: where the statistics' float64 linear algebra runs: ``cpu`` (numpy), ``cuda`` (torch on the
     GPU) or ``auto`` (the GPU when torch sees one).
+    ``selection: gcv`` is refused unless ``allowRowLevelSelection: true``, which keeps it with a warning:
+    the leakage-on protocol and the clustered bootstrap work on whole securities (dates), GCV scores α on
+    left-out rows.
     """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.selection) || self.selection != 'gcv' || "
+                 "(has(self.allowRowLevelSelection) && self.allowRowLevelSelection)",
+         "message": GCV_REFUSAL}]})
 
     alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0],
                                 min_length=1)
@@ -156,6 +188,13 @@ class Regression(SpecModel):
     inner_folds: int = Field(5, ge=2, le=20)
     benchmark: Literal["train_mean", "zero"] = "train_mean"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    allow_row_level_selection: bool = False
+
+    @model_validator(mode="after")
+    def _row_level(self) -> "Regression":
+        if self.selection == "gcv" and not self.allow_row_level_selection:
+            raise ValueError(GCV_REFUSAL)
+        return self
 
 
 class EvalResources(PodScheduling):

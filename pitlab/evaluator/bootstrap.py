@@ -1,4 +1,5 @@
-"""Clustered (by security) bootstrap of the leakage premium, percentile CIs, paired reductions, verdicts.
+"""Clustered bootstrap (by security, by date, or both) of the leakage premium, percentile CIs, bias, paired
+reductions, verdicts.
 
 The draws are made once (:func:`draw_cluster_weights`) and the same weight matrix, and the same per-replicate
 GroupKFold assignment (:func:`replicate_folds`), are used for every model, so premiums of two models are paired
@@ -14,10 +15,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_off_r2, leakage_on_r2
-from pitlab.evaluator.protocols import security_folds
+from pitlab.evaluator.protocols import security_folds_batch
 
 SIGNIFICANT = "significant"
 NOT_SIGNIFICANT = "not significant"
+UNRELIABLE = "unreliable"
+VERDICTS = (SIGNIFICANT, NOT_SIGNIFICANT, UNRELIABLE)
+BIAS_LIMIT = 0.5
+"""A bootstrap bias (mean of the replicates − point estimate) larger than this fraction of the replicates' sd makes
+a result unreliable. At 0.5 sd a percentile interval of a normal statistic shifted by its bias covers the true
+value about 92 % of the time instead of 95 % (P(|Z + 0.5| < 1.96) = 0.921); at 0.25 sd, the level below which
+Efron & Tibshirani (1993, sec. 10.6) say the bias can be ignored, 94.3 %. 0.5 flags intervals that are
+materially off while leaving room for the Monte Carlo error of the bias estimate itself (sd/√R, 0.07 sd at
+R = 200). README, "Statistics" explains the three reasons for ``unreliable``."""
 
 
 def draw_cluster_weights(n_securities: int, resamples: int, seed: int) -> np.ndarray:
@@ -33,10 +43,57 @@ def draw_cluster_weights(n_securities: int, resamples: int, seed: int) -> np.nda
     return np.bincount(flat, minlength=resamples * n_securities).reshape(resamples, n_securities).astype(np.int64)
 
 
+DATE_STREAM = 1
+"""Date draws come from ``numpy.random.default_rng([seed, DATE_STREAM])``, security draws from
+``default_rng(seed)``: ``security-and-date`` draws the same securities as ``security`` and the same dates as
+``date`` for one seed, and its two draws are independent."""
+
+
+def draw_weights(cluster: str, n_securities: int, n_dates: int, resamples: int, seed: int) -> tuple:
+    """Multiplicities of securities and of dates for ``bootstrap.cluster``: (int64 [R, S], int64 [R, T]).
+
+    ``security``: securities drawn by :func:`draw_cluster_weights` (seed), every date once; ``date``: dates drawn
+    the same way from the stream ``[seed, DATE_STREAM]``, every security once; ``security-and-date``: both
+    (Owen 2007, "The pigeonhole bootstrap", Ann. Appl. Stat. 1(2):386-411; consistency for separately
+    exchangeable arrays: Davezies, D'Haultfœuille & Guyonvarch 2021, Ann. Statist. 49(2):845-862). A row's
+    weight is the product of its security's and its date's multiplicity (:func:`row_weights`). Raises
+    ValueError for another ``cluster``."""
+    if cluster not in ("security", "date", "security-and-date"):
+        raise ValueError(f"bootstrap.cluster must be security, date or security-and-date (got {cluster!r})")
+    ws = draw_cluster_weights(n_securities, resamples, seed) if cluster != "date" else \
+        np.ones((resamples, n_securities), dtype=np.int64)
+    if cluster == "security":
+        return ws, np.ones((resamples, n_dates), dtype=np.int64)
+    draws = np.random.default_rng([seed, DATE_STREAM]).integers(0, n_dates, size=(resamples, n_dates))
+    flat = (draws + n_dates * np.arange(resamples)[:, None]).ravel()
+    wd = np.bincount(flat, minlength=resamples * n_dates).reshape(resamples, n_dates).astype(np.int64)
+    return ws, wd
+
+
+def row_weights(w_security: np.ndarray, w_date: np.ndarray, security: np.ndarray, date: np.ndarray) -> np.ndarray:
+    """Weight of every panel row in every replicate, float64 [R, n_rows]: ``w_security[:, security] ·
+    w_date[:, date]`` (``security``, ``date`` int codes [n_rows])."""
+    return (np.asarray(w_security, dtype=np.float64)[:, security] * np.asarray(w_date, dtype=np.float64)[:, date])
+
+
+def replicate_row_folds(security: np.ndarray, n_securities: int, weights: np.ndarray, n_splits: int) -> np.ndarray:
+    """GroupKFold fold of every row in every replicate when rows are weighted individually: int64 [R, n_rows].
+
+    Securities are the groups (:func:`pitlab.evaluator.protocols.security_folds` on each security's weighted
+    row count), so all copies of a security share one fold whatever dates were drawn; a row takes its
+    security's fold (-1 for a security without weight)."""
+    sec = np.asarray(security, dtype=np.int64)
+    W = np.asarray(weights, dtype=np.float64)
+    sizes = np.rint(np.stack([np.bincount(sec, weights=w, minlength=n_securities) for w in W])).astype(np.int64)
+    return security_folds_batch(sizes, n_splits)[:, sec]
+
+
 def replicate_folds(rows_per_security: np.ndarray, weights: np.ndarray, n_splits: int) -> np.ndarray:
     """GroupKFold fold of every security in every replicate: int64 [resamples, n_securities] (-1 = not drawn).
-    Row r is :func:`security_folds` with multiplicities ``weights[r]``."""
-    return np.stack([security_folds(rows_per_security, n_splits, w) for w in np.asarray(weights)])
+    Row r is :func:`security_folds` with multiplicities ``weights[r]`` (computed for all rows at once by
+    :func:`pitlab.evaluator.protocols.security_folds_batch`)."""
+    return security_folds_batch(np.asarray(rows_per_security, dtype=np.int64)[None, :] * np.asarray(weights),
+                                n_splits)
 
 
 def percentile_ci(values: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -71,6 +128,45 @@ def verdict(ci: tuple[float, float]) -> str:
     """"significant" only when the interval excludes 0 (both ends finite and of one sign), else "not significant"."""
     lo, hi = ci
     return SIGNIFICANT if np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0) else NOT_SIGNIFICANT
+
+
+def bootstrap_bias(values: np.ndarray, point: float) -> tuple[float, float]:
+    """Bootstrap bias ``mean(replicates) − point`` and the replicates' sd (ddof=1), over the finite replicates
+    (Efron & Tibshirani 1993, eq. 10.2). (nan, nan) with fewer than two finite replicates."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size < 2 or point is None or not np.isfinite(point):
+        return float("nan"), float("nan")
+    return float(v.mean() - point), float(v.std(ddof=1))
+
+
+def unreliable_reasons(point: float, ci: tuple[float, float], bias: float, sd: float,
+                       edges: list[str] | tuple = ()) -> list[str]:
+    """Why an estimate cannot be read as significant or not (empty list: it can): its point estimate lies
+    outside its own interval; its bootstrap bias exceeds :data:`BIAS_LIMIT` of the bootstrap sd; ``edges``,
+    one phrase per penalty selection that ended at an edge of the α grid (e.g. ``"leakage-on fold 3 chose the
+    smallest penalty 0.001 of the widened grid"``)."""
+    reasons = []
+    lo, hi = ci
+    if np.isfinite(lo) and np.isfinite(hi) and np.isfinite(point) and not lo <= point <= hi:
+        reasons.append(f"point estimate {point:.4g} lies outside its interval [{lo:.4g}, {hi:.4g}]")
+    if np.isfinite(bias) and np.isfinite(sd) and abs(bias) > BIAS_LIMIT * sd:
+        reasons.append(f"bootstrap bias {bias:+.4g} exceeds {BIAS_LIMIT:g} × the bootstrap sd {sd:.4g}")
+    reasons += list(edges)
+    return reasons
+
+
+def judge(point: float, values: np.ndarray, confidence: float, edges: list[str] | tuple = ()) -> dict:
+    """Interval, p-value, bias and verdict of one estimate from its bootstrap replicates ``values`` (float [R]).
+
+    Returns ``ci`` [lo, hi] (:func:`percentile_ci`), ``p_value`` (:func:`bootstrap_p_value`), ``bias`` and
+    ``sd`` (:func:`bootstrap_bias`), ``verdict`` (``unreliable`` when :func:`unreliable_reasons` gives a
+    reason, else :func:`verdict` of the interval) and ``reasons`` (list of str)."""
+    ci = percentile_ci(values, confidence)
+    bias, sd = bootstrap_bias(values, point)
+    reasons = unreliable_reasons(point, ci, bias, sd, edges)
+    return {"ci": [ci[0], ci[1]], "p_value": bootstrap_p_value(values), "bias": bias, "sd": sd,
+            "verdict": UNRELIABLE if reasons else verdict(ci), "reasons": reasons}
 
 
 @dataclass(frozen=True)
@@ -109,22 +205,23 @@ def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n
 
 
 def paired_reductions(names: list[str], points: dict[str, float], replicates: dict[str, np.ndarray],
-                      confidence: float) -> list[dict]:
+                      confidence: float, edges: dict[str, list[str]] | None = None) -> list[dict]:
     """Premium reduction for every ordered pair (i listed before j): premium_i - premium_j.
 
     ``points``: point-estimate premium per model; ``replicates``: premium per replicate (float [R], same
-    draws). Returns one dict per pair: ``model_a``, ``model_b``, ``reduction`` (point estimate of
-    premium(model_a) - premium(model_b)), ``ci`` [lo, hi], ``p_value`` (:func:`bootstrap_p_value`), ``verdict``, ``n_valid`` (replicates where both
-    premiums are finite).
+    draws); ``edges``: model → its penalty selections at a grid edge (phrases), inherited by every reduction
+    the model enters. Returns one dict per pair: ``model_a``, ``model_b``, ``reduction`` (point estimate of
+    premium(model_a) - premium(model_b)), ``ci`` [lo, hi], ``p_value`` (:func:`bootstrap_p_value`), ``bias``,
+    ``sd``, ``verdict``, ``reasons`` (:func:`judge`), ``n_valid`` (replicates where both premiums are finite).
     """
+    edges = edges or {}
     out = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             diff = replicates[a] - replicates[b]
-            ci = percentile_ci(diff, confidence)
-            out.append({"model_a": a, "model_b": b, "reduction": points[a] - points[b], "ci": [ci[0], ci[1]],
-                        "p_value": bootstrap_p_value(diff), "verdict": verdict(ci),
-                        "n_valid": int(np.isfinite(diff).sum())})
+            e = [f"{n}: {x}" for n in (a, b) for x in edges.get(n, [])]
+            out.append({"model_a": a, "model_b": b, "reduction": points[a] - points[b],
+                        **judge(points[a] - points[b], diff, confidence, e), "n_valid": int(np.isfinite(diff).sum())})
     return out
 
 
@@ -155,10 +252,13 @@ def cutoff_control(names: list[str], cutoffs: dict, points: dict[str, float], re
     last = have[int(np.argmax(x))]
     s_reps = slope(reps)
     diff = replicates[first] - replicates[last]
-    s_ci, d_ci = percentile_ci(s_reps, confidence), percentile_ci(diff, confidence)
+    s_pt, d_pt = float(slope(pts)), float(points[first] - points[last])
+    s_j, d_j = judge(s_pt, s_reps, confidence), judge(d_pt, diff, confidence)
     return {"models": have, "cutoffs": [cutoffs[n].isoformat() for n in have], "cutoff_years": x.tolist(),
-            "premiums": pts.tolist(), "slope_per_year": float(slope(pts)), "slope_ci": list(s_ci),
-            "slope_p_value": bootstrap_p_value(s_reps), "slope_verdict": verdict(s_ci),
-            "earliest": first, "latest": last, "earliest_minus_latest": float(points[first] - points[last]),
-            "earliest_minus_latest_ci": list(d_ci), "earliest_minus_latest_p_value": bootstrap_p_value(diff),
-            "earliest_minus_latest_verdict": verdict(d_ci)}
+            "premiums": pts.tolist(), "slope_per_year": s_pt, "slope_ci": s_j["ci"],
+            "slope_p_value": s_j["p_value"], "slope_bias": s_j["bias"], "slope_verdict": s_j["verdict"],
+            "slope_reasons": s_j["reasons"],
+            "earliest": first, "latest": last, "earliest_minus_latest": d_pt,
+            "earliest_minus_latest_ci": d_j["ci"], "earliest_minus_latest_p_value": d_j["p_value"],
+            "earliest_minus_latest_bias": d_j["bias"], "earliest_minus_latest_verdict": d_j["verdict"],
+            "earliest_minus_latest_reasons": d_j["reasons"]}

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
-from pitlab.evaluator.protocols import security_folds
-from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, SuffStats, _like, centred, fit_ridge_at, fit_ridge_gcv,
+from pitlab.evaluator.protocols import security_folds_batch
+from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred, fit_ridge_at, fit_ridge_gcv,
                                    gcv_scores, path_test_sse, r2_score_oos, ridge_path, solve_ridge)
 
 ALPHA_SELECTIONS = ("gcv", "security-cv")
@@ -119,8 +119,16 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         return to_numpy(m.argmin(score, axis=1)).astype(np.int64), score
     k = selection.inner_folds
     rows = np.rint(to_numpy(units.n)).astype(np.int64)
-    inner = np.stack([security_folds(rows, k, wb, field="inner folds of the penalty selection")
-                      for wb in np.rint(to_numpy(w_b)).astype(np.int64)])  # [B, S]
+    field_ = "inner folds of the penalty selection"
+    unit_sec = getattr(units, "unit_security", None)
+    wi = np.rint(to_numpy(w_b)).astype(np.int64)
+    if unit_sec is None:  # units are securities
+        inner = security_folds_batch(rows[None, :] * wi, k, field=field_)  # [B, S]
+    else:  # units are rows: inner GroupKFold by their securities (sizes = weighted rows per security)
+        n_sec = int(unit_sec.max()) + 1
+        sizes = np.stack([np.bincount(unit_sec, weights=r, minlength=n_sec) for r in wi * rows[None, :]])
+        sizes = np.rint(sizes).astype(np.int64)
+        inner = security_folds_batch(sizes, k, field=field_)[:, unit_sec]  # [B, m]
     mask = _like(units.n, (inner[:, None, :] == np.arange(k)[None, :, None]).astype(np.float64))
     inner_test = units.weighted((w_b[:, None, :] * mask).reshape(-1, units.m))
     inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
@@ -201,6 +209,10 @@ class PanelStats:
     :mod:`pitlab.evaluator.ridge`), on ``backend``; ``security`` int [n_rows] codes in 0..n_securities-1;
     ``train_mask``, ``test_mask`` bool [n_rows] (leakage-off); ``rows_per_security`` int [n_securities];
     ``y_shift`` the mean removed from y. Per-security statistics of a row set: :meth:`stats_of`.
+
+    ``unit_security`` int [n_rows] (:meth:`build_rows`): the units weighted by the bootstrap are the rows
+    (``security`` is then the row index and ``n_securities`` the row count), and this array gives each row's
+    security, by which GroupKFold folds are formed; None: the units are the securities.
     """
 
     X: object
@@ -212,6 +224,7 @@ class PanelStats:
     rows_per_security: np.ndarray
     y_shift: float = 0.0
     backend: Backend = Backend()
+    unit_security: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -230,6 +243,18 @@ class PanelStats:
                    rows_per_security=np.bincount(sec, minlength=n_securities), y_shift=float(y_shift),
                    backend=backend)
 
+    @classmethod
+    def build_rows(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, train_mask: np.ndarray,
+                   test_mask: np.ndarray, backend: Backend | None = None, centered: bool = False,
+                   y_shift: float = 0.0) -> "PanelStats":
+        """As :meth:`build` with every row its own unit (weights [B, n_rows]: ``bootstrap.cluster`` ``date`` or
+        ``security-and-date``); ``security`` int [n_rows] codes keep GroupKFold by security."""
+        n = len(np.asarray(security))
+        st = cls.build(X, y, np.arange(n), n, train_mask, test_mask, backend, centered, y_shift)
+        return cls(X=st.X, y=st.y, security=st.security, n_securities=n, train_mask=st.train_mask,
+                   test_mask=st.test_mask, rows_per_security=st.rows_per_security, y_shift=st.y_shift,
+                   backend=st.backend, unit_security=np.asarray(security, dtype=np.int64))
+
     def stats_of(self, rows: np.ndarray) -> SuffStats:
         """Per-security statistics of the rows selected by the bool mask ``rows`` [n_rows] (m = n_securities).
         The two last built are kept (GroupKFold's folds share one; the point estimate and the bootstrap of
@@ -244,7 +269,10 @@ class PanelStats:
             cache.pop(0)
         idx = np.flatnonzero(rows)
         ix = self.backend.as_index(idx)
-        st = SuffStats.from_rows(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.backend)
+        if self.unit_security is not None:
+            st = RowStats(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.unit_security)
+        else:
+            st = SuffStats.from_rows(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.backend)
         cache.append((key, st))
         return st
 
@@ -253,7 +281,10 @@ class PanelStats:
         centred copies, eigenvectors, products: ~4 per fit) within the backend's memory budget."""
         d = int(self.X.shape[1])
         fits = 1 if selection is None else selection.fits_per_set + 1
-        return max(1, self.backend.memory_budget_bytes // ((fits + 1) * 4 * 8 * d * d))
+        per = (fits + 1) * 4 * 8 * d * d
+        if self.unit_security is not None:  # RowStats.weighted holds a [d, n_rows] product per weighting
+            per += 2 * 8 * d * int(self.X.shape[0])
+        return max(1, self.backend.memory_budget_bytes // per)
 
     def fold_errors(self, fold: Fold, weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
                     benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,
@@ -277,6 +308,7 @@ class PanelStats:
             raise ValueError(f"weights must have shape [B, {self.n_securities}], got {W.shape}")
         B = W.shape[0]
         units = self.stats_of(fold.train)
+        units_n = to_numpy(units.n)
         if fold.test.all():  # GroupKFold (leakage-on) tests every row: no n × d copy per fold
             Xte, yte, sec_te = self.X, self.y, self.backend.as_index(self.security)
         else:
@@ -290,6 +322,11 @@ class PanelStats:
             w = W[s:e]
             w_tr = w if fold.train_securities is None else w * fold.train_securities[s:e]
             w_te = w if fold.test_securities is None else w * fold.test_securities[s:e]
+            empty = None
+            if self.unit_security is not None:  # resampled dates can leave a date block without a row
+                empty = w_tr @ units_n < 2
+                if empty.any():  # fit on every unit there instead; those numbers are discarded below
+                    w_tr = np.where(empty[:, None], 1.0, w_tr)
             wb_tr = self.backend.asarray(w_tr)
             fitting = units.weighted(wb_tr)
             if fixed is None:
@@ -303,6 +340,9 @@ class PanelStats:
             dev = yte[None, :] - bench[:, None]
             out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
             out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
+            if empty is not None and empty.any():
+                out["sse"][s:e][empty] = np.nan
+                out["sst"][s:e][empty] = np.nan
             out["alpha"][s:e] = a_grid[k]
             out["alpha_index"][s:e] = k
             if diag:

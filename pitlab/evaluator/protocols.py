@@ -207,6 +207,37 @@ def security_folds(rows_per_security: np.ndarray, n_splits: int, multiplicity: n
     return folds
 
 
+def security_folds_batch(sizes: np.ndarray, n_splits: int, field: str = "protocol.groupKFolds") -> np.ndarray:
+    """:func:`security_folds` for B weightings at once: ``sizes`` int [B, S] (rows of each security in each
+    weighting, multiplicities included) → int64 [B, S] folds (-1 where the size is 0).
+
+    The same greedy rule as scikit-learn's ``GroupKFold`` (no shuffle; checked against it): groups in
+    descending order of size (a stable argsort of the sizes, reversed), each to the fold with the fewest rows so
+    far (the first such fold on ties); absent securities (size 0) sort last and change no other assignment.
+    Vectorised over the B weightings: one Python step per security instead of one GroupKFold call per weighting.
+    Raises :class:`ProtocolError` when a weighting has fewer securities than folds."""
+    z = np.asarray(sizes, dtype=np.int64)
+    if z.ndim != 2:
+        raise ValueError(f"sizes must be [B, S], got shape {z.shape}")
+    B, S = z.shape
+    present = (z > 0).sum(axis=1)
+    if B and present.min() < n_splits:
+        raise ProtocolError(f"{field}={n_splits} exceeds the number of distinct securities "
+                            f"({int(present.min())}) in the data set")
+    order = np.argsort(z, axis=1, kind="stable")[:, ::-1]
+    load = np.zeros((B, n_splits))
+    folds = np.full((B, S), -1, dtype=np.int64)
+    rows = np.arange(B)
+    for j in range(S):
+        g = order[:, j]
+        w = z[rows, g]
+        f = np.argmin(load, axis=1)
+        load[rows, f] += w
+        folds[rows, g] = f
+    folds[z == 0] = -1
+    return folds
+
+
 def _calendar_positions(dates, calendar: pd.DatetimeIndex) -> np.ndarray:
     """Position of every row date on ``calendar`` (int64 [n_rows]); raises :class:`ProtocolError` for a date
     that is not a trading day of the calendar."""

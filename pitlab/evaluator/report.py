@@ -80,29 +80,34 @@ def render_markdown(results: dict) -> str:
          f"({off['n_train']} rows, {off['n_embargoed']} embargoed), tested on dates ≥ {off['test_start']} "
          f"({off['n_test']} rows). **leakage-on**: GroupKFold by security ({on['n_splits']} folds) over all "
          f"{on['n_rows']} rows, pooled out-of-fold R². Premium = R²(on) − R²(off). {pct} percentile intervals "
-         f"from {boot['resamples']} bootstrap resamples of securities (seed {boot['seed']}), the same draws for every "
+         f"from {boot['resamples']} bootstrap resamples {_resampled(boot)} (seed {boot['seed']}), the same draws for every "
          f"model"
          + (f"; in every replicate the penalty is {boot['penalty_in_replicates']}"
             if boot.get("penalty_in_replicates") else "")
-         + "; a result is *significant* only when its interval excludes 0."),
+         + "; a result is *significant* only when its interval excludes 0, and *unreliable* (never significant) "
+         "when its point estimate lies outside its interval, its bootstrap bias (mean of the replicates − point "
+         f"estimate) exceeds {boot.get('bias_limit_sd', 0.5):g} × the bootstrap sd, or a penalty selection of "
+         "its point estimate ends at an edge of the α grid."),
         "",
         f"| model | r2_off | r2_on | premium [{pct} CI] | verdict | p |",
         "|---|---:|---:|---|---|---:|",
     ]
     for m in results["models"]:
         lines.append(f"| {m['name']} | {_f(m['r2_off'])} | {_f(m['r2_on'])} | {_f(m['premium'])} "
-                     f"{_ci(m['premium_ci'])} | {m['verdict']} | {_p(m.get('premium_p_value'))} |")
+                     f"{_ci(m['premium_ci'])}{_bias_note(m)} | {m['verdict']} | {_p(m.get('premium_p_value'))} |")
+    lines += _reason_lines([(m["name"], m) for m in results["models"]])
     if results["reductions"]:
         lines += ["", "## Premium reductions (paired over the same bootstrap draws)", "",
                   f"| reduction | estimate [{pct} CI] | verdict | p |", "|---|---|---|---:|"]
         for r in results["reductions"]:
             lines.append(f"| premium({r['model_a']}) − premium({r['model_b']}) | {_f(r['reduction'])} "
-                         f"{_ci(r['ci'])} | {r['verdict']} | {_p(r.get('p_value'))} |")
-    lines += ["", "## Details", "", "| model | kind | dim | α (off) | α (on, per fold) | r2_off CI | r2_on CI |",
-              "|---|---|---:|---:|---|---|---|"]
-    for m in results["models"]:
-        lines.append(f"| {m['name']} | {m['kind']} | {m['embedding_dim']} | {m['alpha_off']:g} | "
-                     f"{', '.join(f'{a:g}' for a in m['alpha_on'])} | {_ci(m['r2_off_ci'])} | {_ci(m['r2_on_ci'])} |")
+                         f"{_ci(r['ci'])}{_bias_note(r, 'bias', 'sd')} | {r['verdict']} | {_p(r.get('p_value'))} |")
+        lines += _reason_lines([(f"premium({r['model_a']}) − premium({r['model_b']})", r)
+                                for r in results["reductions"]], "reasons")
+    header, rows, align = details_table(results)
+    lines += ["", "## Details", "", "| " + " | ".join(header) + " |",
+              "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
     for title, header, rows, align in extra_tables(results):
         lines += ["", f"## {title}", "", "| " + " | ".join(header) + " |",
                   "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
@@ -115,6 +120,44 @@ def render_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _resampled(boot: dict) -> str:
+    """What the bootstrap resampled, in words."""
+    return {"security": "of securities", "date": "of dates",
+            "security-and-date": "of securities and, independently, of dates (pigeonhole)"}.get(
+        boot.get("cluster", "security"), "of securities")
+
+
+def _bias(d: dict, bias: str = "premium_bias", sd: str = "premium_sd") -> str:
+    """``bias / sd`` of a bootstrap estimate (n/a in results written before they were recorded)."""
+    return f"{_f(d.get(bias))} / {_f(d.get(sd))}" if d.get(bias) is not None else "n/a"
+
+
+def _bias_note(d: dict, bias: str = "premium_bias", sd: str = "premium_sd") -> str:
+    """`` (bias ±x, sd y)`` after an interval: the bootstrap bias and sd of the estimate ("" if not recorded)."""
+    return f" (bias {d[bias]:+.4f}, sd {_f(d.get(sd))})" if d.get(bias) is not None else ""
+
+
+def _reason_lines(items: list[tuple[str, dict]], key: str = "verdict_reasons") -> list[str]:
+    """One markdown line per unreliable estimate, naming it and its reasons."""
+    return [f"\n**{label} is unreliable:** {'; '.join(d.get(key) or [])}." for label, d in items
+            if d.get("verdict") == "unreliable"]
+
+
+def details_table(results: dict) -> tuple[list[str], list[list[str]], str]:
+    """Header, rows and alignment of the per-model details: kind, dimension, chosen penalties (and the α grid
+    when it was widened), the R² intervals."""
+    header = ["model", "kind", "dim", "α (off)", "α (on, per fold)", "α grid", "r2_off CI", "r2_on CI"]
+    rows = []
+    for m in results["models"]:
+        grid = m.get("alphas") or results["regression"]["alphas"]
+        widened = m.get("alpha_grid_widenings") or 0
+        rows.append([m["name"], m["kind"], str(m["embedding_dim"]), f"{m['alpha_off']:g}",
+                     ", ".join(f"{a:g}" for a in m["alpha_on"]),
+                     f"{min(grid):g} .. {max(grid):g}" + (f" (widened {widened}×)" if widened else ""),
+                     _ci(m["r2_off_ci"]), _ci(m["r2_on_ci"])])
+    return header, rows, "llrrlrll"
+
+
 def _p(x) -> str:
     return "n/a" if x is None or not math.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else "<0.001")
 
@@ -123,11 +166,21 @@ PROTOCOL_LABELS = {"walk-forward": "walk-forward (mean of folds)", "purged-kfold
 
 
 def main_table(results: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-model table: model | r2_off | r2_on | premium [CI] | p | verdict."""
+    """Header and rows of the per-model table: model | r2_off | r2_on | premium [CI] | bias / sd | p | verdict |
+    reason (why a result is unreliable)."""
     pct = f"{100 * results['bootstrap']['confidence']:g}%"
-    rows = [[m["name"], _f(m["r2_off"]), _f(m["r2_on"]), f"{_f(m['premium'])} {_ci(m['premium_ci'])}",
-             _p(m.get("premium_p_value")), m["verdict"]] for m in results["models"]]
-    return ["model", "r2_off", "r2_on", f"premium [{pct} CI]", "p", "verdict"], rows
+    rows = [[m["name"], _f(m["r2_off"]), _f(m["r2_on"]), f"{_f(m['premium'])} {_ci(m['premium_ci'])}", _bias(m),
+             _p(m.get("premium_p_value")), m["verdict"], "; ".join(m.get("verdict_reasons") or [])]
+            for m in results["models"]]
+    return ["model", "r2_off", "r2_on", f"premium [{pct} CI]", "bias / sd", "p", "verdict", "reason"], rows
+
+
+def reductions_table(reds: list[dict], pct: str) -> tuple[list[str], list[list[str]], str]:
+    """Header, rows and alignment of a paired-reductions table (numbers right, words left)."""
+    rows = [[f"premium({r['model_a']}) − premium({r['model_b']})", f"{_f(r['reduction'])} {_ci(r['ci'])}",
+             _bias(r, "bias", "sd"), _p(r.get("p_value")), r["verdict"], "; ".join(r.get("reasons") or [])]
+            for r in reds]
+    return ["reduction", f"estimate [{pct} CI]", "bias / sd", "p", "verdict", "reason"], rows, "lrrrll"
 
 
 def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], str]]:
@@ -146,8 +199,8 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
             pr = m["protocols"]
             rows.append([m["name"], _f(m["r2_off"]), _f(m["r2_on"])] + [f"{_f(pr[p]['r2'])} {_ci(pr[p]['r2_ci'])}"
                                                                            for p in extra]
-                        + [f"{_f(pr[p]['premium'])} {_ci(pr[p]['premium_ci'])} p={_p(pr[p]['premium_p_value'])}"
-                           for p in extra])
+                        + [f"{_f(pr[p]['premium'])} {_ci(pr[p]['premium_ci'])} p={_p(pr[p]['premium_p_value'])} "
+                           f"{pr[p]['verdict']}" for p in extra])
         out.append(("Protocols side by side (same bootstrap draws)", header, rows, "lrr" + "r" * 2 * len(extra)))
         for p in extra:
             info = results["protocol"][p]
@@ -158,10 +211,7 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
             out.append((f"{p}: R² by fold", header, rows, "l" + "r" * (len(header) - 1)))
             reds = results.get("protocol_reductions", {}).get(p, [])
             if reds:
-                out.append((f"{p}: premium reductions", ["reduction", f"estimate [{pct} CI]", "p", "verdict"],
-                            [[f"premium({r['model_a']}) − premium({r['model_b']})",
-                              f"{_f(r['reduction'])} {_ci(r['ci'])}", _p(r.get("p_value")), r["verdict"]]
-                             for r in reds], "lllr"))
+                out.append((f"{p}: premium reductions", *reductions_table(reds, pct)))
     if models and models[0].get("embargo_robustness"):
         base = results["protocol"]["leakage_off"]["embargo_days"]
         header = ["model", f"r2_off (embargo {base})"] + \
@@ -173,10 +223,10 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
     if cc:
         rows = [[n, c, _f(p)] for n, c, p in zip(cc["models"], cc["cutoffs"], cc["premiums"])]
         rows.append(["slope (premium per year of cutoff)", "", f"{_f(cc['slope_per_year'])} {_ci(cc['slope_ci'])} "
-                     f"p={_p(cc['slope_p_value'])}"])
+                     f"p={_p(cc['slope_p_value'])} {cc['slope_verdict']}"])
         rows.append([f"premium({cc['earliest']}) − premium({cc['latest']}) (earliest − latest)", "",
                      f"{_f(cc['earliest_minus_latest'])} {_ci(cc['earliest_minus_latest_ci'])} "
-                     f"p={_p(cc['earliest_minus_latest_p_value'])}"])
+                     f"p={_p(cc['earliest_minus_latest_p_value'])} {cc['earliest_minus_latest_verdict']}"])
         out.append(("Control by knowledge cutoff", ["model", "knowledge cutoff", f"premium / estimate [{pct} CI]"],
                     rows, "llr"))
     return out
@@ -190,7 +240,7 @@ td.r{text-align:right;font-variant-numeric:tabular-nums}.warn{color:#a40}</style
 <h1>Leakage evaluation</h1>
 <p>R² is out-of-sample; benchmark: <b>{{ r.benchmark }}</b> ({{ r.r2_definition }}).
 Premium = R²(on) − R²(off); {{ pct }} percentile intervals and two-sided bootstrap p-values from
-{{ r.bootstrap.resamples }} resamples of securities (seed {{ r.bootstrap.seed }}), the same draws for every model
+{{ r.bootstrap.resamples }} resamples {{ resampled }} (seed {{ r.bootstrap.seed }}), the same draws for every model
 and protocol.</p>
 {% for t in tables %}<h2>{{ t[0] }}</h2>
 <table><tr>{% for h in t[1] %}<th>{{ h }}</th>{% endfor %}</tr>
@@ -214,15 +264,15 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
 
     pct = f"{100 * results['bootstrap']['confidence']:g}%"
     header, rows = main_table(results)
-    tables = [("Leakage premium per model", header, rows, "lrrrrl")]
+    tables = [("Leakage premium per model", header, rows, "lrrrrrll")]
     if results["reductions"]:
         tables.append(("Premium reductions (paired over the same bootstrap draws)",
-                       ["reduction", f"estimate [{pct} CI]", "p", "verdict"],
-                       [[f"premium({r['model_a']}) − premium({r['model_b']})", f"{_f(r['reduction'])} {_ci(r['ci'])}",
-                         _p(r.get("p_value")), r["verdict"]] for r in results["reductions"]], "lllr"))
+                       *reductions_table(results["reductions"], pct)))
+    tables.append(("Details", *details_table(results)))
     tables += extra_tables(results)
     env = jinja2.Environment(autoescape=True)
     return env.from_string(_HTML).render(r=results, pct=pct, tables=tables, plots=plots,
+                                         resampled=_resampled(results["bootstrap"]),
                                          versions=_plain(results.get("versions", {})),
                                          device=_plain(results.get("device", {})))
 
@@ -297,6 +347,11 @@ def plot_premium_vs_cutoff(results: dict, path: Path) -> bool:
     return True
 
 
+VERDICT_STYLE = {"significant": ("tab:red", "o"), "not significant": ("tab:blue", "o"),
+                 "unreliable": ("tab:orange", "X")}
+"""Colour and marker of each verdict in premium.png."""
+
+
 def plot_premium(results: dict, path: Path) -> None:
     """Forest plot: one row per model, point premium and its percentile CI, vertical line at 0 (PNG, Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -311,21 +366,24 @@ def plot_premium(results: dict, path: Path) -> None:
     for y, m in zip(ys, models):
         lo, hi = (np.nan if v is None else v for v in m["premium_ci"])
         p = np.nan if m["premium"] is None else m["premium"]
-        color = "tab:red" if m["verdict"] == "significant" else "tab:blue"
+        color, marker = VERDICT_STYLE.get(m["verdict"], VERDICT_STYLE["not significant"])
         if np.isfinite(lo) and np.isfinite(hi):
-            ax.plot([lo, hi], [y, y], color=color, linewidth=2)
-        ax.plot([p], [y], marker="o", color=color, markersize=7)
+            ax.plot([lo, hi], [y, y], color=color, linewidth=2, linestyle=":" if m["verdict"] == "unreliable" else "-")
+        ax.plot([p], [y], marker=marker, color=color, markersize=9 if marker == "X" else 7, linestyle="none")
     ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
     from matplotlib.lines import Line2D
 
-    ax.legend(handles=[Line2D([], [], color="tab:red", marker="o", label="significant (CI excludes 0)"),
-                       Line2D([], [], color="tab:blue", marker="o", label="not significant")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, fontsize="small", frameon=False)
+    ax.legend(handles=[Line2D([], [], color=VERDICT_STYLE[v][0], marker=VERDICT_STYLE[v][1], label=label)
+                       for v, label in (("significant", "significant (CI excludes 0)"),
+                                        ("not significant", "not significant"),
+                                        ("unreliable", "unreliable (see report)"))],
+              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize="small", frameon=False)
     ax.set_yticks(ys, [m["name"] for m in models])
     ax.set_ylim(-0.7, len(models) - 0.3)
     ax.set_xlabel(f"leakage premium R²(on) − R²(off), {pct} CI")
     ax.set_ylabel("model")
-    ax.set_title(f"Leakage premium ({results['bootstrap']['resamples']} security-clustered bootstrap resamples)")
+    ax.set_title(f"Leakage premium ({results['bootstrap']['resamples']} bootstrap resamples clustered by "
+                 f"{results['bootstrap'].get('cluster', 'security').replace('-', ' ')})")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
 

@@ -152,6 +152,64 @@ class SuffStats:
         return self.weighted(np.ones((1, self.m)))
 
 
+@dataclass(frozen=True)
+class RowStats:
+    """The sufficient statistics of m single-row units (each unit one panel row), kept as the rows themselves.
+
+    Used when a bootstrap weights rows individually (``bootstrap.cluster: date`` or ``security-and-date``: a
+    row's multiplicity is its date's, or its security's times its date's), where per-security statistics no
+    longer suffice. ``X`` float64 [r, d] and ``y`` [r]: the rows present (numpy or torch); ``index`` int64 numpy
+    [r]: the unit of each row in 0..m-1; ``unit_security`` int64 numpy [m]: the security of every unit (inner
+    and outer GroupKFold group units by it). Only :meth:`weighted`, ``n``, ``m`` and ``d`` are offered: a
+    weighted sum costs r·d² per weighting (instead of S·d² for per-security statistics) and no per-unit d × d
+    matrix is ever stored.
+    """
+
+    X: object
+    y: object
+    index: np.ndarray
+    m_units: int
+    unit_security: np.ndarray
+
+    @property
+    def m(self) -> int:
+        """Number of units."""
+        return self.m_units
+
+    @property
+    def d(self) -> int:
+        """Number of features."""
+        return int(self.X.shape[1])
+
+    @property
+    def n(self):
+        """Rows per unit, float64 [m] (1 for a present row, 0 otherwise) on the rows' backend."""
+        n = np.zeros(self.m_units)
+        n[self.index] = 1.0
+        return _like(self.X, n)
+
+    def weighted(self, weights) -> SuffStats:
+        """Statistics of B weighted unions: ``weights`` [B, m] → SuffStats with m = B, equal to
+        :meth:`SuffStats.weighted` of the per-row statistics (``XᵀX`` as ``Xᵀ diag(w) X``, one batched product)."""
+        W = _like(self.X, weights)
+        if W.ndim != 2 or W.shape[1] != self.m_units:
+            raise ValueError(f"weights must have shape [B, {self.m_units}], got {tuple(W.shape)}")
+        ix = self.index if not is_torch(W) else _index_like(W, self.index)
+        Wr = W[:, ix]  # [B, r]
+        m = xp(W)
+        Xt = m.swapaxes(self.X, 0, 1)  # [d, r]
+        sxx = (Xt[None, :, :] * Wr[:, None, :]) @ self.X
+        return SuffStats(n=Wr.sum(axis=1), sx=Wr @ self.X, sy=Wr @ self.y, syy=Wr @ (self.y * self.y), sxx=sxx,
+                         sxy=(Wr * self.y[None, :]) @ self.X)
+
+
+def _index_like(ref, index):
+    """``index`` as an int64 tensor on ``ref``'s device."""
+    import torch
+
+    return torch.as_tensor(np.asarray(index, dtype=np.int64), device=ref.device)
+
+
 def _like(ref, a):
     """``a`` as a float64 array of ``ref``'s kind and device."""
     if is_torch(ref):

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pitlab.api.leakageeval import LeakageEvalSpec
+from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
-from pitlab.evaluator.bootstrap import (bootstrap_model, bootstrap_p_value, cutoff_control, draw_cluster_weights,
-                                       paired_reductions, percentile_ci, replicate_folds, verdict)
+from pitlab.evaluator.bootstrap import (BIAS_LIMIT, bootstrap_model, cutoff_control, draw_weights, judge,
+                                       paired_reductions, percentile_ci, replicate_folds, replicate_row_folds,
+                                       row_weights)
 from pitlab.evaluator.embed import embed_texts
 from pitlab.evaluator.estimates import AlphaSelection, Fold, PanelStats, leakage_off_r2, leakage_on_r2
 from pitlab.evaluator.linalg import Backend
@@ -71,20 +72,72 @@ def _ordered_models(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) 
     return names
 
 
-def _grid_edge(off, on, alphas: list[float]) -> str | None:
-    """"upper" when a point-estimate fit chose the largest penalty of the grid yet still uses at least one
-    effective parameter besides the intercept (df - 1 >= 1: the selection wanted more shrinkage than the grid
-    offers); "lower" when one chose the smallest penalty; None otherwise or for a one-value grid."""
-    chosen = np.concatenate([off.alpha[:1], on.alpha[0]])
-    df = np.concatenate([off.df[:1], on.df[0]])
-    if len(set(alphas)) < 2:
-        return None
-    top = chosen >= max(alphas)
-    if np.any(top & (df - 1.0 >= 1.0)):
-        return "upper"
-    if np.any(chosen <= min(alphas)):
-        return "lower"
-    return None
+WIDEN_STEPS = 3
+"""Times the α grid is widened when a point estimate's selection ends at one of its edges."""
+WIDEN_DECADES = 2
+"""Decades added per widening on the side that was hit: penalties grid_min/100, grid_min/10 (lower edge) or
+grid_max·10, grid_max·100 (upper edge)."""
+
+
+def fold_edges(label: str, alpha_index, df, alphas: list[float]) -> tuple[list[str], bool, bool]:
+    """Penalty selections of one protocol's point estimate that ended at an edge of the grid ``alphas``.
+
+    ``alpha_index`` int [K] and ``df`` float [K] (degrees of freedom at the choice, intercept included) per fold.
+    A fold is at the lower edge when it chose the smallest penalty, at the upper edge when it chose the largest
+    and still fits at least one effective parameter besides the intercept (df − 1 ≥ 1: the selection wanted more
+    shrinkage than the grid offers; a fit shrunk to less than one parameter says "no signal", which a larger
+    penalty would not change). Returns (phrases, lower hit, upper hit); nothing for a one-value grid."""
+    a = np.asarray(alphas, dtype=np.float64)
+    if len(np.unique(a)) < 2:
+        return [], False, False
+    out, lower, upper = [], False, False
+    idx, dfs = np.atleast_1d(np.asarray(alpha_index)), np.atleast_1d(np.asarray(df, dtype=np.float64))
+    for i, (k, f) in enumerate(zip(idx, dfs)):
+        where = label if len(idx) == 1 else f"{label} fold {i + 1}"
+        if a[k] <= a.min():
+            lower = True
+            out.append(f"{where} chose the smallest penalty {a[k]:g} of the grid")
+        elif a[k] >= a.max() and np.isfinite(f) and f - 1.0 >= 1.0:
+            upper = True
+            out.append(f"{where} chose the largest penalty {a[k]:g} of the grid yet fits {f - 1.0:.1f} "
+                       "effective parameters")
+    return out, lower, upper
+
+
+def widen_grid(alphas: list[float], lower: bool, upper: bool) -> list[float]:
+    """``alphas`` (sorted) with :data:`WIDEN_DECADES` decades added below its minimum (``lower``) and/or above
+    its maximum (``upper``), one value per decade."""
+    a = sorted(float(x) for x in alphas)
+    lo = [a[0] / 10.0 ** k for k in range(WIDEN_DECADES, 0, -1)] if lower else []
+    hi = [a[-1] * 10.0 ** k for k in range(1, WIDEN_DECADES + 1)] if upper else []
+    return lo + a + hi
+
+
+def point_estimates(stats: PanelStats, point_folds: np.ndarray, n_splits: int, alphas: list[float],
+                    selection: AlphaSelection, benchmark: str = "train_mean",
+                    extra_folds: dict[str, list[Fold]] | None = None) -> tuple:
+    """Point estimates of leakage-off and leakage-on (and the penalties of ``extra_folds``' protocols), with
+    the α grid widened by :func:`widen_grid` while a selection ends at an edge (:func:`fold_edges`), at most
+    :data:`WIDEN_STEPS` times.
+
+    ``point_folds`` int [1, units]: GroupKFold fold of every unit. Returns ``(off, on, edges, grid,
+    widenings)``: the :class:`pitlab.evaluator.estimates.R2Batch` of both protocols (B = 1) on the final grid,
+    ``edges`` protocol key (``off``, ``on``, or an ``extra_folds`` key) → :func:`fold_edges`' triple, the
+    final grid and the number of widenings."""
+    ones = np.ones((1, stats.n_securities))
+    grid, widenings = list(alphas), 0
+    while True:
+        off = leakage_off_r2(stats, ones, grid, selection, benchmark)
+        on = leakage_on_r2(stats, ones, point_folds, n_splits, grid, selection, benchmark)
+        edges = {"off": fold_edges("leakage-off", off.alpha_index, off.df, grid),
+                 "on": fold_edges("leakage-on", on.alpha_index[0], on.df[0], grid)}
+        for pname, pf in (extra_folds or {}).items():
+            fr = stats.protocol_errors(pf, ones, grid, selection, benchmark, diagnostics=True)
+            edges[pname] = fold_edges(pname, fr.alpha_index[0], fr.df[0], grid)
+        lower, upper = any(e[1] for e in edges.values()), any(e[2] for e in edges.values())
+        if not (lower or upper) or widenings == WIDEN_STEPS:
+            return off, on, edges, grid, widenings
+        grid, widenings = widen_grid(grid, lower, upper), widenings + 1
 
 
 def _device(backend: Backend) -> dict:
@@ -113,6 +166,13 @@ def _extra_splitters(spec: LeakageEvalSpec, panel: Panel, calendar: pd.DatetimeI
         out["purged-kfold"] = PurgedKFoldSplit(dates, calendar, proto.purged_folds, proto.embargo_days)
     return out
 
+
+CLUSTER_TEXT = {
+    "security": "securities with replacement, all dates of a drawn security come along",
+    "date": "dates with replacement, all securities of a drawn date come along",
+    "security-and-date": "securities and dates, independently, a row weighted by the product of the two "
+                         "multiplicities (pigeonhole bootstrap, Owen 2007; Davezies, D'Haultfœuille & Guyonvarch "
+                         "2021)"}
 
 PROTOCOL_TEXT = {
     "walk-forward": "walk-forward, expanding window: the distinct panel dates cut into K+1 blocks "
@@ -231,17 +291,25 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     prompts = rows["prompt"].astype(str).tolist()
 
     t0 = time.perf_counter()
-    ones = np.ones((1, S))
-    point_folds = security_folds(rows_per_sec, K)[None, :]
-    weights = draw_cluster_weights(S, boot.resamples, boot.seed)
-    folds = replicate_folds(rows_per_sec, weights, K)  # shared by every model, like the weights
+    date_codes, udates = pd.factorize(pd.DatetimeIndex(rows["date"]), sort=True)
+    w_sec, w_date = draw_weights(boot.cluster, S, len(udates), boot.resamples, boot.seed)
+    if boot.cluster == "security":  # units = securities: per-security statistics
+        ones = np.ones((1, S))
+        point_folds = security_folds(rows_per_sec, K)[None, :]
+        weights = w_sec
+        folds = replicate_folds(rows_per_sec, weights, K)  # shared by every model, like the weights
+    else:  # units = rows, weighted by their date's (and security's) multiplicity; folds still by security
+        ones = np.ones((1, len(rows)))
+        point_folds = security_folds(rows_per_sec, K)[codes][None, :]
+        weights = row_weights(w_sec, w_date, codes, date_codes)
+        folds = replicate_row_folds(codes, S, weights, K)
     timings: dict = {"draws_s": time.perf_counter() - t0, "models": {}}
 
     cutoffs = {m.name: m.knowledge_cutoff for m in spec.models}
     sources = {m.name: {"uri": m.uri, "training_ref": m.training_ref.model_dump(by_alias=True) if m.training_ref
                         else None} for m in spec.models}
-    model_results, premium_reps, replicates, extra_reps = [], {}, {}, {}
-    run_warnings = list(panel.warnings) + list(split.warnings)
+    model_results, premium_reps, replicates, extra_reps, model_edges = [], {}, {}, {}, {}
+    run_warnings = list(panel.warnings) + list(split.warnings) + spec_warnings(spec)
     for name in names:
         path, kind = models[name]
         info: dict = {}
@@ -254,22 +322,27 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
             info["cache_hit"] = bool(embedded[name].get("cache_hit", info["cache_hit"]))
             embed_s = float(embedded[name].get("seconds", embed_s))
         note(f"statistics:{name}", 0, 1)
-        stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask, backend)
-        off = leakage_off_r2(stats, ones, alphas, selection, benchmark)
-        on = leakage_on_r2(stats, ones, point_folds, K, alphas, selection, benchmark)
+        stats = PanelStats.build(X, y, codes, S, split.train_mask, split.test_mask, backend) \
+            if boot.cluster == "security" else \
+            PanelStats.build_rows(X, y, codes, split.train_mask, split.test_mask, backend)
+        pfolds = {p: [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)] for p, sp in extra.items()}
+        off, on, edges, grid, widenings = point_estimates(stats, point_folds, K, alphas, selection, benchmark,
+                                                          pfolds)
+        grid_note = (f" (regression.alphas widened {widenings} time(s), {WIDEN_DECADES} decades each, to "
+                     f"[{', '.join(f'{a:g}' for a in grid)}])" if widenings else "")
+        edge_text = {k: [f"{e}{grid_note}" for e in v[0]] for k, v in edges.items()}
         t_boot = time.perf_counter()
         fixed = None if reselect else (off.alpha_index, on.alpha_index)
-        reps = bootstrap_model(stats, weights, folds, K, alphas, selection, benchmark, fixed)
+        reps = bootstrap_model(stats, weights, folds, K, grid, selection, benchmark, fixed)
         t_extra = time.perf_counter()
         proto_results = {}
-        for pname, sp in extra.items():
-            pfolds = [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)]
-            fr = stats.protocol_errors(pfolds, np.vstack([ones, weights]), alphas, selection, benchmark,
+        for pname, pf in pfolds.items():
+            fr = stats.protocol_errors(pf, np.vstack([ones, weights]), grid, selection, benchmark,
                                        diagnostics=True, point_first=True, reselect=reselect)
             head = fr.mean if pname == "walk-forward" else fr.pooled
             prem = on.r2[0] - head[0]
             prem_reps = reps.r2_on - head[1:]
-            pci = percentile_ci(prem_reps, boot.confidence)
+            pj = judge(float(prem), prem_reps, boot.confidence, edge_text["on"] + edge_text[pname])
             proto_results[pname] = {
                 "r2": float(head[0]), "r2_ci": list(percentile_ci(head[1:], boot.confidence)),
                 "r2_mean": float(fr.mean[0]), "r2_pooled": float(fr.pooled[0]),
@@ -277,8 +350,9 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                 "r2_per_fold_ci": [list(percentile_ci(fr.r2[1:, k], boot.confidence))
                                    for k in range(fr.r2.shape[1])],
                 "alpha_per_fold": [float(a) for a in fr.alpha[0]],
-                "premium": float(prem), "premium_ci": list(pci), "premium_p_value": bootstrap_p_value(prem_reps),
-                "verdict": verdict(pci)}
+                "premium": float(prem), "premium_ci": pj["ci"], "premium_p_value": pj["p_value"],
+                "premium_bias": pj["bias"], "premium_sd": pj["sd"], "verdict": pj["verdict"],
+                "verdict_reasons": pj["reasons"]}
             extra_reps.setdefault(pname, {})[name] = prem_reps
         robustness = []
         for e in spec.protocol.embargo_robustness:
@@ -286,7 +360,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                 warnings.simplefilter("ignore", UserWarning)
                 sp_e = ChronologicalSplit(rows["date"].to_numpy(), calendar, proto.train_end,
                                           proto.test_start, e)
-            r_e = stats.protocol_errors([Fold(sp_e.train_mask, sp_e.test_mask)], ones, alphas, selection,
+            r_e = stats.protocol_errors([Fold(sp_e.train_mask, sp_e.test_mask)], ones, grid, selection,
                                          benchmark)
             robustness.append({"embargo_days": int(e), "n_train": sp_e.n_train, "r2_off": float(r_e.r2[0, 0]),
                                "premium": float(on.r2[0] - r_e.r2[0, 0])})
@@ -295,7 +369,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         note(f"statistics:{name}", 1, 1)
         r2_off, r2_on = float(off.r2[0]), float(on.r2[0])
         premium = r2_on - r2_off
-        ci = percentile_ci(reps.premium, boot.confidence)
+        model_edges[name] = edge_text["off"] + edge_text["on"]
+        pj = judge(premium, reps.premium, boot.confidence, model_edges[name])
         premium_reps[name] = reps.premium
         replicates[name] = {"r2_off": reps.r2_off, "r2_on": reps.r2_on}
         model_results.append({
@@ -304,45 +379,44 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
             "knowledge_cutoff": cutoffs[name].isoformat() if cutoffs[name] else None,
             "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
             "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
-            "r2_off": r2_off, "r2_on": r2_on, "premium": premium, "premium_ci": list(ci),
-            "premium_p_value": bootstrap_p_value(reps.premium), "protocols": proto_results,
+            "r2_off": r2_off, "r2_on": r2_on, "premium": premium, "premium_ci": pj["ci"],
+            "premium_p_value": pj["p_value"], "premium_bias": pj["bias"], "premium_sd": pj["sd"],
+            "protocols": proto_results,
             "embargo_robustness": robustness,
             "r2_off_ci": list(percentile_ci(reps.r2_off, boot.confidence)),
             "r2_on_ci": list(percentile_ci(reps.r2_on, boot.confidence)),
-            "verdict": verdict(ci), "n_train": split.n_train, "n_test": split.n_test,
+            "verdict": pj["verdict"], "verdict_reasons": pj["reasons"],
+            "n_train": split.n_train, "n_test": split.n_test,
             "n_embargoed": split.n_embargoed, "alpha_off": float(off.alpha[0]),
-            "alpha_on": [float(a) for a in on.alpha[0]],
+            "alpha_on": [float(a) for a in on.alpha[0]], "alphas": [float(a) for a in grid],
+            "alpha_grid_widenings": widenings,
             "n_valid_replicates": int(np.isfinite(reps.premium).sum()),
             "df_off": float(off.df[0]), "df_on": [float(x) for x in on.df[0]],
-            "alpha_at_grid_edge": _grid_edge(off, on, alphas),
+            "alpha_at_grid_edge": "lower" if any(e[1] for e in edges.values()) else
+            ("upper" if any(e[2] for e in edges.values()) else None),
         })
-        edge = model_results[-1]["alpha_at_grid_edge"]
-        if edge:
+        if any(e[0] for e in edges.values()):
             run_warnings.append(
-                f"model {name}: the penalty selection ({selection.method}) chose the {edge} end of "
-                f"regression.alphas {alphas}; its optimum lies outside the grid (widen regression.alphas)."
-                + (" The fits still use more than one effective parameter: the two protocols, whose training "
-                   "sets differ in size, then overfit by different amounts, which shifts the premium even for "
-                   "an uninformative embedding." if edge == "upper" else ""))
-        if np.isfinite(ci[0]) and not ci[0] <= premium <= ci[1]:
-            run_warnings.append(
-                f"model {name}: the premium {premium:.4g} lies outside its own bootstrap interval "
-                f"[{ci[0]:.4g}, {ci[1]:.4g}]: the estimate is unstable (it changes with the number of distinct "
-                "securities); check the chosen penalties (alpha_off, alpha_on) and the penalty selection.")
+                f"model {name}: the penalty selection ({selection.method}) still ends at an edge of the α grid "
+                f"after {widenings} widening(s): {'; '.join(sum((e[0] for e in edges.values()), []))}{grid_note}. "
+                "Its optimum lies outside the grid, and the two protocols, whose training sets differ in size, "
+                "then over- or underfit by different amounts, which shifts the premium even for an "
+                "uninformative embedding.")
+        if pj["reasons"]:
+            run_warnings.append(f"model {name}: the premium is unreliable: {'; '.join(pj['reasons'])}.")
         timings["models"][name] = {"embed_s": embed_s, "point_estimate_s": t_boot - t_stat,
                                    "bootstrap_s": t_extra - t_boot, "extra_protocols_s": t_end - t_extra,
                                    "statistics_s": t_end - t_stat}
         del X
 
     reductions = paired_reductions(names, {m["name"]: m["premium"] for m in model_results}, premium_reps,
-                                   boot.confidence)
+                                   boot.confidence, model_edges)
     for r in reductions:
-        lo, hi = r["ci"]
-        if np.isfinite(lo) and not lo <= r["reduction"] <= hi:
+        if r["reasons"]:
             run_warnings.append(f"reduction premium({r['model_a']}) - premium({r['model_b']}) = {r['reduction']:.4g} "
-                                f"lies outside its own bootstrap interval [{lo:.4g}, {hi:.4g}]: unstable estimate.")
+                                f"is unreliable: {'; '.join(r['reasons'])}.")
     protocol_reductions = {p: paired_reductions(names, {m["name"]: m["protocols"][p]["premium"] for m in model_results},
-                                                 extra_reps[p], boot.confidence) for p in extra}
+                                                 extra_reps[p], boot.confidence, model_edges) for p in extra}
     control = cutoff_control(names, cutoffs, {m["name"]: m["premium"] for m in model_results}, premium_reps,
                              boot.confidence)
     timings["statistics_s"] = timings["draws_s"] + sum(m["statistics_s"] for m in timings["models"].values())
@@ -369,6 +443,13 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                        "alpha_selection": selection.method, "alpha_selection_detail": selection.describe(),
                        "device": backend.name, "dtype": "float64"},
         "bootstrap": {"resamples": boot.resamples, "confidence": boot.confidence, "cluster": boot.cluster,
+                      "bias_limit_sd": BIAS_LIMIT,
+                      "unreliable_when": [
+                          "the point estimate lies outside its own interval",
+                          f"the bootstrap bias (mean of replicates − point estimate) exceeds {BIAS_LIMIT:g} × "
+                          "the bootstrap sd",
+                          f"a point estimate's penalty selection ends at an edge of the α grid after "
+                          f"{WIDEN_STEPS} widenings of {WIDEN_DECADES} decades"],
                       "seed": boot.seed, "ci_method": "percentile", "shared_draws": True,
                       "reselect_penalty": reselect,
                       "penalty_in_replicates": ("chosen again by the same selection as the point estimate"
@@ -376,7 +457,14 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                                                 "held at the point estimate's choice for each protocol and fold "
                                                 "(interval conditional on those penalties)"),
                       "weights_sha256": hashlib.sha256(np.ascontiguousarray(weights).tobytes()).hexdigest(),
-                      "replicate_folds": "GroupKFold on the replicate; all copies of a security share one fold"},
+                      "security_weights_sha256": hashlib.sha256(np.ascontiguousarray(w_sec).tobytes()).hexdigest(),
+                      "date_weights_sha256": hashlib.sha256(np.ascontiguousarray(w_date).tobytes()).hexdigest(),
+                      "resampled": CLUSTER_TEXT[boot.cluster],
+                      "replicate_folds": "GroupKFold on the replicate; all copies of a security share one fold",
+                      "resampled_dates": "a drawn date keeps its calendar position: its copies sit on one side of "
+                                         "every date split (one fold of walk-forward and purged K-fold), embargo "
+                                         "and purge count calendar sessions; a replicate whose training block has "
+                                         "no drawn date gives no value (NaN) for that protocol"},
         "embedding": emb.model_dump(mode="json"),
         "panel": _panel_summary(panel, calendar),
         "models": model_results,

@@ -34,17 +34,20 @@ def compact_results(results: dict[str, Any]) -> dict[str, Any]:
     Input: ``models`` a list of ``{"name", "r2_off", "r2_on", "premium", "premium_ci", "verdict", ...}`` in
     spec order, ``reductions`` a list of ``{"model_a", "model_b", "reduction", "ci", "verdict"}`` (premium(a)
     − premium(b)). Output (camelCase, for ``.status.results``): ``models`` name → r2Off, r2On, premium,
-    premiumCI, verdict; ``reductions`` list of from, to, reduction, ci, verdict. Floats keep 6 significant
+    premiumCI, premiumBias, verdict (significant | not significant | unreliable) and, when unreliable, reasons;
+    ``reductions`` list of from, to, reduction, ci, bias, verdict, reasons. Floats keep 6 significant
     digits so the summary fits a termination message.
     """
     models = {}
     for r in results.get("models") or []:
         models[r["name"]] = {k: v for k, v in {
             "r2Off": _num(r.get("r2_off")), "r2On": _num(r.get("r2_on")), "premium": _num(r.get("premium")),
-            "premiumCI": _num(r.get("premium_ci")), "verdict": r.get("verdict")}.items() if v is not None}
+            "premiumCI": _num(r.get("premium_ci")), "premiumBias": _num(r.get("premium_bias")),
+            "verdict": r.get("verdict"), "reasons": r.get("verdict_reasons") or None}.items() if v is not None}
     reductions = [{k: v for k, v in {
         "from": x.get("model_a"), "to": x.get("model_b"), "reduction": _num(x.get("reduction")),
-        "ci": _num(x.get("ci")), "verdict": x.get("verdict")}.items() if v is not None}
+        "ci": _num(x.get("ci")), "bias": _num(x.get("bias")), "verdict": x.get("verdict"),
+        "reasons": x.get("reasons") or None}.items() if v is not None}
         for x in results.get("reductions") or []]
     return {"models": models, "reductions": reductions}
 
