@@ -9,15 +9,18 @@ Simulated panels of S securities × T dates (default 1,000 × 30, the published 
   ~ N(0, σ²) independent of f_t (y = δ_t + ε). Leakage-on (GroupKFold by security, every date on both sides)
   learns δ_t through f_t in-sample; leakage-off (train on early dates, test on later ones) cannot. σ is set so
   that the expected premium is about 0.05 (``--planted-sd``).
-* ``date-noise``: the same mechanism at a tenth of the variance, y = δ_t + ε with σ² = 0.1·σ²(planted) and a
-  weak fingerprint (X = 0.3·f_t + z): a small expected premium whose panel-to-panel spread comes from the 30
-  dates — the noise that a bootstrap holding the dates fixed cannot see.
+* ``date-noise``: the same date noise (y = δ_t + ε) with a weak fingerprint (X = 0.3·f_t + z): a small
+  expected premium (about 0.015) whose panel-to-panel spread comes from the 30 dates, the noise that a
+  bootstrap holding the dates fixed cannot see.
 
-Every panel runs pitlab's own estimator (:func:`pitlab.evaluator.run.point_estimates` with grid widening,
-:func:`pitlab.evaluator.bootstrap.bootstrap_model` with the shared draws of
-:func:`pitlab.evaluator.bootstrap.draw_weights`, :func:`pitlab.evaluator.bootstrap.judge`): ridge, α chosen
-by security-cv (the default) in the point estimate and again in every replicate, R resamples, 95 % percentile
-intervals. The "true premium" of a scenario is the mean point estimate over its panels (the estimand the
+Every panel runs pitlab's estimator: the point estimate through the product path
+(:func:`pitlab.evaluator.run.point_estimates`, with grid widening), the replicates through
+:func:`replicate_premiums`, a batched formulation for balanced panels built from pitlab's own ridge functions
+(per-replicate per-security statistics instead of per-row ones; equal to
+:func:`pitlab.evaluator.bootstrap.bootstrap_model` to 1e-10, checked by a test), with the draws of
+:func:`pitlab.evaluator.bootstrap.draw_weights` and the verdict of :func:`pitlab.evaluator.bootstrap.judge`:
+ridge, α chosen by security-cv (the default) in the point estimate and again in every replicate, R resamples,
+95 % percentile intervals. The "true premium" of a scenario is the mean point estimate over its panels (the estimand the
 protocol defines: what this model gains from mixing time on panels like these), reported with its standard
 error. Per scenario and cluster setting: coverage of the true premium (goal 93-97 %), the rate of
 ``significant`` (the power where the true premium is 0.05, the false-positive rate where it is ~0), the rate of
@@ -42,10 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pitlab.evaluator.bootstrap import (bootstrap_model, draw_weights, judge, replicate_folds, replicate_row_folds,
-                                       row_weights)
-from pitlab.evaluator.estimates import AlphaSelection, PanelStats
-from pitlab.evaluator.protocols import security_folds
+from pitlab.evaluator.bootstrap import draw_weights, judge
+from pitlab.evaluator.estimates import AlphaSelection, PanelStats, center
+from pitlab.evaluator.protocols import security_folds, security_folds_batch
+from pitlab.evaluator.ridge import (RidgeFit, SuffStats, out_of_sample_errors, path_test_sse, r2_score_oos,
+                                   ridge_path, solve_ridge)
 from pitlab.evaluator.run import point_estimates
 
 SCENARIOS = ("null", "planted", "date-noise")
@@ -63,7 +67,100 @@ def simulate(scenario: str, S: int, T: int, d: int, seed: int, planted_sd: float
     f = rng.standard_normal((T, d))
     if scenario == "planted":
         return f[date] + z, planted_sd * rng.standard_normal(T)[date] + eps, sec, date
-    return 0.3 * f[date] + z, np.sqrt(0.1) * planted_sd * rng.standard_normal(T)[date] + eps, sec, date
+    return 0.3 * f[date] + z, planted_sd * rng.standard_normal(T)[date] + eps, sec, date
+
+
+# ---------------------------------------------------------------- the replicates, batched for balanced panels
+def _pack(d: int):
+    lo, hi = np.tril_indices(d)
+    return lo, hi
+
+
+def unit_stats(X: np.ndarray, y: np.ndarray, v: np.ndarray, dates: np.ndarray) -> np.ndarray:
+    """Per replicate and security, the sufficient statistics of the security's rows on ``dates`` (bool [T]),
+    each row weighted by its date's multiplicity ``v`` float [B, T]: float64 [B, S, Q] with the columns
+    n, Σx (d), Σy, Σy², XᵀX (lower triangle, d(d+1)/2), Xᵀy (d). ``X`` [S, T, d], ``y`` [S, T] (balanced)."""
+    S, T, d = X.shape
+    lo, hi = _pack(d)
+    vm = v * dates[None, :]
+    Q = np.concatenate([np.ones((S, T, 1)), X, y[:, :, None], (y * y)[:, :, None], X[:, :, lo] * X[:, :, hi],
+                        X * y[:, :, None]], axis=2)  # [S, T, Q] per-row statistics
+    return np.einsum("bt,stq->bsq", vm, Q, optimize=True)
+
+
+def _suff(a: np.ndarray, d: int) -> SuffStats:
+    """SuffStats of [m, Q] packed statistics (the columns of :func:`unit_stats`)."""
+    lo, hi = _pack(d)
+    q = len(lo)
+    m = a.shape[0]
+    sxx = np.empty((m, d, d))
+    sxx[:, lo, hi] = a[:, 3 + d:3 + d + q]
+    sxx[:, hi, lo] = a[:, 3 + d:3 + d + q]
+    return SuffStats(n=a[:, 0], sx=a[:, 1:1 + d], sy=a[:, 1 + d], syy=a[:, 2 + d], sxx=sxx, sxy=a[:, 3 + d + q:])
+
+
+def fold_sse(fit_units: np.ndarray, P_fit: np.ndarray, test_units: np.ndarray, P_test: np.ndarray, alphas,
+             inner_folds: int, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One fold for B replicates: α by security-cv (inner GroupKFold by security on the replicate's fitting
+    set, pooled inner SSE), ridge refit, SSE and SST (training-mean benchmark) on the test set.
+
+    ``fit_units``, ``test_units`` float [B, S]: each security's multiplicity in the fitting / test set (0 =
+    out); ``P_fit``, ``P_test`` [B or 1, S, Q]: :func:`unit_stats` of the fitting / test dates. Returns sse,
+    sst float [B] and the chosen grid position int [B]: the numbers
+    :meth:`pitlab.evaluator.estimates.PanelStats.fold_errors` gives for the same rows and weights."""
+    B, S = fit_units.shape
+    k = inner_folds
+    sizes = np.rint(fit_units * P_fit[..., 0]).astype(np.int64)
+    inner = security_folds_batch(sizes, k, field="inner folds of the penalty selection")  # [B, S]
+    masks = np.concatenate([fit_units[:, None, :],
+                            fit_units[:, None, :] * (inner[:, None, :] == np.arange(k)[None, :, None])], axis=1)
+    sets = masks @ P_fit  # [B, 1 + k, Q]
+    fit = _suff(sets[:, 0], d)
+    inner_test = _suff(sets[:, 1:].reshape(B * k, -1), d)
+    inner_train = _suff((sets[:, :1] - sets[:, 1:]).reshape(B * k, -1), d)
+    cv = path_test_sse(ridge_path(inner_train, alphas), inner_test).reshape(B, k, -1).sum(axis=1)
+    idx = np.argmin(cv, axis=1)
+    a = np.asarray(alphas, dtype=np.float64)
+    beta, c, ybar = solve_ridge(fit, a[idx])
+    test = _suff((test_units[:, None, :] @ P_test)[:, 0], d)
+    rf = RidgeFit(alphas=a, alpha=a[idx], alpha_index=idx, beta=beta, intercept=c, y_mean=ybar, n=fit.n,
+                  score=cv, df=cv * np.nan, criterion="security-cv")
+    sse, sst = out_of_sample_errors(rf, test)
+    return sse, sst, idx
+
+
+def replicate_premiums(X: np.ndarray, y: np.ndarray, ws: np.ndarray, wd: np.ndarray, train_dates: np.ndarray,
+                       alphas, n_splits: int = 5, inner_folds: int = 5, batch: int = 50) -> dict[str, np.ndarray]:
+    """R² off, R² on and the premium of every replicate of a balanced panel (X [S, T, d] and y [S, T],
+    already centred), for security multiplicities ``ws`` int [R, S] and date multiplicities ``wd`` [R, T]
+    (:func:`pitlab.evaluator.bootstrap.draw_weights`): the values of
+    :func:`pitlab.evaluator.bootstrap.bootstrap_model` (security-cv, α chosen again in every replicate),
+    computed with per-replicate per-security statistics instead of per-row ones (B·S·T·d² once, then
+    S-sized sums). tests/test_evaluator_verdicts.py checks it equals the product path to 1e-10."""
+    S, T, d = X.shape
+    R = ws.shape[0]
+    same_dates = bool((wd == wd[:1]).all())
+    out = {"r2_off": np.empty(R), "r2_on": np.empty(R)}
+    P_all1 = P_tr1 = None
+    if same_dates:  # security clustering: one set of statistics for every replicate
+        P_all1 = unit_stats(X, y, wd[:1].astype(np.float64), np.ones(T, dtype=bool))
+        P_tr1 = unit_stats(X, y, wd[:1].astype(np.float64), train_dates)
+    for s in range(0, R, batch):
+        w = ws[s:s + batch].astype(np.float64)
+        v = wd[s:s + batch].astype(np.float64)
+        P_all = P_all1 if same_dates else unit_stats(X, y, v, np.ones(T, dtype=bool))
+        P_tr = P_tr1 if same_dates else unit_stats(X, y, v, train_dates)
+        P_te = P_all - P_tr
+        sse, sst, _ = fold_sse(w, P_tr, w, P_te, alphas, inner_folds, d)
+        out["r2_off"][s:s + batch] = r2_score_oos(sse, sst)
+        F = security_folds_batch(np.rint(w * P_all[..., 0]).astype(np.int64), n_splits)
+        tot_sse, tot_sst = 0.0, 0.0
+        for f in range(n_splits):
+            e, t, _ = fold_sse(w * ((F != f) & (F >= 0)), P_all, w * (F == f), P_all, alphas, inner_folds, d)
+            tot_sse, tot_sst = tot_sse + e, tot_sst + t
+        out["r2_on"][s:s + batch] = r2_score_oos(tot_sse, tot_sst)
+    out["premium"] = out["r2_on"] - out["r2_off"]
+    return out
 
 
 def one_panel(scenario: str, seed: int, args) -> list[dict]:
@@ -81,22 +178,17 @@ def one_panel(scenario: str, seed: int, args) -> list[dict]:
     edge_text = edges["off"][0] + edges["on"][0]
     t_point = time.perf_counter() - t0
     out = []
-    st_rows = None
+    Xc, yc, _ = center(X, y)
+    Xb, yb = Xc.reshape(T, S, d).transpose(1, 0, 2).copy(), yc.reshape(T, S).T.copy()  # [S, T, d], [S, T]
     for cluster in args.clusters:
         t1 = time.perf_counter()
         ws, wd = draw_weights(cluster, S, T, R, seed)
-        if cluster == "security":
-            reps = bootstrap_model(st, ws, replicate_folds(rows, ws, K), K, grid, sel)
-        else:
-            if st_rows is None:
-                st_rows = PanelStats.build_rows(X, y, sec, train, test)
-            W = row_weights(ws, wd, sec, date)
-            reps = bootstrap_model(st_rows, W, replicate_row_folds(sec, S, W, K), K, grid, sel)
-        j = judge(premium, reps.premium, 0.95, edge_text)
+        reps = replicate_premiums(Xb, yb, ws, wd, np.arange(T) < args.train_dates, grid, K, 5)
+        j = judge(premium, reps["premium"], 0.95, edge_text)
         out.append({"scenario": scenario, "seed": seed, "cluster": cluster, "premium": premium,
                     "r2_off": float(off.r2[0]), "r2_on": float(on.r2[0]), "ci": j["ci"], "bias": j["bias"],
                     "sd": j["sd"], "verdict": j["verdict"], "reasons": j["reasons"], "widenings": widen,
-                    "alpha_off": float(off.alpha[0]), "n_valid": int(np.isfinite(reps.premium).sum()),
+                    "alpha_off": float(off.alpha[0]), "n_valid": int(np.isfinite(reps["premium"]).sum()),
                     "seconds": time.perf_counter() - t1 + (t_point if cluster == args.clusters[0] else 0.0)})
     return out
 
