@@ -183,7 +183,7 @@ def one_panel(scenario: str, seed: int, args) -> list[dict]:
     for cluster in args.clusters:
         t1 = time.perf_counter()
         ws, wd = draw_weights(cluster, S, T, R, seed)
-        reps = replicate_premiums(Xb, yb, ws, wd, np.arange(T) < args.train_dates, grid, K, 5)
+        reps = replicate_premiums(Xb, yb, ws, wd, np.arange(T) < args.train_dates, grid, K, 5, batch=args.batch)
         j = judge(premium, reps["premium"], 0.95, edge_text)
         out.append({"scenario": scenario, "seed": seed, "cluster": cluster, "premium": premium,
                     "r2_off": float(off.r2[0]), "r2_on": float(on.r2[0]), "ci": j["ci"], "bias": j["bias"],
@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-dates", type=int, default=20, help="leakage-off trains on the first dates")
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--resamples", type=int, default=200)
+    p.add_argument("--batch", type=int, default=200, help="replicates computed together (memory ~ batch·S·d²)")
     p.add_argument("--planted-sd", type=float, default=0.5, help="sd of the planted date effect")
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     p.add_argument("--clusters", nargs="+", default=list(CLUSTERS), choices=CLUSTERS)
