@@ -76,16 +76,22 @@ def _pack(d: int):
     return lo, hi
 
 
-def unit_stats(X: np.ndarray, y: np.ndarray, v: np.ndarray, dates: np.ndarray) -> np.ndarray:
+def row_terms(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Every row's own sufficient statistics, float64 [S, T, Q]: 1, x (d), y, y², the lower triangle of xxᵀ
+    (d(d+1)/2), x·y (d). ``X`` [S, T, d], ``y`` [S, T] (a balanced panel)."""
+    lo, hi = _pack(X.shape[2])
+    return np.concatenate([np.ones(X.shape[:2] + (1,)), X, y[:, :, None], (y * y)[:, :, None],
+                           X[:, :, lo] * X[:, :, hi], X * y[:, :, None]], axis=2)
+
+
+def unit_stats(terms: np.ndarray, v: np.ndarray, dates: np.ndarray) -> np.ndarray:
     """Per replicate and security, the sufficient statistics of the security's rows on ``dates`` (bool [T]),
-    each row weighted by its date's multiplicity ``v`` float [B, T]: float64 [B, S, Q] with the columns
-    n, Σx (d), Σy, Σy², XᵀX (lower triangle, d(d+1)/2), Xᵀy (d). ``X`` [S, T, d], ``y`` [S, T] (balanced)."""
-    S, T, d = X.shape
-    lo, hi = _pack(d)
-    vm = v * dates[None, :]
-    Q = np.concatenate([np.ones((S, T, 1)), X, y[:, :, None], (y * y)[:, :, None], X[:, :, lo] * X[:, :, hi],
-                        X * y[:, :, None]], axis=2)  # [S, T, Q] per-row statistics
-    return np.einsum("bt,stq->bsq", vm, Q, optimize=True)
+    each row weighted by its date's multiplicity ``v`` float [B, T]: float64 [B, S, Q] (the columns of
+    :func:`row_terms`, whose output ``terms`` [S, T, Q] is). One matrix product [B, T'] × [T', S·Q]."""
+    S, _, Q = terms.shape
+    sel = np.flatnonzero(dates)
+    flat = terms[:, sel, :].transpose(1, 0, 2).reshape(len(sel), S * Q)
+    return (v[:, sel] @ flat).reshape(v.shape[0], S, Q)
 
 
 def _suff(a: np.ndarray, d: int) -> SuffStats:
@@ -141,16 +147,12 @@ def replicate_premiums(X: np.ndarray, y: np.ndarray, ws: np.ndarray, wd: np.ndar
     R = ws.shape[0]
     same_dates = bool((wd == wd[:1]).all())
     out = {"r2_off": np.empty(R), "r2_on": np.empty(R)}
-    P_all1 = P_tr1 = None
-    if same_dates:  # security clustering: one set of statistics for every replicate
-        P_all1 = unit_stats(X, y, wd[:1].astype(np.float64), np.ones(T, dtype=bool))
-        P_tr1 = unit_stats(X, y, wd[:1].astype(np.float64), train_dates)
+    terms = row_terms(X, y)
     for s in range(0, R, batch):
         w = ws[s:s + batch].astype(np.float64)
-        v = wd[s:s + batch].astype(np.float64)
-        P_all = P_all1 if same_dates else unit_stats(X, y, v, np.ones(T, dtype=bool))
-        P_tr = P_tr1 if same_dates else unit_stats(X, y, v, train_dates)
-        P_te = P_all - P_tr
+        v = (wd[:1] if same_dates else wd[s:s + batch]).astype(np.float64)  # security clustering: one set
+        P_tr, P_te = unit_stats(terms, v, train_dates), unit_stats(terms, v, ~train_dates)
+        P_all = P_tr + P_te
         sse, sst, _ = fold_sse(w, P_tr, w, P_te, alphas, inner_folds, d)
         out["r2_off"][s:s + batch] = r2_score_oos(sse, sst)
         F = security_folds_batch(np.rint(w * P_all[..., 0]).astype(np.int64), n_splits)
