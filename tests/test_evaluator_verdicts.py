@@ -28,7 +28,7 @@ from pitlab.evaluator.protocols import security_folds, trading_calendar
 from pitlab.evaluator.report import render_html, render_markdown
 from pitlab.evaluator.ridge import RowStats, SuffStats
 from pitlab.evaluator.run import fold_edges, run_leakage_eval, widen_grid
-from pitlab.operator.summary import compact_results
+from pitlab.operator.summary import compact_results, premium_summary
 
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0]
 REPO = Path(__file__).resolve().parents[1]
@@ -159,6 +159,7 @@ def test_shipped_examples_report_an_interval_excluding_its_estimate_as_unreliabl
     status = compact_results(res)
     assert {v["verdict"] for v in status["models"].values()} == {"unreliable"}
     assert all("lies outside its interval" in v["reasons"][0] for v in status["models"].values())
+    assert premium_summary(status).count(" unreliable") == len(res["models"])
     md = (tmp_path / "out" / "report.md").read_text()
     html = (tmp_path / "out" / "report.html").read_text()
     for m in res["models"]:

@@ -19,13 +19,16 @@ from pitlab.evaluator.protocols import trading_calendar
 EXAMPLE = "examples/leakageeval-jpx.yaml"
 
 
-def write_kaggle_jpx(folder, n_securities=30, seed=0):
+def write_kaggle_jpx(folder, n_securities=30, seed=0, common_returns=False):
     """stock_prices.csv / stock_list.csv in the Kaggle schema over 2017-01-04..2021-12-30 (the XTKS sessions, as
     the Kaggle files, plus the 2020-10-01 halt: rows present, no prices),
     1:2 and 2:1 splits (AdjustmentFactor), ExpectedDividend mostly
     missing, SupervisionFlag set on some rows; codes 1300+ (the last five listed only from 2019, the first
-    three delisted in 2020, not flagged in Universe0)."""
+    three delisted in 2020, not flagged in Universe0). ``common_returns``: every security follows one return
+    series (no idiosyncratic noise, no split), so a date's target is the same for all securities and visible in
+    every prompt's date and past returns: a ridge fitted across securities wants no penalty at all."""
     rng = np.random.default_rng(seed)
+    common = 0.0003 + 0.015 * rng.standard_normal(3000)
     xtks = trading_calendar("XTKS", "jpx", pd.bdate_range("2017-01-04", "2021-12-30"))
     days = xtks[(xtks >= "2017-01-04") & (xtks <= "2021-12-30")].union(pd.DatetimeIndex(["2020-10-01"]))
     codes = [1301 + 10 * i for i in range(n_securities)]
@@ -34,11 +37,14 @@ def write_kaggle_jpx(folder, n_securities=30, seed=0):
         d = days[days >= "2019-01-04"] if k >= n_securities - 5 else days
         d = d[d < "2020-06-01"] if k < 3 else d
         ret = 0.0003 + 0.015 * rng.standard_normal(len(d))
-        close = 1000 * np.exp(np.cumsum(ret))
+        if common_returns:
+            ret = common[np.searchsorted(days, d)]
+        close = (1000 + 10 * k) * np.exp(np.cumsum(ret))
         factor = np.ones(len(d))
         split_at = rng.integers(50, len(d) - 50)
-        factor[split_at] = 0.5 if k % 2 else 2.0
-        close[split_at + 1:] *= factor[split_at]  # the raw close jumps on the next day
+        if not common_returns:
+            factor[split_at] = 0.5 if k % 2 else 2.0
+            close[split_at + 1:] *= factor[split_at]  # the raw close jumps on the next day
         df = pd.DataFrame({"RowId": [f"{x:%Y%m%d}_{code}" for x in d], "Date": d.strftime("%Y-%m-%d"),
                            "SecuritiesCode": code, "Open": close.round(1), "High": (close * 1.01).round(1),
                            "Low": (close * 0.99).round(1), "Close": close.round(1),
@@ -99,9 +105,66 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     assert all(np.isfinite(x) for x in (m["r2_off"], m["r2_on"], m["premium"]))
     assert m["embedding_dim"] == 384 and len(m["digest"]) == 64
     assert res["spec"]["dataset"]["universe"] == "point-in-time" and res["warnings"] == []
+    assert m["verdict"] in ("significant", "not significant") and m["verdict_reasons"] == []
+    assert m["premium_ci"][0] <= m["premium"] <= m["premium_ci"][1] and m["premium_bias"] is not None
     # embargo and purge days are XTKS sessions; the price file's halt day is not one
     assert res["protocol"]["leakage_off"]["calendar"] == "XTKS"
     assert res["panel"]["trading_calendar"]["price_file_days_not_sessions"] == ["2020-10-01"]
     assert res["panel"]["trading_calendar"]["sessions_missing_from_price_file"] == 0
     # the halt day has no prices: no panel row is dated 2020-10-01 or has a target spanning it
     assert (next((tmp_path / "out").rglob("report.html"))).is_file()
+
+
+def _coherent(res: dict) -> None:
+    """No estimate whose interval excludes it, or whose selection ended at a grid edge, is called significant."""
+    items = [(m["premium"], m["premium_ci"], m["verdict"], m["verdict_reasons"]) for m in res["models"]]
+    items += [(p["premium"], p["premium_ci"], p["verdict"], p["verdict_reasons"]) for m in res["models"]
+              for p in m["protocols"].values()]
+    for point, (lo, hi), verdict, reasons in items:
+        if not lo <= point <= hi or any("penalty" in r for r in reasons):
+            assert verdict == "unreliable", (point, lo, hi, verdict, reasons)
+        assert (verdict == "unreliable") == bool(reasons)
+
+
+@pytest.mark.slow
+def test_jpx_example_on_files_whose_penalty_selection_hits_the_grid_edge(tmp_path):
+    """One return series for every security: a date's target is in every prompt of that date (its date and past
+    returns), and a ridge fitted across securities wants (almost) no penalty. The shipped example (security-cv)
+    hits the grid's lower edge and widens the grid; the example as shipped before (gcv, now behind
+    allowRowLevelSelection) still ends at the widened grid's edge and reports unreliable, never significant."""
+    (tmp_path / "jpx").mkdir()
+    write_kaggle_jpx(tmp_path / "jpx", common_returns=True)
+    with open(EXAMPLE) as f:
+        doc = yaml.safe_load(f)
+    spec = doc["spec"]
+    spec["dataset"]["universeSize"] = 20
+    spec["dataset"]["dates"]["count"] = 16
+    spec["bootstrap"]["resamples"] = 10
+    runs = {}
+    for name, regression in (("shipped", {}), ("gcv", {"selection": "gcv", "allowRowLevelSelection": True})):
+        doc["metadata"]["name"] = f"jpx-{name}"
+        spec["regression"].update(regression)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        r = CliRunner().invoke(app, ["run", str(path), "--data-root", str(tmp_path), "--out", str(tmp_path / "out")],
+                               env={"COLUMNS": "300"})
+        assert r.exit_code == 0, re.sub(r"\s+", " ", r.output)
+        runs[name] = (json.loads((tmp_path / "out" / f"jpx-{name}" / "eval" / "results.json").read_text()), r.output)
+    shipped, _ = runs["shipped"]
+    m, = shipped["models"]
+    # security-cv chose the smallest penalty 0.1 of the shipped grid: widened once by two decades, then inside
+    assert m["alpha_grid_widenings"] >= 1 and min(m["alphas"]) <= 0.001
+    assert not any("still ends at an edge" in w for w in shipped["warnings"])
+    _coherent(shipped)
+    gcv, output = runs["gcv"]
+    g, = gcv["models"]
+    assert g["alpha_grid_widenings"] == 3 and min(g["alphas"]) == pytest.approx(1e-7)
+    assert any(w.startswith("regression.selection: gcv with allowRowLevelSelection: true") for w in gcv["warnings"])
+    assert any("still ends at an edge of the α grid after 3 widening(s)" in w for w in gcv["warnings"])
+    unreliable = [(k, p) for k, p in g["protocols"].items() if p["verdict"] == "unreliable"]
+    assert unreliable and all(any("chose the smallest penalty 1e-07 of the grid" in r for r in p["verdict_reasons"])
+                              for _, p in unreliable)
+    _coherent(gcv)
+    report = (tmp_path / "out" / "jpx-gcv" / "eval" / "report.md").read_text()
+    html = (tmp_path / "out" / "jpx-gcv" / "eval" / "report.html").read_text()
+    assert "unreliable" in report and "chose the smallest penalty 1e-07" in html

@@ -85,7 +85,8 @@ def parse_progress_log(text: str) -> dict[str, Any] | None:
 
 
 def premium_summary(results: dict[str, Any]) -> str:
-    """One line for ``kubectl get leakageevals``: ``model +0.130 [+0.070, +0.260]; ...``."""
+    """One line for ``kubectl get leakageevals``: ``model +0.130 [+0.070, +0.260]; ...`` (``unreliable`` after
+    an estimate whose verdict is)."""
     parts = []
     for name, r in (results.get("models") or {}).items():
         p, ci = r.get("premium"), r.get("premiumCI")
@@ -94,5 +95,7 @@ def premium_summary(results: dict[str, Any]) -> str:
         text = f"{name} {p:+.3f}"
         if ci and len(ci) == 2 and None not in ci:
             text += f" [{ci[0]:+.3f}, {ci[1]:+.3f}]"
+        if r.get("verdict") == "unreliable":
+            text += " unreliable"
         parts.append(text)
     return "; ".join(parts)
