@@ -297,7 +297,7 @@ def _spec(names, train_end, test_start, resamples=100, folds=5, embargo=5, selec
         "dataset": {"kind": "ohlcv", "uri": "synthetic"},
         "protocol": {"trainEnd": str(train_end), "testStart": str(test_start), "embargoDays": embargo,
                      "groupKFolds": folds},
-        "bootstrap": {"resamples": resamples, "confidence": 0.95, "seed": 0},
+        "bootstrap": {"resamples": resamples, "confidence": 0.95, "seed": 0, "cluster": "security"},
         "regression": {"alphas": ALPHAS, "selection": selection, "allowRowLevelSelection": selection == "gcv"}})
 
 

@@ -151,7 +151,7 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
         "protocol": {"trainEnd": str(dates[12].date()), "testStart": str(dates[13].date()), "embargoDays": 3,
                      "groupKFolds": 4, "protocols": ["chronological", "group-kfold", "walk-forward", "purged-kfold"],
                      "walkForwardFolds": 3, "purgedFolds": 4, "embargoRobustness": [0, 10]},
-        "bootstrap": {"resamples": 50, "seed": 7},
+        "bootstrap": {"resamples": 50, "seed": 7, "cluster": "security"},
         "regression": {"alphas": [1.0, 10.0, 100.0, 1000.0], "selection": "gcv", "allowRowLevelSelection": True,
                        "benchmark": "zero"}})
     panel = Panel(rows=rows, calendar=cal, source="synthetic")

@@ -161,8 +161,9 @@ class RowStats:
     longer suffice. ``X`` float64 [r, d] and ``y`` [r]: the rows present (numpy or torch); ``index`` int64 numpy
     [r]: the unit of each row in 0..m-1; ``unit_security`` int64 numpy [m]: the security of every unit (inner
     and outer GroupKFold group units by it). Only :meth:`weighted`, ``n``, ``m`` and ``d`` are offered: a
-    weighted sum costs r·d² per weighting (instead of S·d² for per-security statistics) and no per-unit d × d
-    matrix is ever stored.
+    weighted sum costs (rows with nonzero weight)·d² per weighting (instead of S·d² for per-security
+    statistics; the k inner folds of a replicate partition its rows, so together they cost one pass) and no
+    per-unit d × d matrix is ever stored.
     """
 
     X: object
@@ -197,8 +198,18 @@ class RowStats:
         ix = self.index if not is_torch(W) else _index_like(W, self.index)
         Wr = W[:, ix]  # [B, r]
         m = xp(W)
-        Xt = m.swapaxes(self.X, 0, 1)  # [d, r]
-        sxx = (Xt[None, :, :] * Wr[:, None, :]) @ self.X
+        d = self.d
+        sxx = m.zeros((W.shape[0], d, d), dtype=W.dtype) if m is np else \
+            W.new_zeros((W.shape[0], d, d))
+        nz_all = to_numpy(Wr != 0)
+        for b in range(W.shape[0]):  # only the rows weighting b draws: a replicate, or one inner fold of it
+            nz = np.flatnonzero(nz_all[b])
+            if len(nz) == 0:
+                continue
+            if m is not np:
+                nz = _index_like(W, nz)
+            Xb = self.X[nz]
+            sxx[b] = m.swapaxes(Xb, 0, 1) @ (Xb * Wr[b, nz][:, None])
         return SuffStats(n=Wr.sum(axis=1), sx=Wr @ self.X, sy=Wr @ self.y, syy=Wr @ (self.y * self.y), sxx=sxx,
                          sxy=(Wr * self.y[None, :]) @ self.X)
 
