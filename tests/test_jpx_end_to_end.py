@@ -104,9 +104,13 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     assert [e["embargo_days"] for e in m["embargo_robustness"]] == [2, 20]
     assert all(np.isfinite(x) for x in (m["r2_off"], m["r2_on"], m["premium"]))
     assert m["embedding_dim"] == 384 and len(m["digest"]) == 64
-    assert res["spec"]["dataset"]["universe"] == "point-in-time" and res["warnings"] == []
-    assert m["verdict"] in ("significant", "not significant") and m["verdict_reasons"] == []
-    assert m["premium_ci"][0] <= m["premium"] <= m["premium_ci"][1] and m["premium_bias"] is not None
+    assert res["spec"]["dataset"]["universe"] == "point-in-time"
+    # clean files: no warning about the data or the penalty; with 10 replicates over 16 dates the only one
+    # possible is the verdict's own (a bootstrap bias beyond both 0.5 sd and its Monte Carlo error)
+    assert all(w.startswith("model minilm: the premium is unreliable: bootstrap bias") for w in res["warnings"])
+    assert all(r.startswith("bootstrap bias") for r in m["verdict_reasons"]) and m["premium_bias"] is not None
+    assert m["alpha_grid_widenings"] == 0 and res["bootstrap"]["cluster"] == "security-and-date"
+    _coherent(res)
     # embargo and purge days are XTKS sessions; the price file's halt day is not one
     assert res["protocol"]["leakage_off"]["calendar"] == "XTKS"
     assert res["panel"]["trading_calendar"]["price_file_days_not_sessions"] == ["2020-10-01"]
@@ -161,9 +165,9 @@ def test_jpx_example_on_files_whose_penalty_selection_hits_the_grid_edge(tmp_pat
     assert g["alpha_grid_widenings"] == 3 and min(g["alphas"]) == pytest.approx(1e-7)
     assert any(w.startswith("regression.selection: gcv with allowRowLevelSelection: true") for w in gcv["warnings"])
     assert any("still ends at an edge of the α grid after 3 widening(s)" in w for w in gcv["warnings"])
-    unreliable = [(k, p) for k, p in g["protocols"].items() if p["verdict"] == "unreliable"]
-    assert unreliable and all(any("chose the smallest penalty 1e-07 of the grid" in r for r in p["verdict_reasons"])
-                              for _, p in unreliable)
+    at_edge = [k for k, p in g["protocols"].items()
+               if any("chose the smallest penalty 1e-07 of the grid" in r for r in p["verdict_reasons"])]
+    assert at_edge and all(g["protocols"][k]["verdict"] == "unreliable" for k in at_edge)
     _coherent(gcv)
     report = (tmp_path / "out" / "jpx-gcv" / "eval" / "report.md").read_text()
     html = (tmp_path / "out" / "jpx-gcv" / "eval" / "report.html").read_text()

@@ -141,17 +141,20 @@ def bootstrap_bias(values: np.ndarray, point: float) -> tuple[float, float]:
 
 
 def unreliable_reasons(point: float, ci: tuple[float, float], bias: float, sd: float,
-                       edges: list[str] | tuple = ()) -> list[str]:
+                       edges: list[str] | tuple = (), n_valid: int = 0) -> list[str]:
     """Why an estimate cannot be read as significant or not (empty list: it can): its point estimate lies
-    outside its own interval; its bootstrap bias exceeds :data:`BIAS_LIMIT` of the bootstrap sd; ``edges``,
+    outside its own interval; its bootstrap bias exceeds :data:`BIAS_LIMIT` of the bootstrap sd (or, with
+    ``n_valid`` replicates, 2/√n_valid of it when that is larger: the bias estimate's own Monte Carlo error is
+    sd/√n_valid, so fewer than 16 replicates cannot flag a bias that noise explains); ``edges``,
     one phrase per penalty selection that ended at an edge of the α grid (e.g. ``"leakage-on fold 3 chose the
     smallest penalty 0.001 of the widened grid"``)."""
     reasons = []
     lo, hi = ci
     if np.isfinite(lo) and np.isfinite(hi) and np.isfinite(point) and not lo <= point <= hi:
         reasons.append(f"point estimate {point:.4g} lies outside its interval [{lo:.4g}, {hi:.4g}]")
-    if np.isfinite(bias) and np.isfinite(sd) and abs(bias) > BIAS_LIMIT * sd:
-        reasons.append(f"bootstrap bias {bias:+.4g} exceeds {BIAS_LIMIT:g} × the bootstrap sd {sd:.4g}")
+    limit = max(BIAS_LIMIT, 2.0 / np.sqrt(n_valid)) if n_valid else BIAS_LIMIT
+    if np.isfinite(bias) and np.isfinite(sd) and abs(bias) > limit * sd:
+        reasons.append(f"bootstrap bias {bias:+.4g} exceeds {limit:.2g} × the bootstrap sd {sd:.4g}")
     reasons += list(edges)
     return reasons
 
@@ -164,7 +167,8 @@ def judge(point: float, values: np.ndarray, confidence: float, edges: list[str] 
     reason, else :func:`verdict` of the interval) and ``reasons`` (list of str)."""
     ci = percentile_ci(values, confidence)
     bias, sd = bootstrap_bias(values, point)
-    reasons = unreliable_reasons(point, ci, bias, sd, edges)
+    n_valid = int(np.isfinite(np.asarray(values, dtype=np.float64)).sum())
+    reasons = unreliable_reasons(point, ci, bias, sd, edges, n_valid)
     return {"ci": [ci[0], ci[1]], "p_value": bootstrap_p_value(values), "bias": bias, "sd": sd,
             "verdict": UNRELIABLE if reasons else verdict(ci), "reasons": reasons}
 
