@@ -455,3 +455,22 @@ def test_calibration_benchmarks_batched_replicates_equal_the_product_path(cluste
     np.testing.assert_allclose(got["r2_off"], ref.r2_off, rtol=0, atol=1e-10)
     np.testing.assert_allclose(got["r2_on"], ref.r2_on, rtol=0, atol=1e-10)
     assert np.ptp(ref.premium) > 0.01  # the replicates differ: the comparison is not vacuous
+
+
+def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
+    from rich.console import Console
+
+    import pitlab.cli as cli
+
+    con = Console(record=True, width=250)
+    monkeypatch.setattr(cli, "console", con)
+    monkeypatch.setattr(cli, "_say", lambda *o, **k: con.print(*o, **k))
+    status = compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
+                                          "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
+                                          "verdict": "unreliable", "verdict_reasons": ["point estimate -0.6467 lies "
+                                                                                       "outside its interval"]}],
+                              "reductions": []})
+    cli._print_results_table(status, "t")
+    text = con.export_text()
+    assert "│ minilm │ -0.1130 │ -0.7596 │ -0.6467 [-3.4638, -1.5984] │ -1.8900 │ unreliable │ point estimate -0.6467 " \
+           "lies outside its interval │" in text
