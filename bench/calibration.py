@@ -205,9 +205,9 @@ def summarise(records: list[dict]) -> dict:
             continue
         pts = np.array(sorted({(r["seed"], r["premium"]) for r in rs}))[:, 1]
         truth = float(pts.mean())
-        entry = {"panels": len(pts), "true_premium": truth, "true_premium_se": float(pts.std(ddof=1) / np.sqrt(len(pts)))
-                 if len(pts) > 1 else None, "premium_sd_across_panels": float(pts.std(ddof=1)) if len(pts) > 1 else None,
-                 "settings": {}}
+        sd = float(pts.std(ddof=1)) if len(pts) > 1 else None
+        entry = {"panels": len(pts), "true_premium": truth, "true_premium_se": sd / np.sqrt(len(pts)) if sd else None,
+                 "premium_sd_across_panels": sd, "settings": {}}
         for cl in CLUSTERS:
             c = [r for r in rs if r["cluster"] == cl]
             if not c:

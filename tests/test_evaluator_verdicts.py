@@ -54,7 +54,8 @@ def test_judge_three_reasons_for_unreliable_and_never_significant():
     assert below["verdict"] == "significant"
     # a grid edge alone
     edge = judge(0.2, reps, 0.95, ["leakage-off chose the smallest penalty 0.1 of the grid"])
-    assert edge["verdict"] == "unreliable" and edge["reasons"] == ["leakage-off chose the smallest penalty 0.1 of the grid"]
+    assert edge["verdict"] == "unreliable"
+    assert edge["reasons"] == ["leakage-off chose the smallest penalty 0.1 of the grid"]
     # not significant stays so when clean
     assert judge(0.0, np.linspace(-0.1, 0.1, 101), 0.95)["verdict"] == "not significant"
 
@@ -125,7 +126,8 @@ def _panel_around(spec: LeakageEvalSpec, S=24, T=24, d=6, seed=0):
     cal = cal[(cal >= tr_end - pd.Timedelta(days=110)) & (cal <= tr_end + pd.Timedelta(days=110))]
     before, after = cal[cal <= tr_end], cal[cal > tr_end]
     dates = before[-3 * (T - 8)::3].append(after[:3 * 8:3])
-    rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S), "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
+    rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S),
+                         "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
     rows["prompt"] = [f"{a.date()} {b}" for a, b in zip(rows["date"], rows["security"])]
     rng = np.random.default_rng(seed)
     rows["target"] = rng.standard_normal(len(rows))
@@ -378,7 +380,8 @@ def test_each_cluster_setting_reruns_bit_identically_end_to_end(tmp_path, fake_e
     cal = trading_calendar("XNYS", "ohlcv", pd.bdate_range("2019-01-01", "2019-12-31"))
     cal = cal[(cal >= "2019-01-01") & (cal <= "2019-12-31")].rename(None)
     dates = cal[5:5 + 3 * T:3]
-    rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S), "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
+    rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S),
+                         "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
     rows["prompt"] = [f"{a.date()} {b}" for a, b in zip(rows["date"], rows["security"])]
     rng = np.random.default_rng(0)
     di = np.repeat(np.arange(T), S)
@@ -472,5 +475,5 @@ def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
                               "reductions": []})
     cli._print_results_table(status, "t")
     text = con.export_text()
-    assert "│ minilm │ -0.1130 │ -0.7596 │ -0.6467 [-3.4638, -1.5984] │ -1.8900 │ unreliable │ point estimate -0.6467 " \
-           "lies outside its interval │" in text
+    assert ("│ minilm │ -0.1130 │ -0.7596 │ -0.6467 [-3.4638, -1.5984] │ -1.8900 │ unreliable │ "
+            "point estimate -0.6467 lies outside its interval │") in text

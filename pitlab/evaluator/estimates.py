@@ -40,8 +40,8 @@ import numpy as np
 
 from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
 from pitlab.evaluator.protocols import security_folds_batch
-from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred, fit_ridge_at, fit_ridge_gcv,
-                                   gcv_scores, path_test_sse, r2_score_oos, ridge_path, solve_ridge)
+from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred, fit_ridge_at,
+                                   fit_ridge_gcv, gcv_scores, path_test_sse, r2_score_oos, ridge_path, solve_ridge)
 
 ALPHA_SELECTIONS = ("gcv", "security-cv")
 
