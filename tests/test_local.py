@@ -54,6 +54,10 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert json.loads((run_dir / "corpus_audit.json").read_text())["included"] == 159
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_loss"] < summary["first_loss"] - 1.0
+    # one speed, the mean over the run, in status.progress and in the Trained condition (found reported two ways)
+    assert status["progress"]["tokensPerSecond"] == summary["mean_tokens_per_second"] > 0
+    trained = next(c["message"] for c in status["conditions"] if c["type"] == "Trained")
+    assert trained.endswith(f", {summary['mean_tokens_per_second']:,.0f} tokens/s (mean over the run)"), trained
     assert (run_dir / "checkpoint" / "latest").read_text().strip() == "step-40"
     assert json.loads((run_dir / "model" / "merge_report.json").read_text())["verified"] is True
 
