@@ -220,11 +220,14 @@ def test_every_manifest_of_a_dotted_digit_leading_or_long_name_is_valid(name: st
     le = parse_resource({**child, "metadata": {k: child["metadata"][k] for k in ("name", "namespace")}})
     child["metadata"]["uid"] = "u-2"
     (indexed,) = builders.build_embed_jobs(le, CFG, child)
-    manifests += [child, builders.build_eval_configmap(le, {}, child), indexed,
-                  *builders.build_embed_jobs(le, CFG, child, indexed=False), builders.build_analyze_job(le, CFG, child)]
+    per_model = builders.build_embed_jobs(le, CFG, child, indexed=False)
+    manifests += [child, builders.build_eval_configmap(le, {}, child), indexed, per_model[0], per_model[-1],
+                  builders.build_analyze_job(le, CFG, child)]
     for m in manifests:
         assert validate(m) == [], m["metadata"]["name"]
+    for m in manifests + per_model:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", m["metadata"]["name"]), m["metadata"]["name"]
+    assert len({m["metadata"]["name"] for m in per_model}) == 64
     assert re.fullmatch(r"[a-z][-a-z0-9]*", job["metadata"]["name"])
     assert len(f"{job['metadata']['name']}-worker-9999") <= 63  # the replicas' pods and Services
     assert indexed["spec"]["completions"] == 64 and len(f"{indexed['metadata']['name']}-63") <= 63
