@@ -332,9 +332,8 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         _say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB or --gpu-memory-gib): "
               "no fit check")
     elif not result.fits:
-        _fail(RuntimeError(f"{file}: predicted peak {result.peak_bytes / 2**30:.1f} GiB per GPU exceeds "
-                           f"{'--gpu-memory-gib' if gpu_memory_gib is not None else 'spec.resources.gpuMemoryGiB'}"
-                           f" = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
+        source = "--gpu-memory-gib" if gpu_memory_gib is not None else "spec.resources.gpuMemoryGiB"
+        _fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
         _say(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
               "GiB per GPU")

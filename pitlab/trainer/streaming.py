@@ -11,8 +11,9 @@ reference tool's wrapper renamed ``state_dict()`` keys, which emptied peft's ada
 Forward runs the layers in order, fetching the next ``buffers - 1`` layers ahead; every decoder layer is
 checkpointed (transformers' ``GradientCheckpointingLayer`` with a non-reentrant ``torch.utils.checkpoint``), so
 backward recomputes layer ``i`` — fetching it again, and prefetching ``i - 1``, in the recompute context —
-before its gradient. Embeddings, the final norm, the head and the LoRA adapter (and so its AdamW state) stay
-on the device. On CPU the same code runs with the "device" being the CPU and the copies plain copies.
+before its gradient. A frozen, untied input embedding stays in host memory too (the lookup runs on the CPU,
+a copy, so exact; only the looked-up rows travel); the final norm, the head and the LoRA adapter (and so its
+AdamW state) stay on the device. On CPU the same code runs with the "device" being the CPU and the copies plain copies.
 
 The result is bit-identical to the resident model (``torch.equal`` on logits and adapter gradients; see
 tests/test_streaming.py): the same kernels run on the same values, the slot views are aligned as the caching
@@ -87,13 +88,26 @@ def check_streamable(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
+def host_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The input embedding of ``model`` when it can stay in host memory: a frozen ``nn.Embedding`` (no
+    adapter on it) whose weight is not also the output head's (untied). None otherwise."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    emb = inner.get_input_embeddings()
+    head = inner.get_output_embeddings()
+    head_weight = getattr(getattr(head, "base_layer", head), "weight", None)
+    if type(emb) is not nn.Embedding or emb.weight.requires_grad or emb.weight is head_weight:
+        return None
+    return emb
+
+
 class LayerStreamer:
     """Stream ``model``'s frozen decoder-layer weights from host memory through ``buffers`` slots on ``device``.
 
     ``model``: a causal LM (usually a peft ``PeftModel``) whose parameters are on the CPU; the trainable ones
     (the adapter) and everything outside the decoder layers are moved to ``device``; the frozen decoder-layer
     parameters are packed into host stores (page-locked when ``pin_host`` and ``device`` is CUDA) and rebound
-    to them. Installs the hooks on the model in place (names unchanged) and returns nothing else; use the
+    to them. With ``host_embeddings`` a frozen, untied input embedding (:func:`host_embedding`) stays in the
+    host store too: the lookup runs on the CPU and only the looked-up rows are copied. Installs the hooks on the model in place (names unchanged) and returns nothing else; use the
     model as before, in ``train()`` mode for a backward (each decoder layer is then recomputed in backward).
     Raises ``TypeError`` for an unsupported architecture, ``ValueError`` for ``buffers`` outside 2..8.
 
@@ -101,7 +115,8 @@ class LayerStreamer:
     host-to-device bytes copied so far (the transfer volume of a step is its difference).
     """
 
-    def __init__(self, model: nn.Module, device: torch.device | str, buffers: int = 2, pin_host: bool = True):
+    def __init__(self, model: nn.Module, device: torch.device | str, buffers: int = 2, pin_host: bool = True,
+                 host_embeddings: bool = True):
         if not 2 <= buffers <= 8:
             raise ValueError(f"training.layerStreaming.buffers: must be 2..8 (got {buffers})")
         self.device = torch.device(device)
@@ -128,6 +143,15 @@ class LayerStreamer:
                 self.host.append(store)
                 self.params.append(params)
                 self._bind(len(self.params) - 1, store)
+            self.embedding = host_embedding(model) if host_embeddings else None
+            if self.embedding is not None:  # the lookup runs on the host; only T x H rows are copied
+                w = self.embedding.weight
+                store = torch.empty(w.shape, dtype=w.dtype, pin_memory=pin)
+                store.copy_(w.detach())
+                w.data = store
+                streamed.add(id(w))
+                self.embedding.register_forward_pre_hook(self._embedding_input)
+                self.embedding.register_forward_hook(self._embedding_output)
             _move_resident(model, self.device, streamed)
         sizes = {}
         for layout in self.layouts:
@@ -136,7 +160,8 @@ class LayerStreamer:
         self.slots = [{d: torch.empty(n, dtype=d, device=self.device) for d, n in sizes.items()}
                       for _ in range(buffers)]
         self.holder: list[int | None] = [None] * buffers
-        self.host_bytes = sum(layout.nbytes for layout in self.layouts)
+        self.host_bytes = sum(layout.nbytes for layout in self.layouts) + (
+            0 if self.embedding is None else self.embedding.weight.numel() * self.embedding.weight.element_size())
         self.slot_bytes = buffers * sum(n * _itemsize(d) for d, n in sizes.items())
         self.bytes_copied = 0
         self._recomputing = False
@@ -189,6 +214,13 @@ class LayerStreamer:
                 self._fetch(j)
 
     # ------------------------------------------------------------------ hooks
+    @staticmethod
+    def _embedding_input(module: nn.Module, args):
+        return (args[0].to("cpu"),) + tuple(args[1:])
+
+    def _embedding_output(self, module: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+        return out.to(self.device)
+
     def _pre_forward(self, i: int, module: nn.Module, args) -> None:
         if self._recomputing:  # transformers versions that checkpoint __call__ run hooks in the recompute
             return
