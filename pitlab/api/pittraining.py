@@ -97,12 +97,13 @@ _BNB_REFUSAL = ("bitsandbytes 8-bit optimizers are refused under FSDP2: they exp
 
 
 class LayerStreamingSpec(SpecModel):
-    """Layer streaming (``method: lora`` on one GPU): the frozen base weights of each decoder layer live in host
-    memory (pinned with ``pinHost``) and are copied into one of ``buffers`` GPU slots just before the layer
-    runs, on a side CUDA stream while the previous layer computes; backward recomputes each layer. The
-    embeddings, the final norm, an untied head and the LoRA adapter (with its AdamW state) stay on the GPU.
-    ``gpuMemoryBudgetBytes``: the GPU bytes the run may use; the trainer and ``pitlab plan`` refuse a run whose
-    predicted peak exceeds it (see :mod:`pitlab.trainer.plan_streaming`)."""
+    """Layer streaming (``method: lora``, one GPU): the frozen weights of each decoder layer live in host
+    memory (page-locked with ``pinHost``) and are copied into one of ``buffers`` GPU slots before the layer runs,
+    on a side CUDA stream while the previous layer computes; backward recomputes each layer. A frozen untied
+    input embedding stays in host memory too; the final norm, the head and the LoRA adapter (with its AdamW
+    state) stay on the GPU. ``gpuMemoryBudgetBytes``: GPU bytes the run may use; ``pitlab plan`` and the
+    trainer refuse a run whose predicted peak exceeds it (or ``resources.gpuMemoryGiB``, or the process's
+    CUDA memory fraction)."""
 
     enabled: bool = False
     buffers: int = Field(2, ge=2, le=8, description="GPU slots for decoder layers (2: one computes, one loads)")
@@ -174,9 +175,9 @@ class OutputSpec(SpecModel):
 
 _STREAMING_RULE = ("!has(self.training) || !has(self.training.layerStreaming) || "
                    "!has(self.training.layerStreaming.enabled) || !self.training.layerStreaming.enabled || "
-                   "(self.method == 'lora' && (!has(self.resources) || "
-                   "((!has(self.resources.nodes) || self.resources.nodes == 1) && "
-                   "has(self.resources.gpusPerNode) && self.resources.gpusPerNode == 1)))")
+                   "(self.method == 'lora' && has(self.resources) && "
+                   "(!has(self.resources.nodes) || self.resources.nodes == 1) && "
+                   "has(self.resources.gpusPerNode) && self.resources.gpusPerNode == 1)")
 _STREAMING_MESSAGE = ("training.layerStreaming: enabled needs method: lora and one process "
                       "(resources.nodes: 1, resources.gpusPerNode: 1)")
 

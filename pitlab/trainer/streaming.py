@@ -123,7 +123,7 @@ class LayerStreamer:
         self.cuda = self.device.type == "cuda"
         self.buffers = buffers
         self.layers = check_streamable(model)
-        pin = pin_host and self.cuda
+        pin = self.pinned = pin_host and self.cuda
         self.layouts = [layer_layout(layer) for layer in self.layers]
         self.params: list[list[nn.Parameter]] = []
         self.host: list[dict[torch.dtype, torch.Tensor]] = []
@@ -164,6 +164,7 @@ class LayerStreamer:
             0 if self.embedding is None else self.embedding.weight.numel() * self.embedding.weight.element_size())
         self.slot_bytes = buffers * sum(n * _itemsize(d) for d, n in sizes.items())
         self.bytes_copied = 0
+        self.copies = 0
         self._recomputing = False
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(self.device)
@@ -172,6 +173,18 @@ class LayerStreamer:
             layer.register_forward_pre_hook(functools.partial(self._pre_forward, i))
             layer.gradient_checkpointing = True
             layer._gradient_checkpointing_func = functools.partial(self._checkpoint, i)
+
+    @staticmethod
+    def loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss of one microbatch (:func:`streamed_loss`)."""
+        return streamed_loss(model, input_ids, labels)
+
+    def report(self) -> dict:
+        """What was streamed: ``layers``, ``buffers``, ``host_bytes``, ``slot_bytes``, ``pinned``,
+        ``host_embedding``, ``layer_copies`` and ``bytes_copied`` (host→device, cumulative)."""
+        return {"layers": len(self.layers), "buffers": self.buffers, "host_bytes": self.host_bytes,
+                "slot_bytes": self.slot_bytes, "pinned": self.pinned, "host_embedding": self.embedding is not None,
+                "layer_copies": self.copies, "bytes_copied": self.bytes_copied}
 
     # ------------------------------------------------------------------ slots
     def _bind(self, i: int, flat: dict[torch.dtype, torch.Tensor]) -> None:
@@ -199,6 +212,7 @@ class LayerStreamer:
             for dtype, src in self.host[i].items():
                 slot[dtype][:src.numel()].copy_(src)
         self.bytes_copied += self.layouts[i].nbytes
+        self.copies += 1
         self._bind(i, slot)
         self.holder[s] = i
 
@@ -325,8 +339,15 @@ def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Modu
     from pitlab.trainer.lora import lora_record
     from pitlab.trainer.plan_streaming import check_budget
 
+    import torch.distributed as dist
+
+    from pitlab.api import SpecError
+
     tr = spec.training
     ls = tr.layer_streaming
+    if dist.is_initialized() and dist.get_world_size() != 1:
+        raise SpecError([("spec.training.layerStreaming", f"runs in one process, not {dist.get_world_size()} "
+                                                          "(resources.gpusPerNode: 1)")])
     check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
     model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
                                seed=tr.seed)
