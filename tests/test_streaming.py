@@ -164,7 +164,8 @@ def test_adapter_round_trip_and_a_plain_peft_model_reproduces_the_streamed_logit
         want = plain(input_ids=ids).logits
     assert torch.equal(got, want)
     with torch.no_grad():  # the trained adapter matters: the base alone gives other logits
-        base_logits = AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.bfloat16)(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.bfloat16)
+        base_logits = base(input_ids=ids).logits
     assert not torch.equal(got.to(base_logits.dtype), base_logits)
     assert {n for n, p in plain.named_parameters() if "lora_" in n} == trainable
 

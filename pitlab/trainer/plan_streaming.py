@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pitlab.api import SpecError
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, count_text, model_shape, spec_config
 
 SLACK = 0.05
@@ -104,7 +105,8 @@ def streaming_shape(config, lora, precision: str) -> StreamingShape:
     lora_act = [sum(4 * (m.in_features + max(m.r.values()) + m.out_features)
                     for m in layer.modules() if isinstance(m, LoraLinear)) for layer in layers]
     return StreamingShape(resident=resident, adapter=sum(p.numel() for p in model.parameters() if p.requires_grad),
-                          slot=slot, host=sum(layout.nbytes for layout in layouts) + host_emb, lora_act_per_token=max(lora_act))
+                          slot=slot, host=sum(layout.nbytes for layout in layouts) + host_emb,
+                          lora_act_per_token=max(lora_act))
 
 
 @dataclass
@@ -178,7 +180,10 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
     if shape is None or sshape is None:
         config = spec_config(spec)
         shape = shape or model_shape(config)
-        sshape = sshape or streaming_shape(config, spec.lora, tr.precision)
+        try:
+            sshape = sshape or streaming_shape(config, spec.lora, tr.precision)
+        except ValueError as err:
+            raise SpecError([("spec.lora.targetModules", str(err).split(": ", 1)[-1])]) from None
     c = 2 if tr.precision == "bf16" else 4
     tokens = tr.micro_batch_size * tr.seq_len
 

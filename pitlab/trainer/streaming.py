@@ -107,8 +107,9 @@ class LayerStreamer:
     (the adapter) and everything outside the decoder layers are moved to ``device``; the frozen decoder-layer
     parameters are packed into host stores (page-locked when ``pin_host`` and ``device`` is CUDA) and rebound
     to them. With ``host_embeddings`` a frozen, untied input embedding (:func:`host_embedding`) stays in the
-    host store too: the lookup runs on the CPU and only the looked-up rows are copied. Installs the hooks on the model in place (names unchanged) and returns nothing else; use the
-    model as before, in ``train()`` mode for a backward (each decoder layer is then recomputed in backward).
+    host store too: the lookup runs on the CPU and only the looked-up rows are copied. Installs the hooks on
+    the model in place (names unchanged); use the model as before, in ``train()`` mode for a backward (each
+    decoder layer is then recomputed in backward).
     Raises ``TypeError`` for an unsupported architecture, ``ValueError`` for ``buffers`` outside 2..8.
 
     ``host_bytes``: bytes of the host stores; ``slot_bytes``: bytes of all device slots; ``bytes_copied``:
