@@ -54,13 +54,19 @@ class BaseModelSpec(SpecModel):
 
 
 class CorpusSpec(SpecModel):
-    """Dated documents. ``timestampField`` values are ISO dates or datetimes; naive values are read in
+    """Dated documents. ``timestampField`` values are read strictly in ``timestampFormat`` (default ISO 8601
+    dates or datetimes, README "Accepted timestamp formats"); values without an offset are read in
     ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number)."""
 
     uri: str
     format: Literal["jsonl", "csv"]
     text_field: str = "text"
     timestamp_field: str = "date"
+    timestamp_format: str | None = Field(None, description=(
+        "how timestampField values are written; default iso8601 (YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]] with an "
+        "optional Z or +HH:MM offset). Else a strftime pattern read in full (e.g. \"%d/%m/%Y\"; needs %Y and the day, "
+        "no %Z or %y), or epoch_s / epoch_ms / epoch_us for numbers since 1970-01-01T00:00:00Z. A value that does "
+        "not match is an error naming the row and the value (or dropped and counted with onMissingTimestamp: drop)"))
     id_field: str | None = None
     timezone: str = "UTC"
     on_missing_timestamp: Literal["error", "drop"] = "error"
@@ -73,6 +79,12 @@ class CorpusSpec(SpecModel):
             zoneinfo.ZoneInfo(self.timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
+        from pitlab.data.timestamps import check_format
+
+        try:
+            check_format(self.timestamp_format)
+        except ValueError as err:
+            raise ValueError(f"timestampFormat: {err}") from None
         return self
 
 
