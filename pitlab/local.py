@@ -489,7 +489,8 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
         n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy",
                                    min_tokens=need)
     except ShortCorpusError as err:
-        raise SpecError([("spec.training.seqLen", short_corpus_message(f"{err.tokens} tokens", res.spec.training.seq_len))]) from None
+        raise SpecError([("spec.training.seqLen",
+                          short_corpus_message(f"{err.tokens} tokens", res.spec.training.seq_len))]) from None
     return base_dir, n_tokens
 
 

@@ -88,7 +88,7 @@ def test_a_refused_pattern_names_the_field(tmp_path, spec, data_root):
     spec["spec"]["corpus"]["timestampFormat"] = "%Y-%m-%d %Z"
     r, out = _invoke(tmp_path, spec, data_root, "validate")
     assert r.exit_code == 2
-    assert "spec.corpus: timestampFormat: '%Y-%m-%d %Z': %Z (zone abbreviations such as EST or JST) is refused" in out
+    assert "spec.corpus.timestampFormat: '%Y-%m-%d %Z': %Z (zone abbreviations such as EST or JST) is refused" in out
 
 
 def test_validate_warns_when_the_cutoff_is_after_every_document(tmp_path, spec, data_root):

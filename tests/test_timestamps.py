@@ -4,15 +4,12 @@ import datetime as dt
 import json
 import zoneinfo
 
-import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pitlab.data import CorpusError, cutoff_instant, filter_corpus, read_corpus
 from pitlab.data.timestamps import TimestampError, check_format, parse_timestamp
-
-UTC = pd.Timestamp
 
 
 @pytest.mark.parametrize("value,tz,expected", [
@@ -51,6 +48,16 @@ def test_non_iso_values_are_refused_with_the_value(value, fragment):
     with pytest.raises(TimestampError) as err:
         parse_timestamp(value, "Europe/London")
     assert fragment in str(err.value)
+
+
+def test_only_a_valid_value_followed_by_letters_is_called_a_zone_abbreviation():
+    with pytest.raises(TimestampError, match=r"^timestamp '1 Apr' does not match strftime pattern '%d %b %Y' "
+                                             r"\(spec.corpus.timestampFormat\)$"):
+        parse_timestamp("1 Apr", "UTC", "%d %b %Y")
+    with pytest.raises(TimestampError, match=r"^timestamp '1 Apr 2017 JST': zone abbreviation 'JST' refused"):
+        parse_timestamp("1 Apr 2017 JST", "UTC", "%d %b %Y")
+    with pytest.raises(TimestampError, match=r"^timestamp '1609426799 UTC': zone abbreviation 'UTC' refused"):
+        parse_timestamp("1609426799 UTC", "UTC", "epoch_s")
 
 
 def test_refusal_says_what_is_expected_and_how_to_name_another_format():
@@ -197,7 +204,7 @@ def test_no_document_after_the_cutoff_is_kept_in_any_format_or_zone(name, tz, cu
         assert audit.included + audit.excluded_by_date == len(docs)
 
 
-def _read_jsonl(rows, tz, fmt, path=None):
+def _read_jsonl(rows, tz, fmt):
     import tempfile
     from pathlib import Path
 

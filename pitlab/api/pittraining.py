@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
@@ -79,13 +79,15 @@ class CorpusSpec(SpecModel):
             zoneinfo.ZoneInfo(self.timezone)
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
+        return self
+
+    @field_validator("timestamp_format")
+    @classmethod
+    def _timestamp_format(cls, value: str | None) -> str | None:
         from pitlab.data.timestamps import check_format
 
-        try:
-            check_format(self.timestamp_format)
-        except ValueError as err:
-            raise ValueError(f"timestampFormat: {err}") from None
-        return self
+        check_format(value)  # ValueError saying why the pattern is refused
+        return value
 
 
 class LoraSpec(SpecModel):

@@ -48,13 +48,15 @@ def check_format(fmt: str | None) -> str:
     if fmt is None or fmt == ISO8601 or fmt in EPOCH_NS:
         return fmt or ISO8601
     if "%" not in fmt:
-        raise ValueError(f"{fmt!r} is neither {ISO8601}, epoch_s, epoch_ms, epoch_us nor a strftime pattern (%Y, %m, ...)")
+        raise ValueError(f"{fmt!r} is neither {ISO8601}, epoch_s, epoch_ms, epoch_us nor a strftime pattern "
+                         "(%Y, %m, ...)")
     directives = re.findall(r"%(.?)", fmt.replace("%%", ""))
     if "" in directives:
         raise ValueError(f"{fmt!r}: a % ends the pattern; write %% for a literal %")
     if "Z" in directives:
-        raise ValueError(f"{fmt!r}: %Z (zone abbreviations such as EST or JST) is refused: abbreviations are ambiguous "
-                         "(CST is US Central, China and Cuba); use %z for offsets, or local times and spec.corpus.timezone")
+        raise ValueError(f"{fmt!r}: %Z (zone abbreviations such as EST or JST) is refused: abbreviations are "
+                         "ambiguous (CST is US Central, China and Cuba); use %z for offsets, or local times and "
+                         "spec.corpus.timezone")
     if "y" in directives:
         raise ValueError(f"{fmt!r}: %y (two-digit year) needs a century guess; use %Y")
     bad = sorted({d for d in directives if d not in _ALLOWED_DIRECTIVES})
@@ -113,12 +115,22 @@ def parse_timestamp(value: object, timezone: str, fmt: str | None = None) -> pd.
 
 def _refusal(s: str, fmt: str, detail: str = "") -> TimestampError:
     zone = _ZONE_ABBREVIATION.search(s)
-    if zone and any(c.isdigit() for c in s):
+    if zone and _matches(s[:zone.start()].rstrip(), fmt):  # a valid value followed by EST, JST, UTC, ...
         return TimestampError(f"timestamp {s!r}: zone abbreviation {zone.group(1)!r} refused (abbreviations are "
                               "ambiguous: CST is US Central, China and Cuba); write the UTC offset (e.g. -05:00), or "
                               "local times without a zone and spec.corpus.timezone")
     hint = "; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format" if fmt == ISO8601 else ""
     return TimestampError(f"timestamp {s!r} does not match {describe_format(fmt)}{detail}{hint}")
+
+
+def _matches(s: str, fmt: str) -> bool:
+    if fmt in EPOCH_NS:
+        return _DECIMAL.fullmatch(s) is not None
+    try:
+        _parse_iso(s) if fmt == ISO8601 else dt.datetime.strptime(s, fmt)
+    except (TimestampError, ValueError):
+        return False
+    return True
 
 
 def _parse_iso(s: str) -> pd.Timestamp:
