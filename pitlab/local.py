@@ -127,15 +127,40 @@ def check_corpus(res: PitTraining) -> CorpusPlan:
     source = c.uri if storage.is_s3(c.uri) else str(path)
     kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
                                 source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format)
+    check_corpus_length(res, kept)
+    return CorpusPlan(path, kept, audit)
+
+
+def check_corpus_length(res: PitTraining, kept: list[Document]) -> None:
+    """Refuse a filtered corpus shorter than one packed sequence (``seqLen + 1`` tokens) before anything runs.
+
+    With ``randomInit`` the tokenizer does not exist yet: its byte-level BPE gives at most one token per UTF-8
+    byte plus one eos per document, so a corpus below that bound is refused (prepare counts exactly). With a
+    local ``baseModel.uri`` its tokenizer counts the documents (stopping once there are enough). Raises SpecError
+    naming ``spec.training.seqLen`` (or ``spec.baseModel.uri`` if its tokenizer cannot be loaded)."""
+    seq_len = res.spec.training.seq_len
+    uri = res.spec.base_model.uri
     if res.spec.base_model.random_init is not None:
-        # the trained tokenizer is byte-level BPE: a token covers at least one byte, plus one eos per document
         most = sum(len(d.text.encode("utf-8")) + 1 for d in kept)
-        need = res.spec.training.seq_len + 1
-        if most < need:
+        if most < seq_len + 1:
             raise SpecError([("spec.training.seqLen", short_corpus_message(
                 f"at most {most} tokens (its {len(kept)} documents hold {most - len(kept)} UTF-8 bytes, one eos each)",
-                res.spec.training.seq_len))])
-    return CorpusPlan(path, kept, audit)
+                seq_len))])
+    elif uri is not None and not storage.is_s3(uri):  # a published model is counted by prepare, after its download
+        from transformers import AutoTokenizer
+
+        path = resolve_local_path(uri, "spec.baseModel.uri")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises, the folder is not usable
+            raise SpecError([("spec.baseModel.uri",
+                              f"{str(path)!r}: its tokenizer cannot be loaded ({err})")]) from None
+        count = 0
+        for d in kept:
+            count += len(tokenizer(d.text, add_special_tokens=False)["input_ids"]) + 1
+            if count > seq_len:
+                return
+        raise SpecError([("spec.training.seqLen", short_corpus_message(f"{count} tokens", seq_len))])
 
 
 def short_corpus_message(count: str, seq_len: int) -> str:

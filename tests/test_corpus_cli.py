@@ -139,6 +139,15 @@ def test_a_corpus_shorter_than_one_sequence_is_refused_by_prepare(tmp_path, spec
     assert m and int(m.group(1)) < 513
     assert not (run_dir / "data" / "tokens.npy").exists()
     assert json.loads((run_dir / "corpus_audit.json").read_text())["included"] == 3
+    # a base model folder with its tokenizer (the one prepare just wrote): validate counts exactly as prepare does
+    spec["spec"]["baseModel"] = {"uri": str(run_dir / "base")}
+    r, out = _invoke(tmp_path, spec, data_root, "validate")
+    assert r.exit_code == 2
+    assert (f"spec.training.seqLen: the filtered corpus has {m.group(1)} tokens, fewer than one packed sequence of "
+            "seqLen + 1 = 513 tokens") in out
+    spec["spec"]["corpus"]["uri"] = str(data_root / "fomc_statements" / "fomc_statements_1994_2026.csv")
+    r, out = _invoke(tmp_path, spec, data_root, "validate")
+    assert r.exit_code == 0, out
 
 
 def test_run_refuses_a_corpus_shorter_than_one_sequence_with_exit_2_and_a_failed_status(tmp_path, spec, data_root):
