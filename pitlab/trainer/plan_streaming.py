@@ -198,7 +198,8 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
              f"streamed from host memory; LoRA r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
              f"{count_text(sshape.adapter)} adapter parameters resident with their AdamW state",
              f"host→GPU per optimizer step: {bytes_per_step(sshape, shape.layers, ls.buffers, tr) / 1e9:.2f} GB "
-             f"(each layer once in forward, again in backward, less the {ls.buffers} layers still in the slots)"]
+             f"(each layer once in forward and again in backward, less the {ls.buffers} layers still in the slots at "
+             "each turn)"]
     advice = ""
     if cap is not None and peak > cap:
         advice = _advice(at, tokens, tr, ls, cap, comp)
@@ -210,9 +211,10 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
 
 def bytes_per_step(sshape: StreamingShape, layers: int, buffers: int, tr) -> int:
     """Host→GPU bytes of one optimizer step: per microbatch every layer's frozen weights are copied for the
-    forward and again for the backward, except the ``buffers`` layers already in their slots at each turn:
-    ``(2 L - buffers) × slot`` per microbatch (an upper bound: the slot size is the largest layer's)."""
-    return max(0, 2 * layers - buffers) * sshape.slot * tr.gradient_accumulation_steps
+    forward and again for the backward, except the ``buffers`` layers still in their slots at each turn (the
+    first ones after a backward, the last ones after a forward): ``2 (L - buffers) × slot`` per microbatch
+    (an upper bound: the slot size is the largest layer's)."""
+    return 2 * max(0, layers - buffers) * sshape.slot * tr.gradient_accumulation_steps
 
 
 def _advice(at, tokens: int, tr, ls, cap: int, comp: dict[str, int]) -> str:
