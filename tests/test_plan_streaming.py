@@ -165,3 +165,12 @@ def test_spec_rules(base8b, edit, message):
         del doc["spec"]["lora"]
     with pytest.raises(SpecError, match=message):
         parse_resource(doc)
+
+
+def test_a_host_store_larger_than_the_host_memory_is_refused():
+    from pitlab.trainer.plan_streaming import check_host_memory
+
+    check_host_memory(15_009_841_152, available=17 * 10 ** 9)  # 15.0 GB + 10 % fits in 17 GB
+    with pytest.raises(StreamingBudgetError, match=r"the host store needs 15\.0 GB of host memory .* but 16\.0 GB "
+                                                   r"are available \(MemAvailable\)"):
+        check_host_memory(15_009_841_152, available=16 * 10 ** 9)

@@ -27,6 +27,7 @@ CONFIGS = {
     "qwen3_5_moe_text": dict(QWEN35_TINY, num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2),
 }
 TARGETS = ["q_proj", "v_proj", "o_proj", "out_proj", "down_proj"]
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA: pinned store, side-stream copies
 
 
 def lora_model(model_type: str, bf16: bool = True) -> torch.nn.Module:
@@ -51,14 +52,17 @@ def batch(seed: int = 1):
     return torch.randint(0, VOCAB, (2, 24), generator=g), torch.randint(0, VOCAB, (2, 24), generator=g)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("model_type", list(CONFIGS))
-def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type):
+def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type, device):
     resident = lora_model(model_type)
     streamed = copy.deepcopy(resident)
-    streamer = LayerStreamer(streamed, "cpu", buffers=2)
+    resident.to(device)
+    streamer = LayerStreamer(streamed, device, buffers=2)
+    assert streamer.pinned is (device == "cuda")
     resident.train()
     streamed.train()
-    ids, labels = batch()
+    ids, labels = (t.to(device) for t in batch())
     # a training forward (each decoder layer checkpointed) gives the resident model's logits bit for bit
     assert torch.equal(streamed(input_ids=ids).logits, resident(input_ids=ids).logits)
     assert streamer.copies == 4  # every layer once
@@ -77,7 +81,7 @@ def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type)
     assert differ == []
     # names and values are the unwrapped model's: every frozen parameter still holds its own value
     sd_r, sd_s = resident.state_dict(), streamed.state_dict()
-    assert list(sd_s) == list(sd_r) and all(torch.equal(sd_s[k], sd_r[k]) for k in sd_r)
+    assert list(sd_s) == list(sd_r) and all(torch.equal(sd_s[k].to(device), sd_r[k]) for k in sd_r)
     assert [n for n, _ in streamed.named_parameters()] == [n for n, _ in resident.named_parameters()]
 
 

@@ -286,6 +286,31 @@ def device_budget(device: torch.device) -> tuple[int | None, str | None]:
     return int(free) + torch.cuda.memory_reserved(device), "free memory of the GPU (torch.cuda.mem_get_info)"
 
 
+def available_host_memory() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (Linux), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(host_bytes: int, available: int | None = None) -> None:
+    """Raise :class:`StreamingBudgetError` when the host store (``host_bytes``, bytes) cannot fit the host's
+    available memory (``available``, default :func:`available_host_memory`): the load holds the model once
+    plus one layer, so the store plus 10 % must fit."""
+    available = available_host_memory() if available is None else available
+    if available is not None and host_bytes * 1.1 > available:
+        raise StreamingBudgetError(
+            f"training.layerStreaming: the host store needs {host_bytes / 1e9:.1f} GB of host memory (frozen decoder "
+            f"layers and input embedding, plus 10 % while loading) but {available / 1e9:.1f} GB are available "
+            "(MemAvailable); use a machine with more memory or a smaller model (a memory-mapped host store, "
+            "slower, is not implemented)")
+
+
 def check_budget(spec, config=None, device: torch.device | None = None) -> StreamingPlan:
     """The plan of ``spec`` against the smallest budget of :func:`spec_budget` and (on CUDA) :func:`device_budget`;
     raises :class:`StreamingBudgetError` with :meth:`StreamingPlan.refusal` when it does not fit. ``config``:

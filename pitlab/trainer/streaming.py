@@ -332,13 +332,14 @@ def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Modu
     ``training.layerStreaming.enabled``), loaded on the CPU exactly as the FSDP2 path loads it (frozen base in
     bfloat16 with ``precision: bf16``, seeded adapter init; :func:`pitlab.trainer.loading.load_sharded_model`
     without a mesh), checked against the GPU budget (:func:`pitlab.trainer.plan_streaming.check_budget`,
-    raising :class:`pitlab.trainer.plan_streaming.StreamingBudgetError` before any weight is read) and
+    raising :class:`pitlab.trainer.plan_streaming.StreamingBudgetError` before any weight is read, also when
+    the host store does not fit the host's available memory) and
     streamed to ``device``. Returns ``(peft model, streamer)``."""
     from transformers import AutoConfig
 
     from pitlab.trainer.loading import load_sharded_model
     from pitlab.trainer.lora import lora_record
-    from pitlab.trainer.plan_streaming import check_budget
+    from pitlab.trainer.plan_streaming import check_budget, check_host_memory
 
     import torch.distributed as dist
 
@@ -349,7 +350,8 @@ def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Modu
     if dist.is_initialized() and dist.get_world_size() != 1:
         raise SpecError([("spec.training.layerStreaming", f"runs in one process, not {dist.get_world_size()} "
                                                           "(resources.gpusPerNode: 1)")])
-    check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
+    plan = check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
+    check_host_memory(plan.host_bytes)
     model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
                                seed=tr.seed)
     streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host)
