@@ -118,9 +118,14 @@ def largest_fit(base: Path, seq: int, steps: int, budget: int, buffers: int, max
     """``(seq, microBatchSize)`` with the most tokens per microbatch that the planner fits under ``budget``:
     the largest microbatch of ``seq``-token sequences, or, if not one fits, the longest sequence (multiple of
     128)."""
+    from pitlab.trainer.plan import model_shape, spec_config
     from pitlab.trainer.plan_streaming import plan_streaming
 
-    fits = lambda s, m: plan_streaming(resource(base, s, m, steps, budget, buffers).spec).fits  # noqa: E731
+    spec = resource(base, seq, 1, steps, budget, buffers).spec
+    shape, sshape = model_shape(spec_config(spec)), _sshape(spec)  # built once (meta device)
+
+    def fits(s: int, m: int) -> bool:
+        return plan_streaming(resource(base, s, m, steps, budget, buffers).spec, shape, sshape).fits
     micro = 0
     while micro < max_micro and fits(seq, micro + 1):
         micro += 1

@@ -124,19 +124,24 @@ class StreamingPlan(MemoryPlan):
     advice: str = ""
 
     def table(self) -> str:
-        """The pre-flight panel: host store, GPU components, predicted peak and budget (GiB and GB)."""
-        rows = [f"{'layer streaming':<22}{'GiB':>10}{'GB':>10}",
-                f"{'host store':<22}{self.host_bytes / GiB:>10.2f}{self.host_bytes / 1e9:>10.2f}"
-                f"  ({'pinned' if self.pinned else 'pageable'} host memory, not GPU)"]
+        """The pre-flight panel: host store, GPU components, predicted peak and budget (GiB and GB; MiB and
+        MB when the peak is under 1 GiB)."""
+        big = self.peak_bytes >= GiB
+        (u1, d1), (u2, d2) = ((("GiB", GiB), ("GB", 1e9)) if big else (("MiB", 2 ** 20), ("MB", 1e6)))
+
+        def row(name: str, v: int, extra: str = "") -> str:
+            return f"{name:<22}{v / d1:>10.2f}{v / d2:>10.2f}{extra}"
+
+        rows = [f"{'layer streaming':<22}{u1:>10}{u2:>10}",
+                row("host store", self.host_bytes,
+                    f"  ({'pinned' if self.pinned else 'pageable'} host memory, not GPU)")]
         for k in COMPONENTS:
-            v = self.components[k]
             extra = {"layer_slots": f"  ({self.buffers} slots)",
                      "logits_chunk": f"  ({self.chunk_tokens} of {self.tokens} tokens per chunk)"}.get(k, "")
-            rows.append(f"{k:<22}{v / GiB:>10.2f}{v / 1e9:>10.2f}{extra}")
-        rows.append(f"{'predicted peak':<22}{self.peak_bytes / GiB:>10.2f}{self.peak_bytes / 1e9:>10.2f}")
+            rows.append(row(k, self.components[k], extra))
+        rows.append(row("predicted peak", self.peak_bytes))
         if self.capacity_bytes is not None:
-            rows.append(f"{'budget':<22}{self.capacity_bytes / GiB:>10.2f}{self.capacity_bytes / 1e9:>10.2f}"
-                        f"  ({self.budget_source})")
+            rows.append(row("budget", self.capacity_bytes, f"  ({self.budget_source})"))
         return "\n".join(rows + self.notes)
 
     def refusal(self, source: str | None = None) -> str:
