@@ -10,15 +10,19 @@ pitlab's trainer in this process (world size 1; the same ``pitlab.trainer.train.
 (``max_memory_allocated`` and ``max_memory_reserved``) against the planner's prediction, bytes moved per step,
 the pinned bandwidth and the transfer bound (bytes per step ÷ bandwidth) with the fraction of it reached.
 
-    python bench/streaming.py --work /tmp/stream --out "$OUT" [--model llama8b|qwen35-moe] [--steps 12]
+    python bench/streaming.py --work /tmp/stream --out "$OUT" [--model llama8b|qwen35-moe] [--steps 12] [--baseline]
     python bench/streaming.py --work /tmp/stream --out /tmp/out --tiny      # CPU smoke test of this script
 
-For ``qwen35-moe`` source the kit first (``../shared/gpu``: flash-linear-attention on Hopper).
+``--baseline`` first runs the same steps on the resident model (FSDP2 on the one GPU, no cap) for the speed
+ratio. Check correctness on the GPU before speed: ``pytest tests/test_streaming.py -k cuda`` (streamed vs
+resident logits and gradients, ``torch.equal``). For ``qwen35-moe`` source the kit first (``../shared/gpu``:
+flash-linear-attention on Hopper).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -148,6 +152,8 @@ def main() -> int:
     ap.add_argument("--buffers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the steady tokens/s")
+    ap.add_argument("--baseline", action="store_true",
+                    help="first run the same steps on the resident model (FSDP2, one GPU, no cap) for the ratio")
     args = ap.parse_args()
     if args.tiny:
         args.model, args.seq, args.micro = "tiny", 128, args.micro or 4
@@ -155,9 +161,7 @@ def main() -> int:
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    from pitlab.trainer.launch import write_spec
     from pitlab.trainer.prepare import build_config
-    from pitlab.trainer.train import RunPaths, train
 
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -193,33 +197,36 @@ def main() -> int:
 
     plan = plan_streaming(res.spec)
     print(plan.table(), flush=True)
-    spec_path = write_spec(res, run / "spec.json")
     vocab_ids = AutoConfig.from_pretrained(base).vocab_size
     rng = np.random.default_rng(0)
     tokens = np.minimum(rng.zipf(1.2, size=(seq + 1) * micro * args.steps + 1), vocab_ids - 1).astype(np.uint32)
-    (run / "data").mkdir(parents=True, exist_ok=True)
-    np.save(run / "data" / "tokens.npy", tokens)
-    for stale in (run / "train", run / "checkpoint", run / "adapter"):  # a fresh run, not a resume
-        if stale.exists():
-            shutil.rmtree(stale)
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
-    if cuda:
-        # what the trainer will see: the fraction read back (or the spec's budget where torch cannot say)
-        result["budget_source"] = check_budget(res.spec, device=device).budget_source
-    t1 = time.perf_counter()
     try:
-        summary = train(spec_path, RunPaths(run, base))
+        if args.baseline:  # the resident model (FSDP2 on one GPU, checkpointing), no cap: the side-by-side rate
+            base_res = res.model_copy(deep=True)
+            base_res.spec.training.layer_streaming.enabled = False
+            base_res.spec.training.activation_checkpointing = True
+            if cuda:
+                torch.cuda.set_per_process_memory_fraction(1.0, device)
+            b_summary, b_metrics, b_tps, _ = run_trainer(base_res, run / "baseline", base, tokens, args.warmup)
+            result["baseline"] = {"steady_tokens_per_second": b_tps, "peak_allocated_bytes":
+                                  b_summary["peak_memory_bytes"], "final_loss": b_summary["final_loss"],
+                                  "metrics": b_metrics}
+        if cuda:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory,
+                                                       device)
+            # what the trainer will see: the fraction read back (or the spec's budget where torch cannot say)
+            result["budget_source"] = check_budget(res.spec, device=device).budget_source
+        summary, metrics, tps, wall = run_trainer(res, run / "streamed", base, tokens, args.warmup)
     finally:
         dist.destroy_process_group()
-    wall = time.perf_counter() - t1
-    metrics = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
-    steady = metrics[args.warmup:] or metrics
-    tps = float(np.median([m["tokens_per_second"] for m in steady]))
     moved = bytes_per_step(_sshape(res.spec), plan.shape.layers, args.buffers, res.spec.training)
-    measured_moved = summary["layer_streaming"]["bytes_copied"] / summary["steps"]
     result.update({
         "seq_len": seq, "micro_batch_size": micro, "tokens_per_step": seq * micro, "steps": summary["steps"],
         "steady_tokens_per_second": tps, "train_wall_s": wall,
@@ -228,13 +235,16 @@ def main() -> int:
         "measured_peak_allocated_bytes": summary["peak_memory_bytes"],
         "measured_peak_reserved_bytes": summary.get("peak_memory_reserved_bytes"),
         # planned: the steady state; measured: the run's mean (its first step finds the slots empty)
-        "bytes_per_step_planned": moved, "bytes_per_step_measured": measured_moved,
+        "bytes_per_step_planned": moved,
+        "bytes_per_step_measured": summary["layer_streaming"]["bytes_copied"] / summary["steps"],
         "layer_streaming": summary["layer_streaming"], "first_loss": summary["first_loss"],
         "final_loss": summary["final_loss"], "software": summary["software"], "metrics": metrics,
     })
+    if "baseline" in result:
+        result["speed_ratio_vs_resident"] = tps / result["baseline"]["steady_tokens_per_second"]
     if cuda:
         reserved = summary.get("peak_memory_reserved_bytes") or summary["peak_memory_bytes"]
-        bound_s = measured_moved / result["pinned_h2d_bytes_per_s"]
+        bound_s = moved / result["pinned_h2d_bytes_per_s"]
         result.update({
             "plan_error_vs_reserved": (plan.peak_bytes - reserved) / reserved,
             "plan_error_vs_allocated": (plan.peak_bytes - summary["peak_memory_bytes"]) / summary["peak_memory_bytes"],
@@ -246,6 +256,25 @@ def main() -> int:
     print(json.dumps({k: v for k, v in result.items() if k not in ("metrics", "plan", "plan_table", "software")},
                      indent=2, default=str))
     return 0
+
+
+def run_trainer(res, run: Path, base: Path, tokens: np.ndarray, warmup: int) -> tuple[dict, list, float, float]:
+    """Run pitlab's trainer in this process (the default process group must exist) on ``res`` in a fresh
+    ``run`` folder; returns ``(summary, metrics, steady tokens/s (median after warmup), wall seconds)``."""
+    from pitlab.trainer.launch import write_spec
+    from pitlab.trainer.train import RunPaths, train
+
+    if run.exists():
+        shutil.rmtree(run)
+    (run / "data").mkdir(parents=True)
+    np.save(run / "data" / "tokens.npy", tokens)
+    spec_path = write_spec(res, run / "spec.json")
+    t = time.perf_counter()
+    summary = train(spec_path, RunPaths(run, base))
+    wall = time.perf_counter() - t
+    metrics = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+    steady = metrics[warmup:] or metrics
+    return summary, metrics, float(np.median([m["tokens_per_second"] for m in steady])), wall
 
 
 def _sshape(spec):

@@ -102,6 +102,20 @@ def test_three_slots_and_an_evaluation_forward():
         streamed(input_ids=ids)  # eval mode with gradients: the layers would not be recomputed in backward
 
 
+def test_a_tied_embedding_stays_on_the_device():
+    """With tie_word_embeddings the input embedding is the head's weight: it stays resident, not in the host
+    store, and the result is still the resident model's."""
+    config = build_config("llama", dict(CONFIGS["llama"], tie_word_embeddings=True), vocab_size=VOCAB)
+    torch.manual_seed(0)
+    resident = apply_lora(AutoModelForCausalLM.from_config(config), r=4, alpha=8, dropout=0.0,
+                          target_modules=TARGETS).train()
+    streamed = copy.deepcopy(resident)
+    streamer = LayerStreamer(streamed, "cpu")
+    assert streamer.embedding is None and streamer.report()["host_embedding"] is False
+    ids, _ = batch(5)
+    assert torch.equal(streamed(input_ids=ids).logits, resident(input_ids=ids).logits)
+
+
 def test_layout_aligns_every_parameter_to_512_bytes():
     model = lora_model("qwen3_5_moe_text")
     layout = layer_layout(model.get_base_model().model.layers[0])
