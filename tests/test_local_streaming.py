@@ -37,7 +37,7 @@ def test_streaming_pittraining_runs_end_to_end(streaming_run):
     assert status["phase"] == "Succeeded" and status["progress"]["step"] == 8
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["method"] == "lora" and summary["world_size"] == 1 and summary["precision"] == "bf16"
-    # r × (in + out) per targeted linear layer and decoder layer: q 64→64, k 64→32, v 64→32, o 64→64, down 128→64
+    # r × (in + out) per targeted linear layer of each decoder layer: q 64→64, k, v 64→32, o 64→64, down 128→64
     assert summary["trainable_parameters"] == 4 * 8 * (128 + 96 + 96 + 128 + 192) == 20_480
     losses = [json.loads(x)["loss"] for x in (run_dir / "train" / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 8 and losses[0] == summary["first_loss"] and losses[-1] == summary["final_loss"]
