@@ -70,7 +70,8 @@ def batch(seed: int = 1):
     return torch.randint(0, VOCAB, (2, 24), generator=g), torch.randint(0, VOCAB, (2, 24), generator=g)
 
 
-@pytest.mark.parametrize("device, deterministic", [(d, d) for d in DEVICES], indirect=["deterministic"])
+@pytest.mark.parametrize("device, deterministic", [pytest.param(d, d, id=d) for d in DEVICES],
+                         indirect=["deterministic"])
 @pytest.mark.parametrize("model_type", list(CONFIGS))
 def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type, device, deterministic):
     resident = lora_model(model_type, eager=device == "cuda")
