@@ -98,6 +98,10 @@ def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type,
     assert all(g is not None and g.abs().sum() > 0 for g in grads_r.values())
     differ = [n for n in grads_r if not torch.equal(grads_s[n], grads_r[n])]
     assert differ == []
+    for model in (resident, streamed):  # one AdamW step: the same adapter afterwards
+        torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2).step()
+    after_r = {n: p for n, p in resident.named_parameters() if p.requires_grad}
+    assert all(torch.equal(p, after_r[n]) for n, p in streamed.named_parameters() if p.requires_grad)
     # names and values are the unwrapped model's: every frozen parameter still holds its own value
     sd_r, sd_s = resident.state_dict(), streamed.state_dict()
     assert list(sd_s) == list(sd_r) and all(torch.equal(sd_s[k].to(device), sd_r[k]) for k in sd_r)
