@@ -87,3 +87,19 @@ def test_a_streaming_run_resumes_bit_identically(streaming_run, tmp_path):
     assert summary["resumed_from_step"] == 4 and summary["steps"] == 8
     assert summary["param_sha256"] == full["param_sha256"] and summary["final_loss"] == full["final_loss"]
     assert summary["layer_streaming"]["layer_copies"] == (4 + 2) + 3 * 4  # 4 steps, the first into empty slots
+
+
+def test_a_run_over_its_budget_is_refused_before_anything_is_written(tmp_path, data_root):
+    with open(EXAMPLE) as f:
+        doc = yaml.safe_load(f)
+    doc["spec"]["output"]["uri"] = str(tmp_path / "out")
+    doc["spec"]["training"]["layerStreaming"]["gpuMemoryBudgetBytes"] = 16 * 2 ** 20  # 16 MiB
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(app, ["run", str(path), "--data-root", str(data_root)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "spec.training.layerStreaming: predicted GPU peak 31.32 MiB exceeds the budget 16.00 MiB" in out, out
+    assert "(training.layerStreaming.gpuMemoryBudgetBytes = 16777216); at most 3 sequence(s) of seqLen 128 per " \
+           "microbatch fit: set training.microBatchSize: 3 (now 8" in out, out
+    assert not (tmp_path / "out").exists()

@@ -147,8 +147,8 @@ class StreamingPlan(MemoryPlan):
     def refusal(self, source: str | None = None) -> str:
         """Why the run does not fit: the prediction, the budget and the setting that gave it
         (``budget_source``; ``source`` is ignored), and what to change."""
-        return (f"training.layerStreaming: predicted GPU peak {self.peak_bytes / GiB:.2f} GiB exceeds the budget "
-                f"{self.capacity_bytes / GiB:.2f} GiB ({self.budget_source}); {self.advice}")
+        return (f"training.layerStreaming: predicted GPU peak {bytes_text(self.peak_bytes)} exceeds the budget "
+                f"{bytes_text(self.capacity_bytes)} ({self.budget_source}); {self.advice}")
 
 
 def _components(s: StreamingShape, shape: ModelShape, tokens: int, c: int, buffers: int,
@@ -242,9 +242,14 @@ def _advice(at, tokens: int, tr, ls, cap: int, comp: dict[str, int]) -> str:
                 f"training.seqLen: {lo} or less and training.microBatchSize: 1, or raise the budget")
     fixed = comp["resident"] + comp["adapter_state"] + comp["layer_slots"]
     fix = (f"set training.layerStreaming.buffers: 2 (now {ls.buffers}) or " if ls.buffers > 2 else "")
-    return (f"the fixed part alone needs {fixed / GiB:.2f} GiB (layer slots {comp['layer_slots'] / GiB:.2f} GiB, "
-            f"resident weights (head, norms, adapter) {comp['resident'] / GiB:.2f} GiB, adapter state "
-            f"{comp['adapter_state'] / GiB:.2f} GiB): {fix}raise the budget (a GPU with more memory)")
+    return (f"the fixed part alone needs {bytes_text(fixed)} (layer slots {bytes_text(comp['layer_slots'])}, "
+            f"resident weights (head, norms, adapter) {bytes_text(comp['resident'])}, adapter state "
+            f"{bytes_text(comp['adapter_state'])}): {fix}raise the budget (a GPU with more memory)")
+
+
+def bytes_text(n: int) -> str:
+    """``n`` bytes for people: ``3.22 GiB`` from 1 GiB up, else ``31.32 MiB``."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2 ** 20:.2f} MiB"
 
 
 def spec_budget(spec, gpu_memory_gib: float | None = None) -> tuple[int | None, str | None]:
@@ -289,6 +294,16 @@ def device_budget(device: torch.device) -> tuple[int | None, str | None]:
         return int(frac * total), f"torch.cuda.set_per_process_memory_fraction({frac:g}) of {total / GiB:.1f} GiB"
     free, _ = torch.cuda.mem_get_info(device)
     return int(free) + torch.cuda.memory_reserved(device), "free memory of the GPU (torch.cuda.mem_get_info)"
+
+
+def check_spec_fits(spec) -> StreamingPlan:
+    """The plan of ``spec`` against the budget the spec gives (:func:`spec_budget`); raises
+    :class:`pitlab.api.SpecError` naming ``spec.training.layerStreaming`` with :meth:`StreamingPlan.refusal`'s
+    reasons when it does not fit (a pre-flight check: no GPU needed)."""
+    plan = plan_streaming(spec)
+    if plan.fits is False:
+        raise SpecError([("spec.training.layerStreaming", plan.refusal().split(": ", 1)[1])])
+    return plan
 
 
 def available_host_memory() -> int | None:
