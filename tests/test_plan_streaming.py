@@ -55,6 +55,8 @@ def test_panel_of_the_8b_llama(base8b, shapes8b):
     assert s.slot == 2 * LAYER_8B  # bf16; every tensor already a multiple of 512 bytes
     assert s.host == 32 * 2 * LAYER_8B + 2 * EMBED_8B == 15_009_841_152  # layers + the untied input embedding
     assert s.adapter == ADAPTER_8B
+    # page-locked: each layer's 436 MB store takes a 512 MiB block, the 1.05 GB embedding a 1 GiB one
+    assert s.host_pinned == 32 * 2 ** 29 + 2 ** 30 == 17 * GiB
     # resident: the untied head and the final norm in bf16, the float32 adapter, the rotary buffers (float32)
     assert s.resident - 512 == 2 * EMBED_8B + 2 * 4096 + 4 * ADAPTER_8B
     spec = PitTraining.model_validate(doc8b(base8b, gpuMemoryBudgetBytes=4 * GiB)).spec
@@ -70,7 +72,7 @@ def test_panel_of_the_8b_llama(base8b, shapes8b):
     assert p.peak_bytes == sum(v for k, v in c.items() if k != "logits_chunk")  # the recompute phase is larger
     assert 3.1 * GiB < p.peak_bytes < 3.4 * GiB and p.fits is True
     table = p.table()
-    for row in ("host store", "pinned host memory", "layer_slots", "(2 slots)", "checkpoints", "logits_chunk",
+    for row in ("host store", "host store pinned", "17.00", "layer_slots", "(2 slots)", "checkpoints", "logits_chunk",
                 "(128 of 2048 tokens per chunk)", "predicted peak", "budget",
                 "training.layerStreaming.gpuMemoryBudgetBytes = 4294967296"):
         assert row in table, row

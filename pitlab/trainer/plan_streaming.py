@@ -23,7 +23,9 @@ parameters), all counted on the meta-device model the trainer builds (no memory,
 
 Peak = resident + adapter_state + layer_slots + checkpoints + max(layer_recompute, logits_chunk) + slack, the
 bytes the caching allocator holds at the worst moment (compare with ``torch.cuda.max_memory_reserved``). The
-host store (``host_bytes``, pinned with ``pinHost``) is host memory and is reported beside the GPU panel.
+host store (``host_bytes``) is host memory and is reported beside the GPU panel; page-locked (``pinHost`` with
+a CUDA device) it takes ``host_pinned_bytes``, each layer's allocation rounded up to a power of two by torch's
+caching host allocator (about 17 % more for an 8B Llama's 436 MB layers).
 
 The budget is the smallest of: ``training.layerStreaming.gpuMemoryBudgetBytes``; ``resources.gpuMemoryGiB``
 (or ``pitlab plan --gpu-memory-gib``) less :data:`CUDA_CONTEXT_BYTES` (the CUDA context lives outside the
@@ -61,14 +63,23 @@ class StreamingShape:
     """What the streaming plan needs of the model, in bytes (from the meta-device LoRA model).
 
     ``resident``: parameters and buffers that stay on the GPU; ``adapter``: adapter parameters (count);
-    ``slot``: one slot (the largest layer's frozen weights, aligned); ``host``: all layers' frozen weights;
+    ``slot``: one slot (the largest layer's frozen weights, aligned); ``host``: all layers' frozen weights
+    (and a host-side input embedding); ``host_pinned``: the page-locked bytes they take (torch's caching host
+    allocator rounds each allocation, one per layer and dtype, up to a power of two);
     ``lora_act_per_token``: the largest layer's adapter activation bytes per token."""
 
     resident: int
     adapter: int
     slot: int
     host: int
+    host_pinned: int
     lora_act_per_token: int
+
+
+def pinned_bytes(nbytes: int) -> int:
+    """Page-locked bytes torch's caching host allocator takes for an allocation of ``nbytes`` (the next power of
+    two; ``ATen/core/CachingHostAllocator.h`` with the default ``pinned_max_round_threshold``); 0 for 0."""
+    return 0 if nbytes <= 0 else 1 << (nbytes - 1).bit_length()
 
 
 def streaming_shape(config, lora, precision: str) -> StreamingShape:
@@ -106,6 +117,9 @@ def streaming_shape(config, lora, precision: str) -> StreamingShape:
                     for m in layer.modules() if isinstance(m, LoraLinear)) for layer in layers]
     return StreamingShape(resident=resident, adapter=sum(p.numel() for p in model.parameters() if p.requires_grad),
                           slot=slot, host=sum(layout.nbytes for layout in layouts) + host_emb,
+                          host_pinned=sum(pinned_bytes(n * torch.empty((), dtype=d).element_size())
+                                          for layout in layouts for d, n in layout.numel.items())
+                          + pinned_bytes(host_emb),
                           lora_act_per_token=max(lora_act))
 
 
@@ -116,6 +130,7 @@ class StreamingPlan(MemoryPlan):
     frozen layers' host store), ``buffers``, ``chunk_tokens`` (loss chunk) and ``tokens`` (per microbatch)."""
 
     host_bytes: int = 0
+    host_pinned_bytes: int = 0
     pinned: bool = True
     buffers: int = 2
     chunk_tokens: int = 0
@@ -133,8 +148,10 @@ class StreamingPlan(MemoryPlan):
             return f"{name:<22}{v / d1:>10.2f}{v / d2:>10.2f}{extra}"
 
         rows = [f"{'layer streaming':<22}{u1:>10}{u2:>10}",
-                row("host store", self.host_bytes,
-                    f"  ({'pinned' if self.pinned else 'pageable'} host memory, not GPU)")]
+                row("host store", self.host_bytes, "  (host memory, not GPU)")]
+        if self.pinned:
+            rows.append(row("host store pinned", self.host_pinned_bytes,
+                            "  (page-locked: power-of-two blocks, with a CUDA device)"))
         for k in COMPONENTS:
             extra = {"layer_slots": f"  ({self.buffers} slots)",
                      "logits_chunk": f"  ({self.chunk_tokens} of {self.tokens} tokens per chunk)"}.get(k, "")
@@ -209,7 +226,8 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
     if cap is not None and peak > cap:
         advice = _advice(at, tokens, tr, ls, cap, comp)
     return StreamingPlan(world_size=1, components=comp, peak_bytes=peak, capacity_bytes=cap, shape=shape,
-                         notes=notes, host_bytes=sshape.host, pinned=ls.pin_host, buffers=ls.buffers,
+                         notes=notes, host_bytes=sshape.host, host_pinned_bytes=sshape.host_pinned,
+                         pinned=ls.pin_host, buffers=ls.buffers,
                          chunk_tokens=logits_chunk_tokens(shape.vocab, c, tokens), tokens=tokens,
                          budget_source=source, advice=advice)
 
@@ -319,7 +337,8 @@ def available_host_memory() -> int | None:
 
 
 def check_host_memory(host_bytes: int, available: int | None = None) -> None:
-    """Raise :class:`StreamingBudgetError` when the host store (``host_bytes``, bytes) cannot fit the host's
+    """Raise :class:`StreamingBudgetError` when the host store (``host_bytes``, bytes; the pinned bytes when it
+    is page-locked) cannot fit the host's
     available memory (``available``, default :func:`available_host_memory`): the load holds the model once
     plus one layer, so the store plus 10 % must fit."""
     available = available_host_memory() if available is None else available

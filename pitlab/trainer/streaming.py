@@ -351,7 +351,7 @@ def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Modu
         raise SpecError([("spec.training.layerStreaming", f"runs in one process, not {dist.get_world_size()} "
                                                           "(resources.gpusPerNode: 1)")])
     plan = check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
-    check_host_memory(plan.host_bytes)
+    check_host_memory(plan.host_pinned_bytes if ls.pin_host and device.type == "cuda" else plan.host_bytes)
     model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
                                seed=tr.seed)
     streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host)
