@@ -73,7 +73,7 @@ def batch(seed: int = 1):
 @pytest.mark.parametrize("device, deterministic", [pytest.param(d, d, id=d) for d in DEVICES],
                          indirect=["deterministic"])
 @pytest.mark.parametrize("model_type", list(CONFIGS))
-def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type, device, deterministic):
+def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type, device, deterministic, tmp_path):
     resident = lora_model(model_type, eager=device == "cuda")
     streamed = copy.deepcopy(resident)
     resident.to(device)
@@ -102,6 +102,12 @@ def test_streamed_logits_and_lora_gradients_equal_the_resident_model(model_type,
         torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2).step()
     after_r = {n: p for n, p in resident.named_parameters() if p.requires_grad}
     assert all(torch.equal(p, after_r[n]) for n, p in streamed.named_parameters() if p.requires_grad)
+    # the verified save sees the same adapter through the streamed model: byte-identical files
+    from pitlab.trainer.lora import ADAPTER_FILE, save_adapter_verified
+
+    saved = [save_adapter_verified(m, tmp_path / name) for name, m in (("r", resident), ("s", streamed))]
+    assert saved[0]["tensors"] == saved[1]["tensors"] == len(grads_r)
+    assert (tmp_path / "r" / ADAPTER_FILE).read_bytes() == (tmp_path / "s" / ADAPTER_FILE).read_bytes()
     # names and values are the unwrapped model's: every frozen parameter still holds its own value
     sd_r, sd_s = resident.state_dict(), streamed.state_dict()
     assert list(sd_s) == list(sd_r) and all(torch.equal(sd_s[k].to(device), sd_r[k]) for k in sd_r)
