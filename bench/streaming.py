@@ -57,30 +57,62 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 def write_random_base(config, out: Path, seed: int = 0, shard_bytes: int = 4 * GiB) -> int:
-    """Write a random bf16 model of ``config`` to ``out`` (config.json + safetensors shards + index), one tensor
-    at a time (normal(0, 0.02), norms 1), without holding the model; returns the parameter count."""
+    """Write a random-initialised bf16 model of ``config`` to ``out`` (config.json, safetensors shards, index)
+    one module at a time — each decoder layer, then the modules outside them, copied from the meta-device
+    model to the CPU and initialised by the model's own ``_init_weights`` (so norms, ``A_log`` and the like
+    get their real initial values) — without ever holding the model; returns the parameter count."""
+    import copy
+
     import safetensors.torch
     from transformers import AutoModelForCausalLM
 
+    from pitlab.trainer.fsdp import decoder_layers
+
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
+    torch.manual_seed(seed)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(config)
-    gen = torch.Generator().manual_seed(seed)
+    wanted = set(dict(meta.named_parameters()))  # tied weights once
+    wanted |= {f"{m}.{b}" if m else b for m, mod in meta.named_modules() for b, _ in mod.named_buffers(recurse=False)
+               if b not in mod._non_persistent_buffers_set}
+    layers = decoder_layers(meta)
+    in_layers = {id(m) for layer in layers for m in layer.modules()}
+    parts = [(f"model.layers.{i}.", layer, True) for i, layer in enumerate(layers)]
+    parts += [(f"{n}." if n else "", m, False) for n, m in meta.named_modules()
+              if id(m) not in in_layers and any(True for _ in m.parameters(recurse=False))]
+
+    def tensors(prefix: str, module, recurse: bool):
+        cpu = copy.deepcopy(module).to_empty(device="cpu")
+        with torch.no_grad():
+            for m in cpu.modules():
+                meta._init_weights(m)
+        items = cpu.state_dict() if recurse else {
+            **dict(cpu.named_parameters(recurse=False)), **dict(cpu.named_buffers(recurse=False))}
+        return {prefix + k: v.detach().to(torch.bfloat16).contiguous() for k, v in items.items()
+                if prefix + k in wanted}
+
     shard, size, index, n, total = {}, 0, {}, 0, 0
-    names = [k for k, _ in meta.state_dict().items()]
-    for name, p in meta.state_dict().items():
-        t = torch.ones(p.shape) if name.endswith("norm.weight") or p.dim() == 1 else \
-            torch.randn(p.shape, generator=gen) * 0.02
-        t = t.to(torch.bfloat16)
-        shard[name] = t
-        size += t.numel() * 2
-        total += t.numel()
-        if size >= shard_bytes or name == names[-1]:
-            fname = f"model-{n:05d}.safetensors"
-            safetensors.torch.save_file(shard, str(out / fname), metadata={"format": "pt"})
-            index.update({k: fname for k in shard})
-            shard, size, n = {}, 0, n + 1
+
+    def flush() -> None:
+        nonlocal shard, size, n
+        fname = f"model-{n:05d}.safetensors"
+        safetensors.torch.save_file(shard, str(out / fname), metadata={"format": "pt"})
+        index.update({k: fname for k in shard})
+        shard, size, n = {}, 0, n + 1
+
+    for prefix, module, recurse in parts:
+        for name, t in tensors(prefix, module, recurse).items():
+            shard[name] = t
+            size += t.numel() * t.element_size()
+            total += t.numel() if name in dict(meta.named_parameters()) else 0
+        if size >= shard_bytes:
+            flush()
+    if shard:
+        flush()
+    missing = wanted - set(index)
+    if missing:
+        raise RuntimeError(f"write_random_base: no tensor written for {sorted(missing)[:5]}")
     (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
     return total
 
