@@ -1,7 +1,7 @@
 """GPU benchmark of layer streaming (issue 12): LoRA continued pretraining of an 8B model under a 4 GiB cap.
 
 Builds a random-initialised base in ``--work`` (Llama-3.1-8B dimensions by default, bf16 safetensors written
-tensor by tensor, seeded; or ``--model qwen35-moe``, a >= 8B qwen3_5_moe_text), a synthetic token file, and a
+module by module, seeded; or ``--model qwen35-moe``, a 10.5B qwen3_5_moe_text), a synthetic token file, and a
 PitTraining with ``method: lora`` (r=8 on q/k/v/o) and ``training.layerStreaming``; caps this process's CUDA
 caching allocator with ``torch.cuda.set_per_process_memory_fraction`` (``--cap-gib``, 4 by default), measures
 the pinned host→GPU bandwidth, picks the largest tokens per microbatch the planner fits under the cap, and runs
@@ -40,11 +40,12 @@ GiB = 2 ** 30
 MODELS = {
     # Llama-3.1-8B dimensions (8.03 B parameters, untied head, vocabulary 128,256)
     "llama8b": ("llama", dict(hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
-                              num_attention_heads=32, num_key_value_heads=8, rope_theta=500_000.0,
+                              num_attention_heads=32, num_key_value_heads=8,
+                              rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
                               max_position_embeddings=8192, tie_word_embeddings=False, rms_norm_eps=1e-5),
                 128_256),
     # the Qwen3.5-35B-A3B layer (3 linear-attention : 1 full-attention, hidden 2048) with 64 of its 256 experts:
-    # about 9 B parameters, all experts of a layer streamed with it
+    # 10.5 B parameters (vocabulary 248,320), all experts of a layer streamed with it
     "qwen35-moe": ("qwen3_5_moe_text", dict(hidden_size=2048, num_hidden_layers=40, num_experts=64,
                                             num_experts_per_tok=8, moe_intermediate_size=512,
                                             shared_expert_intermediate_size=512, max_position_embeddings=8192),
