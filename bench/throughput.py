@@ -183,7 +183,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     (run / "data").mkdir(parents=True, exist_ok=True)
     np.save(run / "data" / "tokens.npy", tokens)
     res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * n_steps * world, world,
-                            checkpointing="auto")
+                            checkpointing=None)
     spec = res.model_dump(mode="json", by_alias=True)
     for key, value in (overrides or {}).items():
         spec["spec"]["training"][key] = value

@@ -39,8 +39,10 @@ def test_unknown_field_names_the_path(doc):
 
 @pytest.mark.parametrize("path, value, message", [
     (("resources", "gpusPerNode"), "2", "spec.resources.gpusPerNode: Input should be a valid integer (got '2')"),
-    (("training", "activationCheckpointing"), "true",
-     "spec.training.activationCheckpointing: Input should be a valid boolean (got 'true')"),
+    (("training", "gradientSyncEveryMicrobatch"), "true",
+     "spec.training.gradientSyncEveryMicrobatch: Input should be a valid boolean (got 'true')"),
+    (("training", "activationCheckpointing"), "auto",
+     "spec.training.activationCheckpointing: Input should be a valid boolean (got 'auto')"),
     (("resources", "nodeSelector"), {"gpu": True}, "spec.resources.nodeSelector.gpu: Input should be a valid string"),
     (("knowledgeCutoff",), "2016-13-01", "spec.knowledgeCutoff: expected a date as YYYY-MM-DD (month must be in 1..12) (got '2016-13-01')"),
 ])

@@ -125,7 +125,7 @@ def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: tor
                 for p in model.parameters():
                     if not p.requires_grad:
                         p.data = p.data.to(torch.bfloat16)
-    shard_model(model, mesh, precision)
+    shard_model(model, mesh, precision, lora=lora is not None)
     model.to_empty(device=device)
     files = safetensors_index(base)
     headers = {path: read_header(path) for path in set(files.values())}

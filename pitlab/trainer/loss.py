@@ -1,13 +1,15 @@
-"""Chunked linear + cross-entropy: the language-model loss without the ``tokens × vocab`` float32 logits.
+"""Fused linear + cross-entropy: the language-model loss without the ``tokens × vocab`` float32 logits.
 
 The reference loss (``F.cross_entropy(lm_head(h).float(), labels)``) holds, at its peak in backward, the
-compute-dtype logits, the float32 log-softmax and two float32 gradients of ``T × V`` elements: with the
-248,320-entry Qwen3.5 vocabulary and 4,096 tokens that is 14 GB. :func:`chunked_linear_cross_entropy`
-computes the same loss ``chunk`` tokens at a time and, in the same pass, the gradients of the hidden states and
-of the head weight (the gradient of the mean cross-entropy with respect to the logits is
-``(softmax(z) - onehot(y)) / N``), so at most ``chunk × V`` float32 elements exist at once and backward only
-scales the stored gradients by the incoming scalar. The logits of each chunk are computed in the input's dtype
-(bf16 under the trainer's mixed precision, as the reference's ``lm_head`` does) and the softmax in float32.
+compute-dtype logits, their float32 copy, the float32 log-softmax and its float32 gradient, ``T × V (2 + 12)``
+bytes: 14 GB for 4,096 tokens of the 248,320-entry Qwen3.5 vocabulary (12.2 GB measured on an H200).
+:func:`chunked_linear_cross_entropy` computes the logits ``chunk`` tokens at a time in the compute dtype (bf16
+under the trainer's mixed precision, as the reference's ``lm_head``), and from them, in one pass, the summed loss
+and the gradient of the mean loss with respect to the logits, ``(softmax(z) - onehot(y)) / N``, stored in the
+compute dtype (what the reference's backward feeds its matrix products too). On CUDA that pass is one
+``torch.compile``-d kernel, so the float32 softmax lives in registers only. The gradients of the hidden states and
+of the head weight are then two matrix products over all rows, done in forward; backward only scales them by the
+incoming scalar. Same three matrix products as the reference, ``T × V × 2`` bytes instead of ``T × V × 14``.
 """
 
 from __future__ import annotations
@@ -15,49 +17,81 @@ from __future__ import annotations
 import torch
 
 IGNORE_INDEX = -100
-DEFAULT_CHUNK_TOKENS = 1024
+DEFAULT_CHUNK_TOKENS = 4096
+_compiled_rows = None  # torch.compile of _loss_and_grad_rows, built on the first CUDA call
+
+
+def _loss_and_grad_rows(z: torch.Tensor, y: torch.Tensor, denom: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For logits ``z`` ``(c, V)`` and labels ``y`` ``(c,)``: the summed cross-entropy of the valid rows (float32)
+    and its gradient divided by ``denom``, ``(softmax(z) - onehot(y)) / denom`` (zero rows for ignored labels), in
+    ``z``'s dtype. The softmax is computed in float32; compiled on CUDA into one kernel that never stores a
+    float32 ``(c, V)`` tensor."""
+    zf = z.float()
+    lse = torch.logsumexp(zf, dim=-1)
+    valid = y != IGNORE_INDEX
+    safe = torch.where(valid, y, 0)
+    picked = zf.gather(1, safe[:, None]).squeeze(1)
+    loss_sum = torch.where(valid, lse - picked, 0.0).sum()
+    onehot = torch.arange(z.shape[1], device=z.device)[None, :] == safe[:, None]
+    scale = valid.to(torch.float32) / denom
+    g = (torch.exp(zf - lse[:, None]) - onehot.to(torch.float32)) * scale[:, None]
+    return loss_sum, g.to(z.dtype)
+
+
+def _rows_fn(device: torch.device):
+    global _compiled_rows
+    if device.type != "cuda":
+        return _loss_and_grad_rows
+    if _compiled_rows is None:
+        _compiled_rows = torch.compile(_loss_and_grad_rows, dynamic=False)
+    return _compiled_rows
+
+
+def _disable_compiled():
+    global _compiled_rows
+    import warnings
+    warnings.warn("pitlab.trainer.loss: torch.compile of the loss failed; the eager loss is used", stacklevel=2)
+    _compiled_rows = _loss_and_grad_rows
+    return _loss_and_grad_rows
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int):
-        n_valid = (labels != IGNORE_INDEX).sum()
-        denom = n_valid.clamp(min=1).to(torch.float32)
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        n = hidden.shape[0]
+        denom = (labels != IGNORE_INDEX).sum().clamp(min=1).to(torch.float32)
+        rows = _rows_fn(hidden.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk]
-            y = labels[start:start + chunk]
-            z = (h @ weight.t()).float()  # (c, V): logits in the compute dtype, softmax in float32
-            lse = torch.logsumexp(z, dim=-1)
-            valid = y != IGNORE_INDEX
-            safe = torch.where(valid, y, 0)
-            picked = z.gather(1, safe[:, None]).squeeze(1)
-            total += torch.where(valid, lse - picked, 0.0).sum()
-            if need_h or need_w:
-                g = torch.exp_(z.sub_(lse[:, None]))  # softmax, in place of the logits
-                g[torch.arange(g.shape[0], device=g.device), safe] -= 1.0
-                g.mul_((valid.to(torch.float32) / denom)[:, None])
-                g = g.to(hidden.dtype)
-                if need_h:
-                    grad_h[start:start + chunk] = g @ weight
-                if need_w:
-                    grad_w.add_(g.t() @ h)  # float32 accumulation over the chunks
+        grads = None if n <= chunk else torch.empty((n, weight.shape[0]), dtype=hidden.dtype, device=hidden.device)
+        for start in range(0, n, chunk):
+            z = hidden[start:start + chunk] @ weight.t()  # (c, V) logits in the compute dtype
+            try:
+                loss_sum, g = rows(z, labels[start:start + chunk], denom)
+            except Exception:  # noqa: BLE001 - a compiler failure falls back to the same function, eager
+                if rows is _loss_and_grad_rows:
+                    raise
+                rows = _disable_compiled()
+                loss_sum, g = rows(z, labels[start:start + chunk], denom)
             del z
-        ctx.save_for_backward(grad_h if need_h else torch.empty(0), grad_w if need_w else torch.empty(0))
-        ctx.weight_dtype = weight.dtype
+            total += loss_sum
+            if grads is None:
+                grads = g
+            else:
+                grads[start:start + chunk] = g
+            del g
+        # the gradients of the mean loss: two products over all rows, as the reference's backward does
+        grad_h = grads @ weight if ctx.needs_input_grad[0] else None
+        grad_w = grads.t() @ hidden if ctx.needs_input_grad[1] else None
+        del grads
+        ctx.save_for_backward(grad_h if grad_h is not None else torch.empty(0),
+                              grad_w if grad_w is not None else torch.empty(0))
         return total / denom
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         grad_h, grad_w = ctx.saved_tensors
-        gh = gw = None
-        if ctx.needs_input_grad[0]:
-            gh = grad_h * grad_out.to(grad_h.dtype)
-        if ctx.needs_input_grad[1]:
-            gw = (grad_w * grad_out).to(ctx.weight_dtype)
+        gh = grad_h * grad_out.to(grad_h.dtype) if ctx.needs_input_grad[0] else None
+        gw = grad_w * grad_out.to(grad_w.dtype) if ctx.needs_input_grad[1] else None
         return gh, gw, None, None
 
 
@@ -68,8 +102,9 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     ``hidden``: ``(N, H)`` or ``(B, T, H)`` (any float dtype; the logits are computed in it); ``weight``:
     ``(V, H)``, the output head; ``labels``: ``(N,)`` / ``(B, T)`` int64, :data:`IGNORE_INDEX` entries left out of
     the mean. Equal to ``F.cross_entropy((hidden @ weight.T).float(), labels)`` up to the summation order of the
-    float32 reductions; peak extra memory about ``chunk × V × 4 × 2`` bytes. Raises ``ValueError`` for mismatched
-    shapes or ``chunk < 1``.
+    float32 reductions. Extra memory: the ``N × V`` gradient of the logits in the compute dtype, plus ``chunk × V``
+    logits and (on the CPU, not compiled) their float32 softmax. Raises ``ValueError`` for mismatched shapes or
+    ``chunk < 1``.
     """
     if chunk < 1:
         raise ValueError(f"chunk: must be >= 1 (got {chunk})")
@@ -86,7 +121,8 @@ LOSSES = ("chunked", "reference")
 
 def loss_label(kind: str, chunk: int = DEFAULT_CHUNK_TOKENS) -> str:
     """How :func:`install_loss` computes the loss, for the kernel report."""
-    return (f"chunked linear cross-entropy ({chunk} tokens per chunk, float32 softmax)" if kind == "chunked"
+    return (f"fused linear cross-entropy (pitlab, {chunk} tokens per chunk, compiled softmax + gradient)"
+            if kind == "chunked"
             else "reference (full logits, float32 cross-entropy)")
 
 

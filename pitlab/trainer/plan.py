@@ -54,6 +54,8 @@ import torch
 from torch import nn
 
 from pitlab.api import PitTrainingSpec, SpecError
+from pitlab.trainer.fsdp import reshard_after_forward
+from pitlab.trainer.loss import DEFAULT_CHUNK_TOKENS
 
 GiB = 1024 ** 3
 RESERVE_BYTES = 2 * GiB
@@ -122,6 +124,7 @@ class MemoryPlan:
     capacity_bytes: int | None
     shape: ModelShape
     notes: list[str] = field(default_factory=list)
+    activation_checkpointing: bool = False
 
     @property
     def fits(self) -> bool | None:
@@ -205,8 +208,9 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
 
     ``shape`` defaults to :func:`model_shape` of :func:`spec_config`; ``adapter`` (``method: lora`` only)
     to :func:`adapter_shape` of the same config and ``spec.lora``; ``gpu_memory_gib`` (GiB = 2**30 bytes)
-    overrides ``spec.resources.gpuMemoryGiB``. Raises :class:`SpecError` naming ``spec.lora.targetModules``
-    when no module of the model matches.
+    overrides ``spec.resources.gpuMemoryGiB``. ``training.activationCheckpointing`` unset (auto): off when the
+    plan without it fits the GPU memory (or none is known), else on; the plan's ``activation_checkpointing``
+    says which. Raises :class:`SpecError` naming ``spec.lora.targetModules`` when no module of the model matches.
     """
     lora = spec.method == "lora"
     if lora and adapter is None:
@@ -215,6 +219,22 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         except ValueError as err:
             raise SpecError([("spec.lora.targetModules", str(err).split(": ", 1)[-1])]) from None
     shape = shape or model_shape(spec_config(spec))
+    gib = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
+    capacity = None if gib is None else int(gib * GiB)
+    act = spec.training.activation_checkpointing
+    if act is not None:
+        return _plan(spec, shape, adapter, act, capacity, "")
+    off = _plan(spec, shape, adapter, False, capacity, "auto: off (the plan without it fits)" if capacity else
+                "auto: off (no GPU memory known to plan against)")
+    if off.fits is not False:
+        return off
+    return _plan(spec, shape, adapter, True, capacity,
+                 f"auto: on (without it the plan needs {off.peak_bytes / GiB:.2f} GiB)")
+
+
+def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
+          capacity: int | None, why: str) -> MemoryPlan:
+    lora = spec.method == "lora"
     tr = spec.training
     world = spec.resources.nodes * spec.resources.gpus_per_node
     c = 2 if tr.precision == "bf16" else 4
@@ -222,7 +242,7 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
     p = shape.total
     tokens = tr.micro_batch_size * tr.seq_len
     saved_layer = tokens * shape.layer_activation_elems * c
-    if tr.activation_checkpointing:
+    if act_ckpt:
         saved = shape.layers * tokens * shape.hidden * c
         working = saved_layer + 2 * tokens * shape.hidden * c
     else:
@@ -236,8 +256,15 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         grad_buffers = c * adapter.root + (c + r) * adapter.largest_layer
     else:
         params, trained = 4 * p // world, p
-        unsharded = c * (shape.root + 2 * shape.largest_layer)
+        # one GPU: no reshard after forward (pitlab.trainer.fsdp.reshard_after_forward), every layer's copy stays
+        unsharded = c * (shape.root + 2 * shape.largest_layer) if reshard_after_forward(world, False) else c * p
         grad_buffers = c * shape.root + (c + r) * shape.largest_layer
+    if tr.loss == "chunked":  # pitlab.trainer.loss: the logits' gradient + one chunk's logits (+ its gradient)
+        chunk = min(tokens, DEFAULT_CHUNK_TOKENS)
+        logits = tokens * shape.vocab * c + chunk * shape.vocab * c * (1 if tokens <= chunk else 2)
+        loss_grads = (tokens + shape.vocab) * shape.hidden * c  # gradients of hidden states and head, kept to backward
+    else:
+        logits, loss_grads = tokens * shape.vocab * (c + 12), 0
     comp = {
         "parameters": params,
         "gradients": 4 * trained // world,
@@ -246,16 +273,16 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         "unsharded_parameters": unsharded,
         "gradient_buffers": grad_buffers,
         "activations": saved + working,
-        "logits": tokens * shape.vocab * (c + 12),
+        "logits": logits,
         "reserve": RESERVE_BYTES,
     }
     static = sum(comp[k] for k in ("parameters", "gradients", "optimizer", "accumulation", "unsharded_parameters",
                                    "reserve"))
-    peak = static + max(comp["logits"] + saved, comp["gradient_buffers"] + saved + working)
-    capacity = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
+    peak = static + max(comp["logits"] + saved, comp["gradient_buffers"] + loss_grads + saved + working)
     notes = [f"model: {shape.model_type}, {p / 1e9:.2f} B parameters ({shape.active / 1e9:.2f} B active), "
              f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
-             f"(sync every microbatch: {not nosync}), activation checkpointing: {tr.activation_checkpointing}"]
+             f"(sync every microbatch: {not nosync}), activation checkpointing: {act_ckpt}"
+             + (f" ({why})" if why else "") + f", loss: {tr.loss}"]
     if lora:
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
                      f"{adapter.total / 1e6:.2f} M trainable adapter parameters "
@@ -265,7 +292,7 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         notes.append(f"gradientSyncEveryMicrobatch: false keeps all {trained / 1e9:.2f} B gradients unsharded on "
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {r * trained / 1e9:.1f} GB as FSDP2 "
                      "accumulates them in float32; set it to true (the default)")
-    return MemoryPlan(world, comp, peak, None if capacity is None else int(capacity * GiB), shape, notes)
+    return MemoryPlan(world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt)
 
 
 def train_flops_per_token(shape: ModelShape, seq_len: int, frozen_base: bool = False) -> float:
