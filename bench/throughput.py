@@ -2,7 +2,7 @@
 pitlab's trainer, on the same shape, sequence length, machine and kernels.
 
     python3 bench/throughput.py --work /tmp/tp --out "$OUT" [--shapes qwen35_reduced,qwen3_30b_slice]
-        [--steps 12] [--warmup 3] [--budget-s 570]
+        [--steps 12] [--warmup 3] [--budget-s 570] [--runs "hf;default;{\"compile\": false}"]
 
 Shapes (random init, seed 0; synthetic Zipf tokens, seq 4096, micro-batch 1):
 
@@ -52,8 +52,15 @@ QWEN3_30B_SLICE = {"name": "qwen3_30b_slice", "model_type": "qwen3_moe", "vocab"
                    "config": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                                   num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_hidden_layers=48,
                                   num_experts=16, num_experts_per_tok=8, norm_topk_prob=True,
-                                  max_position_embeddings=8192, rope_theta=1e6)}
-SHAPES = {s["name"]: s for s in (QWEN35_REDUCED, QWEN3_30B_SLICE)}
+                                  max_position_embeddings=8192)}
+TINY = {"name": "tiny", "model_type": "qwen3_5_moe_text", "vocab": 1024, "seq": 128,
+        "config": dict(QWEN35_SMALL, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                       shared_expert_intermediate_size=64)}  # a CPU (gloo) rehearsal of this script
+SHAPES = {s["name"]: s for s in (QWEN35_REDUCED, QWEN3_30B_SLICE, TINY)}
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
 TOKENS_SEED = 0
 
 
@@ -71,9 +78,16 @@ def synthetic_tokens(n: int, vocab: int) -> np.ndarray:
 
 def _free() -> None:
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peaks() -> dict:
+    if not CUDA:
+        return {"peak_allocated": 0, "peak_reserved": 0}
+    return {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
 
 
 def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
@@ -90,7 +104,7 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     seq = shape["seq"]
     config = shape_config(shape)
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.config.use_cache = False
     if act_ckpt:
@@ -98,16 +112,16 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     label = "transformers ForCausalLMLoss (full logits)"
     if loss is not None:
         label = install_loss(model, loss)
-    report = select_kernels(model, torch.device("cuda"), label)
+    report = select_kernels(model, torch.device(DEVICE), label)
     if compiled:
         report["compile"] = compile_blocks(model)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=CUDA)
     tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
     times, losses = [], []
     t_first = time.perf_counter()
     for i in range(warmup + steps):
-        chunk = tokens[i * (seq + 1):(i + 1) * (seq + 1)].cuda()
+        chunk = tokens[i * (seq + 1):(i + 1) * (seq + 1)].to(DEVICE)
         x, y = chunk[None, :-1], chunk[None, 1:]
         t = time.perf_counter()
         if loss is None:
@@ -123,8 +137,7 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
         if i == warmup - 1:
             warm_s = time.perf_counter() - t_first
     timed = times[warmup:]
-    result = {"tokens_per_second": seq / float(np.median(timed)), "step_s": timed, "warmup_s": warm_s,
-              "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
+    result = {"tokens_per_second": seq / float(np.median(timed)), "step_s": timed, "warmup_s": warm_s, **_peaks(),
               "loss_first_last": [losses[0], losses[-1]], "kernels": report, "activation_checkpointing": act_ckpt,
               "parameters": sum(p.numel() for p in model.parameters())}
     del model, opt, out
@@ -153,7 +166,7 @@ def init_single_process_group() -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl" if CUDA else "gloo")
 
 
 def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None) -> dict:
@@ -171,7 +184,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     base = run / "base"
     if not (base / "config.json").is_file():
         torch.manual_seed(0)
-        with torch.device("cuda"):
+        with torch.device(DEVICE):
             model = AutoModelForCausalLM.from_config(shape_config(shape), dtype=torch.bfloat16)
         if dist.get_rank() == 0:
             model.save_pretrained(base)
@@ -203,8 +216,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     timed = times[warmup:]
     tps = seq * world / float(np.median(timed))
     result = {"tokens_per_second": tps, "tokens_per_second_per_gpu": tps / world, "step_s": timed,
-              "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world,
-              "peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved(),
+              "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
               "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
               "plan_components": ctx.plan.components if ctx.plan is not None else None,
               "plan_table": ctx.plan.table() if ctx.plan is not None else None,
@@ -213,7 +225,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
               "mfu": None if ctx.peak_flops is None else tps * ctx.flops_per_token / (ctx.peak_flops * world),
               "loss_first_last": [losses[0], losses[-1]], "parameters": ctx.shape.total,
               "active_parameters": ctx.shape.active, "training_overrides": overrides or {}}
-    if result["planned_peak"]:
+    if result["planned_peak"] and result["peak_allocated"]:
         result["plan_error_vs_allocated"] = (result["planned_peak"] - result["peak_allocated"]) / result["peak_allocated"]
     ctx.close()
     del ctx
@@ -229,8 +241,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=570)
-    ap.add_argument("--pitlab-variants", default="",
-                    help="extra pitlab runs per shape: semicolon-separated JSON objects of spec.training overrides")
+    ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only)")
+    ap.add_argument("--runs", default="hf;default",
+                    help="runs per shape, in order, semicolon-separated: hf, default, or a JSON object of "
+                         "spec.training overrides for another pitlab run (e.g. {\"compile\": false})")
     args = ap.parse_args()
     t_begin = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -238,9 +252,12 @@ def main() -> int:
     import torch.distributed as dist
     rank = dist.get_rank()
     import transformers
-    import triton
-    results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name(),
-                     "torch": torch.__version__, "triton": triton.__version__,
+    try:
+        import triton
+    except ImportError:
+        triton = None
+    results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if CUDA else "cpu",
+                     "torch": torch.__version__, "triton": getattr(triton, "__version__", None),
                      "transformers": transformers.__version__, "shapes": {}}
     try:
         import fla
@@ -253,15 +270,44 @@ def main() -> int:
         if rank == 0:
             (args.out / "throughput.json").write_text(json.dumps(results, indent=2, default=str))
 
-    variants = [json.loads(v) for v in args.pitlab_variants.split(";") if v.strip()]
+    if args.checks and CUDA:  # the fast paths' correctness first (gpu_checks.py), in this process
+        import gpu_checks
+        from pitlab.trainer.kernels import _bound_implementation
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as qm
+        ref_conv = _bound_implementation(qm.causal_conv1d_fn)
+        checks: dict = {}
+        for name in args.checks.split(","):
+            t = time.perf_counter()
+            try:
+                {"conv": lambda: gpu_checks.conv_check(checks, ref_conv), "loss": lambda: gpu_checks.loss_check(checks),
+                 "gdr": lambda: gpu_checks.gdr_check(checks)}[name]()
+            except Exception as err:  # noqa: BLE001
+                checks[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"check {name} ({time.perf_counter() - t:.1f} s):", json.dumps(checks.get(name), default=str)[:1500],
+                  flush=True)
+            _free()
+        results["checks"] = checks
+        save()
+    def runs_of(shape: dict) -> list:
+        """(label, function) in --runs order: hf, default (pitlab with the spec defaults), or a JSON object of
+        spec.training overrides for another pitlab run."""
+        out = []
+        for item in (x.strip() for x in args.runs.split(";") if x.strip()):
+            if item == "hf":
+                out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup)))
+            elif item == "default":
+                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup)))
+            else:
+                v = json.loads(item)
+                out.append(("pitlab " + ",".join(f"{k}={v[k]}" for k in sorted(v)),
+                            lambda v=v: pitlab_run(shape, args.work, args.steps, args.warmup, v)))
+        return out
+
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         entry = results["shapes"].setdefault(name, {"config": shape["config"], "vocab": shape["vocab"],
                                                     "seq": shape["seq"]})
-        for label, fn in [("hf", lambda: hf_best(shape, args.steps, args.warmup)),
-                          ("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup))] + [
-                (f"pitlab_{i}", lambda v=v: pitlab_run(shape, args.work, args.steps, args.warmup, v))
-                for i, v in enumerate(variants)]:
+        for label, fn in runs_of(shape):
             if time.perf_counter() - t_begin > args.budget_s - 45:
                 entry[label] = {"skipped": "budget"}
                 continue
@@ -283,14 +329,14 @@ def main() -> int:
                 hf["tokens_per_second"] * pl["flops_per_token"] / pl["peak_flops"]
         save()
     if rank == 0:
-        print(f"\n{'shape':<18}{'run':<10}{'tokens/s/GPU':>13}{'MFU':>8}{'peak GB':>9}{'plan GB':>9}{'act-ckpt':>9}")
+        print(f"\n{'shape':<18}{'run':<36}{'tokens/s/GPU':>13}{'MFU':>8}{'peak GB':>9}{'plan GB':>9}{'act-ckpt':>9}")
         for name, entry in results["shapes"].items():
             for label, r in entry.items():
                 if isinstance(r, dict) and "tokens_per_second" in r:
                     per = r.get("tokens_per_second_per_gpu", r["tokens_per_second"])
                     mfu = r.get("mfu", entry.get("hf_mfu") if label == "hf" else None)
                     plan = r.get("planned_peak")
-                    print(f"{name:<18}{label:<10}{per:>13,.0f}{(mfu or 0) * 100:>7.1f}%"
+                    print(f"{name:<18}{label:<36}{per:>13,.0f}{(mfu or 0) * 100:>7.1f}%"
                           f"{r['peak_allocated'] / 1e9:>9.1f}{(plan or 0) / 1e9:>9.1f}"
                           f"{str(r.get('activation_checkpointing')):>9}")
             if "ratio_pitlab_per_gpu_to_hf" in entry:

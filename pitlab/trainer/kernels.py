@@ -134,7 +134,7 @@ def select_kernels(model: nn.Module, device: torch.device, loss: str) -> dict[st
 
 def _fla_conv_available() -> bool:
     try:
-        from fla.modules.causal_conv1d import causal_conv1d  # noqa: F401
+        import fla.modules.causal_conv1d  # noqa: F401
     except Exception:  # noqa: BLE001 - any import failure (no fla, no Triton) means: not available
         return False
     return True
@@ -164,7 +164,9 @@ def compile_blocks(model: nn.Module) -> str:
 
     layers = decoder_layers(model)
     import torch._dynamo
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(layers))
+    for knob in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
     for layer in layers:
         layer.forward = torch.compile(layer.forward)
     return f"torch.compile per decoder layer ({len(layers)} layers)"

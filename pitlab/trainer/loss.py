@@ -121,7 +121,7 @@ LOSSES = ("chunked", "reference")
 
 def loss_label(kind: str, chunk: int = DEFAULT_CHUNK_TOKENS) -> str:
     """How :func:`install_loss` computes the loss, for the kernel report."""
-    return (f"fused linear cross-entropy (pitlab, {chunk} tokens per chunk, compiled softmax + gradient)"
+    return (f"fused linear cross-entropy (pitlab, chunks of {chunk} tokens)"
             if kind == "chunked"
             else "reference (full logits, float32 cross-entropy)")
 
