@@ -91,7 +91,7 @@ def _peaks() -> dict:
 
 
 def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
-                     act_ckpt: bool = False, seed: int = 0) -> dict:
+                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4) -> dict:
     """The plain loop on one GPU; returns tokens/s (median of timed steps), step times, peak allocated bytes,
     losses and the kernel report. ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks
     (for the exploration only; the baseline uses neither)."""
@@ -116,7 +116,7 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     if compiled:
         report["compile"] = compile_blocks(model)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=CUDA)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=CUDA)
     tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
     times, losses = [], []
     t_first = time.perf_counter()
@@ -145,13 +145,13 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     return result
 
 
-def hf_best(shape: dict, steps: int, warmup: int) -> dict:
+def hf_best(shape: dict, steps: int, warmup: int, lr: float = 3e-4) -> dict:
     """The plain loop's best configuration: no activation checkpointing, or with it if that does not fit."""
     try:
-        return hf_training_loop(shape, steps, warmup, act_ckpt=False)
+        return hf_training_loop(shape, steps, warmup, act_ckpt=False, lr=lr)
     except torch.OutOfMemoryError as err:
         _free()
-        res = hf_training_loop(shape, steps, warmup, act_ckpt=True)
+        res = hf_training_loop(shape, steps, warmup, act_ckpt=True, lr=lr)
         res["note"] = f"out of memory without activation checkpointing: {str(err)[:200]}"
         return res
 
@@ -169,7 +169,8 @@ def init_single_process_group() -> None:
     dist.init_process_group("nccl" if CUDA else "gloo")
 
 
-def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None) -> dict:
+def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
+               lr: float = 3e-4) -> dict:
     """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
@@ -198,7 +199,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * n_steps * world, world,
                             checkpointing=None)
     spec = res.model_dump(mode="json", by_alias=True)
-    for key, value in (overrides or {}).items():
+    for key, value in dict({"learningRate": lr}, **(overrides or {})).items():
         spec["spec"]["training"][key] = value
     from pitlab.api import PitTraining
     res = PitTraining.model_validate(spec)
@@ -241,6 +242,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=570)
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both loops (speed does not "
+                    "depend on it; the 48-layer random-init slice diverges at 3e-4)")
     ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only)")
     ap.add_argument("--runs", default="hf;default",
                     help="runs per shape, in order, semicolon-separated: hf, default, or a JSON object of "
@@ -294,13 +297,13 @@ def main() -> int:
         out = []
         for item in (x.strip() for x in args.runs.split(";") if x.strip()):
             if item == "hf":
-                out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup)))
+                out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup, args.lr)))
             elif item == "default":
-                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup)))
+                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr)))
             else:
                 v = json.loads(item)
                 out.append(("pitlab " + ",".join(f"{k}={v[k]}" for k in sorted(v)),
-                            lambda v=v: pitlab_run(shape, args.work, args.steps, args.warmup, v)))
+                            lambda v=v: pitlab_run(shape, args.work, args.steps, args.warmup, v, args.lr)))
         return out
 
     for name in args.shapes.split(","):
