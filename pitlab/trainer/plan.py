@@ -15,7 +15,8 @@ per microbatch = ``microBatchSize × seqLen``):
   2020, "ZeRO", §3: 16 bytes per parameter for mixed-precision Adam, here all sharded).
 - ``unsharded_parameters``: all-gathered compute-dtype copies in flight: the root's (FSDP2 keeps the root
   unsharded between forward and backward) plus the current and the prefetched layer,
-  ``c (P_root + 2 P_layer)``.
+  ``c (P_root + 2 P_layer)``; full-weight training on one GPU keeps every layer's copy from forward to backward
+  (:func:`pitlab.trainer.fsdp.reshard_after_forward`): ``c P``.
 - ``gradient_buffers``: the root's unsharded compute-dtype gradients (held until the end of backward)
   and one layer's unsharded gradients plus its float32 reduce-scatter input, ``c P_root + (c + 4) P_layer``.
 - ``accumulation``: with ``gradientSyncEveryMicrobatch: false`` and accumulation > 1, FSDP2 keeps every
@@ -28,8 +29,11 @@ per microbatch = ``microBatchSize × seqLen``):
   ``num_experts_per_tok`` times) in the compute dtype, plus float32 RMSNorm inputs (``8 T H`` for two
   norms) — an estimate in the spirit of Korthikanti et al. 2022, "Reducing Activation Recomputation in
   Large Transformer Models", §4.1, with flash/SDPA attention (no ``S²`` term).
-- ``logits``: the loss head at its peak in backward: compute-dtype logits, float32 log-softmax output,
-  its float32 gradient and the float32 gradient of the logits, ``T V (c + 12)``.
+- ``logits``: the loss head at its peak. ``loss: reference``: compute-dtype logits, their float32 copy,
+  log-softmax and its gradient, ``T V (c + 12)``. ``loss: chunked`` (:mod:`pitlab.trainer.loss`): the
+  compute-dtype gradient of the logits plus one chunk's logits, ``T V c + min(T, C) V c`` (twice the chunk term
+  when ``T > C``, ``C`` = 4,096 tokens); its gradients of the hidden states and of the head, ``(T + V) H c``, are
+  kept until backward.
 - ``reserve``: CUDA context and allocator fragmentation, a fixed 2 GiB.
 
 ``method: lora`` (:mod:`pitlab.trainer.lora`; ``A`` adapter parameters, ``A_root`` / ``A_layer`` those outside
@@ -40,9 +44,14 @@ states: ``parameters = (c_b P + 4 A) / W``, ``gradients = 4 A / W``, ``optimizer
 A_layer))``, ``gradient_buffers = c A_root + (c + 4) A_layer``. Activations and logits are planned as for
 full training (an upper bound: a frozen linear layer does not save its input for a weight gradient).
 
-Peak = parameters + gradients + optimizer + accumulation + unsharded_parameters + reserve +
-max(phase at the loss: logits + saved activations; phase inside backward: gradient_buffers + saved
-activations + one layer's working set). The fit check compares this with ``spec.resources.gpuMemoryGiB``.
+Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss: unsharded_parameters + saved
+activations + logits (+ gradients from the second microbatch on); phase in backward: max(unsharded_parameters +
+saved activations, gradients + the root's and two layers' copies) + gradient_buffers + the loss's kept gradients +
+one layer's working set). Gradients do not exist at the loss of a step's first microbatch (``zero_grad(
+set_to_none=True)``), and in backward they grow as the activations (and kept layer copies) are freed. The fit check
+compares the peak with ``spec.resources.gpuMemoryGiB``; ``allocated_bytes`` (the peak without the reserve) is
+what ``torch.cuda.max_memory_allocated`` measures: within +0.4 % to +3.1 % of it on the seven synchronised runs
+of bench/RESULTS.md (1, 2 and 4 H200s, with and without activation checkpointing, both losses).
 """
 
 from __future__ import annotations
@@ -127,6 +136,12 @@ class MemoryPlan:
     activation_checkpointing: bool = False
 
     @property
+    def allocated_bytes(self) -> int:
+        """The predicted peak without the ``reserve`` (CUDA context, allocator cache): what
+        ``torch.cuda.max_memory_allocated`` measures."""
+        return self.peak_bytes - self.components["reserve"]
+
+    @property
     def fits(self) -> bool | None:
         """True/False against ``capacity_bytes``; None when no GPU memory was given."""
         return None if self.capacity_bytes is None else self.peak_bytes <= self.capacity_bytes
@@ -138,6 +153,7 @@ class MemoryPlan:
             v = self.components[k]
             rows.append(f"{k:<22}{v / GiB:>10.2f}{v / 1e9:>10.2f}")
         rows.append(f"{'predicted peak':<22}{self.peak_bytes / GiB:>10.2f}{self.peak_bytes / 1e9:>10.2f}")
+        rows.append(f"{'  of it allocated':<22}{self.allocated_bytes / GiB:>10.2f}{self.allocated_bytes / 1e9:>10.2f}")
         if self.capacity_bytes is not None:
             rows.append(f"{'GPU memory':<22}{self.capacity_bytes / GiB:>10.2f}{self.capacity_bytes / 1e9:>10.2f}")
         return "\n".join(rows + self.notes)
@@ -253,11 +269,13 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         a = adapter.total
         params, trained = (c * p + 4 * a) // world, a
         unsharded = c * (shape.root + adapter.root + 2 * (shape.largest_layer + adapter.largest_layer))
+        resident = unsharded
         grad_buffers = c * adapter.root + (c + r) * adapter.largest_layer
     else:
         params, trained = 4 * p // world, p
         # one GPU: no reshard after forward (pitlab.trainer.fsdp.reshard_after_forward), every layer's copy stays
-        unsharded = c * (shape.root + 2 * shape.largest_layer) if reshard_after_forward(world, False) else c * p
+        resident = c * (shape.root + 2 * shape.largest_layer)  # the root and two layers in flight
+        unsharded = resident if reshard_after_forward(world, False) else c * p
         grad_buffers = c * shape.root + (c + r) * shape.largest_layer
     if tr.loss == "chunked":  # pitlab.trainer.loss: the logits' gradient + one chunk's logits (+ its gradient)
         chunk = min(tokens, DEFAULT_CHUNK_TOKENS)
@@ -276,9 +294,15 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         "logits": logits,
         "reserve": RESERVE_BYTES,
     }
-    static = sum(comp[k] for k in ("parameters", "gradients", "optimizer", "accumulation", "unsharded_parameters",
-                                   "reserve"))
-    peak = static + max(comp["logits"] + saved, comp["gradient_buffers"] + loss_grads + saved + working)
+    # two phases (gradients are None until backward makes them: zero_grad(set_to_none=True)):
+    # at the loss every saved activation, the gathered parameters and the loss head's memory are live;
+    # in backward the sharded gradients grow as the activations (and, on one GPU, the kept layer copies) are freed
+    base = sum(comp[k] for k in ("parameters", "optimizer", "accumulation", "reserve"))
+    grads_at_loss = comp["gradients"] if tr.gradient_accumulation_steps > 1 else 0  # from the 2nd microbatch on
+    at_loss = base + unsharded + saved + comp["logits"] + grads_at_loss
+    in_backward = (base + max(unsharded + saved, comp["gradients"] + resident) + comp["gradient_buffers"] + loss_grads
+                   + working)
+    peak = max(at_loss, in_backward)
     notes = [f"model: {shape.model_type}, {p / 1e9:.2f} B parameters ({shape.active / 1e9:.2f} B active), "
              f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
              f"(sync every microbatch: {not nosync}), activation checkpointing: {act_ckpt}"
