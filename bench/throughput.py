@@ -219,6 +219,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     result = {"tokens_per_second": tps, "tokens_per_second_per_gpu": tps / world, "step_s": timed,
               "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
               "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
+              "planned_allocated": ctx.plan.allocated_bytes if ctx.plan is not None else None,
               "plan_components": ctx.plan.components if ctx.plan is not None else None,
               "plan_table": ctx.plan.table() if ctx.plan is not None else None,
               "activation_checkpointing": ctx.activation_checkpointing, "kernels": ctx.kernels,
@@ -226,8 +227,9 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
               "mfu": None if ctx.peak_flops is None else tps * ctx.flops_per_token / (ctx.peak_flops * world),
               "loss_first_last": [losses[0], losses[-1]], "parameters": ctx.shape.total,
               "active_parameters": ctx.shape.active, "training_overrides": overrides or {}}
-    if result["planned_peak"] and result["peak_allocated"]:
-        result["plan_error_vs_allocated"] = (result["planned_peak"] - result["peak_allocated"]) / result["peak_allocated"]
+    if result["planned_allocated"] and result["peak_allocated"]:
+        result["plan_error_vs_allocated"] = ((result["planned_allocated"] - result["peak_allocated"])
+                                             / result["peak_allocated"])
     ctx.close()
     del ctx
     _free()
@@ -333,13 +335,13 @@ def main() -> int:
                 hf["tokens_per_second"] * pl["flops_per_token"] / pl["peak_flops"]
         save()
     if rank == 0:
-        print(f"\n{'shape':<18}{'run':<36}{'tokens/s/GPU':>13}{'MFU':>8}{'peak GB':>9}{'plan GB':>9}{'act-ckpt':>9}")
+        print(f"\n{'shape':<18}{'run':<36}{'tokens/s/GPU':>13}{'MFU':>8}{'alloc GB':>9}{'plan GB':>9}{'act-ckpt':>9}")
         for name, entry in results["shapes"].items():
             for label, r in entry.items():
                 if isinstance(r, dict) and "tokens_per_second" in r:
                     per = r.get("tokens_per_second_per_gpu", r["tokens_per_second"])
                     mfu = r.get("mfu", entry.get("hf_mfu") if label == "hf" else None)
-                    plan = r.get("planned_peak")
+                    plan = r.get("planned_allocated")
                     print(f"{name:<18}{label:<36}{per:>13,.0f}{(mfu or 0) * 100:>7.1f}%"
                           f"{r['peak_allocated'] / 1e9:>9.1f}{(plan or 0) / 1e9:>9.1f}"
                           f"{str(r.get('activation_checkpointing')):>9}")
