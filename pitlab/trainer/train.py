@@ -10,7 +10,13 @@ Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", b
 ``DIR/data/tokens.npy`` (flat uint32 token ids). Outputs: ``DIR/train/metrics.jsonl`` (one line per
 optimizer step, rank 0), ``DIR/checkpoint/step-<N>`` + ``latest`` (DCP, every ``checkpoint.everySteps``
 and at the end; under ``spec.checkpoint.uri`` instead when set, a local path or ``s3://``), ``DIR/adapter/`` (``method: lora`` only: the verified adapter save), ``DIR/train/summary.json``
-(rank 0, written last and atomically: its presence means training finished).
+(rank 0, written last and atomically: its presence means training finished; it records the implementation of each
+block, ``kernels``, and the activation-checkpointing choice).
+
+Structure: :func:`setup_run` (spec, data, the planner's activation-checkpointing choice, the sharded model, the
+kernels and the loss, AdamW and the schedule) returns a :class:`TrainRun`; :func:`train_step` runs one optimizer
+step of it; :class:`pitlab.trainer.checkpointer.Checkpointer` owns where and when checkpoints are written and the
+resume; :func:`train` ties them together. ``bench/throughput.py`` times ``setup_run`` + ``train_step`` directly.
 
 ``method: lora``: the meta-device model is wrapped with peft LoRA before ``fully_shard``
 (:func:`pitlab.trainer.loading.load_sharded_model`), the base is frozen, AdamW gets the adapter parameters
