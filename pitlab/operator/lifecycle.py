@@ -241,6 +241,7 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
         audit = _corpus_audit(doc.get("corpusAudit"), job["metadata"]["name"], plan)
         if audit is not None:
             status.corpus_audit = audit
+            plan.warnings.extend(("CorpusWarning", w) for w in audit.warnings or [])
         msg = (f"{audit.included} documents up to {pt.spec.knowledge_cutoff}, {audit.excluded_by_date} after it"
                if audit is not None else "corpus filtered")
         conditions.stage_done(status, "Prepared", "CorpusFiltered", msg, gen, now)
@@ -482,7 +483,7 @@ def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: st
     exist (a restart before the status was written), else ``indexed_embed_threshold`` of the configuration
     at the time. A configuration change never starts a second, differently named set of Jobs."""
     name = le.metadata.name
-    indexed = naming.embed_indexed_job(name)
+    indexed = naming.embed_indexed_job(name, len(le.spec.models))
     recorded = {k: v for k, v in status.children.items() if k.startswith("embedJob.")}
     if recorded:
         return "embedJob.all" in recorded

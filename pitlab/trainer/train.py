@@ -299,14 +299,17 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
               flush=True)
     checkpointer.schedule(start_step, run.total_steps, run.trainable)
     metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if run.rank == 0 else None
+    mean_tps = None  # tokens per second over this attempt's steps (all ranks); None when none ran
     t_loop = time.perf_counter()
     try:
         for step in range(start_step, run.total_steps):
             result = train_step(run, step)
             first_loss = result.loss if first_loss is None else first_loss
             final_loss = result.loss
+            elapsed = time.perf_counter() - t_loop
+            mean_tps = (step + 1 - start_step) * run.data.tokens_per_step / max(elapsed, 1e-9)
             if metrics is not None:
-                metrics.write(_metrics_record(run, step + 1, result, time.perf_counter() - t_loop))
+                metrics.write(_metrics_record(run, step + 1, result, elapsed, mean_tps))
             checkpointer.after_step(step + 1, run.model, run.optimizer, run.scheduler, run.train_state(step + 1))
         loop_seconds = time.perf_counter() - t_loop
         last_ckpt = checkpointer.final(run.total_steps, run.model, run.optimizer, run.scheduler,
@@ -318,17 +321,18 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
             metrics.close()
     if run.rank != 0:
         return None
-    summary = _summary(run, start_step, resumed_from is not None, first_loss, final_loss, loop_seconds,
+    summary = _summary(run, start_step, resumed_from is not None, first_loss, final_loss, loop_seconds, mean_tps,
                        last_ckpt, adapter, digests)
     write_json_atomic(paths.summary, summary)
     return summary
 
 
-def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float) -> dict:
+def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float) -> dict:
     """One metrics line (:mod:`pitlab.trainer.metrics`) after ``step`` optimizer steps."""
     tps = run.data.tokens_per_step / max(result.seconds, 1e-9)
     record = {"step": step, "total_steps": run.total_steps, "loss": result.loss, "lr": result.lr,
               "grad_norm": result.grad_norm, "tokens": step * run.data.tokens_per_step, "tokens_per_second": tps,
+              "mean_tokens_per_second": mean_tps,
               "mfu": None if run.peak_flops is None else tps * run.flops_per_token / (run.peak_flops * run.world),
               "peak_memory_bytes": _peak_memory(run.device), "elapsed_s": elapsed}
     if run.kernel_warning is not None:
@@ -337,10 +341,9 @@ def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float
 
 
 def _summary(run: TrainRun, start_step: int, resumed: bool, first_loss, final_loss, loop_seconds: float,
-             last_ckpt, adapter, digests: dict) -> dict:
+             mean_tps: float | None, last_ckpt, adapter, digests: dict) -> dict:
     tr = run.spec.training
     tokens_seen = run.total_steps * run.data.tokens_per_step
-    tps = (run.total_steps - start_step) * run.data.tokens_per_step / max(loop_seconds, 1e-9)
     return {
         "name": run.resource.metadata.name,
         "steps": run.total_steps,
@@ -351,7 +354,7 @@ def _summary(run: TrainRun, start_step: int, resumed: bool, first_loss, final_lo
         "first_loss": first_loss,
         "final_loss": final_loss,
         "resumed_from_step": start_step if resumed else None,
-        "mean_tokens_per_second": tps,
+        "mean_tokens_per_second": mean_tps,  # the last record's: the one definition of a run's speed
         "train_seconds": loop_seconds,
         "wall_seconds": time.perf_counter() - run.t_start,
         "world_size": run.world,
@@ -363,7 +366,8 @@ def _summary(run: TrainRun, start_step: int, resumed: bool, first_loss, final_lo
         "trainable_parameters": sum(p.numel() for p in run.trainable),
         "active_parameters": run.shape.active,
         "train_flops_per_token": run.flops_per_token,
-        "mfu": None if run.peak_flops is None else tps * run.flops_per_token / (run.peak_flops * run.world),
+        "mfu": None if run.peak_flops is None or mean_tps is None else
+        mean_tps * run.flops_per_token / (run.peak_flops * run.world),
         "peak_memory_bytes": _peak_memory(run.device),
         "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(run.device) if run.device.type == "cuda" else None,
         "planned_peak_bytes": run.plan.peak_bytes if run.plan is not None else None,
