@@ -8,12 +8,13 @@
 3. loss: :func:`pitlab.trainer.loss.chunked_linear_cross_entropy` (and liger's fused linear cross-entropy when it
    imports) vs ``F.cross_entropy(logits.float())`` at 4096 tokens × the real 248,320 vocabulary: loss, gradients,
    time, peak memory.
-4. a small qwen3_5_moe_text model, forward + backward: fast path (fla + chunked loss), fast path with compiled
+4. a small qwen3_5_moe_text model, forward + backward: fast path (fla + fused loss), fast path with compiled
    blocks, and the bf16 reference path, each against a float32 reference-path run (loss, global gradient error).
 5. timings of a plain bf16 training loop (fused AdamW, no activation checkpointing) on the reduced
    Qwen3.5-35B-A3B shape: HF loss, chunked loss, chunked loss + compiled blocks.
 
-Relative error = ‖x − ref‖ / ‖ref‖ (float32 norms). Writes ``gpu_checks.json`` to ``--out`` after each section.
+Relative error = ‖x − ref‖ / ‖ref‖ (float32 norms). Writes ``gpu_checks.json`` to ``--out`` after each
+section.
 """
 
 from __future__ import annotations
@@ -154,7 +155,8 @@ def loss_check(res: dict) -> None:
             peak = torch.cuda.max_memory_allocated() - base
             del got
             got = run(fn)
-            out[name] = {"loss": float(got[0]), "loss_ref_fp32": float(want[0]), "loss_abs_err": abs(float(got[0]) - float(want[0])),
+            out[name] = {"loss": float(got[0]), "loss_ref_fp32": float(want[0]),
+                         "loss_abs_err": abs(float(got[0]) - float(want[0])),
                          "rel_dh": rel(got[1], want[1]), "rel_dw": rel(got[2], want[2]),
                          "extra_peak_gb": peak / 1e9, "ms_fwd_bwd": timed(lambda: run(fn), 1, 5)}
             del got
