@@ -211,14 +211,14 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     lora = lora_record(spec.lora) if spec.method == "lora" else None
     shape = model_shape(config)
     streamer = None
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    plan = _plan(spec, shape, config, capacity)  # with layerStreaming: plan_streaming's plan
     if tr.layer_streaming.enabled:  # one GPU, LoRA: frozen layers streamed from host memory instead of FSDP2
         from pitlab.trainer.streaming import load_streamed_model
-        plan, act_ckpt = None, False  # the streamer checks its own budget and recomputes layer by layer
+        act_ckpt = False  # the streamer checks its own budget and recomputes layer by layer
         model, streamer = load_streamed_model(paths.base, spec, device)
         loss_impl = "chunked cross-entropy (pitlab.trainer.streaming)"
     else:
-        capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-        plan = _plan(spec, shape, config, capacity)
         act_ckpt = plan.activation_checkpointing if plan is not None else bool(tr.activation_checkpointing)
         # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
         model = load_sharded_model(paths.base, mesh, tr.precision, device, act_ckpt, lora=lora, seed=tr.seed)
