@@ -29,7 +29,8 @@ from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab import storage
 from pitlab.data import CorpusError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
-from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns
+from pitlab.data.panels import (JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns,
+                                jpx_files)
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
 from pitlab.operator import conditions
@@ -136,11 +137,14 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     if ds.prompt_template:
         try:
-            check_prompt_template(ds.prompt_template)
+            check_prompt_template(ds.prompt_template, ds.kind, ds.price_levels)
         except ValueError as err:
             raise SpecError([(f"{field_prefix}.dataset.promptTemplate", str(err).split(": ", 1)[-1])]) from None
-    files = ([(path, OHLCV_COLUMNS)] if ds.kind == "ohlcv"
-             else [(path / "stock_prices.csv", JPX_PRICE_COLUMNS), (path / "stock_list.csv", JPX_LIST_COLUMNS)])
+    if ds.kind == "ohlcv":
+        files = [(path, OHLCV_COLUMNS)]
+    else:
+        prices, stock_list = jpx_files(path)
+        files = [(f, JPX_PRICE_COLUMNS) for f in prices] + [(stock_list, JPX_LIST_COLUMNS)]
     for f, cols in files:
         check_csv_columns(f, cols)
     return path
@@ -251,7 +255,7 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
-                       ds.prompt_template, ds.universe)
+                       ds.prompt_template, ds.universe, ds.price_levels)
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:
