@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,12 +157,44 @@ def check_panel(spec: LeakageEvalSpec, field_prefix: str) -> Panel:
     ``field_prefix`` (e.g. ``spec.evaluations[0].spec.dataset.dates.count``); a data-file problem stays a
     PanelError naming the file."""
     try:
-        return load_panel(spec, field_prefix)
+        panel = load_panel(spec, field_prefix)
     except PanelError as err:
         field, sep, msg = str(err).partition(": ")
         if sep and field.startswith("dataset.") and " " not in field:
             raise SpecError([(f"{field_prefix}.{field}", msg)]) from None
         raise  # a data-file error: PanelError names the file, column and row
+    check_protocol(spec, panel, field_prefix)
+    return panel
+
+
+def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> None:
+    """The splits the evaluation will make can be made on the sampled panel: ``dataset.calendar`` is a known
+    calendar holding every panel date; leakage-off keeps training and test rows; ``groupKFolds`` does not exceed
+    the securities; walk-forward and purged K-fold folds exist. Checked here so that the refusal comes before
+    any embedding or training. Raises SpecError naming the field under ``field_prefix``."""
+    import warnings
+
+    from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, PurgedKFoldSplit, WalkForwardSplit,
+                                            trading_calendar)
+
+    p, dates = spec.protocol, panel.rows["date"].to_numpy()
+    n_sec = int(panel.rows["security"].nunique())
+    if p.group_k_folds > n_sec:
+        raise SpecError([(f"{field_prefix}.protocol.groupKFolds", f"{p.group_k_folds} folds exceed the {n_sec} "
+                          f"securities of the sampled panel")])
+    try:
+        with warnings.catch_warnings():  # the evaluation issues (and reports) the splits' warnings itself
+            warnings.simplefilter("ignore")
+            calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
+            ChronologicalSplit(dates, calendar, p.train_end, p.test_start, p.embargo_days)
+            if "walk-forward" in p.protocols:
+                WalkForwardSplit(dates, calendar, p.walk_forward_folds, p.embargo_days)
+            if "purged-kfold" in p.protocols:
+                PurgedKFoldSplit(dates, calendar, p.purged_folds, p.embargo_days)
+    except ProtocolError as err:  # "protocol.x ...", "dataset.calendar: ..." or "panel date ... (calendar)"
+        named = re.match(r"(protocol|dataset)\.[A-Za-z]+", str(err))
+        raise SpecError([("", f"{field_prefix}.{err}") if named else
+                         (f"{field_prefix}.dataset.calendar", str(err))]) from None
 
 
 def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> None:

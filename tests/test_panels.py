@@ -271,7 +271,8 @@ def test_ohlcv_prompts_leave_out_source_adjusted_levels(tmp_path):
         build_panel(prices, 3, 2, 0, template="{date} {volume}", price_levels="omit")
     asked = build_panel(prices, 3, 2, 0, template="{date} {security} {close:.1f}", price_levels="include")
     r = asked.rows.iloc[0]
-    assert r.prompt == f"{r.date.date()} {r.security} {100.0 + 10 * 'ABC'.index(r.security[0]) + days.get_loc(r.date):.1f}"
+    close = 100.0 + 10 * "ABC".index(r.security[0]) + days.get_loc(r.date)
+    assert r.prompt == f"{r.date.date()} {r.security} {close:.1f}"
     assert asked.dataset["price_levels_in_prompts"] == ["close"] and len(asked.warnings) == 1
     assert "look-ahead" in asked.warnings[0]
     # priceLevels: omit drops Close from the default template (as auto does for ohlcv)

@@ -48,9 +48,18 @@ class ModelRef(SpecModel):
 class DateSampling(SpecModel):
     """Seeded sampling of panel dates: ``count`` trading days drawn without replacement from [start, end]."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.start) || !has(self.end) || self.start <= self.end",
+         "message": "start must not be after end"}]})
     count: int = Field(30, ge=2)
     start: dt.date | None = None
     end: dt.date | None = None
+
+    @model_validator(mode="after")
+    def _order(self) -> "DateSampling":
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError(f"start ({self.start}) is after end ({self.end})")
+        return self
 
 
 class Dataset(SpecModel):

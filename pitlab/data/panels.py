@@ -106,15 +106,16 @@ def _parse_dates(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
     return parsed
 
 
-def _numeric(df: pd.DataFrame, col: str, path: Path, positive: bool = False) -> pd.Series:
+def _numeric(df: pd.DataFrame, col: str, path: Path, minimum: str | None = None) -> pd.Series:
     """Column ``col`` as float64; an empty field is NaN (missing). Anything else that is not a finite number
-    (``n/a``, ``NaN``, ``inf``), or, with ``positive``, a number ≤ 0, is refused naming the row and value."""
+    (``n/a``, ``NaN``, ``inf``), or a number outside ``minimum`` (``"> 0"`` or ``">= 0"``), is refused naming
+    the row and the file's value."""
     vals = pd.to_numeric(df[col], errors="coerce").astype("float64")
     bad = df[col].notna() & ~np.isfinite(vals)
     what = "not a finite number"
-    if positive and not bad.any():
-        bad = vals.notna() & (vals <= 0)
-        what = "must be > 0"
+    if minimum is not None and not bad.any():
+        bad = vals.notna() & ((vals <= 0) if minimum == "> 0" else (vals < 0))
+        what = f"must be {minimum}"
     if bad.any():
         i = _first_bad(bad)
         raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}: {df[col].iloc[i]!r} ({int(bad.sum())} such "
@@ -141,9 +142,8 @@ def load_ohlcv_long(path: str | Path) -> Prices:
     p = Path(path)
     df = _read_csv(p, OHLCV_COLUMNS)
     df["date"] = _parse_dates(df, "date", p)
-    df["close"] = _numeric(df, "close", p, positive=True)
-    df["volume"] = _numeric(df, "volume", p)
-    _check_nonnegative(df, "volume", p)
+    df["close"] = _numeric(df, "close", p, "> 0")
+    df["volume"] = _numeric(df, "volume", p, ">= 0")
     if df["Name"].isna().any():
         raise PanelError(f"{p}: row {_first_bad(df['Name'].isna()) + 1}: column 'Name' is empty")
     _check_unique(df, ["date", "Name"], p)
@@ -152,13 +152,6 @@ def load_ohlcv_long(path: str | Path) -> Prices:
     names = {s: s for s in close.columns}
     return Prices(close=close, volume=volume, names=names, calendar=pd.DatetimeIndex(close.index), source=str(p),
                   info={"kind": "ohlcv", "files": [str(p)], "adjustment": OHLCV_ADJUSTMENT})
-
-
-def _check_nonnegative(df: pd.DataFrame, col: str, path: Path) -> None:
-    bad = df[col] < 0
-    if bad.any():
-        i = _first_bad(bad)
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: must be >= 0: {df[col].iloc[i]!r}")
 
 
 def jpx_adjusted_close(prices: pd.DataFrame) -> pd.Series:
@@ -205,10 +198,9 @@ def _read_jpx_prices(path: Path) -> pd.DataFrame:
     df["Date"] = _parse_dates(df, "Date", path)
     for c in JPX_COMPARED:
         df[f"_{c}"] = df[c]  # the file's text, quoted when train_files/ and supplemental_files/ disagree
-    df["Close"] = _numeric(df, "Close", path, positive=True)
-    df["Volume"] = _numeric(df, "Volume", path)
-    _check_nonnegative(df, "Volume", path)
-    df["AdjustmentFactor"] = _numeric(df, "AdjustmentFactor", path, positive=True)
+    df["Close"] = _numeric(df, "Close", path, "> 0")
+    df["Volume"] = _numeric(df, "Volume", path, ">= 0")
+    df["AdjustmentFactor"] = _numeric(df, "AdjustmentFactor", path, "> 0")
     if df["SecuritiesCode"].isna().any():
         raise PanelError(f"{path}: row {_first_bad(df['SecuritiesCode'].isna()) + 1}: column 'SecuritiesCode' "
                          f"is empty")
