@@ -84,10 +84,12 @@ def check_csv_columns(path: Path, required: tuple[str, ...], **kw) -> None:
         raise PanelError(f"{path}: missing column(s) {missing}; found {list(header.columns)}")
 
 
-def _read_csv(path: Path, required: tuple[str, ...], **kw) -> pd.DataFrame:
-    check_csv_columns(path, required, **kw)
+def _read_csv(path: Path, required: tuple[str, ...], used: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The columns ``used`` (default: ``required``) of a CSV whose header has every ``required`` column."""
+    check_csv_columns(path, required)
+    keep = set(used or required)
     try:
-        return pd.read_csv(path, **{**CSV_OPTIONS, **kw})
+        return pd.read_csv(path, usecols=lambda c: c in keep, **CSV_OPTIONS)
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
         raise PanelError(f"{path}: cannot read as CSV ({err})") from None
 
@@ -140,7 +142,7 @@ def load_ohlcv_long(path: str | Path) -> Prices:
     is not a number ≥ 0, an empty Name or a duplicate (date, Name).
     """
     p = Path(path)
-    df = _read_csv(p, OHLCV_COLUMNS)
+    df = _read_csv(p, OHLCV_COLUMNS, ("date", "close", "volume", "Name"))
     df["date"] = _parse_dates(df, "date", p)
     df["close"] = _numeric(df, "close", p, "> 0")
     df["volume"] = _numeric(df, "volume", p, ">= 0")
@@ -194,7 +196,7 @@ def jpx_files(folder: str | Path) -> tuple[list[Path], Path]:
 
 
 def _read_jpx_prices(path: Path) -> pd.DataFrame:
-    df = _read_csv(path, JPX_PRICE_COLUMNS)
+    df = _read_csv(path, JPX_PRICE_COLUMNS, ("Date", "SecuritiesCode") + JPX_COMPARED)
     df["Date"] = _parse_dates(df, "Date", path)
     for c in JPX_COMPARED:
         df[f"_{c}"] = df[c]  # the file's text, quoted when train_files/ and supplemental_files/ disagree
@@ -241,7 +243,7 @@ def load_jpx(folder: str | Path) -> Prices:
     number > 0, a factor ≤ 0, a duplicate row, supplemental rows that contradict train_files/).
     """
     files, list_path = jpx_files(folder)
-    stock_list = _read_csv(list_path, JPX_LIST_COLUMNS)
+    stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, JPX_LIST_COLUMNS + ("Universe0",))
     df = _read_jpx_prices(files[0])
     for extra in files[1:]:
         df = _append_supplemental(df, _read_jpx_prices(extra))
