@@ -225,7 +225,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
 def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval YAML."),
              out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
              data_root: Optional[Path] = DataRoot,
-             overwrite: bool = typer.Option(False, "--overwrite")) -> None:
+             overwrite: bool = typer.Option(False, "--overwrite",
+                                            help="Replace an existing out/<name>/ folder.")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     _load_eval(file, data_root)
     run(file, out, data_root, overwrite, None)
@@ -340,14 +341,18 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
 
 
 @app.command()
-def report(out: Path = typer.Argument(..., metavar="OUT", help="Evaluation folder holding results.json.")) -> None:
+def report(out: Path = typer.Argument(..., metavar="OUT",
+                                     help="Evaluation folder holding results.json, or the run folder "
+                                          "out/<name> whose eval/ holds it.")) -> None:
     """Rebuild report.md, report.html and the plots of an evaluation folder from its results.json."""
-    from pitlab.evaluator.report import rebuild_report
+    from pitlab.evaluator.report import RESULTS_FILE, rebuild_report
 
+    if not (out / RESULTS_FILE).is_file() and (out / "eval" / RESULTS_FILE).is_file():
+        out = out / "eval"  # a LeakageEval's run folder: its results are in eval/
     try:
         written = rebuild_report(out)
     except FileNotFoundError as err:
-        _fail(ValueError(f"{out}: no results.json ({err.strerror})"), 2)
+        _fail(ValueError(f"{out}: no {RESULTS_FILE} here nor in {out / 'eval'} ({err.strerror})"), 2)
     except (ValueError, KeyError) as err:
         _fail(ValueError(f"{out}/results.json cannot be rendered: {err}"), 2)
     for p in written:

@@ -424,7 +424,7 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
 
         def on_step(m: dict) -> None:
             st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
-                                          tokens_per_second=m.get("tokens_per_second"))
+                                          tokens_per_second=m.get("mean_tokens_per_second"))
             reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
                               f"loss {m.get('loss', float('nan')):.3f}")
             if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
@@ -433,8 +433,9 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
 
         summary = run_training(run_dir / "spec.json", run_dir, n, on_step=on_step, base=base_dir)
         st.status.checkpoint_uri = str(summary.get("checkpoint", run_dir / "checkpoint"))
-        trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}, "
-                   f"{summary['mean_tokens_per_second']:,.0f} tokens/s")
+        tps = summary.get("mean_tokens_per_second")
+        trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}"
+                   + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else ""))
         st.done("Trained", "Succeeded", trained)
         reporter.done("train", trained)
 

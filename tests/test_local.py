@@ -54,6 +54,10 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert json.loads((run_dir / "corpus_audit.json").read_text())["included"] == 159
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_loss"] < summary["first_loss"] - 1.0
+    # one speed, the mean over the run, in status.progress and in the Trained condition (found reported two ways)
+    assert status["progress"]["tokensPerSecond"] == summary["mean_tokens_per_second"] > 0
+    trained = next(c["message"] for c in status["conditions"] if c["type"] == "Trained")
+    assert trained.endswith(f", {summary['mean_tokens_per_second']:,.0f} tokens/s (mean over the run)"), trained
     assert (run_dir / "checkpoint" / "latest").read_text().strip() == "step-40"
     assert json.loads((run_dir / "model" / "merge_report.json").read_text())["verified"] is True
 
@@ -82,6 +86,10 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
 
 def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root):
     doc = _small_spec(tmp_path, data_root)
+    doc["metadata"]["name"] = "qwen3.5-pit"  # a dotted name, as kubectl accepts it, names the run folder
+    for m in doc["spec"]["evaluations"][0]["spec"]["models"]:
+        if "trainingRef" in m:
+            m["trainingRef"]["name"] = "qwen3.5-pit"
     corpus = tmp_path / "tiny.csv"
     corpus.write_text("date,text\n2015-01-02,Rates unchanged.\n2016-03-01,Rates unchanged again.\n")
     doc["spec"]["corpus"]["uri"] = str(corpus)
@@ -91,13 +99,14 @@ def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_ro
     r, out = _invoke(["run", str(path), "--data-root", str(data_root)])
     assert r.exit_code == 1, out
     assert "TrainingFailed" in out and "spec.training.seqLen" in out
-    status = json.loads((tmp_path / "out" / "sp500-fomc-demo" / "status.json").read_text())["status"]
+    status = json.loads((tmp_path / "out" / "qwen3.5-pit" / "status.json").read_text())["status"]
     assert status["phase"] == "Failed"
     conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conds["Trained"] == ("False", "TrainingFailed") and conds["Stalled"] == ("True", "TrainingFailed")
     assert conds["Ready"] == ("False", "TrainingFailed") and "Merged" not in conds
-    assert not (tmp_path / "out" / "sp500-fomc-demo" / "model").exists()
+    assert not (tmp_path / "out" / "qwen3.5-pit" / "model").exists()
     assert not (tmp_path / "out" / "sp500-leakage").exists()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["qwen3.5-pit"]
 
 
 def test_embed_then_analyze_reuses_the_embeddings(tmp_path, data_root):

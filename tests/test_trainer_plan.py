@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from pitlab.api import PitTraining, SpecError
 from pitlab.cli import app
-from pitlab.trainer.plan import GiB, RESERVE_BYTES, model_shape, plan_memory, train_flops_per_token
+from pitlab.trainer.plan import GiB, RESERVE_BYTES, count_text, model_shape, plan_memory, train_flops_per_token
 
 P_35B = 34_660_610_688  # Qwen3.5-35B-A3B (transformers' qwen3_5_moe_text defaults): 40 layers, 256 experts
 ACTIVE_35B = 3_454_988_928  # 8 of 256 routed experts per token ("A3B")
@@ -103,6 +103,16 @@ def test_plan_cli(base35, tmp_path):
     missing.write_text(yaml.safe_dump(published(tmp_path / "nowhere", 8, 1)))
     res = runner.invoke(app, ["plan", str(missing)])
     assert res.exit_code == 2 and "spec.baseModel.uri" in res.output
+
+
+def test_parameter_counts_are_printed_with_a_unit(base35, shape35, data_root):
+    """Found by a new user: `pitlab plan` printed "0.00 B parameters" for the demo's 420 K-parameter model."""
+    assert [count_text(n) for n in (0, 999, 1_000, 45_123, 999_499, 999_500, 1_234_567, 4_500_000_000)] == [
+        "0", "999", "1 K", "45.1 K", "999 K", "1 M", "1.23 M", "4.5 B"]
+    assert plan(base35, shape35, gpus=8, accum=1).notes[0].startswith(
+        "model: qwen3_5_moe_text, 34.7 B parameters (3.45 B active), world size 8")
+    res = CliRunner().invoke(app, ["plan", "examples/local-sp500-fomc.yaml", "--data-root", str(data_root)])
+    assert res.exit_code == 0 and "model: qwen3_5_moe_text, 420 K parameters (371 K active)" in res.output, res.output
 
 
 def lora_plan(base, shape, gpus: int, accum: int = 1, sync: bool = True, lora: dict | None = None):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pitlab.api.base import GROUP_VERSION, SpecModel
 from pitlab.api.meta import ObjectMeta
+from pitlab.api.names import LABEL_RULE, label_problem
 from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec
@@ -19,6 +21,9 @@ class TrainingRef(SpecModel):
 
     name: str
     artifact: Literal["model", "base"] = "model"
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class ModelRef(SpecModel):
@@ -32,11 +37,20 @@ class ModelRef(SpecModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "has(self.uri) != has(self.trainingRef)", "message": "give exactly one of uri and trainingRef"}]})
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=63)
+    # The CRD's pattern; checked here by _name, which says in words what is allowed.
+    name: str = Field(json_schema_extra={"maxLength": 63, "pattern": _MODEL_NAME.pattern})
     uri: str | None = None
     training_ref: TrainingRef | None = None
     kind: Literal["auto", "causal", "encoder"] = "auto"
     knowledge_cutoff: dt.date | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > 63 or not _MODEL_NAME.match(v):
+            raise ValueError("a model name has at most 63 characters, only letters, digits, '_', '.' and '-', "
+                             "and starts with a letter or digit (e.g. 'Qwen2.5_0.5B')")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelRef":
@@ -215,8 +229,17 @@ class EvalOutput(SpecModel):
 class LeakageEvalTemplate(SpecModel):
     """A LeakageEval created by a PitTraining once its merge succeeds (``spec.evaluations[]``)."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    # The CRD's pattern (a DNS-1123 label); checked here by _name, which says in words what is allowed.
+    name: str = Field(json_schema_extra={"maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"})
     spec: LeakageEvalSpec
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        problem = label_problem(v)
+        if problem:
+            raise ValueError(f"{problem}; an evaluation name {LABEL_RULE}")
+        return v
 
 
 class LeakageEval(SpecModel):

@@ -32,7 +32,9 @@ class Progress(SpecModel):
     step: int = 0
     total_steps: int | None = None
     loss: float | None = None
-    tokens_per_second: float | None = None
+    tokens_per_second: float | None = Field(
+        None, description="mean training speed (input tokens per second, all GPUs) from the start of the "
+                          "training attempt to the latest step (not the latest step's own speed)")
 
 
 class CorpusAuditStatus(SpecModel):

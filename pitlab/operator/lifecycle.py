@@ -472,7 +472,7 @@ def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: st
     exist (a restart before the status was written), else ``indexed_embed_threshold`` of the configuration
     at the time. A configuration change never starts a second, differently named set of Jobs."""
     name = le.metadata.name
-    indexed = naming.embed_indexed_job(name)
+    indexed = naming.embed_indexed_job(name, len(le.spec.models))
     recorded = {k: v for k, v in status.children.items() if k.startswith("embedJob.")}
     if recorded:
         return "embedJob.all" in recorded

@@ -61,10 +61,11 @@ def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:
 
 
 def progress_record(metrics: dict[str, Any]) -> dict[str, Any]:
-    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``, ...)."""
+    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``, and
+    ``mean_tokens_per_second`` as ``tokensPerSecond``: the mean speed of the run so far, not the last step's)."""
     return {k: v for k, v in {
         "step": metrics.get("step"), "totalSteps": metrics.get("total_steps"),
-        "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("tokens_per_second"), 4),
+        "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("mean_tokens_per_second"), 4),
     }.items() if v is not None}
 
 

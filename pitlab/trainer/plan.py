@@ -253,19 +253,29 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
                                    "reserve"))
     peak = static + max(comp["logits"] + saved, comp["gradient_buffers"] + saved + working)
     capacity = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
-    notes = [f"model: {shape.model_type}, {p / 1e9:.2f} B parameters ({shape.active / 1e9:.2f} B active), "
+    notes = [f"model: {shape.model_type}, {count_text(p)} parameters ({count_text(shape.active)} active), "
              f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
              f"(sync every microbatch: {not nosync}), activation checkpointing: {tr.activation_checkpointing}"]
     if lora:
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
-                     f"{adapter.total / 1e6:.2f} M trainable adapter parameters "
+                     f"{count_text(adapter.total)} trainable adapter parameters "
                      f"({100 * adapter.total / p:.3f}% of the base); frozen base stored in "
                      f"{'bf16' if c == 2 else 'fp32'}")
     if nosync:
-        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {trained / 1e9:.2f} B gradients unsharded on "
+        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {count_text(trained)} gradients unsharded on "
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {r * trained / 1e9:.1f} GB as FSDP2 "
                      "accumulates them in float32; set it to true (the default)")
     return MemoryPlan(world, comp, peak, None if capacity is None else int(capacity * GiB), shape, notes)
+
+
+def count_text(n: int | float) -> str:
+    """A count for people, three significant digits and a unit: ``512``, ``45.1 K``, ``1.23 M``, ``4.5 B``
+    (``999,500`` is ``1 M``, not ``1000 K``)."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        v = float(f"{n / scale:.3g}")
+        if abs(v) >= 1:
+            return f"{v:g} {unit}"
+    return f"{n:.0f}"
 
 
 def train_flops_per_token(shape: ModelShape, seq_len: int, frozen_base: bool = False) -> float:

@@ -185,6 +185,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
                 "method": spec.method, "lora": lora}
 
     last_ckpt = resumed_from
+    mean_tps = None  # tokens per second over this attempt's steps (all ranks); None when none ran
     t_loop = time.perf_counter()
     try:
         for step in range(start_step, total_steps):
@@ -211,12 +212,13 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
             first_loss = step_loss if first_loss is None else first_loss
             final_loss = step_loss
             now = time.perf_counter()
+            mean_tps = (step + 1 - start_step) * data.tokens_per_step / max(now - t_loop, 1e-9)
             if metrics is not None:
                 tps = data.tokens_per_step / max(now - t_step, 1e-9)
                 metrics.write({
                     "step": step + 1, "total_steps": total_steps, "loss": step_loss, "lr": lr,
                     "grad_norm": grad_norm, "tokens": (step + 1) * data.tokens_per_step,
-                    "tokens_per_second": tps,
+                    "tokens_per_second": tps, "mean_tokens_per_second": mean_tps,
                     "mfu": None if peak is None else tps * flops_per_token / (peak * world),
                     "peak_memory_bytes": _peak_memory(device),
                     "elapsed_s": now - t_loop,
@@ -246,7 +248,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         "first_loss": first_loss,
         "final_loss": final_loss,
         "resumed_from_step": start_step if resumed_from is not None else None,
-        "mean_tokens_per_second": (total_steps - start_step) * data.tokens_per_step / max(loop_seconds, 1e-9),
+        "mean_tokens_per_second": mean_tps,  # the last record's: the one definition of a run's speed
         "train_seconds": loop_seconds,
         "wall_seconds": time.perf_counter() - t_start,
         "world_size": world,
