@@ -214,6 +214,16 @@ CASES = [
     Case("yaml-empty", "pt", _raw_spec(""), "{tmp}/spec.yaml: expected exactly one YAML document, found 0"),
     Case("yaml-not-a-mapping", "pt", _raw_spec("- a\n- b\n"),
          "{tmp}/spec.yaml: expected a YAML mapping (a Kubernetes resource), got list"),
+    Case("name-uppercase", "le", _set("metadata.name", "Bad_Name"),
+         "metadata.name: has an uppercase letter 'B' at position 1; a resource name has at most 253 characters"),
+    Case("name-254-characters", "le", _set("metadata.name", "a" * 254),
+         "metadata.name: has 254 characters (at most 253)"),
+    Case("model-name", "le", _set("spec.models.0.name", "-x"),
+         "spec.models[0].name: a model name has at most 63 characters, only letters, digits, '_', '.' and '-', "
+         "and starts with a letter or digit (e.g. 'Qwen2.5_0.5B') (got '-x')"),
+    Case("evaluation-name", "pt", _set("spec.evaluations.0.name", "Eval_1"),
+         "spec.evaluations[0].name: has an uppercase letter 'E' at position 1; an evaluation name has at most 63 "
+         "characters"),
     Case("data-root-unset", "pt", _set("spec.corpus.uri", "${NO_SUCH_ROOT_VAR}/corpus.csv"),
          "spec.corpus.uri: '${NO_SUCH_ROOT_VAR}/corpus.csv' uses ${NO_SUCH_ROOT_VAR}, which is not set"),
     # --- corpora ---
