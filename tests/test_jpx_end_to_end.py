@@ -110,6 +110,8 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     assert [f.split("/jpx/")[1] for f in res["dataset"]["files"]] == [
         "train_files/stock_prices.csv", "supplemental_files/stock_prices.csv", "stock_list.csv"]
     assert res["dataset"]["price_levels_in_prompts"] == ["close"]
+    assert ("Prices: Kaggle JPX: Close and Volume as traded that day (unadjusted); prompts are adjusted as of t with "
+            "the AdjustmentFactor rows dated before t only") in next((tmp_path / "out").rglob("report.md")).read_text()
     assert res["panel"]["calendar"] == ["2017-01-04", "2021-12-30"]  # supplemental_files/ extends train_files/
     # embargo and purge days are XTKS sessions; the price file's halt day is not one
     assert res["protocol"]["leakage_off"]["calendar"] == "XTKS"
