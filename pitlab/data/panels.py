@@ -130,7 +130,7 @@ def _check_unique(df: pd.DataFrame, keys: list[str], path: Path) -> None:
     if dup.any():
         rows = (np.flatnonzero(dup.to_numpy())[:2] + 1).tolist()
         key = tuple(str(x.date()) if isinstance(x, pd.Timestamp) else x for x in df.loc[dup, keys].iloc[0])
-        raise PanelError(f"{path}: rows {rows}: duplicate ({', '.join(keys)}) = {key}")
+        raise PanelError(f"{path}: rows {rows}: duplicate ({', '.join(keys)}) = {key if len(key) > 1 else key[0]!r}")
 
 
 def load_ohlcv_long(path: str | Path) -> Prices:
@@ -244,6 +244,7 @@ def load_jpx(folder: str | Path) -> Prices:
     """
     files, list_path = jpx_files(folder)
     stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, JPX_LIST_COLUMNS + ("Universe0",))
+    _check_unique(stock_list, ["SecuritiesCode"], list_path)
     df = _read_jpx_prices(files[0])
     for extra in files[1:]:
         df = _append_supplemental(df, _read_jpx_prices(extra))
