@@ -253,6 +253,8 @@ CASES = [
          "panel.csv: row 3: column 'volume': must be >= 0: '-5'"),
     Case("panel-date-day-first", "pt", _csv_edit("panel.csv", _cell(5, "date", "07/10/2016")),
          "panel.csv: row 5: column 'date': unparseable date '07/10/2016', expected YYYY-MM-DD"),
+    Case("panel-date-empty", "pt", _csv_edit("panel.csv", _cell(11, "date", "")),
+         "panel.csv: row 11: column 'date': empty date, expected YYYY-MM-DD (1 such rows)"),
     Case("panel-duplicate-row", "pt", _csv_edit("panel.csv", lambda df: pd.concat([df, df.iloc[[4]]])),
          "panel.csv: rows [5, 521]: duplicate (date, Name) = ('2016-10-07', 'AAA')"),
     Case("panel-empty-name", "pt", _csv_edit("panel.csv", _cell(9, "Name", "")),

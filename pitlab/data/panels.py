@@ -103,8 +103,10 @@ def _parse_dates(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
     bad = parsed.isna()
     if bad.any():
         i = _first_bad(bad)
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: unparseable date {df[col].iloc[i]!r}, expected "
-                         f"YYYY-MM-DD ({int(bad.sum())} such rows)")
+        value = df[col].iloc[i]
+        what = "empty date" if pd.isna(value) else f"unparseable date {value!r}"
+        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}, expected YYYY-MM-DD ({int(bad.sum())} such "
+                         f"rows)")
     return parsed
 
 
