@@ -150,9 +150,22 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         _fail(err, 2)
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
     if plan is not None:
-        msg += (f"; corpus keeps {plan.audit.included} of {plan.audit.total} documents "
-                f"(latest {local_isoformat(plan.audit.max_included_timestamp, plan.audit.timezone)})")
+        a = plan.audit
+        msg += (f"; corpus keeps {a.included} of {a.total} documents "
+                f"(latest {local_isoformat(a.max_included_timestamp, a.timezone)}; timestamps {a.timestamp_format})")
+        if a.rejected_timestamp:
+            msg += f"; {a.rejected_timestamp} dropped for their timestamp (onMissingTimestamp: drop)"
     _say(f"[green]✓[/] {msg}")
+    if plan is not None:
+        _say_audit_notes(plan.audit)
+
+
+def _say_audit_notes(audit) -> None:
+    """Print a corpus audit's warnings and its first refused timestamps (dropped with onMissingTimestamp: drop)."""
+    for w in audit.warnings:
+        _say(f"[yellow]warning:[/] {escape(w)}")
+    for x in audit.rejected_timestamp_examples:
+        _say(f"  dropped row {x['row']} (id {x['id']!r}): {escape(x['error'])}")
 
 
 @app.command()
@@ -208,6 +221,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                 results = {res.metadata.name: compact_results(
                     run_leakage_eval_local(res, root, reporter, overwrite or bool(remote)))}
         except (SpecError, CorpusError, PanelError) as err:
+            publish()  # bad input found after the run folder exists (its status.json says Failed)
             _fail(err, 2)
         except RunError as err:
             publish()
@@ -246,11 +260,12 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
         _fail(f"{spec}: kind {res.kind}: `pitlab prepare` takes a PitTraining", 2)
     try:
         plan = check_corpus(res)
+        _say_audit_notes(plan.audit)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+        base_dir, n_tokens = prepare_run(res, plan, run_dir)
     except (SpecError, CorpusError, PanelError) as err:
         _fail(err, 2)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
-    base_dir, n_tokens = prepare_run(res, plan, run_dir)
     _say(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
 
 

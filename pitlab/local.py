@@ -125,11 +125,50 @@ def check_corpus(res: PitTraining) -> CorpusPlan:
     """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
     c = res.spec.corpus
     path = resolve_input(c.uri, "spec.corpus.uri")  # s3://: downloaded (verified) into the cache
-    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field)
+    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field, c.timestamp_format)
     source = c.uri if storage.is_s3(c.uri) else str(path)
     kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
-                                source=source, source_sha256=file_sha256(path))
+                                source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format)
+    check_corpus_length(res, kept)
     return CorpusPlan(path, kept, audit)
+
+
+def check_corpus_length(res: PitTraining, kept: list[Document]) -> None:
+    """Refuse a filtered corpus shorter than one packed sequence (``seqLen + 1`` tokens) before anything runs.
+
+    With ``randomInit`` the tokenizer does not exist yet: its byte-level BPE gives at most one token per UTF-8
+    byte plus one eos per document, so a corpus below that bound is refused (prepare counts exactly). With a
+    local ``baseModel.uri`` its tokenizer counts the documents (stopping once there are enough). Raises SpecError
+    naming ``spec.training.seqLen`` (or ``spec.baseModel.uri`` if its tokenizer cannot be loaded)."""
+    seq_len = res.spec.training.seq_len
+    uri = res.spec.base_model.uri
+    if res.spec.base_model.random_init is not None:
+        most = sum(len(d.text.encode("utf-8")) + 1 for d in kept)
+        if most < seq_len + 1:
+            raise SpecError([("spec.training.seqLen", short_corpus_message(
+                f"at most {most} tokens (its {len(kept)} documents hold {most - len(kept)} UTF-8 bytes, one eos each)",
+                seq_len))])
+    elif uri is not None and not storage.is_s3(uri):  # a published model is counted by prepare, after its download
+        from transformers import AutoTokenizer
+
+        path = resolve_local_path(uri, "spec.baseModel.uri")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises, the folder is not usable
+            raise SpecError([("spec.baseModel.uri",
+                              f"{str(path)!r}: its tokenizer cannot be loaded ({err})")]) from None
+        count = 0
+        for d in kept:
+            count += len(tokenizer(d.text, add_special_tokens=False)["input_ids"]) + 1
+            if count > seq_len:
+                return
+        raise SpecError([("spec.training.seqLen", short_corpus_message(f"{count} tokens", seq_len))])
+
+
+def short_corpus_message(count: str, seq_len: int) -> str:
+    """Why a corpus shorter than one packed training sequence (``seq_len + 1`` tokens) is refused."""
+    return (f"the filtered corpus has {count}, fewer than one packed sequence of seqLen + 1 = {seq_len + 1} tokens; "
+            "lower spec.training.seqLen or give a corpus with more text up to the knowledge cutoff")
 
 
 def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
@@ -397,7 +436,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     checked = preflight(res)
     plan = checked.corpus
     reporter.done("validate", f"corpus: {plan.audit.included} documents ≤ {res.spec.knowledge_cutoff}, "
-                              f"{plan.audit.excluded_by_date} after it")
+                              f"{plan.audit.excluded_by_date} after it, {plan.audit.rejected_timestamp} dropped for "
+                              f"their timestamp" + "".join(f"\n  warning: {w}" for w in plan.audit.warnings))
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
     st = StatusWriter(run_dir / "status.json", res)
     st.done("Validated", "SpecValid", "spec is valid")
@@ -410,7 +450,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
                                                    rejected_timestamp=a.rejected_timestamp,
                                                    max_included_timestamp=a.max_included_timestamp,
-                                                   included_ids_sha256=a.included_ids_sha256)
+                                                   included_ids_sha256=a.included_ids_sha256,
+                                                   timestamp_format=a.timestamp_format, warnings=a.warnings or None)
         st.done("Prepared", "CorpusFiltered",
                 f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_timestamp} "
                 f"rejected for their timestamp; {n_tokens} tokens")
@@ -472,6 +513,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
             st.done("Evaluated", "EvaluationsSucceeded", f"{len(results)} LeakageEval(s) succeeded")
     except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
         st.failed(stage, failure, _short(err))
+        if isinstance(err, SpecError):  # bad input found late (e.g. a corpus shorter than one sequence): exit 2
+            raise
         raise RunError(failure, _short(err)) from err
     st.succeeded(f"model at {st.status.model_uri}")
     return json.loads((run_dir / "status.json").read_text())
@@ -486,7 +529,7 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     """
     from transformers import AutoTokenizer
 
-    from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
+    from pitlab.trainer.prepare import ShortCorpusError, prepare_base_model, tokenize_corpus
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "spec.json", res.model_dump(by_alias=True, mode="json", exclude_none=True,
@@ -504,7 +547,13 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
         shutil.rmtree(run_dir / "base", ignore_errors=True)
         os.replace(tmp, run_dir / "base")
         base_dir = run_dir / "base"
-    n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy")
+    need = res.spec.training.seq_len + 1
+    try:
+        n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy",
+                                   min_tokens=need)
+    except ShortCorpusError as err:
+        raise SpecError([("spec.training.seqLen",
+                          short_corpus_message(f"{err.tokens} tokens", res.spec.training.seq_len))]) from None
     return base_dir, n_tokens
 
 

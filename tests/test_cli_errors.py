@@ -62,7 +62,7 @@ def test_corpus_row_with_missing_timestamp(tmp_path, spec, data_root):
     corpus.write_text("date,text\n2015-01-02,a statement\n,undated statement\n")
     spec["spec"]["corpus"]["uri"] = str(corpus)
     r, out = _run(tmp_path, spec, data_root)
-    assert r.exit_code == 2 and "corpus.csv: row 2 (id 'row-2'): missing or unparseable timestamp" in out
+    assert r.exit_code == 2 and "corpus.csv: row 2 (id 'row-2'): missing timestamp (field 'date' is empty)" in out
     assert _no_output(tmp_path)
 
 
@@ -212,4 +212,4 @@ def test_validate_gives_the_latest_document_in_the_cutoffs_timezone(tmp_path, sp
     r = CliRunner().invoke(app, ["validate", str(path), "--data-root", str(data_root)])
     assert r.exit_code == 0
     assert (f"✓ {path}: valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents "
-            "(latest 2016-12-14T00:00:00-05:00)") in r.output.splitlines()
+            "(latest 2016-12-14T00:00:00-05:00; timestamps iso8601)") in r.output.splitlines()

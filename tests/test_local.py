@@ -84,15 +84,26 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert "| model | r2_off | r2_on | premium [95% CI] | verdict |" in (ev_dir / "eval" / "report.md").read_text()
 
 
-def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root):
+def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root, monkeypatch):
+    """Training fails on a token file cut to 10 tokens after prepare (a short corpus itself is refused before
+    anything runs: tests/test_corpus_cli.py); the trainer's own check names seqLen."""
+    import numpy as np
+
+    import pitlab.local as local
+
+    prepare = local.prepare_run
+
+    def prepare_then_cut(res, plan, run_dir):
+        base, _ = prepare(res, plan, run_dir)
+        np.save(run_dir / "data" / "tokens.npy", np.zeros(10, dtype=np.uint32))
+        return base, 10
+
+    monkeypatch.setattr(local, "prepare_run", prepare_then_cut)
     doc = _small_spec(tmp_path, data_root)
     doc["metadata"]["name"] = "qwen3.5-pit"  # a dotted name, as kubectl accepts it, names the run folder
     for m in doc["spec"]["evaluations"][0]["spec"]["models"]:
         if "trainingRef" in m:
             m["trainingRef"]["name"] = "qwen3.5-pit"
-    corpus = tmp_path / "tiny.csv"
-    corpus.write_text("date,text\n2015-01-02,Rates unchanged.\n2016-03-01,Rates unchanged again.\n")
-    doc["spec"]["corpus"]["uri"] = str(corpus)
     doc["spec"]["baseModel"]["tokenizer"]["vocabSize"] = 300
     path = tmp_path / "pit.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
@@ -54,13 +54,19 @@ class BaseModelSpec(SpecModel):
 
 
 class CorpusSpec(SpecModel):
-    """Dated documents. ``timestampField`` values are ISO dates or datetimes; naive values are read in
+    """Dated documents. ``timestampField`` values are read strictly in ``timestampFormat`` (default ISO 8601
+    dates or datetimes, README "Accepted timestamp formats"); values without an offset are read in
     ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number)."""
 
     uri: str
     format: Literal["jsonl", "csv"]
     text_field: str = "text"
     timestamp_field: str = "date"
+    timestamp_format: str | None = Field(None, description=(
+        "how timestampField values are written; default iso8601 (YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]] with an "
+        "optional Z or +HH:MM offset). Else a strftime pattern read in full (e.g. \"%d/%m/%Y\"; needs %Y and the day, "
+        "no %Z or %y), or epoch_s / epoch_ms / epoch_us for numbers since 1970-01-01T00:00:00Z. A value that does "
+        "not match is an error naming the row and the value (or dropped and counted with onMissingTimestamp: drop)"))
     id_field: str | None = None
     timezone: str = "UTC"
     on_missing_timestamp: Literal["error", "drop"] = "error"
@@ -74,6 +80,14 @@ class CorpusSpec(SpecModel):
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
         return self
+
+    @field_validator("timestamp_format")
+    @classmethod
+    def _timestamp_format(cls, value: str | None) -> str | None:
+        from pitlab.data.timestamps import check_format
+
+        check_format(value)  # ValueError saying why the pattern is refused
+        return value
 
 
 class LoraSpec(SpecModel):

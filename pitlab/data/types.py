@@ -9,12 +9,16 @@ import pandas as pd
 
 @dataclass(frozen=True)
 class Document:
-    """One corpus document. ``timestamp`` is timezone-aware (UTC) or None when missing/unparseable."""
+    """One corpus document. ``timestamp`` is timezone-aware (UTC) or None when missing or refused; then
+    ``timestamp_error`` says why (naming the value and the expected format) and ``timestamp_value`` is the
+    value as read (``""`` when missing)."""
 
     id: str
     text: str
     timestamp: pd.Timestamp | None
     row: int  # 1-based data row number in the source file (header excluded)
+    timestamp_error: str | None = None
+    timestamp_value: str | None = None
 
 
 @dataclass

@@ -241,6 +241,7 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
         audit = _corpus_audit(doc.get("corpusAudit"), job["metadata"]["name"], plan)
         if audit is not None:
             status.corpus_audit = audit
+            plan.warnings.extend(("CorpusWarning", w) for w in audit.warnings or [])
         msg = (f"{audit.included} documents up to {pt.spec.knowledge_cutoff}, {audit.excluded_by_date} after it"
                if audit is not None else "corpus filtered")
         conditions.stage_done(status, "Prepared", "CorpusFiltered", msg, gen, now)

@@ -57,6 +57,8 @@ def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:
         "rejectedTimestamp": _get(audit, "rejectedTimestamp", "rejected_timestamp"),
         "maxIncludedTimestamp": _get(audit, "maxIncludedTimestamp", "max_included_timestamp"),
         "includedIdsSha256": _get(audit, "includedIdsSha256", "included_ids_sha256"),
+        "timestampFormat": _get(audit, "timestampFormat", "timestamp_format"),
+        "warnings": [str(w)[:300] for w in _get(audit, "warnings") or []][:4] or None,
     }.items() if v is not None}
 
 
