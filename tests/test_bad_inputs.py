@@ -232,7 +232,26 @@ CASES = [
     Case("corpus-text-field", "pt", _set("spec.corpus.textField", "body"),
          "{tmp}/corpus.csv: header: no field 'body' (spec.corpus.textField); fields present: ['date', 'id', 'text']"),
     Case("corpus-missing-timestamp", "pt", _csv_edit("corpus.csv", _cell(2, "date", "")),
-         "corpus.csv: row 2 (id 'row-2'): missing or unparseable timestamp"),
+         "corpus.csv: row 2 (id 'row-2'): missing timestamp (field 'date' is empty); fix the row, or set "
+         "spec.corpus.onMissingTimestamp: drop to count and skip it"),
+    Case("corpus-day-first-dates", "pt",
+         _csv_edit("corpus.csv", lambda df: df.assign(date=[f"{d[8:10]}/{d[5:7]}/{d[:4]}" for d in df.date])),
+         "corpus.csv: row 1 (id 'row-1'): timestamp '05/01/2015' does not match ISO 8601"),
+    Case("corpus-epoch-milliseconds", "pt", _csv_edit("corpus.csv", _cell(3, "date", "1609426799000")),
+         "corpus.csv: row 3 (id 'row-3'): timestamp '1609426799000' does not match ISO 8601"),
+    Case("corpus-zone-abbreviation", "pt", _csv_edit("corpus.csv", _cell(4, "date", "2015-04-05 10:00 EST")),
+         "corpus.csv: row 4 (id 'row-4'): timestamp '2015-04-05 10:00 EST': zone abbreviation 'EST' refused"),
+    Case("corpus-month-name-date", "pt", _csv_edit("corpus.csv", _cell(5, "date", "Dec 31, 2016")),
+         "corpus.csv: row 5 (id 'row-5'): timestamp 'Dec 31, 2016' does not match ISO 8601"),
+    Case("corpus-timestamp-format-unknown", "pt", _set("spec.corpus.timestampFormat", "epoch_ns"),
+         "spec.corpus.timestampFormat: 'epoch_ns' is neither iso8601, epoch_s, epoch_ms, epoch_us nor a strftime "
+         "pattern"),
+    Case("corpus-timestamp-format-mismatch", "pt", _set("spec.corpus.timestampFormat", "%d/%m/%Y"),
+         "corpus.csv: row 1 (id 'row-1'): timestamp '2015-01-05' does not match strftime pattern '%d/%m/%Y' "
+         "(spec.corpus.timestampFormat)"),
+    Case("corpus-shorter-than-one-sequence", "pt", _set("spec.training.seqLen", 16384),
+         "spec.training.seqLen: the filtered corpus has at most 11340 tokens (its 25 documents hold 11315 UTF-8 "
+         "bytes, one eos each), fewer than one packed sequence of seqLen + 1 = 16385 tokens"),
     Case("corpus-nothing-before-cutoff", "pt", _set("spec.knowledgeCutoff", "1990-01-01"),
          "corpus.csv: no document at or before the knowledge cutoff 1990-01-01"),
     Case("corpus-jsonl-broken-line", "pt", _all(_set("spec.corpus.format", "jsonl"),
