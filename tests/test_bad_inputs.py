@@ -305,6 +305,8 @@ CASES = [
          "no stock_prices.csv: expected"),
     Case("jpx-no-stock-list", "le", lambda d, t: (t / "jpx" / "stock_list.csv").unlink(),
          "stock_list.csv: file not found"),
+    Case("jpx-uri-is-train-files", "le", _set("spec.dataset.uri", "${TMP}/jpx/train_files"),
+         "{tmp}/jpx/train_files: give the competition's download folder {tmp}/jpx, not its train_files/"),
     Case("jpx-two-layouts", "le", _write("jpx/stock_prices.csv", "RowId\n"), "exist; keep one layout"),
     Case("jpx-supplemental-contradicts", "le",
          _csv_edit("jpx/supplemental_files/stock_prices.csv", _cell(2, "Close", "999")),

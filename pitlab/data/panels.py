@@ -181,9 +181,13 @@ def jpx_files(folder: str | Path) -> tuple[list[Path], Path]:
     Two layouts: flat (``folder/stock_prices.csv``), or the competition's download as it unpacks
     (``folder/train_files/stock_prices.csv``, then ``folder/supplemental_files/stock_prices.csv`` when present,
     same schema, later dates). ``stock_list.csv`` sits in ``folder`` in both. Raises :class:`PanelError` when
-    neither layout is there, or both are (which prices to use would be a guess).
+    neither layout is there, or both are (which prices to use would be a guess), or ``folder`` is the download's
+    train_files/ or supplemental_files/ itself.
     """
     d = Path(folder)
+    if d.name in ("train_files", "supplemental_files"):
+        raise PanelError(f"{d}: give the competition's download folder {d.parent}, not its {d.name}/ (stock_list.csv "
+                         f"and the other stock_prices.csv sit beside it)")
     flat, train = d / "stock_prices.csv", d / "train_files" / "stock_prices.csv"
     if flat.is_file() and train.is_file():
         raise PanelError(f"{d}: both {flat} and {train} exist; keep one layout (which prices to read is ambiguous)")
