@@ -344,12 +344,11 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         _fail(err, 2)
     print(result.table())
     if result.fits is None:
-        _say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB or --gpu-memory-gib): "
-              "no fit check")
+        _say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB, --gpu-memory-gib or, with layer "
+              "streaming, spec.training.layerStreaming.gpuMemoryBudgetBytes): no fit check")
     elif not result.fits:
-        _fail(RuntimeError(f"{file}: predicted peak {result.peak_bytes / 2**30:.1f} GiB per GPU exceeds "
-                           f"{'--gpu-memory-gib' if gpu_memory_gib is not None else 'spec.resources.gpuMemoryGiB'}"
-                           f" = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
+        source = "--gpu-memory-gib" if gpu_memory_gib is not None else "spec.resources.gpuMemoryGiB"
+        _fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
         _say(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
               "GiB per GPU")

@@ -296,6 +296,10 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                 _check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
             else:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
+        if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
+            from pitlab.trainer.plan_streaming import check_spec_fits
+
+            check_spec_fits(res.spec)  # the spec's budget, before anything is written; the trainer checks the GPU
         plan = check_corpus(res)
         panels = []
         for i, ev in enumerate(res.spec.evaluations):

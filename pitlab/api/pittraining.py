@@ -110,6 +110,22 @@ _BNB_REFUSAL = ("bitsandbytes 8-bit optimizers are refused under FSDP2: they exp
                 "(the published 35B recipe crashed this way); use optimizer: adamw")
 
 
+class LayerStreamingSpec(SpecModel):
+    """Layer streaming (``method: lora``, one GPU): the frozen weights of each decoder layer live in host
+    memory (page-locked with ``pinHost``) and are copied into one of ``buffers`` GPU slots before the layer runs,
+    on a side CUDA stream while the previous layer computes; backward recomputes each layer. A frozen untied
+    input embedding stays in host memory too; the final norm, the head and the LoRA adapter (with its AdamW
+    state) stay on the GPU. ``gpuMemoryBudgetBytes``: GPU bytes the run may use; ``pitlab plan`` and the
+    trainer refuse a run whose predicted peak exceeds it (or ``resources.gpuMemoryGiB``, or the process's
+    CUDA memory fraction)."""
+
+    enabled: bool = False
+    buffers: int = Field(2, ge=2, le=8, description="GPU slots for decoder layers (2: one computes, one loads)")
+    pin_host: bool = Field(True, description="page-locked host store (fast asynchronous copies); CUDA only")
+    gpu_memory_budget_bytes: int | None = Field(None, ge=1, description=(
+        "GPU bytes this run may use; refused before training when the predicted peak exceeds it"))
+
+
 class TrainingSpec(SpecModel):
     """Optimisation settings. Units: ``seqLen`` in tokens; ``learningRate`` peak LR; ``warmupSteps`` in
     optimizer steps. One optimizer step consumes seqLen × microBatchSize × gradientAccumulationSteps ×
@@ -137,7 +153,7 @@ class TrainingSpec(SpecModel):
         "the full unsharded gradients (parameters x 2 bytes in bf16) between microbatches; see pitlab plan"))
     precision: Literal["fp32", "bf16"] = "bf16"
     seed: int = 0
-    layer_streaming: bool = False
+    layer_streaming: LayerStreamingSpec = LayerStreamingSpec()
 
     @model_validator(mode="after")
     def _no_bnb(self) -> "TrainingSpec":
@@ -171,10 +187,20 @@ class OutputSpec(SpecModel):
     uri: str = "out"
 
 
+_STREAMING_RULE = ("!has(self.training) || !has(self.training.layerStreaming) || "
+                   "!has(self.training.layerStreaming.enabled) || !self.training.layerStreaming.enabled || "
+                   "(self.method == 'lora' && has(self.resources) && "
+                   "(!has(self.resources.nodes) || self.resources.nodes == 1) && "
+                   "has(self.resources.gpusPerNode) && self.resources.gpusPerNode == 1)")
+_STREAMING_MESSAGE = ("training.layerStreaming: enabled needs method: lora and one process "
+                      "(resources.nodes: 1, resources.gpusPerNode: 1)")
+
+
 class PitTrainingSpec(SpecModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "!has(self.lora) || self.method == 'lora'",
-         "message": "lora: the lora block is only allowed with method: lora"}]})
+         "message": "lora: the lora block is only allowed with method: lora"},
+        {"rule": _STREAMING_RULE, "message": _STREAMING_MESSAGE}]})
 
     base_model: BaseModelSpec
     corpus: CorpusSpec
@@ -205,6 +231,19 @@ class PitTrainingSpec(SpecModel):
                             f"lora.mergeIntoBase: false writes an adapter folder, which evaluations cannot load, but "
                             f"evaluations[{i}].spec.models[{j}] evaluates the trained model; set "
                             "lora.mergeIntoBase: true")
+        ls = self.training.layer_streaming
+        if ls.enabled:
+            if self.method != "lora":
+                raise ValueError(f"training.layerStreaming: enabled needs method: lora (got method: {self.method}); "
+                                 "streaming keeps the base frozen and trains a LoRA adapter")
+            res = self.resources
+            if res.nodes != 1 or res.gpus_per_node != 1:
+                raise ValueError(f"training.layerStreaming: enabled needs one process (resources.nodes: 1, "
+                                 f"resources.gpusPerNode: 1; got {res.nodes} and {res.gpus_per_node}); "
+                                 "for several GPUs use FSDP2 (layerStreaming.enabled: false)")
+            if not self.training.gradient_sync_every_microbatch:
+                raise ValueError("training.gradientSyncEveryMicrobatch: false is an FSDP2 setting; with "
+                                 "training.layerStreaming.enabled there is nothing to sync, leave it true")
         return self
 
 

@@ -11,6 +11,8 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``checkpoint``: atomic DCP checkpoints, ``latest`` pointer, retention, bit-identical resume
 - ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU
 - ``lora``: peft LoRA and verified adapter saves
+- ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory (DESIGN 4.6)
+- ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
 - ``train``: the training loop (``python -m pitlab.trainer.train`` under torchrun)
 - ``launch``: builds and runs the torchrun command, follows metrics, returns the summary

@@ -139,6 +139,11 @@ class MemoryPlan:
             rows.append(f"{'GPU memory':<22}{self.capacity_bytes / GiB:>10.2f}{self.capacity_bytes / 1e9:>10.2f}")
         return "\n".join(rows + self.notes)
 
+    def refusal(self, source: str) -> str:
+        """Why the run does not fit ``capacity_bytes`` (given by ``source``, a field or flag name)."""
+        return (f"predicted peak {self.peak_bytes / GiB:.1f} GiB per GPU exceeds {source} = "
+                f"{self.capacity_bytes / GiB:.1f} GiB")
+
 
 def model_shape(config) -> ModelShape:
     """Count the parameters of ``config``'s causal LM by building it on the meta device (no memory).
@@ -205,9 +210,13 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
 
     ``shape`` defaults to :func:`model_shape` of :func:`spec_config`; ``adapter`` (``method: lora`` only)
     to :func:`adapter_shape` of the same config and ``spec.lora``; ``gpu_memory_gib`` (GiB = 2**30 bytes)
-    overrides ``spec.resources.gpuMemoryGiB``. Raises :class:`SpecError` naming ``spec.lora.targetModules``
-    when no module of the model matches.
+    overrides ``spec.resources.gpuMemoryGiB``. With ``training.layerStreaming.enabled`` the plan is
+    :func:`pitlab.trainer.plan_streaming.plan_streaming`'s (another set of components). Raises
+    :class:`SpecError` naming ``spec.lora.targetModules`` when no module of the model matches.
     """
+    if spec.training.layer_streaming.enabled:  # one GPU, frozen layers streamed from host memory
+        from pitlab.trainer.plan_streaming import plan_streaming
+        return plan_streaming(spec, shape, gpu_memory_gib=gpu_memory_gib)
     lora = spec.method == "lora"
     if lora and adapter is None:
         try:

@@ -139,9 +139,14 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         raise ValueError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
     lora = lora_record(spec.lora) if spec.method == "lora" else None
-    # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
-    model = load_sharded_model(paths.base, mesh, tr.precision, device, tr.activation_checkpointing, lora=lora,
-                               seed=tr.seed)
+    streamer = None
+    if tr.layer_streaming.enabled:  # one GPU, LoRA: frozen layers streamed from host memory instead of FSDP2
+        from pitlab.trainer.streaming import load_streamed_model
+        model, streamer = load_streamed_model(paths.base, spec, device)
+    else:
+        # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
+        model = load_sharded_model(paths.base, mesh, tr.precision, device, tr.activation_checkpointing, lora=lora,
+                                   seed=tr.seed)
     model.train()
     sync_every_micro = tr.gradient_sync_every_microbatch or tr.gradient_accumulation_steps == 1
 
@@ -197,8 +202,11 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
                     model.set_requires_gradient_sync(micro == tr.gradient_accumulation_steps - 1)
                 input_ids, labels = data.microbatch(step, micro)
                 input_ids, labels = input_ids.to(device), labels.to(device)
-                logits = model(input_ids=input_ids).logits
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                if streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
+                    loss = streamer.loss(model, input_ids, labels)
+                else:
+                    logits = model(input_ids=input_ids).logits
+                    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
                 (loss / tr.gradient_accumulation_steps).backward()
                 loss_sum += loss.detach()
             grad_norm = _clip_grad_norm(model, tr.grad_clip)
@@ -270,6 +278,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         "checkpoint": str(last_ckpt),
         "adapter": adapter,
         "param_sha256": digests,
+        "layer_streaming": None if streamer is None else streamer.report(),
     }
     write_json_atomic(paths.summary, summary)
     return summary
