@@ -224,6 +224,12 @@ CASES = [
     Case("evaluation-name", "pt", _set("spec.evaluations.0.name", "Eval_1"),
          "spec.evaluations[0].name: has an uppercase letter 'E' at position 1; an evaluation name has at most 63 "
          "characters"),
+    Case("layer-streaming-full-training", "pt", _set("spec.training.layerStreaming", {"enabled": True}),
+         "spec: training.layerStreaming: enabled needs method: lora (got method: full)"),
+    Case("layer-streaming-over-budget", "pt",
+         _all(_set("spec.method", "lora"), _set("spec.resources.gpusPerNode", 1),
+              _set("spec.training.layerStreaming", {"enabled": True, "gpuMemoryBudgetBytes": 1000})),
+         "exceeds the budget 0.00 MiB (training.layerStreaming.gpuMemoryBudgetBytes = 1000)"),
     Case("data-root-unset", "pt", _set("spec.corpus.uri", "${NO_SUCH_ROOT_VAR}/corpus.csv"),
          "spec.corpus.uri: '${NO_SUCH_ROOT_VAR}/corpus.csv' uses ${NO_SUCH_ROOT_VAR}, which is not set"),
     # --- corpora ---
