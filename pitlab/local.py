@@ -466,8 +466,13 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         st.running("Trained", "Training", "Training", f"torchrun, {n} processes")
         reporter.stage("train", f"torchrun, {n} processes, FSDP2")
         last_write = [0.0]
+        warned = [False]
 
         def on_step(m: dict) -> None:
+            if m.get("kernel_warning") and not warned[0]:  # a GPU run on reference kernels: say so in the status
+                warned[0] = True
+                st.running("Trained", "Training", "Training",
+                           f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
             st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
                                           tokens_per_second=m.get("mean_tokens_per_second"))
             reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
@@ -480,7 +485,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         st.status.checkpoint_uri = str(summary.get("checkpoint", run_dir / "checkpoint"))
         tps = summary.get("mean_tokens_per_second")
         trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}"
-                   + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else ""))
+                   + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
+                   + (f"; WARNING: {summary['kernel_warning']}" if summary.get("kernel_warning") else ""))
         st.done("Trained", "Succeeded", trained)
         reporter.done("train", trained)
 

@@ -231,6 +231,11 @@ def test_malformed_progress_line_is_ignored_with_a_warning() -> None:
     body, plan = step(w, body)
     assert plan.warnings == [] and body["status"]["progress"] == {"step": 6, "totalSteps": 9}
     assert message(body, "Trained") == "PyTorchJob t-train: Created (step 6/9)"
+    # a GPU run on reference kernels: the trainer's warning is in the Trained condition's message
+    w.logs[("t-train-master-0", "progress")] += 'PITLAB_PROGRESS {"step": 7, "totalSteps": 9, "kernelWarning": "slow"}\n'
+    body, plan = step(w, body)
+    assert body["status"]["progress"] == {"step": 7, "totalSteps": 9}
+    assert message(body, "Trained") == "PyTorchJob t-train: Created (step 7/9); WARNING: slow"
 
 
 def test_stored_spec_that_no_longer_parses_fails_naming_the_field() -> None:

@@ -146,7 +146,17 @@ class TrainingSpec(SpecModel):
         "they quantise state per flat tensor and mishandle FSDP2's DTensor shards"))
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | None = Field(None, description=(
+        "recompute each decoder layer in backward instead of keeping its activations (true) or keep them (false); "
+        "unset (auto, the default): off when the memory planner predicts that the run fits the GPU without it "
+        "(faster), else on"))
+    compile: bool = Field(False, description=(
+        "torch.compile each decoder layer (regional compilation, CUDA only: no effect on CPU ranks). Off by "
+        "default: on an H200 it made Qwen3.5 training steps slower, not faster (bench/RESULTS.md)"))
+    loss: Literal["reference", "chunked"] = Field("reference", description=(
+        "reference: full logits and torch's float32 cross-entropy. chunked: fused linear + cross-entropy that "
+        "never stores the tokens x vocabulary logits in float32 (8 GB less at 4096 tokens of a 248k vocabulary), "
+        "measured slower inside the trainer (bench/RESULTS.md)"))
     gradient_sync_every_microbatch: bool = Field(True, description=(
         "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "

@@ -68,6 +68,7 @@ def progress_record(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in {
         "step": metrics.get("step"), "totalSteps": metrics.get("total_steps"),
         "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("mean_tokens_per_second"), 4),
+        "kernelWarning": metrics.get("kernel_warning"),  # the Trained condition's message shows it
     }.items() if v is not None}
 
 

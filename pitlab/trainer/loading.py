@@ -129,7 +129,7 @@ def load_sharded_model(base: Path, mesh: DeviceMesh | None, precision: str, devi
                     if not p.requires_grad:
                         p.data = p.data.to(torch.bfloat16)
     if mesh is not None:
-        shard_model(model, mesh, precision)
+        shard_model(model, mesh, precision, lora=lora is not None)
     model.to_empty(device=device)
     files = safetensors_index(base)
     headers = {path: read_header(path) for path in set(files.values())}
