@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab import storage
 from pitlab.data import CorpusError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
-from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns
+from pitlab.data.panels import (JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns,
+                                jpx_files)
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
 from pitlab.operator import conditions
@@ -175,11 +177,14 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     if ds.prompt_template:
         try:
-            check_prompt_template(ds.prompt_template)
+            check_prompt_template(ds.prompt_template, ds.kind, ds.price_levels)
         except ValueError as err:
             raise SpecError([(f"{field_prefix}.dataset.promptTemplate", str(err).split(": ", 1)[-1])]) from None
-    files = ([(path, OHLCV_COLUMNS)] if ds.kind == "ohlcv"
-             else [(path / "stock_prices.csv", JPX_PRICE_COLUMNS), (path / "stock_list.csv", JPX_LIST_COLUMNS)])
+    if ds.kind == "ohlcv":
+        files = [(path, OHLCV_COLUMNS)]
+    else:
+        prices, stock_list = jpx_files(path)
+        files = [(f, JPX_PRICE_COLUMNS) for f in prices] + [(stock_list, JPX_LIST_COLUMNS)]
     for f, cols in files:
         check_csv_columns(f, cols)
     return path
@@ -191,12 +196,44 @@ def check_panel(spec: LeakageEvalSpec, field_prefix: str) -> Panel:
     ``field_prefix`` (e.g. ``spec.evaluations[0].spec.dataset.dates.count``); a data-file problem stays a
     PanelError naming the file."""
     try:
-        return load_panel(spec, field_prefix)
+        panel = load_panel(spec, field_prefix)
     except PanelError as err:
         field, sep, msg = str(err).partition(": ")
         if sep and field.startswith("dataset.") and " " not in field:
             raise SpecError([(f"{field_prefix}.{field}", msg)]) from None
         raise  # a data-file error: PanelError names the file, column and row
+    check_protocol(spec, panel, field_prefix)
+    return panel
+
+
+def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> None:
+    """The splits the evaluation will make can be made on the sampled panel: ``dataset.calendar`` is a known
+    calendar holding every panel date; leakage-off keeps training and test rows; ``groupKFolds`` does not exceed
+    the securities; walk-forward and purged K-fold folds exist. Checked here so that the refusal comes before
+    any embedding or training. Raises SpecError naming the field under ``field_prefix``."""
+    import warnings
+
+    from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, PurgedKFoldSplit, WalkForwardSplit,
+                                            trading_calendar)
+
+    p, dates = spec.protocol, panel.rows["date"].to_numpy()
+    n_sec = int(panel.rows["security"].nunique())
+    if p.group_k_folds > n_sec:
+        raise SpecError([(f"{field_prefix}.protocol.groupKFolds", f"{p.group_k_folds} folds exceed the {n_sec} "
+                          f"securities of the sampled panel")])
+    try:
+        with warnings.catch_warnings():  # the evaluation issues (and reports) the splits' warnings itself
+            warnings.simplefilter("ignore")
+            calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
+            ChronologicalSplit(dates, calendar, p.train_end, p.test_start, p.embargo_days)
+            if "walk-forward" in p.protocols:
+                WalkForwardSplit(dates, calendar, p.walk_forward_folds, p.embargo_days)
+            if "purged-kfold" in p.protocols:
+                PurgedKFoldSplit(dates, calendar, p.purged_folds, p.embargo_days)
+    except ProtocolError as err:  # "protocol.x ...", "dataset.calendar: ..." or "panel date ... (calendar)"
+        named = re.match(r"(protocol|dataset)\.[A-Za-z]+", str(err))
+        raise SpecError([("", f"{field_prefix}.{err}") if named else
+                         (f"{field_prefix}.dataset.calendar", str(err))]) from None
 
 
 def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> None:
@@ -294,7 +331,7 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
-                       ds.prompt_template, ds.universe)
+                       ds.prompt_template, ds.universe, ds.price_levels)
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:

@@ -19,12 +19,13 @@ from pitlab.evaluator.protocols import trading_calendar
 EXAMPLE = "examples/leakageeval-jpx.yaml"
 
 
-def write_kaggle_jpx(folder, n_securities=30, seed=0):
+def write_kaggle_jpx(folder, n_securities=30, seed=0, supplemental_from=None):
     """stock_prices.csv / stock_list.csv in the Kaggle schema over 2017-01-04..2021-12-30 (the XTKS sessions, as
     the Kaggle files, plus the 2020-10-01 halt: rows present, no prices),
     1:2 and 2:1 splits (AdjustmentFactor), ExpectedDividend mostly
     missing, SupervisionFlag set on some rows; codes 1300+ (the last five listed only from 2019, the first
-    three delisted in 2020, not flagged in Universe0)."""
+    three delisted in 2020, not flagged in Universe0). ``supplemental_from`` (a date): the competition's
+    download layout instead, train_files/stock_prices.csv before that date, supplemental_files/ from it."""
     rng = np.random.default_rng(seed)
     xtks = trading_calendar("XTKS", "jpx", pd.bdate_range("2017-01-04", "2021-12-30"))
     days = xtks[(xtks >= "2017-01-04") & (xtks <= "2021-12-30")].union(pd.DatetimeIndex(["2020-10-01"]))
@@ -49,7 +50,14 @@ def write_kaggle_jpx(folder, n_securities=30, seed=0):
         df.loc[halt, ["Open", "High", "Low", "Close", "Volume"]] = np.nan
         frames.append(df)
     prices = pd.concat(frames).sort_values(["Date", "SecuritiesCode"])
-    prices[list(JPX_PRICE_COLUMNS)].to_csv(folder / "stock_prices.csv", index=False)
+    prices = prices[list(JPX_PRICE_COLUMNS)]
+    if supplemental_from is None:
+        prices.to_csv(folder / "stock_prices.csv", index=False)
+    else:
+        for sub, part in (("train_files", prices[prices.Date < supplemental_from]),
+                          ("supplemental_files", prices[prices.Date >= supplemental_from])):
+            (folder / sub).mkdir()
+            part.to_csv(folder / sub / "stock_prices.csv", index=False)
     pd.DataFrame({"SecuritiesCode": codes, "EffectiveDate": 20211230, "Name": [f"CO {c}" for c in codes],
                   "Section/Products": "First Section (Domestic)", "NewMarketSegment": "Prime Market",
                   "33SectorCode": "50", "33SectorName": "Fishery", "17SectorCode": "1",
@@ -77,7 +85,7 @@ def test_universe0_warns_when_it_picks_a_universe_for_earlier_dates(tmp_path):
 @pytest.mark.slow
 def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     (tmp_path / "jpx").mkdir()
-    write_kaggle_jpx(tmp_path / "jpx")
+    write_kaggle_jpx(tmp_path / "jpx", supplemental_from="2021-12-06")  # as downloaded, train + supplemental
     with open(EXAMPLE) as f:
         doc = yaml.safe_load(f)
     spec = doc["spec"]
@@ -99,6 +107,12 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     assert all(np.isfinite(x) for x in (m["r2_off"], m["r2_on"], m["premium"]))
     assert m["embedding_dim"] == 384 and len(m["digest"]) == 64
     assert res["spec"]["dataset"]["universe"] == "point-in-time" and res["warnings"] == []
+    assert [f.split("/jpx/")[1] for f in res["dataset"]["files"]] == [
+        "train_files/stock_prices.csv", "supplemental_files/stock_prices.csv", "stock_list.csv"]
+    assert res["dataset"]["price_levels_in_prompts"] == ["close"]
+    assert ("Prices: Kaggle JPX: Close and Volume as traded that day (unadjusted); prompts are adjusted as of t with "
+            "the AdjustmentFactor rows dated before t only") in next((tmp_path / "out").rglob("report.md")).read_text()
+    assert res["panel"]["calendar"] == ["2017-01-04", "2021-12-30"]  # supplemental_files/ extends train_files/
     # embargo and purge days are XTKS sessions; the price file's halt day is not one
     assert res["protocol"]["leakage_off"]["calendar"] == "XTKS"
     assert res["panel"]["trading_calendar"]["price_file_days_not_sessions"] == ["2020-10-01"]

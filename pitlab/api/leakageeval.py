@@ -62,14 +62,30 @@ class ModelRef(SpecModel):
 class DateSampling(SpecModel):
     """Seeded sampling of panel dates: ``count`` trading days drawn without replacement from [start, end]."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.start) || !has(self.end) || self.start <= self.end",
+         "message": "start must not be after end"}]})
     count: int = Field(30, ge=2)
     start: dt.date | None = None
     end: dt.date | None = None
 
+    @model_validator(mode="after")
+    def _order(self) -> "DateSampling":
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError(f"start ({self.start}) is after end ({self.end})")
+        return self
+
 
 class Dataset(SpecModel):
     """The market panel. ``kind: ohlcv`` reads a long OHLCV CSV (date, open, high, low, close, volume, Name);
-    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_prices.csv`` and ``stock_list.csv``.
+    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_list.csv`` and ``stock_prices.csv``, either beside it
+    or as the competition's download unpacks (``train_files/stock_prices.csv``, plus
+    ``supplemental_files/stock_prices.csv`` when present).
+    ``priceLevels``: whether prompts may print the close and volume *levels* (``{close}``, ``{volume}``).
+    ``auto`` (default): yes for ``jpx`` (the unadjusted values traded at t), no for ``ohlcv`` (such files, e.g.
+    sp500_5yr, are adjusted by their source with splits after t: a level not known at t); ``include``: yes
+    (for ``ohlcv`` the results then carry a look-ahead warning); ``omit``: no. Returns and volume ratios are
+    always printed. A ``promptTemplate`` using a level that ``priceLevels`` leaves out is refused.
     ``universe``: ``point-in-time`` (securities with prices and history at the first sampled date) or
     ``universe0`` (JPX: stock_list.csv's Universe0 flag, a December 2021 snapshot; a warning when used for
     earlier dates).
@@ -84,6 +100,7 @@ class Dataset(SpecModel):
     dates: DateSampling = DateSampling()
     seed: int = 0
     prompt_template: str | None = None
+    price_levels: Literal["auto", "omit", "include"] = "auto"
     universe: Literal["point-in-time", "universe0"] = "point-in-time"
 
 

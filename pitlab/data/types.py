@@ -30,7 +30,9 @@ class Panel:
     close[t+2] / close[t+1] - 1, JPX definition). Sorted by (date, security), unique on (date, security),
     no NaN target. ``calendar`` is every trading day of the source panel (sorted, unique), used to count
     embargo days in trading days. ``dropped`` counts rows removed while sampling and why; ``warnings`` are
-    look-ahead hazards of the panel's construction (reported with the results).
+    look-ahead hazards of the panel's construction (reported with the results). ``dataset``: where the
+    prices came from and how they are adjusted (files, adjustment, the price levels the prompts print), for the
+    results' dataset section.
     """
 
     rows: pd.DataFrame
@@ -38,3 +40,4 @@ class Panel:
     source: str
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    dataset: dict = field(default_factory=dict)

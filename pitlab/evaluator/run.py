@@ -378,6 +378,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                       "weights_sha256": hashlib.sha256(np.ascontiguousarray(weights).tobytes()).hexdigest(),
                       "replicate_folds": "GroupKFold on the replicate; all copies of a security share one fold"},
         "embedding": emb.model_dump(mode="json"),
+        "dataset": dict(panel.dataset),
         "panel": _panel_summary(panel, calendar),
         "models": model_results,
         "reductions": reductions,
