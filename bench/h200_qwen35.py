@@ -50,9 +50,10 @@ def write_synthetic_tokens(path: Path, n: int, vocab: int, seed: int = 0) -> np.
 
 
 def training_resource(name: str, base: Path, seq: int, tokens: int, nproc: int, *, accumulation: int = 1,
-                      sync_every_microbatch: bool = True, checkpointing: bool = True, checkpoint_every: int = 0,
+                      sync_every_microbatch: bool = True, checkpointing: bool | None = True, checkpoint_every: int = 0,
                       keep: int = 1):
-    """The PitTraining of these benchmarks: full-weight AdamW, bf16, micro-batch 1, lr 3e-4, warmup 10 + cosine."""
+    """The PitTraining of these benchmarks: full-weight AdamW, bf16, micro-batch 1, lr 3e-4, warmup 10 + cosine;
+    ``checkpointing=None`` leaves activation checkpointing to the planner (auto)."""
     from pitlab.api import PitTraining
 
     return PitTraining.model_validate({

@@ -154,10 +154,23 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         _fail(err, 2)
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
     if plan is not None:
-        msg += (f"; corpus keeps {plan.audit.included} of {plan.audit.total} documents "
-                f"(latest {local_isoformat(plan.audit.max_included_timestamp, plan.audit.timezone)})")
+        a = plan.audit
+        msg += (f"; corpus keeps {a.included} of {a.total} documents "
+                f"(latest {local_isoformat(a.max_included_timestamp, a.timezone)}; timestamps {a.timestamp_format})")
+        if a.rejected_timestamp:
+            msg += f"; {a.rejected_timestamp} dropped for their timestamp (onMissingTimestamp: drop)"
     _say(f"[green]✓[/] {msg}")
+    if plan is not None:
+        _say_audit_notes(plan.audit)
     _spec_warnings(res)
+
+
+def _say_audit_notes(audit) -> None:
+    """Print a corpus audit's warnings and its first refused timestamps (dropped with onMissingTimestamp: drop)."""
+    for w in audit.warnings:
+        _say(f"[yellow]warning:[/] {escape(w)}")
+    for x in audit.rejected_timestamp_examples:
+        _say(f"  dropped row {x['row']} (id {x['id']!r}): {escape(x['error'])}")
 
 
 def _spec_warnings(res) -> None:
@@ -224,6 +237,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                 results = {res.metadata.name: compact_results(
                     run_leakage_eval_local(res, root, reporter, overwrite or bool(remote)))}
         except (SpecError, CorpusError, PanelError) as err:
+            publish()  # bad input found after the run folder exists (its status.json says Failed)
             _fail(err, 2)
         except RunError as err:
             publish()
@@ -241,7 +255,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
 def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval YAML."),
              out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
              data_root: Optional[Path] = DataRoot,
-             overwrite: bool = typer.Option(False, "--overwrite")) -> None:
+             overwrite: bool = typer.Option(False, "--overwrite",
+                                            help="Replace an existing out/<name>/ folder.")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     _load_eval(file, data_root)
     run(file, out, data_root, overwrite, None)
@@ -261,11 +276,12 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
         _fail(f"{spec}: kind {res.kind}: `pitlab prepare` takes a PitTraining", 2)
     try:
         plan = check_corpus(res)
+        _say_audit_notes(plan.audit)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+        base_dir, n_tokens = prepare_run(res, plan, run_dir)
     except (SpecError, CorpusError, PanelError) as err:
         _fail(err, 2)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
-    base_dir, n_tokens = prepare_run(res, plan, run_dir)
     _say(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
 
 
@@ -344,26 +360,29 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         _fail(err, 2)
     print(result.table())
     if result.fits is None:
-        _say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB or --gpu-memory-gib): "
-              "no fit check")
+        _say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB, --gpu-memory-gib or, with layer "
+              "streaming, spec.training.layerStreaming.gpuMemoryBudgetBytes): no fit check")
     elif not result.fits:
-        _fail(RuntimeError(f"{file}: predicted peak {result.peak_bytes / 2**30:.1f} GiB per GPU exceeds "
-                           f"{'--gpu-memory-gib' if gpu_memory_gib is not None else 'spec.resources.gpuMemoryGiB'}"
-                           f" = {result.capacity_bytes / 2**30:.1f} GiB"), 3)
+        source = "--gpu-memory-gib" if gpu_memory_gib is not None else "spec.resources.gpuMemoryGiB"
+        _fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
         _say(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
               "GiB per GPU")
 
 
 @app.command()
-def report(out: Path = typer.Argument(..., metavar="OUT", help="Evaluation folder holding results.json.")) -> None:
+def report(out: Path = typer.Argument(..., metavar="OUT",
+                                     help="Evaluation folder holding results.json, or the run folder "
+                                          "out/<name> whose eval/ holds it.")) -> None:
     """Rebuild report.md, report.html and the plots of an evaluation folder from its results.json."""
-    from pitlab.evaluator.report import rebuild_report
+    from pitlab.evaluator.report import RESULTS_FILE, rebuild_report
 
+    if not (out / RESULTS_FILE).is_file() and (out / "eval" / RESULTS_FILE).is_file():
+        out = out / "eval"  # a LeakageEval's run folder: its results are in eval/
     try:
         written = rebuild_report(out)
     except FileNotFoundError as err:
-        _fail(ValueError(f"{out}: no results.json ({err.strerror})"), 2)
+        _fail(ValueError(f"{out}: no {RESULTS_FILE} here nor in {out / 'eval'} ({err.strerror})"), 2)
     except (ValueError, KeyError) as err:
         _fail(ValueError(f"{out}/results.json cannot be rendered: {err}"), 2)
     for p in written:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +30,8 @@ from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab import storage
 from pitlab.data import CorpusError, build_panel, filter_corpus, load_jpx, load_ohlcv_long, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
-from pitlab.data.panels import JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns
+from pitlab.data.panels import (JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns,
+                                jpx_files)
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Document, Panel
 from pitlab.operator import conditions
@@ -123,11 +125,50 @@ def check_corpus(res: PitTraining) -> CorpusPlan:
     """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
     c = res.spec.corpus
     path = resolve_input(c.uri, "spec.corpus.uri")  # s3://: downloaded (verified) into the cache
-    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field)
+    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field, c.timestamp_format)
     source = c.uri if storage.is_s3(c.uri) else str(path)
     kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
-                                source=source, source_sha256=file_sha256(path))
+                                source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format)
+    check_corpus_length(res, kept)
     return CorpusPlan(path, kept, audit)
+
+
+def check_corpus_length(res: PitTraining, kept: list[Document]) -> None:
+    """Refuse a filtered corpus shorter than one packed sequence (``seqLen + 1`` tokens) before anything runs.
+
+    With ``randomInit`` the tokenizer does not exist yet: its byte-level BPE gives at most one token per UTF-8
+    byte plus one eos per document, so a corpus below that bound is refused (prepare counts exactly). With a
+    local ``baseModel.uri`` its tokenizer counts the documents (stopping once there are enough). Raises SpecError
+    naming ``spec.training.seqLen`` (or ``spec.baseModel.uri`` if its tokenizer cannot be loaded)."""
+    seq_len = res.spec.training.seq_len
+    uri = res.spec.base_model.uri
+    if res.spec.base_model.random_init is not None:
+        most = sum(len(d.text.encode("utf-8")) + 1 for d in kept)
+        if most < seq_len + 1:
+            raise SpecError([("spec.training.seqLen", short_corpus_message(
+                f"at most {most} tokens (its {len(kept)} documents hold {most - len(kept)} UTF-8 bytes, one eos each)",
+                seq_len))])
+    elif uri is not None and not storage.is_s3(uri):  # a published model is counted by prepare, after its download
+        from transformers import AutoTokenizer
+
+        path = resolve_local_path(uri, "spec.baseModel.uri")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises, the folder is not usable
+            raise SpecError([("spec.baseModel.uri",
+                              f"{str(path)!r}: its tokenizer cannot be loaded ({err})")]) from None
+        count = 0
+        for d in kept:
+            count += len(tokenizer(d.text, add_special_tokens=False)["input_ids"]) + 1
+            if count > seq_len:
+                return
+        raise SpecError([("spec.training.seqLen", short_corpus_message(f"{count} tokens", seq_len))])
+
+
+def short_corpus_message(count: str, seq_len: int) -> str:
+    """Why a corpus shorter than one packed training sequence (``seq_len + 1`` tokens) is refused."""
+    return (f"the filtered corpus has {count}, fewer than one packed sequence of seqLen + 1 = {seq_len + 1} tokens; "
+            "lower spec.training.seqLen or give a corpus with more text up to the knowledge cutoff")
 
 
 def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
@@ -136,11 +177,14 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     if ds.prompt_template:
         try:
-            check_prompt_template(ds.prompt_template)
+            check_prompt_template(ds.prompt_template, ds.kind, ds.price_levels)
         except ValueError as err:
             raise SpecError([(f"{field_prefix}.dataset.promptTemplate", str(err).split(": ", 1)[-1])]) from None
-    files = ([(path, OHLCV_COLUMNS)] if ds.kind == "ohlcv"
-             else [(path / "stock_prices.csv", JPX_PRICE_COLUMNS), (path / "stock_list.csv", JPX_LIST_COLUMNS)])
+    if ds.kind == "ohlcv":
+        files = [(path, OHLCV_COLUMNS)]
+    else:
+        prices, stock_list = jpx_files(path)
+        files = [(f, JPX_PRICE_COLUMNS) for f in prices] + [(stock_list, JPX_LIST_COLUMNS)]
     for f, cols in files:
         check_csv_columns(f, cols)
     return path
@@ -152,12 +196,44 @@ def check_panel(spec: LeakageEvalSpec, field_prefix: str) -> Panel:
     ``field_prefix`` (e.g. ``spec.evaluations[0].spec.dataset.dates.count``); a data-file problem stays a
     PanelError naming the file."""
     try:
-        return load_panel(spec, field_prefix)
+        panel = load_panel(spec, field_prefix)
     except PanelError as err:
         field, sep, msg = str(err).partition(": ")
         if sep and field.startswith("dataset.") and " " not in field:
             raise SpecError([(f"{field_prefix}.{field}", msg)]) from None
         raise  # a data-file error: PanelError names the file, column and row
+    check_protocol(spec, panel, field_prefix)
+    return panel
+
+
+def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> None:
+    """The splits the evaluation will make can be made on the sampled panel: ``dataset.calendar`` is a known
+    calendar holding every panel date; leakage-off keeps training and test rows; ``groupKFolds`` does not exceed
+    the securities; walk-forward and purged K-fold folds exist. Checked here so that the refusal comes before
+    any embedding or training. Raises SpecError naming the field under ``field_prefix``."""
+    import warnings
+
+    from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, PurgedKFoldSplit, WalkForwardSplit,
+                                            trading_calendar)
+
+    p, dates = spec.protocol, panel.rows["date"].to_numpy()
+    n_sec = int(panel.rows["security"].nunique())
+    if p.group_k_folds > n_sec:
+        raise SpecError([(f"{field_prefix}.protocol.groupKFolds", f"{p.group_k_folds} folds exceed the {n_sec} "
+                          f"securities of the sampled panel")])
+    try:
+        with warnings.catch_warnings():  # the evaluation issues (and reports) the splits' warnings itself
+            warnings.simplefilter("ignore")
+            calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
+            ChronologicalSplit(dates, calendar, p.train_end, p.test_start, p.embargo_days)
+            if "walk-forward" in p.protocols:
+                WalkForwardSplit(dates, calendar, p.walk_forward_folds, p.embargo_days)
+            if "purged-kfold" in p.protocols:
+                PurgedKFoldSplit(dates, calendar, p.purged_folds, p.embargo_days)
+    except ProtocolError as err:  # "protocol.x ...", "dataset.calendar: ..." or "panel date ... (calendar)"
+        named = re.match(r"(protocol|dataset)\.[A-Za-z]+", str(err))
+        raise SpecError([("", f"{field_prefix}.{err}") if named else
+                         (f"{field_prefix}.dataset.calendar", str(err))]) from None
 
 
 def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> None:
@@ -220,6 +296,10 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                 _check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
             else:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
+        if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
+            from pitlab.trainer.plan_streaming import check_spec_fits
+
+            check_spec_fits(res.spec)  # the spec's budget, before anything is written; the trainer checks the GPU
         plan = check_corpus(res)
         panels = []
         for i, ev in enumerate(res.spec.evaluations):
@@ -251,7 +331,7 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec") -> Panel:
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
-                       ds.prompt_template, ds.universe)
+                       ds.prompt_template, ds.universe, ds.price_levels)
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:
@@ -360,7 +440,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     checked = preflight(res)
     plan = checked.corpus
     reporter.done("validate", f"corpus: {plan.audit.included} documents ≤ {res.spec.knowledge_cutoff}, "
-                              f"{plan.audit.excluded_by_date} after it")
+                              f"{plan.audit.excluded_by_date} after it, {plan.audit.rejected_timestamp} dropped for "
+                              f"their timestamp" + "".join(f"\n  warning: {w}" for w in plan.audit.warnings))
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
     st = StatusWriter(run_dir / "status.json", res)
     st.done("Validated", "SpecValid", "spec is valid")
@@ -373,7 +454,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
                                                    rejected_timestamp=a.rejected_timestamp,
                                                    max_included_timestamp=a.max_included_timestamp,
-                                                   included_ids_sha256=a.included_ids_sha256)
+                                                   included_ids_sha256=a.included_ids_sha256,
+                                                   timestamp_format=a.timestamp_format, warnings=a.warnings or None)
         st.done("Prepared", "CorpusFiltered",
                 f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_timestamp} "
                 f"rejected for their timestamp; {n_tokens} tokens")
@@ -384,10 +466,15 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         st.running("Trained", "Training", "Training", f"torchrun, {n} processes")
         reporter.stage("train", f"torchrun, {n} processes, FSDP2")
         last_write = [0.0]
+        warned = [False]
 
         def on_step(m: dict) -> None:
+            if m.get("kernel_warning") and not warned[0]:  # a GPU run on reference kernels: say so in the status
+                warned[0] = True
+                st.running("Trained", "Training", "Training",
+                           f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
             st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
-                                          tokens_per_second=m.get("tokens_per_second"))
+                                          tokens_per_second=m.get("mean_tokens_per_second"))
             reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
                               f"loss {m.get('loss', float('nan')):.3f}")
             if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
@@ -396,8 +483,10 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
 
         summary = run_training(run_dir / "spec.json", run_dir, n, on_step=on_step, base=base_dir)
         st.status.checkpoint_uri = str(summary.get("checkpoint", run_dir / "checkpoint"))
-        trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}, "
-                   f"{summary['mean_tokens_per_second']:,.0f} tokens/s")
+        tps = summary.get("mean_tokens_per_second")
+        trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}"
+                   + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
+                   + (f"; WARNING: {summary['kernel_warning']}" if summary.get("kernel_warning") else ""))
         st.done("Trained", "Succeeded", trained)
         reporter.done("train", trained)
 
@@ -434,6 +523,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
             st.done("Evaluated", "EvaluationsSucceeded", f"{len(results)} LeakageEval(s) succeeded")
     except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
         st.failed(stage, failure, _short(err))
+        if isinstance(err, SpecError):  # bad input found late (e.g. a corpus shorter than one sequence): exit 2
+            raise
         raise RunError(failure, _short(err)) from err
     st.succeeded(f"model at {st.status.model_uri}")
     return json.loads((run_dir / "status.json").read_text())
@@ -448,7 +539,7 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     """
     from transformers import AutoTokenizer
 
-    from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
+    from pitlab.trainer.prepare import ShortCorpusError, prepare_base_model, tokenize_corpus
 
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "spec.json", res.model_dump(by_alias=True, mode="json", exclude_none=True,
@@ -466,7 +557,13 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
         shutil.rmtree(run_dir / "base", ignore_errors=True)
         os.replace(tmp, run_dir / "base")
         base_dir = run_dir / "base"
-    n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy")
+    need = res.spec.training.seq_len + 1
+    try:
+        n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy",
+                                   min_tokens=need)
+    except ShortCorpusError as err:
+        raise SpecError([("spec.training.seqLen",
+                          short_corpus_message(f"{err.tokens} tokens", res.spec.training.seq_len))]) from None
     return base_dir, n_tokens
 
 

@@ -39,8 +39,10 @@ def test_unknown_field_names_the_path(doc):
 
 @pytest.mark.parametrize("path, value, message", [
     (("resources", "gpusPerNode"), "2", "spec.resources.gpusPerNode: Input should be a valid integer (got '2')"),
-    (("training", "activationCheckpointing"), "true",
-     "spec.training.activationCheckpointing: Input should be a valid boolean (got 'true')"),
+    (("training", "gradientSyncEveryMicrobatch"), "true",
+     "spec.training.gradientSyncEveryMicrobatch: Input should be a valid boolean (got 'true')"),
+    (("training", "activationCheckpointing"), "auto",
+     "spec.training.activationCheckpointing: Input should be a valid boolean (got 'auto')"),
     (("resources", "nodeSelector"), {"gpu": True}, "spec.resources.nodeSelector.gpu: Input should be a valid string"),
     (("knowledgeCutoff",), "2016-13-01", "spec.knowledgeCutoff: expected a date as YYYY-MM-DD (month must be in 1..12) (got '2016-13-01')"),
 ])
@@ -62,6 +64,20 @@ def test_numbers_widen_and_yaml_dates_parse_as_the_api_server_does(doc, cutoff):
     res = parse_resource(doc)
     assert res.spec.training.learning_rate == 1.0 and isinstance(res.spec.training.learning_rate, float)
     assert res.spec.knowledge_cutoff.isoformat() == "2016-12-31"
+
+
+def test_exponent_floats_are_numbers_as_for_kubectl(doc, tmp_path):
+    """``learningRate: 1e-5`` (YAML 1.1 would read a string) and a resolved spec's ``3e-05`` (``json.dumps``)."""
+    from pitlab.trainer.launch import write_spec
+
+    doc["spec"]["training"]["learningRate"] = 3e-05
+    path = write_spec(parse_resource(doc), tmp_path / "resolved.json")
+    assert '"learningRate": 3e-05' in path.read_text()
+    assert load_resource(path).spec.training.learning_rate == 3e-05
+    text = yaml.safe_dump(doc).replace("learningRate: 3.0e-05", "learningRate: 1e-5")
+    assert "learningRate: 1e-5" in text
+    (tmp_path / "x.yaml").write_text(text)
+    assert load_resource(tmp_path / "x.yaml").spec.training.learning_rate == 1e-05
 
 
 def test_wrong_type_names_the_path(doc):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 from test_builders_schemas import validate
@@ -200,6 +201,39 @@ def test_large_panel_embeds_in_one_indexed_job(pit: PitTraining) -> None:
     assert validate(job) == []
 
 
+@pytest.mark.parametrize("name", ["qwen3.5-pit", "2016.fomc", "9" * 57, ".".join(["a1-" * 20 + "z"] * 4)[:253]])
+def test_every_manifest_of_a_dotted_digit_leading_or_long_name_is_valid(name: str) -> None:
+    """Any name the API server accepts for a PitTraining (``qwen3.5-pit``, found refused by a new user; a
+    253-character dotted name) gives manifests the API server and the training operator accept: Jobs and
+    ConfigMaps named by DNS-1123 labels, a DNS-1035 PyTorchJob, an indexed Job whose last pod hostname fits."""
+    body = copy.deepcopy(PIT_BODY)
+    body["metadata"]["name"] = name
+    for m in body["spec"]["evaluations"][0]["spec"]["models"]:
+        m["trainingRef"]["name"] = name
+    pt = parse_resource(body)
+    assert pt.metadata.name == name
+    job = builders.build_pytorchjob(pt, CFG, body)
+    manifests = [builders.build_training_configmap(pt, body), builders.build_prepare_job(pt, CFG, body), job,
+                 builders.build_merge_job(pt, CFG, body)]
+    child = builders.build_evaluation(pt, pt.spec.evaluations[0], body)
+    child["spec"]["models"] = [{"name": f"m{i}", "uri": f"models/m{i}"} for i in range(64)]
+    le = parse_resource({**child, "metadata": {k: child["metadata"][k] for k in ("name", "namespace")}})
+    child["metadata"]["uid"] = "u-2"
+    (indexed,) = builders.build_embed_jobs(le, CFG, child)
+    per_model = builders.build_embed_jobs(le, CFG, child, indexed=False)
+    manifests += [child, builders.build_eval_configmap(le, {}, child), indexed, per_model[0], per_model[-1],
+                  builders.build_analyze_job(le, CFG, child)]
+    for m in manifests:
+        assert validate(m) == [], m["metadata"]["name"]
+    for m in manifests + per_model:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", m["metadata"]["name"]), m["metadata"]["name"]
+    assert len({m["metadata"]["name"] for m in per_model}) == 64
+    assert re.fullmatch(r"[a-z][-a-z0-9]*", job["metadata"]["name"])
+    assert len(f"{job['metadata']['name']}-worker-9999") <= 63  # the replicas' pods and Services
+    assert indexed["spec"]["completions"] == 64 and len(f"{indexed['metadata']['name']}-63") <= 63
+    assert job["metadata"]["labels"]["app.kubernetes.io/instance"] == naming.label_value(name)
+
+
 def test_spec_digest_is_canonical() -> None:
     assert builders.spec_digest({"a": 1, "b": [1, 2]}) == builders.spec_digest({"b": [1, 2], "a": 1})
     assert builders.spec_digest({"a": 1}) != builders.spec_digest({"a": 2})
@@ -274,6 +308,7 @@ def _child_and_jobs(pt_body: dict, cfg: OperatorConfig = CFG, index: int = 0) ->
     child = builders.build_evaluation(pt, pt.spec.evaluations[index], pt_body)
     assert validate(child) == []
     le = parse_resource({**child, "metadata": {k: child["metadata"][k] for k in ("name", "namespace")}})
+    child["metadata"]["uid"] = "u-2"
     child["metadata"]["uid"] = "u-child"
     return child, builders.build_embed_jobs(le, cfg, child), builders.build_analyze_job(le, cfg, child)
 

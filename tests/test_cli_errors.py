@@ -62,7 +62,7 @@ def test_corpus_row_with_missing_timestamp(tmp_path, spec, data_root):
     corpus.write_text("date,text\n2015-01-02,a statement\n,undated statement\n")
     spec["spec"]["corpus"]["uri"] = str(corpus)
     r, out = _run(tmp_path, spec, data_root)
-    assert r.exit_code == 2 and "corpus.csv: row 2 (id 'row-2'): missing or unparseable timestamp" in out
+    assert r.exit_code == 2 and "corpus.csv: row 2 (id 'row-2'): missing timestamp (field 'date' is empty)" in out
     assert _no_output(tmp_path)
 
 
@@ -87,6 +87,49 @@ def test_validate_ok(tmp_path, spec, data_root):
     r, out = _run(tmp_path, spec, data_root, cmd="validate")
     assert r.exit_code == 0, out
     assert "valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents" in out
+
+
+def test_a_dotted_name_kubectl_accepts_is_valid(tmp_path, spec, data_root):
+    """Found by a new user: ``qwen3.5-pit`` is a valid name for ``kubectl apply`` but pitlab refused it."""
+    spec["metadata"]["name"] = "qwen3.5-pit"
+    for m in spec["spec"]["evaluations"][0]["spec"]["models"]:
+        if "trainingRef" in m:
+            m["trainingRef"]["name"] = "qwen3.5-pit"
+    r, out = _run(tmp_path, spec, data_root, cmd="validate")
+    assert r.exit_code == 0 and "valid PitTraining 'qwen3.5-pit'; corpus keeps 159 of 235 documents" in out, out
+
+
+RULE = ("a resource name has at most 253 characters, only lowercase letters a-z, digits 0-9, '-' and '.', starts "
+        "and ends with a letter or digit, and has a letter or digit on both sides of every '.'")
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("Qwen3.5-pit", "has an uppercase letter 'Q' at position 1"),
+    ("qwen_pit", "has a character that is not allowed '_' at position 5"),
+    ("qwen..pit", "has '..' at position 5"),
+    ("qwen.-pit", "has '.-' at position 5"),
+    ("-qwen", "starts with '-'"),
+    ("qwen.", "ends with '.'"),
+    ("a" * 254, "has 254 characters (at most 253)"),
+])
+def test_names_the_api_server_refuses_are_refused_in_words(tmp_path, spec, data_root, name, problem):
+    spec["metadata"]["name"] = name
+    r, out = _run(tmp_path, spec, data_root)
+    assert r.exit_code == 2 and f"spec.yaml: metadata.name: {problem}; {RULE}" in out, out
+    assert f"(got '{name}')" in out and _no_output(tmp_path)
+
+
+def test_evaluation_and_model_names_are_refused_in_words(tmp_path, spec, data_root):
+    spec["spec"]["evaluations"][0]["name"] = "leak.2016"
+    spec["spec"]["evaluations"][0]["spec"]["models"][0]["name"] = "base model"
+    r, out = _run(tmp_path, spec, data_root, cmd="validate")
+    assert r.exit_code == 2
+    assert ("spec.evaluations[0].name: has a character that is not allowed '.' at position 5; an evaluation name "
+            "has at most 63 characters, only lowercase letters a-z, digits 0-9 and '-', and starts and ends with a "
+            "letter or digit (e.g. 'leakage-2016') (got 'leak.2016')") in out, out
+    assert ("spec.evaluations[0].spec.models[0].name: a model name has at most 63 characters, only letters, "
+            "digits, '_', '.' and '-', and starts with a letter or digit (e.g. 'Qwen2.5_0.5B') (got 'base model')"
+            ) in out, out
 
 
 def test_evaluation_dates_the_prices_cannot_supply_are_refused_before_training(tmp_path, spec, data_root):
@@ -120,6 +163,8 @@ def test_run_help_shows_flags_without_a_value_and_the_argument_as_FILE():
     assert re.search(r"\n  --help +Show this message and exit\.\n", out), out
     assert re.search(r"\n  FILE <path> +PitTraining or LeakageEval YAML\. +\[required\]\n", out), out
     assert re.search(r"\n  --nproc <int> +torchrun processes", out), out  # options that take a value keep it
+    assert re.search(r"\n  --overwrite +Replace an existing out/<name>/ folder\.\n",
+                     _help(["evaluate", "--help"], columns=120))  # found undocumented by a new user
     assert "Usage: pitlab push [OPTIONS] {SRC} {DEST}\n" in _help(["push", "--help"])
     r = CliRunner().invoke(app, ["run"], env={"COLUMNS": "120"})
     assert r.exit_code == 2 and "Missing argument 'FILE'." in r.output
@@ -167,4 +212,4 @@ def test_validate_gives_the_latest_document_in_the_cutoffs_timezone(tmp_path, sp
     r = CliRunner().invoke(app, ["validate", str(path), "--data-root", str(data_root)])
     assert r.exit_code == 0
     assert (f"✓ {path}: valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents "
-            "(latest 2016-12-14T00:00:00-05:00)") in r.output.splitlines()
+            "(latest 2016-12-14T00:00:00-05:00; timestamps iso8601)") in r.output.splitlines()

@@ -75,8 +75,25 @@ def test_missing_timestamp_is_an_error_naming_the_row(tmp_path):
     f = tmp_path / "c.csv"
     f.write_text("date,text\n2016-01-05,first\n,second\n2016-02-01,third\n")
     docs = read_corpus(f, "csv", "text", "date", "UTC")
-    with pytest.raises(CorpusError, match=r"c\.csv: row 2 \(id 'row-2'\): missing or unparseable timestamp"):
+    with pytest.raises(CorpusError) as err:
         filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
+    assert str(err.value) == (f"{f}: row 2 (id 'row-2'): missing timestamp (field 'date' is empty); fix the row, or "
+                              "set spec.corpus.onMissingTimestamp: drop to count and skip it")
+
+
+def test_unparseable_timestamp_error_names_file_row_id_value_and_format(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("id,date,text\na,2016-01-05,first\nb,1609426799000,second\n")
+    docs = read_corpus(f, "csv", "text", "date", "UTC", "id")
+    with pytest.raises(CorpusError) as err:
+        filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
+    assert str(err.value) == (f"{f}: row 2 (id 'b'): timestamp '1609426799000' does not match ISO 8601: YYYY-MM-DD or "
+                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z or ±HH:MM; set "
+                              "spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format; fix the row, or "
+                              "set spec.corpus.onMissingTimestamp: drop to count and skip it")
+    docs = read_corpus(f, "csv", "text", "date", "UTC", "id", "epoch_ms")
+    with pytest.raises(CorpusError, match=r"row 1 \(id 'a'\): timestamp '2016-01-05' does not match epoch_ms"):
+        filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f), timestamp_format="epoch_ms")
 
 
 def test_drop_counts_missing_and_unparseable(tmp_path):
@@ -90,6 +107,24 @@ def test_drop_counts_missing_and_unparseable(tmp_path):
     assert (audit.included, audit.excluded_by_date, audit.rejected_timestamp) == (1, 1, 2)
     import hashlib
     assert audit.included_ids_sha256 == hashlib.sha256(b"a").hexdigest()
+    # the audit lists the dropped documents with their values
+    assert audit.rejected_timestamp_examples == [
+        {"row": 2, "id": "b", "value": "", "error": "missing timestamp (field 'ts' is empty)"},
+        {"row": 3, "id": "c", "value": "not a date",
+         "error": "timestamp 'not a date' does not match ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], "
+                  "optionally ending in Z or ±HH:MM; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another "
+                  "format"}]
+    assert audit.timestamp_format == "iso8601"
+
+
+def test_drop_lists_only_the_first_few_refused_timestamps(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("date,text\n2016-01-05,a\n" + "".join(f"{d:02d}/01/2016,x\n" for d in range(1, 9)))
+    docs = read_corpus(f, "csv", "text", "date", "UTC")
+    kept, audit = filter_corpus(docs, dt.date(2016, 12, 31), "UTC", "drop")
+    assert audit.rejected_timestamp == 8 and len(kept) == 1
+    assert [(x["row"], x["value"]) for x in audit.rejected_timestamp_examples] == [
+        (2, "01/01/2016"), (3, "02/01/2016"), (4, "03/01/2016"), (5, "04/01/2016"), (6, "05/01/2016")]
 
 
 def test_no_document_before_cutoff(tmp_path):
@@ -124,3 +159,54 @@ def test_messages_give_timestamps_in_the_cutoffs_timezone(tmp_path):
     docs = read_corpus(f, "csv", "text", "date", "America/New_York")
     _, audit = filter_corpus(docs, dt.date(2017, 12, 31), "America/New_York")
     assert audit.max_included_timestamp == "2017-06-14T04:00:00+00:00"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_a_utf8_byte_order_mark_is_not_part_of_the_first_field(tmp_path, fmt):
+    """Found by a new user: a CSV saved by Excel failed with no field 'id' ... '\\ufeffid'."""
+    f = tmp_path / f"c.{fmt}"
+    body = ("id,date,text\nx,2016-01-05,one\n" if fmt == "csv"
+            else json.dumps({"id": "x", "date": "2016-01-05", "text": "one"}) + "\n")
+    f.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    docs = read_corpus(f, fmt, "text", "date", "UTC", id_field="id")
+    assert [(d.id, d.text, d.timestamp.isoformat()) for d in docs] == [("x", "one", "2016-01-05T00:00:00+00:00")]
+
+
+def test_warnings_for_a_cutoff_after_the_latest_document_or_today(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("date,text\n2016-01-05,a\n2016-03-01T23:30:00,b\n")
+    docs = read_corpus(f, "csv", "text", "date", "America/New_York")
+    _, audit = filter_corpus(docs, dt.date(2016, 3, 1), "America/New_York", today=dt.date(2026, 12, 1))
+    assert audit.warnings == []  # the latest document is on the cutoff day
+    _, audit = filter_corpus(docs, dt.date(2016, 3, 2), "America/New_York", today=dt.date(2026, 12, 1))
+    assert audit.warnings == ["knowledge cutoff 2016-03-02 is after the latest document (2016-03-01T23:30:00-05:00): "
+                              "no document was excluded, so the corpus, not the cutoff, ends what the model knows"]
+    _, audit = filter_corpus(docs, dt.date(2027, 1, 1), "America/New_York", today=dt.date(2026, 12, 1))
+    assert audit.warnings[1] == ("knowledge cutoff 2027-01-01 is after today (2026-12-01, America/New_York): "
+                                 "documents added to the corpus later, up to the cutoff, would be kept")
+
+
+def test_fomc_demo_corpus_has_no_warnings(data_root):
+    src = data_root / "fomc_statements" / "fomc_statements_1994_2026.csv"
+    docs = read_corpus(src, "csv", "text", "date", "America/New_York")
+    _, audit = filter_corpus(docs, dt.date(2016, 12, 31), "America/New_York")
+    assert audit.warnings == [] and audit.timestamp_format == "iso8601" and audit.rejected_timestamp_examples == []
+
+
+def test_epoch_values_before_1980_suggest_the_wrong_unit(tmp_path):
+    f = tmp_path / "c.jsonl"
+    # seconds given as epoch_ms: every document reads as January 1970 and would be kept
+    f.write_text("".join(json.dumps({"t": t, "text": "x"}) + "\n" for t in (1609426799, 1700000000)))
+    docs = read_corpus(f, "jsonl", "text", "t", "UTC", timestamp_format="epoch_ms")
+    kept, audit = filter_corpus(docs, dt.date(2016, 12, 31), "UTC", timestamp_format="epoch_ms",
+                                today=dt.date(2026, 12, 1))
+    assert len(kept) == 2 and audit.timestamp_format == "epoch_ms"
+    assert audit.warnings[-1] == ("2 timestamps read as epoch_ms fall before 1980 (earliest "
+                                  "1970-01-19T15:03:46.799000+00:00); are the numbers in another unit?")
+
+
+def test_a_refused_timestamp_format_names_the_field(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("date,text\n2016-01-05,a\n")
+    with pytest.raises(CorpusError, match=r"spec.corpus.timestampFormat: '%d/%m/%y': %y \(two-digit year\)"):
+        read_corpus(f, "csv", "text", "date", "UTC", timestamp_format="%d/%m/%y")

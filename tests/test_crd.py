@@ -12,7 +12,8 @@ from test_builders_schemas import REPO, cel_errors, crd_schema, pitlab_crd, vali
 
 from pitlab.api import SpecError, crd, parse_resource
 
-EXAMPLES = ["examples/pittraining.yaml", "examples/leakageeval.yaml", "examples/local-sp500-fomc.yaml"]
+EXAMPLES = ["examples/pittraining.yaml", "examples/leakageeval.yaml", "examples/local-sp500-fomc.yaml",
+            "examples/local-lora-streaming.yaml"]
 
 
 def load(path: str) -> dict:
@@ -75,6 +76,8 @@ def _spec_doc(kind: str) -> dict:
     return load("examples/leakageeval.yaml")
 
 
+STREAMING_CEL = ("spec: training.layerStreaming: enabled needs method: lora and one process (resources.nodes: 1, "
+                 "resources.gpusPerNode: 1)")
 # (kind, how to break a valid document, the CRD's message, the pydantic message)
 CEL_CASES = [
     ("LeakageEval", lambda d: d["spec"]["protocol"].update(testStart="2020-12-31"),
@@ -87,6 +90,13 @@ CEL_CASES = [
      "spec.baseModel: give exactly one of uri and randomInit", "give exactly one of uri and randomInit"),
     ("PitTraining", lambda d: d["spec"].update(lora={"r": 8}),
      "spec: lora: the lora block is only allowed with method: lora", "only allowed with method: lora"),
+    ("PitTraining", lambda d: d["spec"]["training"].update(layerStreaming={"enabled": True}),
+     STREAMING_CEL,
+     "training.layerStreaming: enabled needs method: lora"),
+    ("PitTraining", lambda d: (d["spec"].update(method="lora"), d["spec"]["training"].update(
+        layerStreaming={"enabled": True})),  # the example's 8 GPUs per node
+     STREAMING_CEL,
+     r"training.layerStreaming: enabled needs one process \(resources.nodes: 1, resources.gpusPerNode: 1; got 1 and 8"),
     ("PitTraining", lambda d: d["spec"]["evaluations"][0]["spec"]["protocol"].update(trainEnd="2021-06-30"),
      "spec.evaluations[0].spec.protocol: testStart must be after trainEnd", "must be after trainEnd"),
 ]

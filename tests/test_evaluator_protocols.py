@@ -214,5 +214,13 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     assert r.exit_code == 0, r.output
     assert (out / "report.md").read_text() == md and (out / "report.html").read_text() == html
     assert (out / "r2_by_fold.png").stat().st_size > 0
+    # ... also when given the run folder out/<name>, whose eval/ holds results.json (found by a new user)
+    run = tmp_path / "run"
+    run.mkdir()
+    out.rename(run / "eval")
+    (run / "eval" / "report.md").unlink()
+    r = CliRunner().invoke(app, ["report", str(run)], env={"COLUMNS": "400"})
+    assert r.exit_code == 0 and (run / "eval" / "report.md").read_text() == md, r.output
+    assert not (run / "report.md").exists()
     r = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")], env={"COLUMNS": "400"})
-    assert r.exit_code == 2 and "no results.json" in r.output
+    assert r.exit_code == 2 and "no results.json here nor in" in r.output

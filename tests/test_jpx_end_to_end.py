@@ -19,14 +19,16 @@ from pitlab.evaluator.protocols import trading_calendar
 EXAMPLE = "examples/leakageeval-jpx.yaml"
 
 
-def write_kaggle_jpx(folder, n_securities=30, seed=0, common_returns=False):
+def write_kaggle_jpx(folder, n_securities=30, seed=0, supplemental_from=None, common_returns=False):
     """stock_prices.csv / stock_list.csv in the Kaggle schema over 2017-01-04..2021-12-30 (the XTKS sessions, as
     the Kaggle files, plus the 2020-10-01 halt: rows present, no prices),
     1:2 and 2:1 splits (AdjustmentFactor), ExpectedDividend mostly
     missing, SupervisionFlag set on some rows; codes 1300+ (the last five listed only from 2019, the first
-    three delisted in 2020, not flagged in Universe0). ``common_returns``: every security follows one return
-    series (no idiosyncratic noise, no split), so a date's target is the same for all securities and visible in
-    every prompt's date and past returns: a ridge fitted across securities wants no penalty at all."""
+    three delisted in 2020, not flagged in Universe0). ``supplemental_from`` (a date): the competition's
+    download layout instead, train_files/stock_prices.csv before that date, supplemental_files/ from it.
+    ``common_returns``: every security follows one return series (no idiosyncratic noise, no split), so a date's
+    target is the same for all securities and visible in every prompt's date and past returns: a ridge fitted
+    across securities wants no penalty at all."""
     rng = np.random.default_rng(seed)
     common = 0.0003 + 0.015 * rng.standard_normal(3000)
     xtks = trading_calendar("XTKS", "jpx", pd.bdate_range("2017-01-04", "2021-12-30"))
@@ -39,7 +41,7 @@ def write_kaggle_jpx(folder, n_securities=30, seed=0, common_returns=False):
         ret = 0.0003 + 0.015 * rng.standard_normal(len(d))
         if common_returns:
             ret = common[np.searchsorted(days, d)]
-        close = (1000 + 10 * k) * np.exp(np.cumsum(ret))
+        close = (1000 + 10 * k if common_returns else 1000) * np.exp(np.cumsum(ret))
         factor = np.ones(len(d))
         split_at = rng.integers(50, len(d) - 50)
         if not common_returns:
@@ -55,7 +57,14 @@ def write_kaggle_jpx(folder, n_securities=30, seed=0, common_returns=False):
         df.loc[halt, ["Open", "High", "Low", "Close", "Volume"]] = np.nan
         frames.append(df)
     prices = pd.concat(frames).sort_values(["Date", "SecuritiesCode"])
-    prices[list(JPX_PRICE_COLUMNS)].to_csv(folder / "stock_prices.csv", index=False)
+    prices = prices[list(JPX_PRICE_COLUMNS)]
+    if supplemental_from is None:
+        prices.to_csv(folder / "stock_prices.csv", index=False)
+    else:
+        for sub, part in (("train_files", prices[prices.Date < supplemental_from]),
+                          ("supplemental_files", prices[prices.Date >= supplemental_from])):
+            (folder / sub).mkdir()
+            part.to_csv(folder / sub / "stock_prices.csv", index=False)
     pd.DataFrame({"SecuritiesCode": codes, "EffectiveDate": 20211230, "Name": [f"CO {c}" for c in codes],
                   "Section/Products": "First Section (Domestic)", "NewMarketSegment": "Prime Market",
                   "33SectorCode": "50", "33SectorName": "Fishery", "17SectorCode": "1",
@@ -83,7 +92,7 @@ def test_universe0_warns_when_it_picks_a_universe_for_earlier_dates(tmp_path):
 @pytest.mark.slow
 def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     (tmp_path / "jpx").mkdir()
-    write_kaggle_jpx(tmp_path / "jpx")
+    write_kaggle_jpx(tmp_path / "jpx", supplemental_from="2021-12-06")  # as downloaded, train + supplemental
     with open(EXAMPLE) as f:
         doc = yaml.safe_load(f)
     spec = doc["spec"]
@@ -111,6 +120,12 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     assert all(r.startswith("bootstrap bias") for r in m["verdict_reasons"]) and m["premium_bias"] is not None
     assert m["alpha_grid_widenings"] == 0 and res["bootstrap"]["cluster"] == "security-and-date"
     _coherent(res)
+    assert [f.split("/jpx/")[1] for f in res["dataset"]["files"]] == [
+        "train_files/stock_prices.csv", "supplemental_files/stock_prices.csv", "stock_list.csv"]
+    assert res["dataset"]["price_levels_in_prompts"] == ["close"]
+    assert ("Prices: Kaggle JPX: Close and Volume as traded that day (unadjusted); prompts are adjusted as of t with "
+            "the AdjustmentFactor rows dated before t only") in next((tmp_path / "out").rglob("report.md")).read_text()
+    assert res["panel"]["calendar"] == ["2017-01-04", "2021-12-30"]  # supplemental_files/ extends train_files/
     # embargo and purge days are XTKS sessions; the price file's halt day is not one
     assert res["protocol"]["leakage_off"]["calendar"] == "XTKS"
     assert res["panel"]["trading_calendar"]["price_file_days_not_sessions"] == ["2020-10-01"]

@@ -54,6 +54,10 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert json.loads((run_dir / "corpus_audit.json").read_text())["included"] == 159
     summary = json.loads((run_dir / "train" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["final_loss"] < summary["first_loss"] - 1.0
+    # one speed, the mean over the run, in status.progress and in the Trained condition (found reported two ways)
+    assert status["progress"]["tokensPerSecond"] == summary["mean_tokens_per_second"] > 0
+    trained = next(c["message"] for c in status["conditions"] if c["type"] == "Trained")
+    assert trained.endswith(f", {summary['mean_tokens_per_second']:,.0f} tokens/s (mean over the run)"), trained
     assert (run_dir / "checkpoint" / "latest").read_text().strip() == "step-40"
     assert json.loads((run_dir / "model" / "merge_report.json").read_text())["verified"] is True
 
@@ -80,24 +84,40 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert "| model | r2_off | r2_on | premium [95% CI] | verdict |" in (ev_dir / "eval" / "report.md").read_text()
 
 
-def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root):
+def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root, monkeypatch):
+    """Training fails on a token file cut to 10 tokens after prepare (a short corpus itself is refused before
+    anything runs: tests/test_corpus_cli.py); the trainer's own check names seqLen."""
+    import numpy as np
+
+    import pitlab.local as local
+
+    prepare = local.prepare_run
+
+    def prepare_then_cut(res, plan, run_dir):
+        base, _ = prepare(res, plan, run_dir)
+        np.save(run_dir / "data" / "tokens.npy", np.zeros(10, dtype=np.uint32))
+        return base, 10
+
+    monkeypatch.setattr(local, "prepare_run", prepare_then_cut)
     doc = _small_spec(tmp_path, data_root)
-    corpus = tmp_path / "tiny.csv"
-    corpus.write_text("date,text\n2015-01-02,Rates unchanged.\n2016-03-01,Rates unchanged again.\n")
-    doc["spec"]["corpus"]["uri"] = str(corpus)
+    doc["metadata"]["name"] = "qwen3.5-pit"  # a dotted name, as kubectl accepts it, names the run folder
+    for m in doc["spec"]["evaluations"][0]["spec"]["models"]:
+        if "trainingRef" in m:
+            m["trainingRef"]["name"] = "qwen3.5-pit"
     doc["spec"]["baseModel"]["tokenizer"]["vocabSize"] = 300
     path = tmp_path / "pit.yaml"
     path.write_text(yaml.safe_dump(doc))
     r, out = _invoke(["run", str(path), "--data-root", str(data_root)])
     assert r.exit_code == 1, out
     assert "TrainingFailed" in out and "spec.training.seqLen" in out
-    status = json.loads((tmp_path / "out" / "sp500-fomc-demo" / "status.json").read_text())["status"]
+    status = json.loads((tmp_path / "out" / "qwen3.5-pit" / "status.json").read_text())["status"]
     assert status["phase"] == "Failed"
     conds = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conds["Trained"] == ("False", "TrainingFailed") and conds["Stalled"] == ("True", "TrainingFailed")
     assert conds["Ready"] == ("False", "TrainingFailed") and "Merged" not in conds
-    assert not (tmp_path / "out" / "sp500-fomc-demo" / "model").exists()
+    assert not (tmp_path / "out" / "qwen3.5-pit" / "model").exists()
     assert not (tmp_path / "out" / "sp500-leakage").exists()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["qwen3.5-pit"]
 
 
 def test_embed_then_analyze_reuses_the_embeddings(tmp_path, data_root):

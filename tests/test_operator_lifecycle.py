@@ -193,6 +193,22 @@ def test_malformed_corpus_audit_is_ignored_with_a_warning() -> None:
     assert plan.warnings == [("MalformedCorpusAudit", AUDIT_WARNING)]
 
 
+def test_corpus_audit_format_and_warnings_reach_the_status_and_events() -> None:
+    from pitlab.operator.summary import compact_audit
+
+    warning = ("knowledge cutoff 2030-12-31 is after the latest document (2026-03-18T00:00:00-04:00): no document "
+               "was excluded, so the corpus, not the cutoff, ends what the model knows")
+    audit = {"included": 235, "excluded_by_date": 0, "rejected_timestamp": 0, "max_included_timestamp": "x",
+             "included_ids_sha256": "ab12", "timestamp_format": "%d/%m/%Y", "warnings": [warning],
+             "rejected_timestamp_examples": []}
+    w = FakeWorld()
+    body, plan = step(w, to_training(w, {"corpusAudit": compact_audit(audit)}))
+    assert body["status"]["corpusAudit"] == {"included": 235, "excludedByDate": 0, "rejectedTimestamp": 0,
+                                             "maxIncludedTimestamp": "x", "includedIdsSha256": "ab12",
+                                             "timestampFormat": "%d/%m/%Y", "warnings": [warning]}
+    assert plan.warnings == [("CorpusWarning", warning)]
+
+
 AUDIT_WARNING = ("Job t-prepare: corpus audit ignored: corpusAudit.included: Input should be a valid integer, unable "
                  "to parse string as an integer (got 'many'); corpusAudit.rejectedTimestamp: Field required; "
                  "corpusAudit.maxIncludedTimestamp: Field required; corpusAudit.includedIdsSha256: Field required")
@@ -215,6 +231,11 @@ def test_malformed_progress_line_is_ignored_with_a_warning() -> None:
     body, plan = step(w, body)
     assert plan.warnings == [] and body["status"]["progress"] == {"step": 6, "totalSteps": 9}
     assert message(body, "Trained") == "PyTorchJob t-train: Created (step 6/9)"
+    # a GPU run on reference kernels: the trainer's warning is in the Trained condition's message
+    w.logs[("t-train-master-0", "progress")] += 'PITLAB_PROGRESS {"step": 7, "totalSteps": 9, "kernelWarning": "slow"}\n'
+    body, plan = step(w, body)
+    assert body["status"]["progress"] == {"step": 7, "totalSteps": 9}
+    assert message(body, "Trained") == "PyTorchJob t-train: Created (step 7/9); WARNING: slow"
 
 
 def test_stored_spec_that_no_longer_parses_fails_naming_the_field() -> None:

@@ -49,7 +49,8 @@ def test_termination_message_of_the_newest_pod() -> None:
 
 
 def test_progress_lines_and_summaries() -> None:
-    rec = {"step": 7, "total_steps": 70, "loss": 2.123456789, "tokens_per_second": 8151.234, "lr": 1e-5}
+    rec = {"step": 7, "total_steps": 70, "loss": 2.123456789, "tokens_per_second": 9000.5,
+           "mean_tokens_per_second": 8151.234, "lr": 1e-5}  # the status reports the mean, not the last step
     assert progress_record(rec) == {"step": 7, "totalSteps": 70, "loss": 2.12346, "tokensPerSecond": 8151.0}
     log = f"noise\n{PROGRESS_PREFIX}{{\"step\": 6}}\n{PROGRESS_PREFIX}{{\"step\": 7, \"loss\": 2.1}}\n{PROGRESS_PREFIX}oops"
     assert m.progress_from_log(log) == {"step": 7, "loss": 2.1}

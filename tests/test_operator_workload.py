@@ -62,8 +62,9 @@ def test_termination_message_limit(tmp_path: Path) -> None:
 
 def test_progress_prints_the_newest_record_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text('{"step":1,"total_steps":9,"loss":3.0,"tokens_per_second":100.0}\n'
-                       '{"step":2,"total_steps":9,"loss":2.5,"tokens_per_second":120.0}\n{"step":3,"tot')
+    metrics.write_text('{"step":1,"total_steps":9,"loss":3.0,"tokens_per_second":100.0,"mean_tokens_per_second":100.0}\n'
+                       '{"step":2,"total_steps":9,"loss":2.5,"tokens_per_second":140.0,"mean_tokens_per_second":120.0}'
+                       '\n{"step":3,"tot')
     assert workload.main(["progress", "--metrics", str(metrics), "--interval", "0", "--max-polls", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == [PROGRESS_PREFIX + '{"loss":2.5,"step":2,"tokensPerSecond":120.0,"totalSteps":9}']

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from pitlab.data import PanelError, build_panel, compute_target, load_jpx, load_ohlcv_long
-from pitlab.data.panels import JPX_PRICE_COLUMNS, jpx_adjusted_close
-from pitlab.data.sampling import check_prompt_template
+from pitlab.data.panels import JPX_PRICE_COLUMNS, compute_features, jpx_adjusted_close, target_close
+from pitlab.data.sampling import DEFAULT_PROMPT_TEMPLATE, DEFAULT_PROMPT_TEMPLATE_NO_LEVELS, check_prompt_template
 
 
 def _ohlcv(tmp_path, n_days=40, names=("AAA", "BBB", "CCC"), drop=()):
@@ -46,7 +46,7 @@ def test_panel_prompt_uses_only_information_at_t(tmp_path):
     path, days = _ohlcv(tmp_path, n_days=60)
     prices = load_ohlcv_long(path)
     panel = build_panel(prices, universe_size=3, date_count=5, seed=7,
-                        template="{date} {security} {close:.1f} {ret_1d:+.6f}")
+                        template="{date} {security} {close:.1f} {ret_1d:+.6f}", price_levels="include")
     assert len(panel.rows) == 15 and panel.dropped == {"missing_features": 0, "missing_target": 0}
     r = panel.rows.iloc[0]
     i = days.get_loc(r.date)
@@ -55,9 +55,10 @@ def test_panel_prompt_uses_only_information_at_t(tmp_path):
     assert r.prompt == f"{r.date.date()} {r.security} {close_t:.1f} {close_t / (close_t - 1) - 1:+.6f}"
     assert r.target == pytest.approx((close_t + 2) / (close_t + 1) - 1)
     # same seed, same panel; other seed, other dates
-    again = build_panel(prices, 3, 5, 7, template="{date} {security} {close:.1f} {ret_1d:+.6f}")
+    again = build_panel(prices, 3, 5, 7, template="{date} {security} {close:.1f} {ret_1d:+.6f}",
+                        price_levels="include")
     pd.testing.assert_frame_equal(panel.rows, again.rows)
-    other = build_panel(prices, 3, 5, 8, template="{date} {security} {close:.1f} {ret_1d:+.6f}")
+    other = build_panel(prices, 3, 5, 8, template="{date} {security} {ret_1d:+.6f}")
     assert set(other.rows.date) != set(panel.rows.date)
 
 
@@ -107,10 +108,12 @@ def test_jpx_adjustment_halt_and_target(tmp_path):
     days = _jpx_files(tmp_path)
     prices = load_jpx(tmp_path)
     assert prices.names["7203"] == "TOYOTA MOTOR CORPORATION"
-    adj = prices.close["1301"]
+    # the prices keep the file's own closes; the target's close is the competition's adjusted close
+    assert prices.close.loc["2020-09-25", "1301"] == 2000.0 and prices.factor.loc["2020-09-29", "1301"] == 0.5
+    adj = target_close(prices)["1301"]
     # closes on and before the factor's day are halved: 2000 → 1000, 2020 → 1010
     assert adj.loc["2020-09-25"] == 1000.0 and adj.loc["2020-09-29"] == 1010.0 and adj.loc["2020-09-30"] == 1015.0
-    target = compute_target(prices.close)
+    target = compute_target(target_close(prices))
     # target at 09-28 = adj[09-30] / adj[09-29] - 1: no jump from the split
     assert target.loc["2020-09-28", "1301"] == pytest.approx(1015 / 1010 - 1)
     # any target spanning the halt day is unknown, never invented
@@ -132,3 +135,233 @@ def test_jpx_adjusted_close_multiple_factors():
                        "AdjustmentFactor": [1.0, 0.5, 1.0 / 3, 1.0]})
     # 01-04 and 01-05 are scaled by 0.5 × 1/3, 01-06 by 1/3, 01-07 unscaled
     np.testing.assert_allclose(jpx_adjusted_close(df).to_numpy(), [400 / 6, 410 / 6, 205 / 3, 70.0])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompts as of t: a split after t never reaches the prompt at t
+# ---------------------------------------------------------------------------------------------------------
+SPLIT_DAYS = pd.bdate_range("2017-01-02", periods=40)
+T = 30  # the prompt date is SPLIT_DAYS[T]
+
+
+def _p(d):
+    return 4.0 * (500 + 3 * d + (7 if d % 3 else -7))
+
+
+def _split_market(folder, split_at=None, layout="flat"):
+    """Two securities in the Kaggle schema. Code 1301 follows one economic path P[d] = 4 × (500 + 3d ± 7) yen
+    with volume V[d] = 1000 + 10d, in the shares of the first day; a 1:2 split whose AdjustmentFactor (0.5) is
+    dated ``SPLIT_DAYS[split_at]`` halves every later raw close and doubles every later raw volume, as an
+    exchange prints them. Code 7203 never splits. All values are exact in binary floating point."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for code in (1301, 7203):
+        for d, day in enumerate(SPLIT_DAYS):
+            p, v, f = _p(d), 1000.0 + 10 * d, 1.0
+            if code == 1301 and split_at is not None:
+                if d > split_at:
+                    p, v = p / 2, v * 2
+                if d == split_at:
+                    f = 0.5
+            rows.append({"RowId": f"{day:%Y%m%d}_{code}", "Date": f"{day:%Y-%m-%d}", "SecuritiesCode": code,
+                         "Open": p, "High": p, "Low": p, "Close": p, "Volume": v, "AdjustmentFactor": f,
+                         "ExpectedDividend": None, "SupervisionFlag": False, "Target": 0.0})
+    prices = pd.DataFrame(rows, columns=list(JPX_PRICE_COLUMNS))
+    if layout == "flat":
+        prices.to_csv(folder / "stock_prices.csv", index=False)
+    else:  # the Kaggle download: train_files/ up to day 25, supplemental_files/ from day 24 (two days overlap)
+        (folder / "train_files").mkdir()
+        (folder / "supplemental_files").mkdir()
+        prices[prices.Date <= f"{SPLIT_DAYS[25]:%Y-%m-%d}"].to_csv(folder / "train_files" / "stock_prices.csv",
+                                                                  index=False)
+        prices[prices.Date >= f"{SPLIT_DAYS[24]:%Y-%m-%d}"].to_csv(
+            folder / "supplemental_files" / "stock_prices.csv", index=False)
+    pd.DataFrame({"SecuritiesCode": [1301, 7203], "Name": ["KYOKUYO", "TOYOTA"]}).to_csv(
+        folder / "stock_list.csv", index=False)
+    return prices
+
+
+def _prompt_at_t(folder, template=DEFAULT_PROMPT_TEMPLATE + " Vol {volume:.0f}"):
+    panel = build_panel(load_jpx(folder), 2, 1, 0, start=SPLIT_DAYS[T].date(), end=SPLIT_DAYS[T].date(),
+                        template=template)
+    assert list(panel.rows.date) == [SPLIT_DAYS[T]] * 2
+    return panel.rows.set_index("security")
+
+
+def test_a_split_after_t_leaves_the_prompt_at_t_unchanged(tmp_path):
+    _split_market(tmp_path / "none")
+    none = _prompt_at_t(tmp_path / "none")
+    p_t = _p(T)
+    assert none.loc["1301", "prompt"].startswith(f"Date: {SPLIT_DAYS[T].date()}. Stock: KYOKUYO (1301). "
+                                                 f"Close {p_t:.2f}. Returns: 1-day ")
+    # the split's factor dated t (effective t+1), t+1 (effective t+2, inside the target) or t+5: the prompt at
+    # t is the one of a market without the split, to the character
+    for at in (T, T + 1, T + 5):
+        _split_market(tmp_path / f"s{at}", at)
+        assert _prompt_at_t(tmp_path / f"s{at}")["prompt"].to_dict() == none["prompt"].to_dict(), at
+
+
+def test_a_split_before_t_changes_only_the_levels_it_changed(tmp_path):
+    _split_market(tmp_path / "none")
+    none = _prompt_at_t(tmp_path / "none")
+    # factor dated t-1 (effective t), t-3 (inside the 5-day return), t-12 (inside the 20-day windows), t-25
+    for at in (T - 1, T - 3, T - 12, T - 25):
+        _split_market(tmp_path / f"s{at}", at)
+        got = _prompt_at_t(tmp_path / f"s{at}")
+        p_t, v_t = _p(T), 1000.0 + 10 * T
+        # the close and the volume printed are the ones traded at t: half the close, twice the shares ...
+        expected = (none.loc["1301", "prompt"].replace(f"Close {p_t:.2f}", f"Close {p_t / 2:.2f}")
+                    .replace(f"Vol {v_t:.0f}", f"Vol {2 * v_t:.0f}"))
+        assert got.loc["1301", "prompt"] == expected != none.loc["1301", "prompt"], at
+        # ... while the returns and the volume ratio, split-adjusted as of t, are those without the split
+        assert got.loc["7203", "prompt"] == none.loc["7203", "prompt"]
+        # and the target (t+1 -> t+2) is the same number
+        assert got.loc["1301", "target"] == none.loc["1301", "target"]
+
+
+def test_features_as_of_t_equal_prices_adjusted_with_the_factors_dated_before_t(tmp_path):
+    rows = _split_market(tmp_path, split_at=T - 3)
+    prices = load_jpx(tmp_path)
+    feats = compute_features(prices)
+    raw = rows[rows.SecuritiesCode == 1301].set_index(pd.to_datetime(rows.Date[rows.SecuritiesCode == 1301]))
+    # as of t, days d < t are scaled by the factors dated in [d, t): 0.5 for d ≤ t-3
+    asof_close = raw.Close * np.where(np.arange(40) <= T - 3, 0.5, 1.0)
+    asof_vol = raw.Volume / np.where(np.arange(40) <= T - 3, 0.5, 1.0)
+    t = SPLIT_DAYS[T]
+    assert feats["close"].loc[t, "1301"] == raw.Close.iloc[T] == asof_close.iloc[T]
+    assert feats["ret_5d"].loc[t, "1301"] == pytest.approx(asof_close.iloc[T] / asof_close.iloc[T - 5] - 1, rel=1e-14)
+    assert feats["ret_20d"].loc[t, "1301"] == pytest.approx(asof_close.iloc[T] / asof_close.iloc[T - 20] - 1,
+                                                           rel=1e-14)
+    assert feats["volume_ratio"].loc[t, "1301"] == pytest.approx(
+        asof_vol.iloc[T] / asof_vol.iloc[T - 19:T + 1].mean(), rel=1e-14)
+    # the raw volume ratio would jump at the split: ~2x, not ~1x
+    assert raw.Volume.iloc[T] / raw.Volume.iloc[T - 19:T + 1].mean() > 1.5 > feats["volume_ratio"].loc[t, "1301"]
+
+
+def test_target_is_the_competitions_adjusted_close_change(tmp_path):
+    for at in (None, T - 3, T + 1, T + 2):
+        rows = _split_market(tmp_path / str(at), at)
+        prices = load_jpx(tmp_path / str(at))
+        got = compute_target(target_close(prices))["1301"]
+        # the Kaggle definition: adjusted close = Close × cumprod of AdjustmentFactor in descending date order;
+        # Target(t) = adj[t+2] / adj[t+1] - 1
+        df = rows.assign(Date=pd.to_datetime(rows.Date))
+        adj = df.assign(A=jpx_adjusted_close(df))[df.SecuritiesCode == 1301].set_index("Date")["A"]
+        want = adj.shift(-2) / adj.shift(-1) - 1
+        np.testing.assert_allclose(got.to_numpy(), want.to_numpy(), rtol=1e-14, equal_nan=True)
+        # the split is no return: the same targets as the market without it
+        p = np.array([_p(d) for d in range(40)])
+        np.testing.assert_allclose(got.to_numpy()[:-2], p[2:] / p[1:-1] - 1, rtol=1e-14)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Price levels of source-adjusted files (ohlcv) stay out of prompts unless asked for
+# ---------------------------------------------------------------------------------------------------------
+def test_ohlcv_prompts_leave_out_source_adjusted_levels(tmp_path):
+    path, days = _ohlcv(tmp_path)
+    prices = load_ohlcv_long(path)
+    panel = build_panel(prices, 3, 2, 0)
+    assert panel.dataset["price_levels_in_prompts"] == [] and "Close" not in panel.rows.prompt.iloc[0]
+    assert panel.dataset["prompt_template"] == DEFAULT_PROMPT_TEMPLATE_NO_LEVELS and panel.warnings == []
+    assert panel.dataset["kind"] == "ohlcv" and "adjusted by its source" in panel.dataset["adjustment"]
+    with pytest.raises(PanelError, match=r"dataset.promptTemplate: \['close'\] print price/volume levels; a kind "
+                                         r"ohlcv file's prices are adjusted by its source"):
+        build_panel(prices, 3, 2, 0, template="{date} {close:.2f}")
+    with pytest.raises(PanelError, match=r"\['volume'\] print .* dataset.priceLevels: omit leaves them out"):
+        build_panel(prices, 3, 2, 0, template="{date} {volume}", price_levels="omit")
+    asked = build_panel(prices, 3, 2, 0, template="{date} {security} {close:.1f}", price_levels="include")
+    r = asked.rows.iloc[0]
+    close = 100.0 + 10 * "ABC".index(r.security[0]) + days.get_loc(r.date)
+    assert r.prompt == f"{r.date.date()} {r.security} {close:.1f}"
+    assert asked.dataset["price_levels_in_prompts"] == ["close"] and len(asked.warnings) == 1
+    assert "look-ahead" in asked.warnings[0]
+    # priceLevels: omit drops Close from the default template (as auto does for ohlcv)
+    assert "Close" not in build_panel(prices, 3, 2, 0, price_levels="omit").rows.prompt.iloc[0]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The Kaggle download layout; BOM; non-numeric values
+# ---------------------------------------------------------------------------------------------------------
+def test_kaggle_download_layout_with_supplemental_files(tmp_path):
+    _split_market(tmp_path / "flat", T - 3)
+    _split_market(tmp_path / "kaggle", T - 3, layout="kaggle")
+    flat, kaggle = load_jpx(tmp_path / "flat"), load_jpx(tmp_path / "kaggle")
+    assert kaggle.source.endswith("train_files/stock_prices.csv + " + str(tmp_path / "kaggle" /
+                                  "supplemental_files" / "stock_prices.csv"))
+    assert len(kaggle.calendar) == 40 and kaggle.calendar.equals(flat.calendar)
+    for a in ("close", "volume", "factor"):
+        pd.testing.assert_frame_equal(getattr(kaggle, a), getattr(flat, a))
+    assert _prompt_at_t(tmp_path / "kaggle").equals(_prompt_at_t(tmp_path / "flat"))
+    # train_files/ alone (no supplemental_files/) ends on day 25
+    (tmp_path / "kaggle" / "supplemental_files" / "stock_prices.csv").unlink()
+    assert load_jpx(tmp_path / "kaggle").calendar[-1] == SPLIT_DAYS[25]
+
+
+def test_supplemental_rows_that_contradict_train_files_are_refused(tmp_path):
+    _split_market(tmp_path, layout="kaggle")
+    sup = tmp_path / "supplemental_files" / "stock_prices.csv"
+    df = pd.read_csv(sup)
+    df.loc[1, "Close"] = 1.0  # 2017-02-06 (day 25) of 1301 is also in train_files/
+    df.to_csv(sup, index=False)
+    with pytest.raises(PanelError, match=rf"{sup}: row 2: \(Date, SecuritiesCode\) = \(2017-02-06, 1301\) is also "
+                                         rf"{tmp_path / 'train_files' / 'stock_prices.csv'} row 26 with another "
+                                         rf"Close: '1.0' vs '{_p(25)}' \(1 such rows\)"):
+        load_jpx(tmp_path)
+
+
+def test_jpx_layouts_that_are_missing_or_ambiguous_are_refused(tmp_path):
+    with pytest.raises(PanelError, match=r"no stock_prices.csv: expected .*stock_prices.csv or the Kaggle "
+                                         r"download's .*train_files/stock_prices.csv"):
+        load_jpx(tmp_path)
+    _split_market(tmp_path, layout="kaggle")
+    pd.read_csv(tmp_path / "train_files" / "stock_prices.csv").to_csv(tmp_path / "stock_prices.csv", index=False)
+    with pytest.raises(PanelError, match=r"both .*stock_prices.csv and .*train_files/stock_prices.csv exist"):
+        load_jpx(tmp_path)
+
+
+def test_csv_with_a_utf8_byte_order_mark_loads(tmp_path):
+    path, _ = _ohlcv(tmp_path)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    pd.testing.assert_frame_equal(load_ohlcv_long(bom).close, load_ohlcv_long(path).close)
+    _split_market(tmp_path / "jpx")
+    for name in ("stock_prices.csv", "stock_list.csv"):
+        f = tmp_path / "jpx" / name
+        f.write_bytes(b"\xef\xbb\xbf" + f.read_bytes())
+    assert load_jpx(tmp_path / "jpx").names == {"1301": "KYOKUYO", "7203": "TOYOTA"}
+
+
+@pytest.mark.parametrize("value,why", [("n/a", "not a finite number"), ("NA", "not a finite number"),
+                                       ("NaN", "not a finite number"), ("-", "not a finite number"),
+                                       ("inf", "not a finite number"), ("0", "must be > 0"),
+                                       ("-3.5", "must be > 0")])
+def test_a_close_that_is_not_a_price_is_refused_with_file_row_and_value(tmp_path, value, why):
+    path, _ = _ohlcv(tmp_path)
+    df = pd.read_csv(path, dtype=str)
+    df.loc[6, "close"] = value
+    df.loc[9, "close"] = ""  # empty: no price that day, allowed
+    df.to_csv(path, index=False)
+    with pytest.raises(PanelError, match=rf"ohlcv.csv: row 7: column 'close': {why}: {value!r} \(1 such rows"):
+        load_ohlcv_long(path)
+
+
+def test_an_empty_close_is_a_missing_price(tmp_path):
+    path, days = _ohlcv(tmp_path)
+    df = pd.read_csv(path, dtype=str)
+    df.loc[5, "close"] = ""  # AAA on day 5
+    df.to_csv(path, index=False)
+    assert np.isnan(load_ohlcv_long(path).close.loc[days[5], "AAA"])
+
+
+def test_jpx_nonnumeric_values_are_refused(tmp_path):
+    _split_market(tmp_path)
+    f = tmp_path / "stock_prices.csv"
+    df = pd.read_csv(f, dtype=str, keep_default_na=False)
+    df.loc[4, "AdjustmentFactor"] = "0"
+    df.to_csv(f, index=False)
+    with pytest.raises(PanelError, match=r"stock_prices.csv: row 5: column 'AdjustmentFactor': must be > 0: '0'"):
+        load_jpx(tmp_path)
+    df.loc[4, "AdjustmentFactor"], df.loc[11, "Volume"] = "1.0", "n/a"
+    df.to_csv(f, index=False)
+    with pytest.raises(PanelError, match=r"stock_prices.csv: row 12: column 'Volume': not a finite number: 'n/a'"):
+        load_jpx(tmp_path)

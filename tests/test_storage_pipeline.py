@@ -185,7 +185,8 @@ def test_server_stopped_mid_upload_then_resume_is_bit_identical(s3env, prepared,
 
 @pytest.mark.slow
 def test_resume_refuses_a_latest_without_complete(s3env, trained):
-    from pitlab.trainer.checkpoint import CheckpointError, latest_checkpoint
+    from pitlab.trainer.checkpoint import CheckpointError
+    from pitlab.trainer.checkpointer import latest_checkpoint
 
     ckpt = f"{s3env['bucket']}/ckpt-half"
     storage.write_text(f"{ckpt}/step-3/.metadata", "x")

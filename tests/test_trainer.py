@@ -316,6 +316,9 @@ def test_training_reduces_loss_and_reports(trained):
     assert [r["lr"] for r in lines[:3]] == pytest.approx([1e-3, 2e-3, 3e-3])  # warmup 3 of peak 3e-3
     assert lines[-1]["lr"] == pytest.approx(3e-4)  # cosine to minLearningRateRatio 0.1
     assert all(r["grad_norm"] > 0 and r["tokens_per_second"] > 0 for r in lines)
+    # one speed: the summary's mean is the last record's, the tokens of every step over the loop's time
+    assert s["mean_tokens_per_second"] == lines[-1]["mean_tokens_per_second"]
+    assert lines[-1]["mean_tokens_per_second"] == pytest.approx(30 * 1024 / lines[-1]["elapsed_s"], rel=1e-9)
 
 
 @pytest.mark.slow

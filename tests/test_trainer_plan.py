@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from pitlab.api import PitTraining, SpecError
 from pitlab.cli import app
-from pitlab.trainer.plan import GiB, RESERVE_BYTES, model_shape, plan_memory, train_flops_per_token
+from pitlab.trainer.plan import GiB, RESERVE_BYTES, count_text, model_shape, plan_memory, train_flops_per_token
 
 P_35B = 34_660_610_688  # Qwen3.5-35B-A3B (transformers' qwen3_5_moe_text defaults): 40 layers, 256 experts
 ACTIVE_35B = 3_454_988_928  # 8 of 256 routed experts per token ("A3B")
@@ -69,13 +69,18 @@ def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
     c = p.components
     assert c["accumulation"] == 0 and c["optimizer"] == 8 * P_35B // 8 and c["reserve"] == RESERVE_BYTES
     assert c["unsharded_parameters"] == 2 * (shape35.root + 2 * shape35.largest_layer)
+    # the reference loss (the default): bf16 logits, their float32 copy, log-softmax and its gradient
     assert c["logits"] == 2048 * 248_320 * 14
+    # the fused loss: the bf16 gradient of the logits + one chunk's bf16 logits (2048 tokens: one chunk)
+    assert plan(base35, shape35, gpus=8, accum=1, loss="chunked").components["logits"] == 2048 * 248_320 * 2 * 2
     assert c["activations"] == 40 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2 + 2 * 2048 * 2048 * 2
     assert p.fits is True and 75 * GiB < p.peak_bytes < 80 * GiB
     # reduce-scatter every microbatch: accumulation 4 costs no extra memory
     assert plan(base35, shape35, gpus=8, accum=4).peak_bytes == p.peak_bytes
-    # without activation checkpointing every layer's activations are kept: it no longer fits
-    assert plan(base35, shape35, gpus=8, accum=1, activationCheckpointing=False).fits is False
+    # without activation checkpointing every layer's activations are kept: at seq 2048 they are still smaller than
+    # the gradients that replace them in backward (it fits), at seq 8192 they are not
+    assert plan(base35, shape35, gpus=8, accum=1, activationCheckpointing=False).fits is True
+    assert plan(base35, shape35, gpus=8, accum=1, seqLen=8192, activationCheckpointing=False).fits is False
 
 
 def test_flops_per_token_counts_active_matmul_parameters(shape35):
@@ -105,8 +110,18 @@ def test_plan_cli(base35, tmp_path):
     assert res.exit_code == 2 and "spec.baseModel.uri" in res.output
 
 
-def lora_plan(base, shape, gpus: int, accum: int = 1, sync: bool = True, lora: dict | None = None):
-    doc = published(base, gpus, accum, sync)
+def test_parameter_counts_are_printed_with_a_unit(base35, shape35, data_root):
+    """Found by a new user: `pitlab plan` printed "0.00 B parameters" for the demo's 420 K-parameter model."""
+    assert [count_text(n) for n in (0, 999, 1_000, 45_123, 999_499, 999_500, 1_234_567, 4_500_000_000)] == [
+        "0", "999", "1 K", "45.1 K", "999 K", "1 M", "1.23 M", "4.5 B"]
+    assert plan(base35, shape35, gpus=8, accum=1).notes[0].startswith(
+        "model: qwen3_5_moe_text, 34.7 B parameters (3.45 B active), world size 8")
+    res = CliRunner().invoke(app, ["plan", "examples/local-sp500-fomc.yaml", "--data-root", str(data_root)])
+    assert res.exit_code == 0 and "model: qwen3_5_moe_text, 420 K parameters (371 K active)" in res.output, res.output
+
+
+def lora_plan(base, shape, gpus: int, accum: int = 1, sync: bool = True, lora: dict | None = None, **training):
+    doc = published(base, gpus, accum, sync, **training)
     doc["spec"]["method"] = "lora"
     if lora is not None:
         doc["spec"]["lora"] = lora
@@ -132,12 +147,17 @@ def test_lora_plan_is_smaller_than_full_by_the_frozen_base(base35, shape35):
         assert full["gradients"] - lora["gradients"] == 4 * P_35B // gpus - 4 * a // gpus
         assert full["optimizer"] - lora["optimizer"] == 8 * P_35B // gpus - 8 * a // gpus
         assert lora["gradient_buffers"] == (2 + 4) * 344_064  # no adapter outside the layers; 1 layer's adapter
-        assert lora["unsharded_parameters"] == full["unsharded_parameters"] + 2 * 2 * 344_064
+        assert lora["unsharded_parameters"] == 2 * (shape35.root + 2 * shape35.largest_layer) + 2 * 2 * 344_064
+        # full weights on one GPU keep every layer's bf16 copy between forward and backward (no reshard)
+        assert full["unsharded_parameters"] == (2 * P_35B if gpus == 1 else
+                                                2 * (shape35.root + 2 * shape35.largest_layer))
         assert lora["activations"] == full["activations"] and lora["logits"] == full["logits"]
     # the published 35B case that refuses full-weight on one 80 GB GPU fits as LoRA (69.3 GB of bf16 base)
     one = lora_plan(base35, shape35, 1)
     assert one.fits is True and plan(base35, shape35, 1, 1).fits is False
     assert 78 * GiB < one.peak_bytes < 79 * GiB
+    fused = lora_plan(base35, shape35, 1, loss="chunked")  # 5 GiB less of logits
+    assert 73 * GiB < fused.peak_bytes < 74 * GiB
     assert any("3.44 M trainable adapter parameters" in n for n in one.notes)
     # without per-microbatch sync only the adapter's gradients stay unsharded: 4 bytes x 3.44 M
     assert lora_plan(base35, shape35, 8, accum=4, sync=False).components["accumulation"] == 4 * a
@@ -151,3 +171,22 @@ def test_bitsandbytes_8bit_optimizers_are_refused_under_fsdp2(base35, name):
     with pytest.raises(ValueError, match=f"optimizer: {name}: bitsandbytes 8-bit optimizers are refused under "
                                          "FSDP2.*DTensor"):
         PitTraining.model_validate(doc)
+
+
+def test_auto_activation_checkpointing_is_off_when_the_plan_fits(base35, shape35):
+    """Unset activationCheckpointing: off if the plan without it fits the GPU, else on (and the plan says why)."""
+    auto = dict(activationCheckpointing=None, seqLen=8192)
+    off = plan(base35, shape35, 8, 1, activationCheckpointing=False, seqLen=8192)
+    on = plan(base35, shape35, 8, 1, activationCheckpointing=True, seqLen=8192)
+    assert on.peak_bytes < off.peak_bytes - 20 * GiB  # 40 layers' activations at 8192 tokens
+    spec = PitTraining.model_validate(published(base35, 8, 1, **auto)).spec
+    p = plan_memory(spec, shape35, gpu_memory_gib=(on.peak_bytes + off.peak_bytes) / 2 / GiB)  # only with it
+    assert p.activation_checkpointing is True and p.peak_bytes == on.peak_bytes and p.fits is True
+    assert "auto: on (without it the plan needs" in p.notes[0]
+    big = plan_memory(PitTraining.model_validate(published(base35, 8, 1, **auto)).spec, shape35,
+                      gpu_memory_gib=off.peak_bytes / GiB + 1)
+    assert big.activation_checkpointing is False and big.peak_bytes == off.peak_bytes
+    doc = published(base35, 8, 1, **auto)
+    del doc["spec"]["resources"]["gpuMemoryGiB"]
+    unknown = plan_memory(PitTraining.model_validate(doc).spec, shape35)
+    assert unknown.activation_checkpointing is False and "no GPU memory known" in unknown.notes[0]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pitlab.api.base import GROUP_VERSION, SpecModel
 from pitlab.api.meta import ObjectMeta
+from pitlab.api.names import LABEL_RULE, label_problem
 from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec
@@ -19,6 +21,9 @@ class TrainingRef(SpecModel):
 
     name: str
     artifact: Literal["model", "base"] = "model"
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class ModelRef(SpecModel):
@@ -32,11 +37,20 @@ class ModelRef(SpecModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "has(self.uri) != has(self.trainingRef)", "message": "give exactly one of uri and trainingRef"}]})
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=63)
+    # The CRD's pattern; checked here by _name, which says in words what is allowed.
+    name: str = Field(json_schema_extra={"maxLength": 63, "pattern": _MODEL_NAME.pattern})
     uri: str | None = None
     training_ref: TrainingRef | None = None
     kind: Literal["auto", "causal", "encoder"] = "auto"
     knowledge_cutoff: dt.date | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > 63 or not _MODEL_NAME.match(v):
+            raise ValueError("a model name has at most 63 characters, only letters, digits, '_', '.' and '-', "
+                             "and starts with a letter or digit (e.g. 'Qwen2.5_0.5B')")
+        return v
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelRef":
@@ -48,14 +62,30 @@ class ModelRef(SpecModel):
 class DateSampling(SpecModel):
     """Seeded sampling of panel dates: ``count`` trading days drawn without replacement from [start, end]."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!has(self.start) || !has(self.end) || self.start <= self.end",
+         "message": "start must not be after end"}]})
     count: int = Field(30, ge=2)
     start: dt.date | None = None
     end: dt.date | None = None
 
+    @model_validator(mode="after")
+    def _order(self) -> "DateSampling":
+        if self.start is not None and self.end is not None and self.start > self.end:
+            raise ValueError(f"start ({self.start}) is after end ({self.end})")
+        return self
+
 
 class Dataset(SpecModel):
     """The market panel. ``kind: ohlcv`` reads a long OHLCV CSV (date, open, high, low, close, volume, Name);
-    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_prices.csv`` and ``stock_list.csv``.
+    ``kind: jpx`` reads a folder with Kaggle JPX ``stock_list.csv`` and ``stock_prices.csv``, either beside it
+    or as the competition's download unpacks (``train_files/stock_prices.csv``, plus
+    ``supplemental_files/stock_prices.csv`` when present).
+    ``priceLevels``: whether prompts may print the close and volume *levels* (``{close}``, ``{volume}``).
+    ``auto`` (default): yes for ``jpx`` (the unadjusted values traded at t), no for ``ohlcv`` (such files, e.g.
+    sp500_5yr, are adjusted by their source with splits after t: a level not known at t); ``include``: yes
+    (for ``ohlcv`` the results then carry a look-ahead warning); ``omit``: no. Returns and volume ratios are
+    always printed. A ``promptTemplate`` using a level that ``priceLevels`` leaves out is refused.
     ``universe``: ``point-in-time`` (securities with prices and history at the first sampled date) or
     ``universe0`` (JPX: stock_list.csv's Universe0 flag, a December 2021 snapshot; a warning when used for
     earlier dates).
@@ -70,6 +100,7 @@ class Dataset(SpecModel):
     dates: DateSampling = DateSampling()
     seed: int = 0
     prompt_template: str | None = None
+    price_levels: Literal["auto", "omit", "include"] = "auto"
     universe: Literal["point-in-time", "universe0"] = "point-in-time"
 
 
@@ -239,8 +270,17 @@ class EvalOutput(SpecModel):
 class LeakageEvalTemplate(SpecModel):
     """A LeakageEval created by a PitTraining once its merge succeeds (``spec.evaluations[]``)."""
 
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    # The CRD's pattern (a DNS-1123 label); checked here by _name, which says in words what is allowed.
+    name: str = Field(json_schema_extra={"maxLength": 63, "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"})
     spec: LeakageEvalSpec
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        problem = label_problem(v)
+        if problem:
+            raise ValueError(f"{problem}; an evaluation name {LABEL_RULE}")
+        return v
 
 
 class LeakageEval(SpecModel):

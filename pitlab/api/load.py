@@ -22,6 +22,16 @@ DATA_ROOT_ENV = "PITLAB_DATA_ROOT"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's exponent floats: ``1e-5`` is a number, as for ``kubectl`` (YAML 1.1
+    reads it as a string), and so is the ``3e-05`` that ``json.dumps`` writes into a resolved spec."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+                              list("-+0123456789."))
+
+
 def _json_scalar(value: object) -> str:
     """YAML's dates and timestamps as the ISO strings the API server stores (JSON has no date type)."""
     if isinstance(value, (dt.date, dt.datetime)):
@@ -56,7 +66,7 @@ def load_resource(path: str | os.PathLike) -> Resource:
     if not p.is_file():
         raise SpecError([("", "file not found")], str(p))
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+        docs = [d for d in yaml.load_all(p.read_text(), Loader=_Loader) if d is not None]
     except yaml.YAMLError as err:
         raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
     except ValueError as err:  # e.g. an unquoted impossible date (2016-13-01) fails in YAML's date constructor

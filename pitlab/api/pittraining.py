@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
@@ -54,13 +54,19 @@ class BaseModelSpec(SpecModel):
 
 
 class CorpusSpec(SpecModel):
-    """Dated documents. ``timestampField`` values are ISO dates or datetimes; naive values are read in
+    """Dated documents. ``timestampField`` values are read strictly in ``timestampFormat`` (default ISO 8601
+    dates or datetimes, README "Accepted timestamp formats"); values without an offset are read in
     ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number)."""
 
     uri: str
     format: Literal["jsonl", "csv"]
     text_field: str = "text"
     timestamp_field: str = "date"
+    timestamp_format: str | None = Field(None, description=(
+        "how timestampField values are written; default iso8601 (YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]] with an "
+        "optional Z or +HH:MM offset). Else a strftime pattern read in full (e.g. \"%d/%m/%Y\"; needs %Y and the day, "
+        "no %Z or %y), or epoch_s / epoch_ms / epoch_us for numbers since 1970-01-01T00:00:00Z. A value that does "
+        "not match is an error naming the row and the value (or dropped and counted with onMissingTimestamp: drop)"))
     id_field: str | None = None
     timezone: str = "UTC"
     on_missing_timestamp: Literal["error", "drop"] = "error"
@@ -74,6 +80,14 @@ class CorpusSpec(SpecModel):
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
         return self
+
+    @field_validator("timestamp_format")
+    @classmethod
+    def _timestamp_format(cls, value: str | None) -> str | None:
+        from pitlab.data.timestamps import check_format
+
+        check_format(value)  # ValueError saying why the pattern is refused
+        return value
 
 
 class LoraSpec(SpecModel):
@@ -96,6 +110,22 @@ _BNB_REFUSAL = ("bitsandbytes 8-bit optimizers are refused under FSDP2: they exp
                 "(the published 35B recipe crashed this way); use optimizer: adamw")
 
 
+class LayerStreamingSpec(SpecModel):
+    """Layer streaming (``method: lora``, one GPU): the frozen weights of each decoder layer live in host
+    memory (page-locked with ``pinHost``) and are copied into one of ``buffers`` GPU slots before the layer runs,
+    on a side CUDA stream while the previous layer computes; backward recomputes each layer. A frozen untied
+    input embedding stays in host memory too; the final norm, the head and the LoRA adapter (with its AdamW
+    state) stay on the GPU. ``gpuMemoryBudgetBytes``: GPU bytes the run may use; ``pitlab plan`` and the
+    trainer refuse a run whose predicted peak exceeds it (or ``resources.gpuMemoryGiB``, or the process's
+    CUDA memory fraction)."""
+
+    enabled: bool = False
+    buffers: int = Field(2, ge=2, le=8, description="GPU slots for decoder layers (2: one computes, one loads)")
+    pin_host: bool = Field(True, description="page-locked host store (fast asynchronous copies); CUDA only")
+    gpu_memory_budget_bytes: int | None = Field(None, ge=1, description=(
+        "GPU bytes this run may use; refused before training when the predicted peak exceeds it"))
+
+
 class TrainingSpec(SpecModel):
     """Optimisation settings. Units: ``seqLen`` in tokens; ``learningRate`` peak LR; ``warmupSteps`` in
     optimizer steps. One optimizer step consumes seqLen × microBatchSize × gradientAccumulationSteps ×
@@ -116,14 +146,24 @@ class TrainingSpec(SpecModel):
         "they quantise state per flat tensor and mishandle FSDP2's DTensor shards"))
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | None = Field(None, description=(
+        "recompute each decoder layer in backward instead of keeping its activations (true) or keep them (false); "
+        "unset (auto, the default): off when the memory planner predicts that the run fits the GPU without it "
+        "(faster), else on"))
+    compile: bool = Field(False, description=(
+        "torch.compile each decoder layer (regional compilation, CUDA only: no effect on CPU ranks). Off by "
+        "default: on an H200 it made Qwen3.5 training steps slower, not faster (bench/RESULTS.md)"))
+    loss: Literal["reference", "chunked"] = Field("reference", description=(
+        "reference: full logits and torch's float32 cross-entropy. chunked: fused linear + cross-entropy that "
+        "never stores the tokens x vocabulary logits in float32 (8 GB less at 4096 tokens of a 248k vocabulary), "
+        "measured slower inside the trainer (bench/RESULTS.md)"))
     gradient_sync_every_microbatch: bool = Field(True, description=(
         "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "
         "the full unsharded gradients (parameters x 2 bytes in bf16) between microbatches; see pitlab plan"))
     precision: Literal["fp32", "bf16"] = "bf16"
     seed: int = 0
-    layer_streaming: bool = False
+    layer_streaming: LayerStreamingSpec = LayerStreamingSpec()
 
     @model_validator(mode="after")
     def _no_bnb(self) -> "TrainingSpec":
@@ -157,10 +197,20 @@ class OutputSpec(SpecModel):
     uri: str = "out"
 
 
+_STREAMING_RULE = ("!has(self.training) || !has(self.training.layerStreaming) || "
+                   "!has(self.training.layerStreaming.enabled) || !self.training.layerStreaming.enabled || "
+                   "(self.method == 'lora' && has(self.resources) && "
+                   "(!has(self.resources.nodes) || self.resources.nodes == 1) && "
+                   "has(self.resources.gpusPerNode) && self.resources.gpusPerNode == 1)")
+_STREAMING_MESSAGE = ("training.layerStreaming: enabled needs method: lora and one process "
+                      "(resources.nodes: 1, resources.gpusPerNode: 1)")
+
+
 class PitTrainingSpec(SpecModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "!has(self.lora) || self.method == 'lora'",
-         "message": "lora: the lora block is only allowed with method: lora"}]})
+         "message": "lora: the lora block is only allowed with method: lora"},
+        {"rule": _STREAMING_RULE, "message": _STREAMING_MESSAGE}]})
 
     base_model: BaseModelSpec
     corpus: CorpusSpec
@@ -191,6 +241,19 @@ class PitTrainingSpec(SpecModel):
                             f"lora.mergeIntoBase: false writes an adapter folder, which evaluations cannot load, but "
                             f"evaluations[{i}].spec.models[{j}] evaluates the trained model; set "
                             "lora.mergeIntoBase: true")
+        ls = self.training.layer_streaming
+        if ls.enabled:
+            if self.method != "lora":
+                raise ValueError(f"training.layerStreaming: enabled needs method: lora (got method: {self.method}); "
+                                 "streaming keeps the base frozen and trains a LoRA adapter")
+            res = self.resources
+            if res.nodes != 1 or res.gpus_per_node != 1:
+                raise ValueError(f"training.layerStreaming: enabled needs one process (resources.nodes: 1, "
+                                 f"resources.gpusPerNode: 1; got {res.nodes} and {res.gpus_per_node}); "
+                                 "for several GPUs use FSDP2 (layerStreaming.enabled: false)")
+            if not self.training.gradient_sync_every_microbatch:
+                raise ValueError("training.gradientSyncEveryMicrobatch: false is an FSDP2 setting; with "
+                                 "training.layerStreaming.enabled there is nothing to sync, leave it true")
         return self
 
 

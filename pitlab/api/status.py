@@ -32,7 +32,9 @@ class Progress(SpecModel):
     step: int = 0
     total_steps: int | None = None
     loss: float | None = None
-    tokens_per_second: float | None = None
+    tokens_per_second: float | None = Field(
+        None, description="mean training speed (input tokens per second, all GPUs) from the start of the "
+                          "training attempt to the latest step (not the latest step's own speed)")
 
 
 class CorpusAuditStatus(SpecModel):
@@ -41,6 +43,10 @@ class CorpusAuditStatus(SpecModel):
     rejected_timestamp: int
     max_included_timestamp: str | None
     included_ids_sha256: str
+    timestamp_format: str | None = Field(None, description="format the timestamps were read with (iso8601, a "
+                                                           "strftime pattern or epoch_s/epoch_ms/epoch_us)")
+    warnings: list[str] | None = Field(None, description="what looks wrong without being an error (a knowledge "
+                                                         "cutoff after the latest document or after today)")
 
 
 class ResourceStatus(SpecModel):

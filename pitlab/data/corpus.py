@@ -1,8 +1,10 @@
 """Point-in-time corpus: read dated documents (CSV or JSONL) and keep those at or before the knowledge cutoff.
 
 A document is kept iff its timestamp is at or before the end of the cutoff day in the configured time zone
-(DESIGN section 4.2). A document whose timestamp is missing or unparseable is never silently kept: it is an
-error naming the file and row, or, with ``onMissingTimestamp: drop``, it is counted in the audit.
+(DESIGN section 4.2). Timestamps are parsed strictly (ISO 8601, or the one format ``spec.corpus.timestampFormat``
+names: :mod:`pitlab.data.timestamps`). A document whose timestamp is missing or does not match is never silently
+kept: it is an error naming the file, row, id, value and expected format, or, with ``onMissingTimestamp: drop``,
+it is counted in the audit, which lists the first few with their values.
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import datetime as dt
 import hashlib
 import json
 import zoneinfo
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal
 
 import pandas as pd
 
+from pitlab.data.timestamps import EPOCH_NS, TimestampError, check_format, parse_timestamp
 from pitlab.data.types import Document
+
+REJECTED_EXAMPLES = 5  # refused timestamps listed in the audit (with onMissingTimestamp: drop)
+EPOCH_PLAUSIBLE_FROM = pd.Timestamp("1980-01-01", tz="UTC")  # epoch values before it suggest the wrong unit
 
 
 class CorpusError(ValueError):
@@ -30,7 +36,10 @@ class CorpusAudit:
     """What the cutoff filter did. Counts are documents; timestamps are ISO 8601 in UTC.
 
     ``included_ids_sha256`` is the sha256 of the included document ids, sorted and joined with ``\\n``
-    (UTF-8), so two runs that trained on the same documents show the same digest.
+    (UTF-8), so two runs that trained on the same documents show the same digest. ``timestamp_format`` is
+    the format the timestamps were read with (``iso8601``, a strftime pattern or ``epoch_*``);
+    ``rejected_timestamp_examples`` the first few refused timestamps (``row``, ``id``, ``value``, ``error``);
+    ``warnings`` what looks wrong without being an error (a cutoff after every document or after today).
     """
 
     source: str
@@ -46,6 +55,9 @@ class CorpusAudit:
     max_included_timestamp: str | None
     min_included_timestamp: str | None
     included_ids_sha256: str
+    timestamp_format: str = "iso8601"
+    rejected_timestamp_examples: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,35 +73,6 @@ def cutoff_instant(cutoff: dt.date, timezone: str) -> pd.Timestamp:
     return pd.Timestamp(nxt).tz_convert("UTC")
 
 
-def parse_timestamp(value: object, timezone: str) -> pd.Timestamp | None:
-    """Parse an ISO date/datetime (string or number of seconds is *not* accepted) into a UTC timestamp.
-
-    Naive values (``2016-12-31`` or ``2016-12-31T15:00``) are read in ``timezone``; values with an offset
-    keep it. Returns None for missing (None, empty, NaN) or unparseable values.
-    """
-    if value is None:
-        return None
-    if isinstance(value, float) and value != value:  # NaN
-        return None
-    if not isinstance(value, str):
-        return None
-    s = value.strip()
-    if not s:
-        return None
-    try:
-        ts = pd.Timestamp(s)
-    except (ValueError, TypeError, OverflowError):
-        return None
-    if ts is pd.NaT:
-        return None
-    if ts.tzinfo is None:
-        try:
-            ts = ts.tz_localize(zoneinfo.ZoneInfo(timezone), ambiguous=True, nonexistent="shift_forward")
-        except Exception:  # noqa: BLE001 - any localisation failure is an unparseable timestamp
-            return None
-    return ts.tz_convert("UTC")
-
-
 def local_isoformat(ts: pd.Timestamp | str, timezone: str) -> str:
     """``ts`` (a timestamp or an ISO string with an offset) as ISO 8601 in ``timezone``, offset kept.
 
@@ -102,14 +85,14 @@ def _iter_records(path: Path, fmt: Literal["csv", "jsonl"]) -> Iterator[tuple[in
     """Yield (1-based data row, record). CSV rows are numbered after the header; JSONL by line."""
     if fmt == "csv":
         csv.field_size_limit(1 << 30)
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of a name
             reader = csv.DictReader(f)
             if reader.fieldnames is None:
                 raise CorpusError(f"{path}: empty CSV file (no header row)")
             for i, rec in enumerate(reader, start=1):
                 yield i, rec
     else:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:
             for i, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -123,14 +106,19 @@ def _iter_records(path: Path, fmt: Literal["csv", "jsonl"]) -> Iterator[tuple[in
 
 
 def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str, timestamp_field: str,
-                timezone: str, id_field: str | None = None) -> list[Document]:
-    """Read every document of a CSV or JSONL corpus, in file order.
+                timezone: str, id_field: str | None = None, timestamp_format: str | None = None) -> list[Document]:
+    """Read every document of a CSV or JSONL corpus (UTF-8, with or without a byte-order mark), in file order.
 
-    Returns one :class:`Document` per record; ``timestamp`` is None when missing or unparseable (the
-    filter decides what that means). ``id`` is ``id_field``'s value, or ``row-<n>`` (1-based data row).
-    Raises :class:`CorpusError` naming the file for a missing file, a missing column/key (with the row for
-    JSONL), or duplicate ids (with both rows).
+    Returns one :class:`Document` per record; ``timestamp`` is None when missing or not matching
+    ``timestamp_format`` (None: ISO 8601), with ``timestamp_error`` saying why (the filter decides what that
+    means). ``id`` is ``id_field``'s value, or ``row-<n>`` (1-based data row). Raises :class:`CorpusError`
+    naming the file for a missing file, a missing column/key (with the row for JSONL), duplicate ids (with
+    both rows) or a refused ``timestamp_format``.
     """
+    try:
+        check_format(timestamp_format)
+    except ValueError as err:
+        raise CorpusError(f"spec.corpus.timestampFormat: {err}") from None
     p = Path(path)
     if not p.is_file():
         raise CorpusError(f"{p}: corpus file not found")
@@ -148,8 +136,16 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
             raise CorpusError(f"{p}: row {row}: duplicate id {doc_id!r} (first seen at row {seen[doc_id]})")
         seen[doc_id] = row
         text = rec[text_field]
-        docs.append(Document(id=doc_id, text="" if text is None else str(text),
-                             timestamp=parse_timestamp(rec[timestamp_field], timezone), row=row))
+        value = rec[timestamp_field]
+        try:
+            ts, error = parse_timestamp(value, timezone, timestamp_format), None
+        except TimestampError as err:
+            ts, error = None, str(err)
+        if ts is None and error is None:
+            error = f"missing timestamp (field {timestamp_field!r} is empty)"
+        docs.append(Document(id=doc_id, text="" if text is None else str(text), timestamp=ts, row=row,
+                             timestamp_error=error, timestamp_value=None if error is None else
+                             ("" if value is None else str(value))))
     return docs
 
 
@@ -164,24 +160,28 @@ def file_sha256(path: str | Path) -> str:
 
 def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
                   on_missing_timestamp: Literal["error", "drop"] = "error", source: str = "<corpus>",
-                  source_sha256: str = "") -> tuple[list[Document], CorpusAudit]:
+                  source_sha256: str = "", timestamp_format: str | None = None,
+                  today: dt.date | None = None) -> tuple[list[Document], CorpusAudit]:
     """Keep documents with ``timestamp <= end of cutoff day`` in ``timezone``; return them and the audit.
 
+    ``timestamp_format`` is recorded in the audit (None: ``iso8601``); ``today`` (default: today's date in
+    ``timezone``) is only compared with the cutoff for the audit's warnings.
     Raises :class:`CorpusError`:
-      - at the first document with a missing or unparseable timestamp when ``on_missing_timestamp`` is
-        ``error`` (the message names the file and row);
+      - at the first document with a missing or refused timestamp when ``on_missing_timestamp`` is
+        ``error`` (the message names the file, row, id, value and expected format);
       - when no document is at or before the cutoff (training on nothing is never what was meant).
     Documents with empty text are excluded and counted (``rejected_empty_text``).
     """
     limit = cutoff_instant(cutoff, timezone)
     kept: list[Document] = []
-    by_date = rejected = empty = 0
+    by_date = empty = 0
+    refused: list[Document] = []
     for d in docs:
         if d.timestamp is None:
             if on_missing_timestamp == "error":
-                raise CorpusError(f"{source}: row {d.row} (id {d.id!r}): missing or unparseable timestamp; "
-                                  "fix the row or set spec.corpus.onMissingTimestamp: drop to count and skip it")
-            rejected += 1
+                raise CorpusError(f"{source}: row {d.row} (id {d.id!r}): {d.timestamp_error or 'missing timestamp'}; "
+                                  "fix the row, or set spec.corpus.onMissingTimestamp: drop to count and skip it")
+            refused.append(d)
             continue
         if d.timestamp >= limit:
             by_date += 1
@@ -194,14 +194,46 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
         earliest = min((d.timestamp for d in docs if d.timestamp is not None), default=None)
         raise CorpusError(f"{source}: no document at or before the knowledge cutoff {cutoff} ({timezone}); "
                           f"{len(docs)} documents read, earliest timestamp "
-                          f"{local_isoformat(earliest, timezone) if earliest is not None else 'none'}")
+                          f"{local_isoformat(earliest, timezone) if earliest is not None else 'none'}"
+                          + (f", {len(refused)} refused for their timestamp (first: row {refused[0].row}: "
+                             f"{refused[0].timestamp_error})" if refused else ""))
+    fmt = check_format(timestamp_format)
     ids = "\n".join(sorted(d.id for d in kept)).encode("utf-8")
     audit = CorpusAudit(
         source=source, source_sha256=source_sha256, knowledge_cutoff=cutoff.isoformat(), timezone=timezone,
         cutoff_instant_utc=limit.isoformat(), total=len(docs), included=len(kept), excluded_by_date=by_date,
-        rejected_timestamp=rejected, rejected_empty_text=empty,
+        rejected_timestamp=len(refused), rejected_empty_text=empty,
         max_included_timestamp=max(d.timestamp for d in kept).isoformat(),
         min_included_timestamp=min(d.timestamp for d in kept).isoformat(),
         included_ids_sha256=hashlib.sha256(ids).hexdigest(),
+        timestamp_format=fmt,
+        rejected_timestamp_examples=[{"row": d.row, "id": d.id, "value": d.timestamp_value, "error": d.timestamp_error}
+                                     for d in refused[:REJECTED_EXAMPLES]],
+        warnings=corpus_warnings(docs, cutoff, timezone, fmt, by_date, today),
     )
     return kept, audit
+
+
+def corpus_warnings(docs: list[Document], cutoff: dt.date, timezone: str, fmt: str, excluded_by_date: int,
+                    today: dt.date | None = None) -> list[str]:
+    """What looks wrong about a cutoff without being an error, in words: a cutoff after the latest dated
+    document (nothing was excluded, so the corpus, not the cutoff, ends the model's knowledge), a cutoff
+    after ``today`` (default: today in ``timezone``), epoch timestamps that decode to before 1980 (a unit
+    mistake such as ``epoch_ms`` for seconds reads every document as January 1970 and keeps it)."""
+    tz = zoneinfo.ZoneInfo(timezone)
+    stamps = [d.timestamp for d in docs if d.timestamp is not None]
+    out = []
+    latest = max(stamps, default=None)
+    if latest is not None and excluded_by_date == 0 and latest.tz_convert(tz).date() < cutoff:
+        out.append(f"knowledge cutoff {cutoff} is after the latest document ({local_isoformat(latest, timezone)}): "
+                   "no document was excluded, so the corpus, not the cutoff, ends what the model knows")
+    today = today or dt.datetime.now(tz).date()
+    if cutoff > today:
+        out.append(f"knowledge cutoff {cutoff} is after today ({today}, {timezone}): documents added to the corpus "
+                   "later, up to the cutoff, would be kept")
+    if fmt in EPOCH_NS:
+        early = [t for t in stamps if t < EPOCH_PLAUSIBLE_FROM]
+        if early:
+            out.append(f"{len(early)} timestamps read as {fmt} fall before 1980 (earliest "
+                       f"{local_isoformat(min(early), timezone)}); are the numbers in another unit?")
+    return out

@@ -1,13 +1,22 @@
 """Market panels: long OHLCV CSV and Kaggle JPX files → daily prices → targets → a sampled evaluation panel.
 
-Target (JPX definition): ``r[t] = close[t+2] / close[t+1] - 1``, where t+1 and t+2 are the next two trading
-days of the panel's calendar (not the next rows of the sample). It is computed from the full price history
-and attached to row t; nothing about t+1 or t+2 enters the prompt of row t.
+Target (JPX definition): ``r[t] = adj[t+2] / adj[t+1] - 1``, where t+1 and t+2 are the next two trading days
+of the panel's calendar (not the next rows of the sample) and ``adj`` is the competition's adjusted close
+(:func:`jpx_adjusted_close`). It is computed from the full price history and attached to row t; nothing about
+t+1 or t+2 enters the prompt of row t.
+
+Prompt features are computed *as of t* (:func:`compute_features`): the close and volume printed are the day's
+own values, and returns and volume ratios over days ≤ t are adjusted only with the splits effective on or
+before t. The competition's cumulative factor of day d, ``prod(F[e] for e >= d)``, multiplies every split
+up to the end of the file and so is not known at t; what is known at t is its ratio to the cumulative
+factor of t, ``prod(F[e] for d <= e < t)``: the splits whose factor rows lie in [d, t). A factor dated t
+itself (the split is effective on t+1) converts day t to the next day's share count and is not needed to
+express days ≤ t in the shares of t.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +26,21 @@ OHLCV_COLUMNS = ("date", "open", "high", "low", "close", "volume", "Name")
 JPX_PRICE_COLUMNS = ("RowId", "Date", "SecuritiesCode", "Open", "High", "Low", "Close", "Volume",
                      "AdjustmentFactor", "ExpectedDividend", "SupervisionFlag", "Target")
 JPX_LIST_COLUMNS = ("SecuritiesCode", "Name")
+JPX_COMPARED = ("Close", "Volume", "AdjustmentFactor")
+"""The stock_prices.csv values pitlab uses; a (Date, SecuritiesCode) row in both train_files/ and
+supplemental_files/ must agree on them."""
 HISTORY_DAYS = 20  # trading days of history the prompt features need
+CSV_OPTIONS = {"encoding": "utf-8-sig", "keep_default_na": False, "na_values": [""], "dtype": str}
+"""How every panel CSV is read: as text (numbers are parsed by pitlab, so an error quotes the file's own value);
+a UTF-8 byte-order mark is dropped; only an empty field is a missing value (``n/a``, ``NA``, ``NaN``, ``-`` in
+a numeric column are refused with the row, never read as missing)."""
+
+JPX_ADJUSTMENT = ("Kaggle JPX: Close and Volume as traded that day (unadjusted); prompts are adjusted as of t with "
+                  "the AdjustmentFactor rows dated before t only; targets use the competition's adjusted close "
+                  "(cumulative AdjustmentFactor over the whole file)")
+OHLCV_ADJUSTMENT = ("long OHLCV file: prices and volumes as the file gives them, possibly adjusted by its source "
+                    "with splits after t, which pitlab cannot undo (sp500_5yr's are: split-adjusted as of "
+                    "February 2018); returns and volume ratios are unaffected by such an adjustment, levels are not")
 
 
 class PanelError(ValueError):
@@ -27,7 +50,11 @@ class PanelError(ValueError):
 @dataclass
 class Prices:
     """Daily prices of a market. ``close``/``volume``: DataFrame [trading day × security], float64, NaN where a
-    security has no price that day. ``names``: security → display name. ``calendar``: every trading day."""
+    security has no price that day: the day's own values as the file gives them (JPX: unadjusted).
+    ``factor``: JPX ``AdjustmentFactor`` [trading day × security] (1.0 where none; the factor of day d applies
+    to d and earlier days), ``None`` for files without factors. ``names``: security → display name.
+    ``calendar``: every trading day. ``levels_as_of_t``: the close and volume levels are the ones traded at t
+    (JPX) rather than adjusted by the file's source with later events (long OHLCV)."""
 
     close: pd.DataFrame
     volume: pd.DataFrame
@@ -36,84 +63,110 @@ class Prices:
     source: str
     universe0: frozenset[str] | None = None
     """JPX only: codes with ``Universe0`` true in stock_list.csv (a December 2021 snapshot), if the column exists."""
+    factor: pd.DataFrame | None = None
+    levels_as_of_t: bool = False
+    info: dict = field(default_factory=dict)
+    """For the results' dataset section: kind, files, how prices are adjusted."""
 
 
 def check_csv_columns(path: Path, required: tuple[str, ...], **kw) -> None:
-    """Read only the header of a CSV and raise :class:`PanelError` naming the file if it is missing, unreadable
-    or lacks any of ``required`` (the message lists the missing and the present columns)."""
+    """Read only the header of a CSV (a UTF-8 byte-order mark is allowed) and raise :class:`PanelError` naming
+    the file if it is missing, unreadable or lacks any of ``required`` (the message lists the missing and the
+    present columns)."""
     if not path.is_file():
         raise PanelError(f"{path}: file not found")
     try:
-        header = pd.read_csv(path, nrows=0, **kw)
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError) as err:
+        header = pd.read_csv(path, nrows=0, **{**CSV_OPTIONS, **kw})
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
         raise PanelError(f"{path}: cannot read as CSV ({err})") from None
     missing = [c for c in required if c not in header.columns]
     if missing:
         raise PanelError(f"{path}: missing column(s) {missing}; found {list(header.columns)}")
 
 
-def _read_csv(path: Path, required: tuple[str, ...], **kw) -> pd.DataFrame:
-    check_csv_columns(path, required, **kw)
-    return pd.read_csv(path, **kw)
+def _read_csv(path: Path, required: tuple[str, ...], used: tuple[str, ...] | None = None) -> pd.DataFrame:
+    """The columns ``used`` (default: ``required``) of a CSV whose header has every ``required`` column."""
+    check_csv_columns(path, required)
+    keep = set(used or required)
+    try:
+        return pd.read_csv(path, usecols=lambda c: c in keep, **CSV_OPTIONS)
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
+        raise PanelError(f"{path}: cannot read as CSV ({err})") from None
+
+
+def _first_bad(mask: pd.Series) -> int:
+    return int(np.flatnonzero(mask.to_numpy())[0])
 
 
 def _parse_dates(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
     parsed = pd.to_datetime(df[col], format="%Y-%m-%d", errors="coerce")
     bad = parsed.isna()
     if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: unparseable date {df[col].iloc[i]!r} "
-                         f"({int(bad.sum())} such rows)")
+        i = _first_bad(bad)
+        value = df[col].iloc[i]
+        what = "empty date" if pd.isna(value) else f"unparseable date {value!r}"
+        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}, expected YYYY-MM-DD ({int(bad.sum())} such "
+                         f"rows)")
     return parsed
 
 
-def _numeric(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
-    vals = pd.to_numeric(df[col], errors="coerce")
-    bad = vals.isna() & df[col].notna()
+def _numeric(df: pd.DataFrame, col: str, path: Path, minimum: str | None = None) -> pd.Series:
+    """Column ``col`` as float64; an empty field is NaN (missing). Anything else that is not a finite number
+    (``n/a``, ``NaN``, ``inf``), or a number outside ``minimum`` (``"> 0"`` or ``">= 0"``), is refused naming
+    the row and the file's value."""
+    vals = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    bad = df[col].notna() & ~np.isfinite(vals)
+    what = "not a finite number"
+    if minimum is not None and not bad.any():
+        bad = vals.notna() & ((vals <= 0) if minimum == "> 0" else (vals < 0))
+        what = f"must be {minimum}"
     if bad.any():
-        i = int(np.flatnonzero(bad.to_numpy())[0])
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: not a number: {df[col].iloc[i]!r}")
-    return vals.astype("float64")
+        i = _first_bad(bad)
+        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}: {df[col].iloc[i]!r} ({int(bad.sum())} such "
+                         f"rows; leave the field empty where a value is missing)")
+    return vals
 
 
 def _check_unique(df: pd.DataFrame, keys: list[str], path: Path) -> None:
     dup = df.duplicated(keys, keep=False)
     if dup.any():
         rows = (np.flatnonzero(dup.to_numpy())[:2] + 1).tolist()
-        raise PanelError(f"{path}: rows {rows}: duplicate ({', '.join(keys)}) = "
-                         f"{tuple(df.loc[dup, keys].iloc[0])}")
+        key = tuple(str(x.date()) if isinstance(x, pd.Timestamp) else x for x in df.loc[dup, keys].iloc[0])
+        raise PanelError(f"{path}: rows {rows}: duplicate ({', '.join(keys)}) = {key if len(key) > 1 else key[0]!r}")
 
 
 def load_ohlcv_long(path: str | Path) -> Prices:
     """Read a long OHLCV CSV (optionally .gz) with columns date, open, high, low, close, volume, Name.
 
-    This is the format of ``sp500_5yr/sp500_5yr_ohlcv_long.csv.gz`` (split-adjusted prices). Rows with a
-    missing close stay NaN (no price that day). Raises :class:`PanelError` naming the file, column and row
-    for a missing column, an unparseable date or number, or a duplicate (date, Name).
+    This is the format of ``sp500_5yr/sp500_5yr_ohlcv_long.csv.gz`` (split-adjusted by its source). An empty
+    close stays NaN (no price that day). Raises :class:`PanelError` naming the file, column, row and value for
+    a missing column, an unparseable date, a close that is not a number > 0 (``n/a`` included), a volume that
+    is not a number ≥ 0, an empty Name or a duplicate (date, Name).
     """
     p = Path(path)
-    df = _read_csv(p, OHLCV_COLUMNS, dtype={"Name": str})
+    df = _read_csv(p, OHLCV_COLUMNS, ("date", "close", "volume", "Name"))
     df["date"] = _parse_dates(df, "date", p)
-    for c in ("close", "volume"):
-        df[c] = _numeric(df, c, p)
+    df["close"] = _numeric(df, "close", p, "> 0")
+    df["volume"] = _numeric(df, "volume", p, ">= 0")
     if df["Name"].isna().any():
-        i = int(np.flatnonzero(df["Name"].isna().to_numpy())[0])
-        raise PanelError(f"{p}: row {i + 1}: column 'Name' is empty")
+        raise PanelError(f"{p}: row {_first_bad(df['Name'].isna()) + 1}: column 'Name' is empty")
     _check_unique(df, ["date", "Name"], p)
     close = df.pivot(index="date", columns="Name", values="close").sort_index()
     volume = df.pivot(index="date", columns="Name", values="volume").reindex(close.index)
     names = {s: s for s in close.columns}
-    return Prices(close=close, volume=volume, names=names, calendar=pd.DatetimeIndex(close.index), source=str(p))
+    return Prices(close=close, volume=volume, names=names, calendar=pd.DatetimeIndex(close.index), source=str(p),
+                  info={"kind": "ohlcv", "files": [str(p)], "adjustment": OHLCV_ADJUSTMENT})
 
 
 def jpx_adjusted_close(prices: pd.DataFrame) -> pd.Series:
-    """Split-adjusted close for Kaggle JPX ``stock_prices.csv`` rows (one security or many).
+    """The competition's adjusted close for Kaggle JPX ``stock_prices.csv`` rows (one security or many).
 
     ``AdjustmentFactor`` on day d (e.g. 0.5 for a 1:2 split effective the next day) scales the close of d
     and every earlier day of that security: adjusted close = Close × product of the factors of all days ≥ d
-    (the competition's cumulative adjustment, computed in descending date order). Missing Close stays NaN.
-    Input columns: Date (datetime64), SecuritiesCode, Close, AdjustmentFactor. Returns a float64 Series
-    aligned with ``prices``.
+    (the cumulative adjustment of the competition's Target, computed in descending date order; its demo
+    notebook also rounds to 0.1 yen, which pitlab does not). It uses splits after d: for targets only, never
+    for prompts. Missing Close stays NaN. Input columns: Date (datetime64), SecuritiesCode, Close,
+    AdjustmentFactor. Returns a float64 Series aligned with ``prices``.
     """
     df = prices[["Date", "SecuritiesCode", "Close", "AdjustmentFactor"]].copy()
     df["AdjustmentFactor"] = df["AdjustmentFactor"].fillna(1.0)
@@ -122,35 +175,118 @@ def jpx_adjusted_close(prices: pd.DataFrame) -> pd.Series:
     return (df["Close"] * cum).reindex(prices.index)
 
 
+def jpx_files(folder: str | Path) -> tuple[list[Path], Path]:
+    """Locate Kaggle JPX files under ``folder``: ``(stock_prices.csv files, stock_list.csv)``.
+
+    Two layouts: flat (``folder/stock_prices.csv``), or the competition's download as it unpacks
+    (``folder/train_files/stock_prices.csv``, then ``folder/supplemental_files/stock_prices.csv`` when present,
+    same schema, later dates). ``stock_list.csv`` sits in ``folder`` in both. Raises :class:`PanelError` when
+    neither layout is there, or both are (which prices to use would be a guess), or ``folder`` is the download's
+    train_files/ or supplemental_files/ itself.
+    """
+    d = Path(folder)
+    if d.name in ("train_files", "supplemental_files"):
+        raise PanelError(f"{d}: give the competition's download folder {d.parent}, not its {d.name}/ (stock_list.csv "
+                         f"and the other stock_prices.csv sit beside it)")
+    flat, train = d / "stock_prices.csv", d / "train_files" / "stock_prices.csv"
+    if flat.is_file() and train.is_file():
+        raise PanelError(f"{d}: both {flat} and {train} exist; keep one layout (which prices to read is ambiguous)")
+    if flat.is_file():
+        files = [flat]
+    elif train.is_file():
+        files = [train] + [p for p in [d / "supplemental_files" / "stock_prices.csv"] if p.is_file()]
+    else:
+        raise PanelError(f"{d}: no stock_prices.csv: expected {flat} or the Kaggle download's {train} "
+                         f"(give the folder that holds train_files/ and stock_list.csv)")
+    return files, d / "stock_list.csv"
+
+
+def _read_jpx_prices(path: Path) -> pd.DataFrame:
+    df = _read_csv(path, JPX_PRICE_COLUMNS, ("Date", "SecuritiesCode") + JPX_COMPARED)
+    df["Date"] = _parse_dates(df, "Date", path)
+    for c in JPX_COMPARED:
+        df[f"_{c}"] = df[c]  # the file's text, quoted when train_files/ and supplemental_files/ disagree
+    df["Close"] = _numeric(df, "Close", path, "> 0")
+    df["Volume"] = _numeric(df, "Volume", path, ">= 0")
+    df["AdjustmentFactor"] = _numeric(df, "AdjustmentFactor", path, "> 0")
+    if df["SecuritiesCode"].isna().any():
+        raise PanelError(f"{path}: row {_first_bad(df['SecuritiesCode'].isna()) + 1}: column 'SecuritiesCode' "
+                         f"is empty")
+    _check_unique(df, ["Date", "SecuritiesCode"], path)
+    df["_file"], df["_row"] = str(path), np.arange(1, len(df) + 1)
+    return df
+
+
+def _append_supplemental(base: pd.DataFrame, sup: pd.DataFrame) -> pd.DataFrame:
+    """``base`` + the rows of ``sup`` not already in it; a (Date, SecuritiesCode) in both must agree on
+    :data:`JPX_COMPARED` (NaN equal to NaN), else :class:`PanelError` names both files and rows."""
+    keys = ["Date", "SecuritiesCode"]
+    cols = keys + list(JPX_COMPARED) + [f"_{c}" for c in JPX_COMPARED] + ["_file", "_row"]
+    both = base[cols].merge(sup[cols], on=keys, suffixes=("", "_sup"))
+    for c in JPX_COMPARED:
+        a, b = both[c], both[f"{c}_sup"]
+        differ = ~((a == b) | (a.isna() & b.isna()))
+        if differ.any():
+            r = both[differ].iloc[0]
+            raise PanelError(f"{r['_file_sup']}: row {r['_row_sup']}: (Date, SecuritiesCode) = "
+                             f"({r['Date'].date()}, {r['SecuritiesCode']}) is also {r['_file']} row {r['_row']} "
+                             f"with another {c}: {r[f'_{c}_sup']!r} vs {r[f'_{c}']!r} "
+                             f"({int(differ.sum())} such rows)")
+    seen = pd.MultiIndex.from_frame(base[keys])
+    new = ~pd.MultiIndex.from_frame(sup[keys]).isin(seen)
+    return pd.concat([base, sup[new]], ignore_index=True)
+
+
 def load_jpx(folder: str | Path) -> Prices:
-    """Read Kaggle JPX files ``stock_prices.csv`` and ``stock_list.csv`` from ``folder``.
+    """Read Kaggle JPX ``stock_prices.csv`` (see :func:`jpx_files` for the layouts) and ``stock_list.csv``.
 
     Columns: stock_prices.csv RowId, Date, SecuritiesCode, Open, High, Low, Close, Volume, AdjustmentFactor,
     ExpectedDividend, SupervisionFlag, Target (the file's own Target is ignored: pitlab computes it);
-    stock_list.csv needs SecuritiesCode and Name. Days where the market was halted (e.g. 2020-10-01, rows
-    with no prices) stay in the calendar with NaN closes, so targets spanning them are NaN, never invented.
-    Raises :class:`PanelError` naming the file and column.
+    stock_list.csv needs SecuritiesCode and Name. ``close``/``volume`` are unadjusted (the day's own values),
+    ``factor`` carries AdjustmentFactor (an empty factor is 1.0). Days where the market was halted (e.g.
+    2020-10-01, rows with no prices) stay in the calendar with NaN closes, so targets spanning them are NaN,
+    never invented. Raises :class:`PanelError` naming the file, column, row and value (a close that is not a
+    number > 0, a factor ≤ 0, a duplicate row, supplemental rows that contradict train_files/).
     """
-    d = Path(folder)
-    prices_path, list_path = d / "stock_prices.csv", d / "stock_list.csv"
-    df = _read_csv(prices_path, JPX_PRICE_COLUMNS, dtype={"SecuritiesCode": str})
-    stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, dtype={"SecuritiesCode": str})
-    df["Date"] = _parse_dates(df, "Date", prices_path)
-    for c in ("Close", "Volume", "AdjustmentFactor"):
-        df[c] = _numeric(df, c, prices_path)
-    _check_unique(df, ["Date", "SecuritiesCode"], prices_path)
-    df["AdjClose"] = jpx_adjusted_close(df)
-    # volume in adjusted shares keeps the volume ratio feature continuous across splits
-    close = df.pivot(index="Date", columns="SecuritiesCode", values="AdjClose").sort_index()
+    files, list_path = jpx_files(folder)
+    stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, JPX_LIST_COLUMNS + ("Universe0",))
+    _check_unique(stock_list, ["SecuritiesCode"], list_path)
+    df = _read_jpx_prices(files[0])
+    for extra in files[1:]:
+        df = _append_supplemental(df, _read_jpx_prices(extra))
+    close = df.pivot(index="Date", columns="SecuritiesCode", values="Close").sort_index()
     volume = df.pivot(index="Date", columns="SecuritiesCode", values="Volume").reindex(close.index)
+    factor = (df.pivot(index="Date", columns="SecuritiesCode", values="AdjustmentFactor")
+              .reindex(close.index).fillna(1.0))
     names = dict(zip(stock_list["SecuritiesCode"].astype(str), stock_list["Name"].astype(str)))
     names = {s: names.get(s, s) for s in close.columns}
     universe0 = None
     if "Universe0" in stock_list.columns:
         flag = stock_list["Universe0"].astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
         universe0 = frozenset(stock_list.loc[flag, "SecuritiesCode"].astype(str))
+    source = str(files[0]) if len(files) == 1 else " + ".join(map(str, files))
     return Prices(close=close, volume=volume, names=names, calendar=pd.DatetimeIndex(close.index),
-                  source=str(prices_path), universe0=universe0)
+                  source=source, universe0=universe0, factor=factor, levels_as_of_t=True,
+                  info={"kind": "jpx", "files": [str(f) for f in files] + [str(list_path)],
+                        "adjustment": JPX_ADJUSTMENT})
+
+
+def split_chain(prices: Prices) -> pd.DataFrame:
+    """C[d] = product of the factors dated strictly before d (1.0 on the first day; all ones without factors),
+    [trading day × security] float64. ``close / C`` and ``volume × C`` put every day in the share count of the
+    file's first day using only splits effective by d, so their ratios over days ≤ t equal the ratios of the
+    prices as of t (``close[d] × C[t] / C[d]``): past splits only."""
+    if prices.factor is None:
+        return pd.DataFrame(1.0, index=prices.close.index, columns=prices.close.columns)
+    return prices.factor.cumprod().shift(1).fillna(1.0)
+
+
+def target_close(prices: Prices) -> pd.DataFrame:
+    """The close the target is computed on [trading day × security]: the competition's adjusted close
+    (:func:`jpx_adjusted_close`, all factors of the file) for JPX, the file's close otherwise."""
+    if prices.factor is None:
+        return prices.close
+    return prices.close * prices.factor[::-1].cumprod()[::-1]
 
 
 def compute_target(close: pd.DataFrame) -> pd.DataFrame:
@@ -162,17 +298,21 @@ def compute_target(close: pd.DataFrame) -> pd.DataFrame:
 
 
 def compute_features(prices: Prices) -> dict[str, pd.DataFrame]:
-    """Prompt features [trading day × security] from information available at t only (days ≤ t).
+    """Prompt features [trading day × security] as of t, from rows dated ≤ t only.
 
-    close; ret_1d, ret_5d, ret_20d: close[t] / close[t-k] - 1; volume; volume_ratio: volume[t] / mean of
-    volume over the 20 trading days ending at t. All float64, NaN where history is missing.
+    close, volume: the day's own values (``prices.close``/``prices.volume``); ret_1d, ret_5d, ret_20d:
+    ``a[t] / a[t-k] - 1`` and volume_ratio: ``v[t] / mean(v[t-19..t])``, where ``a = close / C`` and
+    ``v = volume × C`` with ``C`` from :func:`split_chain` (splits effective by each day): equal to the same
+    ratios of the prices and volumes adjusted as of t, never using a split after t. All float64, NaN where
+    history is missing.
     """
-    c, v = prices.close, prices.volume
+    chain = split_chain(prices)
+    a, v = prices.close / chain, prices.volume * chain
     return {
-        "close": c,
-        "ret_1d": c / c.shift(1) - 1.0,
-        "ret_5d": c / c.shift(5) - 1.0,
-        "ret_20d": c / c.shift(20) - 1.0,
-        "volume": v,
+        "close": prices.close,
+        "ret_1d": a / a.shift(1) - 1.0,
+        "ret_5d": a / a.shift(5) - 1.0,
+        "ret_20d": a / a.shift(20) - 1.0,
+        "volume": prices.volume,
         "volume_ratio": v / v.rolling(HISTORY_DAYS, min_periods=HISTORY_DAYS).mean(),
     }

@@ -4,36 +4,62 @@ from __future__ import annotations
 
 import datetime as dt
 import string
-
 import warnings
 
 import numpy as np
 import pandas as pd
 
-from pitlab.data.panels import HISTORY_DAYS, PanelError, Prices, compute_features, compute_target
+from pitlab.data.panels import (HISTORY_DAYS, PanelError, Prices, compute_features, compute_target,
+                                 target_close)
 from pitlab.data.types import Panel
 
 DEFAULT_PROMPT_TEMPLATE = (
     "Date: {date}. Stock: {name} ({security}). Close {close:.2f}. Returns: 1-day {ret_1d:+.2%}, "
     "5-day {ret_5d:+.2%}, 20-day {ret_20d:+.2%}. Volume {volume_ratio:.2f}x its 20-day average."
 )
+DEFAULT_PROMPT_TEMPLATE_NO_LEVELS = (
+    "Date: {date}. Stock: {name} ({security}). Returns: 1-day {ret_1d:+.2%}, "
+    "5-day {ret_5d:+.2%}, 20-day {ret_20d:+.2%}. Volume {volume_ratio:.2f}x its 20-day average."
+)
+"""The default prompt where price levels are left out (``dataset.priceLevels``; ``ohlcv`` by default)."""
 PROMPT_FIELDS = ("date", "security", "name", "close", "ret_1d", "ret_5d", "ret_20d", "volume", "volume_ratio")
-
-
+LEVEL_FIELDS = ("close", "volume")
+"""Prompt fields that print a price or volume level (the others are ratios, unchanged by any adjustment)."""
 
 UNIVERSE0_SNAPSHOT = pd.Timestamp("2021-12-01")
 """First day of the month of the JPX stock_list.csv Universe0 snapshot (December 2021)."""
 
-def check_prompt_template(template: str) -> None:
-    """Raise ValueError naming ``dataset.promptTemplate`` if it uses a field not in :data:`PROMPT_FIELDS`
-    (no field may refer to t+1 or later) or is not a valid ``str.format`` template."""
+
+def prompt_fields(template: str) -> set[str]:
+    """The field names a ``str.format`` template uses; ValueError naming ``dataset.promptTemplate`` if invalid."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as err:
         raise ValueError(f"dataset.promptTemplate: invalid template ({err})") from None
-    unknown = sorted({f.split(".")[0].split("[")[0] for f in fields} - set(PROMPT_FIELDS))
+    return {f.split(".")[0].split("[")[0] for f in fields}
+
+
+def shows_levels(kind: str, price_levels: str = "auto") -> bool:
+    """Whether prompts may print price/volume levels for a dataset ``kind`` (``ohlcv``/``jpx``) under
+    ``dataset.priceLevels`` (``auto``: only where the levels are the ones traded at t, i.e. ``jpx``)."""
+    return price_levels == "include" or (price_levels == "auto" and kind == "jpx")
+
+
+def check_prompt_template(template: str, kind: str = "jpx", price_levels: str = "auto") -> None:
+    """Raise ValueError naming ``dataset.promptTemplate`` if it uses a field not in :data:`PROMPT_FIELDS`
+    (no field may refer to t+1 or later), is not a valid ``str.format`` template, or prints a level
+    (:data:`LEVEL_FIELDS`) that ``dataset.priceLevels`` leaves out for ``kind``."""
+    used = prompt_fields(template)
+    unknown = sorted(used - set(PROMPT_FIELDS))
     if unknown:
         raise ValueError(f"dataset.promptTemplate: unknown field(s) {unknown}; available: {list(PROMPT_FIELDS)}")
+    levels = sorted(used & set(LEVEL_FIELDS))
+    if levels and not shows_levels(kind, price_levels):
+        why = (f"dataset.priceLevels: {price_levels} leaves them out" if price_levels != "auto" else
+               f"a kind {kind} file's prices are adjusted by its source with splits after t (levels not known "
+               f"at t), so dataset.priceLevels: auto leaves them out")
+        raise ValueError(f"dataset.promptTemplate: {levels} print price/volume levels; {why}. Remove them, or set "
+                         f"dataset.priceLevels: include to print them anyway (reported as a look-ahead warning)")
 
 
 def sample_dates(calendar: pd.DatetimeIndex, count: int, seed: int, start: dt.date | None = None,
@@ -63,7 +89,8 @@ def sample_dates(calendar: pd.DatetimeIndex, count: int, seed: int, start: dt.da
 
 def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
                 start: dt.date | None = None, end: dt.date | None = None,
-                template: str | None = None, universe: str = "point-in-time") -> Panel:
+                template: str | None = None, universe: str = "point-in-time",
+                price_levels: str = "auto") -> Panel:
     """Sample dates, then a universe, and build one prompt and target per (date, security) row.
 
     Universe (point-in-time): securities with a close and 20 trading days of history at the *first* sampled
@@ -76,16 +103,31 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     That flag is a December 2021 snapshot (:data:`UNIVERSE0_SNAPSHOT`): picking a universe with it for earlier
     dates keeps only securities that survived to December 2021 (survivorship, itself look-ahead), so a
     ``UserWarning`` is issued and kept in ``Panel.warnings`` when the first sampled date precedes it.
+
+    Prompts are built as of t (:func:`pitlab.data.panels.compute_features`); ``price_levels``
+    (``dataset.priceLevels``) decides whether they may print levels: the default template omits ``Close``
+    where they are left out, and a template printing one raises PanelError naming ``dataset.promptTemplate``.
+    Targets use :func:`pitlab.data.panels.target_close` (the competition's adjusted close for JPX).
     """
-    template = template or DEFAULT_PROMPT_TEMPLATE
-    check_prompt_template(template)
+    kind = "jpx" if prices.levels_as_of_t else "ohlcv"
+    levels = shows_levels(kind, price_levels)
+    template = template or (DEFAULT_PROMPT_TEMPLATE if levels else DEFAULT_PROMPT_TEMPLATE_NO_LEVELS)
+    try:
+        check_prompt_template(template, kind, price_levels)
+    except ValueError as err:
+        raise PanelError(str(err)) from None
+    printed = sorted(prompt_fields(template) & set(LEVEL_FIELDS))
+    panel_warnings: list[str] = []
+    if printed and not prices.levels_as_of_t:
+        panel_warnings.append(f"dataset.priceLevels: include: prompts print {printed} as the file gives them; "
+                              f"{prices.source} may be adjusted by its source with splits after t (a level not "
+                              f"known at t, a look-ahead)")
     dates = sample_dates(prices.calendar, date_count, seed, start, end)
     feats = compute_features(prices)
-    target = compute_target(prices.close)
+    target = compute_target(target_close(prices))
     first = dates[0]
     hist_ok = feats["ret_20d"].loc[first].notna() & feats["volume_ratio"].loc[first].notna()
     eligible = np.array(sorted(hist_ok.index[hist_ok.to_numpy()]))
-    panel_warnings: list[str] = []
     if universe == "universe0":
         if prices.universe0 is None:
             raise PanelError(f"dataset.universe: universe0 needs a Universe0 column in stock_list.csv "
@@ -125,5 +167,6 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
         for r in long.itertuples(index=False)
     ]
     rows = long[["date", "security", "prompt", "target"]].sort_values(["date", "security"]).reset_index(drop=True)
+    dataset = {**prices.info, "price_levels_in_prompts": printed, "prompt_template": template}
     return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped,
-                 warnings=panel_warnings)
+                 warnings=panel_warnings, dataset=dataset)

@@ -9,12 +9,16 @@ import pandas as pd
 
 @dataclass(frozen=True)
 class Document:
-    """One corpus document. ``timestamp`` is timezone-aware (UTC) or None when missing/unparseable."""
+    """One corpus document. ``timestamp`` is timezone-aware (UTC) or None when missing or refused; then
+    ``timestamp_error`` says why (naming the value and the expected format) and ``timestamp_value`` is the
+    value as read (``""`` when missing)."""
 
     id: str
     text: str
     timestamp: pd.Timestamp | None
     row: int  # 1-based data row number in the source file (header excluded)
+    timestamp_error: str | None = None
+    timestamp_value: str | None = None
 
 
 @dataclass
@@ -26,7 +30,9 @@ class Panel:
     close[t+2] / close[t+1] - 1, JPX definition). Sorted by (date, security), unique on (date, security),
     no NaN target. ``calendar`` is every trading day of the source panel (sorted, unique), used to count
     embargo days in trading days. ``dropped`` counts rows removed while sampling and why; ``warnings`` are
-    look-ahead hazards of the panel's construction (reported with the results).
+    look-ahead hazards of the panel's construction (reported with the results). ``dataset``: where the
+    prices came from and how they are adjusted (files, adjustment, the price levels the prompts print), for the
+    results' dataset section.
     """
 
     rows: pd.DataFrame
@@ -34,3 +40,4 @@ class Panel:
     source: str
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    dataset: dict = field(default_factory=dict)

@@ -115,6 +115,11 @@ def render_markdown(results: dict) -> str:
     lines += ["", f"Panel: {panel['n_rows']} rows, {panel['n_securities']} securities, {panel['n_dates']} dates "
               f"({panel['first_date']} .. {panel['last_date']}), source `{panel['source']}`. "
               f"Target: {panel['target']}."]
+    if results.get("dataset", {}).get("adjustment"):
+        ds = results["dataset"]
+        levels = ds.get("price_levels_in_prompts") or []
+        lines += ["", f"Prices: {ds['adjustment']}. Price levels in the prompts: "
+                      f"{', '.join(levels) if levels else 'none (returns and volume ratios only)'}."]
     for w in results.get("warnings", []):
         lines.append(f"\n**Warning:** {w}")
     return "\n".join(lines) + "\n"

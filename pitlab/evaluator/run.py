@@ -466,6 +466,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                                          "and purge count calendar sessions; a replicate whose training block has "
                                          "no drawn date gives no value (NaN) for that protocol"},
         "embedding": emb.model_dump(mode="json"),
+        "dataset": dict(panel.dataset),
         "panel": _panel_summary(panel, calendar),
         "models": model_results,
         "reductions": reductions,

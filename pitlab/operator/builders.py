@@ -399,7 +399,7 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
         indexed = len(models) > cfg.indexed_embed_threshold
     if indexed:
         command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
-        return [_batch_job(naming.embed_indexed_job(le.metadata.name), owner, "embed", pod(command),
+        return [_batch_job(naming.embed_indexed_job(le.metadata.name, len(models)), owner, "embed", pod(command),
                            cfg.backoff_limit, queue_name=r.queue_name, completionMode="Indexed",
                            completions=len(models),
                            parallelism=min(cfg.embed_parallelism, len(models)))]

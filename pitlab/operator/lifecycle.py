@@ -241,6 +241,7 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
         audit = _corpus_audit(doc.get("corpusAudit"), job["metadata"]["name"], plan)
         if audit is not None:
             status.corpus_audit = audit
+            plan.warnings.extend(("CorpusWarning", w) for w in audit.warnings or [])
         msg = (f"{audit.included} documents up to {pt.spec.knowledge_cutoff}, {audit.excluded_by_date} after it"
                if audit is not None else "corpus filtered")
         conditions.stage_done(status, "Prepared", "CorpusFiltered", msg, gen, now)
@@ -256,13 +257,15 @@ def _advance_training(body: dict[str, Any], current: PitTraining | None, world: 
             conditions.stage_failed(status, "Trained", st.reason, f"PyTorchJob {job_name}: {st.message}", gen, now)
             return
         if st.state != SUCCEEDED:
-            prog = _progress(world.pod_log(ns, naming.master_pod(name), "progress"), naming.master_pod(name),
-                             plan) if job else None
+            log = world.pod_log(ns, naming.master_pod(name), "progress") if job else None
+            prog = _progress(log, naming.master_pod(name), plan) if job else None
             if prog is not None:
                 status.progress = prog
             step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
+            warning = kernel_warning(log)
             conditions.stage_running(status, "Trained", "Training", "Training",
-                                     f"PyTorchJob {job_name}: {st.reason}{step}", gen, now)
+                                     f"PyTorchJob {job_name}: {st.reason}{step}"
+                                     + (f"; WARNING: {warning}" if warning else ""), gen, now)
             return
         if status.progress is not None and status.progress.total_steps:
             status.progress.step = status.progress.total_steps
@@ -321,6 +324,14 @@ def _corpus_audit(doc: Any, job: str, plan: Plan) -> CorpusAuditStatus | None:
 
 
 PROGRESS_FIELDS = tuple(f.alias or n for n, f in Progress.model_fields.items())  # camelCase, as in status
+
+
+def kernel_warning(log: str | None) -> str | None:
+    """The trainer's warning about slow reference kernels on a GPU (``kernelWarning`` of the newest progress line,
+    see :func:`pitlab.trainer.kernels.reference_kernel_warning`), None when there is none."""
+    doc = progress_from_log(log)
+    value = doc.get("kernelWarning") if doc else None
+    return value[:500] if isinstance(value, str) and value else None
 
 
 def _progress(log: str | None, pod: str, plan: Plan) -> Progress | None:
@@ -472,7 +483,7 @@ def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: st
     exist (a restart before the status was written), else ``indexed_embed_threshold`` of the configuration
     at the time. A configuration change never starts a second, differently named set of Jobs."""
     name = le.metadata.name
-    indexed = naming.embed_indexed_job(name)
+    indexed = naming.embed_indexed_job(name, len(le.spec.models))
     recorded = {k: v for k, v in status.children.items() if k.startswith("embedJob.")}
     if recorded:
         return "embedJob.all" in recorded

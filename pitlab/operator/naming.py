@@ -1,15 +1,18 @@
 """Deterministic names and labels of the objects the operator creates.
 
 A restarted operator finds its children by name (never by listing and guessing), so every name is a pure
-function of the parent's name (and, for per-model Jobs, the model's name). Names that would be too long or
-that are not valid DNS labels are shortened or rewritten with a short hash of the original, which keeps
-them unique and stable.
+function of the parent's name (and, for per-model Jobs, the model's name). The parent may have any name the
+API server accepts (a DNS-1123 subdomain of up to 253 characters: ``qwen3.5-pit``, ``2016-fomc``); every
+child name comes from :func:`derive`, which returns ``<parent>-<suffix>`` unchanged when that is valid for the
+child's kind, and otherwise a rewritten, shortened name with a hash of the original (see its docstring).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+
+from pitlab.api.names import LABEL_MAX, is_label
 
 MANAGED_BY = "pitlab-operator"
 PART_OF = "pitlab"
@@ -23,58 +26,70 @@ OWNER_KIND_KEY = "pitlab.io/owner-kind"
 MODEL_KEY = "pitlab.io/model"
 KUEUE_QUEUE_KEY = "kueue.x-k8s.io/queue-name"
 
-DNS_LABEL_MAX = 63
-# A PyTorchJob's pods and Services are named <job>-worker-<index>; keep room for that suffix.
-PYTORCHJOB_NAME_MAX = DNS_LABEL_MAX - len("-worker-") - 4
+DNS_LABEL_MAX = LABEL_MAX
+HASH_DIGITS = 8  # 32 bits: two rewritten names that share their kept prefix collide with probability 2**-32
+# A PyTorchJob's pods and Services are named <job>-worker-<index>; keep room for indices up to 9999.
+PYTORCHJOB_ROOM = len("-worker-") + 4
+PYTORCHJOB_NAME_MAX = DNS_LABEL_MAX - PYTORCHJOB_ROOM
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 
-def short_hash(text: str, n: int = 5) -> str:
+def short_hash(text: str, n: int = HASH_DIGITS) -> str:
     """First ``n`` hex digits of sha256(text): a stable disambiguator."""
     return hashlib.sha256(text.encode()).hexdigest()[:n]
 
 
-def dns_label(text: str, max_len: int = DNS_LABEL_MAX, dns1035: bool = False, key: str | None = None) -> str:
-    """``text`` as a DNS-1123 label (DNS-1035 when ``dns1035``: starts with a letter), at most ``max_len`` long.
+def derive(parent: str, suffix: str = "", room: int = 0, dns1035: bool = False, key: str | None = None) -> str:
+    """The name of a child of ``parent``: a DNS-1123 label (DNS-1035 when ``dns1035``: starting with a letter)
+    of at most ``63 - room`` characters, so that names the child's controller builds from it (``room``
+    characters more: a pod hostname ``<job>-<index>``, a Service ``<job>-worker-<index>``) are labels too.
 
-    Valid, short-enough text is returned unchanged; otherwise it is lowercased, invalid characters become
-    ``-``, and a 5-digit hash of ``key`` (default: the original text) is appended so that distinct inputs stay
-    distinct.
+    ``<parent>-<suffix>`` (``parent`` alone when ``suffix`` is empty) when that is already such a label.
+    Otherwise the parent is lowercased, every run of characters other than ``a-z0-9-`` (a ``.``) becomes
+    ``-``, a name starting with a digit gets a ``p`` in front when ``dns1035``, and it is cut to fit before
+    ``-<hash>-<suffix>``, where ``<hash>`` is 8 hex digits of sha256(``key``, default ``parent``). The result
+    is deterministic, and two parents that differ give different children unless their hashes collide
+    (probability 2**-32). Raises ValueError when ``suffix`` leaves no room for the parent.
     """
-    ok = re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", text) and len(text) <= max_len
-    if ok and not (dns1035 and not text[0].isalpha()):
-        return text
-    base = _NOT_DNS.sub("-", text.lower()).strip("-") or "x"
-    if dns1035 and not base[0].isalpha():
-        base = "p" + base
-    suffix = "-" + short_hash(text if key is None else key)
-    return base[: max_len - len(suffix)].rstrip("-") + suffix
-
-
-def child_name(parent: str, suffix: str, max_len: int = DNS_LABEL_MAX, dns1035: bool = False) -> str:
-    """``<parent>-<suffix>``, shortened with a hash of the parent's name when longer than ``max_len``."""
-    full = f"{parent}-{suffix}"
-    if len(full) <= max_len and not (dns1035 and not full[0].isalpha()):
+    full = f"{parent}-{suffix}" if suffix else parent
+    max_len = DNS_LABEL_MAX - room
+    if is_label(full, dns1035) and len(full) <= max_len:
         return full
-    head = parent if parent[0].isalpha() or not dns1035 else "p" + parent
-    tail = f"-{short_hash(parent)}-{suffix}"
+    head = _NOT_DNS.sub("-", parent.lower()).strip("-") or "x"
+    if dns1035 and not head[0].isalpha():
+        head = "p" + head
+    tail = f"-{short_hash(parent if key is None else key)}" + (f"-{suffix}" if suffix else "")
+    if max_len - len(tail) < 1:
+        raise ValueError(f"no room for a name of {parent!r} with suffix {suffix!r} in {max_len} characters")
     return head[: max_len - len(tail)].rstrip("-") + tail
+
+
+def dns_label(text: str, max_len: int = DNS_LABEL_MAX) -> str:
+    """``text`` as a DNS-1123 label of at most ``max_len`` characters: :func:`derive` without a suffix."""
+    return derive(text, "", DNS_LABEL_MAX - max_len)
+
+
+def label_value(text: str) -> str:
+    """``text`` as a label value: unchanged up to 63 characters (every resource name that short is a valid
+    label value, dots included), else :func:`dns_label`."""
+    return text if len(text) <= DNS_LABEL_MAX else dns_label(text)
 
 
 # PitTraining children
 def training_spec_configmap(parent: str) -> str:
     """ConfigMap holding the resolved PitTraining (``spec.yaml``)."""
-    return child_name(parent, "pit-spec")
+    return derive(parent, "pit-spec")
 
 
 def prepare_job(parent: str) -> str:
     """The prepare Job (corpus filter, tokenizer, base model, packed tokens)."""
-    return child_name(parent, "prepare")
+    return derive(parent, "prepare")
 
 
 def pytorchjob(parent: str) -> str:
-    """The PyTorchJob (a DNS-1035 name short enough for ``<job>-worker-<i>`` pods and Services)."""
-    return child_name(parent, "train", PYTORCHJOB_NAME_MAX, dns1035=True)
+    """The PyTorchJob: a DNS-1035 label (the training operator's rule) short enough that its replicas' pods
+    and Services ``<job>-master-0`` and ``<job>-worker-<i>`` (i ≤ 9999) are DNS-1035 labels too."""
+    return derive(parent, "train", PYTORCHJOB_ROOM, dns1035=True)
 
 
 def master_pod(parent: str) -> str:
@@ -82,47 +97,53 @@ def master_pod(parent: str) -> str:
     return f"{pytorchjob(parent)}-master-0"
 
 
+def worker_pod(parent: str, index: int) -> str:
+    """The PyTorchJob's worker pod (and Service) ``index``, named ``<job>-worker-<index>``."""
+    return f"{pytorchjob(parent)}-worker-{index}"
+
+
 def merge_job(parent: str) -> str:
     """The single-pod merge Job."""
-    return child_name(parent, "merge")
+    return derive(parent, "merge")
 
 
 def evaluation(parent: str, evaluation: str) -> str:
     """The LeakageEval child of PitTraining ``parent`` for its ``spec.evaluations[].name`` ``evaluation``:
     ``<parent>-<evaluation>``, or ``evaluation`` itself when it already starts with ``<parent>-`` (so
     ``fomc-2016`` + ``fomc-2016-leakage`` stays ``fomc-2016-leakage``). Two PitTrainings of one namespace with
-    the same evaluation name get distinct children. Longer than 63 characters (or not a DNS label): cut,
-    with a 5-digit hash of ``parent/evaluation`` appended."""
+    the same evaluation name get distinct children. Longer than 63 characters or not a DNS label (a dotted
+    parent): rewritten by :func:`derive` with the hash of ``parent/evaluation``."""
     full = evaluation if evaluation.startswith(parent + "-") else f"{parent}-{evaluation}"
-    return dns_label(full, key=f"{parent}/{evaluation}")
+    return derive(full, key=f"{parent}/{evaluation}")
 
 
 # LeakageEval children
 def eval_spec_configmap(parent: str) -> str:
     """ConfigMap holding the resolved LeakageEval (``leakageeval.yaml``)."""
-    return child_name(parent, "eval-spec")
+    return derive(parent, "eval-spec")
 
 
 def embed_job(parent: str, model: str) -> str:
-    """The embedding Job of one model."""
-    return child_name(parent, "embed-" + dns_label(model, 30))
+    """The embedding Job of one model (``spec.models[].name``, itself made a label of at most 30 characters)."""
+    return derive(parent, "embed-" + dns_label(model, 30))
 
 
-def embed_indexed_job(parent: str) -> str:
-    """The indexed embedding Job used for large model panels (one completion index per model)."""
-    return child_name(parent, "embed")
+def embed_indexed_job(parent: str, completions: int) -> str:
+    """The indexed embedding Job used for large model panels (one completion index per model, ``completions``
+    models): short enough that the hostname of its last pod, ``<job>-<completions - 1>``, is a label."""
+    return derive(parent, "embed", len(f"-{completions - 1}"))
 
 
 def analyze_job(parent: str) -> str:
     """The analysis Job (protocols, bootstrap, report)."""
-    return child_name(parent, "analyze")
+    return derive(parent, "analyze")
 
 
 def labels(parent_kind: str, parent: str, component: str, **extra: str) -> dict[str, str]:
     """The ``app.kubernetes.io/*`` labels of a child (plus ``pitlab.io/owner-kind`` and ``extra``)."""
     out = {
         NAME_KEY: "pitlab",
-        INSTANCE_KEY: dns_label(parent),
+        INSTANCE_KEY: label_value(parent),
         COMPONENT_KEY: component,
         PART_OF_KEY: PART_OF,
         MANAGED_BY_KEY: MANAGED_BY,

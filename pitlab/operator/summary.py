@@ -60,14 +60,18 @@ def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:
         "rejectedTimestamp": _get(audit, "rejectedTimestamp", "rejected_timestamp"),
         "maxIncludedTimestamp": _get(audit, "maxIncludedTimestamp", "max_included_timestamp"),
         "includedIdsSha256": _get(audit, "includedIdsSha256", "included_ids_sha256"),
+        "timestampFormat": _get(audit, "timestampFormat", "timestamp_format"),
+        "warnings": [str(w)[:300] for w in _get(audit, "warnings") or []][:4] or None,
     }.items() if v is not None}
 
 
 def progress_record(metrics: dict[str, Any]) -> dict[str, Any]:
-    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``, ...)."""
+    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``, and
+    ``mean_tokens_per_second`` as ``tokensPerSecond``: the mean speed of the run so far, not the last step's)."""
     return {k: v for k, v in {
         "step": metrics.get("step"), "totalSteps": metrics.get("total_steps"),
-        "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("tokens_per_second"), 4),
+        "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("mean_tokens_per_second"), 4),
+        "kernelWarning": metrics.get("kernel_warning"),  # the Trained condition's message shows it
     }.items() if v is not None}
 
 

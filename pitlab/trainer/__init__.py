@@ -8,11 +8,17 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``schedule``: learning-rate warmup and decay
 - ``fsdp``: ``fully_shard`` per decoder layer and root, mixed-precision policy
 - ``loading``: meta-device build + per-rank shard reads from safetensors (about one model copy per node)
-- ``checkpoint``: atomic DCP checkpoints, ``latest`` pointer, retention, bit-identical resume
+- ``checkpoint``: atomic DCP checkpoints on local disk, ``latest`` pointer, retention, bit-identical resume
+- ``checkpoint_s3``: the same in object storage (builds on ``checkpoint``)
+- ``checkpointer``: where a run's checkpoints go (folder or ``s3://``), its save schedule, resume
+- ``kernels``: the implementation of each block (fla's fast kernels where installed), reported; compiled layers
+- ``loss``: the LM loss: reference, or fused linear cross-entropy without float32 logits
 - ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU
 - ``lora``: peft LoRA and verified adapter saves
+- ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory (DESIGN 4.6)
+- ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
-- ``train``: the training loop (``python -m pitlab.trainer.train`` under torchrun)
+- ``train``: ``setup_run``, ``train_step`` and the loop (``python -m pitlab.trainer.train`` under torchrun)
 - ``launch``: builds and runs the torchrun command, follows metrics, returns the summary
 - ``merge``: DCP checkpoint -> verified Hugging Face model dir (``python -m pitlab.trainer.merge``)
 - ``digest``, ``files``: tensor sha256; atomic file writes

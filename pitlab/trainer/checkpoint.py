@@ -18,9 +18,10 @@ Resume (:func:`load_checkpoint`) restores the model and optimizer shards (DCP), 
 and the step; the data position is a pure function of the step (see :mod:`pitlab.trainer.data`), and
 ``train_state.json["data"]`` records it so a resume with a different data layout is refused.
 
-``checkpoint_dir`` may also be an ``s3://bucket/prefix`` string: the same layout and guarantees in object
-storage (each rank uploads its own files, ``_COMPLETE`` then ``latest`` written last), see
-:mod:`pitlab.trainer.checkpoint_s3`.
+This module is the local-disk implementation and the pieces both stores share; the same layout and guarantees
+in object storage (``s3://bucket/prefix``: each rank uploads its own files, ``_COMPLETE`` then ``latest`` written
+last) are :mod:`pitlab.trainer.checkpoint_s3`, which builds on this one. :mod:`pitlab.trainer.checkpointer`
+chooses between the two for a location and owns the training run's save schedule.
 """
 
 from __future__ import annotations
@@ -98,10 +99,6 @@ def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, opt
     """
     if keep < 1:
         raise ValueError(f"spec.checkpoint.keep: must be >= 1 (got {keep})")
-    if storage.is_s3(checkpoint_dir):
-        from pitlab.trainer import checkpoint_s3
-
-        return checkpoint_s3.save_checkpoint(checkpoint_dir, step, model, optimizer, keep, train_state, scheduler)
     checkpoint_dir = Path(checkpoint_dir)
     final = checkpoint_dir / step_dir_name(step)
     tmp = final.with_name(final.name + ".tmp")
@@ -144,10 +141,6 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     checkpoint was written with another world size (``spec.resources.gpusPerNode``: the RNG states and
     the data order are per rank) or lacks this rank's RNG file.
     """
-    if storage.is_s3(path):
-        from pitlab.trainer import checkpoint_s3
-
-        return checkpoint_s3.load_checkpoint(path, model, optimizer, scheduler)
     path = Path(path)
     state = json.loads((path / TRAIN_STATE).read_text())
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -174,13 +167,9 @@ def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
     """The newest complete checkpoint named by ``<checkpoint_dir>/latest``, or None when there is none yet.
 
     Never returns a ``.tmp`` directory. Raises :class:`CheckpointError` naming the file if ``latest``
-    holds something other than ``step-<N>`` or names a directory without DCP ``.metadata``. For an
-    ``s3://`` ``checkpoint_dir`` returns the ``s3://.../step-<N>`` string (only a step with ``_COMPLETE``).
+    holds something other than ``step-<N>`` or names a directory without DCP ``.metadata``. Local folders
+    only: :func:`pitlab.trainer.checkpointer.latest_checkpoint` takes ``s3://`` locations too.
     """
-    if storage.is_s3(checkpoint_dir):
-        from pitlab.trainer import checkpoint_s3
-
-        return checkpoint_s3.latest_checkpoint(checkpoint_dir)
     pointer = Path(checkpoint_dir) / LATEST
     if not pointer.is_file():
         return None

@@ -33,6 +33,9 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from pitlab import storage
+from pitlab.trainer.checkpoint import (LATEST, STATE_DICT_OPTIONS, TRAIN_STATE, CheckpointError, rng_file_name,
+                                       rng_state, step_dir_name)
+from pitlab.trainer.checkpoint import load_checkpoint as load_local
 
 STAGING_ENV = "PITLAB_STAGING_DIR"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -50,8 +53,6 @@ def staging_tag(uri: str) -> str:
 
 def _collective_check(error: str | None, what: str) -> None:
     """All ranks learn whether any failed; every rank raises the same CheckpointError if one did."""
-    from pitlab.trainer.checkpoint import CheckpointError
-
     errors: list = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e]
@@ -65,8 +66,6 @@ def latest_checkpoint(uri: str) -> str | None:
     Raises CheckpointError when ``latest`` is malformed or names a step without ``_COMPLETE`` (never
     resumed from), and :class:`~pitlab.storage.StorageError` for access problems (bucket, credentials).
     """
-    from pitlab.trainer.checkpoint import LATEST, CheckpointError
-
     pointer = storage.join(uri, LATEST)
     try:
         name = storage.read_text(pointer).strip()
@@ -87,9 +86,6 @@ def save_checkpoint(uri: str, step: int, model: torch.nn.Module, optimizer: torc
     docstring). Returns ``<uri>/step-<N>``. Raises CheckpointError naming the failed ranks and their
     storage errors (the checkpoint is then not published and ``latest`` is unchanged)."""
     import json
-
-    from pitlab.trainer.checkpoint import (LATEST, STATE_DICT_OPTIONS, TRAIN_STATE, rng_file_name, rng_state,
-                                           step_dir_name)
 
     rank, world = dist.get_rank(), dist.get_world_size()
     name = step_dir_name(step)
@@ -123,8 +119,6 @@ def save_checkpoint(uri: str, step: int, model: torch.nn.Module, optimizer: torc
     dist.all_gather_object(gathered, (entries, error))
     failed = [(r, e) for r, (_, e) in enumerate(gathered) if e]
     if failed:
-        from pitlab.trainer.checkpoint import CheckpointError
-
         raise CheckpointError(f"checkpoint {step_uri} not published ({uri}/latest not moved): " + "; ".join(
             f"rank {r}: {e}" for r, e in failed))
     error = None
@@ -149,8 +143,6 @@ def load_checkpoint(step_uri: str, model: torch.nn.Module, optimizer: torch.opti
     """Collective: download ``step_uri`` (published; verified file by file) once per node into the staging
     folder and load it with :func:`pitlab.trainer.checkpoint.load_checkpoint`. Raises CheckpointError
     naming the failed ranks (e.g. a sha256 mismatch naming the object)."""
-    from pitlab.trainer.checkpoint import load_checkpoint as load_local
-
     local_rank = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
     cache = staging_root() / f"load-{staging_tag(step_uri)}"
     path, error = None, None

@@ -32,15 +32,25 @@ def mixed_precision_policy(precision: str) -> MixedPrecisionPolicy:
     raise ValueError(f"spec.training.precision: must be fp32 or bf16 (got {precision!r})")
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str) -> nn.Module:
+def reshard_after_forward(world_size: int, lora: bool) -> bool:
+    """Whether each layer frees its gathered compute-dtype parameters after forward (and gathers them again in
+    backward). Full-weight training on one GPU keeps them: there is nothing to shard, and keeping them saves the
+    second gather (a cast of every parameter) for ``c × P`` bytes, which the memory planner counts. LoRA keeps
+    resharding (its frozen base is already stored in the compute dtype: a second copy would double it)."""
+    return world_size > 1 or lora
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, lora: bool = False) -> nn.Module:
     """Apply FSDP2 ``fully_shard`` to each decoder layer, then to the root module; returns ``model``.
 
     Parameters become ``DTensor`` shards (dim-0 ``Shard`` over ``mesh``) on the mesh's device; names from
     ``named_parameters()`` are unchanged. Gradients are reduce-scattered after every backward (also per
-    microbatch under gradient accumulation), so no unsharded gradient is kept between microbatches.
+    microbatch under gradient accumulation), so no unsharded gradient is kept between microbatches. Layers are
+    resharded after forward as :func:`reshard_after_forward` says for the mesh's size.
     """
     policy = mixed_precision_policy(precision)
+    reshard = reshard_after_forward(mesh.size(), lora)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     return model

@@ -13,7 +13,8 @@ from typing import Callable
 
 from pitlab.api import PitTraining
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.checkpoint import checkpoint_location, latest_checkpoint, read_train_state
+from pitlab.trainer.checkpoint import checkpoint_location, read_train_state
+from pitlab.trainer.checkpointer import latest_checkpoint
 from pitlab.trainer.metrics import MetricsTail, truncate_metrics
 
 STDERR_TAIL_LINES = 30

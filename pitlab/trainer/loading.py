@@ -88,7 +88,7 @@ def read_rows(path: Path, data_start: int, entry: dict, start: int, stop: int, o
         out.copy_(target)
 
 
-def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: torch.device,
+def load_sharded_model(base: Path, mesh: DeviceMesh | None, precision: str, device: torch.device,
                        activation_checkpointing: bool = False, lora: dict | None = None,
                        seed: int = 0) -> nn.Module:
     """Collective (every rank of ``mesh``): the model of ``base`` (HF directory), FSDP2-sharded on ``device``,
@@ -98,6 +98,9 @@ def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: tor
     ``[r * ceil(n / W), min((r + 1) * ceil(n / W), n))``. Raises :class:`WeightLoadError` naming the tensor
     and file when a parameter is missing from the safetensors or has another shape, and for a
     non-persistent buffer it cannot recompute.
+
+    ``mesh=None``: not sharded (plain tensors on ``device``; the layer-streaming path,
+    :mod:`pitlab.trainer.streaming`), every value as with a mesh of one rank.
 
     ``lora`` (a :func:`pitlab.trainer.lora.lora_record` dict): the meta model is wrapped with peft LoRA
     *before* ``fully_shard`` (so each decoder layer's FSDP2 group holds its frozen base weights and its
@@ -125,7 +128,8 @@ def load_sharded_model(base: Path, mesh: DeviceMesh, precision: str, device: tor
                 for p in model.parameters():
                     if not p.requires_grad:
                         p.data = p.data.to(torch.bfloat16)
-    shard_model(model, mesh, precision)
+    if mesh is not None:
+        shard_model(model, mesh, precision, lora=lora is not None)
     model.to_empty(device=device)
     files = safetensors_index(base)
     headers = {path: read_header(path) for path in set(files.values())}

@@ -27,7 +27,8 @@ _STEP_PREFIX = "step-"
 
 def _local_checkpoint(uri: str) -> Path:
     """A verified local copy of a checkpoint step (``uri`` is a root with ``latest`` or a ``step-<N>``)."""
-    from pitlab.trainer.checkpoint import CheckpointError, latest_checkpoint
+    from pitlab.trainer.checkpoint import CheckpointError
+    from pitlab.trainer.checkpointer import latest_checkpoint
 
     step = uri.rstrip("/")
     if not storage.basename(step).startswith(_STEP_PREFIX):

@@ -4,6 +4,8 @@ Record fields (written by the trainer): ``step`` (1-based optimizer steps done),
 ``loss`` (mean token cross-entropy in nats over all ranks and microbatches of the step), ``lr``
 (learning rate used by the step), ``grad_norm`` (global L2 norm before clipping), ``tokens``
 (cumulative input tokens over all ranks), ``tokens_per_second`` (this step, all ranks),
+``mean_tokens_per_second`` (all ranks, mean from the start of this attempt's training loop to the end of this
+step: the speed ``status.progress.tokensPerSecond`` and the run summary report),
 ``mfu`` (model FLOPs utilisation: ``tokens_per_second × train_flops_per_token / (peak bf16 FLOP/s ×
 world size)``, FLOPs from active parameters, see :func:`pitlab.trainer.plan.train_flops_per_token`; null
 on devices without a known peak, e.g. CPU), ``peak_memory_bytes`` (rank 0: CUDA max allocated bytes, or

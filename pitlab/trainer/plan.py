@@ -15,7 +15,8 @@ per microbatch = ``microBatchSize × seqLen``):
   2020, "ZeRO", §3: 16 bytes per parameter for mixed-precision Adam, here all sharded).
 - ``unsharded_parameters``: all-gathered compute-dtype copies in flight: the root's (FSDP2 keeps the root
   unsharded between forward and backward) plus the current and the prefetched layer,
-  ``c (P_root + 2 P_layer)``.
+  ``c (P_root + 2 P_layer)``; full-weight training on one GPU keeps every layer's copy from forward to backward
+  (:func:`pitlab.trainer.fsdp.reshard_after_forward`): ``c P``.
 - ``gradient_buffers``: the root's unsharded compute-dtype gradients (held until the end of backward)
   and one layer's unsharded gradients plus its float32 reduce-scatter input, ``c P_root + (c + 4) P_layer``.
 - ``accumulation``: with ``gradientSyncEveryMicrobatch: false`` and accumulation > 1, FSDP2 keeps every
@@ -28,8 +29,11 @@ per microbatch = ``microBatchSize × seqLen``):
   ``num_experts_per_tok`` times) in the compute dtype, plus float32 RMSNorm inputs (``8 T H`` for two
   norms) — an estimate in the spirit of Korthikanti et al. 2022, "Reducing Activation Recomputation in
   Large Transformer Models", §4.1, with flash/SDPA attention (no ``S²`` term).
-- ``logits``: the loss head at its peak in backward: compute-dtype logits, float32 log-softmax output,
-  its float32 gradient and the float32 gradient of the logits, ``T V (c + 12)``.
+- ``logits``: the loss head at its peak. ``loss: reference``: compute-dtype logits, their float32 copy,
+  log-softmax and its gradient, ``T V (c + 12)``. ``loss: chunked`` (:mod:`pitlab.trainer.loss`): the
+  compute-dtype gradient of the logits plus one chunk's logits, ``T V c + min(T, C) V c`` (twice the chunk term
+  when ``T > C``, ``C`` = 4,096 tokens); its gradients of the hidden states and of the head, ``(T + V) H c``, are
+  kept until backward.
 - ``reserve``: CUDA context and allocator fragmentation, a fixed 2 GiB.
 
 ``method: lora`` (:mod:`pitlab.trainer.lora`; ``A`` adapter parameters, ``A_root`` / ``A_layer`` those outside
@@ -40,9 +44,14 @@ states: ``parameters = (c_b P + 4 A) / W``, ``gradients = 4 A / W``, ``optimizer
 A_layer))``, ``gradient_buffers = c A_root + (c + 4) A_layer``. Activations and logits are planned as for
 full training (an upper bound: a frozen linear layer does not save its input for a weight gradient).
 
-Peak = parameters + gradients + optimizer + accumulation + unsharded_parameters + reserve +
-max(phase at the loss: logits + saved activations; phase inside backward: gradient_buffers + saved
-activations + one layer's working set). The fit check compares this with ``spec.resources.gpuMemoryGiB``.
+Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss: unsharded_parameters + saved
+activations + logits (+ gradients from the second microbatch on); phase in backward: max(unsharded_parameters +
+saved activations, gradients + the root's and two layers' copies) + gradient_buffers + the loss's kept gradients +
+one layer's working set). Gradients do not exist at the loss of a step's first microbatch (``zero_grad(
+set_to_none=True)``), and in backward they grow as the activations (and kept layer copies) are freed. The fit check
+compares the peak with ``spec.resources.gpuMemoryGiB``; ``allocated_bytes`` (the peak without the reserve) is
+what ``torch.cuda.max_memory_allocated`` measures: within +0.4 % to +3.1 % of it on the seven synchronised runs
+of bench/RESULTS.md (1, 2 and 4 H200s, with and without activation checkpointing, both losses).
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ import torch
 from torch import nn
 
 from pitlab.api import PitTrainingSpec, SpecError
+from pitlab.trainer.fsdp import reshard_after_forward
+from pitlab.trainer.loss import DEFAULT_CHUNK_TOKENS
 
 GiB = 1024 ** 3
 RESERVE_BYTES = 2 * GiB
@@ -122,6 +133,13 @@ class MemoryPlan:
     capacity_bytes: int | None
     shape: ModelShape
     notes: list[str] = field(default_factory=list)
+    activation_checkpointing: bool = False
+
+    @property
+    def allocated_bytes(self) -> int:
+        """The predicted peak without the ``reserve`` (CUDA context, allocator cache): what
+        ``torch.cuda.max_memory_allocated`` measures."""
+        return self.peak_bytes - self.components["reserve"]
 
     @property
     def fits(self) -> bool | None:
@@ -135,9 +153,15 @@ class MemoryPlan:
             v = self.components[k]
             rows.append(f"{k:<22}{v / GiB:>10.2f}{v / 1e9:>10.2f}")
         rows.append(f"{'predicted peak':<22}{self.peak_bytes / GiB:>10.2f}{self.peak_bytes / 1e9:>10.2f}")
+        rows.append(f"{'  of it allocated':<22}{self.allocated_bytes / GiB:>10.2f}{self.allocated_bytes / 1e9:>10.2f}")
         if self.capacity_bytes is not None:
             rows.append(f"{'GPU memory':<22}{self.capacity_bytes / GiB:>10.2f}{self.capacity_bytes / 1e9:>10.2f}")
         return "\n".join(rows + self.notes)
+
+    def refusal(self, source: str) -> str:
+        """Why the run does not fit ``capacity_bytes`` (given by ``source``, a field or flag name)."""
+        return (f"predicted peak {self.peak_bytes / GiB:.1f} GiB per GPU exceeds {source} = "
+                f"{self.capacity_bytes / GiB:.1f} GiB")
 
 
 def model_shape(config) -> ModelShape:
@@ -205,9 +229,15 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
 
     ``shape`` defaults to :func:`model_shape` of :func:`spec_config`; ``adapter`` (``method: lora`` only)
     to :func:`adapter_shape` of the same config and ``spec.lora``; ``gpu_memory_gib`` (GiB = 2**30 bytes)
-    overrides ``spec.resources.gpuMemoryGiB``. Raises :class:`SpecError` naming ``spec.lora.targetModules``
-    when no module of the model matches.
+    overrides ``spec.resources.gpuMemoryGiB``. ``training.activationCheckpointing`` unset (auto): off when the
+    plan without it fits the GPU memory (or none is known), else on; the plan's ``activation_checkpointing``
+    says which. With ``training.layerStreaming.enabled`` the plan is
+    :func:`pitlab.trainer.plan_streaming.plan_streaming`'s (another set of components). Raises
+    :class:`SpecError` naming ``spec.lora.targetModules`` when no module of the model matches.
     """
+    if spec.training.layer_streaming.enabled:  # one GPU, frozen layers streamed from host memory
+        from pitlab.trainer.plan_streaming import plan_streaming
+        return plan_streaming(spec, shape, gpu_memory_gib=gpu_memory_gib)
     lora = spec.method == "lora"
     if lora and adapter is None:
         try:
@@ -215,6 +245,22 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         except ValueError as err:
             raise SpecError([("spec.lora.targetModules", str(err).split(": ", 1)[-1])]) from None
     shape = shape or model_shape(spec_config(spec))
+    gib = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
+    capacity = None if gib is None else int(gib * GiB)
+    act = spec.training.activation_checkpointing
+    if act is not None:
+        return _plan(spec, shape, adapter, act, capacity, "")
+    off = _plan(spec, shape, adapter, False, capacity, "auto: off (the plan without it fits)" if capacity else
+                "auto: off (no GPU memory known to plan against)")
+    if off.fits is not False:
+        return off
+    return _plan(spec, shape, adapter, True, capacity,
+                 f"auto: on (without it the plan needs {off.peak_bytes / GiB:.2f} GiB)")
+
+
+def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
+          capacity: int | None, why: str) -> MemoryPlan:
+    lora = spec.method == "lora"
     tr = spec.training
     world = spec.resources.nodes * spec.resources.gpus_per_node
     c = 2 if tr.precision == "bf16" else 4
@@ -222,7 +268,7 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
     p = shape.total
     tokens = tr.micro_batch_size * tr.seq_len
     saved_layer = tokens * shape.layer_activation_elems * c
-    if tr.activation_checkpointing:
+    if act_ckpt:
         saved = shape.layers * tokens * shape.hidden * c
         working = saved_layer + 2 * tokens * shape.hidden * c
     else:
@@ -233,11 +279,20 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         a = adapter.total
         params, trained = (c * p + 4 * a) // world, a
         unsharded = c * (shape.root + adapter.root + 2 * (shape.largest_layer + adapter.largest_layer))
+        resident = unsharded
         grad_buffers = c * adapter.root + (c + r) * adapter.largest_layer
     else:
         params, trained = 4 * p // world, p
-        unsharded = c * (shape.root + 2 * shape.largest_layer)
+        # one GPU: no reshard after forward (pitlab.trainer.fsdp.reshard_after_forward), every layer's copy stays
+        resident = c * (shape.root + 2 * shape.largest_layer)  # the root and two layers in flight
+        unsharded = resident if reshard_after_forward(world, False) else c * p
         grad_buffers = c * shape.root + (c + r) * shape.largest_layer
+    if tr.loss == "chunked":  # pitlab.trainer.loss: the logits' gradient + one chunk's logits (+ its gradient)
+        chunk = min(tokens, DEFAULT_CHUNK_TOKENS)
+        logits = tokens * shape.vocab * c + chunk * shape.vocab * c * (1 if tokens <= chunk else 2)
+        loss_grads = (tokens + shape.vocab) * shape.hidden * c  # gradients of hidden states and head, kept to backward
+    else:
+        logits, loss_grads = tokens * shape.vocab * (c + 12), 0
     comp = {
         "parameters": params,
         "gradients": 4 * trained // world,
@@ -246,26 +301,42 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
         "unsharded_parameters": unsharded,
         "gradient_buffers": grad_buffers,
         "activations": saved + working,
-        "logits": tokens * shape.vocab * (c + 12),
+        "logits": logits,
         "reserve": RESERVE_BYTES,
     }
-    static = sum(comp[k] for k in ("parameters", "gradients", "optimizer", "accumulation", "unsharded_parameters",
-                                   "reserve"))
-    peak = static + max(comp["logits"] + saved, comp["gradient_buffers"] + saved + working)
-    capacity = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
-    notes = [f"model: {shape.model_type}, {p / 1e9:.2f} B parameters ({shape.active / 1e9:.2f} B active), "
+    # two phases (gradients are None until backward makes them: zero_grad(set_to_none=True)):
+    # at the loss every saved activation, the gathered parameters and the loss head's memory are live;
+    # in backward the sharded gradients grow as the activations (and, on one GPU, the kept layer copies) are freed
+    base = sum(comp[k] for k in ("parameters", "optimizer", "accumulation", "reserve"))
+    grads_at_loss = comp["gradients"] if tr.gradient_accumulation_steps > 1 else 0  # from the 2nd microbatch on
+    at_loss = base + unsharded + saved + comp["logits"] + grads_at_loss
+    in_backward = (base + max(unsharded + saved, comp["gradients"] + resident) + comp["gradient_buffers"] + loss_grads
+                   + working)
+    peak = max(at_loss, in_backward)
+    notes = [f"model: {shape.model_type}, {count_text(p)} parameters ({count_text(shape.active)} active), "
              f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
-             f"(sync every microbatch: {not nosync}), activation checkpointing: {tr.activation_checkpointing}"]
+             f"(sync every microbatch: {not nosync}), activation checkpointing: {act_ckpt}"
+             + (f" ({why})" if why else "") + f", loss: {tr.loss}"]
     if lora:
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
-                     f"{adapter.total / 1e6:.2f} M trainable adapter parameters "
+                     f"{count_text(adapter.total)} trainable adapter parameters "
                      f"({100 * adapter.total / p:.3f}% of the base); frozen base stored in "
                      f"{'bf16' if c == 2 else 'fp32'}")
     if nosync:
-        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {trained / 1e9:.2f} B gradients unsharded on "
+        notes.append(f"gradientSyncEveryMicrobatch: false keeps all {count_text(trained)} gradients unsharded on "
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {r * trained / 1e9:.1f} GB as FSDP2 "
                      "accumulates them in float32; set it to true (the default)")
-    return MemoryPlan(world, comp, peak, None if capacity is None else int(capacity * GiB), shape, notes)
+    return MemoryPlan(world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt)
+
+
+def count_text(n: int | float) -> str:
+    """A count for people, three significant digits and a unit: ``512``, ``45.1 K``, ``1.23 M``, ``4.5 B``
+    (``999,500`` is ``1 M``, not ``1000 K``)."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        v = float(f"{n / scale:.3g}")
+        if abs(v) >= 1:
+            return f"{v:g} {unit}"
+    return f"{n:.0f}"
 
 
 def train_flops_per_token(shape: ModelShape, seq_len: int, frozen_base: bool = False) -> float:

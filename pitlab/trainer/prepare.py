@@ -115,14 +115,24 @@ def _config_keys(config_class: type) -> set[str]:
     return keys
 
 
-def tokenize_corpus(texts: list[str], tokenizer: PreTrainedTokenizerBase, out_path: Path) -> int:
+class ShortCorpusError(ValueError):
+    """The tokenized corpus holds ``tokens`` tokens, fewer than the ``needed`` minimum (one packed sequence)."""
+
+    def __init__(self, tokens: int, needed: int):
+        super().__init__(f"the corpus has {tokens} tokens, fewer than {needed}")
+        self.tokens, self.needed = tokens, needed
+
+
+def tokenize_corpus(texts: list[str], tokenizer: PreTrainedTokenizerBase, out_path: Path, min_tokens: int = 1) -> int:
     """Tokenize every document and write the ids as one flat ``.npy`` array; return its length in tokens.
 
     Layout: ``doc_0 tokens, eos, doc_1 tokens, eos, ...`` in the order of ``texts``, dtype ``uint32``,
     shape ``(n_tokens,)``. No bos or other special tokens are added. Written to ``out_path`` via a
     temporary file and an atomic rename, so a reader never sees a partial array.
 
-    Raises ``ValueError`` if the tokenizer has no eos token or ``texts`` yields no tokens.
+    Raises ``ValueError`` if the tokenizer has no eos token or ``texts`` yields no tokens, and
+    :class:`ShortCorpusError` (nothing written) if it yields fewer than ``min_tokens`` (training needs
+    ``seqLen + 1`` for one packed sequence).
     """
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -131,6 +141,8 @@ def tokenize_corpus(texts: list[str], tokenizer: PreTrainedTokenizerBase, out_pa
     arr = np.fromiter((t for doc in ids for t in (*doc, eos)), dtype=np.uint32, count=sum(len(d) + 1 for d in ids))
     if arr.size == 0:
         raise ValueError("tokenize_corpus: the corpus is empty (no documents passed the PIT filter?)")
+    if arr.size < min_tokens:
+        raise ShortCorpusError(int(arr.size), min_tokens)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")

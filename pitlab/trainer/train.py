@@ -10,7 +10,13 @@ Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", b
 ``DIR/data/tokens.npy`` (flat uint32 token ids). Outputs: ``DIR/train/metrics.jsonl`` (one line per
 optimizer step, rank 0), ``DIR/checkpoint/step-<N>`` + ``latest`` (DCP, every ``checkpoint.everySteps``
 and at the end; under ``spec.checkpoint.uri`` instead when set, a local path or ``s3://``), ``DIR/adapter/`` (``method: lora`` only: the verified adapter save), ``DIR/train/summary.json``
-(rank 0, written last and atomically: its presence means training finished).
+(rank 0, written last and atomically: its presence means training finished; it records the implementation of each
+block, ``kernels``, and the activation-checkpointing choice).
+
+Structure: :func:`setup_run` (spec, data, the planner's activation-checkpointing choice, the sharded model, the
+kernels and the loss, AdamW and the schedule) returns a :class:`TrainRun`; :func:`train_step` runs one optimizer
+step of it; :class:`pitlab.trainer.checkpointer.Checkpointer` owns where and when checkpoints are written and the
+resume; :func:`train` ties them together. ``bench/throughput.py`` times ``setup_run`` + ``train_step`` directly.
 
 ``method: lora``: the meta-device model is wrapped with peft LoRA before ``fully_shard``
 (:func:`pitlab.trainer.loading.load_sharded_model`), the base is frozen, AdamW gets the adapter parameters
@@ -28,6 +34,7 @@ token budget or world size differ) is refused, naming the field.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -38,23 +45,25 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
-from pitlab.storage import StorageError, is_s3
-from pitlab.trainer.checkpoint import (CheckpointError, check_disk_space, checkpoint_bytes, checkpoint_location,
-                                       checkpoint_steps, latest_checkpoint, load_checkpoint, save_checkpoint)
+from pitlab.storage import StorageError
+from pitlab.trainer.checkpoint import CheckpointError
+from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.loading import WeightLoadError, load_sharded_model
 from pitlab.trainer.lora import AdapterSaveError, lora_record, save_adapter_verified
 from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
-from pitlab.trainer.plan import adapter_shape, model_shape, peak_flops, plan_memory, train_flops_per_token
+from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
+from pitlab.trainer.loss import install_loss
+from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
+                                 train_flops_per_token)
 from pitlab.trainer.prepare import load_tokens
 from pitlab.trainer.schedule import lr_factor
 
@@ -102,25 +111,86 @@ def load_spec(path: Path) -> PitTraining:
     return resource
 
 
-def train(spec_path: Path, paths: RunPaths) -> dict | None:
-    """Run the training loop on this rank (the default process group must be initialised).
+@dataclass
+class TrainRun:
+    """One rank's training state after :func:`setup_run`: the spec, the sharded model with its optimizer and
+    schedule, the data order, the chosen kernels and the memory plan. :func:`train_step` advances it."""
 
-    Returns the summary dict on rank 0 (also written to ``summary.json``), None on other ranks.
-    Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing
-    input file.
-    """
-    resource = load_spec(spec_path)
-    spec = resource.spec
-    tr = spec.training
-    rank, world = dist.get_rank(), dist.get_world_size()
-    backend = dist.get_backend()
-    t_start = time.perf_counter()
+    resource: PitTraining
+    rank: int
+    world: int
+    backend: str
+    device: torch.device
+    data: PackedSequences
+    corpus_tokens: int
+    total_steps: int
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    trainable: list
+    lora: dict | None
+    shape: ModelShape
+    flops_per_token: float
+    peak_flops: float | None
+    device_name: str
+    kernels: dict
+    kernel_warning: str | None
+    activation_checkpointing: bool
+    plan: MemoryPlan | None
+    run_identity: dict
+    t_start: float
+    streamer: object | None = None  # pitlab.trainer.streaming.LayerStreamer with training.layerStreaming
 
+    @property
+    def spec(self):
+        return self.resource.spec
+
+    def train_state(self, step: int) -> dict:
+        """``train_state.json`` content of a checkpoint after ``step`` optimizer steps."""
+        return {"tokens_seen": step * self.data.tokens_per_step, "run": self.run_identity,
+                "data": {"next_step": step, "chunks_consumed": step * self.data.chunks_per_step},
+                "method": self.spec.method, "lora": self.lora}
+
+    def close(self) -> None:
+        """Drop the model and optimizer (their memory is freed once nothing else holds them)."""
+        self.model = self.optimizer = self.scheduler = None
+        self.trainable = []
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step: mean loss over all ranks and microbatches (nats), gradient norm before clipping,
+    the learning rate it used, and its wall time in seconds (this rank)."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    seconds: float
+
+
+def _device() -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
+        return device
+    return torch.device("cpu")
+
+
+def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
+    """Collective (the default process group must be initialised): read the spec and the corpus, decide the
+    activation checkpointing (``auto``: the planner), load the FSDP2-sharded model, choose and report the kernels
+    (:func:`pitlab.trainer.kernels.select_kernels`; a loud warning for reference kernels on a GPU), install the
+    loss, compile the decoder layers (CUDA, ``spec.training.compile``) and build AdamW and the LR schedule.
+
+    Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing input
+    file, ``ValueError`` for token ids outside the vocabulary.
+    """
+    t_start = time.perf_counter()
+    resource = load_spec(spec_path)
+    spec = resource.spec
+    tr = spec.training
+    rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
+    device = _device()
     mesh = init_device_mesh(device.type, (world,))
 
     tokens = load_tokens(paths.tokens)
@@ -131,146 +201,198 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     if not (paths.base / "config.json").is_file():
         raise FileNotFoundError(f"{paths.base}: base model directory has no config.json "
                                 "(written by pitlab.trainer.prepare.prepare_base_model)")
-
     torch.manual_seed(tr.seed)
-    vocab = AutoConfig.from_pretrained(paths.base).get_text_config().vocab_size
+    config = AutoConfig.from_pretrained(paths.base)
+    vocab = config.get_text_config().vocab_size
     max_id = int(np.max(tokens))
     if max_id >= vocab:
         raise ValueError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
     lora = lora_record(spec.lora) if spec.method == "lora" else None
-    # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
-    model = load_sharded_model(paths.base, mesh, tr.precision, device, tr.activation_checkpointing, lora=lora,
-                               seed=tr.seed)
+    shape = model_shape(config)
+    streamer = None
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    plan = _plan(spec, shape, config, capacity)  # with layerStreaming: plan_streaming's plan
+    if tr.layer_streaming.enabled:  # one GPU, LoRA: frozen layers streamed from host memory instead of FSDP2
+        from pitlab.trainer.streaming import load_streamed_model
+        act_ckpt = False  # the streamer checks its own budget and recomputes layer by layer
+        model, streamer = load_streamed_model(paths.base, spec, device)
+        loss_impl = "chunked cross-entropy (pitlab.trainer.streaming)"
+    else:
+        act_ckpt = plan.activation_checkpointing if plan is not None else bool(tr.activation_checkpointing)
+        # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
+        model = load_sharded_model(paths.base, mesh, tr.precision, device, act_ckpt, lora=lora, seed=tr.seed)
+        loss_impl = install_loss(model, tr.loss)
     model.train()
-    sync_every_micro = tr.gradient_sync_every_microbatch or tr.gradient_accumulation_steps == 1
+    kernels = select_kernels(model, device, loss_impl)
+    if tr.compile and device.type == "cuda":
+        kernels["compile"] = compile_blocks(model)
+    else:
+        kernels["compile"] = "off" if not tr.compile else "off (CPU)"
+    warning = reference_kernel_warning(kernels, device)
+    if warning is not None and rank == 0:
+        print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
     optimizer = torch.optim.AdamW(trainable, lr=tr.learning_rate, weight_decay=tr.weight_decay,
                                   fused=device.type == "cuda")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
-
-    shape = model_shape(model.config)
-    flops_per_token = train_flops_per_token(shape, tr.seq_len, frozen_base=lora is not None)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    peak = peak_flops(device_name)
-    if rank == 0:
-        print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
-              f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
-              f"corpus_tokens={len(tokens)} chunks={data.n_chunks}", file=sys.stderr, flush=True)
     run_identity = {"seed": tr.seed, "seq_len": tr.seq_len, "micro_batch_size": tr.micro_batch_size,
                     "gradient_accumulation_steps": tr.gradient_accumulation_steps, "world_size": world,
                     "tokens": spec.tokens, "total_steps": total_steps, "n_chunks": data.n_chunks,
                     "method": spec.method,
                     "lora": None if lora is None else {k: v for k, v in lora.items() if k != "merge_into_base"}}
-    start_step, first_loss, final_loss = 0, None, None
-    ckpt_dir = checkpoint_location(spec.checkpoint.uri, paths.run_dir)  # spec.checkpoint.uri: local or s3://
-    resumed_from = latest_checkpoint(ckpt_dir)
-    if resumed_from is not None:
-        start_step = _resume(resumed_from, model, optimizer, scheduler, run_identity)
-        if rank == 0:
-            first_loss, final_loss = truncate_metrics(paths.metrics, start_step)
-            print(f"pitlab.trainer.train: resumed from {resumed_from} at step {start_step}", file=sys.stderr,
-                  flush=True)
-    save_at = checkpoint_steps(start_step, total_steps, spec.checkpoint.every_steps)
-    periodic_saves = set(save_at) - {total_steps}  # the end's save comes after the loop
-    if not is_s3(str(ckpt_dir)):  # before step 1; every rank checks the same numbers, so all fail together
-        check_disk_space(ckpt_dir, checkpoint_bytes(trainable), len(save_at), spec.checkpoint.keep)
-    metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if rank == 0 else None
+    if rank == 0:
+        print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
+              f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
+              f"corpus_tokens={len(tokens)} chunks={data.n_chunks} activation_checkpointing={act_ckpt} "
+              f"kernels={json.dumps(kernels)}", file=sys.stderr, flush=True)
+    return TrainRun(resource=resource, rank=rank, world=world, backend=backend, device=device, data=data,
+                    corpus_tokens=int(len(tokens)), total_steps=total_steps, model=model, optimizer=optimizer,
+                    scheduler=scheduler, trainable=trainable, lora=lora, shape=shape,
+                    flops_per_token=train_flops_per_token(shape, tr.seq_len, frozen_base=lora is not None),
+                    peak_flops=peak_flops(device_name), device_name=device_name, kernels=kernels,
+                    kernel_warning=warning, activation_checkpointing=act_ckpt, plan=plan,
+                    run_identity=run_identity, t_start=t_start, streamer=streamer)
 
-    def train_state(step: int) -> dict:
-        return {"tokens_seen": step * data.tokens_per_step, "run": run_identity,
-                "data": {"next_step": step, "chunks_consumed": step * data.chunks_per_step},
-                "method": spec.method, "lora": lora}
 
-    last_ckpt = resumed_from
+def train_step(run: TrainRun, step: int) -> StepResult:
+    """Collective: optimizer step ``step`` (0-based): every microbatch's forward + backward (gradients
+    reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``), clipping, AdamW, the LR
+    schedule, and the loss averaged over all ranks. Raises ``FloatingPointError`` for a non-finite loss."""
+    tr = run.spec.training
+    t = time.perf_counter()
+    accum = tr.gradient_accumulation_steps
+    sync_every_micro = tr.gradient_sync_every_microbatch or accum == 1
+    lr = run.optimizer.param_groups[0]["lr"]
+    loss_sum = torch.zeros((), device=run.device, dtype=torch.float32)
+    for micro in range(accum):
+        if not sync_every_micro:  # unsharded grads accumulate until the last microbatch (see planner)
+            run.model.set_requires_gradient_sync(micro == accum - 1)
+        input_ids, labels = run.data.microbatch(step, micro)
+        input_ids, labels = input_ids.to(run.device), labels.to(run.device)
+        if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
+            loss = run.streamer.loss(run.model, input_ids, labels)
+        else:
+            loss = run.model(input_ids=input_ids, labels=labels).loss
+        (loss / accum).backward()
+        loss_sum += loss.detach()
+    grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+    step_loss = loss_sum.item() / (run.world * accum)
+    if not np.isfinite(step_loss):
+        raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
+    return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
+
+
+def train(spec_path: Path, paths: RunPaths) -> dict | None:
+    """Run the training loop on this rank (the default process group must be initialised): :func:`setup_run`,
+    resume through the :class:`~pitlab.trainer.checkpointer.Checkpointer`, :func:`train_step` until the token
+    budget is spent, the checkpointer's saves, then the summary.
+
+    Returns the summary dict on rank 0 (also written to ``summary.json``), None on other ranks.
+    Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing
+    input file.
+    """
+    run = setup_run(spec_path, paths)
+    spec = run.spec
+    checkpointer = Checkpointer(spec.checkpoint.uri, paths.run_dir, spec.checkpoint.every_steps, spec.checkpoint.keep)
+    start_step = checkpointer.resume(run.run_identity, run.model, run.optimizer, run.scheduler)
+    resumed_from = checkpointer.last
+    first_loss = final_loss = None
+    if resumed_from is not None and run.rank == 0:
+        first_loss, final_loss = truncate_metrics(paths.metrics, start_step)
+        print(f"pitlab.trainer.train: resumed from {resumed_from} at step {start_step}", file=sys.stderr,
+              flush=True)
+    checkpointer.schedule(start_step, run.total_steps, run.trainable)
+    metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if run.rank == 0 else None
+    mean_tps = None  # tokens per second over this attempt's steps (all ranks); None when none ran
     t_loop = time.perf_counter()
     try:
-        for step in range(start_step, total_steps):
-            t_step = time.perf_counter()
-            lr = optimizer.param_groups[0]["lr"]
-            loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-            for micro in range(tr.gradient_accumulation_steps):
-                if not sync_every_micro:  # unsharded grads accumulate until the last microbatch (see planner)
-                    model.set_requires_gradient_sync(micro == tr.gradient_accumulation_steps - 1)
-                input_ids, labels = data.microbatch(step, micro)
-                input_ids, labels = input_ids.to(device), labels.to(device)
-                logits = model(input_ids=input_ids).logits
-                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-                (loss / tr.gradient_accumulation_steps).backward()
-                loss_sum += loss.detach()
-            grad_norm = _clip_grad_norm(model, tr.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            step_loss = loss_sum.item() / (world * tr.gradient_accumulation_steps)
-            if not np.isfinite(step_loss):
-                raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
-            first_loss = step_loss if first_loss is None else first_loss
-            final_loss = step_loss
-            now = time.perf_counter()
+        for step in range(start_step, run.total_steps):
+            result = train_step(run, step)
+            first_loss = result.loss if first_loss is None else first_loss
+            final_loss = result.loss
+            elapsed = time.perf_counter() - t_loop
+            mean_tps = (step + 1 - start_step) * run.data.tokens_per_step / max(elapsed, 1e-9)
             if metrics is not None:
-                tps = data.tokens_per_step / max(now - t_step, 1e-9)
-                metrics.write({
-                    "step": step + 1, "total_steps": total_steps, "loss": step_loss, "lr": lr,
-                    "grad_norm": grad_norm, "tokens": (step + 1) * data.tokens_per_step,
-                    "tokens_per_second": tps,
-                    "mfu": None if peak is None else tps * flops_per_token / (peak * world),
-                    "peak_memory_bytes": _peak_memory(device),
-                    "elapsed_s": now - t_loop,
-                })
-            if step + 1 in periodic_saves:
-                last_ckpt = save_checkpoint(ckpt_dir, step + 1, model, optimizer, spec.checkpoint.keep,
-                                            train_state(step + 1), scheduler)
+                metrics.write(_metrics_record(run, step + 1, result, elapsed, mean_tps))
+            checkpointer.after_step(step + 1, run.model, run.optimizer, run.scheduler, run.train_state(step + 1))
         loop_seconds = time.perf_counter() - t_loop
-        tokens_seen = total_steps * data.tokens_per_step
-        if start_step < total_steps or last_ckpt is None:
-            last_ckpt = save_checkpoint(ckpt_dir, total_steps, model, optimizer, spec.checkpoint.keep,
-                                        train_state(total_steps), scheduler)
-        digests = _full_parameter_sha256(model, rank)
-        adapter = _save_adapter(model, paths.adapter, rank) if lora is not None else None
+        last_ckpt = checkpointer.final(run.total_steps, run.model, run.optimizer, run.scheduler,
+                                       run.train_state(run.total_steps), ran_steps=start_step < run.total_steps)
+        digests = _full_parameter_sha256(run.model, run.rank)
+        adapter = _save_adapter(run.model, paths.adapter, run.rank) if run.lora is not None else None
     finally:
         if metrics is not None:
             metrics.close()
-    if rank != 0:
+    if run.rank != 0:
         return None
-    summary = {
-        "name": resource.metadata.name,
-        "steps": total_steps,
+    summary = _summary(run, start_step, resumed_from is not None, first_loss, final_loss, loop_seconds, mean_tps,
+                       last_ckpt, adapter, digests)
+    write_json_atomic(paths.summary, summary)
+    return summary
+
+
+def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float) -> dict:
+    """One metrics line (:mod:`pitlab.trainer.metrics`) after ``step`` optimizer steps."""
+    tps = run.data.tokens_per_step / max(result.seconds, 1e-9)
+    record = {"step": step, "total_steps": run.total_steps, "loss": result.loss, "lr": result.lr,
+              "grad_norm": result.grad_norm, "tokens": step * run.data.tokens_per_step, "tokens_per_second": tps,
+              "mean_tokens_per_second": mean_tps,
+              "mfu": None if run.peak_flops is None else tps * run.flops_per_token / (run.peak_flops * run.world),
+              "peak_memory_bytes": _peak_memory(run.device), "elapsed_s": elapsed}
+    if run.kernel_warning is not None:
+        record["kernel_warning"] = run.kernel_warning
+    return record
+
+
+def _summary(run: TrainRun, start_step: int, resumed: bool, first_loss, final_loss, loop_seconds: float,
+             mean_tps: float | None, last_ckpt, adapter, digests: dict) -> dict:
+    tr = run.spec.training
+    tokens_seen = run.total_steps * run.data.tokens_per_step
+    return {
+        "name": run.resource.metadata.name,
+        "steps": run.total_steps,
         "tokens_seen": tokens_seen,
-        "tokens_per_step": data.tokens_per_step,
-        "corpus_tokens": int(len(tokens)),
-        "epochs": tokens_seen / (data.n_chunks * tr.seq_len),
+        "tokens_per_step": run.data.tokens_per_step,
+        "corpus_tokens": run.corpus_tokens,
+        "epochs": tokens_seen / (run.data.n_chunks * tr.seq_len),
         "first_loss": first_loss,
         "final_loss": final_loss,
-        "resumed_from_step": start_step if resumed_from is not None else None,
-        "mean_tokens_per_second": (total_steps - start_step) * data.tokens_per_step / max(loop_seconds, 1e-9),
+        "resumed_from_step": start_step if resumed else None,
+        "mean_tokens_per_second": mean_tps,  # the last record's: the one definition of a run's speed
         "train_seconds": loop_seconds,
-        "wall_seconds": time.perf_counter() - t_start,
-        "world_size": world,
-        "backend": backend,
-        "device": device.type,
-        "device_name": device_name,
-        "method": spec.method,
-        "parameters": shape.total,
-        "trainable_parameters": sum(p.numel() for p in trainable),
-        "active_parameters": shape.active,
-        "train_flops_per_token": flops_per_token,
-        "mfu": None if peak is None else
-        (total_steps - start_step) * data.tokens_per_step / max(loop_seconds, 1e-9) * flops_per_token / (peak * world),
-        "peak_memory_bytes": _peak_memory(device),
-        "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
-        "planned_peak_bytes": _planned_peak(spec, shape, model.config),
-        "software": _software(device, world, backend),
+        "wall_seconds": time.perf_counter() - run.t_start,
+        "world_size": run.world,
+        "backend": run.backend,
+        "device": run.device.type,
+        "device_name": run.device_name,
+        "method": run.spec.method,
+        "parameters": run.shape.total,
+        "trainable_parameters": sum(p.numel() for p in run.trainable),
+        "active_parameters": run.shape.active,
+        "train_flops_per_token": run.flops_per_token,
+        "mfu": None if run.peak_flops is None or mean_tps is None else
+        mean_tps * run.flops_per_token / (run.peak_flops * run.world),
+        "peak_memory_bytes": _peak_memory(run.device),
+        "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(run.device) if run.device.type == "cuda" else None,
+        "planned_peak_bytes": run.plan.peak_bytes if run.plan is not None else None,
+        "activation_checkpointing": run.activation_checkpointing,
+        "kernels": run.kernels,
+        "kernel_warning": run.kernel_warning,
+        "software": _software(run.device, run.world, run.backend),
         "precision": tr.precision,
         "checkpoint": str(last_ckpt),
         "adapter": adapter,
         "param_sha256": digests,
+        "layer_streaming": None if run.streamer is None else run.streamer.report(),
     }
-    write_json_atomic(paths.summary, summary)
-    return summary
 
 
 def _peak_memory(device: torch.device) -> int:
@@ -282,11 +404,14 @@ def _peak_memory(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _planned_peak(spec, shape, config) -> int | None:
-    """The memory planner's per-GPU peak for this run (bytes), None when it cannot plan it."""
+def _plan(spec, shape, config, capacity_bytes: int | None) -> MemoryPlan | None:
+    """The memory planner's plan of this run (``activationCheckpointing`` unset: decided against
+    ``capacity_bytes``, the GPU's memory); None when it cannot plan it (then checkpointing follows the spec,
+    off when unset)."""
     try:
         adapter = adapter_shape(config, spec.lora) if spec.method == "lora" else None
-        return plan_memory(spec, shape, adapter=adapter).peak_bytes
+        gib = None if spec.resources.gpu_memory_gib is not None or capacity_bytes is None else capacity_bytes / GiB
+        return plan_memory(spec, shape, gpu_memory_gib=gib, adapter=adapter)
     except (SpecError, ValueError, TypeError):
         return None
 
@@ -320,25 +445,6 @@ def _software(device: torch.device, world: int, backend: str) -> dict:
             "transformers": ver("transformers"), "peft": ver("peft"), "safetensors": ver("safetensors"),
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
             or "cpu", "world_size": world, "backend": backend}
-
-
-def _resume(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            scheduler: torch.optim.lr_scheduler.LRScheduler, run_identity: dict) -> int:
-    """Collective: load ``path`` into the live objects after checking it belongs to this run; returns the
-    number of completed optimizer steps. Raises :class:`SpecError` naming the field that differs."""
-    from pitlab.trainer.checkpoint import read_train_state
-    saved = read_train_state(path).get("run", {})
-    fields = {"seed": "spec.training.seed", "seq_len": "spec.training.seqLen",
-              "micro_batch_size": "spec.training.microBatchSize",
-              "gradient_accumulation_steps": "spec.training.gradientAccumulationSteps",
-              "world_size": "spec.resources.gpusPerNode", "tokens": "spec.tokens", "total_steps": "spec.tokens",
-              "n_chunks": "data/tokens.npy", "method": "spec.method", "lora": "spec.lora"}
-    defaults = {"method": "full", "lora": None}  # checkpoints written before LoRA existed
-    for key, field in fields.items():
-        if saved.get(key, defaults.get(key)) != run_identity[key]:
-            raise SpecError([(field, f"differs from the checkpoint to resume ({path}: {key}={saved.get(key)!r}, "
-                                     f"now {run_identity[key]!r}); use a new run directory or the same settings")])
-    return int(load_checkpoint(path, model, optimizer, scheduler)["step"])
 
 
 def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:

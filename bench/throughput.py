@@ -1,0 +1,355 @@
+"""Training throughput side by side, in one process: a plain Hugging Face loop (its best configuration) and
+pitlab's trainer, on the same shape, sequence length, machine and kernels.
+
+    python3 bench/throughput.py --work /tmp/tp --out "$OUT" [--shapes qwen35_reduced,qwen3_30b_slice]
+        [--steps 12] [--warmup 3] [--budget-s 570] [--runs "hf;default;{\"compile\": false}"]
+
+Shapes (random init, seed 0; synthetic Zipf tokens, seq 4096, micro-batch 1):
+
+- ``qwen35_reduced``: Qwen3.5-35B-A3B's text configuration (hidden 2048, 3 linear : 1 full attention, top-8 of
+  the experts, shared expert, vocabulary 248,320) with 8 of its 40 layers and 64 of its 256 experts.
+- ``qwen3_30b_slice``: Qwen3-30B-A3B (``qwen3_moe``: hidden 2048, 32 query / 4 KV heads of 128, expert width 768,
+  top-8, vocabulary 151,936) with all 48 layers and 16 of its 128 experts.
+
+Plain loop ("what a user writes"): ``AutoModelForCausalLM.from_config(dtype=bfloat16)`` on the GPU, the fast
+kernels installed (transformers binds fla's gated delta rule by itself; the short convolution gets the same fla
+kernel the trainer uses, :func:`pitlab.trainer.kernels.select_kernels`), ``model(input_ids, labels=...)`` (its own
+loss), fused AdamW on the bf16 parameters, clipping 1.0, no activation checkpointing (with it only if that runs
+out of memory). pitlab: the trainer's own setup and step (:func:`pitlab.trainer.train.setup_run`,
+:func:`pitlab.trainer.train.train_step`) under FSDP2 with float32 master weights, bf16 compute, the spec's
+defaults (chunked loss, compiled blocks, ``activationCheckpointing: auto``), no checkpoint written.
+
+Tokens/s: median of the timed steps after ``--warmup`` steps (each step is synchronised by its loss read).
+MFU from pitlab's FLOP count (:func:`pitlab.trainer.plan.train_flops_per_token`) for both. Peak memory:
+``torch.cuda.max_memory_allocated`` of each run (reset in between). Writes ``throughput.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from h200_qwen35 import CONFIG as QWEN35_SMALL  # noqa: E402
+
+SEQ = 4096
+QWEN35_REDUCED = {"name": "qwen35_reduced", "model_type": "qwen3_5_moe_text", "vocab": 248320, "seq": SEQ,
+                  "config": dict(QWEN35_SMALL, num_hidden_layers=8, num_experts=64, num_experts_per_tok=8)}
+QWEN3_30B_SLICE = {"name": "qwen3_30b_slice", "model_type": "qwen3_moe", "vocab": 151936, "seq": SEQ,
+                   "config": dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                  num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_hidden_layers=48,
+                                  num_experts=16, num_experts_per_tok=8, norm_topk_prob=True,
+                                  max_position_embeddings=8192)}
+TINY = {"name": "tiny", "model_type": "qwen3_5_moe_text", "vocab": 1024, "seq": 128,
+        "config": dict(QWEN35_SMALL, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                       shared_expert_intermediate_size=64)}  # a CPU (gloo) rehearsal of this script
+SHAPES = {s["name"]: s for s in (QWEN35_REDUCED, QWEN3_30B_SLICE, TINY)}
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+TOKENS_SEED = 0
+
+
+def shape_config(shape: dict):
+    from pitlab.trainer.prepare import build_config
+    return build_config(shape["model_type"], shape["config"], vocab_size=shape["vocab"], eos_token_id=0,
+                        pad_token_id=1, bos_token_id=0)
+
+
+def synthetic_tokens(n: int, vocab: int) -> np.ndarray:
+    from h200_qwen35 import write_synthetic_tokens
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"tp-tokens-{vocab}-{n}.npy"
+    return write_synthetic_tokens(path, n, vocab, TOKENS_SEED)
+
+
+def _free() -> None:
+    gc.collect()
+    if CUDA:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peaks() -> dict:
+    if not CUDA:
+        return {"peak_allocated": 0, "peak_reserved": 0}
+    return {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
+
+
+def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
+                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4) -> dict:
+    """The plain loop on one GPU; returns tokens/s (median of timed steps), step times, peak allocated bytes,
+    losses and the kernel report. ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks
+    (for the exploration only; the baseline uses neither)."""
+    from transformers import AutoModelForCausalLM
+
+    from pitlab.trainer.kernels import compile_blocks, select_kernels
+    from pitlab.trainer.loss import install_loss
+
+    _free()
+    seq = shape["seq"]
+    config = shape_config(shape)
+    torch.manual_seed(seed)
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.config.use_cache = False
+    if act_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    label = "transformers ForCausalLMLoss (full logits)"
+    if loss is not None:
+        label = install_loss(model, loss)
+    report = select_kernels(model, torch.device(DEVICE), label)
+    if compiled:
+        report["compile"] = compile_blocks(model)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=CUDA)
+    tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
+    times, losses = [], []
+    t_first = time.perf_counter()
+    for i in range(warmup + steps):
+        chunk = tokens[i * (seq + 1):(i + 1) * (seq + 1)].to(DEVICE)
+        x, y = chunk[None, :-1], chunk[None, 1:]
+        t = time.perf_counter()
+        if loss is None:
+            out = model(input_ids=chunk[None], labels=chunk[None])  # HF shifts the labels itself
+        else:
+            out = model(input_ids=x, labels=y)
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(float(out.loss))  # synchronises
+        times.append(time.perf_counter() - t)
+        if i == warmup - 1:
+            warm_s = time.perf_counter() - t_first
+    timed = times[warmup:]
+    result = {"tokens_per_second": seq / float(np.median(timed)), "step_s": timed, "warmup_s": warm_s, **_peaks(),
+              "loss_first_last": [losses[0], losses[-1]], "kernels": report, "activation_checkpointing": act_ckpt,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    del model, opt, out
+    _free()
+    return result
+
+
+def hf_best(shape: dict, steps: int, warmup: int, lr: float = 3e-4) -> dict:
+    """The plain loop's best configuration: no activation checkpointing, or with it if that does not fit."""
+    try:
+        return hf_training_loop(shape, steps, warmup, act_ckpt=False, lr=lr)
+    except torch.OutOfMemoryError as err:
+        _free()
+        res = hf_training_loop(shape, steps, warmup, act_ckpt=True, lr=lr)
+        res["note"] = f"out of memory without activation checkpointing: {str(err)[:200]}"
+        return res
+
+
+def init_single_process_group() -> None:
+    """A world of one rank (this process) unless torchrun set one up."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if CUDA else "gloo")
+
+
+def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
+               lr: float = 3e-4) -> dict:
+    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels."""
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+
+    from pitlab.trainer.launch import write_spec
+    from pitlab.trainer.train import RunPaths, setup_run, train_step
+    from h200_qwen35 import training_resource
+
+    _free()
+    world = dist.get_world_size()
+    run = work / shape["name"]
+    base = run / "base"
+    if not (base / "config.json").is_file():
+        torch.manual_seed(0)
+        with torch.device(DEVICE):
+            model = AutoModelForCausalLM.from_config(shape_config(shape), dtype=torch.bfloat16)
+        if dist.get_rank() == 0:
+            model.save_pretrained(base)
+        del model
+        dist.barrier()
+    seq = shape["seq"]
+    n_steps = steps + warmup
+    tokens = synthetic_tokens((seq + 1) * n_steps * world + 1, shape["vocab"])
+    (run / "data").mkdir(parents=True, exist_ok=True)
+    np.save(run / "data" / "tokens.npy", tokens)
+    res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * n_steps * world, world,
+                            checkpointing=None)
+    spec = res.model_dump(mode="json", by_alias=True)
+    for key, value in dict({"learningRate": lr}, **(overrides or {})).items():
+        spec["spec"]["training"][key] = value
+    from pitlab.api import PitTraining
+    res = PitTraining.model_validate(spec)
+    spec_path = write_spec(res, run / "spec.json")
+    _free()
+    t0 = time.perf_counter()
+    ctx = setup_run(spec_path, RunPaths(run, base))
+    setup_s = time.perf_counter() - t0
+    times, losses = [], []
+    for step in range(n_steps):
+        t = time.perf_counter()
+        out = train_step(ctx, step)
+        times.append(time.perf_counter() - t)
+        losses.append(out.loss)
+    timed = times[warmup:]
+    tps = seq * world / float(np.median(timed))
+    result = {"tokens_per_second": tps, "tokens_per_second_per_gpu": tps / world, "step_s": timed,
+              "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
+              "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
+              "planned_allocated": ctx.plan.allocated_bytes if ctx.plan is not None else None,
+              "plan_components": ctx.plan.components if ctx.plan is not None else None,
+              "plan_table": ctx.plan.table() if ctx.plan is not None else None,
+              "activation_checkpointing": ctx.activation_checkpointing, "kernels": ctx.kernels,
+              "flops_per_token": ctx.flops_per_token, "peak_flops": ctx.peak_flops,
+              "mfu": None if ctx.peak_flops is None else tps * ctx.flops_per_token / (ctx.peak_flops * world),
+              "loss_first_last": [losses[0], losses[-1]], "parameters": ctx.shape.total,
+              "active_parameters": ctx.shape.active, "training_overrides": overrides or {}}
+    if result["planned_allocated"] and result["peak_allocated"]:
+        result["plan_error_vs_allocated"] = ((result["planned_allocated"] - result["peak_allocated"])
+                                             / result["peak_allocated"])
+    ctx.close()
+    del ctx
+    _free()
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--shapes", default="qwen35_reduced,qwen3_30b_slice")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--budget-s", type=float, default=570)
+    ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both loops (speed does not "
+                    "depend on it; the 48-layer random-init slice diverges at 3e-4)")
+    ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only)")
+    ap.add_argument("--runs", default="hf;default",
+                    help="runs per shape, in order, semicolon-separated: hf, default, or a JSON object of "
+                         "spec.training overrides for another pitlab run (e.g. {\"compile\": false})")
+    args = ap.parse_args()
+    t_begin = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    init_single_process_group()
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    import transformers
+    try:
+        import triton
+    except ImportError:
+        triton = None
+    results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if CUDA else "cpu",
+                     "torch": torch.__version__, "triton": getattr(triton, "__version__", None),
+                     "transformers": transformers.__version__, "shapes": {}}
+    try:
+        import fla
+        results["fla"] = fla.__version__
+    except Exception as err:  # noqa: BLE001
+        results["fla"] = f"not importable: {err}"
+
+    def save() -> None:
+        results["elapsed_s"] = time.perf_counter() - t_begin
+        if rank == 0:
+            (args.out / "throughput.json").write_text(json.dumps(results, indent=2, default=str))
+
+    if args.checks and CUDA:  # the fast paths' correctness first (gpu_checks.py), in this process
+        import gpu_checks
+        from pitlab.trainer.kernels import _bound_implementation
+        from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as qm
+        ref_conv = _bound_implementation(qm.causal_conv1d_fn)
+        checks: dict = {}
+        for name in args.checks.split(","):
+            t = time.perf_counter()
+            try:
+                {"conv": lambda: gpu_checks.conv_check(checks, ref_conv), "loss": lambda: gpu_checks.loss_check(checks),
+                 "gdr": lambda: gpu_checks.gdr_check(checks)}[name]()
+            except Exception as err:  # noqa: BLE001
+                checks[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"check {name} ({time.perf_counter() - t:.1f} s):", json.dumps(checks.get(name), default=str)[:1500],
+                  flush=True)
+            _free()
+        results["checks"] = checks
+        save()
+    def runs_of(shape: dict) -> list:
+        """(label, function) in --runs order: hf, default (pitlab with the spec defaults), or a JSON object of
+        spec.training overrides for another pitlab run."""
+        out = []
+        for item in (x.strip() for x in args.runs.split(";") if x.strip()):
+            if item == "hf":
+                out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup, args.lr)))
+            elif item == "default":
+                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr)))
+            else:
+                v = json.loads(item)
+                out.append(("pitlab " + ",".join(f"{k}={v[k]}" for k in sorted(v)),
+                            lambda v=v: pitlab_run(shape, args.work, args.steps, args.warmup, v, args.lr)))
+        return out
+
+    for name in args.shapes.split(","):
+        shape = SHAPES[name]
+        entry = results["shapes"].setdefault(name, {"config": shape["config"], "vocab": shape["vocab"],
+                                                    "seq": shape["seq"]})
+        for label, fn in runs_of(shape):
+            need = 150 if label == "pitlab" and CUDA else 45  # the default run compiles its layers first
+            if time.perf_counter() - t_begin > args.budget_s - need:
+                entry[label] = {"skipped": "budget"}
+                continue
+            t = time.perf_counter()
+            try:
+                entry[label] = fn()
+            except Exception as err:  # noqa: BLE001 - keep measuring the rest
+                entry[label] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
+                print(traceback.format_exc(), flush=True)
+            entry[label]["wall_s"] = time.perf_counter() - t
+            print(name, label, json.dumps({k: v for k, v in entry[label].items()
+                                           if k not in ("step_s", "plan_table", "plan_components", "traceback")},
+                                          default=str), flush=True)
+            save()
+        hf, pl = entry.get("hf", {}), entry.get("pitlab", {})
+        if "tokens_per_second" in hf and "tokens_per_second" in pl:
+            entry["ratio_pitlab_per_gpu_to_hf"] = pl["tokens_per_second_per_gpu"] / hf["tokens_per_second"]
+            entry["hf_mfu"] = None if pl.get("flops_per_token") is None or pl.get("peak_flops") is None else \
+                hf["tokens_per_second"] * pl["flops_per_token"] / pl["peak_flops"]
+        save()
+    if rank == 0:
+        print(f"\n{'shape':<18}{'run':<36}{'tokens/s/GPU':>13}{'MFU':>8}{'alloc GB':>9}{'plan GB':>9}{'act-ckpt':>9}")
+        for name, entry in results["shapes"].items():
+            for label, r in entry.items():
+                if isinstance(r, dict) and "tokens_per_second" in r:
+                    per = r.get("tokens_per_second_per_gpu", r["tokens_per_second"])
+                    mfu = r.get("mfu", entry.get("hf_mfu") if label == "hf" else None)
+                    plan = r.get("planned_allocated")
+                    print(f"{name:<18}{label:<36}{per:>13,.0f}{(mfu or 0) * 100:>7.1f}%"
+                          f"{r['peak_allocated'] / 1e9:>9.1f}{(plan or 0) / 1e9:>9.1f}"
+                          f"{str(r.get('activation_checkpointing')):>9}")
+            if "ratio_pitlab_per_gpu_to_hf" in entry:
+                print(f"{name:<18}ratio pitlab / plain HF loop = {entry['ratio_pitlab_per_gpu_to_hf']:.3f}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Strict document timestamps: ISO 8601 by default, else the one format the spec names; nothing is guessed.
+
+Formats (``spec.corpus.timestampFormat``):
+  - ``iso8601`` (the default): ``YYYY-MM-DD``, or ``YYYY-MM-DDTHH:MM[:SS[.fraction]]`` (``T`` or one space)
+    with an optional ``Z`` or ``±HH:MM`` / ``±HHMM`` / ``±HH`` offset. Nothing else: no ``20170401``, no
+    ``01/04/2017``, no ``Dec 31, 2016``, no week or ordinal dates, no zone abbreviations.
+  - a strftime pattern (``%d/%m/%Y``, ``%Y%m%d %H:%M%z``), matched in full by ``datetime.strptime``;
+  - ``epoch_s`` / ``epoch_ms`` / ``epoch_us``: a number (JSON number or decimal string) of seconds,
+    milliseconds or microseconds since 1970-01-01T00:00:00Z.
+Values without an offset are read in the corpus time zone (an ambiguous local time in a DST fall-back
+takes the first, DST, reading; a local time in a spring-forward gap moves to the gap's end).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+import zoneinfo
+from decimal import ROUND_FLOOR, Decimal
+
+import pandas as pd
+
+ISO8601 = "iso8601"
+EPOCH_NS = {"epoch_s": 10**9, "epoch_ms": 10**6, "epoch_us": 10**3}  # nanoseconds per unit
+EPOCH_UNITS = {"epoch_s": "seconds", "epoch_ms": "milliseconds", "epoch_us": "microseconds"}
+ISO_DESCRIPTION = "ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z or ±HH:MM"
+
+_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})"
+                  r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?(Z|[+-]\d{2}(?::?\d{2})?)?)?")
+_DECIMAL = re.compile(r"[+-]?\d+(?:\.\d+)?")
+_ZONE_ABBREVIATION = re.compile(r"(?<=[\d\s])([A-Za-z]{2,5})$")
+# strptime directives a pattern may use: calendar fields, clock fields, %z offsets, %% (a literal %)
+_ALLOWED_DIRECTIVES = set("YmdbBjHIpMSfzaA%")
+
+
+class TimestampError(ValueError):
+    """A timestamp value is present but does not match the expected format; the message shows the value."""
+
+
+def check_format(fmt: str | None) -> str:
+    """The format name to use for ``fmt`` (None → ``iso8601``); raises ``ValueError`` saying why a pattern is refused.
+
+    A strftime pattern must name the year with ``%Y`` and the day with ``%m``/``%b``/``%B`` plus ``%d``, or
+    ``%j``; it may not use ``%Z`` (zone abbreviations are ambiguous: CST is US Central, China and Cuba),
+    ``%y`` (two-digit years need a century guess), ``%I`` without ``%p``, or locale and week directives.
+    """
+    if fmt is None or fmt == ISO8601 or fmt in EPOCH_NS:
+        return fmt or ISO8601
+    if "%" not in fmt:
+        raise ValueError(f"{fmt!r} is neither {ISO8601}, epoch_s, epoch_ms, epoch_us nor a strftime pattern "
+                         "(%Y, %m, ...)")
+    directives = re.findall(r"%(.?)", fmt.replace("%%", ""))
+    if "" in directives:
+        raise ValueError(f"{fmt!r}: a % ends the pattern; write %% for a literal %")
+    if "Z" in directives:
+        raise ValueError(f"{fmt!r}: %Z (zone abbreviations such as EST or JST) is refused: abbreviations are "
+                         "ambiguous (CST is US Central, China and Cuba); use %z for offsets, or local times and "
+                         "spec.corpus.timezone")
+    if "y" in directives:
+        raise ValueError(f"{fmt!r}: %y (two-digit year) needs a century guess; use %Y")
+    bad = sorted({d for d in directives if d not in _ALLOWED_DIRECTIVES})
+    if bad:
+        raise ValueError(f"{fmt!r}: directive(s) {', '.join('%' + d for d in bad)} not accepted; use "
+                         f"{' '.join('%' + d for d in sorted(_ALLOWED_DIRECTIVES - {'%'}))} (and %% for a literal %)")
+    if "Y" not in directives or not ({"m", "b", "B"} & set(directives) and "d" in directives or "j" in directives):
+        raise ValueError(f"{fmt!r}: a pattern must give the year (%Y) and the day (%m or %b/%B with %d, or %j)")
+    if "I" in directives and "p" not in directives:
+        raise ValueError(f"{fmt!r}: %I (12-hour clock) without %p (AM/PM) is ambiguous; add %p or use %H")
+    sample = dt.datetime(2017, 4, 1, 15, 4, 5, 123456, tzinfo=dt.timezone(dt.timedelta(hours=9)))
+    try:
+        dt.datetime.strptime(sample.strftime(fmt), fmt)
+    except Exception as err:  # noqa: BLE001 - any failure to read its own output means the pattern is malformed
+        raise ValueError(f"{fmt!r}: not a usable strptime pattern ({err})") from None
+    return fmt
+
+
+def describe_format(fmt: str | None) -> str:
+    """The expected format in words, for messages."""
+    fmt = fmt or ISO8601
+    if fmt == ISO8601:
+        return ISO_DESCRIPTION
+    if fmt in EPOCH_NS:
+        return f"{fmt}: a number of {EPOCH_UNITS[fmt]} since 1970-01-01T00:00:00Z"
+    return f"strftime pattern {fmt!r} (spec.corpus.timestampFormat)"
+
+
+def parse_timestamp(value: object, timezone: str, fmt: str | None = None) -> pd.Timestamp | None:
+    """Parse one timestamp value into a UTC ``pd.Timestamp``; None when missing (None, NaN, empty string).
+
+    ``fmt``: ``iso8601`` (None), a strftime pattern, or ``epoch_s``/``epoch_ms``/``epoch_us`` (module
+    docstring). Values without an offset are read in ``timezone`` (IANA name). Raises
+    :class:`TimestampError` naming the value and the expected format when the value does not match.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, str) and not value.strip():
+        return None
+    fmt = fmt or ISO8601
+    if fmt in EPOCH_NS:
+        return _parse_epoch(value, fmt)
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or (fmt == ISO8601 and not isinstance(value, str)):
+        hint = " (for epoch numbers set spec.corpus.timestampFormat: epoch_s, epoch_ms or epoch_us)" \
+            if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
+        raise TimestampError(f"timestamp {value!r} is a {type(value).__name__}, expected {describe_format(fmt)}{hint}")
+    s = str(value).strip()
+    ts = _parse_iso(s) if fmt == ISO8601 else _parse_pattern(s, fmt)
+    if ts.tzinfo is None:
+        try:
+            ts = ts.tz_localize(zoneinfo.ZoneInfo(timezone), ambiguous=True, nonexistent="shift_forward")
+        except (ValueError, OverflowError) as err:
+            raise TimestampError(f"timestamp {s!r} cannot be placed in {timezone} ({err})") from None
+    return ts.tz_convert("UTC")
+
+
+def _refusal(s: str, fmt: str, detail: str = "") -> TimestampError:
+    zone = _ZONE_ABBREVIATION.search(s)
+    if zone and _matches(s[:zone.start()].rstrip(), fmt):  # a valid value followed by EST, JST, UTC, ...
+        return TimestampError(f"timestamp {s!r}: zone abbreviation {zone.group(1)!r} refused (abbreviations are "
+                              "ambiguous: CST is US Central, China and Cuba); write the UTC offset (e.g. -05:00), or "
+                              "local times without a zone and spec.corpus.timezone")
+    hint = "; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format" if fmt == ISO8601 else ""
+    return TimestampError(f"timestamp {s!r} does not match {describe_format(fmt)}{detail}{hint}")
+
+
+def _matches(s: str, fmt: str) -> bool:
+    if fmt in EPOCH_NS:
+        return _DECIMAL.fullmatch(s) is not None
+    try:
+        _parse_iso(s) if fmt == ISO8601 else dt.datetime.strptime(s, fmt)
+    except (TimestampError, ValueError):
+        return False
+    return True
+
+
+def _parse_iso(s: str) -> pd.Timestamp:
+    m = _ISO.fullmatch(s)
+    if m is None:
+        raise _refusal(s, ISO8601)
+    y, mo, d, h, mi, sec, frac, off = m.groups()
+    frac = (frac or "").ljust(9, "0")
+    try:
+        stamp = dt.datetime(int(y), int(mo), int(d), int(h or 0), int(mi or 0), int(sec or 0), int(frac[:6]))
+        if off is not None:
+            stamp = stamp.replace(tzinfo=_offset(off))
+    except ValueError as err:
+        raise TimestampError(f"timestamp {s!r} is not a valid ISO 8601 date or time ({err})") from None
+    ts = pd.Timestamp(stamp)
+    return ts + pd.Timedelta(int(frac[6:]), "ns") if int(frac[6:]) else ts
+
+
+def _offset(off: str) -> dt.timezone:
+    if off == "Z":
+        return dt.timezone.utc
+    digits = off[1:].replace(":", "")
+    hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+    if hours > 23 or minutes > 59:
+        raise ValueError(f"UTC offset {off} out of range")
+    delta = dt.timedelta(hours=hours, minutes=minutes)
+    return dt.timezone(-delta if off[0] == "-" else delta)
+
+
+def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
+    try:
+        return pd.Timestamp(dt.datetime.strptime(s, fmt))
+    except ValueError as err:  # strptime's own "time data ... does not match format ..." says nothing more
+        raise _refusal(s, fmt, "" if str(err).startswith("time data") else f" ({err})") from None
+
+
+def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:
+    if isinstance(value, bool):
+        raise TimestampError(f"timestamp {value!r} is a bool, expected {describe_format(fmt)}")
+    if isinstance(value, int):
+        number = Decimal(value)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise TimestampError(f"timestamp {value!r} is not a finite number, expected {describe_format(fmt)}")
+        number = Decimal(repr(value))
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        number = Decimal(value.strip())
+    else:
+        raise _refusal(str(value).strip(), fmt)
+    ns = int((number * EPOCH_NS[fmt]).to_integral_value(rounding=ROUND_FLOOR))
+    try:
+        return pd.Timestamp(ns, unit="ns", tz="UTC")
+    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
+        raise TimestampError(f"timestamp {value!r} as {EPOCH_UNITS[fmt]} since 1970 is outside 1677-09-21 .. "
+                             f"2262-04-11; are the numbers in another unit than {fmt}?") from None

@@ -1,0 +1,172 @@
+"""The implementation of each compute block of a causal LM, chosen at start and reported.
+
+Blocks (:data:`BLOCKS`): ``attention`` (full-attention layers: transformers' ``attn_implementation``),
+``gated_delta_rule`` and ``short_convolution`` (the linear-attention layers of ``qwen3_5_moe_text``), ``experts``
+(routed MoE experts: transformers' ``experts_implementation``) and ``loss`` (the LM head + cross-entropy).
+
+transformers binds the gated delta rule at import time: flash-linear-attention's (fla) Triton kernel when the
+``fla`` package imports, else its reference PyTorch loop, 16× slower on an H200 (DESIGN §6). The short
+convolution's fast kernel is the ``causal-conv1d`` package (CUDA source only on PyPI); without it
+:func:`select_kernels` puts fla's Triton ``causal_conv1d`` in its place (same function: a depthwise causal conv1d
+over ``(B, D, T)`` with SiLU). fla 0.6 refuses the gated delta rule's backward on Hopper with Triton ≥ 3.4 and
+< 3.7.1 (its issue #640: wrong gradients); there the reference kernel is put back and the report says why.
+
+A Qwen3.5 model about to train on a GPU with a reference kernel gets :func:`reference_kernel_warning`: the
+trainer logs it, writes it into every metrics record (``kernel_warning``) and the status condition shows it.
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+from torch import nn
+
+BLOCKS = ("attention", "gated_delta_rule", "short_convolution", "experts", "loss")
+REFERENCE = "reference"
+NOT_USED = "not used"
+GPU_EXTRA = "pip install 'pitlab[gpu]' (flash-linear-attention with Triton >= 3.7.1 on Hopper)"
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _bound_implementation(fn):
+    """The function transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper calls (its closure's
+    ``implementation``), or ``fn`` itself when it is not such a wrapper."""
+    code = getattr(fn, "__code__", None)
+    if code is not None and "implementation" in code.co_freevars and fn.__closure__:
+        return fn.__closure__[code.co_freevars.index("implementation")].cell_contents
+    return fn
+
+
+def _is_reference(impl) -> bool:
+    return getattr(impl, "__module__", "").startswith("transformers.")
+
+
+def fla_backward_refused() -> str | None:
+    """Why fla's gated-delta-rule backward cannot run here (Hopper GPU with Triton ≥ 3.4, < 3.7.1), else None."""
+    try:
+        from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+    except Exception:  # noqa: BLE001 - an fla that does not import is reported as absent elsewhere
+        return None
+    if IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1:
+        import triton
+        return f"fla refuses Triton {triton.__version__} on Hopper (needs >= 3.7.1, fla issue #640)"
+    return None
+
+
+def fla_short_convolution(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                          activation: str | None = None, **_: object) -> torch.Tensor:
+    """transformers' ``causal_conv1d_fn`` contract on fla's Triton kernel: ``hidden_states`` ``(B, D, T)``,
+    ``weight`` ``(D, W)``, optional ``bias`` ``(D,)`` and activation (``silu``/``swish`` or None); returns
+    ``(B, D, T)`` in the input dtype. Equal to ``act(conv1d(x, w, padding=W-1, groups=D)[..., :T])``."""
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    y, _state = causal_conv1d(hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)
+    return y.transpose(1, 2)
+
+
+def _modeling_modules(model: nn.Module) -> list:
+    """The transformers modeling modules of the model's linear-attention layers (those that define the gated
+    delta rule), one per module."""
+    found = {}
+    for mod in model.modules():
+        m = sys.modules.get(type(mod).__module__)
+        if m is not None and hasattr(m, "torch_chunk_gated_delta_rule") and hasattr(m, "causal_conv1d_fn"):
+            found[m.__name__] = m
+    return list(found.values())
+
+
+def _label(impl, fallback: str) -> str:
+    mod = getattr(impl, "__module__", "") or ""
+    if mod.startswith("fla"):
+        return f"fla {_dist_version('fla-core') or _dist_version('flash-linear-attention') or '?'} " \
+               f"{getattr(impl, '__name__', fallback)}"
+    if mod.startswith("causal_conv1d"):
+        return f"causal-conv1d {_dist_version('causal-conv1d') or '?'}"
+    return f"{REFERENCE} (transformers {getattr(impl, '__name__', fallback)})"
+
+
+def select_kernels(model: nn.Module, device: torch.device, loss: str) -> dict[str, str]:
+    """Choose the fast kernel of each block where one is installed and fits ``device``, and report the choice.
+
+    Changes transformers' module-level bindings of the model's modeling module (so every model of that
+    architecture in this process is affected): on CUDA, the short convolution becomes fla's Triton kernel when
+    fla imports and ``causal-conv1d`` is absent; a gated delta rule bound to fla is set back to the reference
+    where fla refuses the GPU (:func:`fla_backward_refused`). ``loss`` is the loss's label (see
+    :func:`pitlab.trainer.loss.chunked_linear_cross_entropy`). Returns block -> implementation (:data:`BLOCKS`
+    order); a block the model does not have is ``"not used"``.
+    """
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    report = {b: NOT_USED for b in BLOCKS}
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
+    if "full_attention" in layer_types:
+        report["attention"] = str(getattr(text, "_attn_implementation", None) or "eager")
+    if any(name.endswith("experts") and any(p.dim() == 3 for p in mod.parameters(recurse=False))
+           for name, mod in model.named_modules()):
+        report["experts"] = str(getattr(text, "_experts_implementation", None) or "eager")
+    for m in _modeling_modules(model):
+        gdr = _bound_implementation(m.torch_chunk_gated_delta_rule)
+        refused = fla_backward_refused() if device.type == "cuda" else None
+        if not _is_reference(gdr) and (refused or device.type != "cuda"):
+            m.torch_chunk_gated_delta_rule = m.torch_chunk_gated_delta_rule.__wrapped__  # the reference
+            gdr = m.torch_chunk_gated_delta_rule
+            report["gated_delta_rule"] = f"{REFERENCE} ({refused or 'fla needs a CUDA device'})"
+        else:
+            report["gated_delta_rule"] = _label(gdr, "torch_chunk_gated_delta_rule")
+        conv = _bound_implementation(m.causal_conv1d_fn)
+        if _is_reference(conv) and device.type == "cuda" and _fla_conv_available():
+            m.causal_conv1d_fn = conv = fla_short_convolution
+        if conv is fla_short_convolution:
+            report["short_convolution"] = _fla_conv_label()
+        else:
+            report["short_convolution"] = _label(conv, "causal_conv1d_fn")
+    report["loss"] = loss
+    return report
+
+
+def _fla_conv_available() -> bool:
+    try:
+        import fla.modules.causal_conv1d  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure (no fla, no Triton) means: not available
+        return False
+    return True
+
+
+def _fla_conv_label() -> str:
+    return f"fla {_dist_version('fla-core') or _dist_version('flash-linear-attention') or '?'} causal_conv1d (Triton)"
+
+
+def reference_kernel_warning(report: dict[str, str], device: torch.device) -> str | None:
+    """The warning for a model that trains on a GPU with a reference linear-attention kernel, else None."""
+    if device.type != "cuda":
+        return None
+    slow = [b for b in ("gated_delta_rule", "short_convolution") if report.get(b, "").startswith(REFERENCE)]
+    if not slow:
+        return None
+    return (f"reference PyTorch kernels on a GPU for {' and '.join(slow)} "
+            f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
+
+
+def compile_blocks(model: nn.Module) -> str:
+    """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
+    names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
+    the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
+    compile time grows with the number of distinct layer kinds, not with depth."""
+    from pitlab.trainer.fsdp import decoder_layers
+
+    layers = decoder_layers(model)
+    import torch._dynamo
+    for knob in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward)
+    return f"torch.compile per decoder layer ({len(layers)} layers)"

@@ -1,0 +1,358 @@
+"""Layer streaming: LoRA training of a model larger than the GPU, one decoder layer on the GPU at a time.
+
+The frozen base weights of every decoder layer live in host memory (one flat, page-locked store per layer and
+dtype); ``buffers`` device slots hold the layers in use. Before layer ``i`` runs, its store is copied into slot
+``i % buffers`` (on a side CUDA stream, ordered after the compute that last read the slot) and the layer's
+``nn.Parameter`` objects are rebound (``param.data``) to views of the slot; when the slot is reused they are
+rebound to their host store. Every parameter therefore always holds its own value, and ``named_parameters()``
+and ``state_dict()`` keep the names and values of the unwrapped model: no module is replaced or renamed (the
+reference tool's wrapper renamed ``state_dict()`` keys, which emptied peft's adapter save).
+
+Forward runs the layers in order, fetching the next ``buffers - 1`` layers ahead; every decoder layer is
+checkpointed (transformers' ``GradientCheckpointingLayer`` with a non-reentrant ``torch.utils.checkpoint``), so
+backward recomputes layer ``i`` — fetching it again, and prefetching ``i - 1``, in the recompute context —
+before its gradient. A frozen, untied input embedding stays in host memory too (the lookup runs on the CPU,
+a copy, so exact; only the looked-up rows travel); the final norm, the head and the LoRA adapter (and so its
+AdamW state) stay on the device. On CPU the same code runs with the "device" being the CPU and the copies plain copies.
+
+The result is bit-identical to the resident model (``torch.equal`` on logits and adapter gradients; see
+tests/test_streaming.py): the same kernels run on the same values, the slot views are aligned as the caching
+allocator aligns a tensor (512 bytes), and recomputation replays the layer deterministically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pitlab.trainer.fsdp import decoder_layers
+
+STREAMABLE = ("llama", "qwen3_moe", "qwen3_5_moe_text")
+ALIGN_BYTES = 512  # the CUDA caching allocator's block alignment: slot views start where a fresh tensor would
+LOGITS_CHUNK_BYTES = 256 * 2 ** 20  # one chunk of the loss head: tokens x vocab x (c + 12) bytes at most
+
+
+@dataclass(frozen=True)
+class LayerLayout:
+    """Where each frozen parameter of one decoder layer sits in its flat store: ``entries`` are
+    ``(parameter name within the layer, dtype, offset in elements, shape)``; ``numel`` the store's elements
+    per dtype (each offset rounded up to :data:`ALIGN_BYTES`)."""
+
+    entries: tuple[tuple[str, torch.dtype, int, torch.Size], ...]
+    numel: dict[torch.dtype, int]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n * _itemsize(d) for d, n in self.numel.items())
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def layer_layout(layer: nn.Module) -> LayerLayout:
+    """The flat-store layout of ``layer``'s frozen parameters (``requires_grad`` false), grouped by dtype in
+    ``named_parameters()`` order. Works on the meta device (the planner uses it without memory)."""
+    entries, numel = [], {}
+    for name, p in layer.named_parameters():
+        if p.requires_grad:
+            continue
+        align = max(1, ALIGN_BYTES // _itemsize(p.dtype))
+        off = -(-numel.get(p.dtype, 0) // align) * align
+        entries.append((name, p.dtype, off, p.shape))
+        numel[p.dtype] = off + p.numel()
+    return LayerLayout(tuple(entries), numel)
+
+
+def check_streamable(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of ``model`` when layer streaming supports its architecture; raises ``TypeError``
+    naming the ``model_type`` otherwise (supported: :data:`STREAMABLE`)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    config = getattr(model, "config", None)
+    model_type = getattr(getattr(config, "get_text_config", lambda: config)(), "model_type", None)
+    if model_type not in STREAMABLE:
+        raise TypeError(f"training.layerStreaming: model_type {model_type!r} is not supported "
+                        f"(supported: {', '.join(STREAMABLE)})")
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        if not isinstance(layer, GradientCheckpointingLayer):
+            raise TypeError(f"training.layerStreaming: decoder layer {i} ({type(layer).__name__}) cannot be "
+                            "checkpointed (not a transformers GradientCheckpointingLayer)")
+    return layers
+
+
+def host_embedding(model: nn.Module) -> nn.Embedding | None:
+    """The input embedding of ``model`` when it can stay in host memory: a frozen ``nn.Embedding`` (no
+    adapter on it) whose weight is not also the output head's (untied). None otherwise."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    emb = inner.get_input_embeddings()
+    head = inner.get_output_embeddings()
+    head_weight = getattr(getattr(head, "base_layer", head), "weight", None)
+    if type(emb) is not nn.Embedding or emb.weight.requires_grad or emb.weight is head_weight:
+        return None
+    return emb
+
+
+class LayerStreamer:
+    """Stream ``model``'s frozen decoder-layer weights from host memory through ``buffers`` slots on ``device``.
+
+    ``model``: a causal LM (usually a peft ``PeftModel``) whose parameters are on the CPU; the trainable ones
+    (the adapter) and everything outside the decoder layers are moved to ``device``; the frozen decoder-layer
+    parameters are packed into host stores (page-locked when ``pin_host`` and ``device`` is CUDA) and rebound
+    to them. With ``host_embeddings`` a frozen, untied input embedding (:func:`host_embedding`) stays in the
+    host store too: the lookup runs on the CPU and only the looked-up rows are copied. Installs the hooks on
+    the model in place (names unchanged); use the model as before, in ``train()`` mode for a backward (each
+    decoder layer is then recomputed in backward).
+    Raises ``TypeError`` for an unsupported architecture, ``ValueError`` for ``buffers`` outside 2..8.
+
+    ``host_bytes``: bytes of the host stores; ``slot_bytes``: bytes of all device slots; ``bytes_copied``:
+    host-to-device bytes copied so far (the transfer volume of a step is its difference).
+    """
+
+    def __init__(self, model: nn.Module, device: torch.device | str, buffers: int = 2, pin_host: bool = True,
+                 host_embeddings: bool = True):
+        if not 2 <= buffers <= 8:
+            raise ValueError(f"training.layerStreaming.buffers: must be 2..8 (got {buffers})")
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.buffers = buffers
+        self.layers = check_streamable(model)
+        pin = self.pinned = pin_host and self.cuda
+        self.layouts = [layer_layout(layer) for layer in self.layers]
+        self.params: list[list[nn.Parameter]] = []
+        self.host: list[dict[torch.dtype, torch.Tensor]] = []
+        streamed: set[int] = set()
+        with torch.no_grad():
+            for layer, layout in zip(self.layers, self.layouts):
+                named = dict(layer.named_parameters())
+                store = {d: torch.empty(n, dtype=d, pin_memory=pin) for d, n in layout.numel.items()}
+                params = []
+                for name, dtype, off, shape in layout.entries:
+                    p = named[name]
+                    if p.device.type != "cpu":
+                        raise ValueError(f"{name}: layer streaming takes a model on the CPU (got {p.device})")
+                    store[dtype][off:off + p.numel()].copy_(p.detach().reshape(-1))
+                    params.append(p)
+                    streamed.add(id(p))
+                self.host.append(store)
+                self.params.append(params)
+                self._bind(len(self.params) - 1, store)
+            self.embedding = host_embedding(model) if host_embeddings else None
+            if self.embedding is not None:  # the lookup runs on the host; only T x H rows are copied
+                w = self.embedding.weight
+                store = torch.empty(w.shape, dtype=w.dtype, pin_memory=pin)
+                store.copy_(w.detach())
+                w.data = store
+                streamed.add(id(w))
+                self.embedding.register_forward_pre_hook(self._embedding_input)
+                self.embedding.register_forward_hook(self._embedding_output)
+            _move_resident(model, self.device, streamed)
+        sizes = {}
+        for layout in self.layouts:
+            for d, n in layout.numel.items():
+                sizes[d] = max(sizes.get(d, 0), n)
+        self.slots = [{d: torch.empty(n, dtype=d, device=self.device) for d, n in sizes.items()}
+                      for _ in range(buffers)]
+        self.holder: list[int | None] = [None] * buffers
+        self.host_bytes = sum(layout.nbytes for layout in self.layouts) + (
+            0 if self.embedding is None else self.embedding.weight.numel() * self.embedding.weight.element_size())
+        self.slot_bytes = buffers * sum(n * _itemsize(d) for d, n in sizes.items())
+        self.bytes_copied = 0
+        self.copies = 0
+        self._recomputing = False
+        if self.cuda:
+            self.copy_stream = torch.cuda.Stream(self.device)
+            self.ready = [torch.cuda.Event() for _ in range(buffers)]
+        for i, layer in enumerate(self.layers):
+            layer.register_forward_pre_hook(functools.partial(self._pre_forward, i))
+            layer.gradient_checkpointing = True
+            layer._gradient_checkpointing_func = functools.partial(self._checkpoint, i)
+
+    @staticmethod
+    def loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The training loss of one microbatch (:func:`streamed_loss`)."""
+        return streamed_loss(model, input_ids, labels)
+
+    def report(self) -> dict:
+        """What was streamed: ``layers``, ``buffers``, ``host_bytes``, ``slot_bytes``, ``pinned``,
+        ``host_embedding``, ``layer_copies`` and ``bytes_copied`` (host→device, cumulative)."""
+        return {"layers": len(self.layers), "buffers": self.buffers, "host_bytes": self.host_bytes,
+                "slot_bytes": self.slot_bytes, "pinned": self.pinned, "host_embedding": self.embedding is not None,
+                "layer_copies": self.copies, "bytes_copied": self.bytes_copied}
+
+    # ------------------------------------------------------------------ slots
+    def _bind(self, i: int, flat: dict[torch.dtype, torch.Tensor]) -> None:
+        for p, (_, dtype, off, shape) in zip(self.params[i], self.layouts[i].entries):
+            p.data = flat[dtype][off:off + shape.numel()].view(shape)
+
+    def _fetch(self, i: int) -> None:
+        """Start copying layer ``i`` into slot ``i % buffers`` unless it is there; rebinds the slot's previous
+        layer to its host store. On CUDA the copy waits for the compute enqueued so far (the last reads of
+        the slot) and runs on the side stream."""
+        s = i % self.buffers
+        if self.holder[s] == i:
+            return
+        old = self.holder[s]
+        if old is not None:
+            self._bind(old, self.host[old])
+        slot = self.slots[s]
+        if self.cuda:
+            self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.copy_stream):
+                for dtype, src in self.host[i].items():
+                    slot[dtype][:src.numel()].copy_(src, non_blocking=True)
+                self.ready[s].record(self.copy_stream)
+        else:
+            for dtype, src in self.host[i].items():
+                slot[dtype][:src.numel()].copy_(src)
+        self.bytes_copied += self.layouts[i].nbytes
+        self.copies += 1
+        self._bind(i, slot)
+        self.holder[s] = i
+
+    def _use(self, i: int, step: int) -> None:
+        """Make layer ``i`` resident for compute and prefetch the next ``buffers - 1`` layers in direction
+        ``step`` (+1 forward, -1 backward)."""
+        self._fetch(i)
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self.ready[i % self.buffers])
+        for k in range(1, self.buffers):
+            j = i + step * k
+            if 0 <= j < len(self.layers):
+                self._fetch(j)
+
+    # ------------------------------------------------------------------ hooks
+    @staticmethod
+    def _embedding_input(module: nn.Module, args):
+        return (args[0].to("cpu"),) + tuple(args[1:])
+
+    def _embedding_output(self, module: nn.Module, args, out: torch.Tensor) -> torch.Tensor:
+        return out.to(self.device)
+
+    def _pre_forward(self, i: int, module: nn.Module, args) -> None:
+        if self._recomputing:  # transformers versions that checkpoint __call__ run hooks in the recompute
+            return
+        if torch.is_grad_enabled() and not module.training:
+            raise RuntimeError("layer streaming: a forward with gradients needs model.train() (each decoder "
+                               "layer is recomputed in backward); use torch.no_grad() for evaluation")
+        self._use(i, +1)
+
+    def _checkpoint(self, i: int, fn, *args):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(fn, *args, use_reentrant=False,
+                          context_fn=lambda: (contextlib.nullcontext(), self._recompute(i)))
+
+    @contextlib.contextmanager
+    def _recompute(self, i: int):
+        self._use(i, -1)
+        self._recomputing = True
+        try:
+            yield
+        finally:
+            self._recomputing = False
+
+
+def _move_resident(model: nn.Module, device: torch.device, streamed: set[int]) -> None:
+    """Move every parameter not in ``streamed`` (ids) and every buffer of ``model`` to ``device`` in place."""
+    if device.type == "cpu":
+        return
+    for mod in model.modules():
+        for name, p in mod._parameters.items():
+            if p is not None and id(p) not in streamed and p.device != device:
+                p.data = p.data.to(device)
+        for name, b in mod._buffers.items():
+            if b is not None:
+                mod._buffers[name] = b.to(device)
+
+
+# ---------------------------------------------------------------------------------------------------- loss
+
+def logits_chunk_tokens(vocab: int, compute_bytes: int, tokens: int) -> int:
+    """Tokens per chunk of :func:`chunked_cross_entropy`: the largest power of two (at least 16, at most
+    ``tokens``) whose loss-head working set, ``chunk × vocab × (compute_bytes + 12)`` bytes (compute-dtype
+    logits, float32 logits, log-softmax and their gradient), is at most :data:`LOGITS_CHUNK_BYTES`."""
+    per_token = vocab * (compute_bytes + 12)
+    chunk = 16
+    while chunk * 2 * per_token <= LOGITS_CHUNK_BYTES:
+        chunk *= 2
+    return max(1, min(chunk, tokens))
+
+
+def _chunk_loss_sum(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), labels, reduction="sum")
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, labels: torch.Tensor,
+                          chunk_tokens: int) -> torch.Tensor:
+    """Mean next-token cross-entropy (float32 scalar) of ``head(hidden)`` against ``labels`` without holding
+    ``tokens × vocab`` logits: ``hidden`` ``(B, S, H)`` is cut into chunks of ``chunk_tokens`` tokens, each
+    chunk's logits are computed, upcast to float32, reduced to a sum and freed, and recomputed in backward
+    (``torch.utils.checkpoint``). Equals ``F.cross_entropy(head(hidden).float(), labels)`` up to the order of
+    the float32 sum. ``labels`` ``(B, S)`` int64; no ignore index is used (packed sequences)."""
+    from torch.utils.checkpoint import checkpoint
+
+    h, y = hidden.flatten(0, 1), labels.flatten()
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, h.shape[0], chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_chunk_loss_sum, head, h[part], y[part], use_reentrant=False)
+    return total / h.shape[0]
+
+
+def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """``(backbone, head)`` of a causal LM (also under peft): the module returning the final hidden states
+    (``model.model``) and the output projection (``lm_head``, possibly LoRA-wrapped)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.model, inner.lm_head
+
+
+def streamed_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Training loss of one microbatch under layer streaming: the backbone's final hidden states, then
+    :func:`chunked_cross_entropy` with the chunk of :func:`logits_chunk_tokens` (no ``tokens × vocab``
+    float32 tensor)."""
+    backbone, head = causal_lm_parts(model)
+    hidden = backbone(input_ids=input_ids).last_hidden_state
+    vocab = head.weight.shape[0] if hasattr(head, "weight") else model.config.get_text_config().vocab_size
+    chunk = logits_chunk_tokens(vocab, hidden.element_size(), labels.numel())
+    return chunked_cross_entropy(hidden, head, labels, chunk)
+
+
+# ---------------------------------------------------------------------------------------------------- setup
+
+def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Module, LayerStreamer]:
+    """The LoRA model of ``base`` (HF directory) for ``spec`` (a ``PitTrainingSpec`` with
+    ``training.layerStreaming.enabled``), loaded on the CPU exactly as the FSDP2 path loads it (frozen base in
+    bfloat16 with ``precision: bf16``, seeded adapter init; :func:`pitlab.trainer.loading.load_sharded_model`
+    without a mesh), checked against the GPU budget (:func:`pitlab.trainer.plan_streaming.check_budget`,
+    raising :class:`pitlab.trainer.plan_streaming.StreamingBudgetError` before any weight is read, also when
+    the host store does not fit the host's available memory) and
+    streamed to ``device``. Returns ``(peft model, streamer)``."""
+    from transformers import AutoConfig
+
+    from pitlab.trainer.loading import load_sharded_model
+    from pitlab.trainer.lora import lora_record
+    from pitlab.trainer.plan_streaming import check_budget, check_host_memory
+
+    import torch.distributed as dist
+
+    from pitlab.api import SpecError
+
+    tr = spec.training
+    ls = tr.layer_streaming
+    if dist.is_initialized() and dist.get_world_size() != 1:
+        raise SpecError([("spec.training.layerStreaming", f"runs in one process, not {dist.get_world_size()} "
+                                                          "(resources.gpusPerNode: 1)")])
+    plan = check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
+    check_host_memory(plan.host_pinned_bytes if ls.pin_host and device.type == "cuda" else plan.host_bytes)
+    model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
+                               seed=tr.seed)
+    streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host)
+    return model, streamer

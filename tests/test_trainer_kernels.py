@@ -1,0 +1,141 @@
+"""The kernel report, the reference-kernel warning and the fused linear cross-entropy against the reference loss.
+
+Tolerances: the softmax is computed in float32 whatever the input dtype (as the reference's ``.float()`` does),
+so against a float64 truth the loss and gradients agree to 1e-6 relative (float32 rounding over a 1,000-entry
+vocabulary, a few ulps, chunked or not); bf16 logits carry about
+3 significant digits, so there the fused loss is held to the reference's own bf16 error against a float64 truth
+(within a factor 1.5 of it, and below 1e-2 relative): the fast path may not be less exact than the path it
+replaces. The GPU checks (fla kernels, compiled blocks) are recorded in bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+from pitlab.trainer.kernels import BLOCKS, REFERENCE, reference_kernel_warning, select_kernels
+from pitlab.trainer.loss import IGNORE_INDEX, chunked_linear_cross_entropy, install_loss
+from pitlab.trainer.prepare import build_config
+
+TINY = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=64)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def loss_and_grads(fn, h0, w0, y, dtype):
+    h = h0.detach().to(dtype).requires_grad_()
+    w = w0.detach().to(dtype).requires_grad_()
+    loss = fn(h, w, y)
+    (2.5 * loss).backward()  # a non-unit incoming gradient: backward must scale the stored gradients
+    return loss.detach(), h.grad, w.grad
+
+
+def reference(h, w, y):
+    return F.cross_entropy((h @ w.t()).float(), y, ignore_index=IGNORE_INDEX)
+
+
+@pytest.fixture()
+def problem():
+    g = torch.Generator().manual_seed(11)
+    h = torch.randn(300, 48, generator=g, dtype=torch.float64)
+    w = torch.randn(1000, 48, generator=g, dtype=torch.float64) * 0.3
+    y = torch.randint(0, 1000, (300,), generator=g)
+    y[[3, 77, 150]] = IGNORE_INDEX  # ignored rows are left out of the mean
+    return h, w, y
+
+
+@pytest.mark.parametrize("chunk", [64, 299, 300, 4096])
+def test_fused_loss_equals_the_reference_for_any_chunk(problem, chunk):
+    h, w, y = problem
+    want = loss_and_grads(lambda a, b, t: F.cross_entropy(a @ b.t(), t), h, w, y, torch.float64)  # float64 truth
+    got = loss_and_grads(lambda a, b, t: chunked_linear_cross_entropy(a, b, t, chunk), h, w, y, torch.float64)
+    assert abs(float(got[0]) - float(want[0])) < 1e-5
+    assert rel(got[1], want[1]) < 1e-6 and rel(got[2], want[2]) < 1e-6
+    ref = loss_and_grads(reference, h, w, y, torch.float64)  # the reference's own float32 softmax, same error
+    assert rel(ref[1], want[1]) > 1e-9 and rel(got[1], ref[1]) < 1e-6
+    assert float(want[0]) == pytest.approx(8.9502, abs=1e-4)  # a real loss of this seeded problem
+
+
+def test_fused_loss_matches_in_float32_and_bf16(problem):
+    h, w, y = problem
+    truth = loss_and_grads(reference, h, w, y, torch.float64)
+    f32 = loss_and_grads(lambda a, b, t: chunked_linear_cross_entropy(a, b, t, 128), h, w, y, torch.float32)
+    assert abs(float(f32[0]) - float(truth[0])) / float(truth[0]) < 1e-6
+    assert rel(f32[1], truth[1]) < 1e-6 and rel(f32[2], truth[2]) < 1e-6
+    fused = loss_and_grads(lambda a, b, t: chunked_linear_cross_entropy(a, b, t, 128), h, w, y, torch.bfloat16)
+    ref = loss_and_grads(reference, h, w, y, torch.bfloat16)
+    for i in (1, 2):
+        assert rel(fused[i], truth[i]) < 1e-2
+        assert rel(fused[i], truth[i]) < 1.5 * rel(ref[i], truth[i])
+    assert abs(float(fused[0]) - float(truth[0])) < 1.5 * abs(float(ref[0]) - float(truth[0])) + 1e-3
+    assert fused[1].dtype == torch.bfloat16 and fused[2].dtype == torch.bfloat16
+
+
+def test_fused_loss_refuses_mismatched_shapes(problem):
+    h, w, y = problem
+    with pytest.raises(ValueError, match=r"hidden \(300, 48\), weight \(1000, 47\)"):
+        chunked_linear_cross_entropy(h, w[:, :47], y)
+    with pytest.raises(ValueError, match="chunk: must be >= 1"):
+        chunked_linear_cross_entropy(h, w, y, 0)
+
+
+def tiny_model(model_type: str = "qwen3_5_moe_text"):
+    cfg = TINY if model_type == "qwen3_5_moe_text" else dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, intermediate_size=128)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(build_config(model_type, cfg, vocab_size=512), dtype=torch.float32)
+    model.config.use_cache = False
+    return model
+
+
+def test_install_loss_on_a_model_reference_is_the_old_trainer_loss_and_fused_matches_it():
+    """``reference`` is bit-identical to the trainer's earlier loss (so resumes stay bit-exact); ``chunked``
+    gives the same loss and parameter gradients to float32 rounding."""
+    ids = torch.randint(0, 512, (2, 33), generator=torch.Generator().manual_seed(3))
+    x, y = ids[:, :-1], ids[:, 1:]
+    model = tiny_model()
+    old = F.cross_entropy(model(input_ids=x).logits.flatten(0, 1).float(), y.flatten())
+    old.backward()
+    want = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    assert install_loss(model, "reference").startswith("reference")
+    ref = model(input_ids=x, labels=y).loss
+    assert torch.equal(ref, old)
+    assert install_loss(model, "chunked").startswith("fused linear cross-entropy")
+    out = model(input_ids=x, labels=y)
+    assert out.logits is None and abs(float(out.loss) - float(old)) < 1e-5
+    out.loss.backward()
+    names = [n for n, _ in model.named_parameters()]
+    got = {n: p.grad for n, p in model.named_parameters()}
+    whole = rel(torch.cat([got[n].flatten() for n in names]), torch.cat([want[n].flatten() for n in names]))
+    # all gradients together: float32 rounding of another summation order in the head; single parameters whose
+    # gradient is a near-cancelling sum (dt_bias, A_log: norms about 1e-7) differ by up to 1e-3 relative
+    assert whole < 1e-5
+    assert rel(got["lm_head.weight"], want["lm_head.weight"]) < 1e-5
+    with pytest.raises(ValueError, match="spec.training.loss: must be one of chunked, reference"):
+        install_loss(model, "liger")
+
+
+def test_kernel_report_on_cpu_names_every_block_and_the_gpu_warning():
+    report = select_kernels(tiny_model(), torch.device("cpu"), "L")
+    assert list(report) == list(BLOCKS)
+    assert report["attention"] == "sdpa" and report["experts"] == "grouped_mm" and report["loss"] == "L"
+    assert report["gated_delta_rule"] == f"{REFERENCE} (transformers torch_chunk_gated_delta_rule)"
+    assert report["short_convolution"] == f"{REFERENCE} (transformers causal_conv1d_fn)"
+    assert reference_kernel_warning(report, torch.device("cpu")) is None  # CPU ranks: expected, no warning
+    warning = reference_kernel_warning(report, torch.device("cuda"))
+    assert warning.startswith("reference PyTorch kernels on a GPU for gated_delta_rule and short_convolution")
+    assert "pitlab[gpu]" in warning
+    fast = dict(report, gated_delta_rule="fla 0.6.0 chunk_gated_delta_rule",
+                short_convolution="fla 0.6.0 causal_conv1d (Triton)")
+    assert reference_kernel_warning(fast, torch.device("cuda")) is None
+    dense = select_kernels(tiny_model("qwen3_moe"), torch.device("cpu"), "L")
+    assert dense["gated_delta_rule"] == dense["short_convolution"] == "not used"
+    assert reference_kernel_warning(dense, torch.device("cuda")) is None
