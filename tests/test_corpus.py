@@ -88,7 +88,7 @@ def test_unparseable_timestamp_error_names_file_row_id_value_and_format(tmp_path
     with pytest.raises(CorpusError) as err:
         filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
     assert str(err.value) == (f"{f}: row 2 (id 'b'): timestamp '1609426799000' does not match ISO 8601: YYYY-MM-DD or "
-                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z or ±HH:MM; set "
+                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set "
                               "spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format; fix the row, or "
                               "set spec.corpus.onMissingTimestamp: drop to count and skip it")
     docs = read_corpus(f, "csv", "text", "date", "UTC", "id", "epoch_ms")
@@ -112,7 +112,7 @@ def test_drop_counts_missing_and_unparseable(tmp_path):
         {"row": 2, "id": "b", "value": "", "error": "missing timestamp (field 'ts' is empty)"},
         {"row": 3, "id": "c", "value": "not a date",
          "error": "timestamp 'not a date' does not match ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], "
-                  "optionally ending in Z or ±HH:MM; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another "
+                  "optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another "
                   "format"}]
     assert audit.timestamp_format == "iso8601"
 

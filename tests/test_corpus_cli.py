@@ -44,7 +44,7 @@ def test_day_first_corpus_is_refused_without_a_format(tmp_path, spec, data_root)
     r, out = _invoke(tmp_path, spec, data_root, "validate")
     assert r.exit_code == 2
     assert (f"error: {corpus}: row 1 (id 's0'): timestamp '15/03/2017' does not match ISO 8601: YYYY-MM-DD or "
-            "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z or ±HH:MM; set spec.corpus.timestampFormat "
+            "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set spec.corpus.timestampFormat "
             "(e.g. \"%d/%m/%Y\") for another format; fix the row, or set spec.corpus.onMissingTimestamp: drop to "
             "count and skip it") in out
 

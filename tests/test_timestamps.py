@@ -64,12 +64,12 @@ def test_refusal_says_what_is_expected_and_how_to_name_another_format():
     with pytest.raises(TimestampError) as err:
         parse_timestamp("01/04/2017", "UTC")
     assert str(err.value) == ("timestamp '01/04/2017' does not match ISO 8601: YYYY-MM-DD or "
-                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z or ±HH:MM; set "
+                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set "
                               "spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format")
 
 
 def test_a_json_number_needs_an_epoch_format():
-    with pytest.raises(TimestampError, match=r"timestamp 1609426799000 is a int, expected ISO 8601.*epoch_ms"):
+    with pytest.raises(TimestampError, match=r"timestamp 1609426799000 is a number \(int\), expected ISO 8601.*epoch_ms"):
         parse_timestamp(1609426799000, "UTC")
     with pytest.raises(TimestampError, match=r"timestamp True is a bool"):
         parse_timestamp(True, "UTC", "epoch_s")

@@ -24,7 +24,7 @@ import pandas as pd
 ISO8601 = "iso8601"
 EPOCH_NS = {"epoch_s": 10**9, "epoch_ms": 10**6, "epoch_us": 10**3}  # nanoseconds per unit
 EPOCH_UNITS = {"epoch_s": "seconds", "epoch_ms": "milliseconds", "epoch_us": "microseconds"}
-ISO_DESCRIPTION = "ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z or ±HH:MM"
+ISO_DESCRIPTION = "ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH"
 
 _ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})"
                   r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?(Z|[+-]\d{2}(?::?\d{2})?)?)?")
@@ -100,9 +100,10 @@ def parse_timestamp(value: object, timezone: str, fmt: str | None = None) -> pd.
     if fmt in EPOCH_NS:
         return _parse_epoch(value, fmt)
     if isinstance(value, bool) or not isinstance(value, (str, int)) or (fmt == ISO8601 and not isinstance(value, str)):
-        hint = " (for epoch numbers set spec.corpus.timestampFormat: epoch_s, epoch_ms or epoch_us)" \
-            if isinstance(value, (int, float)) and not isinstance(value, bool) else ""
-        raise TimestampError(f"timestamp {value!r} is a {type(value).__name__}, expected {describe_format(fmt)}{hint}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        hint = " (for epoch numbers set spec.corpus.timestampFormat: epoch_s, epoch_ms or epoch_us)" if number else ""
+        kind = f"a number ({type(value).__name__})" if number else f"a {type(value).__name__}"
+        raise TimestampError(f"timestamp {value!r} is {kind}, expected {describe_format(fmt)}{hint}")
     s = str(value).strip()
     ts = _parse_iso(s) if fmt == ISO8601 else _parse_pattern(s, fmt)
     if ts.tzinfo is None:
@@ -185,4 +186,4 @@ def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:
         return pd.Timestamp(ns, unit="ns", tz="UTC")
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
         raise TimestampError(f"timestamp {value!r} as {EPOCH_UNITS[fmt]} since 1970 is outside 1677-09-21 .. "
-                             f"2262-04-11; are the numbers in another unit than {fmt}?") from None
+                             f"2262-04-11 (are the numbers in another unit than {fmt}?)") from None
