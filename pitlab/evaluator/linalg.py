@@ -5,7 +5,8 @@ One switch, ``regression.device`` (``auto`` | ``cpu`` | ``cuda``), picks a :clas
 * ``cpu``: numpy float64 (LAPACK/BLAS of numpy's build; ``np.linalg.eigh`` = LAPACK ``syevd``,
   ``np.linalg.solve`` = LU ``gesv``);
 * ``cuda``: torch float64 on the first CUDA device (``torch.linalg.eigh`` = cuSOLVER ``syevd``, solves by
-  Cholesky ``potrf``/``potrs``);
+  Cholesky ``potrf``/``potrs``; security-cv's α grid by :func:`cholesky_solve_batched`, see
+  ``Backend.penalty_path``);
 * ``auto``: ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``.
 
 The ridge and estimator code (:mod:`pitlab.evaluator.ridge`, :mod:`pitlab.evaluator.estimates`) is written
@@ -14,7 +15,7 @@ once against the arrays it is given: numpy arrays or torch tensors share the ope
 module (``numpy`` or ``torch``) of an array and :func:`solve_spd` is the one call that differs. Everything is
 float64: R² differences of 1e-3 matter, and float32 Gram matrices of 384-2,048 features lose that. The torch
 backend on the CPU (``Backend("torch", "cpu")``) runs the very same code as on CUDA; a test checks it equals the
-numpy backend to 1e-10.
+numpy backend to 1e-10 (with ``penalty_path="cholesky"`` too: ``tests/test_evaluator_cholesky_path.py``).
 """
 
 from __future__ import annotations
