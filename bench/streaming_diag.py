@@ -41,7 +41,15 @@ def main() -> int:
     ap.add_argument("--anomaly", action="store_true")
     ap.add_argument("--check-slots", action="store_true")
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--trainer", action="store_true",
+                    help="run pitlab's trainer (bench/streaming.py's run_trainer) for --steps steps instead, with "
+                         "the finiteness of every layer's output and incoming gradient and of each LoRA gradient "
+                         "recorded before clipping")
+    ap.add_argument("--bandwidth-first", action="store_true",
+                    help="measure the pinned bandwidth first, as bench/streaming.py does")
     args = ap.parse_args()
+    if args.trainer:
+        return trainer_mode(args)
 
     import torch.distributed as dist
 
@@ -131,6 +139,78 @@ def main() -> int:
     dist.destroy_process_group()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def trainer_mode(args) -> int:
+    """The trainer's own steps with :func:`pitlab.trainer.train._clip_grad_norm` and the streamer's loss wrapped
+    to record non-finite values; JSON to ``--out``."""
+    import torch.distributed as dist
+
+    import pitlab.trainer.streaming as streaming_mod
+    import pitlab.trainer.train as train_mod
+    from streaming import pinned_bandwidth, resource, run_trainer
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda and args.bandwidth_first:
+        print(f"pinned bandwidth {pinned_bandwidth(device) / 1e9:.1f} GB/s", flush=True)
+    budget = int(args.cap_gib * GiB)
+    if cuda and not args.no_cap:
+        torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory)
+    steps: list[dict] = []
+    orig_loss, orig_clip = streaming_mod.LayerStreamer.loss, train_mod._clip_grad_norm
+
+    def loss(model, input_ids, labels):
+        rec = {"forward_nonfinite_layers": [], "grad_nonfinite_layers": []}
+        steps.append(rec)
+        layers = streaming_mod.decoder_layers(model)
+        handles = []
+        for i, layer in enumerate(layers):
+            def hook(mod, inp, output, i=i):
+                h = output[0] if isinstance(output, tuple) else output
+                if torch.is_grad_enabled() and h.requires_grad:
+                    if not bool(torch.isfinite(h).all()):
+                        rec["forward_nonfinite_layers"].append(i)
+                    h.register_hook(lambda g: rec["grad_nonfinite_layers"].append(i)
+                                    if not bool(torch.isfinite(g).all()) else None)
+            handles.append(layer.register_forward_hook(hook))
+        out = orig_loss(model, input_ids, labels)
+        for h in handles:
+            h.remove()
+        rec["loss"] = float(out.detach())
+        rec["input_ids"] = [int(input_ids.min()), int(input_ids.max()), list(input_ids.shape), str(input_ids.dtype)]
+        return out
+
+    def clip(model, max_norm):
+        rec = steps[-1]
+        grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+        bad = [n for n, g in grads if not bool(torch.isfinite(g).all())]
+        rec.update(grads=len(grads), grads_nonfinite_count=len(bad), grads_nonfinite=bad[:12],
+                   params_nonfinite=[n for n, p in model.named_parameters()
+                                     if p.requires_grad and not bool(torch.isfinite(p).all())][:12])
+        norm = orig_clip(model, max_norm)
+        rec["grad_norm"] = norm
+        print(json.dumps(rec)[:2000], flush=True)
+        return norm
+    streaming_mod.LayerStreamer.loss = staticmethod(loss)
+    train_mod._clip_grad_norm = clip
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29545")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)
+    res = resource(args.base, args.seq, 1, args.steps, budget, 2)
+    vocab = json.loads((args.base / "config.json").read_text())["vocab_size"]
+    rng = np.random.default_rng(0)
+    tokens = np.minimum(rng.zipf(1.2, size=(args.seq + 1) * args.steps + 1), vocab - 1).astype(np.uint32)
+    error = None
+    try:
+        run_trainer(res, Path("/tmp/diag-run"), args.base, tokens, 0)
+    except Exception as e:  # noqa: BLE001 - recorded for the diagnosis
+        error = "".join(traceback.format_exception_only(e))
+    dist.destroy_process_group()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": str(vars(args)), "steps": steps, "error": error}, indent=1))
+    print("error:", error, flush=True)
     return 0
 
 
