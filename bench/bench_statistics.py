@@ -60,8 +60,9 @@ def synthetic_panel(S: int, T: int, d: int, seed: int = 0):
 
 
 def microbench(d: int, device: str, n: int = 48, seed: int = 0) -> dict:
-    """ms per matrix of ``cholesky_solve_batched`` (blocks 0 = torch whole-matrix, 128, 256, 512) on ``n`` SPD
-    d × d float64 matrices, and of ``torch.linalg.eigh`` on 8 of them; the second of two timed calls each."""
+    """ms per matrix of ``cholesky_solve_batched`` (block 0 = torch's whole-matrix Cholesky; blocks 128, 256, 512
+    and leaves 32-256) on ``n`` SPD d × d float64 matrices (max relative difference of x against the default
+    block 256, leaf 64), and of ``torch.linalg.eigh`` on 8 of them; the second of two timed calls each."""
     import torch
 
     from pitlab.evaluator.linalg import cholesky_solve_batched
@@ -83,12 +84,13 @@ def microbench(d: int, device: str, n: int = 48, seed: int = 0) -> dict:
         return r, dt
 
     ref = None
-    for block in (256, 0, 128, 512):
-        (x, ok), dt = timed(lambda: cholesky_solve_batched(A.clone(), b, block))
+    for block, leaf in ((256, 64), (0, 0), (128, 64), (512, 64), (256, 32), (256, 128), (256, 256)):
+        (x, ok), dt = timed(lambda: cholesky_solve_batched(A.clone(), b, block, leaf))
         ref = x if ref is None else ref
-        out[f"cholesky_block_{block}_ms_per_matrix"] = 1e3 * dt / n
-        out[f"cholesky_block_{block}_max_rel_diff_vs_block_256"] = float((x - ref).abs().max() / ref.abs().max())
-        out[f"cholesky_block_{block}_all_ok"] = bool(ok.all())
+        key = f"cholesky_block_{block}" + (f"_leaf_{leaf}" if block else "")
+        out[f"{key}_ms_per_matrix"] = 1e3 * dt / n
+        out[f"{key}_max_rel_diff"] = float((x - ref).abs().max() / ref.abs().max())
+        out[f"{key}_all_ok"] = bool(ok.all())
     _, dt = timed(lambda: torch.linalg.eigh(A[:8]))
     out["eigh_ms_per_matrix"] = 1e3 * dt / 8
     print(json.dumps({"microbench": out}), flush=True)
