@@ -26,6 +26,15 @@ ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0]
 CHOL = Backend("torch", "cpu", penalty_path="cholesky", cholesky_block=4)  # d = 10: blocks 4, 4, 2
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny matrices: torch's intra-op threads only wait for each other on shared cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.mark.parametrize("d,block,leaf", [(10, 4, 2), (37, 8, 3), (70, 32, 16), (70, 0, 64)])
 def test_blocked_cholesky_solve_equals_lapack_and_flags_indefinite_matrices(d, block, leaf):
     rng = np.random.default_rng(d)
