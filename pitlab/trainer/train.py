@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
@@ -273,18 +274,23 @@ def train_step(run: TrainRun, step: int) -> StepResult:
             run.model.set_requires_gradient_sync(micro == accum - 1)
         input_ids, labels = run.data.microbatch(step, micro)
         input_ids, labels = input_ids.to(run.device), labels.to(run.device)
-        if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
-            loss = run.streamer.loss(run.model, input_ids, labels)
-        else:
-            loss = run.model(input_ids=input_ids, labels=labels).loss
-        (loss / accum).backward()
+        with record_function("step.forward"):
+            if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
+                loss = run.streamer.loss(run.model, input_ids, labels)
+            else:
+                loss = run.model(input_ids=input_ids, labels=labels).loss
+        with record_function("step.backward"):
+            (loss / accum).backward()
         loss_sum += loss.detach()
-    grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
-    dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-    step_loss = loss_sum.item() / (run.world * accum)
+    with record_function("step.clip"):
+        grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
+    with record_function("step.optimizer"):
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()
+    with record_function("step.loss_read"):
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        step_loss = loss_sum.item() / (run.world * accum)
     if not np.isfinite(step_loss):
         raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
