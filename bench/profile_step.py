@@ -308,6 +308,8 @@ def sync_debug_step(step) -> dict:
     found: dict = collections.defaultdict(lambda: {"count": 0, "message": ""})
 
     def show(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):  # another warning, not the sync debug mode's
+            return
         frames = [f for f in traceback.extract_stack()[:-2]
                   if not f.filename.endswith(("warnings.py", "profile_step.py"))]
         keep = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames

@@ -155,11 +155,12 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
             f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
 
 
-def compile_blocks(model: nn.Module) -> str:
+def compile_blocks(model: nn.Module, backend: str = "inductor") -> str:
     """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
     names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
     the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
-    compile time grows with the number of distinct layer kinds, not with depth."""
+    compile time grows with the number of distinct layer kinds, not with depth. ``backend``: torch.compile's
+    (the tests use ``aot_eager`` on the CPU)."""
     from pitlab.trainer.fsdp import decoder_layers
 
     layers = decoder_layers(model)
@@ -168,5 +169,5 @@ def compile_blocks(model: nn.Module) -> str:
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
     for layer in layers:
-        layer.forward = torch.compile(layer.forward)
+        layer.forward = torch.compile(layer.forward, backend=backend)
     return f"torch.compile per decoder layer ({len(layers)} layers)"

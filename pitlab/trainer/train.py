@@ -288,9 +288,10 @@ def train_step(run: TrainRun, step: int) -> StepResult:
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
-    with record_function("step.loss_read"):
+    with record_function("step.loss_read"):  # the step's one host sync, after the optimizer's launches
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-        step_loss = loss_sum.item() / (run.world * accum)
+        loss_total, grad_norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
+        step_loss = loss_total / (run.world * accum)
     if not np.isfinite(step_loss):
         raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
@@ -453,14 +454,16 @@ def _software(device: torch.device, world: int, backend: str) -> dict:
             or "cpu", "world_size": world, "backend": backend}
 
 
-def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a Python float)."""
+def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a 0-d tensor on the
+    gradients' device, not read here: :func:`train_step` reads it with the loss, so the host does not wait for
+    backward before launching the optimizer step)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
-    return float(total)
+    return total
 
 
 def _full_parameter_sha256(model: torch.nn.Module, rank: int) -> dict[str, str]:
