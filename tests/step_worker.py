@@ -3,11 +3,13 @@ on a run directory, counting the host reads of device values that pitlab's train
 ``float()``, ``int()``, ``bool()``, ``tolist()`` called from ``pitlab/trainer``) and dynamo's graph breaks,
 recompilations and graphs.
 
-    python tests/step_worker.py RUN_DIR OUT.json STEPS [eager|BACKEND]...
+    python tests/step_worker.py RUN_DIR OUT.json STEPS [eager|BACKEND|BACKEND:opaque]...
 
 One fresh ``setup_run`` per mode, in order: ``eager``, or a torch.compile backend (e.g. ``aot_eager``) with which
 the decoder layers are compiled as ``training.compile`` does on a GPU
-(:func:`pitlab.trainer.kernels.compile_blocks`), here on the CPU.
+(:func:`pitlab.trainer.kernels.compile_blocks`), here on the CPU; ``:opaque`` first makes the short convolution
+and the gated delta rule opaque to dynamo, as fla's kernels are on a GPU (:func:`stand_in`; it stays for the
+modes after it, the modeling module being shared).
 """
 
 import collections
@@ -18,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch._dynamo
 import torch.distributed as dist
 
 READS = ("item", "tolist", "__float__", "__int__", "__bool__")
@@ -35,6 +38,18 @@ def count_reads(counter: collections.Counter) -> None:
             return _original(self, *a, **k)
 
         setattr(torch.Tensor, name, wrapped)
+
+
+def stand_in(model) -> None:
+    """Bind the linear-attention layers' short convolution and gated delta rule to their reference functions
+    wrapped in ``torch.compiler.disable``: the structure a compiled layer has on a GPU, where they are fla's
+    kernels (fla's gated delta rule is ``torch.compiler.disable``d, and so is
+    :func:`pitlab.trainer.kernels.fla_short_convolution`). Same functions, so the same values."""
+    from pitlab.trainer.kernels import _bound_implementation, _modeling_modules
+
+    for m in _modeling_modules(model):
+        m.causal_conv1d_fn = torch.compiler.disable(_bound_implementation(m.causal_conv1d_fn))
+        m.torch_chunk_gated_delta_rule = torch.compiler.disable(m.torch_chunk_gated_delta_rule)
 
 
 def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
@@ -55,8 +70,13 @@ def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
     results = {}
     for mode in modes:
         ctx = setup_run(run / "spec.json", RunPaths(run, run / "base"))
-        if mode != "eager":
-            ctx.kernels["compile"] = compile_blocks(ctx.model, backend=mode)
+        backend, _, variant = mode.partition(":")
+        if variant == "opaque":  # the short convolution and gated delta rule opaque to dynamo, as fla's are on a GPU
+            stand_in(ctx.model)
+        if backend != "eager":
+            torch._dynamo.reset()  # each mode's graphs and counters its own
+            counters.clear()
+            ctx.kernels["compile"] = compile_blocks(ctx.model, backend=backend)
         reads.clear()
         per_step = []
         for step in range(steps):

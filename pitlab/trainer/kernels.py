@@ -61,11 +61,14 @@ def fla_backward_refused() -> str | None:
     return None
 
 
+@torch.compiler.disable
 def fla_short_convolution(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                           activation: str | None = None, **_: object) -> torch.Tensor:
     """transformers' ``causal_conv1d_fn`` contract on fla's Triton kernel: ``hidden_states`` ``(B, D, T)``,
     ``weight`` ``(D, W)``, optional ``bias`` ``(D,)`` and activation (``silu``/``swish`` or None); returns
-    ``(B, D, T)`` in the input dtype. Equal to ``act(conv1d(x, w, padding=W-1, groups=D)[..., :T])``."""
+    ``(B, D, T)`` in the input dtype. Equal to ``act(conv1d(x, w, padding=W-1, groups=D)[..., :T])``.
+    Not traced by torch.compile (one graph break in a compiled layer, run eagerly), as fla marks its own gated
+    delta rule: dynamo does not trace fla's autotuned Triton launches."""
     from fla.modules.causal_conv1d import causal_conv1d
 
     y, _state = causal_conv1d(hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)

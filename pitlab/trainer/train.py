@@ -268,12 +268,13 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     accum = tr.gradient_accumulation_steps
     sync_every_micro = tr.gradient_sync_every_microbatch or accum == 1
     lr = run.optimizer.param_groups[0]["lr"]
+    # every microbatch copied first: a copy from pageable host memory synchronises the stream, which at the
+    # start of the step is idle, but between microbatches would wait for the previous backward
+    batches = [tuple(t.to(run.device) for t in run.data.microbatch(step, micro)) for micro in range(accum)]
     loss_sum = torch.zeros((), device=run.device, dtype=torch.float32)
-    for micro in range(accum):
+    for micro, (input_ids, labels) in enumerate(batches):
         if not sync_every_micro:  # unsharded grads accumulate until the last microbatch (see planner)
             run.model.set_requires_gradient_sync(micro == accum - 1)
-        input_ids, labels = run.data.microbatch(step, micro)
-        input_ids, labels = input_ids.to(run.device), labels.to(run.device)
         with record_function("step.forward"):
             if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
                 loss = run.streamer.loss(run.model, input_ids, labels)
