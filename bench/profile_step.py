@@ -24,7 +24,7 @@ Each run (``hf``: :func:`throughput.hf_setup`, the plain loop; ``default`` or a 
    over the warm-up and over the later steps.
 
 Then a diff table: kernel families, phases and kernels where pitlab spends more GPU time per step than the plain
-loop. Writes ``profile.json`` (and with ``--traces`` each run's Chrome trace, gzipped, when under 15 MiB) to
+loop. Writes ``profile.json`` (and with ``--traces`` each run's Chrome trace, gzipped, when under 10 MiB) to
 ``--out``; prints a short summary. Runs that would not finish within ``--budget-s`` are skipped, not cut.
 """
 
@@ -385,7 +385,7 @@ def profile_run(label: str, step, n_warmup: int, n_steps: int, n_active: int, ou
     if traces:
         gz = gzip.compress(raw, compresslevel=6)
         name = "trace_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", label).strip("_") + ".json.gz"
-        if len(gz) < 15 * 2 ** 20:
+        if len(gz) < 10 * 2 ** 20:  # $OUT returns at most 8 files, 16 MiB each, 64 MiB in all
             (out_dir / name).write_bytes(gz)
             res["trace_file"] = name
         else:
@@ -421,7 +421,7 @@ def hf_profile(shape: dict, args, deadline: float) -> dict:
             opt.step()
             opt.zero_grad(set_to_none=True)
         with record_function("step.loss_read"):
-            return float(out.loss)
+            return float(out.loss.detach())
 
     try:
         res = profile_run("hf", step, args.warmup, args.steps, args.active, args.out, args.traces, deadline)
