@@ -270,6 +270,34 @@ def diff(hf: dict, pl: dict) -> dict:
             "kernels": table(hf["kernels"], pl["kernels"])[:25]}
 
 
+def bytes_model(params: int, fp32_master: bool) -> dict:
+    """HBM bytes per step of the parameter-sized work outside forward/backward compute, for ``params``
+    parameters: AdamW (read p, g, m, v; write p, m, v), gradient clipping (norm read + scale read/write) and, with
+    float32 master weights under FSDP2 at world size 1, the unshard (cast to bf16 + copy into the unsharded
+    parameter) and the gradient reduction (cast to the float32 flat buffer + copy to the reduce output); the
+    copies are the part a world-size-1 path could skip without changing a value."""
+    b = 4 if fp32_master else 2
+    out = {"parameters": params, "optimizer": params * 7 * b, "clip": params * 3 * b}
+    if fp32_master:
+        out.update(fsdp_unshard=params * (4 + 2 + 2 + 2), fsdp_reduce=params * (2 + 4 + 4 + 4),
+                   fsdp_redundant_copies=params * (2 + 2 + 4 + 4))
+    return out
+
+
+def achieved(r: dict) -> dict:
+    """GB/s the optimizer and the FSDP ranges reached if they moved :func:`bytes_model`'s bytes in the GPU time
+    the profile gave them."""
+    p, m = r.get("profile"), r.get("bytes_model")
+    if not p or not m:
+        return {}
+    out = {}
+    if p["optimizer_gpu_ms_per_step"] > 0:
+        out["optimizer_GBps"] = m["optimizer"] / (p["optimizer_gpu_ms_per_step"] * 1e-3) / 1e9
+    if p.get("fsdp_gpu_ms_per_step", 0) > 0 and "fsdp_unshard" in m:
+        out["fsdp_GBps"] = (m["fsdp_unshard"] + m["fsdp_reduce"]) / (p["fsdp_gpu_ms_per_step"] * 1e-3) / 1e9
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------- runs
 def _allocator_counters() -> dict:
     if not CUDA:
@@ -425,7 +453,9 @@ def hf_profile(shape: dict, args, deadline: float) -> dict:
 
     try:
         res = profile_run("hf", step, args.warmup, args.steps, args.active, args.out, args.traces, deadline)
-        res.update(kernels_report=report, **tp._peaks())
+        res.update(kernels_report=report, bytes_model=bytes_model(sum(q.numel() for q in params), False),
+                   **tp._peaks())
+        res["achieved"] = achieved(res)
         return res
     finally:
         del model, opt, step, params
@@ -457,7 +487,10 @@ def pitlab_profile(shape: dict, args, overrides: dict | None, label: str, deadli
         res = profile_run(label, step, args.warmup, args.steps, args.active, args.out, args.traces, deadline)
         res.update(base_and_spec_s=base_s, setup_s=setup_s, kernels_report=ctx.kernels,
                    activation_checkpointing=ctx.activation_checkpointing, training_overrides=overrides or {},
+                   bytes_model=bytes_model(ctx.shape.total, ctx.spec.training.precision == "bf16"
+                                           and ctx.world == 1),
                    **tp._peaks())
+        res["achieved"] = achieved(res)
         return res
     finally:
         ctx.close()
@@ -480,6 +513,8 @@ def summary_lines(label: str, r: dict) -> list[str]:
              f"{p['host_sync_count_per_step']:.1f}/step ({p['host_sync_ms_per_step']:.1f} ms); item() "
              f"{p['scalar_reads_per_step']:.1f}/step; cudaMalloc {p['cuda_malloc_per_step']:.1f} cudaFree "
              f"{p['cuda_free_per_step']:.1f}/step; allocator over timed steps {r.get('allocator_over_timed_steps')}",
+             f"   bytes model (GB/step) {({k: round(v / 1e9, 1) for k, v in r.get('bytes_model', {}).items() if k != 'parameters'})}; "
+             f"achieved {({k: round(v) for k, v in r.get('achieved', {}).items()})}",
              f"   peak allocated {r.get('peak_allocated', 0) / 1e9:.2f} GB; dynamo after warm-up "
              f"{r.get('dynamo_after_warmup')}; warm-up {r.get('dynamo_warmup')}"]
     lines.append("   phases (ms/step cpu / gpu): " + ", ".join(
