@@ -262,7 +262,10 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
 def train_step(run: TrainRun, step: int) -> StepResult:
     """Collective: optimizer step ``step`` (0-based): every microbatch's forward + backward (gradients
     reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``), clipping, AdamW, the LR
-    schedule, and the loss averaged over all ranks. Raises ``FloatingPointError`` for a non-finite loss."""
+    schedule, and the loss averaged over all ranks. The host waits for the device once, at the end (the loss and
+    the gradient norm read together); the phases are ``record_function`` ranges (``step.forward``,
+    ``step.backward``, ``step.clip``, ``step.optimizer``, ``step.loss_read``) for ``bench/profile_step.py``.
+    Raises ``FloatingPointError`` for a non-finite loss."""
     tr = run.spec.training
     t = time.perf_counter()
     accum = tr.gradient_accumulation_steps
