@@ -194,7 +194,7 @@ def trainer_mode(args) -> int:
                    params_nonfinite=[n for n, p in model.named_parameters()
                                      if p.requires_grad and not bool(torch.isfinite(p).all())][:12])
         norm = orig_clip(model, max_norm)
-        rec["grad_norm"] = norm
+        rec["grad_norm"] = float(norm)  # _clip_grad_norm returns the norm as a tensor (train_step reads it later)
         print(json.dumps(rec)[:2000], flush=True)
         return norm
     streaming_mod.LayerStreamer.loss = staticmethod(loss)
