@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from pitlab import storage
-from pitlab.api import LeakageEval, PitTraining, ResourceStatus, SpecError, conditions, resolve_local_path, stages
+from pitlab.api import (LeakageEval, PitTraining, ResourceStatus, SpecError, conditions, dump_resource,
+                        resolve_local_path, stages)
 from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.api.summary import compact_results, premium_summary
@@ -89,7 +90,7 @@ class StatusWriter:
         self.write()
 
     def write(self) -> None:
-        doc = self.resource.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+        doc = dump_resource(self.resource)
         doc["status"] = self.status.model_dump(by_alias=True, mode="json", exclude_none=True)
         write_json_atomic(self.path, doc)
 

@@ -16,14 +16,14 @@ import copy
 import hashlib
 import json
 import posixpath
-import shlex
 from typing import Any
 
-from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining
+from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.storage import StorageSpec
 from pitlab.operator import naming
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
+from pitlab.trainer import command
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINING_SPEC_PATH = posixpath.join(SPEC_DIR, TRAINING_SPEC_FILE)
@@ -178,13 +178,17 @@ def _configmap(name: str, owner: dict[str, Any], component: str, key: str, doc: 
             "data": {key: json.dumps(doc, indent=2, sort_keys=True) + "\n"}}
 
 
+def _pod_document(res: PitTraining | LeakageEval) -> dict[str, Any]:
+    """The resource as its pods read it (:func:`pitlab.api.dump_resource`), metadata cut to name and namespace."""
+    doc = dump_resource(res)
+    doc["metadata"] = {k: v for k, v in {"name": res.metadata.name, "namespace": res.metadata.namespace}.items() if v}
+    return doc
+
+
 # ---------------------------------------------------------------- PitTraining
 def resolved_training(pt: PitTraining) -> dict[str, Any]:
     """The PitTraining as the pods read it: every default filled in, camelCase, no status."""
-    doc = pt.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
-    doc["metadata"] = {"name": pt.metadata.name, "namespace": pt.metadata.namespace}
-    doc["metadata"] = {k: v for k, v in doc["metadata"].items() if v}
-    return doc
+    return _pod_document(pt)
 
 
 def training_run_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
@@ -214,16 +218,9 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
 
 def torchrun_command(nodes: int, gpus_per_node: int, spec_path: str, run_dir: str,
                      base: str | None = None) -> list[str]:
-    """``torchrun`` for one PyTorchJob replica: static rendezvous at the master's Service.
-
-    ``$(RANK)``, ``$(MASTER_ADDR)`` and ``$(MASTER_PORT)`` are set in the ``pytorch`` container by the Kubeflow
-    training operator (RANK is the node rank when ``nprocPerNode`` is set) and expanded by the kubelet.
-    ``base``: the base model folder as the pods see it (default ``RUN/base``; see :func:`base_model_dir`).
-    """
-    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus_per_node}", "--node-rank=$(RANK)",
-            "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)",
-            "-m", "pitlab.cli", "train", "--spec", spec_path, "--run-dir", run_dir] + (
-                ["--base", base] if base else [])
+    """``torchrun`` for one PyTorchJob replica (:func:`pitlab.trainer.command.torchrun_command` with ``nodes``).
+    ``base``: the base model folder as the pods see it (default ``RUN/base``; see :func:`base_model_dir`)."""
+    return command.torchrun_command(spec_path, run_dir, gpus_per_node, base, nodes=nodes)
 
 
 def base_model_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
@@ -359,8 +356,7 @@ def eval_dir(le: LeakageEval, cfg: OperatorConfig) -> str:
 
 def resolved_eval(le: LeakageEval, model_uris: dict[str, str]) -> dict[str, Any]:
     """The LeakageEval as the pods read it: defaults filled in, ``trainingRef`` models given as their URI."""
-    doc = le.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
-    doc["metadata"] = {k: v for k, v in {"name": le.metadata.name, "namespace": le.metadata.namespace}.items() if v}
+    doc = _pod_document(le)
     for m in doc["spec"]["models"]:
         if "trainingRef" in m:
             m.pop("trainingRef")
@@ -428,7 +424,3 @@ def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any
     return _batch_job(naming.analyze_job(le.metadata.name), owner, "analyze", pod, cfg.backoff_limit,
                       completions=1, parallelism=1)
 
-
-def command_line(argv: list[str]) -> str:
-    """A container command as one shell-quoted line (for messages and docs)."""
-    return shlex.join(argv)

@@ -13,7 +13,7 @@ from pitlab.api import PitTraining, SpecError, resolve_input, resolve_local_path
 from pitlab.data import filter_corpus, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
 from pitlab.data.types import Document
-from pitlab.trainer.files import write_json_atomic
+from pitlab.trainer.files import write_json_atomic, write_spec
 
 
 @dataclass
@@ -87,8 +87,7 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     from pitlab.trainer.prepare import ShortCorpusError, prepare_base_model, tokenize_corpus
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "spec.json", res.model_dump(by_alias=True, mode="json", exclude_none=True,
-                                                            exclude={"status"}))
+    write_spec(res, run_dir / "spec.json")
     if not (run_dir / "corpus_audit.json").exists():
         write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
     texts = [d.text for d in plan.documents]
