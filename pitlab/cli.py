@@ -417,11 +417,13 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
                                                  "auto (lora.mergeIntoBase).")) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
     streaming shard by shard. Any of the paths may be an s3:// URI."""
-    from pitlab.trainer.merge_remote import main as merge_main
+    from pitlab.trainer.merge import MERGE_ADAPTER, run_merge_command
 
-    argv = ["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out),
-            "--max-shard-size", max_shard_size, "--logits-probe", logits_probe, "--merge-adapter", merge_adapter]
-    sys.exit(merge_main(argv + (["--summary", str(summary)] if summary else [])))
+    if logits_probe not in ("auto", "always", "never"):
+        _fail(f"--logits-probe {logits_probe!r}: give auto, always or never", 2)
+    if merge_adapter not in MERGE_ADAPTER:
+        _fail(f"--merge-adapter {merge_adapter!r}: give auto, yes or no", 2)
+    sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter))
 
 
 @app.command()

@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from pitlab import storage
-from pitlab.api import (LeakageEval, PitTraining, ResourceStatus, SpecError, conditions, dump_resource,
-                        resolve_local_path, stages)
+from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, conditions,
+                        dump_resource, resolve_local_path, stages)
 from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.api.summary import compact_results, premium_summary
 from pitlab.data.types import Panel
-from pitlab.evaluator.inputs import (_check_remote_model, check_dataset, check_models, check_panel,
-                                     resolve_models)
+from pitlab.evaluator.inputs import check_dataset, check_models, check_panel, check_remote_model, resolve_models
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.inputs import CorpusPlan, check_corpus, prepare_run
 
@@ -122,7 +121,7 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                     raise SpecError([("spec.checkpoint.uri", str(err))]) from None
         if res.spec.base_model.uri is not None:
             if storage.is_s3(res.spec.base_model.uri):
-                _check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
+                check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
             else:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
         if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
@@ -137,7 +136,7 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
     return Preflight(None, [_check_evaluation(res.spec, "spec", None)])
 
 
-def _check_evaluation(spec, field_prefix: str, training_name: str | None) -> Panel:
+def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> Panel:
     """Panel files and their columns, the models, then the sampled panel (the dataset resolved once)."""
     path = check_dataset(spec, field_prefix)
     check_models(spec, field_prefix, training_name)
@@ -394,13 +393,14 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
 
 
 def run_merge(checkpoint: Path | str, base_dir: Path | str, out_dir: Path | str, summary: Path | None = None) -> dict:
-    """Run the merge as its own process (``python -m pitlab.trainer.merge_remote``), as the merge Job does.
+    """Run the merge as its own process (``pitlab merge``: :func:`pitlab.trainer.merge.merge_uris`), as the merge
+    Job does.
 
     With ``summary`` (the trainer's summary.json) the merged weights must also match its ``param_sha256``.
     ``checkpoint``, ``base_dir`` and ``out_dir`` may be ``s3://`` URIs (an S3 output is published with
     its manifest and ``_COMPLETE``). Returns ``merge_report.json``.
     """
-    cmd = [sys.executable, "-m", "pitlab.trainer.merge_remote", "--checkpoint", str(checkpoint), "--base", str(base_dir),
+    cmd = [sys.executable, "-m", "pitlab.cli", "merge", "--checkpoint", str(checkpoint), "--base", str(base_dir),
            "--out", str(out_dir)] + (["--summary", str(summary)] if summary else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -179,8 +179,8 @@ def _stand_ins(monkeypatch, tmp_path: Path, fail: str | None) -> None:
         m.name: (tmp_path / m.name, "causal") for m in spec.models})
     monkeypatch.setattr(evaluator_run, "embed_panel", work("embed", lambda *a, **k: np.zeros((2, 4))))
     # the evaluate stage of a PitTraining fails when its LeakageEval does
-    monkeypatch.setattr(evaluator_run, "run_leakage_eval", work("analyze", {"models": [{"name": "pit", "premium": 0.1}]},
-                                                                also="evaluate"))
+    results = {"models": [{"name": "pit", "premium": 0.1}]}
+    monkeypatch.setattr(evaluator_run, "run_leakage_eval", work("analyze", results, also="evaluate"))
 
 
 def local_walk(recorded, monkeypatch, tmp_path: Path, kind: str, fail: str | None) -> tuple[list, dict, str | None]:

@@ -201,7 +201,7 @@ def test_resume_refuses_a_latest_without_complete(s3env, trained):
 def test_merge_s3_to_s3_then_evaluate_the_model_from_s3(s3env, prepared, trained, data_root, tmp_path):
     from pitlab.cli import app
     from pitlab.evaluator.embed import model_digest
-    from pitlab.trainer.digest import parameter_sha256
+    from reference import parameter_sha256
     from transformers import AutoModelForCausalLM
 
     b = s3env["bucket"]

@@ -103,7 +103,7 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
         elif m.uri.startswith("package://"):
             raise SpecError([(f"{f}.uri", f"{m.uri!r}: the only packaged model is {MINILM_URI}")])
         elif storage.is_s3(m.uri):  # published model folder: checked here, downloaded when embedding
-            _check_remote_model(m.uri, f"{f}.uri")
+            check_remote_model(m.uri, f"{f}.uri")
         else:
             path = resolve_local_path(m.uri, f"{f}.uri")
             if not (path / "config.json").is_file():
@@ -111,7 +111,7 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
                                   "Hub ids cannot be downloaded here: give a local folder")])
 
 
-def _check_remote_model(uri: str, field: str) -> None:
+def check_remote_model(uri: str, field: str) -> None:
     """A model in object storage must be a published folder (``_COMPLETE``) whose manifest has config.json."""
     s = expand_uri(uri, field)
     try:
