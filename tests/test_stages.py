@@ -250,3 +250,21 @@ def test_both_executors_fail_the_same_stage(kind, fail, recorded, monkeypatch, t
     assert on_cluster[-1] == (stage.condition, "False", CHILD_FAILED[child]) and cluster_status["phase"] == "Failed"
     stalled = {c["type"]: c["reason"] for c in status["conditions"]}["Stalled"]
     assert stalled == stage.failed
+
+
+def test_both_executors_end_a_training_without_evaluations_the_same(recorded, monkeypatch, tmp_path) -> None:
+    no_evals = copy.deepcopy(TRAINING)
+    no_evals["spec"]["evaluations"] = []
+    monkeypatch.setattr(__import__(__name__), "TRAINING", no_evals)
+    world = World()
+    body = world.reconcile(copy.deepcopy(no_evals))
+    for stage in stages.PITTRAINING[1:4]:
+        world.finish(*TRAINING_CHILDREN[stage.name], ok=True)
+        body = world.reconcile(body)
+    on_cluster = walk(recorded)
+    recorded.clear()
+    here, status, reason = local_walk(recorded, monkeypatch, tmp_path, "PitTraining", None)
+    done = (stages.EVALUATE.condition, "True", stages.EVALUATE.empty)
+    assert here[-1] == on_cluster[-1] == done == ("Evaluated", "True", "NoEvaluations")
+    assert [c[:2] for c in here] == [c[:2] for c in on_cluster] and len(here) == 8  # Evaluated never ran
+    assert reason is None and status["phase"] == body["status"]["phase"] == "Succeeded"
