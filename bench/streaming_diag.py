@@ -160,6 +160,8 @@ def trainer_mode(args) -> int:
         torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory)
     steps: list[dict] = []
     orig_loss, orig_clip = streaming_mod.LayerStreamer.loss, train_mod._clip_grad_norm
+    live_handles: list = []
+    lazy: dict = {"fwd": [], "grad": []}
 
     def loss(model, input_ids, labels):
         rec = {"forward_nonfinite_layers": [], "grad_nonfinite_layers": []}
@@ -169,28 +171,30 @@ def trainer_mode(args) -> int:
         for i, layer in enumerate(layers):
             def hook(mod, inp, output, i=i):
                 h = output[0] if isinstance(output, tuple) else output
-                if torch.is_grad_enabled() and h.requires_grad:
-                    if not bool(torch.isfinite(h).all()):
-                        rec["forward_nonfinite_layers"].append(i)
-                    h.register_hook(lambda g: rec["grad_nonfinite_layers"].append(i)
-                                    if not bool(torch.isfinite(g).all()) else None)
+                if torch.is_grad_enabled() and h.requires_grad:  # flags stay on the GPU: no host sync
+                    lazy["fwd"].append((i, torch.isfinite(h).all()))
+                    h.register_hook(lambda g: lazy["grad"].append((i, torch.isfinite(g).all())))
             handles.append(layer.register_forward_hook(hook))
         out = orig_loss(model, input_ids, labels)
-        for h in handles:
-            h.remove()
-        rec["loss"] = float(out.detach())
-        rec["input_ids"] = [int(input_ids.min()), int(input_ids.max()), list(input_ids.shape), str(input_ids.dtype)]
+        live_handles[:] = handles  # removed after the backward (the recompute must run the same hooks)
+        lazy["loss"] = out.detach()
         return out
 
     def clip(model, max_norm):
         rec = steps[-1]
+        for h in live_handles:
+            h.remove()
+        rec["loss"] = float(lazy["loss"])
+        rec["forward_nonfinite_layers"] = [i for i, f in lazy["fwd"] if not bool(f)]
+        rec["grad_nonfinite_layers"] = [i for i, f in lazy["grad"] if not bool(f)]
+        lazy.update(fwd=[], grad=[])
         grads = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
         bad = [n for n, g in grads if not bool(torch.isfinite(g).all())]
         rec.update(grads=len(grads), grads_nonfinite_count=len(bad), grads_nonfinite=bad[:12],
                    params_nonfinite=[n for n, p in model.named_parameters()
                                      if p.requires_grad and not bool(torch.isfinite(p).all())][:12])
         norm = orig_clip(model, max_norm)
-        rec["grad_norm"] = norm
+        rec["grad_norm"] = float(norm)  # _clip_grad_norm returns the norm as a tensor (train_step reads it later)
         print(json.dumps(rec)[:2000], flush=True)
         return norm
     streaming_mod.LayerStreamer.loss = staticmethod(loss)
