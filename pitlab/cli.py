@@ -195,12 +195,10 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
     evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
-    from pitlab.data import CorpusError, PanelError
-    from pitlab.local import RunError, run_leakage_eval_local, run_pittraining_local
-    from pitlab.operator.summary import compact_results
-
     from pitlab import storage
-    from pitlab.local import local_work_root, publish_run
+    from pitlab.api.summary import compact_results
+    from pitlab.data import CorpusError, PanelError
+    from pitlab.local import RunError, local_work_root, publish_run, run_leakage_eval_local, run_pittraining_local
 
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
@@ -269,7 +267,8 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
     """Filter the corpus to the knowledge cutoff, train the tokenizer, write the base model and packed tokens
     (the prepare Job's entry point; `pitlab run` does the same before training)."""
     from pitlab.data import CorpusError, PanelError
-    from pitlab.local import check_corpus, prepare_run, write_json_atomic
+    from pitlab.trainer.files import write_json_atomic
+    from pitlab.trainer.inputs import check_corpus, prepare_run
 
     res = _load(spec, data_root)
     if not isinstance(res, PitTraining):
@@ -299,8 +298,8 @@ def embed(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JS
           data_root: Optional[Path] = DataRoot) -> None:
     """Embed the panel's prompts with one model (the embedding Job's entry point). The result is the cache
     entry `pitlab analyze` reads (keyed by model digest, embedding settings and prompts)."""
+    from pitlab.evaluator.inputs import load_panel, resolve_models
     from pitlab.evaluator.run import embed_panel
-    from pitlab.local import load_panel, resolve_models
 
     res = _load_eval(spec, data_root)
     names = [m.name for m in res.spec.models]
@@ -327,9 +326,9 @@ def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or 
             data_root: Optional[Path] = DataRoot) -> None:
     """Protocols, clustered bootstrap and report from the embeddings in OUT/embeddings/ (the analyze Job's
     entry point); a model without cached embeddings is embedded here."""
+    from pitlab.api.summary import compact_results
+    from pitlab.evaluator.inputs import load_panel, resolve_models
     from pitlab.evaluator.run import run_leakage_eval
-    from pitlab.local import load_panel, resolve_models
-    from pitlab.operator.summary import compact_results
 
     res = _load_eval(spec, data_root)
     try:
@@ -418,11 +417,13 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
                                                  "auto (lora.mergeIntoBase).")) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
     streaming shard by shard. Any of the paths may be an s3:// URI."""
-    from pitlab.trainer.merge_remote import main as merge_main
+    from pitlab.trainer.merge import MERGE_ADAPTER, run_merge_command
 
-    argv = ["--checkpoint", str(checkpoint), "--base", str(base), "--out", str(out),
-            "--max-shard-size", max_shard_size, "--logits-probe", logits_probe, "--merge-adapter", merge_adapter]
-    sys.exit(merge_main(argv + (["--summary", str(summary)] if summary else [])))
+    if logits_probe not in ("auto", "always", "never"):
+        _fail(f"--logits-probe {logits_probe!r}: give auto, always or never", 2)
+    if merge_adapter not in MERGE_ADAPTER:
+        _fail(f"--merge-adapter {merge_adapter!r}: give auto, yes or no", 2)
+    sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter))
 
 
 @app.command()

@@ -51,7 +51,7 @@ def test_day_first_corpus_is_refused_without_a_format(tmp_path, spec, data_root)
 
 def test_day_first_corpus_with_its_format_keeps_exactly_the_march_document(tmp_path, spec, data_root):
     from pitlab.api import load_resource
-    from pitlab.local import check_corpus
+    from pitlab.trainer.inputs import check_corpus
 
     _day_first_corpus(tmp_path, spec)
     spec["spec"]["corpus"]["timestampFormat"] = "%d/%m/%Y"

@@ -20,11 +20,32 @@ from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.cli import app
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import bootstrap_p_value, cutoff_control, draw_cluster_weights
-from pitlab.evaluator.estimates import AlphaSelection, PanelStats, center, date_folds_r2, leakage_off_r2
+from pitlab.evaluator.estimates import AlphaSelection, Fold, FoldsR2, PanelStats, center, leakage_off_r2
+from pitlab.evaluator.linalg import Backend
 from pitlab.evaluator.protocols import PurgedKFoldSplit, WalkForwardSplit, trading_calendar
 from pitlab.evaluator.run import run_leakage_eval
 
 NOPENALTY_DUP = AlphaSelection("gcv", duplicate_aware=False)
+
+
+def date_folds_r2(X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int, fold_train: np.ndarray,
+                  fold_test: np.ndarray, weights: np.ndarray, alphas,
+                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
+                  y_shift: float = 0.0, alpha_index: np.ndarray | None = None,
+                  backend: Backend | None = None) -> FoldsR2:
+    """R² of a protocol whose folds are row masks (walk-forward, purged K-fold) for every weighting, from rows
+    (the pipeline calls :meth:`PanelStats.protocol_errors` on its statistics; this form is compared with
+    scikit-learn here).
+
+    ``X`` float64 [n_rows, d] and ``y`` [n_rows], already centred (:func:`center`; ``y_shift`` = the mean
+    removed from y); ``security`` int [n_rows] in 0..n_securities-1; ``fold_train``, ``fold_test`` bool
+    [K, n_rows]; ``weights`` [B, n_securities] multiplicities. Per fold, per-security statistics of its
+    training rows are built once and every weighting is a weighted sum of them; SSE/SST come from the test rows.
+    """
+    st = PanelStats.build(X, y, security, n_securities, fold_train[0], fold_test[0], backend, centered=True,
+                          y_shift=y_shift)
+    return st.protocol_errors([Fold(tr, te) for tr, te in zip(fold_train, fold_test)], weights, alphas,
+                              selection, benchmark, alpha_index, diagnostics=np.asarray(weights).shape[0] == 1)
 
 
 def _panel_arrays(S=12, T=15, d=3, seed=0):

@@ -28,7 +28,7 @@ from pitlab.evaluator.protocols import security_folds, trading_calendar
 from pitlab.evaluator.report import render_html, render_markdown
 from pitlab.evaluator.ridge import RowStats, SuffStats
 from pitlab.evaluator.run import fold_edges, run_leakage_eval, widen_grid
-from pitlab.operator.summary import compact_results, premium_summary
+from pitlab.api.summary import compact_results, premium_summary
 
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0]
 REPO = Path(__file__).resolve().parents[1]

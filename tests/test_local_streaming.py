@@ -57,7 +57,7 @@ def test_streaming_pittraining_runs_end_to_end(streaming_run):
     # the frozen base is bit-identical to the base folder, the adapter moved
     from transformers import AutoModelForCausalLM
 
-    from pitlab.trainer.digest import parameter_sha256
+    from reference import parameter_sha256
     from pitlab.trainer.lora import base_parameter_name
 
     base = parameter_sha256(AutoModelForCausalLM.from_pretrained(run_dir / "base", dtype=torch.bfloat16))

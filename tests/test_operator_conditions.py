@@ -1,7 +1,7 @@
 """Condition bookkeeping: stage conditions plus kstatus Ready/Reconciling/Stalled, transitions timed once."""
 
 from pitlab.api.status import ResourceStatus
-from pitlab.operator import conditions
+from pitlab.api import conditions
 
 T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T01:00:00Z", "2026-01-01T02:00:00Z"
 

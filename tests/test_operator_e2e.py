@@ -27,7 +27,7 @@ import pytest_asyncio
 from pitlab.operator import handlers, naming, rbac
 from pitlab.operator.config import OperatorConfig
 from pitlab.operator.kube import Kube
-from pitlab.operator.summary import PROGRESS_PREFIX
+from pitlab.api.summary import PROGRESS_PREFIX
 
 NS = "research"
 TEST_AGENT = "pitlab-e2e-test"

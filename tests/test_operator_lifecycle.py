@@ -194,7 +194,7 @@ def test_malformed_corpus_audit_is_ignored_with_a_warning() -> None:
 
 
 def test_corpus_audit_format_and_warnings_reach_the_status_and_events() -> None:
-    from pitlab.operator.summary import compact_audit
+    from pitlab.api.summary import compact_audit
 
     warning = ("knowledge cutoff 2030-12-31 is after the latest document (2026-03-18T00:00:00-04:00): no document "
                "was excluded, so the corpus, not the cutoff, ends what the model knows")

@@ -1,7 +1,7 @@
 """Reading children: Kubeflow and batch Job conditions, LeakageEval phases, termination messages, progress."""
 
 from pitlab.operator import mirroring as m
-from pitlab.operator.summary import PROGRESS_PREFIX, compact_results, premium_summary, progress_record
+from pitlab.api.summary import PROGRESS_PREFIX, compact_results, premium_summary, progress_record
 
 
 def test_pytorchjob_state() -> None:

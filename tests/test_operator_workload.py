@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pitlab.operator import workload
-from pitlab.operator.summary import PROGRESS_PREFIX, TERMINATION_LIMIT
+from pitlab.api.summary import PROGRESS_PREFIX, TERMINATION_LIMIT
 
 PY = sys.executable
 

@@ -61,7 +61,7 @@ def s3env(moto_server, tmp_path_factory):
 @pytest.fixture(scope="module")
 def prepared(s3env, data_root):
     """Corpus read from S3 → filtered, tokenizer + base model + tokens (pitlab prepare's work)."""
-    from pitlab.local import check_corpus, prepare_run
+    from pitlab.trainer.inputs import check_corpus, prepare_run
 
     fomc = data_root / "fomc_statements" / "fomc_statements_1994_2026.csv"
     corpus_uri = f"{s3env['bucket']}/data/fomc.csv"
@@ -201,7 +201,7 @@ def test_resume_refuses_a_latest_without_complete(s3env, trained):
 def test_merge_s3_to_s3_then_evaluate_the_model_from_s3(s3env, prepared, trained, data_root, tmp_path):
     from pitlab.cli import app
     from pitlab.evaluator.embed import model_digest
-    from pitlab.trainer.digest import parameter_sha256
+    from reference import parameter_sha256
     from transformers import AutoModelForCausalLM
 
     b = s3env["bucket"]
@@ -209,7 +209,7 @@ def test_merge_s3_to_s3_then_evaluate_the_model_from_s3(s3env, prepared, trained
     assert r.exit_code == 0, r.output
     storage.upload_file(trained["run"] / "train" / "summary.json", f"{b}/summary.json")
     # baseModel.uri from S3: prepare puts the verified copy at RUN/base (read by the ranks and the merge)
-    from pitlab.local import check_corpus, prepare_run
+    from pitlab.trainer.inputs import check_corpus, prepare_run
 
     doc = prepared["res"].model_dump(by_alias=True, mode="json", exclude_none=True)
     doc["spec"]["baseModel"] = {"uri": f"{b}/base"}

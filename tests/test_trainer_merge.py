@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from pitlab.trainer.digest import parameter_sha256
+from reference import parameter_sha256
 from pitlab.trainer.merge import (INDEX, MergeError, merge_checkpoint, parse_size, plan_groups, probe_logits,
                                   shard_file_names)
 from pitlab.trainer.prepare import build_config

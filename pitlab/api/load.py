@@ -39,6 +39,12 @@ def _json_scalar(value: object) -> str:
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
+def dump_resource(res: Resource) -> dict:
+    """A resource as every stage reads it back with :func:`parse_resource`: camelCase, JSON values, every
+    default filled in, no ``status``, unset (None) fields left out."""
+    return res.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+
+
 def parse_resource(doc: object, source: str | None = None) -> Resource:
     """Validate a parsed YAML document as a PitTraining or LeakageEval.
 

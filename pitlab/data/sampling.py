@@ -87,6 +87,30 @@ def sample_dates(calendar: pd.DatetimeIndex, count: int, seed: int, start: dt.da
     return pd.DatetimeIndex(np.sort(rng.choice(eligible.to_numpy(), size=count, replace=False)))
 
 
+def _eligible(prices: Prices, feats: dict[str, pd.DataFrame], first: pd.Timestamp, universe: str,
+              panel_warnings: list[str]) -> np.ndarray:
+    """The securities the universe may be drawn from (sorted): a close and 20 trading days of history at
+    ``first``; with ``universe0`` also flagged Universe0 (a survivorship warning, appended to
+    ``panel_warnings``, when ``first`` precedes the snapshot). Raises PanelError naming ``dataset.universe``."""
+    hist_ok = feats["ret_20d"].loc[first].notna() & feats["volume_ratio"].loc[first].notna()
+    eligible = np.array(sorted(hist_ok.index[hist_ok.to_numpy()]))
+    if universe == "universe0":
+        if prices.universe0 is None:
+            raise PanelError(f"dataset.universe: universe0 needs a Universe0 column in stock_list.csv "
+                             f"({prices.source})")
+        eligible = np.array([s for s in eligible if s in prices.universe0])
+        if first < UNIVERSE0_SNAPSHOT:
+            msg = (f"dataset.universe: universe0 picks the universe with stock_list.csv's Universe0, a snapshot of "
+                   f"{UNIVERSE0_SNAPSHOT.date():%B %Y}, for dates from {first.date()}: securities delisted or "
+                   f"demoted before the snapshot are excluded (survivorship, a look-ahead). Use "
+                   f"universe: point-in-time.")
+            panel_warnings.append(msg)
+            warnings.warn(msg, UserWarning, stacklevel=3)  # at build_panel's caller
+    elif universe != "point-in-time":
+        raise PanelError(f"dataset.universe must be point-in-time or universe0 (got {universe!r})")
+    return eligible
+
+
 def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
                 start: dt.date | None = None, end: dt.date | None = None,
                 template: str | None = None, universe: str = "point-in-time",
@@ -126,22 +150,7 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     feats = compute_features(prices)
     target = compute_target(target_close(prices))
     first = dates[0]
-    hist_ok = feats["ret_20d"].loc[first].notna() & feats["volume_ratio"].loc[first].notna()
-    eligible = np.array(sorted(hist_ok.index[hist_ok.to_numpy()]))
-    if universe == "universe0":
-        if prices.universe0 is None:
-            raise PanelError(f"dataset.universe: universe0 needs a Universe0 column in stock_list.csv "
-                             f"({prices.source})")
-        eligible = np.array([s for s in eligible if s in prices.universe0])
-        if first < UNIVERSE0_SNAPSHOT:
-            msg = (f"dataset.universe: universe0 picks the universe with stock_list.csv's Universe0, a snapshot of "
-                   f"{UNIVERSE0_SNAPSHOT.date():%B %Y}, for dates from {first.date()}: securities delisted or "
-                   f"demoted before the snapshot are excluded (survivorship, a look-ahead). Use "
-                   f"universe: point-in-time.")
-            panel_warnings.append(msg)
-            warnings.warn(msg, UserWarning, stacklevel=2)
-    elif universe != "point-in-time":
-        raise PanelError(f"dataset.universe must be point-in-time or universe0 (got {universe!r})")
+    eligible = _eligible(prices, feats, first, universe, panel_warnings)
     if len(eligible) < universe_size:
         raise PanelError(f"dataset.universeSize: {universe_size} securities requested but only {len(eligible)} "
                          f"have 20 trading days of history at the first sampled date {first.date()}")

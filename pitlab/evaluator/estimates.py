@@ -425,21 +425,3 @@ def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_s
                                benchmark, alpha_index, diag)
     return R2Batch(r2=r2_score_oos(fr.sse.sum(axis=1), fr.sst.sum(axis=1)), sse=fr.sse.sum(axis=1),
                    sst=fr.sst.sum(axis=1), alpha=fr.alpha, df=fr.df, alpha_index=fr.alpha_index)
-
-
-def date_folds_r2(X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int, fold_train: np.ndarray,
-                  fold_test: np.ndarray, weights: np.ndarray, alphas,
-                  selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
-                  y_shift: float = 0.0, alpha_index: np.ndarray | None = None,
-                  backend: Backend | None = None) -> FoldsR2:
-    """R² of a protocol whose folds are row masks (walk-forward, purged K-fold) for every weighting.
-
-    ``X`` float64 [n_rows, d] and ``y`` [n_rows], already centred (:func:`center`; ``y_shift`` = the mean
-    removed from y); ``security`` int [n_rows] in 0..n_securities-1; ``fold_train``, ``fold_test`` bool
-    [K, n_rows]; ``weights`` [B, n_securities] multiplicities. Per fold, per-security statistics of its
-    training rows are built once and every weighting is a weighted sum of them; SSE/SST come from the test rows.
-    """
-    st = PanelStats.build(X, y, security, n_securities, fold_train[0], fold_test[0], backend, centered=True,
-                          y_shift=y_shift)
-    return st.protocol_errors([Fold(tr, te) for tr, te in zip(fold_train, fold_test)], weights, alphas,
-                              selection, benchmark, alpha_index, diagnostics=np.asarray(weights).shape[0] == 1)

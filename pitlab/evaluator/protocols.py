@@ -101,8 +101,6 @@ class ChronologicalSplit:
 
     def __init__(self, dates, calendar: pd.DatetimeIndex, train_end: dt.date, test_start: dt.date,
                  embargo_days: int):
-        if embargo_days < 0:
-            raise ProtocolError(f"protocol.embargoDays must be >= 0 (got {embargo_days})")
         cal = pd.DatetimeIndex(calendar)
         if not (cal.is_monotonic_increasing and cal.is_unique):
             raise ProtocolError("panel calendar must be sorted and unique")
@@ -304,8 +302,6 @@ class WalkForwardSplit(_DateFoldSplit):
     def __init__(self, dates, calendar: pd.DatetimeIndex, n_splits: int, embargo_days: int):
         from sklearn.model_selection import TimeSeriesSplit
 
-        if embargo_days < 0:
-            raise ProtocolError(f"protocol.embargoDays must be >= 0 (got {embargo_days})")
         pos = _calendar_positions(dates, calendar)
         cal = pd.DatetimeIndex(calendar)
         udates = np.unique(pos)
@@ -356,8 +352,6 @@ class PurgedKFoldSplit(_DateFoldSplit):
                  horizon: int = LABEL_HORIZON_DAYS):
         from sklearn.model_selection import KFold
 
-        if embargo_days < 0:
-            raise ProtocolError(f"protocol.embargoDays must be >= 0 (got {embargo_days})")
         pos = _calendar_positions(dates, calendar)
         cal = pd.DatetimeIndex(calendar)
         udates = np.unique(pos)

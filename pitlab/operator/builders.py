@@ -16,14 +16,14 @@ import copy
 import hashlib
 import json
 import posixpath
-import shlex
 from typing import Any
 
-from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining
+from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, stages
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.storage import StorageSpec
 from pitlab.operator import naming
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
+from pitlab.trainer import command
 
 PYTORCHJOB_API = "kubeflow.org/v1"
 TRAINING_SPEC_PATH = posixpath.join(SPEC_DIR, TRAINING_SPEC_FILE)
@@ -178,13 +178,17 @@ def _configmap(name: str, owner: dict[str, Any], component: str, key: str, doc: 
             "data": {key: json.dumps(doc, indent=2, sort_keys=True) + "\n"}}
 
 
+def _pod_document(res: PitTraining | LeakageEval) -> dict[str, Any]:
+    """The resource as its pods read it (:func:`pitlab.api.dump_resource`), metadata cut to name and namespace."""
+    doc = dump_resource(res)
+    doc["metadata"] = {k: v for k, v in {"name": res.metadata.name, "namespace": res.metadata.namespace}.items() if v}
+    return doc
+
+
 # ---------------------------------------------------------------- PitTraining
 def resolved_training(pt: PitTraining) -> dict[str, Any]:
     """The PitTraining as the pods read it: every default filled in, camelCase, no status."""
-    doc = pt.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
-    doc["metadata"] = {"name": pt.metadata.name, "namespace": pt.metadata.namespace}
-    doc["metadata"] = {k: v for k, v in doc["metadata"].items() if v}
-    return doc
+    return _pod_document(pt)
 
 
 def training_run_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
@@ -203,27 +207,20 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
     run = training_run_dir(pt, cfg)
     res = pt.spec.resources
     command = WORKLOAD + ["report-audit", "--audit", f"{run}/corpus_audit.json", "--",
-                          "pitlab", "prepare", "--spec", TRAINING_SPEC_PATH, "--run-dir", run]
-    c = _container("prepare", res.image or cfg.trainer_image, command, cfg,
+                          *stages.PREPARE.entry_point.split(), "--spec", TRAINING_SPEC_PATH, "--run-dir", run]
+    c = _container(stages.PREPARE.name, res.image or cfg.trainer_image, command, cfg,
                    _resources(cfg.prepare_cpu, cfg.prepare_memory), spec_file=TRAINING_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never",
                     res.node_selector, res.tolerations)
     _with_storage(pod, pt.spec.storage)
-    return _batch_job(naming.prepare_job(pt.metadata.name), owner, "prepare", pod, cfg.backoff_limit)
+    return _batch_job(naming.prepare_job(pt.metadata.name), owner, stages.PREPARE.name, pod, cfg.backoff_limit)
 
 
 def torchrun_command(nodes: int, gpus_per_node: int, spec_path: str, run_dir: str,
                      base: str | None = None) -> list[str]:
-    """``torchrun`` for one PyTorchJob replica: static rendezvous at the master's Service.
-
-    ``$(RANK)``, ``$(MASTER_ADDR)`` and ``$(MASTER_PORT)`` are set in the ``pytorch`` container by the Kubeflow
-    training operator (RANK is the node rank when ``nprocPerNode`` is set) and expanded by the kubelet.
-    ``base``: the base model folder as the pods see it (default ``RUN/base``; see :func:`base_model_dir`).
-    """
-    return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={gpus_per_node}", "--node-rank=$(RANK)",
-            "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)",
-            "-m", "pitlab.cli", "train", "--spec", spec_path, "--run-dir", run_dir] + (
-                ["--base", base] if base else [])
+    """``torchrun`` for one PyTorchJob replica (:func:`pitlab.trainer.command.torchrun_command` with ``nodes``).
+    ``base``: the base model folder as the pods see it (default ``RUN/base``; see :func:`base_model_dir`)."""
+    return command.torchrun_command(spec_path, run_dir, gpus_per_node, base, nodes=nodes)
 
 
 def base_model_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
@@ -304,7 +301,7 @@ def merge_command(run_dir: str, checkpoint: str | None = None, base: str | None 
     """``pitlab merge`` of the final checkpoint (``checkpoint``: ``spec.checkpoint.uri`` as the pods see it,
     e.g. ``s3://...``; default ``RUN/checkpoint``) and the base model folder (``base``, default ``RUN/base``)
     into ``RUN/model`` (one process, no process group)."""
-    return ["pitlab", "merge", "--checkpoint", checkpoint or f"{run_dir}/checkpoint", "--base",
+    return [*stages.MERGE.entry_point.split(), "--checkpoint", checkpoint or f"{run_dir}/checkpoint", "--base",
             base or f"{run_dir}/base", "--out", f"{run_dir}/model"]
 
 
@@ -320,12 +317,13 @@ def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any])
     then also the training's nodeSelector, tolerations and Kueue queue (a CPU merge gets none of them)."""
     res = pt.spec.resources
     run = training_run_dir(pt, cfg)
-    c = _container("merge", res.image or cfg.trainer_image, merge_command(run, training_checkpoint_uri(pt, cfg), base_model_dir(pt, cfg)),
-                   cfg, _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
+    command = merge_command(run, training_checkpoint_uri(pt, cfg), base_model_dir(pt, cfg))
+    c = _container(stages.MERGE.name, res.image or cfg.trainer_image, command, cfg,
+                   _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
     pod = _pod_spec([c], cfg, None, None, "Never", res.node_selector if cfg.merge_gpus else None,
                     res.tolerations if cfg.merge_gpus else None)
     _with_storage(pod, pt.spec.storage)
-    return _batch_job(naming.merge_job(pt.metadata.name), owner, "merge", pod, cfg.backoff_limit,
+    return _batch_job(naming.merge_job(pt.metadata.name), owner, stages.MERGE.name, pod, cfg.backoff_limit,
                       queue_name=res.queue_name if cfg.merge_gpus else None, completions=1, parallelism=1)
 
 
@@ -359,8 +357,7 @@ def eval_dir(le: LeakageEval, cfg: OperatorConfig) -> str:
 
 def resolved_eval(le: LeakageEval, model_uris: dict[str, str]) -> dict[str, Any]:
     """The LeakageEval as the pods read it: defaults filled in, ``trainingRef`` models given as their URI."""
-    doc = le.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
-    doc["metadata"] = {k: v for k, v in {"name": le.metadata.name, "namespace": le.metadata.namespace}.items() if v}
+    doc = _pod_document(le)
     for m in doc["spec"]["models"]:
         if "trainingRef" in m:
             m.pop("trainingRef")
@@ -376,7 +373,7 @@ def build_eval_configmap(le: LeakageEval, model_uris: dict[str, str], owner: dic
 
 def embed_command(model: str, out: str) -> list[str]:
     """``pitlab embed`` of one model of the panel."""
-    return ["pitlab", "embed", "--spec", EVAL_SPEC_PATH, "--model", model, "--out", out]
+    return [*stages.EMBED.entry_point.split(), "--spec", EVAL_SPEC_PATH, "--model", model, "--out", out]
 
 
 def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any],
@@ -391,7 +388,8 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
     models = [m.name for m in le.spec.models]
 
     def pod(command: list[str]) -> dict[str, Any]:
-        c = _container("embed", image, command, cfg, _resources(r.cpu, r.memory, r.gpus), spec_file=EVAL_SPEC_FILE)
+        c = _container(stages.EMBED.name, image, command, cfg, _resources(r.cpu, r.memory, r.gpus),
+                       spec_file=EVAL_SPEC_FILE)
         return _with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r.node_selector, r.tolerations,
                                        shm=r.gpus > 0), le.spec.storage)
 
@@ -399,11 +397,11 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
         indexed = len(models) > cfg.indexed_embed_threshold
     if indexed:
         command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
-        return [_batch_job(naming.embed_indexed_job(le.metadata.name, len(models)), owner, "embed", pod(command),
-                           cfg.backoff_limit, queue_name=r.queue_name, completionMode="Indexed",
+        return [_batch_job(naming.embed_indexed_job(le.metadata.name, len(models)), owner, stages.EMBED.name,
+                           pod(command), cfg.backoff_limit, queue_name=r.queue_name, completionMode="Indexed",
                            completions=len(models),
                            parallelism=min(cfg.embed_parallelism, len(models)))]
-    return [_batch_job(naming.embed_job(le.metadata.name, m), owner, "embed", pod(embed_command(m, out)),
+    return [_batch_job(naming.embed_job(le.metadata.name, m), owner, stages.EMBED.name, pod(embed_command(m, out)),
                        cfg.backoff_limit, {naming.MODEL_KEY: naming.dns_label(m)}, r.queue_name,
                        completions=1, parallelism=1)
             for m in models]
@@ -412,7 +410,7 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
 def analyze_command(out: str) -> list[str]:
     """``pitlab analyze`` wrapped so that its results summary becomes the termination message."""
     return WORKLOAD + ["report-results", "--results", f"{out}/results.json", "--report", f"{out}/report.md", "--",
-                       "pitlab", "analyze", "--spec", EVAL_SPEC_PATH, "--out", out]
+                       *stages.ANALYZE.entry_point.split(), "--spec", EVAL_SPEC_PATH, "--out", out]
 
 
 def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
@@ -421,14 +419,10 @@ def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any
     ``analyze_memory``), and it gets neither the evaluation's nodeSelector/tolerations (GPU nodes) nor its
     Kueue queue (GPU quota)."""
     out = eval_dir(le, cfg)
-    c = _container("analyze", le.spec.resources.image or cfg.evaluator_image, analyze_command(out), cfg,
+    c = _container(stages.ANALYZE.name, le.spec.resources.image or cfg.evaluator_image, analyze_command(out), cfg,
                    _resources(cfg.analyze_cpu, cfg.analyze_memory), spec_file=EVAL_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.eval_spec_configmap(le.metadata.name), EVAL_SPEC_FILE, "Never")
     _with_storage(pod, le.spec.storage)
-    return _batch_job(naming.analyze_job(le.metadata.name), owner, "analyze", pod, cfg.backoff_limit,
+    return _batch_job(naming.analyze_job(le.metadata.name), owner, stages.ANALYZE.name, pod, cfg.backoff_limit,
                       completions=1, parallelism=1)
 
-
-def command_line(argv: list[str]) -> str:
-    """A container command as one shell-quoted line (for messages and docs)."""
-    return shlex.join(argv)

@@ -17,9 +17,9 @@ from kubernetes.client import ApiException
 from pydantic import ValidationError
 from urllib3.exceptions import HTTPError
 
-from pitlab.api import API_GROUP, API_VERSION, SpecError
+from pitlab.api import API_GROUP, API_VERSION, SpecError, conditions, stages
 from pitlab.api.status import TERMINAL_PHASES, ResourceStatus
-from pitlab.operator import conditions, lifecycle, validation
+from pitlab.operator import lifecycle, naming, validation
 from pitlab.operator.config import OperatorConfig
 
 FINALIZER = f"{API_GROUP}/finalizer"
@@ -118,8 +118,7 @@ def _warn_once(body: kopf.Body, memo: Any, reason: str, message: str) -> None:
 
 def _stage(status: ResourceStatus, doc: dict[str, Any]) -> str:
     """The stage in progress: the first whose condition is not True."""
-    return conditions.current_stage(status, conditions.TRAINING_STAGES if doc["kind"] == "PitTraining"
-                                    else conditions.EVAL_STAGES)
+    return conditions.current_stage(status, stages.conditions_of(doc["kind"]))
 
 
 def broken_status(err: ValueError, doc: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +148,7 @@ def blocked_status(err: ApiException, status: ResourceStatus, doc: dict[str, Any
         text = (f"{what} cannot be created: the API server has no {manifest['kind']} kind ({api}); {todo}. "
                 "Retrying every")
     else:
-        resource = lifecycle.RESOURCE_OF_KIND[manifest["kind"]].split("/")[-1]
+        resource = naming.RESOURCE_OF_KIND[manifest["kind"]].split("/")[-1]
         text = (f"{what} cannot be created: forbidden ({api}); grant the operator's ServiceAccount `create` on "
                 f"{resource} (the chart's RBAC), or raise the namespace's ResourceQuota. Retrying every")
     conditions.stage_blocked(status, _stage(status, doc), BLOCKED[err.status], f"{text} {retry_delay:g} s",

@@ -13,7 +13,7 @@ from typing import Any
 import kubernetes
 from kubernetes.client import ApiClient, ApiException
 
-from pitlab.operator import lifecycle
+from pitlab.operator import naming
 
 
 def _split(resource: str) -> tuple[str, str, str]:
@@ -34,9 +34,9 @@ class Kube:
         """The object, or None if it does not exist."""
         group, version, plural = _split(resource)
         try:
-            if resource == lifecycle.CONFIGMAPS:
+            if resource == naming.CONFIGMAPS:
                 obj = self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
-            elif resource == lifecycle.JOBS:
+            elif resource == naming.JOBS:
                 obj = self.batch.read_namespaced_job(name, namespace, _preload_content=False)
             else:
                 return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
@@ -55,7 +55,7 @@ class Kube:
             elif manifest["kind"] == "Job":
                 self.batch.create_namespaced_job(ns, manifest)
             else:
-                group, version, plural = _split(lifecycle.RESOURCE_OF_KIND[manifest["kind"]])
+                group, version, plural = _split(naming.RESOURCE_OF_KIND[manifest["kind"]])
                 self.custom.create_namespaced_custom_object(group, version, ns, plural, manifest)
         except ApiException as err:
             if err.status == 409:

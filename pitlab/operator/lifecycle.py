@@ -1,9 +1,10 @@
 """The two state machines, as pure-ish functions: a resource body and a read-only view of the cluster in,
 the children to create and the new status out (a :class:`Plan`). The handlers execute plans.
 
-PitTraining: Validating → Preparing (prepare Job) → Training (PyTorchJob) → Merging (merge Job) →
-Evaluating (LeakageEval children) → Succeeded; or Failed with the failing child's reason and message.
-LeakageEval: Validating → Embedding (one Job per model, or an indexed Job) → Analyzing (one Job) → Succeeded.
+Both walk the stage tables of :mod:`pitlab.api.stages`. PitTraining: Validating → Preparing (prepare Job) →
+Training (PyTorchJob) → Merging (merge Job) → Evaluating (LeakageEval children) → Succeeded; or Failed with the
+failing child's reason and message. LeakageEval: Validating → Embedding (one Job per model, or an indexed Job)
+→ Analyzing (one Job) → Succeeded.
 
 Every call starts from what exists (level-triggered): a child that exists is adopted, never created twice,
 so an operator restarted in any phase carries on. A finished stage is remembered in the status (its
@@ -20,22 +21,17 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from pitlab.api import LeakageEval, PitTraining, SpecError
+from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, stages
+from pitlab.api.stages import Stage
 from pitlab.api.status import TERMINAL_PHASES, CorpusAuditStatus, Progress, ResourceStatus, get_condition
-from pitlab.operator import builders, conditions, naming, validation
+from pitlab.api.summary import premium_summary
+from pitlab.operator import builders, naming, validation
 from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.operator.mirroring import (FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, last_lines,
                                        leakageeval_state, message_json, progress_from_log, pytorchjob_state,
                                        termination_message)
-from pitlab.operator.summary import premium_summary
-
-# Resource keys of the World (group/version/plural)
-CONFIGMAPS = "v1/configmaps"
-JOBS = "batch/v1/jobs"
-PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
-PITTRAININGS = "pitlab.io/v1alpha1/pittrainings"
-LEAKAGEEVALS = "pitlab.io/v1alpha1/leakageevals"
-RESOURCE_OF_KIND = {"ConfigMap": CONFIGMAPS, "Job": JOBS, "PyTorchJob": PYTORCHJOBS, "LeakageEval": LEAKAGEEVALS}
+from pitlab.operator.naming import (CONFIGMAPS, JOBS, LEAKAGEEVALS, PITTRAININGS,  # noqa: F401 - re-exported
+                                    PYTORCHJOBS, RESOURCE_OF_KIND)
 
 
 class World(Protocol):
@@ -98,10 +94,6 @@ class _Children:
         return found
 
 
-def _generation(body: dict[str, Any]) -> int | None:
-    return (body.get("metadata") or {}).get("generation")
-
-
 def _problems(err: ValidationError, root: str = "") -> str:
     """A pydantic error as ``field: problem; field: problem`` (fields as written in YAML)."""
     return validation.message(SpecError.from_validation_error(err, root=root).problems)
@@ -121,31 +113,91 @@ def _job_message(world: World, ns: str, job: dict[str, Any] | None, container: s
     return f"Job {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
 
 
-def _job_stage(kids: _Children, status: ResourceStatus, manifest: dict[str, Any], child_key: str, stage: str,
-               phase: str, container: str, gen: int | None, now: str | None) -> dict[str, Any] | None:
+@dataclasses.dataclass
+class _Ctx:
+    """One reconciliation of one resource: its body, the cluster view, the configuration, the plan being built
+    (whose status it changes) and the generation and time that every condition written now carries."""
+
+    body: dict[str, Any]
+    world: World
+    cfg: OperatorConfig
+    plan: Plan
+    gen: int | None
+    now: str | None
+    kind: str
+    kids: _Children = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kids = _Children(self.world, self.body, self.plan)
+
+    @property
+    def status(self) -> ResourceStatus:
+        assert self.plan.status is not None
+        return self.plan.status
+
+    @property
+    def name(self) -> str:
+        return self.body["metadata"]["name"]
+
+    @property
+    def ns(self) -> str | None:
+        return self.body["metadata"].get("namespace")
+
+    def running(self, stage: Stage, message: str, reason: str | None = None) -> None:
+        """``stage`` in progress: its condition False with ``reason`` (default: its phase), phase ``stage.phase``."""
+        conditions.stage_running(self.status, stage.condition, stage.phase, reason or stage.phase, message,
+                                 self.gen, self.now)
+
+    def done(self, stage: Stage, message: str, reason: str | None = None) -> None:
+        """``stage`` finished: its condition True with ``reason`` (default ``stage.done``)."""
+        conditions.stage_done(self.status, stage.condition, reason or stage.done, message, self.gen, self.now)
+
+    def failed(self, condition: str, reason: str, message: str) -> None:
+        """Condition ``condition`` False and phase Failed, with ``reason`` and ``message``."""
+        conditions.stage_failed(self.status, condition, reason, message, self.gen, self.now)
+
+    def fail_current(self, reason: str, message: str) -> None:
+        """The stage in progress (the first whose condition is not True) failed."""
+        self.failed(conditions.current_stage(self.status, stages.conditions_of(self.kind)), reason, message)
+
+    def succeeded(self, message: str) -> None:
+        conditions.succeeded(self.status, stages.SUCCEEDED, message, self.gen, self.now)
+
+
+def _job_stage(ctx: _Ctx, stage: Stage, manifest: dict[str, Any], child_key: str) -> dict[str, Any] | None:
     """One stage run by a single batch Job (prepare, merge, analyze): create or adopt the Job, record it in
     ``status.children[child_key]`` and mirror its state onto ``stage``. Returns the Job once it succeeded;
-    None while it runs (``stage`` False, reason ``phase``) or after it failed (``stage`` False with the Job's
-    reason, its message and log tail)."""
-    job = kids.ensure(manifest)
+    None while it runs (condition False, reason ``stage.phase``) or after it failed (condition False with the
+    Job's reason, its message and the log tail of its container, named like ``stage``)."""
+    job = ctx.kids.ensure(manifest)
     job_name = manifest["metadata"]["name"]
-    status.children[child_key] = job_name
+    ctx.status.children[child_key] = job_name
     st = batch_job_state(job) if job else ChildState("Pending", "Created")
     if st.state == FAILED:
-        conditions.stage_failed(status, stage, st.reason, _job_message(kids.world, kids.ns, job, container, st),
-                                gen, now)
+        ctx.failed(stage.condition, st.reason, _job_message(ctx.world, ctx.ns, job, stage.name, st))
         return None
     if st.state != SUCCEEDED:
-        conditions.stage_running(status, stage, phase, phase, f"Job {job_name}: {st.reason}", gen, now)
+        ctx.running(stage, f"Job {job_name}: {st.reason}")
         return None
     return job
 
 
-def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig, now: str | None):
+@dataclasses.dataclass
+class _Begun:
+    """What every reconciliation starts from: its context (plan and status), the spec as it is now (None when
+    it does not parse) and the problems validation found in it."""
+
+    ctx: _Ctx
+    current: PitTraining | LeakageEval | None
+    problems: list[tuple[str, str]]
+
+
+def _begin(body: dict[str, Any], kind: str, world: World, check: Any, cfg: OperatorConfig,
+           now: str | None) -> Plan | _Begun:
     """The common start of a reconciliation: a Plan when there is nothing to run (finished at its current
-    generation: ``Plan(None)``; a finished run whose spec was edited: :func:`_finished_edit`), else
-    (generation, status, plan, parsed spec or None, validation problems)."""
-    gen = _generation(body)
+    generation: ``Plan(None)``; a finished run whose spec was edited: :func:`_finished_edit`), else a
+    :class:`_Begun`."""
+    gen = (body.get("metadata") or {}).get("generation")
     status = load_status(body)
     if status.phase in TERMINAL_PHASES:
         if status.observed_generation == gen:
@@ -157,7 +209,12 @@ def _begin(body: dict[str, Any], kind: str, check: Any, cfg: OperatorConfig, now
         problems = check(current, cfg)
     except SpecError as err:
         current, problems = None, err.problems
-    return gen, status, Plan(status), current, problems
+    return _Begun(_Ctx(body, world, cfg, Plan(status), gen, now, kind), current, problems)
+
+
+def _spec_configmap(body: dict[str, Any], kind: str) -> str:
+    name = body["metadata"]["name"]
+    return naming.training_spec_configmap(name) if kind == "PitTraining" else naming.eval_spec_configmap(name)
 
 
 def _finished_edit(body: dict[str, Any], kind: str, status: ResourceStatus, gen: int | None,
@@ -165,149 +222,177 @@ def _finished_edit(body: dict[str, Any], kind: str, status: ResourceStatus, gen:
     """A spec edit of a run that finished (Succeeded or Failed after its first child existed): nothing is
     created again (children a user deleted stay deleted). The edit is refused (Stalled=True, SpecImmutable);
     an edit back to the run's spec restores the conditions the run finished with."""
-    name = body["metadata"]["name"]
-    cm = naming.training_spec_configmap(name) if kind == "PitTraining" else naming.eval_spec_configmap(name)
     if status.spec_digest != builders.spec_digest(body.get("spec") or {}):
         conditions.refuse_spec_change(
             status, f"spec changed after the run finished ({status.phase}, generation {gen}); nothing is run "
-                    f"again. The run's spec is in ConfigMap {cm}: revert the edit, or create a new {kind}",
-            gen, now)
+                    f"again. The run's spec is in ConfigMap {_spec_configmap(body, kind)}: revert the edit, or create "
+                    f"a new {kind}", gen, now)
     else:
         conditions.restore_finished(status, gen, now)
     return Plan(status)
 
 
+_STARTED = {"PitTraining": "the run started (generation {}); the run continues",
+            "LeakageEval": "the evaluation started (generation {}); it continues"}
+
+
+def _refuse_edit(ctx: _Ctx) -> None:
+    """Once the run started its spec is fixed: an edited spec is refused (Stalled=True, SpecImmutable) and the
+    run goes on with the spec stored in its ConfigMap."""
+    status = ctx.status
+    if status.spec_digest is not None and status.spec_digest != builders.spec_digest(ctx.body.get("spec") or {}):
+        conditions.refuse_spec_change(
+            status, f"spec changed after {_STARTED[ctx.kind].format(ctx.gen)} with the spec stored in ConfigMap "
+                    f"{_spec_configmap(ctx.body, ctx.kind)}. Revert the edit, or create a new {ctx.kind}",
+            ctx.gen, ctx.now)
+
+
+def _stored_resource(ctx: _Ctx, cm: dict[str, Any] | None, key: str, condition: str, gone_hint: str):
+    """The run's spec from its ConfigMap, parsed; None after marking ``condition`` failed (reason
+    SpecConfigMapMissing or StoredSpecInvalid) when it is gone or no longer parses."""
+    cm_name = _spec_configmap(ctx.body, ctx.kind)
+    stored = _stored_spec(cm, key)
+    if stored is None:
+        ctx.failed(condition, "SpecConfigMapMissing", f"ConfigMap {cm_name} with the run's spec is gone{gone_hint}")
+        return None
+    model = PitTraining if ctx.kind == "PitTraining" else LeakageEval
+    try:
+        return model.model_validate(stored)
+    except ValidationError as err:
+        ctx.failed(condition, "StoredSpecInvalid", f"ConfigMap {cm_name}: the run's spec no longer parses: "
+                                                   f"{_problems(err)}; delete and recreate the {ctx.kind}")
+        return None
+
+
 # ---------------------------------------------------------------- PitTraining
 def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
     """One reconciliation of a PitTraining body: the children to create and its next status."""
-    begun = _begin(body, "PitTraining", validation.check_training, cfg, now)
+    begun = _begin(body, "PitTraining", world, validation.check_training, cfg, now)
     if isinstance(begun, Plan):
         return begun
-    gen, status, plan, current, problems = begun
-    if status.spec_digest is None:  # nothing started yet: the spec must be valid to start
-        if problems:
-            conditions.stage_failed(status, "Validated", "InvalidSpec", validation.message(problems), gen, now)
-            return plan
-        conditions.stage_done(status, "Validated", "SpecValid", "spec is valid", gen, now)
+    ctx = begun.ctx
+    if ctx.status.spec_digest is None:  # nothing started yet: the spec must be valid to start
+        if begun.problems:
+            ctx.failed(stages.VALIDATE.condition, stages.VALIDATE.failed, validation.message(begun.problems))
+            return ctx.plan
+        ctx.done(stages.VALIDATE, "spec is valid")
     try:
-        _advance_training(body, current, world, cfg, plan, gen, now)
+        _advance_training(ctx, begun.current)
     except NameConflict as err:
-        conditions.stage_failed(status, conditions.current_stage(status, conditions.TRAINING_STAGES), "NameConflict", str(err), gen, now)
-    digest = builders.spec_digest(body.get("spec") or {})
-    if status.spec_digest is not None and status.spec_digest != digest:
-        conditions.refuse_spec_change(
-            status, f"spec changed after the run started (generation {gen}); the run continues with the spec "
-                    f"stored in ConfigMap {naming.training_spec_configmap(body['metadata']['name'])}. Revert the "
-                    "edit, or create a new PitTraining", gen, now)
-    return plan
+        ctx.fail_current("NameConflict", str(err))
+    _refuse_edit(ctx)
+    return ctx.plan
 
 
-def _advance_training(body: dict[str, Any], current: PitTraining | None, world: World, cfg: OperatorConfig,
-                      plan: Plan, gen: int | None, now: str | None) -> None:
-    status = plan.status
-    assert status is not None
-    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
-    kids = _Children(world, body, plan)
-    cm = kids.ensure(builders.build_training_configmap(current, body)) if current and status.spec_digest is None \
-        else world.get(CONFIGMAPS, ns, naming.training_spec_configmap(name))
-    stored = _stored_spec(cm, TRAINING_SPEC_FILE)
+def _advance_training(ctx: _Ctx, current: PitTraining | None) -> None:
+    """Walk the PitTraining's stages from the first not done; stop at the first that is still running or failed."""
+    status = ctx.status
+    if current is not None and status.spec_digest is None:
+        cm = ctx.kids.ensure(builders.build_training_configmap(current, ctx.body))
+    else:
+        cm = ctx.world.get(CONFIGMAPS, ctx.ns, naming.training_spec_configmap(ctx.name))
     if status.spec_digest is None:
         pt = current
-        status.spec_digest = builders.spec_digest(body.get("spec") or {})
-    elif stored is not None:
-        try:
-            pt = PitTraining.model_validate(stored)
-        except ValidationError as err:
-            conditions.stage_failed(status, conditions.current_stage(status, conditions.TRAINING_STAGES), "StoredSpecInvalid",
-                                    f"ConfigMap {naming.training_spec_configmap(name)}: the run's spec no longer "
-                                    f"parses: {_problems(err)}; delete and recreate the PitTraining", gen, now)
-            return
+        status.spec_digest = builders.spec_digest(ctx.body.get("spec") or {})
     else:
-        conditions.stage_failed(status, conditions.current_stage(status, conditions.TRAINING_STAGES), "SpecConfigMapMissing",
-                                f"ConfigMap {naming.training_spec_configmap(name)} with the run's spec is gone; "
-                                "delete and recreate the PitTraining", gen, now)
-        return
-    run = builders.training_run_dir(pt, cfg)
-    status.children.setdefault("configMap", naming.training_spec_configmap(name))
-
-    # Preparing
-    if not conditions.is_true(status, "Prepared"):
-        job = _job_stage(kids, status, builders.build_prepare_job(pt, cfg, body), "prepareJob",
-                         "Prepared", "Preparing", "prepare", gen, now)
-        if job is None:
+        pt = _stored_resource(ctx, cm, TRAINING_SPEC_FILE, conditions.current_stage(
+            status, stages.conditions_of("PitTraining")), "; delete and recreate the PitTraining")
+        if pt is None:
             return
-        doc = message_json(termination_message(world.job_pods(ns, job["metadata"]["name"]), job["metadata"]["name"],
-                                               "prepare")) or {}
-        audit = _corpus_audit(doc.get("corpusAudit"), job["metadata"]["name"], plan)
-        if audit is not None:
-            status.corpus_audit = audit
-            plan.warnings.extend(("CorpusWarning", w) for w in audit.warnings or [])
-        msg = (f"{audit.included} documents up to {pt.spec.knowledge_cutoff}, {audit.excluded_by_date} after it"
-               if audit is not None else "corpus filtered")
-        conditions.stage_done(status, "Prepared", "CorpusFiltered", msg, gen, now)
-
-    # Training
-    if not conditions.is_true(status, "Trained"):
-        job = kids.ensure(builders.build_pytorchjob(pt, cfg, body))
-        job_name = naming.pytorchjob(name)
-        status.children["pytorchJob"] = job_name
-        st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
-        status.checkpoint_uri = builders.training_checkpoint_uri(pt, cfg)
-        if st.state == FAILED:
-            conditions.stage_failed(status, "Trained", st.reason, f"PyTorchJob {job_name}: {st.message}", gen, now)
+    status.children.setdefault("configMap", naming.training_spec_configmap(ctx.name))
+    for stage in stages.PITTRAINING[1:]:
+        if not TRAINING_STEPS[stage.name](ctx, stage, pt):
             return
-        if st.state != SUCCEEDED:
-            log = world.pod_log(ns, naming.master_pod(name), "progress") if job else None
-            prog = _progress(log, naming.master_pod(name), plan) if job else None
-            if prog is not None:
-                status.progress = prog
-            step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
-            warning = kernel_warning(log)
-            conditions.stage_running(status, "Trained", "Training", "Training",
-                                     f"PyTorchJob {job_name}: {st.reason}{step}"
-                                     + (f"; WARNING: {warning}" if warning else ""), gen, now)
-            return
-        if status.progress is not None and status.progress.total_steps:
-            status.progress.step = status.progress.total_steps
-        conditions.stage_done(status, "Trained", st.reason or "Succeeded", f"PyTorchJob {job_name}: {st.message}",
-                              gen, now)
+    ctx.succeeded(f"model at {status.model_uri}")
 
-    # Merging
-    if not conditions.is_true(status, "Merged"):
-        if _job_stage(kids, status, builders.build_merge_job(pt, cfg, body), "mergeJob", "Merged",
-                      "Merging", "merge", gen, now) is None:
-            return
-        status.model_uri = f"{run}/model"
-        conditions.stage_done(status, "Merged", "MergeSucceeded", f"model written to {status.model_uri}", gen, now)
 
-    # Evaluating
+def _prepare(ctx: _Ctx, stage: Stage, pt: PitTraining) -> bool:
+    """The prepare Job; once it succeeded, the corpus audit of its termination message goes to the status."""
+    if conditions.is_true(ctx.status, stage.condition):
+        return True
+    job = _job_stage(ctx, stage, builders.build_prepare_job(pt, ctx.cfg, ctx.body), "prepareJob")
+    if job is None:
+        return False
+    job_name = job["metadata"]["name"]
+    doc = message_json(termination_message(ctx.world.job_pods(ctx.ns, job_name), job_name, stage.name)) or {}
+    audit = _corpus_audit(doc.get("corpusAudit"), job_name, ctx.plan)
+    if audit is not None:
+        ctx.status.corpus_audit = audit
+        ctx.plan.warnings.extend(("CorpusWarning", w) for w in audit.warnings or [])
+    ctx.done(stage, f"{audit.included} documents up to {pt.spec.knowledge_cutoff}, {audit.excluded_by_date} after "
+                    f"it" if audit is not None else "corpus filtered")
+    return True
+
+
+def _train(ctx: _Ctx, stage: Stage, pt: PitTraining) -> bool:
+    """The PyTorchJob; while it runs, the progress sidecar's newest line goes to ``status.progress``."""
+    status = ctx.status
+    if conditions.is_true(status, stage.condition):
+        return True
+    job = ctx.kids.ensure(builders.build_pytorchjob(pt, ctx.cfg, ctx.body))
+    job_name = naming.pytorchjob(ctx.name)
+    status.children["pytorchJob"] = job_name
+    st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
+    status.checkpoint_uri = builders.training_checkpoint_uri(pt, ctx.cfg)
+    if st.state == FAILED:
+        ctx.failed(stage.condition, st.reason, f"PyTorchJob {job_name}: {st.message}")
+        return False
+    if st.state != SUCCEEDED:
+        pod = naming.master_pod(ctx.name)
+        log = ctx.world.pod_log(ctx.ns, pod, "progress") if job else None
+        prog = _progress(log, pod, ctx.plan) if job else None
+        if prog is not None:
+            status.progress = prog
+        step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
+        warning = kernel_warning(log)
+        ctx.running(stage, f"PyTorchJob {job_name}: {st.reason}{step}" + (f"; WARNING: {warning}" if warning else ""))
+        return False
+    if status.progress is not None and status.progress.total_steps:
+        status.progress.step = status.progress.total_steps
+    ctx.done(stage, f"PyTorchJob {job_name}: {st.message}", reason=st.reason or stage.done)
+    return True
+
+
+def _merge(ctx: _Ctx, stage: Stage, pt: PitTraining) -> bool:
+    """The merge Job; the merged model's URI goes to ``status.modelURI``."""
+    if conditions.is_true(ctx.status, stage.condition):
+        return True
+    if _job_stage(ctx, stage, builders.build_merge_job(pt, ctx.cfg, ctx.body), "mergeJob") is None:
+        return False
+    ctx.status.model_uri = f"{builders.training_run_dir(pt, ctx.cfg)}/model"
+    ctx.done(stage, f"model written to {ctx.status.model_uri}")
+    return True
+
+
+def _evaluate(ctx: _Ctx, stage: Stage, pt: PitTraining) -> bool:
+    """One LeakageEval child per ``spec.evaluations`` entry; their results summaries go to ``status.results``."""
+    status = ctx.status
     if not pt.spec.evaluations:
-        conditions.stage_done(status, "Evaluated", "NoEvaluations", "spec.evaluations is empty", gen, now)
-        conditions.succeeded(status, "Succeeded", f"model at {status.model_uri}", gen, now)
-        return
+        ctx.done(stage, "spec.evaluations is empty", reason=stage.empty)
+        return True
     results: dict[str, Any] = {}
     pending = []
     for tpl in pt.spec.evaluations:
-        child_name = naming.evaluation(name, tpl.name)
-        child = kids.ensure(builders.build_evaluation(pt, tpl, body))
+        child_name = naming.evaluation(ctx.name, tpl.name)
+        child = ctx.kids.ensure(builders.build_evaluation(pt, tpl, ctx.body))
         status.children[f"leakageEval.{tpl.name}"] = child_name
         st = leakageeval_state(child) if child else ChildState("Pending", "Created")
         if st.state == FAILED:
-            conditions.stage_failed(status, "Evaluated", st.reason, f"LeakageEval {child_name}: {st.message}", gen,
-                                    now)
-            return
+            ctx.failed(stage.condition, st.reason, f"LeakageEval {child_name}: {st.message}")
+            return False
         if st.state == SUCCEEDED:
             results[tpl.name] = ((child or {}).get("status") or {}).get("results") or {}
         else:
             pending.append(f"{child_name} ({st.reason})")
     if pending:
-        conditions.stage_running(status, "Evaluated", "Evaluating", "Evaluating",
-                                 "waiting for LeakageEval " + ", ".join(pending), gen, now)
-        return
+        ctx.running(stage, "waiting for LeakageEval " + ", ".join(pending))
+        return False
     status.results = results
-    conditions.stage_done(status, "Evaluated", "EvaluationsSucceeded",
-                          f"{len(results)} evaluation(s) succeeded", gen, now)
-    conditions.succeeded(status, "Succeeded", f"model at {status.model_uri}", gen, now)
+    ctx.done(stage, f"{len(results)} evaluation(s) succeeded")
+    return True
+
+
+TRAINING_STEPS = {"prepare": _prepare, "train": _train, "merge": _merge, "evaluate": _evaluate}
 
 
 def _corpus_audit(doc: Any, job: str, plan: Plan) -> CorpusAuditStatus | None:
@@ -383,97 +468,103 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig
 
 def reconcile_eval(body: dict[str, Any], world: World, cfg: OperatorConfig, now: str | None = None) -> Plan:
     """One reconciliation of a LeakageEval body: the children to create and its next status."""
-    begun = _begin(body, "LeakageEval", validation.check_eval, cfg, now)
+    begun = _begin(body, "LeakageEval", world, validation.check_eval, cfg, now)
     if isinstance(begun, Plan):
         return begun
-    gen, status, plan, current, problems = begun
-    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
-    kids = _Children(world, body, plan)
+    ctx = begun.ctx
     try:
-        if status.spec_digest is None:
-            if problems:
-                conditions.stage_failed(status, "Validated", "InvalidSpec", validation.message(problems), gen, now)
-                return plan
-            uris, wait, fail = _model_uris(current, world, cfg)
-            if fail:
-                conditions.stage_failed(status, "Validated", fail[0], fail[1], gen, now)
-                return plan
-            if wait:
-                conditions.stage_running(status, "Validated", "Validating", "WaitingForModel", wait, gen, now)
-                return plan
-            conditions.stage_done(status, "Validated", "SpecValid", "spec is valid", gen, now)
-            kids.ensure(builders.build_eval_configmap(current, uris, body))
-            status.spec_digest = builders.spec_digest(body.get("spec") or {})
-            le = current
-        else:
-            stored = _stored_spec(world.get(CONFIGMAPS, ns, naming.eval_spec_configmap(name)), EVAL_SPEC_FILE)
-            if stored is None:
-                conditions.stage_failed(status, "Embedded", "SpecConfigMapMissing",
-                                        f"ConfigMap {naming.eval_spec_configmap(name)} with the run's spec is gone",
-                                        gen, now)
-                return plan
-            try:
-                le = LeakageEval.model_validate(stored)
-            except ValidationError as err:
-                conditions.stage_failed(status, "Embedded", "StoredSpecInvalid",
-                                        f"ConfigMap {naming.eval_spec_configmap(name)}: the run's spec no longer "
-                                        f"parses: {_problems(err)}; delete and recreate the LeakageEval", gen, now)
-                return plan
-        status.children.setdefault("configMap", naming.eval_spec_configmap(name))
-        _advance_eval(body, le, world, cfg, kids, plan, gen, now)
+        le = _validate_eval(ctx, begun)
+        if le is None:  # waiting for a model, or failed (an edit of the spec is not looked at then)
+            return ctx.plan
+        ctx.status.children.setdefault("configMap", naming.eval_spec_configmap(ctx.name))
+        _advance_eval(ctx, le)
     except NameConflict as err:
-        conditions.stage_failed(status, "Embedded", "NameConflict", str(err), gen, now)
-    if status.spec_digest is not None and status.spec_digest != builders.spec_digest(body.get("spec") or {}):
-        conditions.refuse_spec_change(
-            status, f"spec changed after the evaluation started (generation {gen}); it continues with the spec "
-                    f"stored in ConfigMap {naming.eval_spec_configmap(name)}. Revert the edit, or create a new "
-                    "LeakageEval", gen, now)
-    return plan
+        ctx.failed(stages.EMBED.condition, "NameConflict", str(err))
+    _refuse_edit(ctx)
+    return ctx.plan
 
 
-def _advance_eval(body: dict[str, Any], le: LeakageEval, world: World, cfg: OperatorConfig, kids: _Children,
-                  plan: Plan, gen: int | None, now: str | None) -> None:
-    status = plan.status
-    assert status is not None
-    name, ns = body["metadata"]["name"], body["metadata"].get("namespace")
-    out = builders.eval_dir(le, cfg)
-    if not conditions.is_true(status, "Embedded"):
-        jobs = []
-        for manifest in builders.build_embed_jobs(le, cfg, body, _embed_indexed(status, le, world, ns)):
-            jobs.append(kids.ensure(manifest))
-            status.children[f"embedJob.{manifest['metadata']['labels'].get(naming.MODEL_KEY, 'all')}"] = \
-                manifest["metadata"]["name"]
-        st = jobs_state([j for j in jobs if j is not None]) if all(jobs) else ChildState("Pending", "Created")
-        if st.state == FAILED:
-            conditions.stage_failed(status, "Embedded", st.reason, st.message, gen, now)
+def _validate_eval(ctx: _Ctx, begun: _Begun) -> LeakageEval | None:
+    """The LeakageEval to run: before the first child, the current spec once it is valid and its trainingRef
+    models exist (then the spec ConfigMap is created); after, the spec stored in the ConfigMap. None while it
+    waits for a model or after a failure."""
+    status, stage = ctx.status, stages.VALIDATE
+    if status.spec_digest is not None:
+        cm = ctx.world.get(CONFIGMAPS, ctx.ns, naming.eval_spec_configmap(ctx.name))
+        return _stored_resource(ctx, cm, EVAL_SPEC_FILE, stages.EMBED.condition, "")
+    if begun.problems:
+        ctx.failed(stage.condition, stage.failed, validation.message(begun.problems))
+        return None
+    current = begun.current
+    uris, wait, fail = _model_uris(current, ctx.world, ctx.cfg)
+    if fail:
+        ctx.failed(stage.condition, fail[0], fail[1])
+        return None
+    if wait:
+        ctx.running(stage, wait, reason="WaitingForModel")
+        return None
+    ctx.done(stage, "spec is valid")
+    ctx.kids.ensure(builders.build_eval_configmap(current, uris, ctx.body))
+    status.spec_digest = builders.spec_digest(ctx.body.get("spec") or {})
+    return current
+
+
+def _advance_eval(ctx: _Ctx, le: LeakageEval) -> None:
+    """Walk the LeakageEval's stages from the first not done; stop at the first still running or failed."""
+    for stage in stages.LEAKAGEEVAL[1:]:
+        if not EVAL_STEPS[stage.name](ctx, stage, le):
             return
-        if st.state != SUCCEEDED:
-            conditions.stage_running(status, "Embedded", "Embedding", "Embedding", st.message or st.reason, gen, now)
-            return
-        conditions.stage_done(status, "Embedded", "EmbeddingsWritten", f"{len(le.spec.models)} model(s) embedded",
-                              gen, now)
-    if _job_stage(kids, status, builders.build_analyze_job(le, cfg, body), "analyzeJob", "Analyzed",
-                  "Analyzing", "analyze", gen, now) is None:
-        return
-    doc = message_json(termination_message(world.job_pods(ns, naming.analyze_job(name)), naming.analyze_job(name),
-                                           "analyze")) or {}
+    ctx.succeeded(ctx.status.premium_summary or "evaluation complete")
+
+
+def _embed(ctx: _Ctx, stage: Stage, le: LeakageEval) -> bool:
+    """The embedding Jobs (one per model, or one indexed Job)."""
+    status = ctx.status
+    if conditions.is_true(status, stage.condition):
+        return True
+    jobs = []
+    for manifest in builders.build_embed_jobs(le, ctx.cfg, ctx.body, _embed_indexed(status, le, ctx.world, ctx.ns)):
+        jobs.append(ctx.kids.ensure(manifest))
+        status.children[f"embedJob.{manifest['metadata']['labels'].get(naming.MODEL_KEY, 'all')}"] = \
+            manifest["metadata"]["name"]
+    st = jobs_state([j for j in jobs if j is not None]) if all(jobs) else ChildState("Pending", "Created")
+    if st.state == FAILED:
+        ctx.failed(stage.condition, st.reason, st.message)
+        return False
+    if st.state != SUCCEEDED:
+        ctx.running(stage, st.message or st.reason)
+        return False
+    ctx.done(stage, f"{len(le.spec.models)} model(s) embedded")
+    return True
+
+
+def _analyze(ctx: _Ctx, stage: Stage, le: LeakageEval) -> bool:
+    """The analyze Job; its termination message carries the results summary and the report's URI."""
+    status = ctx.status
+    out = builders.eval_dir(le, ctx.cfg)
+    if _job_stage(ctx, stage, builders.build_analyze_job(le, ctx.cfg, ctx.body), "analyzeJob") is None:
+        return False
+    job_name = naming.analyze_job(ctx.name)
+    doc = message_json(termination_message(ctx.world.job_pods(ctx.ns, job_name), job_name, stage.name)) or {}
     results, report = doc.get("results"), doc.get("reportUri") or f"{out}/report.md"
     if not isinstance(results, dict) or not isinstance(report, str):
-        conditions.stage_failed(status, "Analyzed", "ResultsUnavailable",
-                                f"Job {naming.analyze_job(name)} succeeded but its pod has no results termination "
-                                f"message; see {out}/results.json", gen, now)
-        return
+        ctx.failed(stage.condition, "ResultsUnavailable", f"Job {job_name} succeeded but its pod has no results "
+                                                          f"termination message; see {out}/results.json")
+        return False
     try:
         summary = premium_summary(results)
     except (TypeError, ValueError, AttributeError):
-        plan.warnings.append(("MalformedResults", f"Job {naming.analyze_job(name)}: results summary has an "
-                                                  "unexpected shape; no premium summary"))
+        ctx.plan.warnings.append(("MalformedResults", f"Job {job_name}: results summary has an unexpected shape; "
+                                                      "no premium summary"))
         summary = ""
     status.results = results
     status.report_uri = report
     status.premium_summary = summary or None
-    conditions.stage_done(status, "Analyzed", "ResultsWritten", f"report at {status.report_uri}", gen, now)
-    conditions.succeeded(status, "Succeeded", status.premium_summary or "evaluation complete", gen, now)
+    ctx.done(stage, f"report at {status.report_uri}")
+    return True
+
+
+EVAL_STEPS = {"embed": _embed, "analyze": _analyze}
 
 
 def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: str | None) -> bool | None:

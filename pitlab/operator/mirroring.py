@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
-from pitlab.operator.summary import parse_progress_log
+from pitlab.api.summary import parse_progress_log
 
 RUNNING, SUCCEEDED, FAILED, PENDING = "Running", "Succeeded", "Failed", "Pending"
 

@@ -25,6 +25,13 @@ PART_OF_KEY = "app.kubernetes.io/part-of"
 OWNER_KIND_KEY = "pitlab.io/owner-kind"
 MODEL_KEY = "pitlab.io/model"
 KUEUE_QUEUE_KEY = "kueue.x-k8s.io/queue-name"
+# Resource keys of the cluster view (group/version/plural), as :class:`pitlab.operator.kube.Kube` takes them
+CONFIGMAPS = "v1/configmaps"
+JOBS = "batch/v1/jobs"
+PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+PITTRAININGS = "pitlab.io/v1alpha1/pittrainings"
+LEAKAGEEVALS = "pitlab.io/v1alpha1/leakageevals"
+RESOURCE_OF_KIND = {"ConfigMap": CONFIGMAPS, "Job": JOBS, "PyTorchJob": PYTORCHJOBS, "LeakageEval": LEAKAGEEVALS}
 
 DNS_LABEL_MAX = LABEL_MAX
 HASH_DIGITS = 8  # 32 bits: two rewritten names that share their kept prefix collide with probability 2**-32

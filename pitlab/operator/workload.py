@@ -13,7 +13,7 @@ without giving the workloads any API access:
     python -m pitlab.operator.workload report-results --results E/results.json --report E/report.md -- \
         pitlab analyze --spec /etc/pitlab/leakageeval.yaml --out E
 
-Standard library only (plus :mod:`pitlab.operator.summary`): it runs in the trainer and evaluator images.
+Standard library only (plus :mod:`pitlab.api.summary`): it runs in the trainer and evaluator images.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from pitlab.operator.summary import PROGRESS_PREFIX, TERMINATION_LIMIT, compact_audit, compact_results, progress_record
+from pitlab.api.summary import PROGRESS_PREFIX, TERMINATION_LIMIT, compact_audit, compact_results, progress_record
 
 TERMINATION_LOG = "/dev/termination-log"
 

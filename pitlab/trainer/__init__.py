@@ -2,6 +2,7 @@
 
 Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothing heavy):
 
+- ``inputs``: the corpus filtered to the cutoff (read once, checked before a run) and the prepare stage's run folder
 - ``tokenizer``: byte-level BPE tokenizer trained on the PIT-filtered corpus
 - ``prepare``: base model directory (random init of a real architecture, or a given HF dir); token file
 - ``data``: packed sequences, seeded per-epoch order, per-rank slices; token budget -> steps
@@ -19,7 +20,8 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
 - ``train``: ``setup_run``, ``train_step`` and the loop (``python -m pitlab.trainer.train`` under torchrun)
-- ``launch``: builds and runs the torchrun command, follows metrics, returns the summary
-- ``merge``: DCP checkpoint -> verified Hugging Face model dir (``python -m pitlab.trainer.merge``)
-- ``digest``, ``files``: tensor sha256; atomic file writes
+- ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica)
+- ``launch``: runs the torchrun command, follows metrics, returns the summary
+- ``merge``: DCP checkpoint -> verified Hugging Face model dir, local or ``s3://`` (``pitlab merge``)
+- ``digest``, ``files``: tensor sha256; atomic file writes and the resolved-spec writer
 """

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from torch import nn
 
 
 def tensor_sha256(t: torch.Tensor) -> str:
@@ -17,7 +16,3 @@ def tensor_sha256(t: torch.Tensor) -> str:
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
 
-
-def parameter_sha256(model: nn.Module) -> dict[str, str]:
-    """``{name: sha256}`` of every parameter of a non-distributed ``model`` (``named_parameters()`` order)."""
-    return {name: tensor_sha256(p) for name, p in model.named_parameters()}

@@ -23,6 +23,17 @@ def write_json_atomic(path: Path, obj: object) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
+def write_spec(resource, path: Path) -> Path:
+    """Write a PitTraining or LeakageEval as the resolved-spec JSON every stage reads
+    (:func:`pitlab.api.dump_resource`), atomically, creating the folder; returns ``path``."""
+    from pitlab.api import dump_resource
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, dump_resource(resource))
+    return path
+
+
 def fsync_dir(path: Path) -> None:
     """fsync a directory so that renames inside it are durable."""
     fd = os.open(path, os.O_RDONLY)

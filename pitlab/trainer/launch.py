@@ -6,15 +6,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 from pitlab.api import PitTraining
-from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.checkpoint import checkpoint_location, read_train_state
 from pitlab.trainer.checkpointer import latest_checkpoint
+from pitlab.trainer.command import torchrun_command as build_torchrun_command  # noqa: F401 - pitlab run's command
+from pitlab.trainer.files import write_spec  # noqa: F401 - where the benches and tests import it from
 from pitlab.trainer.metrics import MetricsTail, truncate_metrics
 
 STDERR_TAIL_LINES = 30
@@ -23,29 +23,6 @@ ERROR_PREFIX = "pitlab.trainer.train: error"  # how train.py reports a known err
 
 class TrainingError(RuntimeError):
     """The training job failed; the message holds the exit code and the end of the job's stderr."""
-
-
-def write_spec(resource: PitTraining, path: Path) -> Path:
-    """Write ``resource`` as the resolved-spec JSON the trainer reads (camelCase, JSON values); returns ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, resource.model_dump(mode="json", by_alias=True))
-    return path
-
-
-def build_torchrun_command(spec_path: Path, run_dir: Path, nproc: int, base: Path | None = None) -> list[str]:
-    """The torchrun command line of a single-node job with ``nproc`` ranks (pure; runs nothing).
-
-    ``base`` overrides the base model directory (default ``run_dir/base``). Raises ``ValueError`` if
-    ``nproc < 1``.
-    """
-    if nproc < 1:
-        raise ValueError(f"spec.resources.gpusPerNode: must be >= 1 (got {nproc})")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           "-m", "pitlab.trainer.train", "--spec", str(spec_path), "--run-dir", str(run_dir)]
-    if base is not None:
-        cmd += ["--base", str(base)]
-    return cmd
 
 
 def training_env(nproc: int, cuda: bool, environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -2,8 +2,11 @@
 
 A separate single process with no process group (so no collective watchdog can kill it)::
 
-    python -m pitlab.trainer.merge --checkpoint CKPT_DIR --base BASE_DIR --out MODEL_DIR [--summary SUMMARY]
+    pitlab merge --checkpoint CKPT --base BASE --out MODEL [--summary SUMMARY]   (python -m pitlab.trainer.merge)
         [--max-shard-size 5GB] [--logits-probe auto|always|never] [--merge-adapter auto|yes|no]
+
+Any of the paths may be an ``s3://`` URI (:func:`merge_uris`): inputs are downloaded and verified, an output is
+published with its manifest and ``_COMPLETE`` last.
 
 **Full-weight checkpoints.** The checkpoint's model tensors are read from the DCP files
 (``torch.distributed.checkpoint`` ``FileSystemReader`` metadata, then ``dcp.load`` of a *subset* of keys into
@@ -420,7 +423,7 @@ def _copy_generation_config(base_dir: Path, tmp: Path) -> None:
 def _merge_lora(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str, str] | None, max_bytes: int,
                 logits_probe: str, lora: dict, merge: bool) -> dict:
     from pitlab.trainer.loading import read_header, safetensors_index
-    from pitlab.trainer.lora import lora_meta_model, lora_modules, save_adapter_verified
+    from pitlab.trainer.lora import lora_meta_model
 
     config, peft_meta = lora_meta_model(base_dir, lora)
     saved = checkpoint_tensors(ckpt)
@@ -444,28 +447,48 @@ def _merge_lora(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str
     probe_on = logits_probe == "always" or (logits_probe == "auto" and model_bytes <= max_bytes)
     rss_before = _rss_bytes()
     t_write = time.perf_counter()
-
     if not merge:
-        peft_meta.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
-        saved_report = save_adapter_verified(peft_meta, tmp, state_dict=adapter)
-        write_seconds = time.perf_counter() - t_write
-        t_verify = time.perf_counter()
-        probe = "skipped"
-        if probe_on:
-            from peft import PeftModel
+        return _lora_adapter_folder(peft_meta, adapter, base_dir, tmp, lora, probe_on, len(trainable), rss_before,
+                                    t_write)
+    return _lora_merged(ckpt, base_dir, tmp, peft_meta, adapter, files, headers, max_bytes, lora, probe_on,
+                        len(trainable), rss_before, t_write)
 
-            reference = _peft_reference(base_dir, lora, adapter)
-            reloaded = PeftModel.from_pretrained(_reload(base_dir), tmp).eval()
-            got, want = probe_logits(reloaded), probe_logits(reference)
-            if not torch.equal(got, want):
-                raise MergeError(f"{tmp}: the saved adapter on {base_dir} gives other probe logits than the "
-                                 f"checkpoint's adapter (max |diff| {(got - want).abs().max().item():g})")
-            probe = "equal"
-        return {"kind": "lora-adapter", "tensors": saved_report["tensors"], "bytes": saved_report["bytes"],
-                "shards": 1, "parameters": len(trainable), "adapter_elements": saved_report["elements"],
-                "rss_before_tensors_bytes": rss_before,
-                "write_seconds": write_seconds, "verify_seconds": time.perf_counter() - t_verify,
-                "logits_probe": probe}
+
+def _lora_adapter_folder(peft_meta, adapter: dict[str, torch.Tensor], base_dir: Path, tmp: Path, lora: dict,
+                         probe_on: bool, n_trainable: int, rss_before: int, t_write: float) -> dict:
+    """The LoRA output as an adapter folder naming its base (saved verified), probed against the checkpoint's
+    adapter on the base when ``probe_on``. Returns the report's fields."""
+    from pitlab.trainer.lora import save_adapter_verified
+
+    peft_meta.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
+    saved_report = save_adapter_verified(peft_meta, tmp, state_dict=adapter)
+    write_seconds = time.perf_counter() - t_write
+    t_verify = time.perf_counter()
+    probe = "skipped"
+    if probe_on:
+        from peft import PeftModel
+
+        reference = _peft_reference(base_dir, lora, adapter)
+        reloaded = PeftModel.from_pretrained(_reload(base_dir), tmp).eval()
+        got, want = probe_logits(reloaded), probe_logits(reference)
+        if not torch.equal(got, want):
+            raise MergeError(f"{tmp}: the saved adapter on {base_dir} gives other probe logits than the "
+                             f"checkpoint's adapter (max |diff| {(got - want).abs().max().item():g})")
+        probe = "equal"
+    return {"kind": "lora-adapter", "tensors": saved_report["tensors"], "bytes": saved_report["bytes"],
+            "shards": 1, "parameters": n_trainable, "adapter_elements": saved_report["elements"],
+            "rss_before_tensors_bytes": rss_before,
+            "write_seconds": write_seconds, "verify_seconds": time.perf_counter() - t_verify,
+            "logits_probe": probe}
+
+
+def _lora_merged(ckpt: Path, base_dir: Path, tmp: Path, peft_meta, adapter: dict[str, torch.Tensor],
+                 files: dict[str, Path], headers: dict, max_bytes: int, lora: dict, probe_on: bool, n_trainable: int,
+                 rss_before: int, t_write: float) -> dict:
+    """The LoRA output merged into the base: every base shard streamed, each targeted weight + ΔW (peft's
+    ``get_delta_weight``), written in groups of at most ``max_bytes``, compared back and probed. Returns the
+    report's fields."""
+    from pitlab.trainer.lora import lora_modules
 
     modules = lora_modules(peft_meta)  # base weight name -> peft LoRA layer (on meta)
     unknown = sorted(set(modules) - set(files))
@@ -531,7 +554,7 @@ def _merge_lora(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str
                              f"beyond atol {LORA_PROBE_ATOL:g} + rtol {LORA_PROBE_RTOL:g} (max |diff| {max_diff:g})")
         probe = "equal" if max_diff == 0 else "close"
     return {"kind": "lora-merged", "tensors": len(weight_map), "bytes": total, "shards": len(names_out),
-            "parameters": len(trainable), "merged_weights": len(modules), "rss_before_tensors_bytes": rss_before,
+            "parameters": n_trainable, "merged_weights": len(modules), "rss_before_tensors_bytes": rss_before,
             "write_seconds": write_seconds,
             "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe,
             "logits_probe_max_abs_diff": max_diff}
@@ -571,12 +594,105 @@ def _replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- object storage
+def _local_checkpoint(uri: str) -> Path:
+    """A verified local copy of a checkpoint step (``uri`` is a root with ``latest`` or a ``step-<N>``)."""
+    from pitlab import storage
+    from pitlab.trainer.checkpoint import CheckpointError
+    from pitlab.trainer.checkpointer import latest_checkpoint as latest_anywhere  # a local root or s3://
+
+    step = uri.rstrip("/")
+    if not storage.basename(step).startswith("step-"):
+        found = latest_anywhere(step)
+        if found is None:
+            raise CheckpointError(f"{step}: no 'latest' pointer and not a step-<N> checkpoint")
+        step = found
+    return storage.localize(step, require_published=True)
+
+
+def _expected_sha256(summary: Path | None) -> dict[str, str] | None:
+    """``param_sha256`` of a training summary.json; raises MergeError when it cannot be read."""
+    if summary is None:
+        return None
+    try:
+        return json.loads(Path(summary).read_text())["param_sha256"]
+    except (OSError, ValueError, KeyError) as err:
+        raise MergeError(f"{summary}: cannot read param_sha256: {err!r}") from None
+
+
+def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summary: str | Path | None = None, *,
+               max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, logits_probe: str = "auto",
+               merge_adapter: bool | None = None) -> dict:
+    """:func:`merge_checkpoint` where any of the paths may be an ``s3://`` URI (the merge Job's entry point).
+
+    Inputs in object storage are downloaded into the cache (``$PITLAB_CACHE_DIR``), every file verified by
+    sha256 against its manifest; a checkpoint URI may be the checkpoint root (its ``latest`` is followed, only
+    to a step with ``_COMPLETE``) or one ``step-<N>``. An ``s3://`` output is written to a staging folder
+    (``$PITLAB_STAGING_DIR``) by the ordinary, verified merge, then uploaded and published (``MANIFEST.json``,
+    then ``_COMPLETE`` last); the staging copy is removed, and ``merge_report.json`` also records the URIs.
+    Returns the report. Raises MergeError, ValueError (a bad option), CheckpointError or StorageError.
+    """
+    from pitlab import storage
+
+    staging = None
+    try:
+        ckpt = _local_checkpoint(str(checkpoint)) if storage.is_s3(str(checkpoint)) else Path(checkpoint)
+        base_dir = storage.localize(str(base), require_published=True) if storage.is_s3(str(base)) else Path(base)
+        if summary is not None and storage.is_s3(str(summary)):
+            summary = storage.localize(str(summary), require_published=False)
+        out_dir = Path(out) if not storage.is_s3(str(out)) else None
+        if out_dir is None:
+            from pitlab.trainer.checkpoint_s3 import staging_root, staging_tag
+
+            staging = staging_root() / f"merge-{storage.basename(str(out))}-{staging_tag(str(out))}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            out_dir = staging / "model"
+        report = merge_checkpoint(ckpt, base_dir, out_dir, _expected_sha256(None if summary is None else Path(summary)),
+                                  max_shard_size=max_shard_size, logits_probe=logits_probe,
+                                  merge_adapter=merge_adapter)
+        if staging is None:
+            return report
+        report_path = out_dir / "merge_report.json"
+        report = json.loads(report_path.read_text())
+        report.update(checkpoint_uri=str(checkpoint), model_uri=str(out))
+        write_json_atomic(report_path, report)
+        m = storage.upload_dir(out_dir, str(out), extra={"kind": "model", "checkpoint": str(checkpoint)})
+        print(f"pitlab merge: published {len(m.files)} files, {m.total_bytes} bytes to {out}", file=sys.stderr)
+        return report
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+MERGE_ADAPTER = {"auto": None, "yes": True, "no": False}
+
+
+def run_merge_command(checkpoint: str, base: str, out: str, summary: str | None = None, max_shard_size: str = "5GB",
+                      logits_probe: str = "auto", merge_adapter: str = "auto", print_report: bool = True) -> int:
+    """:func:`merge_uris` with errors as a message on stderr and an exit code: 0 merged (and published),
+    1 failed (merge, checkpoint or storage), 2 invalid input (an option)."""
+    from pitlab.storage import StorageError
+    from pitlab.trainer.checkpoint import CheckpointError
+
+    try:
+        report = merge_uris(checkpoint, base, out, summary, max_shard_size=max_shard_size, logits_probe=logits_probe,
+                            merge_adapter=MERGE_ADAPTER[merge_adapter])
+    except (MergeError, ValueError, CheckpointError, StorageError) as err:
+        print(f"pitlab.trainer.merge: error: {err}", file=sys.stderr)
+        return 2 if isinstance(err, ValueError) else 1
+    if print_report:
+        print(json.dumps(report, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m pitlab.trainer.merge``: the exit code of :func:`run_merge_command`."""
     parser = argparse.ArgumentParser(prog="python -m pitlab.trainer.merge", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True, type=Path, help="step-<N> DCP dir or the checkpoint root")
-    parser.add_argument("--base", required=True, type=Path, help="base HF model directory (config, tokenizer)")
-    parser.add_argument("--out", required=True, type=Path, help="output HF model directory")
-    parser.add_argument("--summary", type=Path, default=None,
+    parser.add_argument("--checkpoint", required=True, help="step-<N> DCP dir or the checkpoint root (or s3://...)")
+    parser.add_argument("--base", required=True, help="base HF model directory (config, tokenizer; or s3://...)")
+    parser.add_argument("--out", required=True, help="output HF model directory (or s3://..., published)")
+    parser.add_argument("--summary", default=None,
                         help="training summary.json whose param_sha256 the merged weights must match")
     parser.add_argument("--max-shard-size", default="5GB",
                         help="bytes per safetensors shard, also the memory bound (e.g. 5GB, 500MB; default 5GB)")
@@ -585,21 +701,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge-adapter", choices=("auto", "yes", "no"), default="auto",
                         help="LoRA checkpoints: merge the adapter into the base (auto: lora.mergeIntoBase)")
     args = parser.parse_args(argv)
-    expected = None
-    try:
-        if args.summary is not None:
-            try:
-                expected = json.loads(args.summary.read_text())["param_sha256"]
-            except (OSError, ValueError, KeyError) as err:
-                raise MergeError(f"{args.summary}: cannot read param_sha256: {err!r}") from None
-        report = merge_checkpoint(args.checkpoint, args.base, args.out, expected,
-                                  max_shard_size=args.max_shard_size, logits_probe=args.logits_probe,
-                                  merge_adapter={"auto": None, "yes": True, "no": False}[args.merge_adapter])
-    except (MergeError, ValueError) as err:
-        print(f"pitlab.trainer.merge: error: {err}", file=sys.stderr)
-        return 1 if isinstance(err, MergeError) else 2
-    print(json.dumps(report, indent=2))
-    return 0
+    return run_merge_command(args.checkpoint, args.base, args.out, args.summary, args.max_shard_size,
+                             args.logits_probe, args.merge_adapter, print_report=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The small JSON documents that travel from the pods to the operator (termination messages, progress lines),
-written by :mod:`pitlab.operator.workload` and read by :mod:`pitlab.operator.mirroring`. Standard library only.
+"""The results summary and the small JSON documents that travel from the pods to the operator (termination
+messages, progress lines): written by :mod:`pitlab.operator.workload` and ``pitlab run``, read by
+:mod:`pitlab.operator.mirroring`. Standard library only.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The operator's conditions, written only through :func:`pitlab.api.status.set_condition` / ``set_phase``.
+"""The status vocabulary shared by the operator and ``pitlab run``: conditions, written only through
+:func:`pitlab.api.status.set_condition` / ``set_phase``.
 
 Each resource has the kstatus conditions ``Ready``, ``Reconciling`` and ``Stalled`` (kept consistent with
-the phase by ``set_phase``) plus one condition per stage: PitTraining ``Validated``, ``Prepared``,
-``Trained``, ``Merged``, ``Evaluated``; LeakageEval ``Validated``, ``Embedded``, ``Analyzed``. A stage's
+the phase by ``set_phase``) plus one condition per stage (:mod:`pitlab.api.stages`): PitTraining ``Validated``,
+``Prepared``, ``Trained``, ``Merged``, ``Evaluated``; LeakageEval ``Validated``, ``Embedded``, ``Analyzed``. A stage's
 condition is False with an in-progress reason while it runs, True when it is done, and False with the
 child's reason when it failed. ``lastTransitionTime`` only moves when a condition's status changes.
 """
@@ -11,8 +12,6 @@ from __future__ import annotations
 
 from pitlab.api.status import ResourceStatus, get_condition, set_condition, set_phase
 
-TRAINING_STAGES = ("Validated", "Prepared", "Trained", "Merged", "Evaluated")
-EVAL_STAGES = ("Validated", "Embedded", "Analyzed")
 SPEC_IMMUTABLE = "SpecImmutable"
 
 
