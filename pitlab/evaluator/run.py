@@ -221,6 +221,11 @@ def _panel_summary(panel: Panel, calendar: pd.DatetimeIndex) -> dict:
             "dropped": dict(panel.dropped), "target": TARGET}
 
 
+EMBED_RATES = ("load_seconds", "forward_seconds", "layers_run", "n_tokens", "n_batches", "prompts_per_s",
+               "tokens_per_s")
+"""Keys of the embedding stage's info copied into ``timings.models.<name>`` as ``embed_<key>`` (None on a cache hit)."""
+
+
 def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind: str = "auto", *,
                 cache_dir: Path | None = None, num_threads: int | None = None, info: dict | None = None,
                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
@@ -376,6 +381,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         model_results.append({
             "name": name, **sources[name], "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
             "embedding_device": info.get("device"),
+            "embedding_weights": (embedded or {}).get(name, info).get("weights", info.get("weights")),
             "knowledge_cutoff": cutoffs[name].isoformat() if cutoffs[name] else None,
             "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
             "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
@@ -406,7 +412,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
             run_warnings.append(f"model {name}: the premium is unreliable: {'; '.join(pj['reasons'])}.")
         timings["models"][name] = {"embed_s": embed_s, "point_estimate_s": t_boot - t_stat,
                                    "bootstrap_s": t_extra - t_boot, "extra_protocols_s": t_end - t_extra,
-                                   "statistics_s": t_end - t_stat}
+                                   "statistics_s": t_end - t_stat,
+                                   **{f"embed_{k}": (embedded or {}).get(name, info).get(k) for k in EMBED_RATES}}
         del X
 
     reductions = paired_reductions(names, {m["name"]: m["premium"] for m in model_results}, premium_reps,
