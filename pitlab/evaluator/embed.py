@@ -231,7 +231,7 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     old_threads = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(int(num_threads))
-    model = None
+    model = forward = None
     try:
         tok = _load_tokenizer(model_dir)
         enc = tok(texts, truncation=True, max_length=max_length, return_attention_mask=True)
