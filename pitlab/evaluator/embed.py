@@ -465,7 +465,7 @@ def _embed_batches(forward, tok, ids, masks, lengths: np.ndarray, order: np.ndar
                 log.warning("out of GPU memory at %d prompts × %d tokens: retrying with %d tokens per batch",
                             len(idx), Lp, budget)
                 continue
-            if cuda and budget is None:
+            if cuda and bytes_per_token is None:  # the first batch that ran: measure, then size the rest
                 bytes_per_token = max(1, torch.cuda.max_memory_allocated() - base) / input_ids.numel()
                 free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
                 budget = int(min(MAX_BATCH_TOKENS, max(input_ids.numel(), GPU_MEMORY_FRACTION * free
