@@ -17,6 +17,7 @@ model digest is the hash of this file, config and tokenizer.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -92,19 +93,39 @@ def _seed(*parts) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
+@contextlib.contextmanager
+def _parameters_on_meta():
+    """Modules built inside get their parameters on the meta device (no memory, no initialisation) while
+    their buffers are computed as usual, on the host (small: e.g. rotary frequencies)."""
+    import torch
+
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        register(module, name, param)
+        if param is not None and not param.is_meta:
+            module._parameters[name] = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
 def build_random_model(config, weights: RandomWeights, device: str = "cpu", dtype: str = "float32"):
     """The base model (``AutoModel``, eval mode) of ``config`` with random weights created on ``device``.
 
-    Modules are built on the meta device, then each module's own parameters and buffers are allocated on
-    ``device`` and initialised by ``model._init_weights`` under ``torch.manual_seed(seed(weights.seed, module
-    name))`` (random state restored afterwards), children before parents; buffers recomputed by ``_init_weights`` (rotary frequencies)
-    come out as a normal construction gives them. Raises RandomWeightsError when a tensor stays on meta.
+    Modules are built with their parameters on the meta device (buffers as a normal construction computes
+    them), then each module's own tensors are allocated on ``device`` and its parameters initialised by
+    ``model._init_weights`` under ``torch.manual_seed(seed(weights.seed, module name))`` (random state restored
+    afterwards), children before parents. Raises RandomWeightsError when a tensor stays on meta.
     """
     import torch
     from transformers import AutoModel
 
     torch_dtype = getattr(torch, dtype)
-    with torch.device("meta"):
+    with _parameters_on_meta():
         model = AutoModel.from_config(config, dtype=torch_dtype)
     dev = torch.device(device)
     std = float(getattr(config, "initializer_range", 0.02) or 0.02)
@@ -114,7 +135,10 @@ def build_random_model(config, weights: RandomWeights, device: str = "cpu", dtyp
         # children before their parent (as ``PreTrainedModel.apply`` initialises): a parent's _init_weights may
         # set a child's parameter (the MoE block its router's weight), and wins, as in a normal construction
         for name, module in reversed(list(model.named_modules())):
+            buffers = {n: b for n, b in module._buffers.items() if b is not None and not b.is_meta}
             module.to_empty(device=dev, recurse=False)
+            for n, b in buffers.items():  # computed at construction (rotary frequencies): kept
+                module._buffers[n].copy_(b)
             for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
                 if hasattr(t, "_is_hf_initialized"):
                     del t._is_hf_initialized
