@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pitlab.evaluator.bootstrap import draw_weights, judge
+from pitlab.evaluator.bootstrap import BIAS_LIMIT, UNRELIABLE, draw_weights, judge, unreliable_reasons, verdict
 from pitlab.evaluator.estimates import AlphaSelection, PanelStats, center
 from pitlab.evaluator.protocols import security_folds, security_folds_batch
 from pitlab.evaluator.ridge import (RidgeFit, SuffStats, out_of_sample_errors, path_test_sse, r2_score_oos,
@@ -195,6 +195,16 @@ def one_panel(scenario: str, seed: int, args) -> list[dict]:
     return out
 
 
+def rejudge(record: dict) -> dict:
+    """The record's verdict under the current rule (:func:`pitlab.evaluator.bootstrap.unreliable_reasons` with
+    :data:`BIAS_LIMIT`), from its stored point estimate, interval, bias, sd and grid-edge reasons: records
+    written under an earlier bias limit are read as the estimator judges today."""
+    edges = [r for r in record["reasons"] if not r.startswith(("bootstrap bias", "point estimate"))]
+    reasons = unreliable_reasons(record["premium"], tuple(record["ci"]), record["bias"], record["sd"], edges,
+                                 record["n_valid"])
+    return {**record, "reasons": reasons, "verdict": UNRELIABLE if reasons else verdict(tuple(record["ci"]))}
+
+
 def summarise(records: list[dict]) -> dict:
     """Per scenario: the true premium (mean point estimate, its standard error); per setting: coverage,
     significant rate, unreliable rate, mean width and bias, with binomial standard errors."""
@@ -271,16 +281,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=None, help="stop starting new panels after this long")
     p.add_argument("--out", type=Path, default=Path("bench/results/calibration.json"))
     p.add_argument("--plot", type=Path, default=None)
+    p.add_argument("--seeds", default=None, metavar="FIRST:STOP",
+                   help="run only panels FIRST..STOP-1 (one shard of a parallel run; join shards with --merge)")
+    p.add_argument("--merge", nargs="*", type=Path, default=[], metavar="JSON",
+                   help="records of other shards to join into --out before running (duplicates skipped)")
     args = p.parse_args(argv)
     records: list[dict] = []
     if args.out.exists():
         records = json.loads(args.out.read_text())["records"]
+    for extra in args.merge:  # shards of one command run elsewhere (--seeds), joined without duplicates
+        have = {(r["scenario"], r["seed"], r["cluster"]) for r in records}
+        records += [r for r in json.loads(extra.read_text())["records"]
+                    if (r["scenario"], r["seed"], r["cluster"]) not in have]
+    records = [rejudge(r) for r in records]
     done = {(r["scenario"], r["seed"]) for r in records}
     t0 = time.monotonic()
     meta = {"command": "python bench/calibration.py " + " ".join(argv if argv is not None else os.sys.argv[1:]),
             "securities": args.securities, "dates": args.dates, "train_dates": args.train_dates, "dim": args.dim,
             "resamples": args.resamples, "planted_sd": args.planted_sd, "alphas": ALPHAS,
             "selection": "security-cv (5 inner folds), reselected in every replicate", "group_k_folds": 5,
+            "bias_limit_sd": BIAS_LIMIT, "verdicts": "recomputed from each record's interval, bias and sd with the bias limit above",
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "python": platform.python_version(),
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True).stdout.strip()}
@@ -293,7 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         os.replace(tmp, args.out)
         return summary
 
-    for seed in range(args.panels):  # panel by panel, every scenario: a stopped run is balanced
+    first, stop = 0, args.panels
+    if args.seeds:
+        first, stop = (int(x) for x in args.seeds.split(":"))
+    for seed in range(first, stop):  # panel by panel, every scenario: a stopped run is balanced
         if args.minutes is not None and time.monotonic() - t0 > 60 * args.minutes:
             break
         for sc in args.scenarios:

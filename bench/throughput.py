@@ -90,18 +90,17 @@ def _peaks() -> dict:
     return {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
 
 
-def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
-                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4) -> dict:
-    """The plain loop on one GPU; returns tokens/s (median of timed steps), step times, peak allocated bytes,
-    losses and the kernel report. ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks
-    (for the exploration only; the baseline uses neither)."""
+def hf_setup(shape: dict, loss: str | None = None, compiled: bool = False, act_ckpt: bool = False, seed: int = 0,
+             lr: float = 3e-4):
+    """The plain loop's model, optimizer and kernel report on this process's device, and ``step(chunk)``: one
+    training step on ``chunk`` (``seq + 1`` token ids on the device), returning the loss tensor (not read, so
+    not synchronised). ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks (for the
+    exploration only; the baseline uses neither)."""
     from transformers import AutoModelForCausalLM
 
     from pitlab.trainer.kernels import compile_blocks, select_kernels
     from pitlab.trainer.loss import install_loss
 
-    _free()
-    seq = shape["seq"]
     config = shape_config(shape)
     torch.manual_seed(seed)
     with torch.device(DEVICE):
@@ -117,22 +116,35 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
         report["compile"] = compile_blocks(model)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=CUDA)
+
+    def step(chunk: torch.Tensor) -> torch.Tensor:
+        if loss is None:
+            out = model(input_ids=chunk[None], labels=chunk[None])  # HF shifts the labels itself
+        else:
+            out = model(input_ids=chunk[None, :-1], labels=chunk[None, 1:])
+        out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return out.loss.detach()
+
+    return model, opt, report, step
+
+
+def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
+                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4) -> dict:
+    """The plain loop on one GPU (:func:`hf_setup`); returns tokens/s (median of timed steps), step times, peak
+    allocated bytes, losses and the kernel report."""
+    _free()
+    seq = shape["seq"]
+    model, opt, report, step = hf_setup(shape, loss, compiled, act_ckpt, seed, lr)
     tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
     times, losses = [], []
     t_first = time.perf_counter()
     for i in range(warmup + steps):
         chunk = tokens[i * (seq + 1):(i + 1) * (seq + 1)].to(DEVICE)
-        x, y = chunk[None, :-1], chunk[None, 1:]
         t = time.perf_counter()
-        if loss is None:
-            out = model(input_ids=chunk[None], labels=chunk[None])  # HF shifts the labels itself
-        else:
-            out = model(input_ids=x, labels=y)
-        out.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(float(out.loss))  # synchronises
+        losses.append(float(step(chunk)))  # synchronises
         times.append(time.perf_counter() - t)
         if i == warmup - 1:
             warm_s = time.perf_counter() - t_first
@@ -140,7 +152,7 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     result = {"tokens_per_second": seq / float(np.median(timed)), "step_s": timed, "warmup_s": warm_s, **_peaks(),
               "loss_first_last": [losses[0], losses[-1]], "kernels": report, "activation_checkpointing": act_ckpt,
               "parameters": sum(p.numel() for p in model.parameters())}
-    del model, opt, out
+    del model, opt, step
     _free()
     return result
 
@@ -169,17 +181,18 @@ def init_single_process_group() -> None:
     dist.init_process_group("nccl" if CUDA else "gloo")
 
 
-def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
-               lr: float = 3e-4) -> dict:
-    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels."""
+def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = None, lr: float = 3e-4) -> Path:
+    """Collective: the run directory of pitlab's trainer for ``shape`` under ``work`` (a random-init base model,
+    saved once and reused; ``n_steps`` optimizer steps of synthetic tokens for every rank) and its resolved
+    spec (``spec.training`` updated with ``overrides``); returns the spec's path (``RunPaths(path.parent,
+    path.parent / "base")``)."""
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
+    from pitlab.api import PitTraining
     from pitlab.trainer.launch import write_spec
-    from pitlab.trainer.train import RunPaths, setup_run, train_step
     from h200_qwen35 import training_resource
 
-    _free()
     world = dist.get_world_size()
     run = work / shape["name"]
     base = run / "base"
@@ -192,7 +205,6 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
         del model
         dist.barrier()
     seq = shape["seq"]
-    n_steps = steps + warmup
     tokens = synthetic_tokens((seq + 1) * n_steps * world + 1, shape["vocab"])
     (run / "data").mkdir(parents=True, exist_ok=True)
     np.save(run / "data" / "tokens.npy", tokens)
@@ -201,12 +213,24 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     spec = res.model_dump(mode="json", by_alias=True)
     for key, value in dict({"learningRate": lr}, **(overrides or {})).items():
         spec["spec"]["training"][key] = value
-    from pitlab.api import PitTraining
-    res = PitTraining.model_validate(spec)
-    spec_path = write_spec(res, run / "spec.json")
+    return write_spec(PitTraining.model_validate(spec), run / "spec.json")
+
+
+def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
+               lr: float = 3e-4) -> dict:
+    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels."""
+    import torch.distributed as dist
+
+    from pitlab.trainer.train import RunPaths, setup_run, train_step
+
+    _free()
+    world = dist.get_world_size()
+    seq = shape["seq"]
+    n_steps = steps + warmup
+    spec_path = pitlab_spec(shape, work, n_steps, overrides, lr)
     _free()
     t0 = time.perf_counter()
-    ctx = setup_run(spec_path, RunPaths(run, base))
+    ctx = setup_run(spec_path, RunPaths(spec_path.parent, spec_path.parent / "base"))
     setup_s = time.perf_counter() - t0
     times, losses = [], []
     for step in range(n_steps):

@@ -50,7 +50,7 @@ def test_judge_three_reasons_for_unreliable_and_never_significant():
     above = judge(0.2 - (BIAS_LIMIT + 0.01) * sd, reps, 0.95)
     below = judge(0.2 - (BIAS_LIMIT - 0.01) * sd, reps, 0.95)
     assert above["verdict"] == "unreliable" and above["reasons"] == [
-        f"bootstrap bias {above['bias']:+.4g} exceeds 0.5 × the bootstrap sd {sd:.4g}"]
+        f"bootstrap bias {above['bias']:+.4g} exceeds 1.00 × the bootstrap sd {sd:.4g}"]
     assert below["verdict"] == "significant"
     # a grid edge alone
     edge = judge(0.2, reps, 0.95, ["leakage-off chose the smallest penalty 0.1 of the grid"])

@@ -40,8 +40,9 @@ import numpy as np
 
 from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
 from pitlab.evaluator.protocols import security_folds_batch
-from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred, fit_ridge_at,
-                                   fit_ridge_gcv, gcv_scores, path_test_sse, r2_score_oos, ridge_path, solve_ridge)
+from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred,
+                                   cholesky_path_test_sse, fit_ridge_at, fit_ridge_gcv, gcv_scores, path_test_sse,
+                                   r2_score_oos, ridge_path, solve_ridge)
 
 ALPHA_SELECTIONS = ("gcv", "security-cv")
 
@@ -101,7 +102,8 @@ def _gcv_copies(units: SuffStats, w_b, selection: AlphaSelection) -> SuffStats |
     return None
 
 
-def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None):
+def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None,
+                 backend: Backend | None = None):
     """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
     ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
     ``score`` [B, A] (GCV score or pooled inner-CV SSE) on the backend``)``.
@@ -109,7 +111,9 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
     security-cv: inner folds by :func:`pitlab.evaluator.protocols.security_folds` on each weighting (all copies
     of a security in one fold); per inner fold the training statistics are the fitting set minus the inner
     test set, eigendecomposed once for the whole grid (:func:`pitlab.evaluator.ridge.ridge_path`), and scored
-    on the inner test statistics (:func:`pitlab.evaluator.ridge.path_test_sse`).
+    on the inner test statistics (:func:`pitlab.evaluator.ridge.path_test_sse`). With ``backend.cholesky_path``
+    (torch on CUDA by default) the B·k inner training sets are instead solved once per α by batched Cholesky
+    (:func:`pitlab.evaluator.ridge.cholesky_path_test_sse`): the same SSE up to rounding.
     """
     w_b = _like(units.n, w)
     fitting = units.weighted(w_b) if fitting is None else fitting
@@ -132,8 +136,11 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
     mask = _like(units.n, (inner[:, None, :] == np.arange(k)[None, :, None]).astype(np.float64))
     inner_test = units.weighted((w_b[:, None, :] * mask).reshape(-1, units.m))
     inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
-    path = ridge_path(inner_train, alphas)
-    cv_sse = path_test_sse(path, inner_test).reshape(w_b.shape[0], k, -1).sum(axis=1)  # [B, A]
+    if backend is not None and backend.cholesky_path:
+        sse = cholesky_path_test_sse(inner_train, inner_test, alphas, backend.cholesky_block)
+    else:
+        sse = path_test_sse(ridge_path(inner_train, alphas), inner_test)
+    cv_sse = sse.reshape(w_b.shape[0], k, -1).sum(axis=1)  # [B, A]
     return to_numpy(m.argmin(cv_sse, axis=1)).astype(np.int64), cv_sse
 
 
@@ -330,7 +337,7 @@ class PanelStats:
             wb_tr = self.backend.asarray(w_tr)
             fitting = units.weighted(wb_tr)
             if fixed is None:
-                k, _ = select_alpha(units, wb_tr, a_grid, selection, fitting)
+                k, _ = select_alpha(units, wb_tr, a_grid, selection, fitting, self.backend)
             else:
                 k = np.asarray(fixed, dtype=np.int64)[s:e]
             beta, c, ybar = solve_ridge(fitting, a_grid[k])

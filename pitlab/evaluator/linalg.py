@@ -5,7 +5,8 @@ One switch, ``regression.device`` (``auto`` | ``cpu`` | ``cuda``), picks a :clas
 * ``cpu``: numpy float64 (LAPACK/BLAS of numpy's build; ``np.linalg.eigh`` = LAPACK ``syevd``,
   ``np.linalg.solve`` = LU ``gesv``);
 * ``cuda``: torch float64 on the first CUDA device (``torch.linalg.eigh`` = cuSOLVER ``syevd``, solves by
-  Cholesky ``potrf``/``potrs``);
+  Cholesky ``potrf``/``potrs``; security-cv's α grid by :func:`cholesky_solve_batched`, see
+  ``Backend.penalty_path``);
 * ``auto``: ``cuda`` when ``torch.cuda.is_available()``, else ``cpu``.
 
 The ridge and estimator code (:mod:`pitlab.evaluator.ridge`, :mod:`pitlab.evaluator.estimates`) is written
@@ -14,7 +15,7 @@ once against the arrays it is given: numpy arrays or torch tensors share the ope
 module (``numpy`` or ``torch``) of an array and :func:`solve_spd` is the one call that differs. Everything is
 float64: R² differences of 1e-3 matter, and float32 Gram matrices of 384-2,048 features lose that. The torch
 backend on the CPU (``Backend("torch", "cpu")``) runs the very same code as on CUDA; a test checks it equals the
-numpy backend to 1e-10.
+numpy backend to 1e-10 (with ``penalty_path="cholesky"`` too: ``tests/test_evaluator_cholesky_path.py``).
 """
 
 from __future__ import annotations
@@ -149,21 +150,121 @@ def solve_spd(A, b):
     return across_matrices(lambda A_, b_: np.linalg.solve(A_, b_[..., None])[..., 0], A, b)
 
 
+CHOLESKY_BLOCK = 256
+"""Columns per block of :func:`cholesky_solve_batched` (0: the library's whole-matrix factorisation)."""
+CHOLESKY_LEAF = 64
+"""Order at and below which a diagonal block is factorised by the library (:func:`_chol_and_inverse`)."""
+
+
+def _chol_and_inverse(A, leaf: int):
+    """Cholesky factor ``L`` and its inverse ``L⁻¹`` of a torch batch of SPD matrices ``A`` [N, n, n] (lower
+    triangle read; float64), and ``ok`` bool [N] (False where a pivot was not positive: those matrices' outputs
+    are meaningless). Recursive 2 × 2 block formulas (Golub & Van Loan, *Matrix Computations*, 4th ed., sec. 4.2.8
+    and 3.1.4): ``L11 = chol(A11)``, ``L21 = A21 L11⁻ᵀ``, ``L22 = chol(A22 - L21 L21ᵀ)``,
+    ``(L⁻¹)21 = -L22⁻¹ L21 L11⁻¹``; at order ≤ ``leaf``, ``torch.linalg.cholesky_ex`` and a triangular solve
+    against the identity. All other work is batched matrix products."""
+    import torch
+
+    n = int(A.shape[-1])
+    if n <= leaf:
+        L, info = torch.linalg.cholesky_ex(A)
+        eye = torch.eye(n, dtype=A.dtype, device=A.device).expand_as(L)
+        return L, torch.linalg.solve_triangular(L, eye, upper=False), info == 0
+    h = min(n - 1, -(-(n // 2) // leaf) * leaf)  # a multiple of leaf where possible
+    L11, I11, ok1 = _chol_and_inverse(A[:, :h, :h], leaf)
+    L21 = A[:, h:, :h] @ I11.mT
+    L22, I22, ok2 = _chol_and_inverse(A[:, h:, h:] - L21 @ L21.mT, leaf)
+    L, Li = A.new_zeros(A.shape), A.new_zeros(A.shape)
+    L[:, :h, :h], L[:, h:, :h], L[:, h:, h:] = L11, L21, L22
+    Li[:, :h, :h], Li[:, h:, h:] = I11, I22
+    Li[:, h:, :h] = -(I22 @ (L21 @ I11))
+    return L, Li, ok1 & ok2
+
+
+def cholesky_solve_batched(A, b, block: int = CHOLESKY_BLOCK, leaf: int = CHOLESKY_LEAF) -> tuple:
+    """Solve ``A x = b`` for a torch batch of symmetric positive definite ``A`` [N, d, d] (lower triangle read,
+    **overwritten** by L) and ``b`` [N, d], float64. Returns ``(x`` [N, d], ``ok`` bool [N]``)``; ``ok`` is False
+    where the factorisation met a non-positive pivot (x is then meaningless there).
+
+    Left-looking blocked Cholesky ``A = L Lᵀ`` (Golub & Van Loan, *Matrix Computations*, 4th ed., sec. 4.2.9)
+    with ``block`` columns per step, then forward and back substitution by blocks. Per block column j:
+    ``A[j:, j] -= L[j:, :j] L[j, :j]ᵀ`` (one batched matrix product over the whole batch, where nearly all of the
+    d³/3 flops go), the diagonal block factorised with its inverse (:func:`_chol_and_inverse`), and
+    ``L[j+1:, j] = A[j+1:, j] L[j, j]⁻ᵀ`` (a product with that inverse instead of a triangular solve). A direct
+    method: the same x as any Cholesky solve up to rounding (backward stable for SPD matrices; the explicit
+    inverses are of diagonal blocks only, whose condition numbers are at most √cond(A)).
+
+    Why not the library: cuSOLVER's batched ``potrfBatched`` (what ``torch.linalg.cholesky`` runs on a CUDA
+    batch) is built for small matrices; here all N factorisations of order d share each block step's product,
+    which runs at batched-GEMM speed. ``block`` ≤ 0: ``torch.linalg.cholesky_ex`` + ``torch.cholesky_solve`` of
+    the whole batch (for comparison). Deterministic: the same inputs and shapes give the same bits.
+    """
+    import torch
+
+    if block <= 0:
+        L, info = torch.linalg.cholesky_ex(A)
+        return torch.cholesky_solve(b[..., None], L)[..., 0], info == 0
+    N, d = int(A.shape[0]), int(A.shape[-1])
+    bounds = [(c0, min(c0 + block, d)) for c0 in range(0, d, block)]
+    ok = torch.ones(N, dtype=torch.bool, device=A.device)
+    inv = []
+    for c0, c1 in bounds:
+        if c0:
+            A[:, c0:, c0:c1].sub_(A[:, c0:, :c0] @ A[:, c0:c1, :c0].mT)
+        L, Li, ok_j = _chol_and_inverse(A[:, c0:c1, c0:c1], leaf)
+        ok &= ok_j
+        if c1 < d:
+            A[:, c1:, c0:c1] = A[:, c1:, c0:c1] @ Li.mT
+        A[:, c0:c1, c0:c1] = L
+        inv.append(Li)
+    x = b.clone()
+    for (c0, c1), Li in zip(bounds, inv):  # L y = b
+        r = x[:, c0:c1, None]
+        if c0:
+            r = r - A[:, c0:c1, :c0] @ x[:, :c0, None]
+        x[:, c0:c1] = (Li @ r)[..., 0]
+    for (c0, c1), Li in zip(reversed(bounds), reversed(inv)):  # Lᵀ x = y
+        r = x[:, c0:c1, None]
+        if c1 < d:
+            r = r - A[:, c1:, c0:c1].mT @ x[:, c1:, None]
+        x[:, c0:c1] = (Li.mT @ r)[..., 0]
+    return x, ok
+
+
+PENALTY_PATHS = ("auto", "eigh", "cholesky")
+
+
 @dataclass(frozen=True)
 class Backend:
     """The array library and device of the statistics: ``library`` ``"numpy"`` or ``"torch"``; ``device``
     ``"cpu"`` or ``"cuda"`` (torch only). ``memory_budget_bytes``: float64 temporaries a batch of fits may
-    hold at once (sets the batch size of the estimators)."""
+    hold at once (sets the batch size of the estimators). ``penalty_path``: how security-cv scores the α grid
+    in every inner fold: ``eigh`` (one eigendecomposition per inner fold for all α,
+    :func:`pitlab.evaluator.ridge.ridge_path`), ``cholesky`` (one Cholesky solve per inner fold and α, batched
+    over inner folds and weightings, :func:`pitlab.evaluator.ridge.cholesky_path_test_sse`; torch only), or
+    ``auto`` (``cholesky`` on CUDA, ``eigh`` elsewhere). ``cholesky_block``: :func:`cholesky_solve_batched`'s
+    block (0: the library's whole-matrix Cholesky)."""
 
     library: str = "numpy"
     device: str = "cpu"
     memory_budget_bytes: int = 1 << 30
+    penalty_path: str = "auto"
+    cholesky_block: int = CHOLESKY_BLOCK
 
     def __post_init__(self):
         if self.library not in ("numpy", "torch"):
             raise ValueError(f"backend library must be numpy or torch (got {self.library!r})")
         if self.library == "numpy" and self.device != "cpu":
             raise ValueError("the numpy backend runs on the cpu only")
+        if self.penalty_path not in PENALTY_PATHS:
+            raise ValueError(f"penalty_path must be one of {PENALTY_PATHS} (got {self.penalty_path!r})")
+        if self.library == "numpy" and self.penalty_path == "cholesky":
+            raise ValueError("penalty_path: cholesky runs on the torch backend only")
+
+    @property
+    def cholesky_path(self) -> bool:
+        """True when security-cv scores the α grid by batched Cholesky solves (``penalty_path``)."""
+        return self.penalty_path == "cholesky" or (self.penalty_path == "auto" and self.device == "cuda")
 
     @classmethod
     def resolve(cls, device: str = "auto") -> "Backend":
@@ -211,7 +312,8 @@ class Backend:
 
     def describe(self) -> dict:
         """JSON-ready: library, device (with the GPU's name on CUDA), dtype."""
-        d = {"library": self.library, "device": self.device, "dtype": "float64"}
+        d = {"library": self.library, "device": self.device, "dtype": "float64",
+             "penalty_path": "cholesky" if self.cholesky_path else "eigh"}
         if self.device == "cuda":
             import torch
 

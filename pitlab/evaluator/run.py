@@ -453,7 +453,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                       "bias_limit_sd": BIAS_LIMIT,
                       "unreliable_when": [
                           "the point estimate lies outside its own interval",
-                          f"the bootstrap bias (mean of replicates − point estimate) exceeds {BIAS_LIMIT:g} × "
+                          f"the bootstrap bias (mean of replicates − point estimate) exceeds {BIAS_LIMIT:.2f} × "
                           "the bootstrap sd",
                           f"a point estimate's penalty selection ends at an edge of the α grid after "
                           f"{WIDEN_STEPS} widenings of {WIDEN_DECADES} decades"],

@@ -61,11 +61,14 @@ def fla_backward_refused() -> str | None:
     return None
 
 
+@torch.compiler.disable
 def fla_short_convolution(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                           activation: str | None = None, **_: object) -> torch.Tensor:
     """transformers' ``causal_conv1d_fn`` contract on fla's Triton kernel: ``hidden_states`` ``(B, D, T)``,
     ``weight`` ``(D, W)``, optional ``bias`` ``(D,)`` and activation (``silu``/``swish`` or None); returns
-    ``(B, D, T)`` in the input dtype. Equal to ``act(conv1d(x, w, padding=W-1, groups=D)[..., :T])``."""
+    ``(B, D, T)`` in the input dtype. Equal to ``act(conv1d(x, w, padding=W-1, groups=D)[..., :T])``.
+    Not traced by torch.compile (one graph break in a compiled layer, run eagerly), as fla marks its own gated
+    delta rule: dynamo does not trace fla's autotuned Triton launches."""
     from fla.modules.causal_conv1d import causal_conv1d
 
     y, _state = causal_conv1d(hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)
@@ -155,11 +158,12 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
             f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
 
 
-def compile_blocks(model: nn.Module) -> str:
+def compile_blocks(model: nn.Module, backend: str = "inductor") -> str:
     """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
     names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
     the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
-    compile time grows with the number of distinct layer kinds, not with depth."""
+    compile time grows with the number of distinct layer kinds, not with depth. ``backend``: torch.compile's
+    (the tests use ``aot_eager`` on the CPU)."""
     from pitlab.trainer.fsdp import decoder_layers
 
     layers = decoder_layers(model)
@@ -168,5 +172,5 @@ def compile_blocks(model: nn.Module) -> str:
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
     for layer in layers:
-        layer.forward = torch.compile(layer.forward)
+        layer.forward = torch.compile(layer.forward, backend=backend)
     return f"torch.compile per decoder layer ({len(layers)} layers)"

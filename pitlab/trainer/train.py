@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.tensor import DTensor
+from torch.profiler import record_function
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
@@ -261,30 +262,40 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
 def train_step(run: TrainRun, step: int) -> StepResult:
     """Collective: optimizer step ``step`` (0-based): every microbatch's forward + backward (gradients
     reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``), clipping, AdamW, the LR
-    schedule, and the loss averaged over all ranks. Raises ``FloatingPointError`` for a non-finite loss."""
+    schedule, and the loss averaged over all ranks. The host waits for the device once, at the end (the loss and
+    the gradient norm read together); the phases are ``record_function`` ranges (``step.forward``,
+    ``step.backward``, ``step.clip``, ``step.optimizer``, ``step.loss_read``) for ``bench/profile_step.py``.
+    Raises ``FloatingPointError`` for a non-finite loss."""
     tr = run.spec.training
     t = time.perf_counter()
     accum = tr.gradient_accumulation_steps
     sync_every_micro = tr.gradient_sync_every_microbatch or accum == 1
     lr = run.optimizer.param_groups[0]["lr"]
+    # every microbatch copied first: a copy from pageable host memory synchronises the stream, which at the
+    # start of the step is idle, but between microbatches would wait for the previous backward
+    batches = [tuple(t.to(run.device) for t in run.data.microbatch(step, micro)) for micro in range(accum)]
     loss_sum = torch.zeros((), device=run.device, dtype=torch.float32)
-    for micro in range(accum):
+    for micro, (input_ids, labels) in enumerate(batches):
         if not sync_every_micro:  # unsharded grads accumulate until the last microbatch (see planner)
             run.model.set_requires_gradient_sync(micro == accum - 1)
-        input_ids, labels = run.data.microbatch(step, micro)
-        input_ids, labels = input_ids.to(run.device), labels.to(run.device)
-        if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
-            loss = run.streamer.loss(run.model, input_ids, labels)
-        else:
-            loss = run.model(input_ids=input_ids, labels=labels).loss
-        (loss / accum).backward()
+        with record_function("step.forward"):
+            if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
+                loss = run.streamer.loss(run.model, input_ids, labels)
+            else:
+                loss = run.model(input_ids=input_ids, labels=labels).loss
+        with record_function("step.backward"):
+            (loss / accum).backward()
         loss_sum += loss.detach()
-    grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.scheduler.step()
-    dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-    step_loss = loss_sum.item() / (run.world * accum)
+    with record_function("step.clip"):
+        grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
+    with record_function("step.optimizer"):
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()
+    with record_function("step.loss_read"):  # the step's one host sync, after the optimizer's launches
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        loss_total, grad_norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
+        step_loss = loss_total / (run.world * accum)
     if not np.isfinite(step_loss):
         raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
@@ -447,14 +458,16 @@ def _software(device: torch.device, world: int, backend: str) -> dict:
             or "cpu", "world_size": world, "backend": backend}
 
 
-def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> float:
-    """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a Python float)."""
+def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a 0-d tensor on the
+    gradients' device, not read here: :func:`train_step` reads it with the loss, so the host does not wait for
+    backward before launching the optimizer step)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
-    return float(total)
+    return total
 
 
 def _full_parameter_sha256(model: torch.nn.Module, rank: int) -> dict[str, str]:
