@@ -195,3 +195,14 @@ def test_random_weights_file_errors_name_the_file_and_field(tmp_path, tokenizer)
         embed_texts(folder, TEXTS[:1])
     with pytest.raises(FileExistsError, match="holds weight files"):
         write_random_model(folder, _config(LLAMA), RandomWeights())
+
+
+def test_gpu_batch_budget_from_measured_memory():
+    from pitlab.evaluator.embed import MAX_BATCH_TOKENS, batch_token_budget
+
+    # 35B-A3B on an H200: ≈ 70 GB free after the weights; 50 KB of activations per token → capped at 65,536
+    assert batch_token_budget(50_000, 70 * 2**30, 8192) == MAX_BATCH_TOKENS == 65_536
+    # 2 GiB free at 100 KB per token: half of it → 10,737 tokens (then prompts per batch = budget // length)
+    assert batch_token_budget(100_000, 2 * 2**30, 4096) == 10_737
+    # less than the first batch needed: never below what already ran
+    assert batch_token_budget(1_000_000, 2**30, 4096) == 4096

@@ -428,6 +428,13 @@ GPU_PAD_MULTIPLE = 64
 """On a GPU, batches are right-padded to a multiple of this many tokens (fewer kernel shapes to compile)."""
 
 
+def batch_token_budget(bytes_per_token: float, free_bytes: int, measured_tokens: int) -> int:
+    """Padded tokens per GPU batch: :data:`GPU_MEMORY_FRACTION` of ``free_bytes`` over the activation bytes per
+    token the first batch measured, at least that batch's ``measured_tokens`` (it ran), at most
+    :data:`MAX_BATCH_TOKENS`."""
+    return int(min(MAX_BATCH_TOKENS, max(measured_tokens, GPU_MEMORY_FRACTION * free_bytes / bytes_per_token)))
+
+
 def _embed_batches(forward, tok, ids, masks, lengths: np.ndarray, order: np.ndarray, pool: str, batch_size: int,
                    device: str, progress: Progress | None) -> tuple[np.ndarray | None, dict]:
     """Run ``forward`` over length-sorted batches; returns (float32 [n, d] in input order, batching info).
@@ -468,8 +475,7 @@ def _embed_batches(forward, tok, ids, masks, lengths: np.ndarray, order: np.ndar
             if cuda and bytes_per_token is None:  # the first batch that ran: measure, then size the rest
                 bytes_per_token = max(1, torch.cuda.max_memory_allocated() - base) / input_ids.numel()
                 free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-                budget = int(min(MAX_BATCH_TOKENS, max(input_ids.numel(), GPU_MEMORY_FRACTION * free
-                                                       / bytes_per_token)))
+                budget = batch_token_budget(bytes_per_token, free, input_ids.numel())
             if out is None:
                 out = np.empty((n, vec.shape[1]), dtype=np.float32)
             out[idx] = vec
