@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,7 @@ def main() -> None:
 
     work = a.workdir or Path(tempfile.mkdtemp(prefix="eval-scale-"))
     work.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work / "out", ignore_errors=True)  # no embedding cache from an earlier run: every stage is timed
     stages: dict[str, float] = {}
 
     t = time.perf_counter()

@@ -185,7 +185,8 @@ def test_random_weights_file_errors_name_the_file_and_field(tmp_path, tokenizer)
     folder = write_random_model(tmp_path / "m", _config(LLAMA), RandomWeights(), tokenizer)
     marker = folder / "pitlab-random-weights.json"
     for body, msg in (({"seed": -1}, "seed must be an integer >= 0"), ({"seed": 1.5}, "seed must be an integer"),
-                      ({"perturb": "x"}, "perturb must be a number >= 0"), ({"sed": 1}, r"unknown field\(s\) \['sed'\]")):
+                      ({"perturb": "x"}, "perturb must be a number >= 0"),
+                      ({"sed": 1}, r"unknown field\(s\) \['sed'\]")):
         marker.write_text(json.dumps(body))
         with pytest.raises(EmbeddingError, match=f"pitlab-random-weights.json: {msg}"):
             embed_texts(folder, TEXTS[:1])
