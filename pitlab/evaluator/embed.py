@@ -8,15 +8,25 @@
   the last hidden state), the sentence-transformers pooling of that model (its final L2 normalisation is
   not applied: ridge regression needs no unit vectors).
 
+At scale (a 35B-A3B MoE on one GPU): a causal model is built with only the decoder layers that ``layer`` needs
+(the rest are never read), its weights go from the safetensors shards straight to the GPU (meta-device
+construction, no host copy of the model), and the hidden state is taken from the last layer run (no
+``output_hidden_states`` of every layer). On a GPU the batches (longest prompts first) are sized from the memory
+the first batch measured. The result equals the whole model's ``hidden_states[layer]`` bit for bit on CPU
+(``tests/test_embed_scale.py``). A folder with ``pitlab-random-weights.json`` instead of weights is a
+benchmark-only random model (:mod:`pitlab.evaluator.random_weights`).
+
 Models are read from local folders only (``local_files_only``, ``HF_HUB_OFFLINE=1``). Results can be cached
 on disk under ``cache_dir/<sha256 of model digest, settings, library versions and prompts>.npy``.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -24,6 +34,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 ENCODER_MODEL_TYPES = frozenset({
     "albert", "bert", "camembert", "convbert", "data2vec-text", "deberta", "deberta-v2", "distilbert", "electra",
@@ -76,8 +88,12 @@ def resolve_model_uri(uri: str) -> Path:
 def model_digest(model_dir: Path) -> str:
     """sha256 (hex) of a model folder's weights (``*.safetensors``, else ``*.bin``), ``config.json`` and
     tokenizer files, each hashed with its relative name, in sorted order."""
+    from pitlab.evaluator.random_weights import RANDOM_WEIGHTS_FILE
+
     model_dir = Path(model_dir)
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
+    if not weights and (model_dir / RANDOM_WEIGHTS_FILE).is_file():
+        weights = [model_dir / RANDOM_WEIGHTS_FILE]  # random weights: its seed and perturbation are its weights
     if not weights:
         raise EmbeddingError(f"{model_dir}: no *.safetensors (or *.bin) weight files")
     files = weights + [model_dir / "config.json"] + [model_dir / f for f in _TOKENIZER_FILES
@@ -159,8 +175,9 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     kind : "causal" | "encoder" | "auto" (:func:`detect_kind`).
     layer : index into ``hidden_states`` (0 = embeddings, -1 = last layer, after the final norm).
     pooling : "last" (last non-pad token) or "mean" (masked mean); encoders always use "mean".
-    batch_size : prompts per forward pass; prompts are sorted by token length (longest first) so batches
-        carry little padding, and the original order is restored.
+    batch_size : prompts per forward pass on CPU; on a GPU the first batch's, later batches are sized from the
+        memory it measured. Prompts are sorted by token length (longest first) so batches carry little
+        padding, and the original order is restored.
     max_length : tokens per prompt; longer prompts are truncated at the end (counted in ``info``).
     dtype : "float32" | "bfloat16" | "float16" model weights/activations; output is float32.
     progress : called as ``progress(done, total)`` after each batch.
@@ -168,7 +185,10 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     cache_dir : if set, embeddings are read from / written to ``cache_dir/<key>.npy`` (atomic rename).
     info : if a dict is given, it is filled with ``kind``, ``pooling``, ``layer``, ``dim``, ``digest``,
         ``n_truncated``, ``cache_hit``, ``seconds``, ``device`` ("cuda" when torch sees a GPU, which is then
-        used, else "cpu").
+        used, else "cpu"); when embedded (not a cache hit) also ``weights`` ("checkpoint" or the random
+        source), ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
+        ``padded_tokens``, ``n_batches``, ``batch_tokens`` (GPU budget), ``prompts_per_s`` and ``tokens_per_s``
+        (over the forward passes, tokenisation and load excluded).
     """
     import torch
 
@@ -211,9 +231,9 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     old_threads = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(int(num_threads))
+    model = forward = None
     try:
-        tok, model = _load(model_dir, resolved, dtype)
-        model.to(device)
+        tok = _load_tokenizer(model_dir)
         enc = tok(texts, truncation=True, max_length=max_length, return_attention_mask=True)
         full_len = [len(ids) for ids in tok(texts, truncation=False)["input_ids"]] if texts else []
         ids, masks = enc["input_ids"], enc["attention_mask"]
@@ -221,66 +241,248 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
         meta["n_truncated"] = int(sum(f > max_length for f in full_len))
         if len(texts) and lengths.min() == 0:
             raise EmbeddingError(f"{model_dir}: prompt {int(np.argmin(lengths))} tokenises to no tokens")
-        n_layers = getattr(model.config, "num_hidden_layers", None)
-        if n_layers is not None and not -(n_layers + 1) <= layer <= n_layers:
-            raise EmbeddingError(f"embedding.layer={layer} is out of range for {model_dir} "
-                                 f"({n_layers} layers: -{n_layers + 1}..{n_layers})")
+        t_load = time.perf_counter()
+        model, run_layers, n_layers, weights = _load_model(model_dir, resolved, dtype, device, layer)
+        meta.update(weights=weights, layers_run=run_layers, load_seconds=time.perf_counter() - t_load)
+        forward = _forward_fn(model, resolved, layer, n_layers)
         order = np.argsort(-lengths, kind="stable")
-        out: np.ndarray | None = None
-        with torch.inference_mode():
-            for s in range(0, len(texts), batch_size):
-                idx = order[s:s + batch_size]
-                batch = tok.pad({"input_ids": [ids[i] for i in idx], "attention_mask": [masks[i] for i in idx]},
-                                padding=True, return_tensors="pt")
-                input_ids, attn = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-                hs = model(input_ids=input_ids, attention_mask=attn, output_hidden_states=True).hidden_states[layer]
-                vec = _pool(hs, attn, pool).float().cpu().numpy()
-                if out is None:
-                    out = np.empty((len(texts), vec.shape[1]), dtype=np.float32)
-                out[idx] = vec
-                if progress:
-                    progress(min(s + batch_size, len(texts)), len(texts))
+        t_fwd = time.perf_counter()
+        out, batching = _embed_batches(forward, tok, ids, masks, lengths, order, pool, batch_size, device, progress)
+        fwd_s = time.perf_counter() - t_fwd
+        n_tok = int(lengths.sum())
+        meta.update(batching, n_tokens=n_tok, forward_seconds=fwd_s,
+                    prompts_per_s=len(texts) / fwd_s if fwd_s > 0 else None,
+                    tokens_per_s=n_tok / fwd_s if fwd_s > 0 else None)
+        if out is None:
+            out = np.empty((0, int(model.config.hidden_size)), dtype=np.float32)
     finally:
         torch.set_num_threads(old_threads)
-    if out is None:
-        out = np.empty((0, int(model.config.hidden_size)), dtype=np.float32)
+        if model is not None and device != "cpu":  # hand the GPU memory back before the next model loads
+            del model, forward
+            gc.collect()
+            torch.cuda.empty_cache()
     if not np.all(np.isfinite(out)):
         bad = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
         raise EmbeddingError(f"{model_dir}: non-finite embedding for prompt {bad} (dtype {dtype})")
     if cache_path is not None:
         _save_npy_atomic(cache_path, out)
     meta.update(dim=int(out.shape[1]), seconds=time.perf_counter() - t_start)
+    log.info("%s: %d prompts, %d tokens embedded in %.1f s (load %.1f s, %d of the decoder layers, %d batches "
+             "on %s): %.1f prompts/s, %.0f tokens/s", model_dir, len(texts), meta["n_tokens"],
+             meta["forward_seconds"], meta["load_seconds"], run_layers, meta["n_batches"], device,
+             meta["prompts_per_s"] or 0.0, meta["tokens_per_s"] or 0.0)
     if info is not None:
         info.update(meta)
     return out
 
 
-def _load(model_dir: Path, kind: Kind, dtype: str):
-    """Tokenizer (right padding, a pad token guaranteed) and base model (eval mode) from a local folder."""
-    import torch
+def _load_tokenizer(model_dir: Path):
+    """The folder's tokenizer with right padding and a pad token (pads are masked out; the id only has to
+    exist). Raises EmbeddingError naming the folder."""
     import transformers
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoTokenizer
 
     verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise EmbeddingError(f"{model_dir}: tokenizer cannot be loaded: {err}") from err
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token or tok.bos_token or tok.convert_ids_to_tokens(0)
+    return tok
+
+
+def layers_to_run(n_layers: int, layer: int) -> int:
+    """Decoder layers a causal model runs for ``hidden_states[layer]`` of an ``n_layers``-layer model: layer k
+    (0 ≤ k < n) is the output of decoder layer k − 1, so k layers (one for k = 0, whose embedding output the
+    first layer's forward returns); the last (−1 or n, after the final norm) needs all n."""
+    k = layer if layer >= 0 else n_layers + 1 + layer
+    return max(k, 1)
+
+
+def truncated_config(config, n_run: int):
+    """A copy of ``config`` with ``num_hidden_layers = n_run`` and every per-layer list (a top-level list of
+    ``num_hidden_layers`` entries, e.g. ``layer_types``) cut to its first ``n_run`` entries."""
+    import copy
+
+    n = config.num_hidden_layers
+    cut = copy.deepcopy(config)
+    for key, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == n and key != "num_hidden_layers":
+            setattr(cut, key, type(value)(value[:n_run]))
+    cut.num_hidden_layers = n_run
+    return cut
+
+
+def _load_model(model_dir: Path, kind: Kind, dtype: str, device: str, layer: int):
+    """(model in eval mode on ``device``, decoder layers it runs, layers of the whole model, weight source)
+    for ``hidden_states[layer]``.
+
+    A causal model is built with only the decoder layers ``layer`` needs (:func:`layers_to_run`); the layers
+    after it are never read from the shards. Weights go from the safetensors shards straight to ``device``
+    (transformers builds the modules on the meta device and copies tensor by tensor: no host copy of the
+    whole model). A folder with :data:`~pitlab.evaluator.random_weights.RANDOM_WEIGHTS_FILE` gets regenerated
+    random weights instead (benchmarks and tests only, with a warning). Raises EmbeddingError naming the
+    folder (unreadable config or weights, ``layer`` out of range)."""
+    import warnings
+
+    import torch
+    import transformers
+    from transformers import AutoConfig, AutoModel
+
+    from pitlab.evaluator.random_weights import RandomWeightsError, build_random_model, read_random_weights
+
+    try:
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise EmbeddingError(f"{model_dir}/config.json cannot be read: {err}") from err
+    n_layers = getattr(config, "num_hidden_layers", None)
+    if n_layers is not None and not -(n_layers + 1) <= layer <= n_layers:
+        raise EmbeddingError(f"embedding.layer={layer} is out of range for {model_dir} "
+                             f"({n_layers} layers: -{n_layers + 1}..{n_layers})")
+    try:
+        random = read_random_weights(model_dir)
+    except RandomWeightsError as err:
+        raise EmbeddingError(str(err)) from None
+    n_run = n_layers
+    truncated = False
+    if kind == "causal" and n_layers:
+        n_run = layers_to_run(n_layers, layer)
+        if n_run < n_layers:
+            config, truncated = truncated_config(config, n_run), True
+    verbosity = transformers.logging.get_verbosity()
     bar = transformers.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()  # load reports (unused lm_head / pooler) are expected here
+    transformers.logging.set_verbosity_error()  # load reports (unused lm_head / pooler / later layers) expected
     transformers.logging.disable_progress_bar()
     try:
-        try:
-            tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        except Exception as err:  # noqa: BLE001
-            raise EmbeddingError(f"{model_dir}: tokenizer cannot be loaded: {err}") from err
-        try:
-            model = AutoModel.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), local_files_only=True)
-        except Exception as err:  # noqa: BLE001
-            raise EmbeddingError(f"{model_dir}: model cannot be loaded ({kind}): {err}") from err
+        if random is not None:
+            msg = (f"{model_dir}: {random.describe()}: weights regenerated from config.json, not a trained model "
+                   f"(for benchmarks and tests only)")
+            warnings.warn(msg, stacklevel=3)
+            log.warning(msg)
+            try:
+                model = build_random_model(config, random, device, dtype)
+            except Exception as err:  # noqa: BLE001
+                raise EmbeddingError(f"{model_dir}: random model cannot be built ({kind}): {err}") from err
+            weights = random.describe()
+        else:
+            kwargs = {"config": config} if truncated else {}
+            if device != "cpu":
+                kwargs["device_map"] = {"": torch.device(device, torch.cuda.current_device())}
+            try:
+                model = AutoModel.from_pretrained(str(model_dir), dtype=getattr(torch, dtype),
+                                                  local_files_only=True, **kwargs)
+            except Exception as err:  # noqa: BLE001
+                raise EmbeddingError(f"{model_dir}: model cannot be loaded ({kind}): {err}") from err
+            weights = "checkpoint"
     finally:
         transformers.logging.set_verbosity(verbosity)
         if bar:
             transformers.logging.enable_progress_bar()
     model.eval()
-    tok.padding_side = "right"
-    if tok.pad_token is None:
-        fallback = tok.eos_token or tok.unk_token or tok.bos_token or tok.convert_ids_to_tokens(0)
-        tok.pad_token = fallback  # pads are masked out; the id only has to exist
-    return tok, model
+    return model, int(n_run or 0), int(n_layers or 0), weights
+
+
+def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
+    """``f(input_ids, attention_mask) -> hidden [b, L, d]`` equal to ``hidden_states[layer]`` of the whole
+    ``n_layers``-layer model, ``model`` being that model or its first layers (:func:`_load_model`).
+
+    Encoders: ``output_hidden_states`` (small models). Causal: the last hidden state when every layer runs;
+    for layer 0 the first entry of ``hidden_states`` of the one-layer model; otherwise the output of the
+    truncated model's last decoder layer, taken by a forward hook (no ``output_hidden_states``)."""
+    import torch
+
+    if kind == "encoder":
+        return lambda i, a: model(input_ids=i, attention_mask=a, output_hidden_states=True).hidden_states[layer]
+    k = layer if layer >= 0 else n_layers + 1 + layer
+    if k == n_layers:
+        return lambda i, a: model(input_ids=i, attention_mask=a, use_cache=False).last_hidden_state
+    if k == 0:
+        return lambda i, a: model(input_ids=i, attention_mask=a, use_cache=False,
+                                  output_hidden_states=True).hidden_states[0]
+    n_run = model.config.num_hidden_layers
+    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_run]
+    if not stacks or n_run != k:
+        raise EmbeddingError(f"{model.config.model_type}: no list of {k} decoder layers found to take "
+                             f"hidden_states[{layer}] from")
+    captured: list = []
+    stacks[0][k - 1].register_forward_hook(
+        lambda mod, args, output: captured.append(output[0] if isinstance(output, tuple) else output))
+
+    def forward(input_ids, attn):
+        captured.clear()
+        model(input_ids=input_ids, attention_mask=attn, use_cache=False)
+        return captured.pop()
+    return forward
+
+
+MAX_BATCH_TOKENS = 1 << 16
+"""Most (padded) tokens per forward pass on a GPU, whatever the free memory."""
+GPU_MEMORY_FRACTION = 0.5
+"""Share of the free GPU memory (after the first batch) that later batches' activations may take."""
+GPU_PAD_MULTIPLE = 64
+"""On a GPU, batches are right-padded to a multiple of this many tokens (fewer kernel shapes to compile)."""
+
+
+def batch_token_budget(bytes_per_token: float, free_bytes: int, measured_tokens: int) -> int:
+    """Padded tokens per GPU batch: :data:`GPU_MEMORY_FRACTION` of ``free_bytes`` over the activation bytes per
+    token the first batch measured, at least that batch's ``measured_tokens`` (it ran), at most
+    :data:`MAX_BATCH_TOKENS`."""
+    return int(min(MAX_BATCH_TOKENS, max(measured_tokens, GPU_MEMORY_FRACTION * free_bytes / bytes_per_token)))
+
+
+def _embed_batches(forward, tok, ids, masks, lengths: np.ndarray, order: np.ndarray, pool: str, batch_size: int,
+                   device: str, progress: Progress | None) -> tuple[np.ndarray | None, dict]:
+    """Run ``forward`` over length-sorted batches; returns (float32 [n, d] in input order, batching info).
+
+    CPU: ``batch_size`` prompts per batch. GPU: the first batch has ``batch_size`` prompts; its measured peak
+    memory per token sizes the later batches to :data:`GPU_MEMORY_FRACTION` of the free memory (at most
+    :data:`MAX_BATCH_TOKENS` tokens); a batch that runs out of memory is retried at half the size."""
+    import torch
+
+    cuda = device != "cpu"
+    n = len(ids)
+    out: np.ndarray | None = None
+    budget: int | None = None  # padded tokens per batch (GPU), from the first batch's measured memory
+    pos, n_batches, bytes_per_token, padded = 0, 0, None, 0
+    with torch.inference_mode():
+        while pos < n:
+            L = int(lengths[order[pos]])
+            Lp = -(-L // GPU_PAD_MULTIPLE) * GPU_PAD_MULTIPLE if cuda else L
+            b = batch_size if budget is None else max(1, budget // Lp)
+            idx = order[pos:pos + b]
+            batch = tok.pad({"input_ids": [ids[i] for i in idx], "attention_mask": [masks[i] for i in idx]},
+                            padding=True, return_tensors="pt", pad_to_multiple_of=GPU_PAD_MULTIPLE if cuda else None)
+            input_ids, attn = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            try:
+                vec = _pool(forward(input_ids, attn), attn, pool).float().cpu().numpy()
+            except torch.OutOfMemoryError:
+                if not cuda or len(idx) == 1:
+                    raise
+                del input_ids, attn
+                torch.cuda.empty_cache()
+                budget = max(1, len(idx) // 2) * Lp
+                log.warning("out of GPU memory at %d prompts × %d tokens: retrying with %d tokens per batch",
+                            len(idx), Lp, budget)
+                continue
+            if cuda and bytes_per_token is None:  # the first batch that ran: measure, then size the rest
+                bytes_per_token = max(1, torch.cuda.max_memory_allocated() - base) / input_ids.numel()
+                free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+                budget = batch_token_budget(bytes_per_token, free, input_ids.numel())
+            if out is None:
+                out = np.empty((n, vec.shape[1]), dtype=np.float32)
+            out[idx] = vec
+            padded += int(input_ids.numel())
+            n_batches += 1
+            pos += len(idx)
+            if progress:
+                progress(pos, n)
+    return out, {"n_batches": n_batches, "padded_tokens": padded, "batch_tokens": budget,
+                 "activation_bytes_per_token": bytes_per_token}

@@ -222,6 +222,11 @@ def _panel_summary(panel: Panel, calendar: pd.DatetimeIndex) -> dict:
             "dropped": dict(panel.dropped), "target": TARGET}
 
 
+EMBED_RATES = ("load_seconds", "forward_seconds", "layers_run", "n_tokens", "n_batches", "prompts_per_s",
+               "tokens_per_s")
+"""Keys of the embedding stage's info copied into ``timings.models.<name>`` as ``embed_<key>`` (None on a cache hit)."""
+
+
 def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind: str = "auto", *,
                 cache_dir: Path | None = None, num_threads: int | None = None, info: dict | None = None,
                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
@@ -415,6 +420,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
         "training_ref": m.training_ref.model_dump(by_alias=True) if m.training_ref else None,
         "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
         "embedding_device": info.get("device"),
+        "embedding_weights": (embedded or info).get("weights", info.get("weights")),
         "knowledge_cutoff": m.knowledge_cutoff.isoformat() if m.knowledge_cutoff else None,
         "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
         "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
@@ -436,7 +442,8 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
     }
     notes = _model_warnings(name, setup.selection.method, edges, widenings, grid_note, pj["reasons"])
     timings = {"embed_s": embed_s, "point_estimate_s": t_boot - t_stat, "bootstrap_s": t_extra - t_boot,
-               "extra_protocols_s": t_end - t_extra, "statistics_s": t_end - t_stat}
+               "extra_protocols_s": t_end - t_extra, "statistics_s": t_end - t_stat,
+               **{f"embed_{k}": (embedded or info).get(k) for k in EMBED_RATES}}
     return ModelOutcome(result, reps.premium, {"r2_off": reps.r2_off, "r2_on": reps.r2_on}, proto_reps,
                         model_edges, notes, timings)
 
