@@ -275,7 +275,7 @@ def test_build_torchrun_command(tmp_path):
     import sys
     cmd = build_torchrun_command(tmp_path / "spec.json", tmp_path / "run", 2)
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                   "-m", "pitlab.trainer.train", "--spec", str(tmp_path / "spec.json"),
+                   "-m", "pitlab.cli", "train", "--spec", str(tmp_path / "spec.json"),
                    "--run-dir", str(tmp_path / "run")]
     assert build_torchrun_command("s", "r", 1, base=Path("b"))[-2:] == ["--base", "b"]
     with pytest.raises(ValueError, match="gpusPerNode"):

@@ -1,9 +1,11 @@
 """The training loop: one rank of a torchrun job (full-weight continued pretraining under FSDP2).
 
-Run under torchrun (``pitlab.trainer.launch`` builds the command), each rank calling :func:`run_rank`::
+Run under torchrun, each rank calling :func:`run_rank` (:func:`pitlab.trainer.command.torchrun_command` builds the
+command, the same for ``pitlab run`` and the PyTorchJob; ``python -m pitlab.trainer.train`` takes the same
+arguments)::
 
     python -m torch.distributed.run --standalone --nproc_per_node N \\
-        -m pitlab.trainer.train --spec RESOLVED.json --run-dir DIR
+        -m pitlab.cli train --spec RESOLVED.json --run-dir DIR
 
 Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", by_alias=True)``),
 ``DIR/base`` (Hugging Face model directory from :mod:`pitlab.trainer.prepare`; ``--base`` overrides),
