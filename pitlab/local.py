@@ -116,8 +116,8 @@ class Preflight:
 
 def preflight(res: PitTraining | LeakageEval) -> Preflight:
     """Check a resource beyond its schema (files, columns, corpus, models, panel). Returns the filtered corpus
-    (a PitTraining's), the sampled panels and the located models. Raises SpecError, CorpusError or PanelError with the field,
-    file, row or column."""
+    (a PitTraining's), the sampled panels and the located models. Raises SpecError, CorpusError or PanelError
+    with the field, file, row or column."""
     if isinstance(res, PitTraining):
         if res.spec.checkpoint.uri:
             from pitlab.trainer.checkpoint import checkpoint_location
