@@ -395,10 +395,9 @@ def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (J
           ) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""
     from pitlab.trainer.rank_exit import exit_rank
-    from pitlab.trainer.train import main as train_main
+    from pitlab.trainer.train import run_rank
 
-    argv = ["--spec", str(spec), "--run-dir", str(run_dir)] + (["--base", str(base)] if base else [])
-    exit_rank(lambda: train_main(argv))  # ends the process without finalization (see pitlab.trainer.rank_exit)
+    exit_rank(lambda: run_rank(spec, run_dir, base))  # ends without finalization (see pitlab.trainer.rank_exit)
 
 
 @app.command()

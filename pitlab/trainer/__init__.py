@@ -19,8 +19,9 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory (DESIGN 4.6)
 - ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
-- ``train``: ``setup_run``, ``train_step`` and the loop (``python -m pitlab.trainer.train`` under torchrun)
-- ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica)
+- ``train``: ``setup_run``, ``train_step``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)
+- ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica; every rank runs
+  ``pitlab train``)
 - ``launch``: runs the torchrun command, follows metrics, returns the summary
 - ``merge``: DCP checkpoint -> verified Hugging Face model dir, local or ``s3://`` (``pitlab merge``)
 - ``digest``, ``files``: tensor sha256; atomic file writes and the resolved-spec writer

@@ -9,21 +9,21 @@ from pathlib import Path
 
 def torchrun_command(spec_path: Path | str, run_dir: Path | str, nproc: int, base: Path | str | None = None, *,
                      nodes: int | None = None) -> list[str]:
-    """The ``torchrun`` command line of a training run with ``nproc`` ranks per node.
+    """The ``torchrun`` command line of a training run with ``nproc`` ranks per node; every rank runs the pods'
+    entry point ``python -m pitlab.cli train --spec S --run-dir D [--base B]``
+    (:func:`pitlab.trainer.train.run_rank`), on a cluster and under ``pitlab run`` alike.
 
     ``nodes`` None: one machine (``pitlab run``): ``python -m torch.distributed.run --standalone`` with this
-    interpreter, each rank running ``python -m pitlab.trainer.train``. ``nodes`` given: one PyTorchJob replica
-    with a static rendezvous at the master's Service (``$(RANK)``, ``$(MASTER_ADDR)`` and ``$(MASTER_PORT)``
-    are set in the ``pytorch`` container by the Kubeflow training operator, RANK being the node rank when
-    ``nprocPerNode`` is set, and expanded by the kubelet), each rank running ``pitlab train``; both call
-    :func:`pitlab.trainer.train.main`. ``base``: the base model folder (default ``RUN_DIR/base``). Raises
-    ``ValueError`` if ``nproc < 1``.
+    interpreter. ``nodes`` given: one PyTorchJob replica with a static rendezvous at the master's Service
+    (``$(RANK)``, ``$(MASTER_ADDR)`` and ``$(MASTER_PORT)`` are set in the ``pytorch`` container by the Kubeflow
+    training operator, RANK being the node rank when ``nprocPerNode`` is set, and expanded by the kubelet).
+    ``base``: the base model folder (default ``RUN_DIR/base``). Raises ``ValueError`` if ``nproc < 1``.
     """
     if nproc < 1:
         raise ValueError(f"spec.resources.gpusPerNode: must be >= 1 (got {nproc})")
-    args = ["--spec", str(spec_path), "--run-dir", str(run_dir)] + (["--base", str(base)] if base not in (None, "") else [])
+    rank = ["-m", "pitlab.cli", "train", "--spec", str(spec_path), "--run-dir", str(run_dir)] + (
+        ["--base", str(base)] if base not in (None, "") else [])
     if nodes is None:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-                "-m", "pitlab.trainer.train"] + args
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + rank
     return ["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={nproc}", "--node-rank=$(RANK)",
-            "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)", "-m", "pitlab.cli", "train"] + args
+            "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)"] + rank

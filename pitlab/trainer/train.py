@@ -1,9 +1,11 @@
 """The training loop: one rank of a torchrun job (full-weight continued pretraining under FSDP2).
 
-Run under torchrun (``pitlab.trainer.launch`` builds the command)::
+Run under torchrun, each rank calling :func:`run_rank` (:func:`pitlab.trainer.command.torchrun_command` builds the
+command, the same for ``pitlab run`` and the PyTorchJob; ``python -m pitlab.trainer.train`` takes the same
+arguments)::
 
     python -m torch.distributed.run --standalone --nproc_per_node N \\
-        -m pitlab.trainer.train --spec RESOLVED.json --run-dir DIR
+        -m pitlab.cli train --spec RESOLVED.json --run-dir DIR
 
 Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", by_alias=True)``),
 ``DIR/base`` (Hugging Face model directory from :mod:`pitlab.trainer.prepare`; ``--base`` overrides),
@@ -482,17 +484,19 @@ def _full_parameter_sha256(model: torch.nn.Module, rank: int) -> dict[str, str]:
 
 
 @record
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pitlab.trainer.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, type=Path, help="resolved PitTraining JSON")
-    parser.add_argument("--run-dir", required=True, type=Path, help="run directory (base/, data/, train/, checkpoint/)")
-    parser.add_argument("--base", type=Path, default=None, help="base HF model directory (default RUN_DIR/base)")
-    args = parser.parse_args(argv)
-    paths = RunPaths(args.run_dir, args.base if args.base is not None else args.run_dir / "base")
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend)
+def run_rank(spec_path: Path, run_dir: Path, base: Path | None = None) -> int:
+    """One rank of a torchrun job: joins the process group (NCCL with CUDA, else gloo), runs :func:`train`, leaves
+    the group. ``base``: the base model folder (default ``run_dir/base``).
+
+    Returns the rank's exit code: 0, or 2 after a known error (bad spec, checkpoint, weights, storage, non-finite
+    loss, OS error), printed as one line ``pitlab.trainer.train: error (rank R): ...`` that
+    :mod:`pitlab.trainer.launch` reports. Any other exception propagates (torch elastic's ``record`` writes it to
+    the error file). Both ``pitlab train`` (the pods') and ``python -m pitlab.trainer.train`` call it.
+    """
+    paths = RunPaths(run_dir, base if base is not None else run_dir / "base")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        train(args.spec, paths)
+        train(spec_path, paths)
     except (SpecError, ValueError, FloatingPointError, CheckpointError,
             WeightLoadError, StorageError, AdapterSaveError, OSError) as err:
         if not isinstance(err, SpecError):
@@ -503,6 +507,16 @@ def main(argv: list[str] | None = None) -> int:
         dist.destroy_process_group()
     return 0
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pitlab.trainer.train --spec S --run-dir D [--base B]``: parses ``argv`` (argparse exits 2 on a
+    bad one) and returns :func:`run_rank`'s exit code."""
+    parser = argparse.ArgumentParser(prog="python -m pitlab.trainer.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path, help="resolved PitTraining JSON")
+    parser.add_argument("--run-dir", required=True, type=Path, help="run directory (base/, data/, train/, checkpoint/)")
+    parser.add_argument("--base", type=Path, default=None, help="base HF model directory (default RUN_DIR/base)")
+    args = parser.parse_args(argv)
+    return run_rank(args.spec, args.run_dir, args.base)
 
 if __name__ == "__main__":
     from pitlab.trainer.rank_exit import exit_rank
