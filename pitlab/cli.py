@@ -214,7 +214,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if remote and not overwrite:
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
     if taken and not overwrite:
-        _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to replace it", 2)
+        _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete it, checkpoints included, and start again", 2)
     t0 = time.monotonic()
 
     def publish() -> None:
@@ -365,8 +365,9 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         source = "--gpu-memory-gib" if gpu_memory_gib is not None else "spec.resources.gpuMemoryGiB"
         _fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
-        _say(f"[green]✓[/] fits: {result.peak_bytes / 2**30:.1f} of {result.capacity_bytes / 2**30:.1f} "
-              "GiB per GPU")
+        peak = f"{result.peak_bytes / 2**30:.1f} GiB" if result.peak_bytes >= 2**30 / 10 else \
+            f"{result.peak_bytes / 2**20:.0f} MiB"
+        _say(f"[green]✓[/] fits: {peak} of {result.capacity_bytes / 2**30:.1f} GiB per GPU")
 
 
 @app.command()

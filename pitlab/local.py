@@ -156,7 +156,7 @@ def _prepare_run_dir(out_root: Path, name: str, overwrite: bool) -> Path:
     run_dir = out_root / name
     if run_dir.exists():
         if not overwrite:
-            raise RunError("OutputExists", f"{run_dir} already exists; pass --overwrite to replace it")
+            raise RunError("OutputExists", f"{run_dir} already exists; pass --overwrite to delete it, checkpoints included, and start again")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     return run_dir
@@ -309,7 +309,8 @@ def _train(run: _TrainingRun, stage: Stage) -> None:
 
     st, n = run.st, run.nproc
     st.running(stage, f"torchrun, {n} processes")
-    run.reporter.stage("train", f"torchrun, {n} processes, FSDP2")
+    run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}, "
+                       f"{'layer streaming' if run.res.spec.training.layer_streaming.enabled else 'FSDP2'}")
     last_write = [0.0]
     warned = [False]
 

@@ -114,7 +114,12 @@ def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[
     if must_exist and not p.exists():
         hint = ""
         if DATA_ROOT_ENV in uri:
-            hint = f" (is {DATA_ROOT_ENV}={os.environ.get(DATA_ROOT_ENV)!r} the shared data folder?)"
+            root = (env or os.environ).get(DATA_ROOT_ENV)
+            if root and Path(root).expanduser().is_dir():  # the root is right; this data set is not in it
+                hint = (f" ({DATA_ROOT_ENV}={root!r} exists but holds no {p.name!r}: a data set pitlab does not "
+                        "ship goes there as downloaded; the example's header says what it needs)")
+            else:
+                hint = f" (is {DATA_ROOT_ENV}={root!r} the shared data folder?)"
         raise SpecError([(field, f"{s!r} does not exist{hint}")])
     return p
 

@@ -219,7 +219,7 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
     notes = [f"model: {shape.model_type}, {count_text(shape.total)} parameters, {shape.layers} decoder layers "
              f"streamed from host memory; LoRA r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
              f"{count_text(sshape.adapter)} adapter parameters resident with their AdamW state",
-             f"host→GPU per optimizer step: {bytes_per_step(sshape, shape.layers, ls.buffers, tr) / 1e9:.2f} GB "
+             f"host→GPU per optimizer step: {_gb(bytes_per_step(sshape, shape.layers, ls.buffers, tr))} "
              f"(each layer once in forward and again in backward, less the {ls.buffers} layers still in the slots at "
              "each turn)"]
     advice = ""
@@ -362,3 +362,8 @@ def check_budget(spec, config=None, device: torch.device | None = None) -> Strea
     if plan.fits is False:
         raise StreamingBudgetError(plan.refusal())
     return plan
+
+
+def _gb(n: int) -> str:
+    """``n`` bytes as GB with two decimals, or as MB below 0.1 GB (so a small run does not read 0.00 GB)."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
