@@ -33,16 +33,10 @@ def _config(kw: dict):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """The tiny byte-level BPE tokenizer of tests/reference.py."""
+    from reference import tiny_bpe_tokenizer
 
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    corpus = [f"Date: 2017-01-{i % 28 + 1:02d}. Stock: Company {i} (T{i}). Close {i * 1.7:.2f}." for i in range(300)]
-    tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
+    return tiny_bpe_tokenizer()
 
 
 @pytest.fixture(scope="module")

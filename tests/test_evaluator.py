@@ -430,17 +430,11 @@ def test_failed_run_leaves_no_complete_looking_output(tmp_path, fake_models, mon
 def tiny_causal_lm(tmp_path_factory) -> Path:
     """A random-initialised qwen3_5_moe_text (hidden 64) with a byte-level BPE tokenizer trained here."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+    from reference import tiny_bpe_tokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny_qwen")
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    corpus = [f"Date: 2017-01-{i % 28 + 1:02d}. Stock: Company {i} (T{i}). Close {i * 1.7:.2f}." for i in range(300)]
-    tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>").save_pretrained(folder)
+    tiny_bpe_tokenizer().save_pretrained(folder)
     cfg = AutoConfig.for_model(
         "qwen3_5_moe_text", hidden_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,

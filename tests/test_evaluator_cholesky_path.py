@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import pitlab.evaluator.run as run_mod
+from reference import synthetic_panel as _panel  # tests/ is on sys.path under pytest
 from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import draw_cluster_weights, replicate_folds
@@ -68,12 +69,6 @@ def test_cholesky_sse_path_equals_eigendecomposition_path_and_falls_back_on_inde
                                   path_test_sse(ridge_path(bad.take([3]), ALPHAS), test.take([3]))[0].numpy())
 
 
-def _panel(S=24, T=12, d=10, seed=0):
-    rng = np.random.default_rng(seed)
-    sec, date = np.tile(np.arange(S), T), np.repeat(np.arange(T), S)
-    X = rng.standard_normal((S * T, d)) + rng.standard_normal((T, d))[date] + 3.0
-    y = 0.4 * X[:, 0] + rng.standard_normal(T)[date] + rng.standard_normal(S * T)
-    return X, y, sec, date
 
 
 def test_cholesky_path_chooses_the_same_penalty_in_every_fold_and_replicate():

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from sklearn.linear_model import Ridge
 
+from reference import synthetic_panel as _panel  # tests/ is on sys.path under pytest
 from pitlab.evaluator.bootstrap import bootstrap_model, draw_cluster_weights, replicate_folds
 from pitlab.evaluator.estimates import (AlphaSelection, Fold, PanelStats, group_kfold_folds, leakage_off_r2,
                                        leakage_on_r2)
@@ -18,12 +19,6 @@ from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, Purge
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0]
 
 
-def _panel(S=24, T=12, d=10, seed=0):
-    rng = np.random.default_rng(seed)
-    sec, date = np.tile(np.arange(S), T), np.repeat(np.arange(T), S)
-    X = rng.standard_normal((S * T, d)) + rng.standard_normal((T, d))[date] + 3.0
-    y = 0.4 * X[:, 0] + rng.standard_normal(T)[date] + rng.standard_normal(S * T)
-    return X, y, sec, date
 
 
 def _all_protocols(st: PanelStats, W, F, K, date, selection, reselect):
