@@ -187,7 +187,11 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the steady tokens/s")
     ap.add_argument("--baseline", action="store_true",
                     help="first run the same steps on the resident model (FSDP2, one GPU, no cap) for the ratio")
+    ap.add_argument("--no-cudnn-sdp", action="store_true",
+                    help="torch.backends.cuda.enable_cudnn_sdp(False) before training (bench/sdpa_nan.py)")
     args = ap.parse_args()
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if args.tiny:
         args.model, args.seq, args.micro = "tiny", 128, args.micro or 4
 
