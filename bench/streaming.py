@@ -236,7 +236,10 @@ def main() -> int:
     print(plan.table(), flush=True)
     vocab_ids = AutoConfig.from_pretrained(base).vocab_size
     rng = np.random.default_rng(0)
-    tokens = np.minimum(rng.zipf(1.2, size=(seq + 1) * micro * args.steps + 1), vocab_ids - 1).astype(np.uint32)
+    # Zipf ids from 2 up: 0 (bos/eos) and 1 (pad, a zero embedding row in a random-initialised model) never
+    # occur; a sequence starting with pad tokens overflows the gradient (bench/RESULTS.md, layer streaming)
+    tokens = np.minimum(rng.zipf(1.2, size=(seq + 1) * micro * args.steps + 1) + 1,
+                        vocab_ids - 1).astype(np.uint32)
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")

@@ -107,7 +107,7 @@ def main() -> int:
             return hook
         for i, layer in enumerate(layers):
             handles.append(layer.register_forward_hook(fwd_hook(i)))
-        ids = np.minimum(rng.zipf(1.2, size=args.seq + 1), vocab - 1).astype(np.int64)
+        ids = np.minimum(rng.zipf(1.2, size=args.seq + 1) + 1, vocab - 1).astype(np.int64)
         t = torch.from_numpy(ids).to(device)
         input_ids, labels = t[:-1].unsqueeze(0), t[1:].unsqueeze(0)
         if cuda:
@@ -205,7 +205,7 @@ def trainer_mode(args) -> int:
     res = resource(args.base, args.seq, 1, args.steps, budget, 2)
     vocab = json.loads((args.base / "config.json").read_text())["vocab_size"]
     rng = np.random.default_rng(0)
-    tokens = np.minimum(rng.zipf(1.2, size=(args.seq + 1) * args.steps + 1), vocab - 1).astype(np.uint32)
+    tokens = np.minimum(rng.zipf(1.2, size=(args.seq + 1) * args.steps + 1) + 1, vocab - 1).astype(np.uint32)
     error = None
     try:
         run_trainer(res, Path("/tmp/diag-run"), args.base, tokens, 0)

@@ -300,7 +300,24 @@ def train_step(run: TrainRun, step: int) -> StepResult:
         step_loss = loss_total / (run.world * accum)
     if not np.isfinite(step_loss):
         raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
+    if not np.isfinite(grad_norm):
+        raise FloatingPointError(nonfinite_gradient_message(run, step, step_loss, grad_norm))
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
+
+
+def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:
+    """The error for a finite loss whose gradient norm is not finite (step ``step``, 0-based): it names the
+    token chunks of every rank's microbatches (:meth:`PackedSequences.chunk_ids`), since the cause is the data
+    or the model rather than the learning rate (the gradient is computed before the step's update)."""
+    chunks = sorted({int(c) for micro in range(run.spec.training.gradient_accumulation_steps)
+                     for r in range(run.world) for c in run.data.chunk_ids(step, micro, r)})
+    span = run.spec.training.seq_len + 1
+    return (f"step {step + 1}: gradient norm is {grad_norm} with a finite loss ({loss:.6g}); the gradient was "
+            f"computed before this step's update, so lowering spec.training.learningRate does not help. The "
+            f"step's token chunks (all ranks): {chunks} (chunk c = corpus tokens [c*{span}, (c+1)*{span})). "
+            "A known cause: a random-initialised model whose padding token has a zero embedding row fed "
+            "that token; exactly-zero hidden states make every RMSNorm's gradient 1/sqrt(eps) times larger and "
+            "it overflows after about 10-20 layers (bench/RESULTS.md, layer streaming)")
 
 
 def train(spec_path: Path, paths: RunPaths) -> dict | None:

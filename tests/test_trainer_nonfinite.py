@@ -1,0 +1,62 @@
+"""A finite loss with a non-finite gradient stops the run at its own step, naming the step's token chunks and
+saying the learning rate is not the cause (the gradient exists before the step's update). The model is the case
+found on an H200 (bench/RESULTS.md, layer streaming): a random-initialised llama whose padding token has a zero
+embedding row, fed a sequence that starts with that token. Exactly-zero hidden states make each RMSNorm's input
+gradient 1/sqrt(eps) times larger per layer; with eps 1e-12 it passes float32's range within 10 layers (inf, then 0 × inf = NaN in the weight gradients)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pitlab.api import PitTraining
+from pitlab.trainer.data import PackedSequences
+from pitlab.trainer.launch import TrainingError, run_training, write_spec
+from pitlab.trainer.prepare import build_config
+
+SEQ, VOCAB, PAD = 32, 128, 1
+
+
+def _spec(base, steps: int) -> PitTraining:
+    return PitTraining.model_validate({
+        "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "nonfinite"},
+        "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "synthetic.jsonl", "format": "jsonl"},
+                 "knowledgeCutoff": "2020-12-31", "tokens": SEQ * 2 * steps,
+                 "training": {"seqLen": SEQ, "microBatchSize": 2, "learningRate": 1e-3, "warmupSteps": 1,
+                              "precision": "fp32", "seed": 0},
+                 "resources": {"nodes": 1, "gpusPerNode": 1}}})
+
+
+@pytest.mark.slow
+def test_a_nonfinite_gradient_with_a_finite_loss_stops_at_its_step_and_names_the_chunks(tmp_path):
+    config = build_config("llama", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=12,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        rms_norm_eps=1e-12),
+                          vocab_size=VOCAB, eos_token_id=0, pad_token_id=PAD, bos_token_id=0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    assert torch.count_nonzero(model.get_input_embeddings().weight[PAD]) == 0  # padding_idx: the zero row
+    model.save_pretrained(tmp_path / "base")
+    steps, span = 3, SEQ + 1
+    n_chunks = 2 * steps
+    tokens = np.random.default_rng(0).integers(2, VOCAB, n_chunks * span + 1).astype(np.uint32)
+    data = PackedSequences(tokens, SEQ, 2, 1, 1, 0, seed=0)
+    bad_step = 1  # 0-based: the second step's first chunk starts with three padding tokens
+    bad = int(data.chunk_ids(bad_step, 0)[0])
+    tokens[bad * span:bad * span + 3] = PAD
+    run = tmp_path / "run"
+    (run / "data").mkdir(parents=True)
+    np.save(run / "data" / "tokens.npy", tokens)
+    spec_path = write_spec(_spec(tmp_path / "base", steps), run / "spec.json")
+    with pytest.raises(TrainingError) as err:
+        run_training(spec_path, run, nproc=1, base=tmp_path / "base")
+    msg = str(err.value)
+    expected = sorted(int(c) for c in data.chunk_ids(bad_step, 0))
+    assert f"step {bad_step + 1}: gradient norm is" in msg, msg[-3000:]
+    assert f"token chunks (all ranks): {expected}" in msg
+    assert "lowering spec.training.learningRate does not help" in msg
+    lines = (run / "train" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == bad_step  # the steps before it were recorded, the bad one was not
+    assert not (run / "train" / "summary.json").exists()
