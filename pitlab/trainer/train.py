@@ -13,7 +13,10 @@ Inputs: ``RESOLVED.json`` (a PitTraining dumped with ``model_dump(mode="json", b
 optimizer step, rank 0), ``DIR/checkpoint/step-<N>`` + ``latest`` (DCP, every ``checkpoint.everySteps``
 and at the end; under ``spec.checkpoint.uri`` instead when set, a local path or ``s3://``), ``DIR/adapter/`` (``method: lora`` only: the verified adapter save), ``DIR/train/summary.json``
 (rank 0, written last and atomically: its presence means training finished; it records the implementation of each
-block, ``kernels``, and the activation-checkpointing choice).
+block, ``kernels``, the activation-checkpointing choice and the ``parallelism``).
+
+World size 1 with ``method: full`` and ``precision: bf16``: no FSDP2; float32 master weights and a bf16 compute
+copy (:mod:`pitlab.trainer.single_device`, bit-identical to FSDP2 at world size 1). Otherwise FSDP2.
 
 Structure: :func:`setup_run` (spec, data, the planner's activation-checkpointing choice, the sharded model, the
 kernels and the loss, AdamW and the schedule) returns a :class:`TrainRun`; :func:`train_step` runs one optimizer
@@ -69,6 +72,8 @@ from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, mod
                                  train_flops_per_token)
 from pitlab.trainer.prepare import load_tokens
 from pitlab.trainer.schedule import lr_factor
+from pitlab.trainer.single_device import FSDP2_LABEL, ComputeCopy, load_single_device_model, uses_compute_copy
+from pitlab.trainer.single_device import LABEL as SINGLE_DEVICE_LABEL
 
 
 @dataclass(frozen=True)
@@ -116,8 +121,10 @@ def load_spec(path: Path) -> PitTraining:
 
 @dataclass
 class TrainRun:
-    """One rank's training state after :func:`setup_run`: the spec, the sharded model with its optimizer and
-    schedule, the data order, the chosen kernels and the memory plan. :func:`train_step` advances it."""
+    """One rank's training state after :func:`setup_run`: the spec, the model (FSDP2-sharded, or the float32
+    master of a single-device run) with its optimizer and schedule, the data order, the chosen kernels and the
+    memory plan. :func:`train_step` advances it. ``compute``: the bf16 compute copy of a single-device run
+    (:mod:`pitlab.trainer.single_device`), None under FSDP2 and layer streaming."""
 
     resource: PitTraining
     rank: int
@@ -143,10 +150,26 @@ class TrainRun:
     run_identity: dict
     t_start: float
     streamer: object | None = None  # pitlab.trainer.streaming.LayerStreamer with training.layerStreaming
+    compute: ComputeCopy | None = None
 
     @property
     def spec(self):
         return self.resource.spec
+
+    @property
+    def forward_model(self) -> torch.nn.Module:
+        """The module forward and backward run on: the compute copy of a single-device run, else ``model``."""
+        return self.compute.model if self.compute is not None else self.model
+
+    @property
+    def parallelism(self) -> str:
+        """How the model is held (:func:`parallelism_label`)."""
+        return parallelism_label(self.streamer, self.compute)
+
+    def after_load(self) -> None:
+        """After the master weights were loaded from a checkpoint: cast them into the compute copy."""
+        if self.compute is not None:
+            self.compute.refresh()
 
     def train_state(self, step: int) -> dict:
         """``train_state.json`` content of a checkpoint after ``step`` optimizer steps."""
@@ -156,8 +179,15 @@ class TrainRun:
 
     def close(self) -> None:
         """Drop the model and optimizer (their memory is freed once nothing else holds them)."""
-        self.model = self.optimizer = self.scheduler = None
+        self.model = self.optimizer = self.scheduler = self.compute = None
         self.trainable = []
+
+
+def parallelism_label(streamer, compute) -> str:
+    """``"layer streaming (one device)"``, the single-device path's label or ``"FSDP2"``."""
+    if streamer is not None:
+        return "layer streaming (one device)"
+    return SINGLE_DEVICE_LABEL if compute is not None else FSDP2_LABEL
 
 
 @dataclass(frozen=True)
@@ -181,7 +211,8 @@ def _device() -> torch.device:
 
 def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     """Collective (the default process group must be initialised): read the spec and the corpus, decide the
-    activation checkpointing (``auto``: the planner), load the FSDP2-sharded model, choose and report the kernels
+    activation checkpointing (``auto``: the planner), load the FSDP2-sharded model (or, at world size 1, the float32
+    master and its bf16 compute copy: :func:`pitlab.trainer.single_device.uses_compute_copy`), choose and report the kernels
     (:func:`pitlab.trainer.kernels.select_kernels`; a loud warning for reference kernels on a GPU), install the
     loss, compile the decoder layers (CUDA, ``spec.training.compile``) and build AdamW and the LR schedule.
 
@@ -213,7 +244,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
     lora = lora_record(spec.lora) if spec.method == "lora" else None
     shape = model_shape(config)
-    streamer = None
+    streamer = compute = None
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     plan = _plan(spec, shape, config, capacity)  # with layerStreaming: plan_streaming's plan
     if tr.layer_streaming.enabled:  # one GPU, LoRA: frozen layers streamed from host memory instead of FSDP2
@@ -223,13 +254,17 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
         loss_impl = "chunked cross-entropy (pitlab.trainer.streaming)"
     else:
         act_ckpt = plan.activation_checkpointing if plan is not None else bool(tr.activation_checkpointing)
-        # meta-device build + this rank's rows from the safetensors: about one model copy per node, not per rank
-        model = load_sharded_model(paths.base, mesh, tr.precision, device, act_ckpt, lora=lora, seed=tr.seed)
-        loss_impl = install_loss(model, tr.loss)
+        if uses_compute_copy(spec, world):  # one rank: float32 masters + a bf16 copy, no FSDP2 (LoRA keeps FSDP2)
+            model, compute = load_single_device_model(paths.base, spec, device, act_ckpt)
+            compute.model.train()
+        else:  # meta-device build + this rank's rows from the safetensors: about one model copy per node
+            model = load_sharded_model(paths.base, mesh, tr.precision, device, act_ckpt, lora=lora, seed=tr.seed)
+        loss_impl = install_loss(compute.model if compute is not None else model, tr.loss)
     model.train()
-    kernels = select_kernels(model, device, loss_impl)
+    forward_model = compute.model if compute is not None else model
+    kernels = select_kernels(forward_model, device, loss_impl)
     if tr.compile and device.type == "cuda":
-        kernels["compile"] = compile_blocks(model)
+        kernels["compile"] = compile_blocks(forward_model)
     else:
         kernels["compile"] = "off" if not tr.compile else "off (CPU)"
     warning = reference_kernel_warning(kernels, device)
@@ -251,20 +286,22 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
         print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
               f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
               f"corpus_tokens={len(tokens)} chunks={data.n_chunks} activation_checkpointing={act_ckpt} "
-              f"kernels={json.dumps(kernels)}", file=sys.stderr, flush=True)
+              f"parallelism={parallelism_label(streamer, compute)!r} kernels={json.dumps(kernels)}",
+              file=sys.stderr, flush=True)
     return TrainRun(resource=resource, rank=rank, world=world, backend=backend, device=device, data=data,
                     corpus_tokens=int(len(tokens)), total_steps=total_steps, model=model, optimizer=optimizer,
                     scheduler=scheduler, trainable=trainable, lora=lora, shape=shape,
                     flops_per_token=train_flops_per_token(shape, tr.seq_len, frozen_base=lora is not None),
                     peak_flops=peak_flops(device_name), device_name=device_name, kernels=kernels,
                     kernel_warning=warning, activation_checkpointing=act_ckpt, plan=plan,
-                    run_identity=run_identity, t_start=t_start, streamer=streamer)
+                    run_identity=run_identity, t_start=t_start, streamer=streamer, compute=compute)
 
 
 def train_step(run: TrainRun, step: int) -> StepResult:
     """Collective: optimizer step ``step`` (0-based): every microbatch's forward + backward (gradients
-    reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``), clipping, AdamW, the LR
-    schedule, and the loss averaged over all ranks. The host waits for the device once, at the end (the loss and
+    reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``; on the single-device path cast
+    into the float32 masters' gradients, inside ``step.backward``), clipping, AdamW, the LR schedule (and the
+    masters cast into the compute copy, inside ``step.optimizer``), and the loss averaged over all ranks. The host waits for the device once, at the end (the loss and
     the gradient norm read together); the phases are ``record_function`` ranges (``step.forward``,
     ``step.backward``, ``step.clip``, ``step.optimizer``, ``step.loss_read``) for ``bench/profile_step.py``.
     Raises ``FloatingPointError`` for a non-finite loss."""
@@ -277,16 +314,19 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     # start of the step is idle, but between microbatches would wait for the previous backward
     batches = [tuple(t.to(run.device) for t in run.data.microbatch(step, micro)) for micro in range(accum)]
     loss_sum = torch.zeros((), device=run.device, dtype=torch.float32)
+    model = run.forward_model
     for micro, (input_ids, labels) in enumerate(batches):
-        if not sync_every_micro:  # unsharded grads accumulate until the last microbatch (see planner)
+        if not sync_every_micro and run.compute is None:  # FSDP2: unsharded grads kept until the last microbatch
             run.model.set_requires_gradient_sync(micro == accum - 1)
         with record_function("step.forward"):
             if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
-                loss = run.streamer.loss(run.model, input_ids, labels)
+                loss = run.streamer.loss(model, input_ids, labels)
             else:
-                loss = run.model(input_ids=input_ids, labels=labels).loss
+                loss = model(input_ids=input_ids, labels=labels).loss
         with record_function("step.backward"):
             (loss / accum).backward()
+            if run.compute is not None:  # bf16 gradients into the float32 masters' (FSDP2's reduce of one rank)
+                run.compute.accumulate_grads()
         loss_sum += loss.detach()
     with record_function("step.clip"):
         grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
@@ -294,6 +334,8 @@ def train_step(run: TrainRun, step: int) -> StepResult:
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
         run.scheduler.step()
+        if run.compute is not None:  # the updated masters into the bf16 copy (FSDP2's copy-in cast)
+            run.compute.refresh()
     with record_function("step.loss_read"):  # the step's one host sync, after the optimizer's launches
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         loss_total, grad_norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
@@ -334,6 +376,8 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     checkpointer = Checkpointer(spec.checkpoint.uri, paths.run_dir, spec.checkpoint.every_steps, spec.checkpoint.keep)
     start_step = checkpointer.resume(run.run_identity, run.model, run.optimizer, run.scheduler)
     resumed_from = checkpointer.last
+    if resumed_from is not None:
+        run.after_load()  # the loaded float32 masters into the bf16 compute copy
     first_loss = final_loss = None
     if resumed_from is not None and run.rank == 0:
         first_loss, final_loss = truncate_metrics(paths.metrics, start_step)
@@ -414,6 +458,7 @@ def _summary(run: TrainRun, start_step: int, resumed: bool, first_loss, final_lo
         "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(run.device) if run.device.type == "cuda" else None,
         "planned_peak_bytes": run.plan.peak_bytes if run.plan is not None else None,
         "activation_checkpointing": run.activation_checkpointing,
+        "parallelism": run.parallelism,
         "kernels": run.kernels,
         "kernel_warning": run.kernel_warning,
         "software": _software(run.device, run.world, run.backend),

@@ -1,0 +1,126 @@
+"""Full-weight bf16 training on one device without FSDP2: float32 master weights and a bfloat16 compute copy.
+
+At world size 1 FSDP2 shards nothing, and its per-layer hooks, copy-in and gradient copies are pure overhead
+(bench/results/profile_step_h200_2026-12-01.log). When
+:func:`uses_compute_copy` holds (world size 1, ``method: full``, ``precision: bf16``, no layer streaming) the
+trainer keeps instead:
+
+- the float32 model (the *master*): what AdamW, clipping, the DCP checkpoints (same parameter names, so a
+  checkpoint of either path resumes in the other), the merge and the summary's digests see, and
+- :class:`ComputeCopy`: a deep copy of it whose parameters are bfloat16 (buffers, e.g. rotary ``inv_freq``, stay
+  float32 as FSDP2 leaves them); forward and backward run on it (the loss, activation checkpointing and compiled
+  layers are installed on it).
+
+One optimizer step: every microbatch's forward and backward on the copy, each followed by
+:meth:`ComputeCopy.accumulate_grads` (bf16 gradients cast into the masters' float32 ``.grad``, added to the earlier
+microbatches'), then clipping and AdamW on the masters, then :meth:`ComputeCopy.refresh` (masters cast into the
+copy). Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16 gradients,
+freed at the cast): :mod:`pitlab.trainer.plan` models it.
+
+Bit-identical to FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` at world size 1
+(losses, gradient norms and parameters; tests/test_single_device.py), because each operation is the same:
+
+- parameters: FSDP2's copy-in casts each float32 shard to bf16 (``Tensor.to``, round to nearest even);
+  :meth:`ComputeCopy.refresh` is the same cast of the same values (``copy_``). FSDP2 also casts the floating-point
+  inputs of each wrapped module to bf16 (``cast_forward_inputs``); for the supported decoder layers they already
+  are bf16 (hidden states, rotary cos/sin), so nothing is cast.
+- gradients: FSDP2 casts the bf16 gradient to the float32 reduce dtype (exact), reduces over one rank
+  (``ReduceOp.SUM``, no divide factor at world size 1: torch's ``_get_gradient_divide_factors``) and adds it to
+  the sharded gradient of the earlier microbatches (``+=`` in float32); with ``gradientSyncEveryMicrobatch:
+  false`` it accumulates the unsharded gradient upcast to float32 (``FSDPParam.to_accumulated_grad_if_needed``),
+  the same sums in the same order. :meth:`ComputeCopy.accumulate_grads` computes ``g1.float()`` then
+  ``+= g2`` per microbatch, so ``gradientSyncEveryMicrobatch`` makes no difference here.
+- clipping, AdamW and the schedule run on float32 tensors of equal values (plain tensors instead of one-rank
+  DTensors; DTensor's norm reduction of one rank, ``(n ** 2) ** 0.5``, returns ``n`` exactly).
+
+``PITLAB_FORCE_FSDP2=1`` in the environment keeps FSDP2 at world size 1 (for the side-by-side test and
+benchmarks).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+from torch import nn
+
+FORCE_FSDP2_ENV = "PITLAB_FORCE_FSDP2"
+LABEL = "single-device (fp32 master + bf16 compute copy)"
+FSDP2_LABEL = "FSDP2"
+
+
+def uses_compute_copy(spec, world_size: int) -> bool:
+    """Whether a run of ``spec`` (a ``PitTrainingSpec``) at ``world_size`` ranks trains on this path: one rank,
+    ``method: full`` (LoRA stays on FSDP2: its frozen base is already stored in bf16, a copy would double it),
+    ``precision: bf16``, no layer streaming (its own one-GPU path), and ``PITLAB_FORCE_FSDP2`` unset."""
+    tr = spec.training
+    return (world_size == 1 and spec.method == "full" and tr.precision == "bf16"
+            and not tr.layer_streaming.enabled and os.environ.get(FORCE_FSDP2_ENV, "") in ("", "0"))
+
+
+class ComputeCopy:
+    """The bfloat16 compute copy of a float32 ``master`` model (same module structure and parameter names).
+
+    ``model``: the copy (forward and backward run on it; its parameters are ``dtype``, its buffers are the
+    master's values in their own dtype). Raises ``ValueError`` if ``master`` has a parameter that is not float32.
+    """
+
+    def __init__(self, master: nn.Module, dtype: torch.dtype = torch.bfloat16):
+        names = [n for n, _ in master.named_parameters()]
+        bad = [n for n, p in master.named_parameters() if p.dtype != torch.float32]
+        if bad:
+            raise ValueError(f"compute copy: master parameters must be float32 ({bad[0]} is not)")
+        # each master parameter maps to a new bf16 Parameter: no float32 copy of the weights is ever made
+        memo = {id(p): nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+                for p in master.parameters()}
+        self.model = copy.deepcopy(master, memo)
+        if [n for n, _ in self.model.named_parameters()] != names:
+            raise ValueError("compute copy: parameter names differ from the master's")
+        self.master = master
+        self.dtype = dtype
+        self._masters = list(master.parameters())
+        self._copies = list(self.model.parameters())
+
+    @torch.no_grad()
+    def accumulate_grads(self) -> None:
+        """After a microbatch's backward: add each copy parameter's ``dtype`` gradient, cast to float32, to its
+        master's ``.grad`` (set it on the first microbatch after ``zero_grad(set_to_none=True)``), then drop the
+        copy's gradients. Parameters without a gradient are left alone."""
+        fresh_m, fresh_g, acc_m, acc_g = [], [], [], []
+        for m, c in zip(self._masters, self._copies):
+            if c.grad is None:
+                continue
+            if m.grad is None:
+                fresh_m.append(m)
+                fresh_g.append(c.grad)
+            else:
+                acc_m.append(m.grad)
+                acc_g.append(c.grad)
+        if fresh_m:
+            grads = [torch.empty_like(m) for m in fresh_m]
+            torch._foreach_copy_(grads, fresh_g)  # the exact bf16 -> float32 cast
+            for m, g in zip(fresh_m, grads):
+                m.grad = g
+        if acc_m:
+            torch._foreach_add_(acc_m, acc_g)  # float32 += bf16: one float32 rounding, as FSDP2's += of casts
+        for c in self._copies:
+            c.grad = None
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Cast every master parameter into its copy (after each optimizer step and after a checkpoint load)."""
+        torch._foreach_copy_(self._copies, self._masters)
+
+
+def load_single_device_model(base, spec, device: torch.device,
+                             activation_checkpointing: bool) -> tuple[nn.Module, ComputeCopy]:
+    """The float32 master of ``base`` (HF directory) on ``device``, unsharded
+    (:func:`pitlab.trainer.loading.load_sharded_model` without a mesh: values bit-identical to the FSDP2 path's),
+    with Hugging Face activation checkpointing per decoder layer when asked (it carries over to the copy), and its
+    :class:`ComputeCopy` in bfloat16. Raises as ``load_sharded_model`` does."""
+    from pitlab.trainer.loading import load_sharded_model
+
+    master = load_sharded_model(base, None, spec.training.precision, device, activation_checkpointing,
+                                seed=spec.training.seed)
+    return master, ComputeCopy(master, torch.bfloat16)

@@ -1,0 +1,147 @@
+"""The world-size-1 path without FSDP2 (pitlab.trainer.single_device: float32 masters + a bf16 compute copy) against
+FSDP2 at world size 1 (``PITLAB_FORCE_FSDP2=1``), bit for bit: each step's loss and gradient norm and the final
+float32 parameters, for a tiny qwen3_5_moe_text (chunked loss, activation checkpointing) and a tiny llama (reference
+loss), without and with gradient accumulation (2 microbatches; also ``gradientSyncEveryMicrobatch: false``), and a
+run resumed from a checkpoint of either path. All runs share one gloo process (tests/single_device_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from pitlab.api import PitTraining
+from pitlab.trainer.launch import write_spec
+from pitlab.trainer.prepare import build_config
+from pitlab.trainer.single_device import LABEL, uses_compute_copy
+
+from test_trainer import TINY_CONFIGS  # noqa: E402  (tests/ is on sys.path under pytest)
+
+WORKER = Path(__file__).with_name("single_device_worker.py")
+STEPS = 3
+SEQ, MICRO = 32, 2
+VOCAB = 256
+# model -> spec.training settings: the fused loss with activation checkpointing, and the reference loss without
+MODELS = {"qwen3_5_moe_text": {"loss": "chunked", "activationCheckpointing": True},
+          "llama": {"loss": "reference", "activationCheckpointing": False}}
+CASES = [(m, accum, sync) for m in MODELS for accum, sync in ((1, True), (2, True), (2, False))
+         if not (m == "llama" and not sync)]
+
+
+def resource(base: Path, accum: int, sync: bool = True, **training) -> PitTraining:
+    t = {"seqLen": SEQ, "microBatchSize": MICRO, "gradientAccumulationSteps": accum,
+         "gradientSyncEveryMicrobatch": sync, "learningRate": 3e-3, "warmupSteps": 1, "precision": "bf16",
+         "seed": 0, **training}
+    return PitTraining.model_validate({
+        "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "ws1-test"},
+        "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "synthetic.jsonl", "format": "jsonl"},
+                 "knowledgeCutoff": "2020-12-31", "tokens": SEQ * MICRO * accum * STEPS, "training": t,
+                 "resources": {"nodes": 1, "gpusPerNode": 1}, "checkpoint": {"everySteps": 2, "keep": 3}}})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ws1")
+    tokens = np.random.default_rng(0).integers(2, VOCAB, (SEQ + 1) * 16 + 1).astype(np.uint32)  # never the pad id
+    plan = []
+
+    def run_dir(name: str, res: PitTraining) -> Path:
+        d = root / name
+        (d / "data").mkdir(parents=True)
+        np.save(d / "data" / "tokens.npy", tokens)
+        write_spec(res, d / "spec.json")
+        return d
+
+    for model_type, training in MODELS.items():
+        config = build_config(model_type, TINY_CONFIGS[model_type], vocab_size=VOCAB, eos_token_id=0,
+                              pad_token_id=1, bos_token_id=0)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(root / f"base-{model_type}")
+    for model_type, accum, sync in CASES:
+        base = root / f"base-{model_type}"
+        for path in ("fsdp2", "single"):
+            name = f"{model_type}-{accum}-{sync}-{path}"
+            plan.append({"name": name, "mode": "steps", "steps": STEPS, "force_fsdp2": path == "fsdp2",
+                         "run_dir": str(run_dir(name, resource(base, accum, sync, **MODELS[model_type]))),
+                         "base": str(base), "params": str(root / f"{name}.pt")})
+    # whole runs with checkpoints at steps 2 and 3, and runs resumed from each path's step-2 checkpoint
+    base = root / "base-qwen3_5_moe_text"
+    res = resource(base, 2, **MODELS["qwen3_5_moe_text"])
+    for name, force, resume in (("train-single", False, None), ("train-fsdp2", True, None),
+                                ("resume-single-from-single", False, "train-single"),
+                                ("resume-single-from-fsdp2", False, "train-fsdp2"),
+                                ("resume-fsdp2-from-single", True, "train-single")):
+        plan.append({"name": name, "mode": "train", "force_fsdp2": force, "run_dir": str(run_dir(name, res)),
+                     "base": str(base),
+                     "resume_from": str(root / resume / "checkpoint" / "step-2") if resume else None})
+    (root / "plan.json").write_text(json.dumps(plan))
+    proc = subprocess.run([sys.executable, str(WORKER), str(root / "plan.json"), str(root / "out.json")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads((root / "out.json").read_text())
+    return {"root": root, "out": out, "stderr": proc.stderr}
+
+
+@pytest.mark.parametrize("model_type,accum,sync", CASES)
+def test_single_device_path_equals_fsdp2_bit_for_bit(runs, model_type, accum, sync):
+    name = f"{model_type}-{accum}-{sync}"
+    fsdp2, single = runs["out"][f"{name}-fsdp2"], runs["out"][f"{name}-single"]
+    assert fsdp2["parallelism"] == "FSDP2" and fsdp2["dtensor"] is True
+    assert single["parallelism"] == LABEL and single["dtensor"] is False
+    assert single["master_dtypes"] == ["torch.float32"] and single["copy_param_dtypes"] == ["torch.bfloat16"]
+    assert single["copy_buffer_dtypes"] == ["torch.float32"]  # rotary inv_freq: not cast, as under FSDP2
+    assert single["copy_equals_masters"] is True  # the copy holds the updated masters, cast
+    assert single["loss"] == fsdp2["loss"] and single["grad_norm"] == fsdp2["grad_norm"]
+    assert len(set(single["loss"])) == STEPS and all(g > 0 for g in single["grad_norm"])  # the steps did change it
+    p_fsdp2 = torch.load(runs["root"] / f"{name}-fsdp2.pt")
+    p_single = torch.load(runs["root"] / f"{name}-single.pt")
+    assert list(p_single) == list(p_fsdp2) and len(p_single) > 10
+    assert all(p.dtype == torch.float32 for p in p_single.values())
+    differ = [n for n in p_single if not torch.equal(p_single[n], p_fsdp2[n])]
+    assert differ == []
+    # activation checkpointing applies on the compute copy: each layer's forward runs again in backward
+    per_micro = 2 if MODELS[model_type]["activationCheckpointing"] else 1
+    assert single["first_layer_norm_calls"] == fsdp2["first_layer_norm_calls"] == per_micro * accum * STEPS
+    assert single["kernels"] == fsdp2["kernels"]
+
+
+def test_gradient_sync_setting_is_a_no_op_on_one_device(runs):
+    """FSDP2 accumulates unsynchronised microbatch gradients upcast to float32 (to_accumulated_grad_if_needed):
+    the same sums as reducing each microbatch, so both settings and both paths give the same bits."""
+    out = runs["out"]
+    ref = out["qwen3_5_moe_text-2-True-fsdp2"]
+    for name in ("qwen3_5_moe_text-2-False-fsdp2", "qwen3_5_moe_text-2-False-single"):
+        assert (out[name]["loss"], out[name]["grad_norm"]) == (ref["loss"], ref["grad_norm"])
+
+
+def test_resume_continues_bit_identically_from_either_path(runs):
+    out = runs["out"]
+    single, fsdp2 = out["train-single"], out["train-fsdp2"]
+    assert single["summary"]["parallelism"] == LABEL and fsdp2["summary"]["parallelism"] == "FSDP2"
+    assert single["summary"]["param_sha256"] == fsdp2["summary"]["param_sha256"]
+    assert single["metrics"] == fsdp2["metrics"] and [r["step"] for r in single["metrics"]] == [1, 2, 3]
+    for name in ("resume-single-from-single", "resume-single-from-fsdp2", "resume-fsdp2-from-single"):
+        resumed = out[name]
+        assert resumed["summary"]["resumed_from_step"] == 2, name
+        # step 3 after the resume: its loss is computed on the compute copy refreshed from the loaded masters
+        assert resumed["metrics"] == single["metrics"][2:], name
+        assert resumed["summary"]["param_sha256"] == single["summary"]["param_sha256"], name
+        assert resumed["summary"]["final_loss"] == single["summary"]["final_loss"], name
+
+
+def test_the_path_is_chosen_for_one_rank_full_bf16_only(monkeypatch, tmp_path):
+    spec = resource(tmp_path, 1).spec
+    assert uses_compute_copy(spec, 1) is True
+    assert uses_compute_copy(spec, 2) is False  # more ranks: FSDP2 shards
+    fp32 = resource(tmp_path, 1, precision="fp32").spec
+    assert uses_compute_copy(fp32, 1) is False
+    lora = spec.model_copy(update={"method": "lora"})
+    assert uses_compute_copy(lora, 1) is False
+    monkeypatch.setenv("PITLAB_FORCE_FSDP2", "1")
+    assert uses_compute_copy(spec, 1) is False
