@@ -76,7 +76,7 @@ def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
         if backend != "eager":
             torch._dynamo.reset()  # each mode's graphs and counters its own
             counters.clear()
-            ctx.kernels["compile"] = compile_blocks(ctx.model, backend=backend)
+            ctx.kernels["compile"] = compile_blocks(ctx.forward_model, backend=backend)  # the compute copy
         reads.clear()
         per_step = []
         for step in range(steps):
