@@ -54,6 +54,42 @@ def test_35b_full_weight_on_one_80gb_gpu_refuses(base35, shape35):
     assert p.fits is False and p.peak_bytes > 16 * P_35B > 6 * 80 * GiB
 
 
+def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, monkeypatch):
+    """World size 1 (pitlab.trainer.single_device, no FSDP2): float32 masters 4 B, AdamW 8 B, float32 gradients
+    4 B, the bf16 compute copy 2 B and its bf16 gradients 2 B per parameter; for the 35B model the peak is at the
+    cast after backward, when all five exist: 20 B per parameter."""
+    p = plan(base35, shape35, gpus=1, accum=1, loss="chunked")
+    c = p.components
+    assert (c["parameters"], c["optimizer"], c["gradients"], c["unsharded_parameters"], c["gradient_buffers"],
+            c["accumulation"]) == (4 * P_35B, 8 * P_35B, 4 * P_35B, 2 * P_35B, 2 * P_35B, 0)
+    assert p.peak_bytes == 20 * P_35B + RESERVE_BYTES
+    assert p.notes[0].endswith("single-device (fp32 master + bf16 compute copy), no FSDP2")
+    # gradientSyncEveryMicrobatch has no effect: the float32 gradients are the sum either way
+    nosync, sync = plan(base35, shape35, 1, 4, sync=False, loss="chunked"), plan(base35, shape35, 1, 4, loss="chunked")
+    assert nosync.components == sync.components and nosync.peak_bytes == sync.peak_bytes
+    # from the second microbatch on the float32 gradients exist in backward too
+    assert sync.peak_bytes == (20 * P_35B + RESERVE_BYTES + (2048 + 248_320) * 2048 * 2
+                               + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
+    assert p.single_device is True and p.fits is False  # 80 GiB
+    monkeypatch.setenv("PITLAB_FORCE_FSDP2", "1")  # FSDP2 at world size 1: one layer's gradient buffers
+    fsdp2 = plan(base35, shape35, gpus=1, accum=1, loss="chunked")
+    assert fsdp2.components["gradient_buffers"] == 2 * shape35.root + 6 * shape35.largest_layer
+    assert fsdp2.components["unsharded_parameters"] == 2 * P_35B and fsdp2.notes[0].endswith("FSDP2")
+    assert fsdp2.single_device is False
+    # in backward FSDP2 frees each layer's bf16 copy as its float32 gradients appear: 16 B per parameter + buffers
+    assert fsdp2.peak_bytes == (16 * P_35B + RESERVE_BYTES + 2 * (shape35.root + 2 * shape35.largest_layer)
+                                + fsdp2.components["gradient_buffers"] + (2048 + 248_320) * 2048 * 2
+                                + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
+    monkeypatch.delenv("PITLAB_FORCE_FSDP2")
+    # a GPU on which only FSDP2's plan fits gets FSDP2, and the plan says what the faster path would need
+    spec = PitTraining.model_validate(published(base35, 1, 1, loss="chunked")).spec
+    between = plan_memory(spec, shape35, gpu_memory_gib=(fsdp2.peak_bytes + p.peak_bytes) / 2 / GiB)
+    assert between.single_device is False and between.fits is True and between.peak_bytes == fsdp2.peak_bytes
+    assert f"single-device path (float32 masters + bf16 compute copy, faster) would need {p.peak_bytes / GiB:.2f} GiB" \
+        in between.notes[-1]
+    assert plan_memory(spec, shape35, gpu_memory_gib=p.peak_bytes / GiB + 1).single_device is True
+
+
 def test_35b_on_8x80gb_accumulation_4_without_sync_refuses(base35, shape35):
     p = plan(base35, shape35, gpus=8, accum=4, sync=False)
     # every rank holds all gradients unsharded: 69.3 GB in bf16 (the published figure), and FSDP2 accumulates

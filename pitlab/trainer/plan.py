@@ -44,7 +44,17 @@ states: ``parameters = (c_b P + 4 A) / W``, ``gradients = 4 A / W``, ``optimizer
 A_layer))``, ``gradient_buffers = c A_root + (c + 4) A_layer``. Activations and logits are planned as for
 full training (an upper bound: a frozen linear layer does not save its input for a weight gradient).
 
-Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss: unsharded_parameters + saved
+World size 1, ``method: full``, ``precision: bf16`` (:mod:`pitlab.trainer.single_device`: no FSDP2; float32
+masters and a bf16 compute copy): ``parameters = 4 P`` (masters), ``optimizer = 8 P``, ``gradients = 4 P``
+(float32, the masters'), ``unsharded_parameters = 2 P`` (the compute copy, always resident),
+``gradient_buffers = 2 P`` (the copy's bf16 gradients, made in backward and freed when cast into the float32 ones
+after it), ``accumulation = 0`` (the float32 gradients are the sum; ``gradientSyncEveryMicrobatch`` has no effect).
+Peak = parameters + optimizer + unsharded_parameters + reserve + max(at the loss: saved activations + logits (+
+gradients from the second microbatch on); in backward: max(saved activations, gradient_buffers) + the loss's kept
+gradients + one layer's working set (+ gradients from the second microbatch on); at the cast: gradient_buffers +
+gradients) — 20 bytes per parameter at the cast.
+
+FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss: unsharded_parameters + saved
 activations + logits (+ gradients from the second microbatch on); phase in backward: max(unsharded_parameters +
 saved activations, gradients + the root's and two layers' copies) + gradient_buffers + the loss's kept gradients +
 one layer's working set). Gradients do not exist at the loss of a step's first microbatch (``zero_grad(
@@ -65,6 +75,8 @@ from torch import nn
 from pitlab.api import PitTrainingSpec, SpecError
 from pitlab.trainer.fsdp import reshard_after_forward
 from pitlab.trainer.loss import DEFAULT_CHUNK_TOKENS
+from pitlab.trainer.single_device import LABEL as SINGLE_DEVICE_LABEL
+from pitlab.trainer.single_device import uses_compute_copy
 
 GiB = 1024 ** 3
 RESERVE_BYTES = 2 * GiB
@@ -125,7 +137,9 @@ def adapter_shape(config, lora) -> AdapterShape:
 
 @dataclass
 class MemoryPlan:
-    """Per-GPU bytes by component (:data:`COMPONENTS`), the predicted peak, and the verdict."""
+    """Per-GPU bytes by component (:data:`COMPONENTS`), the predicted peak, and the verdict. ``single_device``:
+    the plan is of the world-size-1 path without FSDP2 (:mod:`pitlab.trainer.single_device`), which the trainer
+    then takes."""
 
     world_size: int
     components: dict[str, int]
@@ -134,6 +148,7 @@ class MemoryPlan:
     shape: ModelShape
     notes: list[str] = field(default_factory=list)
     activation_checkpointing: bool = False
+    single_device: bool = False
 
     @property
     def allocated_bytes(self) -> int:
@@ -231,7 +246,9 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
     to :func:`adapter_shape` of the same config and ``spec.lora``; ``gpu_memory_gib`` (GiB = 2**30 bytes)
     overrides ``spec.resources.gpuMemoryGiB``. ``training.activationCheckpointing`` unset (auto): off when the
     plan without it fits the GPU memory (or none is known), else on; the plan's ``activation_checkpointing``
-    says which. With ``training.layerStreaming.enabled`` the plan is
+    says which. World size 1 with ``method: full`` and ``precision: bf16``: the single-device path
+    (:mod:`pitlab.trainer.single_device`), or FSDP2 when only FSDP2's plan fits (``single_device`` says which).
+    With ``training.layerStreaming.enabled`` the plan is
     :func:`pitlab.trainer.plan_streaming.plan_streaming`'s (another set of components). Raises
     :class:`SpecError` naming ``spec.lora.targetModules`` when no module of the model matches.
     """
@@ -247,19 +264,34 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
     shape = shape or model_shape(spec_config(spec))
     gib = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
     capacity = None if gib is None else int(gib * GiB)
+    world = spec.resources.nodes * spec.resources.gpus_per_node
+    single = uses_compute_copy(spec, world)
+    chosen = _plan_checkpointing(spec, shape, adapter, capacity, single)
+    if single and chosen.fits is False:  # FSDP2 frees each layer's bf16 copy and gradients in backward
+        fsdp2 = _plan_checkpointing(spec, shape, adapter, capacity, False)
+        if fsdp2.fits:
+            fsdp2.notes.append(f"world size 1 on FSDP2: the single-device path (float32 masters + bf16 compute "
+                               f"copy, faster) would need {chosen.peak_bytes / GiB:.2f} GiB")
+            return fsdp2
+    return chosen
+
+
+def _plan_checkpointing(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None,
+                        capacity: int | None, single: bool) -> MemoryPlan:
+    """The plan with ``training.activationCheckpointing`` as set, or (unset) off if that fits, else on."""
     act = spec.training.activation_checkpointing
     if act is not None:
-        return _plan(spec, shape, adapter, act, capacity, "")
+        return _plan(spec, shape, adapter, act, capacity, "", single)
     off = _plan(spec, shape, adapter, False, capacity, "auto: off (the plan without it fits)" if capacity else
-                "auto: off (no GPU memory known to plan against)")
+                "auto: off (no GPU memory known to plan against)", single)
     if off.fits is not False:
         return off
     return _plan(spec, shape, adapter, True, capacity,
-                 f"auto: on (without it the plan needs {off.peak_bytes / GiB:.2f} GiB)")
+                 f"auto: on (without it the plan needs {off.peak_bytes / GiB:.2f} GiB)", single)
 
 
 def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
-          capacity: int | None, why: str) -> MemoryPlan:
+          capacity: int | None, why: str, single: bool) -> MemoryPlan:
     lora = spec.method == "lora"
     tr = spec.training
     world = spec.resources.nodes * spec.resources.gpus_per_node
@@ -274,13 +306,17 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
     else:
         saved = shape.layers * saved_layer
         working = 2 * tokens * shape.hidden * c
-    nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch
+    nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch and not single
     if lora:  # frozen base in the compute dtype; master weights, gradients, AdamW only for the adapter
         a = adapter.total
         params, trained = (c * p + 4 * a) // world, a
         unsharded = c * (shape.root + adapter.root + 2 * (shape.largest_layer + adapter.largest_layer))
         resident = unsharded
         grad_buffers = c * adapter.root + (c + r) * adapter.largest_layer
+    elif single:  # pitlab.trainer.single_device: the bf16 copy stays; its bf16 gradients live until the cast
+        params, trained = 4 * p, p
+        resident = unsharded = c * p
+        grad_buffers = c * p
     else:
         params, trained = 4 * p // world, p
         # one GPU: no reshard after forward (pitlab.trainer.fsdp.reshard_after_forward), every layer's copy stays
@@ -310,13 +346,20 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
     base = sum(comp[k] for k in ("parameters", "optimizer", "accumulation", "reserve"))
     grads_at_loss = comp["gradients"] if tr.gradient_accumulation_steps > 1 else 0  # from the 2nd microbatch on
     at_loss = base + unsharded + saved + comp["logits"] + grads_at_loss
-    in_backward = (base + max(unsharded + saved, comp["gradients"] + resident) + comp["gradient_buffers"] + loss_grads
-                   + working)
-    peak = max(at_loss, in_backward)
+    if single:  # the copy stays; its bf16 gradients replace the activations in backward, then the float32 cast
+        in_backward = base + unsharded + max(saved, grad_buffers) + loss_grads + working + grads_at_loss
+        at_cast = base + unsharded + grad_buffers + comp["gradients"]
+    else:
+        in_backward = (base + max(unsharded + saved, comp["gradients"] + resident) + comp["gradient_buffers"]
+                       + loss_grads + working)
+        at_cast = 0
+    peak = max(at_loss, in_backward, at_cast)
     notes = [f"model: {shape.model_type}, {count_text(p)} parameters ({count_text(shape.active)} active), "
              f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
-             f"(sync every microbatch: {not nosync}), activation checkpointing: {act_ckpt}"
-             + (f" ({why})" if why else "") + f", loss: {tr.loss}"]
+             f"(sync every microbatch: {'no effect without FSDP2' if single else not nosync}), "
+             f"activation checkpointing: {act_ckpt}"
+             + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
+             + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")]
     if lora:
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
                      f"{count_text(adapter.total)} trainable adapter parameters "
@@ -326,7 +369,8 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         notes.append(f"gradientSyncEveryMicrobatch: false keeps all {count_text(trained)} gradients unsharded on "
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {r * trained / 1e9:.1f} GB as FSDP2 "
                      "accumulates them in float32; set it to true (the default)")
-    return MemoryPlan(world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt)
+    return MemoryPlan(world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
+                      single_device=single)
 
 
 def count_text(n: int | float) -> str:

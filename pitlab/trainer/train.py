@@ -254,7 +254,9 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
         loss_impl = "chunked cross-entropy (pitlab.trainer.streaming)"
     else:
         act_ckpt = plan.activation_checkpointing if plan is not None else bool(tr.activation_checkpointing)
-        if uses_compute_copy(spec, world):  # one rank: float32 masters + a bf16 copy, no FSDP2 (LoRA keeps FSDP2)
+        # one rank, full, bf16: float32 masters + a bf16 copy, no FSDP2 (LoRA keeps FSDP2), unless only FSDP2's
+        # plan fits (it frees each layer's bf16 copy and gradients in backward)
+        if uses_compute_copy(spec, world) and (plan is None or plan.world_size != world or plan.single_device):
             model, compute = load_single_device_model(paths.base, spec, device, act_ckpt)
             compute.model.train()
         else:  # meta-device build + this rank's rows from the safetensors: about one model copy per node
