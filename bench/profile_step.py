@@ -270,17 +270,21 @@ def diff(hf: dict, pl: dict) -> dict:
             "kernels": table(hf["kernels"], pl["kernels"])[:25]}
 
 
-def bytes_model(params: int, fp32_master: bool) -> dict:
+def bytes_model(params: int, fp32_master: bool, fsdp2: bool = True) -> dict:
     """HBM bytes per step of the parameter-sized work outside forward/backward compute, for ``params``
     parameters: AdamW (read p, g, m, v; write p, m, v), gradient clipping (norm read + scale read/write) and, with
     float32 master weights under FSDP2 at world size 1, the unshard (cast to bf16 + copy into the unsharded
     parameter) and the gradient reduction (cast to the float32 flat buffer + copy to the reduce output); the
-    copies are the part a world-size-1 path could skip without changing a value."""
+    copies are the part a world-size-1 path could skip without changing a value. Without FSDP2
+    (``fsdp2=False``, :mod:`pitlab.trainer.single_device`): the two casts only, bf16 gradients into the float32
+    ones (read 2, write 4) and the masters into the bf16 copy (read 4, write 2)."""
     b = 4 if fp32_master else 2
     out = {"parameters": params, "optimizer": params * 7 * b, "clip": params * 3 * b}
-    if fp32_master:
+    if fp32_master and fsdp2:
         out.update(fsdp_unshard=params * (4 + 2 + 2 + 2), fsdp_reduce=params * (2 + 4 + 4 + 4),
                    fsdp_redundant_copies=params * (2 + 2 + 4 + 4))
+    elif fp32_master:
+        out.update(compute_copy_casts=params * (2 + 4 + 4 + 2))
     return out
 
 
@@ -488,7 +492,8 @@ def pitlab_profile(shape: dict, args, overrides: dict | None, label: str, deadli
         res.update(base_and_spec_s=base_s, setup_s=setup_s, kernels_report=ctx.kernels,
                    activation_checkpointing=ctx.activation_checkpointing, training_overrides=overrides or {},
                    bytes_model=bytes_model(ctx.shape.total, ctx.spec.training.precision == "bf16"
-                                           and ctx.world == 1),
+                                           and ctx.world == 1, fsdp2=ctx.compute is None),
+                   parallelism=ctx.parallelism,
                    **tp._peaks())
         res["achieved"] = achieved(res)
         return res
@@ -507,7 +512,8 @@ def summary_lines(label: str, r: dict) -> list[str]:
     lines = [f"== {label}: step {r['step_ms_median']:.1f} ms (median of {len(r['step_s'])} unprofiled), "
              f"profiled {p['wall_ms_per_step']:.1f} ms; GPU busy {fmt(p['gpu_busy_fraction'])} "
              f"(union {fmt(p['gpu_busy_fraction_union'])}); kernels {p['kernels_per_step']:.0f}/step, launches "
-             f"{p['launches_per_step']:.0f}/step ({p['launch_cpu_ms_per_step']:.1f} ms CPU)",
+             f"{p['launches_per_step']:.0f}/step ({p['launch_cpu_ms_per_step']:.1f} ms CPU)"
+             + (f"; {r['parallelism']}" if r.get("parallelism") else ""),
              f"   optimizer GPU {p['optimizer_gpu_ms_per_step']:.1f} ms CPU {p['optimizer_cpu_ms_per_step']:.1f} ms; "
              f"FSDP ranges GPU {p['fsdp_gpu_ms_per_step']:.1f} ms CPU {p['fsdp_cpu_ms_per_step']:.1f} ms; host syncs "
              f"{p['host_sync_count_per_step']:.1f}/step ({p['host_sync_ms_per_step']:.1f} ms); item() "

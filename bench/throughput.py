@@ -16,7 +16,8 @@ kernels installed (transformers binds fla's gated delta rule by itself; the shor
 kernel the trainer uses, :func:`pitlab.trainer.kernels.select_kernels`), ``model(input_ids, labels=...)`` (its own
 loss), fused AdamW on the bf16 parameters, clipping 1.0, no activation checkpointing (with it only if that runs
 out of memory). pitlab: the trainer's own setup and step (:func:`pitlab.trainer.train.setup_run`,
-:func:`pitlab.trainer.train.train_step`) under FSDP2 with float32 master weights, bf16 compute, the spec's
+:func:`pitlab.trainer.train.train_step`) with float32 master weights and bf16 compute (on one GPU without FSDP2:
+a bf16 compute copy, :mod:`pitlab.trainer.single_device`; ``PITLAB_FORCE_FSDP2=1`` keeps FSDP2), the spec's
 defaults (chunked loss, compiled blocks, ``activationCheckpointing: auto``), no checkpoint written.
 
 Tokens/s: median of the timed steps after ``--warmup`` steps (each step is synchronised by its loss read).
@@ -247,6 +248,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
               "plan_components": ctx.plan.components if ctx.plan is not None else None,
               "plan_table": ctx.plan.table() if ctx.plan is not None else None,
               "activation_checkpointing": ctx.activation_checkpointing, "kernels": ctx.kernels,
+              "parallelism": ctx.parallelism,
               "flops_per_token": ctx.flops_per_token, "peak_flops": ctx.peak_flops,
               "mfu": None if ctx.peak_flops is None else tps * ctx.flops_per_token / (ctx.peak_flops * world),
               "loss_first_last": [losses[0], losses[-1]], "parameters": ctx.shape.total,

@@ -15,7 +15,9 @@ One optimizer step: every microbatch's forward and backward on the copy, each fo
 :meth:`ComputeCopy.accumulate_grads` (bf16 gradients cast into the masters' float32 ``.grad``, added to the earlier
 microbatches'), then clipping and AdamW on the masters, then :meth:`ComputeCopy.refresh` (masters cast into the
 copy). Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16 gradients,
-freed at the cast): :mod:`pitlab.trainer.plan` models it.
+freed at the cast), all five live at the cast after backward; FSDP2 at world size 1 peaks near 16 bytes (it frees
+each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the trainer takes
+FSDP2 when only FSDP2's plan fits the GPU (``MemoryPlan.single_device``).
 
 Bit-identical to FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` at world size 1
 (losses, gradient norms and parameters; tests/test_single_device.py), because each operation is the same:
