@@ -65,7 +65,8 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
     assert p.peak_bytes == 20 * P_35B + RESERVE_BYTES
     assert p.notes[0].endswith("single-device (fp32 master + bf16 compute copy), no FSDP2")
     # gradientSyncEveryMicrobatch has no effect: the float32 gradients are the sum either way
-    nosync, sync = plan(base35, shape35, 1, 4, sync=False, loss="chunked"), plan(base35, shape35, 1, 4, loss="chunked")
+    nosync = plan(base35, shape35, 1, 4, sync=False, loss="chunked")
+    sync = plan(base35, shape35, 1, 4, loss="chunked")
     assert nosync.components == sync.components and nosync.peak_bytes == sync.peak_bytes
     # from the second microbatch on the float32 gradients exist in backward too
     assert sync.peak_bytes == (20 * P_35B + RESERVE_BYTES + (2048 + 248_320) * 2048 * 2
@@ -85,8 +86,8 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
     spec = PitTraining.model_validate(published(base35, 1, 1, loss="chunked")).spec
     between = plan_memory(spec, shape35, gpu_memory_gib=(fsdp2.peak_bytes + p.peak_bytes) / 2 / GiB)
     assert between.single_device is False and between.fits is True and between.peak_bytes == fsdp2.peak_bytes
-    assert f"single-device path (float32 masters + bf16 compute copy, faster) would need {p.peak_bytes / GiB:.2f} GiB" \
-        in between.notes[-1]
+    assert (f"single-device path (float32 masters + bf16 compute copy, faster) would need "
+            f"{p.peak_bytes / GiB:.2f} GiB") in between.notes[-1]
     assert plan_memory(spec, shape35, gpu_memory_gib=p.peak_bytes / GiB + 1).single_device is True
 
 

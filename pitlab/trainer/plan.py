@@ -54,14 +54,15 @@ gradients from the second microbatch on); in backward: max(saved activations, gr
 gradients + one layer's working set (+ gradients from the second microbatch on); at the cast: gradient_buffers +
 gradients) — 20 bytes per parameter at the cast.
 
-FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss: unsharded_parameters + saved
-activations + logits (+ gradients from the second microbatch on); phase in backward: max(unsharded_parameters +
-saved activations, gradients + the root's and two layers' copies) + gradient_buffers + the loss's kept gradients +
-one layer's working set). Gradients do not exist at the loss of a step's first microbatch (``zero_grad(
-set_to_none=True)``), and in backward they grow as the activations (and kept layer copies) are freed. The fit check
-compares the peak with ``spec.resources.gpuMemoryGiB``; ``allocated_bytes`` (the peak without the reserve) is
-what ``torch.cuda.max_memory_allocated`` measures: within +0.4 % to +3.1 % of it on the seven synchronised runs
-of bench/RESULTS.md (1, 2 and 4 H200s, with and without activation checkpointing, both losses).
+FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss:
+unsharded_parameters + saved activations + logits (+ gradients from the second microbatch on); phase in backward:
+max(unsharded_parameters + saved activations, gradients + the root's and two layers' copies) + gradient_buffers +
+the loss's kept gradients + one layer's working set). Gradients do not exist at the loss of a step's first
+microbatch (``zero_grad(set_to_none=True)``), and in backward they grow as the activations (and kept layer copies)
+are freed. The fit check compares the peak with ``spec.resources.gpuMemoryGiB``; ``allocated_bytes`` (the peak
+without the reserve) is what ``torch.cuda.max_memory_allocated`` measures: within +0.4 % to +3.1 % of it on the
+seven synchronised runs of bench/RESULTS.md (1, 2 and 4 H200s, with and without activation checkpointing, both
+losses; all under FSDP2, before the single-device path existed).
 """
 
 from __future__ import annotations

@@ -211,10 +211,11 @@ def _device() -> torch.device:
 
 def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     """Collective (the default process group must be initialised): read the spec and the corpus, decide the
-    activation checkpointing (``auto``: the planner), load the FSDP2-sharded model (or, at world size 1, the float32
-    master and its bf16 compute copy: :func:`pitlab.trainer.single_device.uses_compute_copy`), choose and report the kernels
-    (:func:`pitlab.trainer.kernels.select_kernels`; a loud warning for reference kernels on a GPU), install the
-    loss, compile the decoder layers (CUDA, ``spec.training.compile``) and build AdamW and the LR schedule.
+    activation checkpointing (``auto``: the planner), load the FSDP2-sharded model (or, at world size 1, the
+    float32 master and its bf16 compute copy: :func:`pitlab.trainer.single_device.uses_compute_copy`), choose and
+    report the kernels (:func:`pitlab.trainer.kernels.select_kernels`; a loud warning for reference kernels on a
+    GPU), install the loss, compile the decoder layers (CUDA, ``spec.training.compile``; the compute copy's on the
+    single-device path) and build AdamW and the LR schedule.
 
     Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing input
     file, ``ValueError`` for token ids outside the vocabulary.
@@ -303,9 +304,10 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     """Collective: optimizer step ``step`` (0-based): every microbatch's forward + backward (gradients
     reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``; on the single-device path cast
     into the float32 masters' gradients, inside ``step.backward``), clipping, AdamW, the LR schedule (and the
-    masters cast into the compute copy, inside ``step.optimizer``), and the loss averaged over all ranks. The host waits for the device once, at the end (the loss and
-    the gradient norm read together); the phases are ``record_function`` ranges (``step.forward``,
-    ``step.backward``, ``step.clip``, ``step.optimizer``, ``step.loss_read``) for ``bench/profile_step.py``.
+    masters cast into the compute copy, inside ``step.optimizer``), and the loss averaged over all ranks. The
+    host waits for the device once, at the end (the loss and the gradient norm read together); the phases are
+    ``record_function`` ranges (``step.forward``, ``step.backward``, ``step.clip``, ``step.optimizer``,
+    ``step.loss_read``) for ``bench/profile_step.py``.
     Raises ``FloatingPointError`` for a non-finite loss."""
     tr = run.spec.training
     t = time.perf_counter()
