@@ -135,6 +135,18 @@ def test_resume_continues_bit_identically_from_either_path(runs):
         assert resumed["summary"]["final_loss"] == single["summary"]["final_loss"], name
 
 
+def test_merge_of_a_single_device_checkpoint_is_verified(runs, tmp_path):
+    """The single-device run's checkpoint (plain tensors, not DTensor shards) merges into a Hugging Face model whose
+    parameters match the summary's digests."""
+    from pitlab.trainer.merge import merge_checkpoint
+
+    summary = runs["out"]["train-single"]["summary"]
+    report = merge_checkpoint(runs["root"] / "train-single" / "checkpoint", runs["root"] / "base-qwen3_5_moe_text",
+                              tmp_path / "merged", summary["param_sha256"], logits_probe="always")
+    assert report["verified"] is True and report["summary_digests_checked"] is True
+    assert report["checkpoint"].endswith("step-3") and report["logits_probe"] == "equal"
+
+
 def test_the_path_is_chosen_for_one_rank_full_bf16_only(monkeypatch, tmp_path):
     spec = resource(tmp_path, 1).spec
     assert uses_compute_copy(spec, 1) is True

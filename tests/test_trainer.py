@@ -337,6 +337,7 @@ def trained(tmp_path_factory):
 def test_training_reduces_loss_and_reports(trained):
     s, seen = trained["summary"], trained["seen"]
     assert s["steps"] == 30 and s["world_size"] == 2 and s["backend"] == "gloo"
+    assert s["parallelism"] == "FSDP2"  # more than one rank: sharded
     assert s["tokens_per_step"] == 64 * 4 * 2 * 2 and s["tokens_seen"] == 30 * 1024
     assert s["corpus_tokens"] == trained["n_tokens"]
     assert abs(s["first_loss"] - math.log(VOCAB)) < 0.3  # random init predicts ~uniformly
