@@ -7,7 +7,9 @@ Builds a random-initialised base model and a synthetic token file (Zipf-distribu
     python bench/h200_qwen35.py --work /tmp/bench --out "$OUT" [--steps 60] [--nproc 1]
 
 Throughput and memory do not depend on the token values, so synthetic tokens stand in for a corpus (the
-device machine cannot read the shared data folder).
+device machine cannot read the shared data folder). With ``--nproc 1`` the trainer takes its single-device path
+(float32 masters + bf16 compute copy, no FSDP2; :mod:`pitlab.trainer.single_device`) where the plan fits;
+``PITLAB_FORCE_FSDP2=1`` in the environment keeps FSDP2 (the results recorded before 2026-12-01's change).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ Model: the real Qwen3.5-35B-A3B text configuration (hidden 2048, 16 query / 2 KV
 attention 16 key / 32 value heads of 128, the 3 linear : 1 full attention pattern, MoE intermediate 512 +
 shared expert 512, top-8 routing, vocabulary 248,320) with **8 instead of 40 decoder layers and 64 instead of
 256 experts** (see ``REDUCED``), random-initialised (seed 0). World size = ``torch.cuda.device_count()`` (or
-``--nproc`` on CPU). Stages, each one torchrun job of ``pitlab.trainer.train`` (via ``run_training``):
+``--nproc`` on CPU; at world size 1 the trainer's single-device path, no FSDP2, unless
+``PITLAB_FORCE_FSDP2=1``). Stages, each one torchrun job of ``pitlab.trainer.train`` (via ``run_training``):
 
 1. ``base``: accumulation 1, ``--steps`` steps, checkpoints at step ``steps - 5`` and at the end (both kept).
 2. ``accum_sync``: accumulation ``--accum-steps``, reduce-scatter every microbatch (the default).
