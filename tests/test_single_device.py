@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from pitlab.api import PitTraining
 from pitlab.trainer.launch import write_spec
 from pitlab.trainer.prepare import build_config
-from pitlab.trainer.single_device import LABEL, uses_compute_copy
+from pitlab.trainer.single_device import LABEL, ComputeCopy, uses_compute_copy
 
 from test_trainer import TINY_CONFIGS  # noqa: E402  (tests/ is on sys.path under pytest)
 
@@ -157,3 +157,35 @@ def test_the_path_is_chosen_for_one_rank_full_bf16_only(monkeypatch, tmp_path):
     assert uses_compute_copy(lora, 1) is False
     monkeypatch.setenv("PITLAB_FORCE_FSDP2", "1")
     assert uses_compute_copy(spec, 1) is False
+
+
+def test_compute_copy_casts_parameters_keeps_buffers_and_accumulates_in_float32():
+    config = build_config("llama", dict(TINY_CONFIGS["llama"], tie_word_embeddings=True), vocab_size=64,
+                          eos_token_id=0, pad_token_id=1, bos_token_id=0)
+    torch.manual_seed(0)
+    master = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    cc = ComputeCopy(master)
+    names = [n for n, _ in master.named_parameters()]
+    assert [n for n, _ in cc.model.named_parameters()] == names
+    assert cc.model.lm_head.weight is cc.model.model.embed_tokens.weight  # tied in the copy as in the master
+    for (n, m), c in zip(master.named_parameters(), cc.model.parameters()):
+        assert c.dtype == torch.bfloat16 and torch.equal(c, m.to(torch.bfloat16)), n
+    for (n, b), c in zip(master.named_buffers(), cc.model.buffers()):
+        assert c.dtype == b.dtype == torch.float32 and torch.equal(c, b) and c is not b, n
+    # two microbatches: float32(g1) + g2 in float32, one rounding, as FSDP2's reduce of one rank and its +=
+    gen = torch.Generator().manual_seed(1)
+    g = [[torch.randn(p.shape, generator=gen).to(torch.bfloat16) for p in cc.model.parameters()] for _ in range(2)]
+    for micro in range(2):
+        for c, gc in zip(cc.model.parameters(), g[micro]):
+            c.grad = gc.clone()
+        cc.accumulate_grads()
+        assert all(c.grad is None for c in cc.model.parameters())
+    for m, g1, g2 in zip(master.parameters(), *g):
+        assert m.grad.dtype == torch.float32 and torch.equal(m.grad, g1.float() + g2.float())
+    with torch.no_grad():
+        for m in master.parameters():
+            m.add_(1e-3)
+    cc.refresh()
+    assert all(torch.equal(c, m.to(torch.bfloat16)) for c, m in zip(cc.model.parameters(), master.parameters()))
+    with pytest.raises(ValueError, match="master parameters must be float32"):
+        ComputeCopy(cc.model)
