@@ -1,9 +1,8 @@
 """Full-weight bf16 training on one device without FSDP2: float32 master weights and a bfloat16 compute copy.
 
 At world size 1 FSDP2 shards nothing, and its per-layer hooks, copy-in and gradient copies are pure overhead
-(bench/results/profile_step_h200_2026-12-01.log). When
-:func:`uses_compute_copy` holds (world size 1, ``method: full``, ``precision: bf16``, no layer streaming) the
-trainer keeps instead:
+(bench/results/profile_step_h200_2026-12-01.log). When :func:`uses_compute_copy` holds (world size 1,
+``method: full``, ``precision: bf16``, no layer streaming) the trainer keeps instead:
 
 - the float32 model (the *master*): what AdamW, clipping, the DCP checkpoints (same parameter names, so a
   checkpoint of either path resumes in the other), the merge and the summary's digests see, and
@@ -20,7 +19,8 @@ each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` mo
 FSDP2 when only FSDP2's plan fits the GPU (``MemoryPlan.single_device``).
 
 Bit-identical to FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` at world size 1
-(losses, gradient norms and parameters; tests/test_single_device.py), because each operation is the same:
+(losses, gradient norms and parameters; tests/test_single_device.py, on the CPU with gloo; CUDA runs the same
+operations but has not been compared yet), because each operation is the same:
 
 - parameters: FSDP2's copy-in casts each float32 shard to bf16 (``Tensor.to``, round to nearest even);
   :meth:`ComputeCopy.refresh` is the same cast of the same values (``copy_``). FSDP2 also casts the floating-point
