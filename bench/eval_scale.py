@@ -3,7 +3,7 @@ through `pitlab evaluate` (issue 13).
 
     python3 bench/eval_scale.py --out eval-scale.json                        # one H200: the published setting
     python3 bench/eval_scale.py --shape tiny --layers 2 --experts 4 --panel-size 60x12 --resamples 20 \\
-        --dtype float32 --out /tmp/eval-scale-tiny.json                      # CPU rehearsal, seconds
+        --dtype float32 --out /tmp/eval-scale-tiny.json                      # CPU rehearsal, about a minute
 
 What it builds (all in ``--workdir``, a few MB whatever the model size):
 
@@ -19,7 +19,7 @@ What it builds (all in ``--workdir``, a few MB whatever the model size):
 * a synthetic market in the S&P 500 panel schema (long OHLCV CSV: date, open, high, low, close, volume, Name;
   XNYS sessions, log-normal random walks, seed 0): the real files do not travel to the device.
 * a byte-level BPE tokenizer (digits split one by one, as Qwen's) trained on prompt-shaped text, so prompts
-  have realistic token counts (≈ 60 tokens).
+  have realistic token counts (≈ 76 tokens).
 * a LeakageEval: both models, ``--panel-size`` securities × dates, all four protocols, ``--resamples``
   resamples, every statistics setting at its default (reselected penalties, security-and-date clusters).
 

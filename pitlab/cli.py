@@ -365,9 +365,9 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         source = "--gpu-memory-gib" if gpu_memory_gib is not None else "spec.resources.gpuMemoryGiB"
         _fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
-        peak = f"{result.peak_bytes / 2**30:.1f} GiB" if result.peak_bytes >= 2**30 / 10 else \
-            f"{result.peak_bytes / 2**20:.0f} MiB"
-        _say(f"[green]✓[/] fits: {peak} of {result.capacity_bytes / 2**30:.1f} GiB per GPU")
+        def size(n: int) -> str:
+            return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
+        _say(f"[green]✓[/] fits: {size(result.peak_bytes)} of {size(result.capacity_bytes)} per GPU")
 
 
 @app.command()
