@@ -122,6 +122,12 @@ class LayerStreamingSpec(SpecModel):
     enabled: bool = False
     buffers: int = Field(2, ge=2, le=8, description="GPU slots for decoder layers (2: one computes, one loads)")
     pin_host: bool = Field(True, description="page-locked host store (fast asynchronous copies); CUDA only")
+    host_store: Literal["auto", "memory", "mmap"] = Field("auto", description=(
+        "where the frozen layers' host store lives. memory: in RAM (pinned with pinHost), refused when it does "
+        "not fit the host's available memory; mmap: written once to a file under the run directory "
+        "(streaming-store/) and memory-mapped, so only page cache is needed, but copies from it are slower "
+        "(pageable pages, not pinned; disk / page-cache bound); auto: memory when it fits MemAvailable, else mmap "
+        "with a warning"))
     gpu_memory_budget_bytes: int | None = Field(None, ge=1, description=(
         "GPU bytes this run may use; refused before training when the predicted peak exceeds it"))
 

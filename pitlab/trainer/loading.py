@@ -111,9 +111,23 @@ def load_sharded_model(base: Path, mesh: DeviceMesh | None, precision: str, devi
     every rank, each keeps its rows) and ``lora_B`` with zeros, so the initial model equals the base. Returns
     the ``PeftModel``.
     """
+    model = build_meta_model(base, precision, activation_checkpointing, lora)
+    if mesh is not None:
+        shard_model(model, mesh, precision, lora=lora is not None)
+    model.to_empty(device=device)
+    load_tensors(base, list(model.named_parameters()) + list(_persistent_buffers(model)), lora, seed)
+    _recompute_non_persistent_buffers(model, device)
+    return model
+
+
+def build_meta_model(base: Path, precision: str, activation_checkpointing: bool = False,
+                     lora: dict | None = None) -> nn.Module:
+    """The model of ``base``'s ``config.json`` on the ``meta`` device (no memory) as
+    :func:`load_sharded_model` builds it: float32, ``use_cache`` off, optionally checkpointed, with ``lora``
+    the peft LoRA model whose frozen base is bfloat16 with ``precision="bf16"``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pitlab.trainer.lora import apply_lora, base_parameter_name
+    from pitlab.trainer.lora import apply_lora
 
     config = AutoConfig.from_pretrained(base)
     with torch.device("meta"):
@@ -128,14 +142,21 @@ def load_sharded_model(base: Path, mesh: DeviceMesh | None, precision: str, devi
                 for p in model.parameters():
                     if not p.requires_grad:
                         p.data = p.data.to(torch.bfloat16)
-    if mesh is not None:
-        shard_model(model, mesh, precision, lora=lora is not None)
-    model.to_empty(device=device)
+    return model
+
+
+def load_tensors(base: Path, tensors, lora: dict | None = None, seed: int = 0) -> None:
+    """Fill ``tensors`` (``(full name, tensor)`` pairs of a model from :func:`build_meta_model`, allocated:
+    plain tensors or ``DTensor`` shards) from ``base``'s safetensors, as :func:`load_sharded_model` does:
+    base tensors under their base names, LoRA adapters with the seeded init, fused experts from per-expert
+    tensors. Raises :class:`WeightLoadError` naming the tensor and file when one is missing or misshapen."""
+    from pitlab.trainer.lora import base_parameter_name
+
     files = safetensors_index(base)
     headers = {path: read_header(path) for path in set(files.values())}
     name_of = base_parameter_name if lora is not None else (lambda n: n)
     with torch.no_grad():
-        for full_name, tensor in list(model.named_parameters()) + list(_persistent_buffers(model)):
+        for full_name, tensor in tensors:
             if lora is not None and tensor.requires_grad:
                 _init_adapter(full_name, tensor, seed)
                 continue
@@ -164,8 +185,6 @@ def load_sharded_model(base: Path, mesh: DeviceMesh | None, precision: str, devi
                 tensor.copy_(tmp[0])
             else:
                 read_rows(path, data_start, entry, 0, tensor.shape[0], tensor)
-    _recompute_non_persistent_buffers(model, device)
-    return model
 
 
 def _init_adapter(name: str, tensor: torch.Tensor, seed: int) -> None:

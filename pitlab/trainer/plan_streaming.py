@@ -222,6 +222,7 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
              f"host→GPU per optimizer step: {_gb(bytes_per_step(sshape, shape.layers, ls.buffers, tr))} "
              f"(each layer once in forward and again in backward, less the {ls.buffers} layers still in the slots at "
              "each turn)"]
+    notes.append(_host_store_note(ls.host_store, sshape.host_pinned if ls.pin_host else sshape.host))
     advice = ""
     if cap is not None and peak > cap:
         advice = _advice(at, tokens, tr, ls, cap, comp)
@@ -230,6 +231,22 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
                          pinned=ls.pin_host, buffers=ls.buffers,
                          chunk_tokens=logits_chunk_tokens(shape.vocab, c, tokens), tokens=tokens,
                          budget_source=source, advice=advice)
+
+
+def _host_store_note(mode: str, host_bytes: int) -> str:
+    """The panel's host-store line: what ``hostStore`` ``mode`` gives on this machine (its MemAvailable; the
+    trainer decides again on its own host), with the warning when ``auto`` falls back to ``mmap``."""
+    available = available_host_memory()
+    if mode == "mmap":
+        return ("host store: memory-mapped file under the run directory (hostStore: mmap; not pinned); "
+                + MMAP_SPEED_NOTE.format(cold=MMAP_COLD_GBPS, warm=MMAP_WARM_GBPS))
+    have = "MemAvailable unknown" if available is None else f"{available / 1e9:.1f} GB available here (MemAvailable)"
+    if available is None or host_bytes * 1.1 <= available:
+        return f"host store: in memory (hostStore: {mode}; {have})"
+    if mode == "memory":
+        return (f"host store: REFUSED on this machine: it needs {host_bytes / 1e9:.1f} GB plus 10 % but {have}; "
+                "set training.layerStreaming.hostStore: mmap or auto")
+    return "WARNING: " + mmap_warning(host_bytes, available)
 
 
 def bytes_per_step(sshape: StreamingShape, layers: int, buffers: int, tr) -> int:
@@ -346,8 +363,47 @@ def check_host_memory(host_bytes: int, available: int | None = None) -> None:
         raise StreamingBudgetError(
             f"training.layerStreaming: the host store needs {host_bytes / 1e9:.1f} GB of host memory (frozen decoder "
             f"layers and input embedding, plus 10 % while loading) but {available / 1e9:.1f} GB are available "
-            "(MemAvailable); use a machine with more memory or a smaller model (a memory-mapped host store, "
-            "slower, is not implemented)")
+            "(MemAvailable); set training.layerStreaming.hostStore: mmap (or auto) for a memory-mapped store "
+            "under the run directory (slower), or use a machine with more memory or a smaller model")
+
+
+# Measured on the development host (2 shared cores, virtio disk; bench/RESULTS.md, "memory-mapped host store"):
+# reading the store file cold from disk, warm from the page cache, and a pinned host→GPU copy on PCIe (H200, 4.0 ×16
+# class, measured for the 8B run); the warning quotes them as orders of magnitude.
+MMAP_SPEED_NOTE = ("copies from a memory-mapped store are synchronous (pageable pages, staged by the CUDA "
+                   "driver; pinHost does not apply) and bound by the disk and page cache rather than pinned PCIe "
+                   "bandwidth: reading the store ran at about {cold} GB/s cold from disk and {warm} GB/s from the "
+                   "page cache on the development host, against 55 GB/s pinned host→GPU measured on an H200 (bench/RESULTS.md), so "
+                   "expect steps several times slower once the store is not in the page cache")
+MMAP_COLD_GBPS, MMAP_WARM_GBPS = "1", "3"
+
+
+def mmap_warning(host_bytes: int, available: int, store_dir=None) -> str:
+    """The warning of ``hostStore: auto`` choosing the memory-mapped store: the bytes, MemAvailable and the
+    speed cost (:data:`MMAP_SPEED_NOTE`)."""
+    where = f" ({store_dir}/layers.store)" if store_dir is not None else ""
+    return (f"training.layerStreaming: the host store needs {host_bytes / 1e9:.1f} GB of host memory (plus 10 % "
+            f"while loading) but {available / 1e9:.1f} GB are available (MemAvailable); hostStore: auto uses a "
+            f"memory-mapped store file{where} instead; "
+            + MMAP_SPEED_NOTE.format(cold=MMAP_COLD_GBPS, warm=MMAP_WARM_GBPS)
+            + "; set hostStore: mmap to silence this, or use a host with more memory")
+
+
+def choose_host_store(mode: str, host_bytes: int, available: int | None = None,
+                      store_dir=None) -> tuple[str, str | None]:
+    """``(store, warning)`` for ``training.layerStreaming.hostStore`` ``mode`` and a host store of
+    ``host_bytes`` (the pinned bytes when page-locked): ``"mmap"`` for ``mmap``; for ``memory`` and ``auto``
+    ``"memory"`` when the store plus 10 % fits ``available`` (default :func:`available_host_memory`; unknown
+    counts as fitting), else ``memory`` raises :class:`StreamingBudgetError` (:func:`check_host_memory`) and
+    ``auto`` gives ``"mmap"`` with :func:`mmap_warning`."""
+    if mode == "mmap":
+        return "mmap", None
+    available = available_host_memory() if available is None else available
+    if available is None or host_bytes * 1.1 <= available:
+        return "memory", None
+    if mode == "memory":
+        check_host_memory(host_bytes, available)
+    return "mmap", mmap_warning(host_bytes, available, store_dir)
 
 
 def check_budget(spec, config=None, device: torch.device | None = None) -> StreamingPlan:

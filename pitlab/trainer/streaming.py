@@ -117,39 +117,51 @@ class LayerStreamer:
     """
 
     def __init__(self, model: nn.Module, device: torch.device | str, buffers: int = 2, pin_host: bool = True,
-                 host_embeddings: bool = True):
+                 host_embeddings: bool = True, store=None):
         if not 2 <= buffers <= 8:
             raise ValueError(f"training.layerStreaming.buffers: must be 2..8 (got {buffers})")
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
         self.buffers = buffers
         self.layers = check_streamable(model)
-        pin = self.pinned = pin_host and self.cuda
+        self.store = store  # a pitlab.trainer.host_store.MappedStore: the host stores are its mapped regions
+        pin = self.pinned = pin_host and self.cuda and store is None
         self.layouts = [layer_layout(layer) for layer in self.layers]
+        if store is not None and [_entries(x) for x in self.layouts] != store.header["layers"]:
+            raise ValueError(f"{store.path}: the store's layout is not this model's")
         self.params: list[list[nn.Parameter]] = []
         self.host: list[dict[torch.dtype, torch.Tensor]] = []
         streamed: set[int] = set()
         with torch.no_grad():
             for layer, layout in zip(self.layers, self.layouts):
                 named = dict(layer.named_parameters())
-                store = {d: torch.empty(n, dtype=d, pin_memory=pin) for d, n in layout.numel.items()}
+                if store is not None:  # mapped: the values are in the file already (the parameters may be meta)
+                    flat = store.layers[len(self.host)]
+                else:
+                    flat = {d: torch.empty(n, dtype=d, pin_memory=pin) for d, n in layout.numel.items()}
                 params = []
                 for name, dtype, off, shape in layout.entries:
                     p = named[name]
-                    if p.device.type != "cpu":
-                        raise ValueError(f"{name}: layer streaming takes a model on the CPU (got {p.device})")
-                    store[dtype][off:off + p.numel()].copy_(p.detach().reshape(-1))
+                    if store is None:
+                        if p.device.type != "cpu":
+                            raise ValueError(f"{name}: layer streaming takes a model on the CPU (got {p.device})")
+                        flat[dtype][off:off + p.numel()].copy_(p.detach().reshape(-1))
                     params.append(p)
                     streamed.add(id(p))
-                self.host.append(store)
+                self.host.append(flat)
                 self.params.append(params)
-                self._bind(len(self.params) - 1, store)
+                self._bind(len(self.params) - 1, flat)
             self.embedding = host_embedding(model) if host_embeddings else None
             if self.embedding is not None:  # the lookup runs on the host; only T x H rows are copied
                 w = self.embedding.weight
-                store = torch.empty(w.shape, dtype=w.dtype, pin_memory=pin)
-                store.copy_(w.detach())
-                w.data = store
+                if store is not None:
+                    if store.embedding is None or store.embedding.shape != w.shape:
+                        raise ValueError(f"{store.path}: the store holds no input embedding of shape {tuple(w.shape)}")
+                    w.data = store.embedding
+                else:
+                    host = torch.empty(w.shape, dtype=w.dtype, pin_memory=pin)
+                    host.copy_(w.detach())
+                    w.data = host
                 streamed.add(id(w))
                 self.embedding.register_forward_pre_hook(self._embedding_input)
                 self.embedding.register_forward_hook(self._embedding_output)
@@ -181,11 +193,17 @@ class LayerStreamer:
         return streamed_loss(model, input_ids, labels)
 
     def report(self) -> dict:
-        """What was streamed: ``layers``, ``buffers``, ``host_bytes``, ``slot_bytes``, ``pinned``,
-        ``host_embedding``, ``layer_copies`` and ``bytes_copied`` (host→device, cumulative)."""
-        return {"layers": len(self.layers), "buffers": self.buffers, "host_bytes": self.host_bytes,
-                "slot_bytes": self.slot_bytes, "pinned": self.pinned, "host_embedding": self.embedding is not None,
-                "layer_copies": self.copies, "bytes_copied": self.bytes_copied}
+        """What was streamed: ``layers``, ``buffers``, ``host_store`` (``"memory"`` or ``"mmap"``),
+        ``host_bytes``, ``slot_bytes``, ``pinned`` (never for ``mmap``), ``host_embedding``, ``layer_copies``
+        and ``bytes_copied`` (host→device, cumulative); with ``mmap`` also the store file's path, bytes,
+        whether it was written by this run and in how many seconds (:meth:`MappedStore.report`)."""
+        out = {"layers": len(self.layers), "buffers": self.buffers,
+               "host_store": "memory" if self.store is None else "mmap", "host_bytes": self.host_bytes,
+               "slot_bytes": self.slot_bytes, "pinned": self.pinned, "host_embedding": self.embedding is not None,
+               "layer_copies": self.copies, "bytes_copied": self.bytes_copied}
+        if self.store is not None:
+            out.update(self.store.report())
+        return out
 
     # ------------------------------------------------------------------ slots
     def _bind(self, i: int, flat: dict[torch.dtype, torch.Tensor]) -> None:
@@ -260,6 +278,13 @@ class LayerStreamer:
             self._recomputing = False
 
 
+def _entries(layout: LayerLayout) -> list:
+    """``layout``'s entries as the store header writes them (dtype names, shapes as lists)."""
+    from pitlab.trainer.host_store import _dtype_name
+
+    return [[name, _dtype_name(d), off, list(shape)] for name, d, off, shape in layout.entries]
+
+
 def _move_resident(model: nn.Module, device: torch.device, streamed: set[int]) -> None:
     """Move every parameter not in ``streamed`` (ids) and every buffer of ``model`` to ``device`` in place."""
     if device.type == "cpu":
@@ -327,19 +352,29 @@ def streamed_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tenso
 
 # ---------------------------------------------------------------------------------------------------- setup
 
-def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Module, LayerStreamer]:
+STORE_DIR = "streaming-store"  # under the run directory: the memory-mapped host store (hostStore: mmap)
+
+
+def load_streamed_model(base: Path, spec, device: torch.device,
+                        store_dir: Path | None = None) -> tuple[nn.Module, LayerStreamer]:
     """The LoRA model of ``base`` (HF directory) for ``spec`` (a ``PitTrainingSpec`` with
     ``training.layerStreaming.enabled``), loaded on the CPU exactly as the FSDP2 path loads it (frozen base in
     bfloat16 with ``precision: bf16``, seeded adapter init; :func:`pitlab.trainer.loading.load_sharded_model`
     without a mesh), checked against the GPU budget (:func:`pitlab.trainer.plan_streaming.check_budget`,
-    raising :class:`pitlab.trainer.plan_streaming.StreamingBudgetError` before any weight is read, also when
-    the host store does not fit the host's available memory) and
-    streamed to ``device``. Returns ``(peft model, streamer)``."""
+    raising :class:`pitlab.trainer.plan_streaming.StreamingBudgetError` before any weight is read) and
+    streamed to ``device``. Returns ``(peft model, streamer)``.
+
+    The host store follows ``training.layerStreaming.hostStore``
+    (:func:`pitlab.trainer.plan_streaming.choose_host_store`): ``memory`` (refused when it does not fit the
+    host's available memory), ``mmap`` (:func:`load_mapped_model`: the store file in ``store_dir``, required
+    then) or ``auto`` (``mmap`` with a warning on stderr when ``memory`` would not fit)."""
+    import sys
+
     from transformers import AutoConfig
 
     from pitlab.trainer.loading import load_sharded_model
     from pitlab.trainer.lora import lora_record
-    from pitlab.trainer.plan_streaming import check_budget, check_host_memory
+    from pitlab.trainer.plan_streaming import _gb, check_budget, choose_host_store
 
     import torch.distributed as dist
 
@@ -351,8 +386,82 @@ def load_streamed_model(base: Path, spec, device: torch.device) -> tuple[nn.Modu
         raise SpecError([("spec.training.layerStreaming", f"runs in one process, not {dist.get_world_size()} "
                                                           "(resources.gpusPerNode: 1)")])
     plan = check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
-    check_host_memory(plan.host_pinned_bytes if ls.pin_host and device.type == "cuda" else plan.host_bytes)
+    pinned = ls.pin_host and device.type == "cuda"
+    mode, warning = choose_host_store(ls.host_store, plan.host_pinned_bytes if pinned else plan.host_bytes,
+                                      store_dir=store_dir)
+    if warning is not None:
+        print(f"pitlab.trainer.streaming: WARNING: {warning}", file=sys.stderr, flush=True)
+    if mode == "mmap":
+        if store_dir is None:
+            raise ValueError("training.layerStreaming.hostStore: mmap needs a directory for the store file")
+        model, streamer = load_mapped_model(base, spec, device, Path(store_dir))
+        r = streamer.report()
+        print(f"pitlab.trainer.streaming: host store memory-mapped from {r['host_store_path']} "
+              f"({_gb(r['host_store_file_bytes'])}, "
+              f"{'written in %.1f s' % r['host_store_write_seconds'] if r['host_store_written'] else 'reused'})"
+              f"{'; pinHost does not apply to a memory-mapped store' if pinned else ''}", file=sys.stderr, flush=True)
+        return model, streamer
     model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
                                seed=tr.seed)
     streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host)
+    return model, streamer
+
+
+def load_mapped_model(base: Path, spec, device: torch.device, store_dir: Path) -> tuple[nn.Module, LayerStreamer]:
+    """:func:`load_streamed_model` with a memory-mapped host store (:mod:`pitlab.trainer.host_store`), without
+    the whole model in host memory: the model is built on the meta device; the frozen decoder layers (and a
+    frozen untied input embedding) are read from the safetensors straight into a shared mapping of the store
+    file (written once, reused while it matches), the other parameters and buffers are allocated and read on
+    the CPU (then moved to ``device``). The values are those of :func:`load_sharded_model` bit for bit."""
+    from pitlab.trainer.host_store import open_store, store_header
+    from pitlab.trainer.loading import _persistent_buffers, _recompute_non_persistent_buffers, build_meta_model, \
+        load_tensors
+    from pitlab.trainer.lora import lora_record
+
+    tr, ls = spec.training, spec.training.layer_streaming
+    lora = lora_record(spec.lora)
+    model = build_meta_model(base, tr.precision, False, lora)
+    layers = check_streamable(model)
+    layouts = [layer_layout(layer) for layer in layers]
+    emb = host_embedding(model)
+    names = {id(m): n for n, m in model.named_modules()}
+
+    def fill(views: dict[str, dict[torch.dtype, torch.Tensor]]) -> None:
+        for i, (layer, layout) in enumerate(zip(layers, layouts)):
+            flat = views[f"layer.{i}"]
+            prefix = names[id(layer)]
+            load_tensors(base, [(f"{prefix}.{name}", flat[dtype][off:off + shape.numel()].view(shape))
+                                for name, dtype, off, shape in layout.entries], lora, tr.seed)
+        if emb is not None:
+            (w,) = views["embedding"].values()
+            load_tensors(base, [(f"{names[id(emb)]}.weight", w.view(emb.weight.shape))], lora, tr.seed)
+
+    store = open_store(store_dir, store_header(base, layouts, None if emb is None else emb.weight), fill)
+    # meta parameters cannot take CPU data (``.data``): each is replaced by a new Parameter (one per object, so a
+    # tied weight stays tied) on the store's mapped view (streamed) or on fresh CPU memory (resident, read below)
+    data: dict[int, torch.Tensor] = {}
+    for i, (layer, layout) in enumerate(zip(layers, layouts)):
+        named = dict(layer.named_parameters())
+        for name, dtype, off, shape in layout.entries:
+            data[id(named[name])] = store.layers[i][dtype][off:off + shape.numel()].view(shape)
+    if emb is not None:
+        data[id(emb.weight)] = store.embedding
+    with torch.no_grad():
+        resident, new = [], {}
+        for mod_name, mod in model.named_modules():
+            for name, p in mod._parameters.items():
+                if p is None or p.device.type != "meta":
+                    continue
+                if id(p) not in new:
+                    new[id(p)] = nn.Parameter(data[id(p)] if id(p) in data else torch.empty(p.shape, dtype=p.dtype),
+                                              requires_grad=p.requires_grad)
+                    if id(p) not in data:
+                        resident.append((f"{mod_name}.{name}" if mod_name else name, new[id(p)]))
+                mod._parameters[name] = new[id(p)]
+            for name, b in mod._buffers.items():
+                if b is not None and b.device.type == "meta":
+                    mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
+        load_tensors(base, resident + list(_persistent_buffers(model)), lora, tr.seed)
+        _recompute_non_persistent_buffers(model, torch.device("cpu"))
+    streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host, store=store)
     return model, streamer

@@ -249,9 +249,9 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     plan = _plan(spec, shape, config, capacity)  # with layerStreaming: plan_streaming's plan
     if tr.layer_streaming.enabled:  # one GPU, LoRA: frozen layers streamed from host memory instead of FSDP2
-        from pitlab.trainer.streaming import load_streamed_model
+        from pitlab.trainer.streaming import STORE_DIR, load_streamed_model
         act_ckpt = False  # the streamer checks its own budget and recomputes layer by layer
-        model, streamer = load_streamed_model(paths.base, spec, device)
+        model, streamer = load_streamed_model(paths.base, spec, device, store_dir=paths.run_dir / STORE_DIR)
         loss_impl = "chunked cross-entropy (pitlab.trainer.streaming)"
     else:
         act_ckpt = plan.activation_checkpointing if plan is not None else bool(tr.activation_checkpointing)
