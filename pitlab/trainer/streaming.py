@@ -14,6 +14,9 @@ backward recomputes layer ``i`` — fetching it again, and prefetching ``i - 1``
 before its gradient. A frozen, untied input embedding stays in host memory too (the lookup runs on the CPU,
 a copy, so exact; only the looked-up rows travel); the final norm, the head and the LoRA adapter (and so its
 AdamW state) stay on the device. On CPU the same code runs with the "device" being the CPU and the copies plain copies.
+With ``hostStore: mmap`` (:mod:`pitlab.trainer.host_store`) the host stores are regions of a memory-mapped file
+instead (not page-locked; the copies from them are synchronous), filled layer by layer from a meta-device model
+(:func:`load_mapped_model`).
 
 The result is bit-identical to the resident model (``torch.equal`` on logits and adapter gradients; see
 tests/test_streaming.py): the same kernels run on the same values, the slot views are aligned as the caching
@@ -109,7 +112,10 @@ class LayerStreamer:
     to them. With ``host_embeddings`` a frozen, untied input embedding (:func:`host_embedding`) stays in the
     host store too: the lookup runs on the CPU and only the looked-up rows are copied. Installs the hooks on
     the model in place (names unchanged); use the model as before, in ``train()`` mode for a backward (each
-    decoder layer is then recomputed in backward).
+    decoder layer is then recomputed in backward). With ``store`` (a
+    :class:`pitlab.trainer.host_store.MappedStore` of this model's layouts) the host stores are its mapped regions,
+    which already hold the values: the frozen parameters are rebound to them without a copy (they may be on
+    the meta device) and nothing is pinned.
     Raises ``TypeError`` for an unsupported architecture, ``ValueError`` for ``buffers`` outside 2..8.
 
     ``host_bytes``: bytes of the host stores; ``slot_bytes``: bytes of all device slots; ``bytes_copied``:
@@ -398,8 +404,8 @@ def load_streamed_model(base: Path, spec, device: torch.device,
         r = streamer.report()
         print(f"pitlab.trainer.streaming: host store memory-mapped from {r['host_store_path']} "
               f"({_gb(r['host_store_file_bytes'])}, "
-              f"{'written in %.1f s' % r['host_store_write_seconds'] if r['host_store_written'] else 'reused'})"
-              f"{'; pinHost does not apply to a memory-mapped store' if pinned else ''}", file=sys.stderr, flush=True)
+              f"{'written in %.1f s' % r['host_store_write_seconds'] if r['host_store_written'] else 'reused'}); "
+              "not pinned (pinHost does not apply to a memory-mapped store)", file=sys.stderr, flush=True)
         return model, streamer
     model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
                                seed=tr.seed)
