@@ -103,3 +103,29 @@ def test_a_run_over_its_budget_is_refused_before_anything_is_written(tmp_path, d
     assert "(training.layerStreaming.gpuMemoryBudgetBytes = 16777216); at most 3 sequence(s) of seqLen 128 per " \
            "microbatch fit: set training.microBatchSize: 3 (now 8" in out, out
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_with_a_memory_mapped_store_is_bit_identical(streaming_run, tmp_path):
+    """The same run resumed with training.layerStreaming.hostStore: mmap: the store file is written under the run
+    directory, summary.json says so, and the result equals the in-memory run bit for bit."""
+    import shutil
+
+    from pitlab.trainer.launch import run_training
+
+    run = tmp_path / "resumed-mmap"
+    shutil.copytree(streaming_run / "data", run / "data")
+    shutil.copytree(streaming_run / "checkpoint" / "step-4", run / "checkpoint" / "step-4")
+    (run / "checkpoint" / "latest").write_text("step-4\n")
+    spec = json.loads((streaming_run / "spec.json").read_text())
+    spec["spec"]["training"]["layerStreaming"]["hostStore"] = "mmap"
+    (run / "spec.json").write_text(json.dumps(spec))
+    summary = run_training(run / "spec.json", run, nproc=1, base=streaming_run / "base")
+    full = json.loads((streaming_run / "train" / "summary.json").read_text())
+    assert summary["param_sha256"] == full["param_sha256"] and summary["final_loss"] == full["final_loss"]
+    s = summary["layer_streaming"]
+    store = run / "streaming-store" / "layers.store"
+    assert s["host_store"] == "mmap" and s["pinned"] is False and s["host_store_written"] is True
+    assert s["host_store_path"] == str(store) and s["host_store_file_bytes"] == store.stat().st_size
+    assert full["layer_streaming"]["host_store"] == "memory" and s["host_bytes"] == full["layer_streaming"]["host_bytes"]
+    assert not (run / "streaming-store" / "layers.store.tmp").exists()

@@ -182,9 +182,16 @@ def test_an_interrupted_or_stale_store_is_never_reused(tmp_path, monkeypatch):
 def test_a_complete_matching_store_is_reused_without_a_rewrite(tmp_path, monkeypatch):
     import pitlab.trainer.host_store as hs
 
+    import pitlab.trainer.loading as loading
+
     base = save_base(tmp_path / "base", "qwen3_moe")
     spec = spec_of(base, hostStore="mmap")
     store = tmp_path / "store" / STORE_FILE
+
+    def whole_model(*args, **kwargs):
+        raise AssertionError("the mmap path loaded the whole model into memory")
+
+    monkeypatch.setattr(loading, "load_sharded_model", whole_model)  # the layer-by-layer path only
     first, s1 = load_streamed_model(base, spec, CPU, store_dir=store.parent)
     assert s1.report()["host_store_written"] is True
     before, stat = store.read_bytes(), store.stat()
