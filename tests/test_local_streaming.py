@@ -127,5 +127,6 @@ def test_a_resume_with_a_memory_mapped_store_is_bit_identical(streaming_run, tmp
     store = run / "streaming-store" / "layers.store"
     assert s["host_store"] == "mmap" and s["pinned"] is False and s["host_store_written"] is True
     assert s["host_store_path"] == str(store) and s["host_store_file_bytes"] == store.stat().st_size
-    assert full["layer_streaming"]["host_store"] == "memory" and s["host_bytes"] == full["layer_streaming"]["host_bytes"]
+    memory = full["layer_streaming"]
+    assert memory["host_store"] == "memory" and s["host_bytes"] == memory["host_bytes"]
     assert not (run / "streaming-store" / "layers.store.tmp").exists()

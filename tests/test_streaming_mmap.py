@@ -108,7 +108,8 @@ def test_auto_uses_the_memory_store_when_it_fits_and_mmap_with_a_warning_when_no
     err = " ".join(capsys.readouterr().err.split())
     assert (f"WARNING: training.layerStreaming: the host store needs {host / 1e9:.1f} GB of host memory (plus 10 % "
             "while loading) but 0.0 GB are available (MemAvailable); hostStore: auto uses a memory-mapped store "
-            f"file ({tmp_path / 'store'}/layers.store) instead; copies from a memory-mapped store are synchronous") in err
+            f"file ({tmp_path / 'store'}/layers.store) instead; copies from a memory-mapped store are "
+            "synchronous") in err
     assert "1.3 GB/s cold from disk and 4.5 GB/s from the page cache" in err and "55 GB/s pinned host→GPU" in err
     assert f"host store memory-mapped from {tmp_path / 'store' / STORE_FILE} (0.3 MB, written in " in err
     assert "not pinned (pinHost does not apply to a memory-mapped store)" in err

@@ -373,8 +373,8 @@ def check_host_memory(host_bytes: int, available: int | None = None) -> None:
 MMAP_SPEED_NOTE = ("copies from a memory-mapped store are synchronous (pageable pages, staged by the CUDA "
                    "driver; pinHost does not apply) and bound by the disk and page cache rather than pinned PCIe "
                    "bandwidth: reading the store ran at about {cold} GB/s cold from disk and {warm} GB/s from the "
-                   "page cache on the development host, against 55 GB/s pinned host→GPU measured on an H200 (bench/RESULTS.md), so "
-                   "expect steps several times slower once the store is not in the page cache")
+                   "page cache on the development host, against 55 GB/s pinned host→GPU measured on an H200 "
+                   "(bench/RESULTS.md), so expect steps several times slower once the store is not in the page cache")
 MMAP_COLD_GBPS, MMAP_WARM_GBPS = "1.3", "4.5"
 
 
