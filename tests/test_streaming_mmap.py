@@ -220,3 +220,23 @@ _REAL_FROM_FILE = torch.from_file
 def _from_file(log, *args, **kwargs):
     log.append(kwargs.get("shared"))
     return _REAL_FROM_FILE(*args, **kwargs)
+
+
+def test_the_embedding_is_read_in_blocks_of_rows(tmp_path):
+    """The host embedding goes into the store a few rows at a time (a float32 checkpoint converted to bf16 never
+    holds the whole matrix); the blocks give the tensor bit for bit, and a misshapen target is refused."""
+    from safetensors import safe_open
+
+    from pitlab.trainer.loading import WeightLoadError
+    from pitlab.trainer.streaming import _read_rows_in_blocks
+
+    base = save_base(tmp_path / "base")
+    with safe_open(str(base / "model.safetensors"), framework="pt") as f:
+        want = f.get_tensor("model.embed_tokens.weight")
+    assert want.dtype == torch.float32 and want.shape == (VOCAB, 64)
+    out = torch.empty(want.shape, dtype=torch.bfloat16)
+    _read_rows_in_blocks(base, "model.embed_tokens.weight", out, block_bytes=1000)  # 3 rows of 256 bytes a block
+    assert torch.equal(out, want.to(torch.bfloat16))
+    with pytest.raises(WeightLoadError, match=r"model\.embed_tokens\.weight has shape \(256, 64\), the model built "
+                                              r"from .* expects \(255, 64\)"):
+        _read_rows_in_blocks(base, "model.embed_tokens.weight", out[:-1])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -151,8 +152,6 @@ def open_store(directory: Path, header: dict, fill) -> MappedStore:
     tmp = directory / (STORE_FILE + ".tmp")
     if tmp.exists():
         tmp.unlink()  # a write that was interrupted
-    import shutil
-
     free = shutil.disk_usage(directory).free
     if free < total:
         raise HostStoreError(f"training.layerStreaming.hostStore: mmap: the store needs {total / 1e9:.2f} GB on "

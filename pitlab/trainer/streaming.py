@@ -284,6 +284,27 @@ class LayerStreamer:
             self._recomputing = False
 
 
+def _read_rows_in_blocks(base: Path, name: str, out: torch.Tensor, block_bytes: int = 64 * 2 ** 20) -> None:
+    """Fill ``out`` (CPU, contiguous) with tensor ``name`` of ``base``'s safetensors, ``block_bytes`` of the
+    file's dtype at a time. Raises :class:`pitlab.trainer.loading.WeightLoadError` when it is missing or
+    misshapen."""
+    from pitlab.trainer.loading import WeightLoadError, read_header, read_rows, safetensors_index
+
+    path = safetensors_index(base).get(name)
+    if path is None:
+        raise WeightLoadError(f"{base}: no tensor {name!r} in the safetensors files")
+    data_start, header = read_header(path)
+    entry = header.get(name)
+    if entry is None or tuple(entry["shape"]) != tuple(out.shape):
+        raise WeightLoadError(f"{path}: {name} has shape {None if entry is None else tuple(entry['shape'])}, the "
+                              f"model built from {base / 'config.json'} expects {tuple(out.shape)}")
+    row_bytes = max(1, out[0].numel() * 4)  # at most 4 bytes per element in the file
+    rows = max(1, block_bytes // row_bytes)
+    for start in range(0, out.shape[0], rows):
+        stop = min(start + rows, out.shape[0])
+        read_rows(path, data_start, entry, start, stop, out[start:stop])
+
+
 def _entries(layout: LayerLayout) -> list:
     """``layout``'s entries as the store header writes them (dtype names, shapes as lists)."""
     from pitlab.trainer.host_store import _dtype_name
@@ -422,7 +443,7 @@ def load_mapped_model(base: Path, spec, device: torch.device, store_dir: Path) -
     from pitlab.trainer.host_store import open_store, store_header
     from pitlab.trainer.loading import _persistent_buffers, _recompute_non_persistent_buffers, build_meta_model, \
         load_tensors
-    from pitlab.trainer.lora import lora_record
+    from pitlab.trainer.lora import base_parameter_name, lora_record
 
     tr, ls = spec.training, spec.training.layer_streaming
     lora = lora_record(spec.lora)
@@ -438,9 +459,9 @@ def load_mapped_model(base: Path, spec, device: torch.device, store_dir: Path) -
             prefix = names[id(layer)]
             load_tensors(base, [(f"{prefix}.{name}", flat[dtype][off:off + shape.numel()].view(shape))
                                 for name, dtype, off, shape in layout.entries], lora, tr.seed)
-        if emb is not None:
+        if emb is not None:  # in blocks of rows: a dtype conversion never holds the whole (large) embedding
             (w,) = views["embedding"].values()
-            load_tensors(base, [(f"{names[id(emb)]}.weight", w.view(emb.weight.shape))], lora, tr.seed)
+            _read_rows_in_blocks(base, base_parameter_name(f"{names[id(emb)]}.weight"), w.view(emb.weight.shape))
 
     store = open_store(store_dir, store_header(base, layouts, None if emb is None else emb.weight), fill)
     # meta parameters cannot take CPU data (``.data``): each is replaced by a new Parameter (one per object, so a
@@ -458,12 +479,12 @@ def load_mapped_model(base: Path, spec, device: torch.device, store_dir: Path) -
             for name, p in mod._parameters.items():
                 if p is None or p.device.type != "meta":
                     continue
-                if id(p) not in new:
-                    new[id(p)] = nn.Parameter(data[id(p)] if id(p) in data else torch.empty(p.shape, dtype=p.dtype),
-                                              requires_grad=p.requires_grad)
+                if id(p) not in new:  # (the meta parameter is kept alive with it: ids stay unique)
+                    new[id(p)] = (p, nn.Parameter(data[id(p)] if id(p) in data else
+                                                  torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad))
                     if id(p) not in data:
-                        resident.append((f"{mod_name}.{name}" if mod_name else name, new[id(p)]))
-                mod._parameters[name] = new[id(p)]
+                        resident.append((f"{mod_name}.{name}" if mod_name else name, new[id(p)][1]))
+                mod._parameters[name] = new[id(p)][1]
             for name, b in mod._buffers.items():
                 if b is not None and b.device.type == "meta":
                     mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
