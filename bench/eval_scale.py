@@ -215,9 +215,12 @@ def main() -> None:
     total, active = parameter_counts(cfg)
     stages["write_models_s"] = time.perf_counter() - t
     bytes_per = 2 if a.dtype != "float32" else 4
+    def count(n: float) -> str:
+        return f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+
     print(f"eval_scale: qwen3_5_moe_text, {cfg.num_hidden_layers} layers, {cfg.num_experts} experts "
-          f"({cfg.num_experts_per_tok} active), hidden {cfg.hidden_size}: {total / 1e9:.2f} B parameters "
-          f"({total * bytes_per / 1e9:.1f} GB in {a.dtype}), {active / 1e9:.2f} B active per token; "
+          f"({cfg.num_experts_per_tok} active), hidden {cfg.hidden_size}: {count(total)} parameters "
+          f"({total * bytes_per / 1e9:.3g} GB in {a.dtype}), {count(active)} active per token; "
           f"{n_rows:,} price rows; panel {a.panel[0]} × {a.panel[1]}", flush=True)
 
     spec = eval_spec("eval-scale", work / "prices.csv", models, a, start, end)

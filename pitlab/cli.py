@@ -350,6 +350,9 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
     """Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names."""
     from pitlab.trainer.plan import plan_memory
 
+    if gpu_memory_gib is not None and gpu_memory_gib <= 0.5:
+        _fail(SpecError([("--gpu-memory-gib", f"{gpu_memory_gib:g} GiB: must exceed the 0.5 GiB a CUDA context "
+                                              "takes")]), 2)
     res = _load(file, data_root)
     if not isinstance(res, PitTraining):
         _fail(SpecError([("kind", f"pitlab plan takes a PitTraining, got {res.kind}")], str(file)), 2)

@@ -213,3 +213,10 @@ def test_validate_gives_the_latest_document_in_the_cutoffs_timezone(tmp_path, sp
     assert r.exit_code == 0
     assert (f"✓ {path}: valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents "
             "(latest 2016-12-14T00:00:00-05:00; timestamps iso8601)") in r.output.splitlines()
+
+
+def test_plan_refuses_a_gpu_smaller_than_the_cuda_context():
+    result = CliRunner().invoke(app, ["plan", "examples/local-lora-streaming.yaml", "--gpu-memory-gib", "0.4"],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert "--gpu-memory-gib: 0.4 GiB: must exceed the 0.5 GiB a CUDA context takes" in result.output
