@@ -33,3 +33,18 @@ def tiny_bpe_tokenizer():
     tk.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>")
+
+
+def gloo_world_of_one() -> None:
+    """Initialise the default process group as rank 0 of a one-rank gloo world on a free local port (the
+    environment variables torchrun would set); for worker scripts that run pitlab's trainer in-process."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo")

@@ -15,12 +15,13 @@ run resumes from it. ``OUT.json``: name -> record.
 import json
 import os
 import shutil
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from reference import gloo_world_of_one  # tests/ is sys.path[0] when this runs as a script
 
 
 def steps_run(item: dict) -> dict:
@@ -68,11 +69,7 @@ def train_run(item: dict) -> dict:
 
 
 def main(plan_path: str, out_path: str) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo")
+    gloo_world_of_one()
     torch.set_num_threads(1)
     from pitlab.trainer.single_device import FORCE_FSDP2_ENV
 

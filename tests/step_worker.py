@@ -15,13 +15,14 @@ modes after it, the modeling module being shared).
 import collections
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch._dynamo
 import torch.distributed as dist
+
+from reference import gloo_world_of_one  # tests/ is sys.path[0] when this runs as a script
 
 READS = ("item", "tolist", "__float__", "__int__", "__bool__")
 
@@ -53,11 +54,7 @@ def stand_in(model) -> None:
 
 
 def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo")
+    gloo_world_of_one()
     torch.set_num_threads(1)
     from torch._dynamo.utils import counters
 
