@@ -67,6 +67,12 @@ def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
+def layout_entries(layout) -> list:
+    """A :class:`~pitlab.trainer.streaming.LayerLayout`'s entries as the header stores them:
+    ``[name, dtype name, offset in elements, shape as a list]``."""
+    return [[name, _dtype_name(d), off, list(shape)] for name, d, off, shape in layout.entries]
+
+
 def store_header(base: Path, layouts, embedding: torch.Tensor | None) -> dict:
     """The header of the store of ``layouts`` (one :class:`~pitlab.trainer.streaming.LayerLayout` per decoder
     layer) and the input ``embedding`` weight kept on the host (meta tensor, or None); see the module docstring."""
@@ -83,8 +89,7 @@ def store_header(base: Path, layouts, embedding: torch.Tensor | None) -> dict:
     if embedding is not None:
         region("embedding", embedding.dtype, embedding.numel() * embedding.element_size())
     return {"format": FORMAT, "base": base_fingerprint(base),
-            "layers": [[[name, _dtype_name(d), off, list(shape)] for name, d, off, shape in layout.entries]
-                       for layout in layouts],
+            "layers": [layout_entries(layout) for layout in layouts],
             "embedding": None if embedding is None else [_dtype_name(embedding.dtype), list(embedding.shape)],
             "regions": regions, "data_bytes": offset}
 

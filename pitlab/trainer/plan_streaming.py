@@ -241,12 +241,14 @@ def _host_store_note(mode: str, host_bytes: int) -> str:
         return ("host store: memory-mapped file under the run directory (hostStore: mmap; not pinned); "
                 + MMAP_SPEED_NOTE.format(cold=MMAP_COLD_GBPS, warm=MMAP_WARM_GBPS))
     have = "MemAvailable unknown" if available is None else f"{available / 1e9:.1f} GB available here (MemAvailable)"
-    if available is None or host_bytes * 1.1 <= available:
-        return f"host store: in memory (hostStore: {mode}; {have})"
-    if mode == "memory":
+    try:
+        store, warning = choose_host_store(mode, host_bytes, available)
+    except StreamingBudgetError:
         return (f"host store: REFUSED on this machine: it needs {host_bytes / 1e9:.1f} GB plus 10 % but {have}; "
                 "set training.layerStreaming.hostStore: mmap or auto")
-    return "WARNING: " + mmap_warning(host_bytes, available)
+    if store == "memory":
+        return f"host store: in memory (hostStore: {mode}; {have})"
+    return "WARNING: " + warning
 
 
 def bytes_per_step(sshape: StreamingShape, layers: int, buffers: int, tr) -> int:

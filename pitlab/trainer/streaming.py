@@ -133,8 +133,11 @@ class LayerStreamer:
         self.store = store  # a pitlab.trainer.host_store.MappedStore: the host stores are its mapped regions
         pin = self.pinned = pin_host and self.cuda and store is None
         self.layouts = [layer_layout(layer) for layer in self.layers]
-        if store is not None and [_entries(x) for x in self.layouts] != store.header["layers"]:
-            raise ValueError(f"{store.path}: the store's layout is not this model's")
+        if store is not None:
+            from pitlab.trainer.host_store import layout_entries
+
+            if [layout_entries(x) for x in self.layouts] != store.header["layers"]:
+                raise ValueError(f"{store.path}: the store's layout is not this model's")
         self.params: list[list[nn.Parameter]] = []
         self.host: list[dict[torch.dtype, torch.Tensor]] = []
         streamed: set[int] = set()
@@ -303,13 +306,6 @@ def _read_rows_in_blocks(base: Path, name: str, out: torch.Tensor, block_bytes: 
     for start in range(0, out.shape[0], rows):
         stop = min(start + rows, out.shape[0])
         read_rows(path, data_start, entry, start, stop, out[start:stop])
-
-
-def _entries(layout: LayerLayout) -> list:
-    """``layout``'s entries as the store header writes them (dtype names, shapes as lists)."""
-    from pitlab.trainer.host_store import _dtype_name
-
-    return [[name, _dtype_name(d), off, list(shape)] for name, d, off, shape in layout.entries]
 
 
 def _move_resident(model: nn.Module, device: torch.device, streamed: set[int]) -> None:
