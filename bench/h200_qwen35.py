@@ -43,9 +43,13 @@ TINY_SEQ, TINY_VOCAB = 128, 1024
 
 
 def write_synthetic_tokens(path: Path, n: int, vocab: int, seed: int = 0) -> np.ndarray:
-    """Write ``n`` seeded Zipf-distributed token ids (< ``vocab``, uint32) to ``path`` (.npy); returns them."""
+    """Write ``n`` seeded Zipf-distributed token ids (2 .. ``vocab`` - 1, uint32) to ``path`` (.npy); returns them.
+
+    Ids 0 and 1 (eos/bos and pad of these benchmarks' configs) are never drawn: the pad row of a random-initialised
+    embedding is zero, and exactly-zero hidden states overflow the gradient through the RMSNorms (bench/RESULTS.md,
+    "The llama NaN explained"); Zipf(1.2) would make 18 % of the tokens pad."""
     rng = np.random.default_rng(seed)
-    tokens = np.minimum(rng.zipf(1.2, size=n), vocab - 1).astype(np.uint32)
+    tokens = np.minimum(rng.zipf(1.2, size=n) + 1, vocab - 1).astype(np.uint32)
     path.parent.mkdir(parents=True, exist_ok=True)
     np.save(path, tokens)
     return tokens

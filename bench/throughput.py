@@ -262,6 +262,20 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     return result
 
 
+def with_env(env: dict, fn):
+    """``fn()`` with the environment variables ``env`` (str -> str) set, restored afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update({k: str(v) for k, v in env.items()})
+    try:
+        return fn()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
@@ -275,7 +289,8 @@ def main() -> int:
     ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only)")
     ap.add_argument("--runs", default="hf;default",
                     help="runs per shape, in order, semicolon-separated: hf, default, or a JSON object of "
-                         "spec.training overrides for another pitlab run (e.g. {\"compile\": false})")
+                         "spec.training overrides for another pitlab run (e.g. {\"compile\": false}); its key \"env\" "
+                         "sets environment variables for that run only (e.g. {\"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}})")
     args = ap.parse_args()
     t_begin = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -330,8 +345,10 @@ def main() -> int:
                 out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr)))
             else:
                 v = json.loads(item)
-                out.append(("pitlab " + ",".join(f"{k}={v[k]}" for k in sorted(v)),
-                            lambda v=v: pitlab_run(shape, args.work, args.steps, args.warmup, v, args.lr)))
+                env = v.pop("env", {})
+                label = "pitlab " + ",".join([f"{k}={v[k]}" for k in sorted(v)] + [f"{k}={env[k]}" for k in sorted(env)])
+                out.append((label, lambda v=v, env=env: with_env(env, lambda: pitlab_run(
+                    shape, args.work, args.steps, args.warmup, v, args.lr))))
         return out
 
     for name in args.shapes.split(","):
