@@ -224,10 +224,13 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
 
     from pitlab.trainer.train import RunPaths, setup_run, train_step
 
+    from pitlab.trainer.kernels import KERNEL_CALLS
+
     _free()
     world = dist.get_world_size()
     seq = shape["seq"]
     n_steps = steps + warmup
+    calls_before = dict(KERNEL_CALLS)
     spec_path = pitlab_spec(shape, work, n_steps, overrides, lr)
     _free()
     t0 = time.perf_counter()
@@ -252,7 +255,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
               "flops_per_token": ctx.flops_per_token, "peak_flops": ctx.peak_flops,
               "mfu": None if ctx.peak_flops is None else tps * ctx.flops_per_token / (ctx.peak_flops * world),
               "loss_first_last": [losses[0], losses[-1]], "parameters": ctx.shape.total,
-              "active_parameters": ctx.shape.active, "training_overrides": overrides or {}}
+              "active_parameters": ctx.shape.active, "training_overrides": overrides or {},
+              "fla_calls_per_step": {k: (v - calls_before.get(k, 0)) / n_steps for k, v in KERNEL_CALLS.items()}}
     if result["planned_allocated"] and result["peak_allocated"]:
         result["plan_error_vs_allocated"] = ((result["planned_allocated"] - result["peak_allocated"])
                                              / result["peak_allocated"])

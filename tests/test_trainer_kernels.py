@@ -139,3 +139,64 @@ def test_kernel_report_on_cpu_names_every_block_and_the_gpu_warning():
     dense = select_kernels(tiny_model("qwen3_moe"), torch.device("cpu"), "L")
     assert dense["gated_delta_rule"] == dense["short_convolution"] == "not used"
     assert reference_kernel_warning(dense, torch.device("cuda")) is None
+
+
+def test_compiled_layers_reach_fla_through_pitlabs_binding(monkeypatch):
+    """torch < 2.14 answers ``torch.compiler.is_exporting()`` with True inside torch.compile (pytorch#176347),
+    and transformers' kernel wrapper then calls its reference loop instead of fla: on the device (torch 2.11)
+    the compiled layers ran 6,192 float32 matmuls per step of the reference while the report said fla.
+    Here that torch is simulated (transformers' exporting check answers as ``is_compiling``), fla is stood in for by the reference
+    itself under an ``fla`` module name (counting its calls), and ``select_kernels`` for a CUDA device must bind
+    it so that compiled layers call it once per linear-attention layer and compute the same loss."""
+    import importlib
+    import sys
+    import types
+
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+
+    from pitlab.trainer.kernels import KERNEL_CALLS, _reference_of, compile_blocks
+
+    qm = importlib.import_module("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe")
+    reference = _reference_of(qm.torch_chunk_gated_delta_rule)
+    calls = []
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+        calls.append(q.shape)
+        return reference(q, k, v, g=g, beta=beta, initial_state=initial_state,
+                         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+    fake = types.ModuleType("fla_standin")
+    fake.chunk_gated_delta_rule = chunk_gated_delta_rule
+    chunk_gated_delta_rule.__module__ = "fla.ops.gated_delta_rule.chunk"
+    monkeypatch.setitem(sys.modules, "fla_standin", fake)
+    wrapper = use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule", "fla_standin")(reference)
+    monkeypatch.setattr(qm, "torch_chunk_gated_delta_rule", wrapper)
+    import transformers.integrations.hub_kernels as hub_kernels
+    monkeypatch.setattr(hub_kernels, "is_torchdynamo_exporting", torch.compiler.is_compiling)  # torch < 2.14
+    torch._dynamo.reset()
+
+    def compiled_loss(bind: bool) -> tuple[float, int]:
+        model = tiny_model().to(torch.bfloat16)  # the compute dtype (grouped_mm under compile is bf16-only)
+        if bind:
+            report = select_kernels(model, torch.device("cuda"), "L")
+            assert report["gated_delta_rule"].endswith("chunk_gated_delta_rule") and \
+                report["gated_delta_rule"].startswith("fla ")
+        compile_blocks(model, backend="eager")
+        x = torch.randint(2, 512, (1, 32), generator=torch.Generator().manual_seed(3))
+        calls.clear()
+        loss = model(input_ids=x, labels=x).loss
+        return float(loss), len(calls)
+
+    n_linear = sum(t == "linear_attention" for t in tiny_model().config.layer_types)
+    assert n_linear == 3
+    loss_wrapped, n_wrapped = compiled_loss(bind=False)
+    assert n_wrapped == 0  # the failure: transformers' wrapper takes the reference under compile
+    before = KERNEL_CALLS["fla_gated_delta_rule"]
+    loss_bound, n_bound = compiled_loss(bind=True)
+    assert n_bound == n_linear and KERNEL_CALLS["fla_gated_delta_rule"] - before == n_linear
+    assert loss_bound == loss_wrapped  # the stand-in is the reference: same values either way
+    assert _reference_of(qm.torch_chunk_gated_delta_rule) is reference
+    report = select_kernels(tiny_model(), torch.device("cpu"), "L")  # a CPU rank puts the reference back
+    assert qm.torch_chunk_gated_delta_rule is reference and report["gated_delta_rule"].startswith(REFERENCE)
+    torch._dynamo.reset()

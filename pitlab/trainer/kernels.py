@@ -10,6 +10,8 @@ convolution's fast kernel is the ``causal-conv1d`` package (CUDA source only on 
 :func:`select_kernels` puts fla's Triton ``causal_conv1d`` in its place (same function: a depthwise causal conv1d
 over ``(B, D, T)`` with SiLU). fla 0.6 refuses the gated delta rule's backward on Hopper with Triton ≥ 3.4 and
 < 3.7.1 (its issue #640: wrong gradients); there the reference kernel is put back and the report says why.
+On a GPU the gated delta rule is bound to fla directly (:func:`fla_gated_delta_rule_binding`), not through
+transformers' wrapper, which under torch.compile with torch < 2.14 calls the reference loop instead.
 
 A Qwen3.5 model about to train on a GPU with a reference kernel gets :func:`reference_kernel_warning`: the
 trainer logs it, writes it into every metrics record (``kernel_warning``) and the status condition shows it.
@@ -17,6 +19,7 @@ trainer logs it, writes it into every metrics record (``kernel_warning``) and th
 
 from __future__ import annotations
 
+import collections
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -26,6 +29,7 @@ from torch import nn
 BLOCKS = ("attention", "gated_delta_rule", "short_convolution", "experts", "loss")
 REFERENCE = "reference"
 NOT_USED = "not used"
+KERNEL_CALLS: collections.Counter = collections.Counter()  # calls of pitlab's fla bindings in this process
 GPU_EXTRA = "pip install 'pitlab[gpu]' (flash-linear-attention with Triton >= 3.7.1 on Hopper)"
 
 
@@ -38,7 +42,9 @@ def _dist_version(name: str) -> str | None:
 
 def _bound_implementation(fn):
     """The function transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper calls (its closure's
-    ``implementation``), or ``fn`` itself when it is not such a wrapper."""
+    ``implementation``), the fla function behind :func:`fla_gated_delta_rule_binding`, or ``fn`` itself."""
+    if hasattr(fn, "pitlab_fla"):
+        return fn.pitlab_fla
     code = getattr(fn, "__code__", None)
     if code is not None and "implementation" in code.co_freevars and fn.__closure__:
         return fn.__closure__[code.co_freevars.index("implementation")].cell_contents
@@ -61,6 +67,35 @@ def fla_backward_refused() -> str | None:
     return None
 
 
+def _reference_of(fn):
+    """The reference PyTorch function behind a binding of the gated delta rule (transformers' wrapper or
+    :func:`fla_gated_delta_rule_binding`)."""
+    return getattr(fn, "pitlab_reference", None) or fn.__wrapped__
+
+
+def fla_gated_delta_rule_binding(fla_fn, reference):
+    """transformers' ``torch_chunk_gated_delta_rule`` contract bound straight to fla's ``fla_fn`` (keyword
+    arguments fla does not take are dropped, as transformers' wrapper drops them), hidden from torch.compile.
+
+    Under ``torch.compile`` transformers' own wrapper does not reach fla on the device image (torch 2.11,
+    transformers 5.17): the compiled layers ran the reference loop's float32 matmuls, 6,192 per step, with the
+    report saying fla (bench/RESULTS.md, issue 11). This binding calls fla in eager and compiled layers alike (a
+    graph break, as :func:`fla_short_convolution`). Attributes: ``pitlab_fla`` (``fla_fn``), ``pitlab_reference``
+    (``reference``); every call counts in ``KERNEL_CALLS["fla_gated_delta_rule"]``."""
+    import inspect
+
+    params = tuple(inspect.signature(fla_fn).parameters)
+
+    @torch.compiler.disable
+    def fla_gated_delta_rule(*args, **kwargs):
+        KERNEL_CALLS["fla_gated_delta_rule"] += 1
+        return fla_fn(*args, **{k: v for k, v in kwargs.items() if k in params})
+
+    fla_gated_delta_rule.pitlab_fla = fla_fn
+    fla_gated_delta_rule.pitlab_reference = reference
+    return fla_gated_delta_rule
+
+
 @torch.compiler.disable
 def fla_short_convolution(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                           activation: str | None = None, **_: object) -> torch.Tensor:
@@ -71,6 +106,7 @@ def fla_short_convolution(hidden_states: torch.Tensor, weight: torch.Tensor, bia
     delta rule: dynamo does not trace fla's autotuned Triton launches."""
     from fla.modules.causal_conv1d import causal_conv1d
 
+    KERNEL_CALLS["fla_short_convolution"] += 1
     y, _state = causal_conv1d(hidden_states.transpose(1, 2), weight=weight, bias=bias, activation=activation)
     return y.transpose(1, 2)
 
@@ -101,8 +137,9 @@ def select_kernels(model: nn.Module, device: torch.device, loss: str) -> dict[st
 
     Changes transformers' module-level bindings of the model's modeling module (so every model of that
     architecture in this process is affected): on CUDA, the short convolution becomes fla's Triton kernel when
-    fla imports and ``causal-conv1d`` is absent; a gated delta rule bound to fla is set back to the reference
-    where fla refuses the GPU (:func:`fla_backward_refused`). ``loss`` is the loss's label (see
+    fla imports and ``causal-conv1d`` is absent; a gated delta rule bound to fla is bound to it directly
+    (:func:`fla_gated_delta_rule_binding`), or set back to the reference where fla refuses the GPU
+    (:func:`fla_backward_refused`) and on the CPU. ``loss`` is the loss's label (see
     :func:`pitlab.trainer.loss.chunked_linear_cross_entropy`). Returns block -> implementation (:data:`BLOCKS`
     order); a block the model does not have is ``"not used"``.
     """
@@ -119,10 +156,14 @@ def select_kernels(model: nn.Module, device: torch.device, loss: str) -> dict[st
         gdr = _bound_implementation(m.torch_chunk_gated_delta_rule)
         refused = fla_backward_refused() if device.type == "cuda" else None
         if not _is_reference(gdr) and (refused or device.type != "cuda"):
-            m.torch_chunk_gated_delta_rule = m.torch_chunk_gated_delta_rule.__wrapped__  # the reference
+            m.torch_chunk_gated_delta_rule = _reference_of(m.torch_chunk_gated_delta_rule)
             gdr = m.torch_chunk_gated_delta_rule
             report["gated_delta_rule"] = f"{REFERENCE} ({refused or 'fla needs a CUDA device'})"
         else:
+            if getattr(gdr, "__module__", "").startswith("fla") and not hasattr(m.torch_chunk_gated_delta_rule,
+                                                                                 "pitlab_fla"):
+                m.torch_chunk_gated_delta_rule = fla_gated_delta_rule_binding(
+                    gdr, _reference_of(m.torch_chunk_gated_delta_rule))
             report["gated_delta_rule"] = _label(gdr, "torch_chunk_gated_delta_rule")
         conv = _bound_implementation(m.causal_conv1d_fn)
         if _is_reference(conv) and device.type == "cuda" and _fla_conv_available():
