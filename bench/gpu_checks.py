@@ -174,13 +174,16 @@ def model_check(res: dict, ref_conv) -> None:
     """Small qwen3_5_moe_text, one forward + backward on the same tokens per path; float32 reference as truth."""
     from transformers import AutoModelForCausalLM
 
-    from pitlab.trainer.kernels import compile_blocks, fla_short_convolution
+    from pitlab.trainer.kernels import (KERNEL_CALLS, _bound_implementation, _reference_of, compile_blocks,
+                                        fla_gated_delta_rule_binding, fla_short_convolution)
     from pitlab.trainer.loss import install_loss
     from pitlab.trainer.prepare import build_config
 
     m = modeling()
-    fla_gdr = m.torch_chunk_gated_delta_rule
-    ref_gdr = fla_gdr.__wrapped__
+    wrapper = m.torch_chunk_gated_delta_rule
+    ref_gdr = _reference_of(wrapper)
+    # pitlab's binding (as select_kernels installs it): fla in eager and compiled layers alike
+    fla_gdr = fla_gated_delta_rule_binding(_bound_implementation(wrapper), ref_gdr)
     cfg = build_config("qwen3_5_moe_text", SMALL, vocab_size=8192)
     torch.manual_seed(4)
     base = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
@@ -196,25 +199,82 @@ def model_check(res: dict, ref_conv) -> None:
         if compiled:
             compile_blocks(model)
         t = time.perf_counter()
+        calls = KERNEL_CALLS["fla_gated_delta_rule"]
         out = model(input_ids=x, labels=y)
         out.loss.backward()
         torch.cuda.synchronize()
         grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])
-        return float(out.loss), grads, time.perf_counter() - t
+        return float(out.loss), grads, time.perf_counter() - t, KERNEL_CALLS["fla_gated_delta_rule"] - calls
 
-    l_ref32, g_ref32, _ = run(torch.float32, False)
-    out = {"loss_ref_fp32": l_ref32}
+    l_ref32, g_ref32, _, _ = run(torch.float32, False)
+    out = {"loss_ref_fp32": l_ref32, "linear_attention_layers": sum(t == "linear_attention" for t in cfg.layer_types)}
     for name, kw in {"reference_bf16": dict(fast=False), "fast_bf16": dict(fast=True),
                      "fast_bf16_reference_loss": dict(fast=True, loss="reference"),
-                     "fast_bf16_compiled": dict(fast=True, compiled=True)}.items():
+                     "fast_bf16_compiled": dict(fast=True, compiled=True),
+                     "fast_bf16_compiled_reference_loss": dict(fast=True, compiled=True, loss="reference")}.items():
         try:
-            loss, g, sec = run(torch.bfloat16, **kw)
+            loss, g, sec, fla_calls = run(torch.bfloat16, **kw)
             out[name] = {"loss": loss, "loss_abs_err": abs(loss - l_ref32), "grad_rel_err": rel(g, g_ref32),
-                         "first_call_s": sec}
+                         "grad_rel_err_vs_reference_bf16": rel(g, out["_g_ref16"]) if "_g_ref16" in out else None,
+                         "first_call_s": sec, "fla_gated_delta_rule_calls": fla_calls}
+            if name == "reference_bf16":
+                out["_g_ref16"] = g
         except Exception as err:  # noqa: BLE001
             out[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
-    m.torch_chunk_gated_delta_rule = fla_gdr
+    m.torch_chunk_gated_delta_rule = wrapper
+    out.pop("_g_ref16", None)
     res["model"] = out
+
+
+def optimizer_check(res: dict) -> None:
+    """The fused optimizer step (:class:`pitlab.trainer.fused_step.MasterAdamW`, compiled) against torch's path on
+    the same bf16 gradients (float32 gradients, ``clip_grad_norm_``, fused AdamW): 3 steps with weight decay on
+    parameters of the reduced 35B-A3B layer shapes (one norm clipped, one not); max |Δp| over the largest single
+    step of the reference, the relative error of the moments, and the copy against the masters cast; then the
+    median time of one step of each (0.73 B parameters; the torch path with its float32 gradient cast)."""
+    from pitlab.trainer.fused_step import MasterAdamW
+
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    shapes = [(248320, 2048), (64, 1024, 2048), (64, 2048, 512), (2048,), (8192, 2048), (2048, 4096), (4, 8192)]
+    ps = [torch.randn(s, device="cuda", generator=gen) * 0.02 for s in shapes]
+    ref = [p.clone() for p in ps]
+    fused = [p.clone() for p in ps]
+    copies = [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
+    o_ref = torch.optim.AdamW(ref, lr=3e-4, weight_decay=0.1, fused=True)
+    o_fused = MasterAdamW(fused, compiled=True, lr=3e-4, weight_decay=0.1)
+    out: dict = {"shapes": shapes, "steps": []}
+    for step in range(3):
+        scale = 0.01 if step != 1 else 10.0  # step 2 is clipped (norm far above 1)
+        g16 = [(torch.randn(s, device="cuda", generator=gen) * scale).to(torch.bfloat16) for s in shapes]
+        before = [p.clone() for p in ref]
+        for p, g in zip(ref, g16):
+            p.grad = g.float()
+        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        o_ref.step()
+        n_fused = o_fused.clip_step_cast(g16, copies, 1.0)
+        upd = max(float((p - b).abs().max()) for p, b in zip(ref, before))
+        dp = max(float((a - b).abs().max()) for a, b in zip(ref, fused))
+        out["steps"].append({
+            "grad_norm_ref": float(n_ref), "grad_norm_fused": float(n_fused),
+            "max_abs_param_diff": dp, "max_abs_update_ref": upd, "diff_over_update": dp / upd,
+            "exp_avg_rel_err": max(rel(o_fused.state[b]["exp_avg"], o_ref.state[a]["exp_avg"]) for a, b in zip(ref, fused)),
+            "exp_avg_sq_rel_err": max(rel(o_fused.state[b]["exp_avg_sq"], o_ref.state[a]["exp_avg_sq"])
+                                      for a, b in zip(ref, fused)),
+            "copy_equals_masters_cast": all(torch.equal(c, p.to(torch.bfloat16)) for c, p in zip(copies, fused))})
+        print("optimizer step", step + 1, json.dumps(out["steps"][-1]), flush=True)
+    n = sum(p.numel() for p in ps)
+
+    def torch_path():
+        for p, g in zip(ref, g16):
+            p.grad = g.float()
+        torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        o_ref.step()
+        torch._foreach_copy_(copies, ref)
+
+    out["parameters"] = n
+    out["ms_torch_path_incl_cast"] = timed(torch_path)
+    out["ms_fused"] = timed(lambda: o_fused.clip_step_cast(g16, copies, 1.0))
+    res["optimizer"] = out
 
 
 def loop_timings(res: dict, budget_end: float, steps: int = 6) -> None:
@@ -259,7 +319,7 @@ def main() -> int:
         res["fla"] = f"import failed: {err}"
     sections = {"gdr": lambda: gdr_check(res), "conv": lambda: conv_check(res, ref_conv),
                 "loss": lambda: loss_check(res), "model": lambda: model_check(res, ref_conv),
-                "loop": lambda: loop_timings(res, t0 + args.budget_s)}
+                "loop": lambda: loop_timings(res, t0 + args.budget_s), "optimizer": lambda: optimizer_check(res)}
     for name in args.sections.split(","):
         t = time.perf_counter()
         try:

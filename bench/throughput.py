@@ -290,7 +290,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=570)
     ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both loops (speed does not "
                     "depend on it; the 48-layer random-init slice diverges at 3e-4)")
-    ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only)")
+    ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only): "
+                    "conv, loss, gdr, model, optimizer")
     ap.add_argument("--runs", default="hf;default",
                     help="runs per shape, in order, semicolon-separated: hf, default, or a JSON object of "
                          "spec.training overrides for another pitlab run (e.g. {\"compile\": false}); its key \"env\" "
@@ -330,7 +331,9 @@ def main() -> int:
             t = time.perf_counter()
             try:
                 {"conv": lambda: gpu_checks.conv_check(checks, ref_conv), "loss": lambda: gpu_checks.loss_check(checks),
-                 "gdr": lambda: gpu_checks.gdr_check(checks)}[name]()
+                 "gdr": lambda: gpu_checks.gdr_check(checks),
+                 "model": lambda: gpu_checks.model_check(checks, ref_conv),
+                 "optimizer": lambda: gpu_checks.optimizer_check(checks)}[name]()
             except Exception as err:  # noqa: BLE001
                 checks[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
             print(f"check {name} ({time.perf_counter() - t:.1f} s):", json.dumps(checks.get(name), default=str)[:1500],

@@ -2,7 +2,9 @@
 FSDP2 at world size 1 (``PITLAB_FORCE_FSDP2=1``), bit for bit: each step's loss and gradient norm and the final
 float32 parameters, for a tiny qwen3_5_moe_text (chunked loss, activation checkpointing) and a tiny llama (reference
 loss), without and with gradient accumulation (2 microbatches; also ``gradientSyncEveryMicrobatch: false``), and a
-run resumed from a checkpoint of either path. All runs share one gloo process (tests/single_device_worker.py)."""
+run resumed from a checkpoint of either path. The single-device path with the fused optimizer step
+(``fusedOptimizer: true``, pitlab.trainer.fused_step, eager on the CPU) gives the same bits too. All runs share one
+gloo process (tests/single_device_worker.py)."""
 
 from __future__ import annotations
 
@@ -65,19 +67,25 @@ def runs(tmp_path_factory):
         AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(root / f"base-{model_type}")
     for model_type, accum, sync in CASES:
         base = root / f"base-{model_type}"
-        for path in ("fsdp2", "single"):
+        for path in ("fsdp2", "single", "fused"):
             name = f"{model_type}-{accum}-{sync}-{path}"
+            training = dict(MODELS[model_type], fusedOptimizer=path == "fused")
             plan.append({"name": name, "mode": "steps", "steps": STEPS, "force_fsdp2": path == "fsdp2",
-                         "run_dir": str(run_dir(name, resource(base, accum, sync, **MODELS[model_type]))),
+                         "run_dir": str(run_dir(name, resource(base, accum, sync, **training))),
                          "base": str(base), "params": str(root / f"{name}.pt")})
     # whole runs with checkpoints at steps 2 and 3, and runs resumed from each path's step-2 checkpoint
     base = root / "base-qwen3_5_moe_text"
     res = resource(base, 2, **MODELS["qwen3_5_moe_text"])
-    for name, force, resume in (("train-single", False, None), ("train-fsdp2", True, None),
-                                ("resume-single-from-single", False, "train-single"),
-                                ("resume-single-from-fsdp2", False, "train-fsdp2"),
-                                ("resume-fsdp2-from-single", True, "train-single")):
-        plan.append({"name": name, "mode": "train", "force_fsdp2": force, "run_dir": str(run_dir(name, res)),
+    fused = resource(base, 1, **MODELS["qwen3_5_moe_text"], fusedOptimizer=True)
+    unfused = resource(base, 1, **MODELS["qwen3_5_moe_text"], fusedOptimizer=False)
+    for name, force, resume, r in (("train-single", False, None, res), ("train-fsdp2", True, None, res),
+                                   ("resume-single-from-single", False, "train-single", res),
+                                   ("resume-single-from-fsdp2", False, "train-fsdp2", res),
+                                   ("resume-fsdp2-from-single", True, "train-single", res),
+                                   ("train-fused-1", False, None, fused), ("train-unfused-1", False, None, unfused),
+                                   ("resume-fused-from-unfused", False, "train-unfused-1", fused),
+                                   ("resume-unfused-from-fused", False, "train-fused-1", unfused)):
+        plan.append({"name": name, "mode": "train", "force_fsdp2": force, "run_dir": str(run_dir(name, r)),
                      "base": str(base),
                      "resume_from": str(root / resume / "checkpoint" / "step-2") if resume else None})
     (root / "plan.json").write_text(json.dumps(plan))
@@ -91,7 +99,7 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("model_type,accum,sync", CASES)
 def test_single_device_path_equals_fsdp2_bit_for_bit(runs, model_type, accum, sync):
     name = f"{model_type}-{accum}-{sync}"
-    fsdp2, single = runs["out"][f"{name}-fsdp2"], runs["out"][f"{name}-single"]
+    fsdp2, single, fused = (runs["out"][f"{name}-{path}"] for path in ("fsdp2", "single", "fused"))
     assert fsdp2["parallelism"] == "FSDP2" and fsdp2["dtensor"] is True
     assert single["parallelism"] == LABEL and single["dtensor"] is False
     assert single["master_dtypes"] == ["torch.float32"] and single["copy_param_dtypes"] == ["torch.bfloat16"]
@@ -105,10 +113,19 @@ def test_single_device_path_equals_fsdp2_bit_for_bit(runs, model_type, accum, sy
     assert all(p.dtype == torch.float32 for p in p_single.values())
     differ = [n for n in p_single if not torch.equal(p_single[n], p_fsdp2[n])]
     assert differ == []
+    # the fused optimizer step: torch AdamW's arithmetic on the clipped bf16 gradients, the same bits
+    p_fused = torch.load(runs["root"] / f"{name}-fused.pt")
+    assert fused["parallelism"] == LABEL and fused["copy_equals_masters"] is True
+    assert fused["kernels"]["optimizer"].startswith("fused clip + AdamW")
+    assert single["kernels"]["optimizer"].startswith("torch AdamW")
+    assert fused["loss"] == fsdp2["loss"] and fused["grad_norm"] == fsdp2["grad_norm"]
+    assert [n for n in p_fused if not torch.equal(p_fused[n], p_fsdp2[n])] == []
     # activation checkpointing applies on the compute copy: each layer's forward runs again in backward
     per_micro = 2 if MODELS[model_type]["activationCheckpointing"] else 1
     assert single["first_layer_norm_calls"] == fsdp2["first_layer_norm_calls"] == per_micro * accum * STEPS
     assert single["kernels"] == fsdp2["kernels"]
+    assert {k: v for k, v in fused["kernels"].items() if k != "optimizer"} == \
+        {k: v for k, v in single["kernels"].items() if k != "optimizer"}
 
 
 def test_gradient_sync_setting_is_a_no_op_on_one_device(runs):
@@ -133,6 +150,20 @@ def test_resume_continues_bit_identically_from_either_path(runs):
         assert resumed["metrics"] == single["metrics"][2:], name
         assert resumed["summary"]["param_sha256"] == single["summary"]["param_sha256"], name
         assert resumed["summary"]["final_loss"] == single["summary"]["final_loss"], name
+
+
+def test_fused_optimizer_step_checkpoints_resume_across_the_two_steps(runs):
+    """One microbatch per step: the fused step reads the bf16 gradients (no float32 ones); its checkpoints hold
+    torch AdamW's state, so a run resumes from either optimizer's checkpoint with the same bits."""
+    out = runs["out"]
+    fused, unfused = out["train-fused-1"], out["train-unfused-1"]
+    assert fused["metrics"] == unfused["metrics"] and [r["step"] for r in fused["metrics"]] == [1, 2, 3]
+    assert fused["summary"]["param_sha256"] == unfused["summary"]["param_sha256"]
+    for name in ("resume-fused-from-unfused", "resume-unfused-from-fused"):
+        resumed = out[name]
+        assert resumed["summary"]["resumed_from_step"] == 2, name
+        assert resumed["metrics"] == fused["metrics"][2:], name
+        assert resumed["summary"]["param_sha256"] == fused["summary"]["param_sha256"], name
 
 
 def test_merge_of_a_single_device_checkpoint_is_verified(runs, tmp_path):

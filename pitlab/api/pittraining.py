@@ -156,13 +156,18 @@ class TrainingSpec(SpecModel):
         "recompute each decoder layer in backward instead of keeping its activations (true) or keep them (false); "
         "unset (auto, the default): off when the memory planner predicts that the run fits the GPU without it "
         "(faster), else on"))
-    compile: bool = Field(False, description=(
-        "torch.compile each decoder layer (regional compilation, CUDA only: no effect on CPU ranks). Off by "
-        "default: on an H200 it made Qwen3.5 training steps slower, not faster (bench/RESULTS.md)"))
-    loss: Literal["reference", "chunked"] = Field("reference", description=(
-        "reference: full logits and torch's float32 cross-entropy. chunked: fused linear + cross-entropy that "
-        "never stores the tokens x vocabulary logits in float32 (8 GB less at 4096 tokens of a 248k vocabulary), "
-        "measured slower inside the trainer (bench/RESULTS.md)"))
+    compile: bool = Field(True, description=(
+        "torch.compile each decoder layer (regional compilation, CUDA only: no effect on CPU ranks); on an "
+        "H200 it made Qwen3.5 training steps 1.21x faster (bench/RESULTS.md)"))
+    loss: Literal["reference", "chunked"] = Field("chunked", description=(
+        "chunked (default): fused linear + cross-entropy that never stores the tokens x vocabulary logits in "
+        "float32 (8 GB less at 4096 tokens of a 248k vocabulary, and faster: bench/RESULTS.md). reference: full "
+        "logits and torch's float32 cross-entropy"))
+    fused_optimizer: bool | None = Field(None, description=(
+        "world size 1, full bf16 training (the single-device path): clipping, AdamW and the cast of the float32 "
+        "masters into the bf16 compute copy in one pass per parameter, reading the bf16 gradients directly "
+        "(30 instead of 52 bytes of memory traffic per parameter; the same arithmetic as torch's AdamW). Unset "
+        "(auto): on for CUDA devices. false: torch's fused AdamW and clip_grad_norm_. No effect under FSDP2"))
     gradient_sync_every_microbatch: bool = Field(True, description=(
         "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "

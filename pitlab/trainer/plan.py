@@ -52,7 +52,11 @@ after it), ``accumulation = 0`` (the float32 gradients are the sum; ``gradientSy
 Peak = parameters + optimizer + unsharded_parameters + reserve + max(at the loss: saved activations + logits (+
 gradients from the second microbatch on); in backward: max(saved activations, gradient_buffers) + the loss's kept
 gradients + one layer's working set (+ gradients from the second microbatch on); at the cast: gradient_buffers +
-gradients) — 20 bytes per parameter at the cast.
+gradients) — 20 bytes per parameter at the cast. With the fused optimizer step (``training.fusedOptimizer``, on
+by default on a GPU: :mod:`pitlab.trainer.fused_step`) and one microbatch per step no float32 gradient exists
+(``gradients = 0``): the step reads the copy's bf16 gradients, so the phase after backward holds
+parameters + optimizer + the copy + its bf16 gradients (16 bytes per parameter); with accumulation the float32
+sums stay as above.
 
 FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss:
 unsharded_parameters + saved activations + logits (+ gradients from the second microbatch on); phase in backward:
@@ -308,6 +312,8 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         saved = shape.layers * saved_layer
         working = 2 * tokens * shape.hidden * c
     nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch and not single
+    # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients (GPU plans: auto = on)
+    no_fp32_grads = single and tr.fused_optimizer is not False and tr.gradient_accumulation_steps == 1
     if lora:  # frozen base in the compute dtype; master weights, gradients, AdamW only for the adapter
         a = adapter.total
         params, trained = (c * p + 4 * a) // world, a
@@ -332,7 +338,7 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         logits, loss_grads = tokens * shape.vocab * (c + 12), 0
     comp = {
         "parameters": params,
-        "gradients": 4 * trained // world,
+        "gradients": 0 if no_fp32_grads else 4 * trained // world,
         "optimizer": 8 * trained // world,
         "accumulation": r * trained if nosync else 0,
         "unsharded_parameters": unsharded,
@@ -360,7 +366,8 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
              f"(sync every microbatch: {'no effect without FSDP2' if single else not nosync}), "
              f"activation checkpointing: {act_ckpt}"
              + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
-             + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")]
+             + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
+             + (", fused optimizer step (no float32 gradients)" if no_fp32_grads else "")]
     if lora:
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
                      f"{count_text(adapter.total)} trainable adapter parameters "

@@ -66,6 +66,9 @@ from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.loading import WeightLoadError, load_sharded_model
 from pitlab.trainer.lora import AdapterSaveError, lora_record, save_adapter_verified
 from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
+from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
+from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
+from pitlab.trainer.fused_step import MasterAdamW
 from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
 from pitlab.trainer.loss import install_loss
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
@@ -275,8 +278,17 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
         print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
-    optimizer = torch.optim.AdamW(trainable, lr=tr.learning_rate, weight_decay=tr.weight_decay,
-                                  fused=device.type == "cuda")
+    fused = compute is not None and (tr.fused_optimizer if tr.fused_optimizer is not None
+                                     else device.type == "cuda")
+    if fused:  # clipping, AdamW and the cast into the copy: one pass per parameter (pitlab.trainer.fused_step)
+        optimizer = MasterAdamW(trainable, compiled=device.type == "cuda", lr=tr.learning_rate,
+                                weight_decay=tr.weight_decay)
+        kernels["optimizer"] = FUSED_STEP_LABEL + ("" if device.type == "cuda" else ", eager on the CPU")
+    else:
+        optimizer = torch.optim.AdamW(trainable, lr=tr.learning_rate, weight_decay=tr.weight_decay,
+                                      fused=device.type == "cuda")
+        kernels["optimizer"] = TORCH_STEP_LABEL + (
+            " (fusedOptimizer: the single-device path only)" if tr.fused_optimizer and compute is None else "")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -319,6 +331,8 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     batches = [tuple(t.to(run.device) for t in run.data.microbatch(step, micro)) for micro in range(accum)]
     loss_sum = torch.zeros((), device=run.device, dtype=torch.float32)
     model = run.forward_model
+    fused = isinstance(run.optimizer, MasterAdamW)
+    from_copy = fused and accum == 1  # the fused step reads the copy's bf16 gradients: no float32 ones made
     for micro, (input_ids, labels) in enumerate(batches):
         if not sync_every_micro and run.compute is None:  # FSDP2: unsharded grads kept until the last microbatch
             run.model.set_requires_gradient_sync(micro == accum - 1)
@@ -329,17 +343,22 @@ def train_step(run: TrainRun, step: int) -> StepResult:
                 loss = model(input_ids=input_ids, labels=labels).loss
         with record_function("step.backward"):
             (loss / accum).backward()
-            if run.compute is not None:  # bf16 gradients into the float32 masters' (FSDP2's reduce of one rank)
-                run.compute.accumulate_grads()
+            if run.compute is not None and not from_copy:  # bf16 gradients into the float32 masters'
+                run.compute.accumulate_grads()  # (FSDP2's reduce of one rank)
         loss_sum += loss.detach()
-    with record_function("step.clip"):
-        grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
-    with record_function("step.optimizer"):
-        run.optimizer.step()
-        run.optimizer.zero_grad(set_to_none=True)
-        run.scheduler.step()
-        if run.compute is not None:  # the updated masters into the bf16 copy (FSDP2's copy-in cast)
-            run.compute.refresh()
+    if fused:
+        with record_function("step.optimizer"):  # clipping, AdamW and the cast into the copy in one pass
+            grad_norm = run.compute.fused_step(run.optimizer, tr.grad_clip, from_copy)
+            run.scheduler.step()
+    else:
+        with record_function("step.clip"):
+            grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
+        with record_function("step.optimizer"):
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            run.scheduler.step()
+            if run.compute is not None:  # the updated masters into the bf16 copy (FSDP2's copy-in cast)
+                run.compute.refresh()
     with record_function("step.loss_read"):  # the step's one host sync, after the optimizer's launches
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         loss_total, grad_norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()

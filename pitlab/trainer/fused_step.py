@@ -1,0 +1,122 @@
+"""Clipping, AdamW and the bf16 cast of the single-device path in one pass over each parameter.
+
+The single-device path (:mod:`pitlab.trainer.single_device`) keeps float32 master weights and a bf16 compute copy.
+Done with torch's operations, the optimizer side of a step moves 52 bytes per parameter through device memory:
+the bf16 gradient cast into a float32 one (read 2, write 4), the clipping norm (read 4) and scale (read and write
+4 each), fused AdamW (read parameter, gradient and two states, 16; write three, 12), the cast of the masters into
+the copy (read 4, write 2). :class:`MasterAdamW` reads the copy's bf16 gradient once for the norm (2) and once
+for an update that also writes the bf16 copy (read 2 + 12, write 12 + 2): 30 bytes per parameter, and no float32
+gradient is ever stored (4 bytes per parameter less at the peak). The update of one parameter is one
+``torch.compile``-d function (``dynamic=True``: one compilation serves every shape), i.e. one kernel.
+
+The arithmetic is torch's AdamW (``torch.optim.AdamW`` with ``foreach=False``, ``fused=False``: decoupled weight
+decay ``p *= 1 - lr·wd``; ``m = lerp(m, g, 1 - β1)``; ``v = β2 v + (1 - β2) g²``; ``p += -(lr / (1 - β1^t)) ·
+m / (sqrt(v) / sqrt(1 - β2^t) + eps)``, Loshchilov & Hutter 2019) applied to the clipped gradient of
+``torch.nn.utils.clip_grad_norm_`` (``g · min(1, max_norm / (‖g‖ + 1e-6))``). Eager on the CPU it equals torch's
+path bit for bit (tests/test_fused_step.py); compiled on CUDA the kernel may contract multiplies and adds into
+fused multiply-adds, so parameters agree to float32 rounding (recorded in bench/RESULTS.md).
+
+The optimizer is a ``torch.optim.AdamW`` (same ``state`` keys: ``step`` on the CPU, ``exp_avg``,
+``exp_avg_sq``), so DCP checkpoints, their resume and ``state_dict`` are those of torch's AdamW; its ordinary
+``step()`` (which DCP's state initialisation calls) is torch's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+LABEL = "fused clip + AdamW + bf16 cast (pitlab.trainer.fused_step, one pass per parameter)"
+TORCH_LABEL = "torch AdamW + clip_grad_norm_ (float32 gradients)"
+
+
+def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor | None,
+            coef: torch.Tensor, hyper: torch.Tensor, beta1: float, beta2: float, eps: float) -> None:
+    """One parameter's AdamW step on the clipped gradient, in place. ``p``, ``m``, ``v``: float32; ``g``: its
+    gradient (bf16 or float32, same shape); ``c``: the bf16 copy written with the new ``p`` (or None); ``coef``:
+    0-d float32 clip factor; ``hyper``: float32 ``[1 - lr·wd, lr / (1 - β1^t), sqrt(1 - β2^t)]``."""
+    g32 = g.to(torch.float32) * coef
+    p.mul_(hyper[0])
+    m.lerp_(g32, 1 - beta1)
+    v.mul_(beta2).addcmul_(g32, g32, value=1 - beta2)
+    denom = (v.sqrt() / hyper[2]).add_(eps)
+    p.add_((m * -hyper[1]) / denom)  # addcdiv_: p + value * t1 / t2, left to right
+    if c is not None:
+        c.copy_(p)
+
+
+class MasterAdamW(torch.optim.AdamW):
+    """``torch.optim.AdamW`` (one parameter group of float32 tensors) with :meth:`clip_step_cast`.
+
+    ``compiled``: compile the per-parameter update with ``torch.compile`` (CUDA; on the CPU the tests run it
+    eager). Raises ``ValueError`` for more than one parameter group, ``amsgrad`` or a non-float32 parameter.
+    """
+
+    def __init__(self, params, *, compiled: bool, **kwargs):
+        super().__init__(params, foreach=False, fused=False, **kwargs)
+        if len(self.param_groups) != 1 or self.param_groups[0]["amsgrad"]:
+            raise ValueError("MasterAdamW: one parameter group without amsgrad")
+        bad = [i for i, p in enumerate(self.param_groups[0]["params"]) if p.dtype != torch.float32]
+        if bad:
+            raise ValueError(f"MasterAdamW: parameter {bad[0]} is not float32")
+        self._update = torch.compile(_update, dynamic=True, fullgraph=True) if compiled else _update
+        self._pinned = None
+        self._pinned_used = False
+
+    def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
+        group = self.param_groups[0]
+        lr, wd = float(group["lr"]), group["weight_decay"]
+        beta1, beta2 = group["betas"]
+        values = [1 - lr * wd, lr / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step)]
+        host = torch.tensor(values, dtype=torch.float32)
+        if device.type != "cuda":
+            return host.to(device)
+        # the previous step's copy is complete (train_step ends each step with a host read): reuse one buffer
+        if self._pinned is None:
+            self._pinned = torch.empty(3, dtype=torch.float32, pin_memory=True)
+        if self._pinned_used:  # a second step count in one step (a parameter skipped earlier): a plain copy
+            return host.to(device)
+        self._pinned_used = True
+        self._pinned.copy_(host)
+        return self._pinned.to(device, non_blocking=True)
+
+    @torch.no_grad()
+    def clip_step_cast(self, grads: list[torch.Tensor | None], copies: list[torch.Tensor | None] | None,
+                       max_norm: float) -> torch.Tensor:
+        """Clip the gradients ``grads`` (one per parameter of the group, in order; bf16 or float32; None: no
+        gradient, the parameter is skipped as torch's AdamW skips it) to global L2 norm ``max_norm``, apply AdamW
+        to the parameters, and write each updated parameter into ``copies[i]`` (bf16, same shape) when given.
+        Returns the gradient norm before clipping (0-d float32 tensor on the parameters' device, not read)."""
+        group = self.param_groups[0]
+        params = group["params"]
+        if len(grads) != len(params) or (copies is not None and len(copies) != len(params)):
+            raise ValueError(f"clip_step_cast: {len(params)} parameters, {len(grads)} gradients")
+        live = [i for i, g in enumerate(grads) if g is not None]
+        if not live:
+            raise ValueError("clip_step_cast: no parameter has a gradient")
+        device = params[live[0]].device
+        norms = torch._foreach_norm([grads[i] for i in live], 2.0, dtype=torch.float32)
+        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        steps = []
+        for i in live:
+            state = self.state[params[i]]
+            if not state:
+                state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                state["exp_avg"] = torch.zeros_like(params[i], memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(params[i], memory_format=torch.preserve_format)
+            steps.append(state["step"])
+        torch._foreach_add_(steps, 1.0)
+        self._pinned_used = False
+        self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
+        hypers: dict[float, torch.Tensor] = {}  # by step count (equal for all unless some had no gradient)
+        beta1, beta2 = group["betas"]
+        for i, step_t in zip(live, steps):
+            step = float(step_t)  # on the CPU (torch's non-fused AdamW keeps it there): no device read
+            if step not in hypers:
+                hypers[step] = self._hyper(step, device)
+            state = self.state[params[i]]
+            self._update(params[i], grads[i], state["exp_avg"], state["exp_avg_sq"],
+                         None if copies is None else copies[i], coef, hypers[step], beta1, beta2, group["eps"])
+        return total
