@@ -226,54 +226,72 @@ def model_check(res: dict, ref_conv) -> None:
     res["model"] = out
 
 
-def optimizer_check(res: dict) -> None:
-    """The fused optimizer step (:class:`pitlab.trainer.fused_step.MasterAdamW`, compiled) against torch's path on
-    the same bf16 gradients (float32 gradients, ``clip_grad_norm_``, fused AdamW): 3 steps with weight decay on
-    parameters of the reduced 35B-A3B layer shapes (one norm clipped, one not); max |Δp| over the largest single
-    step of the reference, the relative error of the moments, and the copy against the masters cast; then the
-    median time of one step of each (0.73 B parameters; the torch path with its float32 gradient cast)."""
+def optimizer_check(res: dict, timing: bool = True) -> None:
+    """The fused optimizer step (:class:`pitlab.trainer.fused_step.MasterAdamW`, compiled, and eager) against
+    torch's path on the same bf16 gradients (float32 gradients, ``clip_grad_norm_``, then fused AdamW, and the
+    foreach AdamW beside it): 3 steps with weight decay on parameters of the reduced 35B-A3B layer shapes (step 2
+    with gradients 1,000 x larger); per variant against torch's fused AdamW: max |dp| over the largest single
+    update of the reference, the relative errors of the moments, and the copy against the masters cast; then the
+    median time of one step (0.73 B parameters; the torch path with its float32 gradient cast)."""
     from pitlab.trainer.fused_step import MasterAdamW
 
     gen = torch.Generator(device="cuda").manual_seed(11)
     shapes = [(248320, 2048), (64, 1024, 2048), (64, 2048, 512), (2048,), (8192, 2048), (2048, 4096), (4, 8192)]
     ps = [torch.randn(s, device="cuda", generator=gen) * 0.02 for s in shapes]
+    hp = dict(lr=3e-4, weight_decay=0.1)
     ref = [p.clone() for p in ps]
-    fused = [p.clone() for p in ps]
-    copies = [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
-    o_ref = torch.optim.AdamW(ref, lr=3e-4, weight_decay=0.1, fused=True)
-    o_fused = MasterAdamW(fused, compiled=True, lr=3e-4, weight_decay=0.1)
+    o_ref = torch.optim.AdamW(ref, fused=True, **hp)
+    variants = {}  # name -> (params, optimizer, copies or None)
+    for name in ("pitlab_compiled", "pitlab_eager", "torch_foreach"):
+        q = [p.clone() for p in ps]
+        if name == "torch_foreach":
+            variants[name] = (q, torch.optim.AdamW(q, foreach=True, **hp), None)
+        else:
+            variants[name] = (q, MasterAdamW(q, compiled=name == "pitlab_compiled", **hp),
+                              [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes])
     out: dict = {"shapes": shapes, "steps": []}
     for step in range(3):
-        scale = 0.01 if step != 1 else 10.0  # step 2 is clipped (norm far above 1)
+        scale = 0.01 if step != 1 else 10.0
         g16 = [(torch.randn(s, device="cuda", generator=gen) * scale).to(torch.bfloat16) for s in shapes]
         before = [p.clone() for p in ref]
         for p, g in zip(ref, g16):
             p.grad = g.float()
         n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
         o_ref.step()
-        n_fused = o_fused.clip_step_cast(g16, copies, 1.0)
         upd = max(float((p - b).abs().max()) for p, b in zip(ref, before))
-        dp = max(float((a - b).abs().max()) for a, b in zip(ref, fused))
-        out["steps"].append({
-            "grad_norm_ref": float(n_ref), "grad_norm_fused": float(n_fused),
-            "max_abs_param_diff": dp, "max_abs_update_ref": upd, "diff_over_update": dp / upd,
-            "exp_avg_rel_err": max(rel(o_fused.state[b]["exp_avg"], o_ref.state[a]["exp_avg"]) for a, b in zip(ref, fused)),
-            "exp_avg_sq_rel_err": max(rel(o_fused.state[b]["exp_avg_sq"], o_ref.state[a]["exp_avg_sq"])
-                                      for a, b in zip(ref, fused)),
-            "copy_equals_masters_cast": all(torch.equal(c, p.to(torch.bfloat16)) for c, p in zip(copies, fused))})
-        print("optimizer step", step + 1, json.dumps(out["steps"][-1]), flush=True)
-    n = sum(p.numel() for p in ps)
+        del before
+        row = {"grad_norm_ref": float(n_ref), "max_abs_update_ref": upd}
+        for name, (q, opt, copies) in variants.items():
+            if copies is None:
+                for p, g in zip(q, g16):
+                    p.grad = g.float()
+                n = torch.nn.utils.clip_grad_norm_(q, 1.0)
+                opt.step()
+            else:
+                n = opt.clip_step_cast(g16, copies, 1.0)
+            dp = max(float((a - b).abs().max()) for a, b in zip(ref, q))
+            row[name] = {
+                "grad_norm": float(n), "max_abs_param_diff": dp, "diff_over_update": dp / upd,
+                "exp_avg_rel_err": max(rel(opt.state[b]["exp_avg"], o_ref.state[a]["exp_avg"]) for a, b in zip(ref, q)),
+                "exp_avg_sq_rel_err": max(rel(opt.state[b]["exp_avg_sq"], o_ref.state[a]["exp_avg_sq"])
+                                          for a, b in zip(ref, q)),
+                "copy_equals_masters_cast": None if copies is None else
+                all(torch.equal(c, p.to(torch.bfloat16)) for c, p in zip(copies, q))}
+        out["steps"].append(row)
+        print("optimizer step", step + 1, json.dumps(row), flush=True)
+    out["parameters"] = sum(p.numel() for p in ps)
+    if timing:
+        q, opt, copies = variants["pitlab_compiled"]
 
-    def torch_path():
-        for p, g in zip(ref, g16):
-            p.grad = g.float()
-        torch.nn.utils.clip_grad_norm_(ref, 1.0)
-        o_ref.step()
-        torch._foreach_copy_(copies, ref)
+        def torch_path():
+            for p, g in zip(ref, g16):
+                p.grad = g.float()
+            torch.nn.utils.clip_grad_norm_(ref, 1.0)
+            o_ref.step()
+            torch._foreach_copy_(copies, ref)
 
-    out["parameters"] = n
-    out["ms_torch_path_incl_cast"] = timed(torch_path)
-    out["ms_fused"] = timed(lambda: o_fused.clip_step_cast(g16, copies, 1.0))
+        out["ms_torch_path_incl_cast"] = timed(torch_path)
+        out["ms_fused"] = timed(lambda: opt.clip_step_cast(g16, copies, 1.0))
     res["optimizer"] = out
 
 

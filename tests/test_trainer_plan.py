@@ -57,8 +57,16 @@ def test_35b_full_weight_on_one_80gb_gpu_refuses(base35, shape35):
 def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, monkeypatch):
     """World size 1 (pitlab.trainer.single_device, no FSDP2): float32 masters 4 B, AdamW 8 B, float32 gradients
     4 B, the bf16 compute copy 2 B and its bf16 gradients 2 B per parameter; for the 35B model the peak is at the
-    cast after backward, when all five exist: 20 B per parameter."""
-    p = plan(base35, shape35, gpus=1, accum=1, loss="chunked")
+    cast after backward, when all five exist: 20 B per parameter. With the fused optimizer step (the default on a
+    GPU) and one microbatch per step no float32 gradient is made: 16 B per parameter in backward."""
+    fused = plan(base35, shape35, gpus=1, accum=1, loss="chunked")
+    assert fused.components["gradients"] == 0 and fused.components["gradient_buffers"] == 2 * P_35B
+    assert fused.peak_bytes == (16 * P_35B + RESERVE_BYTES + (2048 + 248_320) * 2048 * 2
+                                + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
+    assert fused.notes[0].endswith("fused optimizer step (no float32 gradients)")
+    # with accumulation the float32 sums exist as before, fused or not
+    assert plan(base35, shape35, 1, 4, loss="chunked").components["gradients"] == 4 * P_35B
+    p = plan(base35, shape35, gpus=1, accum=1, loss="chunked", fusedOptimizer=False)
     c = p.components
     assert (c["parameters"], c["optimizer"], c["gradients"], c["unsharded_parameters"], c["gradient_buffers"],
             c["accumulation"]) == (4 * P_35B, 8 * P_35B, 4 * P_35B, 2 * P_35B, 2 * P_35B, 0)
@@ -83,7 +91,7 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
                                 + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
     monkeypatch.delenv("PITLAB_FORCE_FSDP2")
     # a GPU on which only FSDP2's plan fits gets FSDP2, and the plan says what the faster path would need
-    spec = PitTraining.model_validate(published(base35, 1, 1, loss="chunked")).spec
+    spec = PitTraining.model_validate(published(base35, 1, 1, loss="chunked", fusedOptimizer=False)).spec
     between = plan_memory(spec, shape35, gpu_memory_gib=(fsdp2.peak_bytes + p.peak_bytes) / 2 / GiB)
     assert between.single_device is False and between.fits is True and between.peak_bytes == fsdp2.peak_bytes
     assert (f"single-device path (float32 masters + bf16 compute copy, faster) would need "
@@ -102,18 +110,18 @@ def test_35b_on_8x80gb_accumulation_4_without_sync_refuses(base35, shape35):
 
 
 def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
-    p = plan(base35, shape35, gpus=8, accum=1)
+    p = plan(base35, shape35, gpus=8, accum=1, loss="reference")
     c = p.components
     assert c["accumulation"] == 0 and c["optimizer"] == 8 * P_35B // 8 and c["reserve"] == RESERVE_BYTES
     assert c["unsharded_parameters"] == 2 * (shape35.root + 2 * shape35.largest_layer)
-    # the reference loss (the default): bf16 logits, their float32 copy, log-softmax and its gradient
+    # the reference loss: bf16 logits, their float32 copy, log-softmax and its gradient
     assert c["logits"] == 2048 * 248_320 * 14
     # the fused loss: the bf16 gradient of the logits + one chunk's bf16 logits (2048 tokens: one chunk)
     assert plan(base35, shape35, gpus=8, accum=1, loss="chunked").components["logits"] == 2048 * 248_320 * 2 * 2
     assert c["activations"] == 40 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2 + 2 * 2048 * 2048 * 2
     assert p.fits is True and 75 * GiB < p.peak_bytes < 80 * GiB
     # reduce-scatter every microbatch: accumulation 4 costs no extra memory
-    assert plan(base35, shape35, gpus=8, accum=4).peak_bytes == p.peak_bytes
+    assert plan(base35, shape35, gpus=8, accum=4, loss="reference").peak_bytes == p.peak_bytes
     # without activation checkpointing every layer's activations are kept: at seq 2048 they are still smaller than
     # the gradients that replace them in backward (it fits), at seq 8192 they are not
     assert plan(base35, shape35, gpus=8, accum=1, activationCheckpointing=False).fits is True
@@ -177,7 +185,7 @@ def test_lora_plan_is_smaller_than_full_by_the_frozen_base(base35, shape35):
             if isinstance(m, nn.Linear) and n.split(".")[-1] in targets)
     assert a == 3_440_640  # only the 10 full-attention layers have q/k/v/o projections
     for gpus in (1, 8):
-        full, lora = plan(base35, shape35, gpus, 1).components, lora_plan(base35, shape35, gpus).components
+        full, lora = plan(base35, shape35, gpus, 1, fusedOptimizer=False).components, lora_plan(base35, shape35, gpus).components
         assert lora["parameters"] == (2 * P_35B + 4 * a) // gpus  # frozen base in bf16 + float32 adapter
         assert full["parameters"] - lora["parameters"] == 4 * P_35B // gpus - (2 * P_35B + 4 * a) // gpus
         assert lora["gradients"] == 4 * a // gpus and lora["optimizer"] == 8 * a // gpus
@@ -190,10 +198,10 @@ def test_lora_plan_is_smaller_than_full_by_the_frozen_base(base35, shape35):
                                                 2 * (shape35.root + 2 * shape35.largest_layer))
         assert lora["activations"] == full["activations"] and lora["logits"] == full["logits"]
     # the published 35B case that refuses full-weight on one 80 GB GPU fits as LoRA (69.3 GB of bf16 base)
-    one = lora_plan(base35, shape35, 1)
+    one = lora_plan(base35, shape35, 1, loss="reference")
     assert one.fits is True and plan(base35, shape35, 1, 1).fits is False
     assert 78 * GiB < one.peak_bytes < 79 * GiB
-    fused = lora_plan(base35, shape35, 1, loss="chunked")  # 5 GiB less of logits
+    fused = lora_plan(base35, shape35, 1)  # the chunked loss (the default): 5 GiB less of logits
     assert 73 * GiB < fused.peak_bytes < 74 * GiB
     assert any("3.44 M trainable adapter parameters" in n for n in one.notes)
     # without per-microbatch sync only the adapter's gradients stay unsharded: 4 bytes x 3.44 M

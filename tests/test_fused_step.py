@@ -1,0 +1,77 @@
+"""pitlab.trainer.fused_step: the fused clip + AdamW + bf16 cast against torch's AdamW after clip_grad_norm_ (the
+CPU, eager: bit for bit), its torch-compatible state, and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pitlab.trainer.fused_step import MasterAdamW
+
+SHAPES = [(64, 32), (32,), (7, 5, 3), (1000,)]
+
+
+def _pair(weight_decay: float = 0.1, lr: float = 1e-2):
+    gen = torch.Generator().manual_seed(0)
+    ps = [torch.randn(s, generator=gen) for s in SHAPES]
+    ref = [p.clone().requires_grad_() for p in ps]
+    fused = [p.clone().requires_grad_() for p in ps]
+    return (ref, torch.optim.AdamW(ref, lr=lr, weight_decay=weight_decay),
+            fused, MasterAdamW(fused, compiled=False, lr=lr, weight_decay=weight_decay))
+
+
+def test_equals_torch_adamw_after_clipping_bit_for_bit():
+    """Five steps on bf16 gradients, alternately far under and far over the clip norm: the gradient norm, every
+    parameter, both moments and the bf16 copy are torch's values exactly."""
+    ref, o_ref, fused, o_fused = _pair()
+    copies = [torch.empty(s, dtype=torch.bfloat16) for s in SHAPES]
+    gen = torch.Generator().manual_seed(1)
+    norms = []
+    for step in range(5):
+        g16 = [(torch.randn(s, generator=gen) * (3.0 if step % 2 else 0.01)).to(torch.bfloat16) for s in SHAPES]
+        for p, g in zip(ref, g16):
+            p.grad = g.float()
+        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        o_ref.step()
+        n_fused = o_fused.clip_step_cast(g16, copies, 1.0)
+        norms.append(float(n_fused))
+        assert torch.equal(n_fused, n_ref)
+        assert all(torch.equal(a, b) for a, b in zip(ref, fused))
+        assert all(torch.equal(c, p.detach().to(torch.bfloat16)) for c, p in zip(copies, fused))
+    assert norms[1] > 100 and norms[0] < 1  # the clipped and the unclipped case both ran
+    for a, b in zip(ref, fused):
+        sa, sb = o_ref.state[a], o_fused.state[b]
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+        assert float(sa["step"]) == float(sb["step"]) == 5.0 and sb["step"].device.type == "cpu"
+    # the state dict is torch AdamW's (what DCP checkpoints and resume read)
+    assert o_fused.state_dict()["state"].keys() == o_ref.state_dict()["state"].keys()
+    assert o_fused.state_dict()["param_groups"][0]["lr"] == 1e-2
+
+
+def test_float32_gradients_and_a_parameter_without_a_gradient():
+    """Accumulated float32 gradients (gradient accumulation) give torch's values too; a parameter whose gradient is
+    None is skipped (no state, unchanged), as torch's AdamW skips it; the step count stays per parameter."""
+    ref, o_ref, fused, o_fused = _pair(weight_decay=0.0)
+    gen = torch.Generator().manual_seed(2)
+    for step in range(3):
+        g = [torch.randn(s, generator=gen) for s in SHAPES]
+        skip = 1 if step == 0 else None
+        for i, (p, gi) in enumerate(zip(ref, g)):
+            p.grad = None if i == skip else gi.clone()
+        torch.nn.utils.clip_grad_norm_([p for p in ref if p.grad is not None], 1.0)
+        o_ref.step()
+        o_fused.clip_step_cast([None if i == skip else gi for i, gi in enumerate(g)], None, 1.0)
+        assert all(torch.equal(a, b) for a, b in zip(ref, fused)), step
+    assert float(o_fused.state[fused[1]]["step"]) == 2.0 and float(o_fused.state[fused[0]]["step"]) == 3.0
+
+
+def test_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="parameter 0 is not float32"):
+        MasterAdamW([torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)], compiled=False)
+    with pytest.raises(ValueError, match="one parameter group without amsgrad"):
+        MasterAdamW([torch.zeros(3, requires_grad=True)], compiled=False, amsgrad=True)
+    opt = MasterAdamW([torch.zeros(3, requires_grad=True)], compiled=False)
+    with pytest.raises(ValueError, match="1 parameters, 2 gradients"):
+        opt.clip_step_cast([torch.zeros(3), torch.zeros(3)], None, 1.0)
+    with pytest.raises(ValueError, match="no parameter has a gradient"):
+        opt.clip_step_cast([None], None, 1.0)
