@@ -156,9 +156,10 @@ class TrainingSpec(SpecModel):
         "recompute each decoder layer in backward instead of keeping its activations (true) or keep them (false); "
         "unset (auto, the default): off when the memory planner predicts that the run fits the GPU without it "
         "(faster), else on"))
-    compile: bool = Field(True, description=(
+    compile: bool | None = Field(None, description=(
         "torch.compile each decoder layer (regional compilation, CUDA only: no effect on CPU ranks); on an "
-        "H200 it made Qwen3.5 training steps 1.21x faster (bench/RESULTS.md)"))
+        "H200 it made Qwen3.5 training steps 1.21x faster (bench/RESULTS.md). Unset (auto): on for full-weight "
+        "training without layer streaming (the measured configurations), off for LoRA and layer streaming"))
     loss: Literal["reference", "chunked"] = Field("chunked", description=(
         "chunked (default): fused linear + cross-entropy that never stores the tokens x vocabulary logits in "
         "float32 (8 GB less at 4096 tokens of a 248k vocabulary, and faster: bench/RESULTS.md). reference: full "

@@ -217,8 +217,10 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     activation checkpointing (``auto``: the planner), load the FSDP2-sharded model (or, at world size 1, the
     float32 master and its bf16 compute copy: :func:`pitlab.trainer.single_device.uses_compute_copy`), choose and
     report the kernels (:func:`pitlab.trainer.kernels.select_kernels`; a loud warning for reference kernels on a
-    GPU), install the loss, compile the decoder layers (CUDA, ``spec.training.compile``; the compute copy's on the
-    single-device path) and build AdamW and the LR schedule.
+    GPU), install the loss, compile the decoder layers (CUDA, ``spec.training.compile``; unset: full-weight runs
+    without layer streaming; the compute copy's on the single-device path) and build AdamW (the fused step of
+    :mod:`pitlab.trainer.fused_step` on the single-device path, ``spec.training.fusedOptimizer``) and the LR
+    schedule.
 
     Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing input
     file, ``ValueError`` for token ids outside the vocabulary.
@@ -269,10 +271,14 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     model.train()
     forward_model = compute.model if compute is not None else model
     kernels = select_kernels(forward_model, device, loss_impl)
-    if tr.compile and device.type == "cuda":
+    # auto (unset): full-weight training without layer streaming, the configuration measured faster compiled
+    compile_on = tr.compile if tr.compile is not None else (streamer is None and lora is None)
+    if compile_on and device.type == "cuda":
         kernels["compile"] = compile_blocks(forward_model)
+    elif device.type != "cuda":
+        kernels["compile"] = "off (CPU)" if compile_on else "off"
     else:
-        kernels["compile"] = "off" if not tr.compile else "off (CPU)"
+        kernels["compile"] = "off" if tr.compile is False else "off (auto: LoRA and layer streaming are not compiled)"
     warning = reference_kernel_warning(kernels, device)
     if warning is not None and rank == 0:
         print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)
