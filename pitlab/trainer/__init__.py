@@ -9,12 +9,13 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``schedule``: learning-rate warmup and decay
 - ``fsdp``: ``fully_shard`` per decoder layer and root, mixed-precision policy
 - ``single_device``: world size 1 without FSDP2: float32 masters + a bf16 compute copy (bit-identical to FSDP2)
+- ``fused_step``: its clipping, AdamW and bf16 cast in one pass per parameter (torch AdamW's arithmetic and state)
 - ``loading``: meta-device build + per-rank shard reads from safetensors (about one model copy per node)
 - ``checkpoint``: atomic DCP checkpoints on local disk, ``latest`` pointer, retention, bit-identical resume
 - ``checkpoint_s3``: the same in object storage (builds on ``checkpoint``)
 - ``checkpointer``: where a run's checkpoints go (folder or ``s3://``), its save schedule, resume
 - ``kernels``: the implementation of each block (fla's fast kernels where installed), reported; compiled layers
-- ``loss``: the LM loss: reference, or fused linear cross-entropy without float32 logits
+- ``loss``: the LM loss: fused linear cross-entropy without float32 logits (default), or the reference
 - ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU
 - ``lora``: peft LoRA and verified adapter saves
 - ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory (DESIGN 4.6)
