@@ -395,7 +395,8 @@ def main() -> int:
                     per = r.get("tokens_per_second_per_gpu", r["tokens_per_second"])
                     mfu = r.get("mfu", entry.get("hf_mfu") if label == "hf" else None)
                     plan = r.get("planned_allocated")
-                    print(f"{name:<18}{label:<36}{per:>13,.0f}{(mfu or 0) * 100:>7.1f}%"
+                    mfu_text = "–" if mfu is None else f"{mfu * 100:.1f}%"
+                    print(f"{name:<18}{label:<36}{per:>13,.0f}{mfu_text:>8}"
                           f"{r['peak_allocated'] / 1e9:>9.1f}{(plan or 0) / 1e9:>9.1f}"
                           f"{str(r.get('activation_checkpointing')):>9}")
             if "ratio_pitlab_per_gpu_to_hf" in entry:

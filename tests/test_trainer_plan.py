@@ -65,7 +65,12 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
                                 + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
     assert fused.notes[0].endswith("fused optimizer step (no float32 gradients)")
     # with accumulation the float32 sums exist as before, fused or not
-    assert plan(base35, shape35, 1, 4, loss="chunked").components["gradients"] == 4 * P_35B
+    accum = plan(base35, shape35, 1, 4, loss="chunked")
+    assert accum.components["gradients"] == 4 * P_35B
+    assert accum.notes[0].endswith("fused optimizer step (float32 gradient sums: accumulation)")
+    sharded = plan(base35, shape35, 8, 1, fusedOptimizer=True)  # FSDP2: the setting has no effect, and says so
+    assert any(n.startswith("fusedOptimizer: true has no effect here") for n in sharded.notes)
+    assert sharded.components["gradients"] == 4 * P_35B // 8
     p = plan(base35, shape35, gpus=1, accum=1, loss="chunked", fusedOptimizer=False)
     c = p.components
     assert (c["parameters"], c["optimizer"], c["gradients"], c["unsharded_parameters"], c["gradient_buffers"],

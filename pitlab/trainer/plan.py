@@ -367,7 +367,12 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
              f"activation checkpointing: {act_ckpt}"
              + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
              + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
-             + (", fused optimizer step (no float32 gradients)" if no_fp32_grads else "")]
+             + (", fused optimizer step (no float32 gradients)" if no_fp32_grads else
+                ", fused optimizer step (float32 gradient sums: accumulation)" if single and tr.fused_optimizer
+                is not False else "")]
+    if tr.fused_optimizer and not single:
+        notes.append("fusedOptimizer: true has no effect here (the single-device path only: world size 1, "
+                     "method: full, precision: bf16); torch's AdamW is used")
     if lora:
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
                      f"{count_text(adapter.total)} trainable adapter parameters "
