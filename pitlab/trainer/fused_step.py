@@ -13,8 +13,8 @@ The arithmetic is torch's AdamW (``torch.optim.AdamW`` with ``foreach=False``, `
 decay ``p *= 1 - lr·wd``; ``m = lerp(m, g, 1 - β1)``; ``v = β2 v + (1 - β2) g²``; ``p += -(lr / (1 - β1^t)) ·
 m / (sqrt(v) / sqrt(1 - β2^t) + eps)``, Loshchilov & Hutter 2019) applied to the clipped gradient of
 ``torch.nn.utils.clip_grad_norm_`` (``g · min(1, max_norm / (‖g‖ + 1e-6))``). Eager on the CPU it equals torch's
-path bit for bit (tests/test_fused_step.py); compiled on CUDA the kernel may contract multiplies and adds into
-fused multiply-adds, so parameters agree to float32 rounding (recorded in bench/RESULTS.md).
+path bit for bit (tests/test_fused_step.py); compiled on an H200 it is as close to torch's fused CUDA AdamW (which
+evaluates the update in double precision) as torch's own foreach AdamW is (bench/RESULTS.md).
 
 The optimizer is a ``torch.optim.AdamW`` (same ``state`` keys: ``step`` on the CPU, ``exp_avg``,
 ``exp_avg_sq``), so DCP checkpoints, their resume and ``state_dict`` are those of torch's AdamW; its ordinary
@@ -29,6 +29,14 @@ import torch
 
 LABEL = "fused clip + AdamW + bf16 cast (pitlab.trainer.fused_step, one pass per parameter)"
 TORCH_LABEL = "torch AdamW + clip_grad_norm_ (float32 gradients)"
+
+
+def fused_step_enabled(training, single_device: bool, cuda: bool) -> bool:
+    """Whether a run uses :class:`MasterAdamW`: the single-device path only, ``training.fusedOptimizer`` (a
+    ``TrainingSpec``) if set, else on CUDA devices."""
+    if not single_device:
+        return False
+    return training.fused_optimizer if training.fused_optimizer is not None else cuda
 
 
 def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor | None,
@@ -61,25 +69,18 @@ class MasterAdamW(torch.optim.AdamW):
         if bad:
             raise ValueError(f"MasterAdamW: parameter {bad[0]} is not float32")
         self._update = torch.compile(_update, dynamic=True, fullgraph=True) if compiled else _update
-        self._pinned = None
-        self._pinned_used = False
 
     def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
         group = self.param_groups[0]
         lr, wd = float(group["lr"]), group["weight_decay"]
         beta1, beta2 = group["betas"]
-        values = [1 - lr * wd, lr / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step)]
-        host = torch.tensor(values, dtype=torch.float32)
+        host = torch.tensor([1 - lr * wd, lr / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step)],
+                            dtype=torch.float32)
         if device.type != "cuda":
             return host.to(device)
-        # the previous step's copy is complete (train_step ends each step with a host read): reuse one buffer
-        if self._pinned is None:
-            self._pinned = torch.empty(3, dtype=torch.float32, pin_memory=True)
-        if self._pinned_used:  # a second step count in one step (a parameter skipped earlier): a plain copy
-            return host.to(device)
-        self._pinned_used = True
-        self._pinned.copy_(host)
-        return self._pinned.to(device, non_blocking=True)
+        # a fresh pinned buffer: the copy does not synchronise the host, and torch's caching host allocator keeps
+        # the buffer until the copy has run
+        return host.pin_memory().to(device, non_blocking=True)
 
     @torch.no_grad()
     def clip_step_cast(self, grads: list[torch.Tensor | None], copies: list[torch.Tensor | None] | None,
@@ -108,7 +109,6 @@ class MasterAdamW(torch.optim.AdamW):
                 state["exp_avg_sq"] = torch.zeros_like(params[i], memory_format=torch.preserve_format)
             steps.append(state["step"])
         torch._foreach_add_(steps, 1.0)
-        self._pinned_used = False
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
         hypers: dict[float, torch.Tensor] = {}  # by step count (equal for all unless some had no gradient)
         beta1, beta2 = group["betas"]

@@ -79,6 +79,7 @@ from torch import nn
 
 from pitlab.api import PitTrainingSpec, SpecError
 from pitlab.trainer.fsdp import reshard_after_forward
+from pitlab.trainer.fused_step import fused_step_enabled
 from pitlab.trainer.loss import DEFAULT_CHUNK_TOKENS
 from pitlab.trainer.single_device import LABEL as SINGLE_DEVICE_LABEL
 from pitlab.trainer.single_device import uses_compute_copy
@@ -312,8 +313,9 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         saved = shape.layers * saved_layer
         working = 2 * tokens * shape.hidden * c
     nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch and not single
-    # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients (GPU plans: auto = on)
-    no_fp32_grads = single and tr.fused_optimizer is not False and tr.gradient_accumulation_steps == 1
+    fused = fused_step_enabled(tr, single, cuda=True)  # a plan is of a GPU
+    # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients
+    no_fp32_grads = fused and tr.gradient_accumulation_steps == 1
     if lora:  # frozen base in the compute dtype; master weights, gradients, AdamW only for the adapter
         a = adapter.total
         params, trained = (c * p + 4 * a) // world, a
@@ -368,8 +370,7 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
              + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
              + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
              + (", fused optimizer step (no float32 gradients)" if no_fp32_grads else
-                ", fused optimizer step (float32 gradient sums: accumulation)" if single and tr.fused_optimizer
-                is not False else "")]
+                ", fused optimizer step (float32 gradient sums: accumulation)" if fused else "")]
     if tr.fused_optimizer and not single:
         notes.append("fusedOptimizer: true has no effect here (the single-device path only: world size 1, "
                      "method: full, precision: bf16); torch's AdamW is used")

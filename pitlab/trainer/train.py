@@ -68,7 +68,7 @@ from pitlab.trainer.lora import AdapterSaveError, lora_record, save_adapter_veri
 from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
 from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
-from pitlab.trainer.fused_step import MasterAdamW
+from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled
 from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
 from pitlab.trainer.loss import install_loss
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
@@ -284,9 +284,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
         print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)
 
     trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
-    fused = compute is not None and (tr.fused_optimizer if tr.fused_optimizer is not None
-                                     else device.type == "cuda")
-    if fused:  # clipping, AdamW and the cast into the copy: one pass per parameter (pitlab.trainer.fused_step)
+    if fused_step_enabled(tr, compute is not None, device.type == "cuda"):  # clipping, AdamW and the cast into the copy: one pass per parameter (pitlab.trainer.fused_step)
         optimizer = MasterAdamW(trainable, compiled=device.type == "cuda", lr=tr.learning_rate,
                                 weight_decay=tr.weight_decay)
         kernels["optimizer"] = FUSED_STEP_LABEL + ("" if device.type == "cuda" else ", eager on the CPU")
