@@ -114,16 +114,30 @@ def _load(path: Path, data_root: Optional[Path]):
         _fail(err, 2)
 
 
+def _est(p, ci) -> str:
+    """``+0.1234 [+0.0100, +0.2000]`` (blank when not recorded)."""
+    if p is None:
+        return ""
+    lo, hi = ci or [float("nan")] * 2
+    return f"{p:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
 def _print_results_table(results: dict, title: str) -> None:
     table = Table(title=title)
-    for col in ("model", "r2_off", "r2_on", "premium [CI]", "bias", "verdict", "reason"):
-        table.add_column(col, justify="left" if col in ("model", "verdict", "reason") else "right")
+    for col in ("model", "market-neutral premium [CI]", "verdict", "raw premium [CI]", "bias", "date-only part",
+                "excess over date-only [CI]", "raw verdict", "reason"):
+        table.add_column(col, justify="left" if col in ("model", "verdict", "raw verdict", "reason") else "right")
     for name, r in results.get("models", {}).items():
-        lo, hi = r.get("premiumCI") or [float("nan")] * 2
-        bias = r.get("premiumBias")
-        table.add_row(name, f"{r['r2Off']:+.4f}", f"{r['r2On']:+.4f}", f"{r['premium']:+.4f} [{lo:+.4f}, {hi:+.4f}]",
-                      "" if bias is None else f"{bias:+.4f}", r.get("verdict") or "", "; ".join(r.get("reasons") or []))
+        table.add_row(name, _est(r.get("marketNeutralPremium"), r.get("marketNeutralCI")),
+                      r.get("marketNeutralVerdict") or "", _est(r["premium"], r.get("premiumCI")),
+                      "" if r.get("premiumBias") is None else f"{r['premiumBias']:+.4f}",
+                      "" if r.get("dateOnlyPremium") is None else f"{r['dateOnlyPremium']:+.4f}",
+                      _est(r.get("excessPremium"), r.get("excessCI")) + (f" {r['excessVerdict']}"
+                                                                          if r.get("excessVerdict") else ""),
+                      r.get("verdict") or "", "; ".join(r.get("reasons") or []))
     console.print(table)
+    _say("  premiums: R²(on) − R²(off) on the same rows (the leakage-off test dates); market-neutral = target minus "
+         "its date's cross-sectional mean; date-only part = the premium of features that identify the date only")
     for x in results.get("reductions", []):
         lo, hi = x.get("ci") or [float("nan")] * 2
         bias = "" if x.get("bias") is None else f" bias {x['bias']:+.4f}"

@@ -13,6 +13,7 @@ from sklearn.linear_model import Ridge
 from sklearn.model_selection import GroupKFold
 
 import pitlab.evaluator.run as run_mod
+import pitlab.evaluator.targets as targets_mod
 from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import (draw_cluster_weights, paired_reductions, percentile_ci, replicate_folds,
@@ -312,14 +313,14 @@ def fake_models(tmp_path, monkeypatch):
         kw["info"].update(kind="encoder", digest="0" * 64, pooling="mean", n_truncated=0, cache_hit=False)
         return np.stack([emb[t] for t in texts]).astype(np.float32)
 
-    real_bootstrap = run_mod.bootstrap_model
+    real_bootstrap = targets_mod.bootstrap_model
 
-    def spy(stats, weights, folds, n_splits, alphas, selection, *args):
+    def spy(stats, weights, folds, n_splits, alphas, selection, *args, **kw):
         calls.append((stats, weights, folds))
-        return real_bootstrap(stats, weights, folds, n_splits, alphas, selection, *args)
+        return real_bootstrap(stats, weights, folds, n_splits, alphas, selection, *args, **kw)
 
     monkeypatch.setattr(run_mod, "embed_texts", fake_embed)
-    monkeypatch.setattr(run_mod, "bootstrap_model", spy)
+    monkeypatch.setattr(targets_mod, "bootstrap_model", spy)
 
     def add(name: str, prompts: list[str], X: np.ndarray) -> tuple[Path, str]:
         folder = tmp_path / "models" / name
@@ -354,12 +355,15 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     # planted date effect: the model recognises in-sample dates (leakage-on) but not new ones (leakage-off)
     assert mem["r2_on"] == pytest.approx(0.34731, abs=1e-5)
     assert mem["r2_off"] == pytest.approx(-0.44391, abs=1e-5)
-    assert mem["premium"] == pytest.approx(0.79122, abs=1e-5)
-    assert mem["premium_ci"] == pytest.approx([0.50971, 1.12474], abs=1e-5)
+    # the premium pairs R²(on) and R²(off) on the same rows: leakage-on scored on the leakage-off test rows
+    assert mem["r2_on_test_rows"] == pytest.approx(0.33752, abs=1e-5)
+    assert mem["premium"] == pytest.approx(0.78143, abs=1e-5)
+    assert mem["premium_all_rows"] == pytest.approx(0.79122, abs=1e-5)
+    assert mem["premium_ci"] == pytest.approx([0.48762, 1.13887], abs=1e-5)
     assert mem["verdict"] == "significant"
     # pure noise: the interval contains 0 (and the point estimate)
-    assert noise["premium"] == pytest.approx(-0.000026, abs=1e-6)
-    assert noise["premium_ci"] == pytest.approx([-0.00333, 0.00026], abs=1e-5)
+    assert noise["premium"] == pytest.approx(-0.000008, abs=1e-6)
+    assert noise["premium_ci"] == pytest.approx([-0.00282, 0.00284], abs=1e-5)
     assert noise["verdict"] == "not significant" and noise["verdict_reasons"] == []
     # GCV shrinks noise features harder than the grid's largest penalty 1e4 allows (2 effective parameters
     # left): the grid is widened once by two decades, and at 1e6 the fit keeps 1.02
@@ -367,14 +371,19 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     assert noise["alphas"] == ALPHAS + [1e5, 1e6] and noise["df_off"] == pytest.approx(1.0191, abs=1e-4)
     assert mem["alphas"] == ALPHAS and mem["alpha_grid_widenings"] == 0
     # bootstrap bias beside each interval
-    assert mem["premium_bias"] == pytest.approx(0.03075, abs=1e-5) and mem["premium_sd"] == pytest.approx(0.18140, abs=1e-5)
+    assert mem["premium_bias"] == pytest.approx(0.03112, abs=1e-5) and mem["premium_sd"] == pytest.approx(0.17887, abs=1e-5)
     red, = res["reductions"]
     assert (red["model_a"], red["model_b"]) == ("memoriser", "noise")
-    assert red["reduction"] == pytest.approx(0.79124, abs=1e-5)
-    assert red["ci"] == pytest.approx([0.51196, 1.12495], abs=1e-5) and red["verdict"] == "significant"
-    # one set of draws and folds, shared by both models
-    assert len(calls) == 2
-    assert calls[0][1] is calls[1][1] and calls[0][2] is calls[1][2]
+    assert red["reduction"] == pytest.approx(0.78143, abs=1e-5)
+    assert red["ci"] == pytest.approx([0.48745, 1.13828], abs=1e-5) and red["verdict"] == "significant"
+    # the planted effect is a date effect: the market-neutral premium is ~0 and the date-only baseline earns
+    # 0.4336 (one indicator per date), so the memoriser's excess over it is what its fingerprint adds in-sample
+    assert mem["market_neutral"]["premium"] == pytest.approx(-0.00004, abs=1e-5)
+    assert res["date_only_baseline"]["raw"]["premium"] == pytest.approx(0.43360, abs=1e-5)
+    assert mem["excess"]["premium"] == pytest.approx(0.78143 - 0.43360, abs=1e-5)
+    # one set of draws and folds, shared by the date-only baseline and both models, raw and market-neutral
+    assert len(calls) == 6
+    assert all(c[1] is calls[0][1] and c[2] is calls[0][2] for c in calls)
     np.testing.assert_array_equal(calls[0][1], draw_cluster_weights(S, 100, seed=0))
     assert res["bootstrap"]["resamples"] == 100 and res["benchmark"] == "training mean"
 
@@ -393,7 +402,7 @@ def test_security_cv_selection_end_to_end_on_planted_date_effect(tmp_path, fake_
     m, = res["models"]
     assert res["regression"]["alpha_selection"] == "security-cv"
     assert "GroupKFold by security inside the training set" in (tmp_path / "out" / "report.md").read_text()
-    assert m["premium"] == pytest.approx(0.97232, abs=1e-5)
+    assert m["premium"] == pytest.approx(0.67974, abs=1e-5)
     assert m["premium_ci"][0] > 0.5 and m["verdict"] == "significant"
 
 
@@ -511,14 +520,16 @@ def test_end_to_end_with_real_minilm_encoder(tmp_path, tiny_causal_lm):
     assert (m["kind"], m["embedding_dim"], m["pooling"]) == ("encoder", 384, "mean")
     assert (t["kind"], t["embedding_dim"], t["knowledge_cutoff"]) == ("causal", 64, "2019-12-31")
     assert np.isfinite([m["premium"], *m["premium_ci"], t["premium"], *t["premium_ci"]]).all()
-    assert m["premium"] == pytest.approx(m["r2_on"] - m["r2_off"])
+    assert m["premium"] == pytest.approx(m["r2_on_test_rows"] - m["r2_off"])
+    assert m["premium_all_rows"] == pytest.approx(m["r2_on"] - m["r2_off"])
     assert m["n_train"] + m["n_embargoed"] + m["n_test"] == 240 and m["n_test"] == 90
     assert len(m["alpha_on"]) == 5 and m["alpha_off"] in ALPHAS
     assert res["benchmark"] == "training mean" and len(res["reductions"]) == 1
     assert set(res["versions"]) >= {"torch", "transformers", "scikit-learn", "numpy"}
     assert res["panel"]["n_rows"] == 240 and res["panel"]["n_securities"] == 30
     report = (out / "report.md").read_text()
-    assert "| model | r2_off | r2_on | premium [95% CI] | verdict |" in report
+    assert "| model | r2_off | r2_on (test rows) | premium [95% CI] | verdict |" in report
+    assert "## Leakage premium, decomposed" in report and "| *date-only baseline* |" in report
     assert "training mean" in report and "premium(minilm) − premium(tiny)" in report
     assert (out / "premium.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ("embed:minilm", 240, 240) in stages and stages[-1] == ("report", 1, 1)

@@ -15,6 +15,7 @@ from sklearn.linear_model import Ridge
 from typer.testing import CliRunner
 
 import pitlab.evaluator.run as run_mod
+import pitlab.evaluator.targets as targets_mod
 from pitlab.api import SpecError
 from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.api.load import load_resource
@@ -142,16 +143,16 @@ def test_shipped_examples_report_an_interval_excluding_its_estimate_as_unreliabl
     spec_doc["dataset"]["uri"] = "synthetic"
     spec_doc.pop("storage", None)
     spec = LeakageEvalSpec.model_validate(spec_doc)  # the example's own settings (schema-checked)
-    assert spec.regression.selection == "security-cv"  # no shipped example selects the penalty by GCV
+    assert spec.regression.selection == "protocol-cv"  # every shipped example selects the penalty by its protocol
     panel, X = _panel_around(spec)
     models = {m.name: fake_embed(m.name, panel.rows["prompt"].tolist(), X) for m in spec.models}
-    real = run_mod.bootstrap_model
+    real = targets_mod.bootstrap_model
 
     def far_away(*args, **kw):  # replicates that all lie far above every point estimate
         r = real(*args, **kw)
-        return PremiumReplicates(r2_off=r.r2_off, r2_on=r.r2_on + 5.0)
+        return PremiumReplicates(r2_off=r.r2_off, r2_on=r.r2_on + 5.0, r2_on_rows=r.r2_on_rows + 5.0)
 
-    monkeypatch.setattr(run_mod, "bootstrap_model", far_away)
+    monkeypatch.setattr(targets_mod, "bootstrap_model", far_away)
     res = run_leakage_eval(spec, panel, models, tmp_path / "out")
     for m in res["models"]:
         assert m["premium_ci"][0] > m["premium"]  # the interval excludes the point estimate ...
@@ -471,9 +472,14 @@ def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
     status = compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
                                           "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
                                           "verdict": "unreliable", "verdict_reasons": ["point estimate -0.6467 lies "
-                                                                                       "outside its interval"]}],
+                                                                                       "outside its interval"],
+                                          "market_neutral": {"premium": 0.0012, "premium_ci": [-0.002, 0.004],
+                                                             "verdict": "not significant"},
+                                          "date_only_premium": 0.21,
+                                          "excess": {"premium": -0.8567, "ci": [-3.6, -1.7], "verdict": "unreliable"}}],
                               "reductions": []})
     cli._print_results_table(status, "t")
     text = con.export_text()
-    assert ("│ minilm │ -0.1130 │ -0.7596 │ -0.6467 [-3.4638, -1.5984] │ -1.8900 │ unreliable │ "
+    assert ("│ minilm │ +0.0012 [-0.0020, +0.0040] │ not significant │ -0.6467 [-3.4638, -1.5984] │ -1.8900 │ "
+            "+0.2100 │ -0.8567 [-3.6000, -1.7000] unreliable │ unreliable │ "
             "point estimate -0.6467 lies outside its interval │") in text

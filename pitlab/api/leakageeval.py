@@ -180,12 +180,12 @@ class Embedding(SpecModel):
 
 GCV_REFUSAL = ("selection: gcv leaves out rows, not securities: it rewards fitting what the rows of one "
                "security or one date share, can choose the smallest penalty in every fold and report a premium "
-               "its own interval excludes; use selection: security-cv, or set allowRowLevelSelection: true to "
+               "its own interval excludes; use selection: protocol-cv, or set allowRowLevelSelection: true to "
                "keep gcv with a warning")
 GCV_WARNING = ("regression.selection: gcv with allowRowLevelSelection: true: GCV scores the penalty on left-out "
                "rows while the leakage-on protocol and the clustered bootstrap work on whole securities "
                "(dates); GCV then rewards fitting what rows of one security or date share, and a premium can "
-               "come out far from its interval (reported as unreliable). security-cv avoids this.")
+               "come out far from its interval (reported as unreliable). protocol-cv avoids this.")
 
 
 def spec_warnings(spec: "LeakageEvalSpec") -> list[str]:
@@ -196,8 +196,13 @@ def spec_warnings(spec: "LeakageEvalSpec") -> list[str]:
 class Regression(SpecModel):
     """Ridge penalties searched inside each training fold.
 
-    ``selection: security-cv`` (default) scores each α by an ``innerFolds``-fold GroupKFold by security inside
-    the training set, then refits on all of it: α is judged on unseen securities, as leakage-on tests them.
+    ``selection: protocol-cv`` (default) chooses α inside each training set by inner folds that follow the
+    outer split: for the protocols whose split respects time (chronological, walk-forward, purged K-fold)
+    ``innerFolds`` contiguous blocks of dates, purged and embargoed by ``protocol.embargoDays`` (α is judged on
+    dates it was not fitted on, so it is not rewarded for fitting date effects that do not carry forward); for
+    leakage-on an ``innerFolds``-fold GroupKFold by security, as its outer split.
+    ``selection: security-cv`` uses the GroupKFold by security inside every protocol's training set (before
+    0.2 the default; inside a chronological window it mixes dates across the inner split).
     ``selection: gcv`` uses generalised cross-validation (Golub, Heath & Wahba 1979), which approximates
     leave-one-*row*-out and so rewards fitting what rows of one security or one date share; on panels with
     a strong date component it can pick a far too small penalty.
@@ -217,7 +222,7 @@ class Regression(SpecModel):
 
     alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0],
                                 min_length=1)
-    selection: Literal["security-cv", "gcv"] = "security-cv"
+    selection: Literal["protocol-cv", "security-cv", "gcv"] = "protocol-cv"
     inner_folds: int = Field(5, ge=2, le=20)
     benchmark: Literal["train_mean", "zero"] = "train_mean"
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -35,7 +35,9 @@ def compact_results(results: dict[str, Any]) -> dict[str, Any]:
     Input: ``models`` a list of ``{"name", "r2_off", "r2_on", "premium", "premium_ci", "verdict", ...}`` in
     spec order, ``reductions`` a list of ``{"model_a", "model_b", "reduction", "ci", "verdict"}`` (premium(a)
     − premium(b)). Output (camelCase, for ``.status.results``): ``models`` name → r2Off, r2On, premium,
-    premiumCI, premiumBias, verdict (significant | not significant | unreliable) and, when unreliable, reasons;
+    premiumCI, premiumBias, verdict (significant | not significant | unreliable) and, when unreliable, reasons,
+    and the decomposition when present: marketNeutralPremium / CI / Verdict (the headline), dateOnlyPremium,
+    excessPremium / CI / Verdict;
     ``reductions`` list of from, to, reduction, ci, bias, verdict, reasons. Floats keep 6 significant
     digits so the summary fits a termination message.
     """
@@ -44,7 +46,14 @@ def compact_results(results: dict[str, Any]) -> dict[str, Any]:
         models[r["name"]] = {k: v for k, v in {
             "r2Off": _num(r.get("r2_off")), "r2On": _num(r.get("r2_on")), "premium": _num(r.get("premium")),
             "premiumCI": _num(r.get("premium_ci")), "premiumBias": _num(r.get("premium_bias")),
-            "verdict": r.get("verdict"), "reasons": r.get("verdict_reasons") or None}.items() if v is not None}
+            "verdict": r.get("verdict"), "reasons": r.get("verdict_reasons") or None,
+            "marketNeutralPremium": _num((r.get("market_neutral") or {}).get("premium")),
+            "marketNeutralCI": _num((r.get("market_neutral") or {}).get("premium_ci")),
+            "marketNeutralVerdict": (r.get("market_neutral") or {}).get("verdict"),
+            "dateOnlyPremium": _num(r.get("date_only_premium")),
+            "excessPremium": _num((r.get("excess") or {}).get("premium")),
+            "excessCI": _num((r.get("excess") or {}).get("ci")),
+            "excessVerdict": (r.get("excess") or {}).get("verdict")}.items() if v is not None}
     reductions = [{k: v for k, v in {
         "from": x.get("model_a"), "to": x.get("model_b"), "reduction": _num(x.get("reduction")),
         "ci": _num(x.get("ci")), "bias": _num(x.get("bias")), "verdict": x.get("verdict"),
@@ -90,17 +99,20 @@ def parse_progress_log(text: str) -> dict[str, Any] | None:
 
 
 def premium_summary(results: dict[str, Any]) -> str:
-    """One line for ``kubectl get leakageevals``: ``model +0.130 [+0.070, +0.260]; ...`` (``unreliable`` after
-    an estimate whose verdict is)."""
+    """One line for ``kubectl get leakageevals``: the headline, ``model neutral +0.002 [-0.001, +0.006]; ...``
+    (the market-neutral premium; the raw ``model +0.130 [+0.070, +0.260]`` for results without it), with
+    ``unreliable`` after an estimate whose verdict is."""
     parts = []
     for name, r in (results.get("models") or {}).items():
-        p, ci = r.get("premium"), r.get("premiumCI")
+        neutral = r.get("marketNeutralPremium") is not None
+        p = r.get("marketNeutralPremium") if neutral else r.get("premium")
+        ci = r.get("marketNeutralCI") if neutral else r.get("premiumCI")
         if p is None:
             continue
-        text = f"{name} {p:+.3f}"
+        text = f"{name}{' neutral' if neutral else ''} {p:+.3f}"
         if ci and len(ci) == 2 and None not in ci:
             text += f" [{ci[0]:+.3f}, {ci[1]:+.3f}]"
-        if r.get("verdict") == "unreliable":
+        if r.get("marketNeutralVerdict" if neutral else "verdict") == "unreliable":
             text += " unreliable"
         parts.append(text)
     return "; ".join(parts)

@@ -180,16 +180,18 @@ class PremiumReplicates:
 
     r2_off: np.ndarray
     r2_on: np.ndarray
+    r2_on_rows: np.ndarray | None = None
 
     @property
     def premium(self) -> np.ndarray:
-        """r2_on - r2_off per replicate."""
-        return self.r2_on - self.r2_off
+        """r2_on - r2_off per replicate, with r2_on on the leakage-off test rows when computed (same rows)."""
+        return (self.r2_on if self.r2_on_rows is None else self.r2_on_rows) - self.r2_off
 
 
 def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int,
                     alphas, selection: AlphaSelection = AlphaSelection(),
-                    benchmark: str = "train_mean", fixed_alpha_index: tuple | None = None) -> PremiumReplicates:
+                    benchmark: str = "train_mean", fixed_alpha_index: tuple | None = None,
+                    time_selection: AlphaSelection | None = None, same_rows: bool = False) -> PremiumReplicates:
     """leakage-off and leakage-on R² of one model in every replicate of the shared draws.
 
     ``weights`` int [R, S] from :func:`draw_cluster_weights`, ``folds`` int [R, S] from
@@ -198,15 +200,19 @@ def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n
     default). ``fixed_alpha_index``: ``(off, on)`` grid positions chosen by the point estimate, int [1] and
     [1, K] (``reselectPenalty: false``): every replicate then refits at the point estimate's penalty of the
     same protocol and fold, and the interval is conditional on those penalties (see the README).
+    ``time_selection``: the leakage-off selection (default ``selection``; the date-blocked one under
+    ``regression.selection: protocol-cv``); ``same_rows``: also leakage-on on the leakage-off test rows.
     """
     R = np.asarray(weights).shape[0]
     fix_off = fix_on = None
     if fixed_alpha_index is not None:
         fix_off = np.repeat(np.asarray(fixed_alpha_index[0]).reshape(1), R, axis=0)
         fix_on = np.repeat(np.asarray(fixed_alpha_index[1]).reshape(1, -1), R, axis=0)
-    off = leakage_off_r2(stats, weights, alphas, selection, benchmark, fix_off, diagnostics=False)
-    on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection, benchmark, fix_on, diagnostics=False)
-    return PremiumReplicates(r2_off=off.r2, r2_on=on.r2)
+    off = leakage_off_r2(stats, weights, alphas, time_selection or selection, benchmark, fix_off,
+                         diagnostics=False)
+    on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection, benchmark, fix_on, diagnostics=False,
+                       score_rows=stats.test_mask if same_rows else None)
+    return PremiumReplicates(r2_off=off.r2, r2_on=on.r2, r2_on_rows=on.r2_rows)
 
 
 def paired_reductions(names: list[str], points: dict[str, float], replicates: dict[str, np.ndarray],

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
-from pitlab.evaluator.protocols import security_folds_batch
+from pitlab.evaluator.protocols import date_block_folds, security_folds_batch
 from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred,
                                    cholesky_path_test_sse, fit_ridge_at, fit_ridge_gcv, gcv_scores, path_test_sse,
                                    r2_score_oos, ridge_path, solve_ridge)
 
-ALPHA_SELECTIONS = ("gcv", "security-cv")
+ALPHA_SELECTIONS = ("gcv", "security-cv", "date-blocked")
 
 
 @dataclass(frozen=True)
@@ -57,18 +57,25 @@ class AlphaSelection:
     security inside the fitting set (all copies of a security in one inner fold), α minimising the pooled
     inner out-of-fold SSE, then refitted on the whole fitting set. GCV approximates leave-one-*row*-out and so
     rewards fitting what rows of one security or one date share; security-CV scores α on unseen securities,
-    like the leakage-on protocol does.
+    like the leakage-on protocol does. ``"date-blocked"`` — ``inner_folds`` contiguous blocks of the fitting
+    set's dates, purged and embargoed by ``embargo_days`` trading days around each block
+    (:func:`pitlab.evaluator.protocols.date_block_folds`): the selection of a protocol whose outer split
+    respects time (chronological, walk-forward, purged K-fold), which never scores α on a date it was fitted
+    on; it needs row units with calendar positions (:meth:`PanelStats.build_rows` with ``positions``).
     """
 
     method: str = "gcv"
     inner_folds: int = 5
     duplicate_aware: bool = True
+    embargo_days: int = 0
 
     def __post_init__(self):
         if self.method not in ALPHA_SELECTIONS:
             raise ValueError(f"alpha selection must be one of {ALPHA_SELECTIONS} (got {self.method!r})")
         if self.inner_folds < 2:
             raise ValueError(f"inner_folds must be >= 2 (got {self.inner_folds})")
+        if self.embargo_days < 0:
+            raise ValueError(f"embargo_days must be >= 0 (got {self.embargo_days})")
 
     @property
     def fits_per_set(self) -> int:
@@ -81,6 +88,10 @@ class AlphaSelection:
             return ("generalised cross-validation (GCV; Golub, Heath & Wahba 1979)"
                     + ("; in bootstrap replicates the copies of a security share one error in GCV's degrees of "
                        "freedom (Altman 1990)" if self.duplicate_aware else ""))
+        if self.method == "date-blocked":
+            return (f"{self.inner_folds} contiguous date blocks inside the training set, each purged and embargoed "
+                    f"({self.embargo_days} trading days) as the outer split (pooled inner out-of-fold SSE), then "
+                    "refitted on the whole training set")
         return (f"{self.inner_folds}-fold GroupKFold by security inside the training set (pooled inner "
                 "out-of-fold SSE), then refitted on the whole training set")
 
@@ -122,8 +133,21 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         score, _ = gcv_scores(ridge_path(fitting, alphas), _gcv_copies(units, w_b, selection))
         return to_numpy(m.argmin(score, axis=1)).astype(np.int64), score
     k = selection.inner_folds
-    rows = np.rint(to_numpy(units.n)).astype(np.int64)
     field_ = "inner folds of the penalty selection"
+    if selection.method == "date-blocked":
+        pos = getattr(units, "unit_pos", None)
+        if pos is None:
+            raise ValueError("date-blocked penalty selection needs row units with calendar positions")
+        Wn = to_numpy(w_b) * to_numpy(units.n)[None, :]
+        tr, te = date_block_folds(pos, Wn, k, selection.embargo_days, field=field_)
+        removed = (Wn > 0)[:, None, :] & ~tr & ~te  # purged or embargoed: few rows
+        inner_test = units.weighted((w_b[:, None, :] * _like(units.n, te)).reshape(-1, units.m))
+        inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
+        if removed.any():
+            inner_train = inner_train - units.weighted((w_b[:, None, :] * _like(units.n, removed))
+                                                       .reshape(-1, units.m))
+        return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m)
+    rows = np.rint(to_numpy(units.n)).astype(np.int64)
     unit_sec = getattr(units, "unit_security", None)
     wi = np.rint(to_numpy(w_b)).astype(np.int64)
     if unit_sec is None:  # units are securities
@@ -136,12 +160,33 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
     mask = _like(units.n, (inner[:, None, :] == np.arange(k)[None, :, None]).astype(np.float64))
     inner_test = units.weighted((w_b[:, None, :] * mask).reshape(-1, units.m))
     inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
+    return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m)
+
+
+def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Backend | None, B: int, k: int, m):
+    """Grid position of the α with the smallest pooled inner out-of-fold SSE, and that SSE [B, A], from the
+    B·k inner training and test sets (fitting set b's folds at rows b·k .. b·k + k - 1)."""
     if backend is not None and backend.cholesky_path:
         sse = cholesky_path_test_sse(inner_train, inner_test, alphas, backend.cholesky_block)
     else:
         sse = path_test_sse(ridge_path(inner_train, alphas), inner_test)
-    cv_sse = sse.reshape(w_b.shape[0], k, -1).sum(axis=1)  # [B, A]
-    return to_numpy(m.argmin(cv_sse, axis=1)).astype(np.int64), cv_sse
+    cv_sse = sse.reshape(B, k, -1).sum(axis=1)  # [B, A]
+    return argmin_ties_largest(to_numpy(cv_sse)), cv_sse
+
+
+TIE_RTOL = 1e-9
+"""Scores within this relative distance of the minimum count as tied (rounding, not evidence)."""
+
+
+def argmin_ties_largest(score: np.ndarray) -> np.ndarray:
+    """Grid position of the smallest score per row of ``score`` float [B, A] (α ascending), the largest α among
+    those tied within :data:`TIE_RTOL` of the minimum: when the grid cannot tell penalties apart (features that
+    are constant on every inner test block, e.g. a date indicator under date-blocked folds), the most shrunk
+    fit is taken, and rounding differences between backends cannot pick different α. int64 [B]."""
+    s = np.asarray(score, dtype=np.float64)
+    lo = np.min(s, axis=1, keepdims=True)
+    tied = s <= lo + TIE_RTOL * np.maximum(np.abs(lo), np.finfo(float).tiny)
+    return (s.shape[1] - 1 - np.argmax(tied[:, ::-1], axis=1)).astype(np.int64)
 
 
 def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelection,
@@ -154,7 +199,7 @@ def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelect
     if selection.method == "gcv":
         return fit_ridge_gcv(fitting, alphas, _gcv_copies(units, w_b, selection))
     idx, cv_sse = select_alpha(units, w, alphas, selection, fitting)
-    return fit_ridge_at(fitting, alphas, idx, cv_sse, "security-cv")
+    return fit_ridge_at(fitting, alphas, idx, cv_sse, selection.method)
 
 
 @dataclass(frozen=True)
@@ -169,6 +214,7 @@ class R2Batch:
     alpha: np.ndarray
     df: np.ndarray
     alpha_index: np.ndarray | None = None
+    r2_rows: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -185,26 +231,33 @@ class FoldsR2:
     sse: np.ndarray | None = None
     sst: np.ndarray | None = None
     df: np.ndarray | None = None
+    sse_rows: np.ndarray | None = None
+    sst_rows: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
 class Fold:
     """One fit of a protocol. ``train``, ``test``: bool [n_rows] row masks. ``train_securities``,
     ``test_securities``: bool [B, n_securities] per weighting (GroupKFold: which securities of weighting b sit
-    in the training / test side of this fold), or None = every security."""
+    in the training / test side of this fold), or None = every security. ``score_rows`` bool [n_rows]
+    (optional): a subset of the test rows on which SSE and SST are also summed (leakage-on scored on the
+    leakage-off test rows: the same-row premium)."""
 
     train: np.ndarray
     test: np.ndarray
     train_securities: np.ndarray | None = None
     test_securities: np.ndarray | None = None
+    score_rows: np.ndarray | None = None
 
 
-def group_kfold_folds(n_rows: int, folds: np.ndarray, n_splits: int) -> list[Fold]:
+def group_kfold_folds(n_rows: int, folds: np.ndarray, n_splits: int,
+                      score_rows: np.ndarray | None = None) -> list[Fold]:
     """The K folds of leakage-on: every row on both sides, securities split by ``folds`` int [B, S] (fold of
-    each security in each weighting, -1 = not drawn; :func:`pitlab.evaluator.protocols.security_folds`)."""
+    each security in each weighting, -1 = not drawn; :func:`pitlab.evaluator.protocols.security_folds`).
+    ``score_rows`` bool [n_rows]: also score each fold on these rows (:class:`Fold`)."""
     F = np.asarray(folds, dtype=np.int64)
     every = np.ones(n_rows, dtype=bool)
-    return [Fold(every, every, (F != k) & (F >= 0), F == k) for k in range(n_splits)]
+    return [Fold(every, every, (F != k) & (F >= 0), F == k, score_rows) for k in range(n_splits)]
 
 
 @dataclass(frozen=True)
@@ -232,6 +285,7 @@ class PanelStats:
     y_shift: float = 0.0
     backend: Backend = Backend()
     unit_security: np.ndarray | None = None
+    unit_pos: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -253,14 +307,16 @@ class PanelStats:
     @classmethod
     def build_rows(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, train_mask: np.ndarray,
                    test_mask: np.ndarray, backend: Backend | None = None, centered: bool = False,
-                   y_shift: float = 0.0) -> "PanelStats":
+                   y_shift: float = 0.0, positions: np.ndarray | None = None) -> "PanelStats":
         """As :meth:`build` with every row its own unit (weights [B, n_rows]: ``bootstrap.cluster`` ``date`` or
-        ``security-and-date``); ``security`` int [n_rows] codes keep GroupKFold by security."""
+        ``security-and-date``, or any date-blocked selection); ``security`` int [n_rows] codes keep GroupKFold
+        by security; ``positions`` int [n_rows] calendar positions of the rows' dates (date-blocked inner folds)."""
         n = len(np.asarray(security))
         st = cls.build(X, y, np.arange(n), n, train_mask, test_mask, backend, centered, y_shift)
         return cls(X=st.X, y=st.y, security=st.security, n_securities=n, train_mask=st.train_mask,
                    test_mask=st.test_mask, rows_per_security=st.rows_per_security, y_shift=st.y_shift,
-                   backend=st.backend, unit_security=np.asarray(security, dtype=np.int64))
+                   backend=st.backend, unit_security=np.asarray(security, dtype=np.int64),
+                   unit_pos=None if positions is None else np.asarray(positions, dtype=np.int64))
 
     def stats_of(self, rows: np.ndarray) -> SuffStats:
         """Per-security statistics of the rows selected by the bool mask ``rows`` [n_rows] (m = n_securities).
@@ -277,7 +333,8 @@ class PanelStats:
         idx = np.flatnonzero(rows)
         ix = self.backend.as_index(idx)
         if self.unit_security is not None:
-            st = RowStats(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.unit_security)
+            st = RowStats(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.unit_security,
+                          self.unit_pos)
         else:
             st = SuffStats.from_rows(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.backend)
         cache.append((key, st))
@@ -324,6 +381,11 @@ class PanelStats:
             Xte, yte, sec_te = self.X[te_ix], self.y[te_ix], self.backend.as_index(self.security[te])
         out = {"sse": np.empty(B), "sst": np.empty(B), "alpha": np.empty(B), "df": np.full(B, np.nan),
                "alpha_index": np.empty(B, dtype=np.int64)}
+        sub = None
+        if fold.score_rows is not None:  # positions, among the test rows, of the rows also scored apart
+            in_test = np.asarray(fold.score_rows, dtype=bool)[np.asarray(fold.test, dtype=bool)]
+            sub = self.backend.as_index(np.flatnonzero(in_test))
+            out["sse_rows"], out["sst_rows"] = np.empty(B), np.empty(B)
 
         def batch(s: int, e: int, fixed: np.ndarray | None, diag: bool) -> None:
             w = W[s:e]
@@ -347,9 +409,14 @@ class PanelStats:
             dev = yte[None, :] - bench[:, None]
             out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
             out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
+            keys = ("sse", "sst")
+            if sub is not None:
+                out["sse_rows"][s:e] = to_numpy((rw * resid * resid)[:, sub].sum(axis=1))
+                out["sst_rows"][s:e] = to_numpy((rw * dev * dev)[:, sub].sum(axis=1))
+                keys += ("sse_rows", "sst_rows")
             if empty is not None and empty.any():
-                out["sse"][s:e][empty] = np.nan
-                out["sst"][s:e][empty] = np.nan
+                for key in keys:
+                    out[key][s:e][empty] = np.nan
             out["alpha"][s:e] = a_grid[k]
             out["alpha_index"][s:e] = k
             if diag:
@@ -384,10 +451,13 @@ class PanelStats:
                for k, f in enumerate(folds)]
         sse, sst = np.stack([r["sse"] for r in res], 1), np.stack([r["sst"] for r in res], 1)
         r2 = r2_score_oos(sse, sst)
+        rows = "sse_rows" in res[0]
         return FoldsR2(r2=r2, mean=r2.mean(axis=1), pooled=r2_score_oos(sse.sum(axis=1), sst.sum(axis=1)),
                        alpha=np.stack([r["alpha"] for r in res], 1),
                        alpha_index=np.stack([r["alpha_index"] for r in res], 1), sse=sse, sst=sst,
-                       df=np.stack([r["df"] for r in res], 1))
+                       df=np.stack([r["df"] for r in res], 1),
+                       sse_rows=np.stack([r["sse_rows"] for r in res], 1) if rows else None,
+                       sst_rows=np.stack([r["sst_rows"] for r in res], 1) if rows else None)
 
 
 def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
@@ -406,13 +476,15 @@ def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
 
 def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int, alphas,
                   selection: AlphaSelection = AlphaSelection(), benchmark: str = "train_mean",
-                  alpha_index: np.ndarray | None = None, diagnostics: bool | None = None) -> R2Batch:
+                  alpha_index: np.ndarray | None = None, diagnostics: bool | None = None,
+                  score_rows: np.ndarray | None = None) -> R2Batch:
     """Pooled out-of-fold leakage-on R² for each row of ``weights`` ([B, n_securities] multiplicities).
 
     ``folds`` int [B, n_securities]: fold of each security in that weighting (-1 = not drawn), from
     :func:`pitlab.evaluator.protocols.security_folds`, so all copies of a security share one fold. Fold k
     trains on the weighted rows of securities outside fold k (α chosen there by ``selection``, or held at
-    ``alpha_index`` int [B, K]) and is scored on those inside it.
+    ``alpha_index`` int [B, K]) and is scored on those inside it. ``score_rows`` bool [n_rows]: also the
+    pooled R² over these rows only (``r2_rows``; the leakage-off test rows for the same-row premium).
     """
     W = np.asarray(weights, dtype=np.float64)
     F = np.asarray(folds, dtype=np.int64)
@@ -421,7 +493,8 @@ def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_s
     if np.any((W > 0) & (F < 0)):
         raise ValueError("a security with positive weight has no fold")
     diag = W.shape[0] == 1 if diagnostics is None else diagnostics
-    fr = stats.protocol_errors(group_kfold_folds(len(stats.security), F, n_splits), W, alphas, selection,
-                               benchmark, alpha_index, diag)
+    fr = stats.protocol_errors(group_kfold_folds(len(stats.security), F, n_splits, score_rows), W, alphas,
+                               selection, benchmark, alpha_index, diag)
+    rows = None if fr.sse_rows is None else r2_score_oos(fr.sse_rows.sum(axis=1), fr.sst_rows.sum(axis=1))
     return R2Batch(r2=r2_score_oos(fr.sse.sum(axis=1), fr.sst.sum(axis=1)), sse=fr.sse.sum(axis=1),
-                   sst=fr.sst.sum(axis=1), alpha=fr.alpha, df=fr.df, alpha_index=fr.alpha_index)
+                   sst=fr.sst.sum(axis=1), alpha=fr.alpha, df=fr.df, alpha_index=fr.alpha_index, r2_rows=rows)

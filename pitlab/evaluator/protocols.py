@@ -373,3 +373,45 @@ class PurgedKFoldSplit(_DateFoldSplit):
             rm_l.append(removed)
             self.fold_dates.append((cal[first], cal[last]))
         self.fold_train, self.fold_test, self.fold_removed = np.stack(tr_l), np.stack(te_l), np.stack(rm_l)
+
+
+def date_block_folds(positions: np.ndarray, weights: np.ndarray, n_splits: int, embargo_days: int,
+                     horizon: int = LABEL_HORIZON_DAYS,
+                     field: str = "inner folds of the penalty selection") -> tuple[np.ndarray, np.ndarray]:
+    """Inner folds of a time-respecting penalty selection: contiguous blocks of dates, purged and embargoed.
+
+    ``positions`` int [m]: calendar position (trading-session index) of every unit (a panel row);
+    ``weights`` float [B, m]: the multiplicity of every unit in each of B fitting sets (0 = not in the set).
+    For fitting set b, its distinct dates (positions with positive weight) are cut into ``n_splits``
+    contiguous blocks (``numpy.array_split``: the first blocks take the remainder, as scikit-learn's
+    ``KFold``). Inner fold j tests on block j, dates [a, b], and trains on the set's other units except
+
+    * before the block: a unit at t needs ``pos(t) < pos(a) - max(horizon, embargo_days)``, the chronological
+      split's rule (its label window [t, t + horizon] closes before the block, plus the embargo);
+    * after the block: a unit at t needs ``pos(t) > pos(b) + horizon + embargo_days``, purged K-fold's rule
+      (López de Prado 2018, ch. 7.4: the block's labels reach pos(b) + horizon, then the embargo).
+
+    No date is ever on both sides of an inner fold. A fitting set with fewer distinct dates than ``n_splits``
+    (a bootstrap replicate that drew few training dates) is cut into as many blocks as it has dates; a fold
+    that has no block, or whose block leaves no training unit after purging, is left out of the score (its
+    ``test`` is empty and its ``train`` the whole set). Returns ``(train, test)`` bool [B, n_splits, m]."""
+    pos = np.asarray(positions, dtype=np.int64)
+    W = np.asarray(weights, dtype=np.float64)
+    if W.ndim != 2 or W.shape[1] != pos.shape[0]:
+        raise ValueError(f"weights must be [B, {pos.shape[0]}], got shape {W.shape}")
+    if n_splits < 2:
+        raise ProtocolError(f"{field}: need at least 2 date blocks (got {n_splits})")
+    B, m = W.shape
+    before_gap, after_gap = max(int(horizon), int(embargo_days)), int(horizon) + int(embargo_days)
+    present = W > 0
+    train = np.repeat(present[:, None, :], n_splits, axis=1)
+    test = np.zeros((B, n_splits, m), dtype=bool)
+    for b in range(B):
+        udates = np.unique(pos[present[b]])
+        for j, block in enumerate(np.array_split(udates, min(n_splits, len(udates)))):
+            a, z = block[0], block[-1]
+            tr = present[b] & ((pos < a - before_gap) | (pos > z + after_gap))
+            if tr.any():
+                test[b, j] = present[b] & (pos >= a) & (pos <= z)
+                train[b, j] = tr
+    return train, test

@@ -72,14 +72,16 @@ def render_markdown(results: dict) -> str:
          + (results["r2_definition"].removeprefix("out-of-sample ") + ". " if results.get("r2_definition") else
             "R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train being the mean target of the fold the ridge was fitted on. ")
          + f"Ridge regression on the embeddings, intercept unpenalised, penalty chosen inside every training set "
-         f"by {results['regression']['alpha_selection_detail']}. "
+         + f"by {_selection_text(results)}. "
          f"**leakage-off**: fitted on dates ≤ {off['train_end']} "
          f"less the {off['embargo_days']} trading days"
          + (f" ({off['calendar']} sessions)" if off.get("calendar") else "")
          + f" before the first test date {off['first_test_date']} "
          f"({off['n_train']} rows, {off['n_embargoed']} embargoed), tested on dates ≥ {off['test_start']} "
          f"({off['n_test']} rows). **leakage-on**: GroupKFold by security ({on['n_splits']} folds) over all "
-         f"{on['n_rows']} rows, pooled out-of-fold R². Premium = R²(on) − R²(off). {pct} percentile intervals "
+         f"{on['n_rows']} rows, pooled out-of-fold R². Premium = R²(on) − R²(off)"
+         + (", both on the leakage-off test rows (same rows)" if _decomposed(results) else "")
+         + f". {pct} percentile intervals "
          f"from {boot['resamples']} bootstrap resamples {_resampled(boot)} (seed {boot['seed']}), the same draws for every "
          f"model"
          + (f"; in every replicate the penalty is {boot['penalty_in_replicates']}"
@@ -89,11 +91,16 @@ def render_markdown(results: dict) -> str:
          f"estimate) exceeds {boot.get('bias_limit_sd', 0.5):g} × the bootstrap sd, or a penalty selection of "
          "its point estimate ends at an edge of the α grid."),
         "",
-        f"| model | r2_off | r2_on | premium [{pct} CI] | verdict | p |",
+    ]
+    if _decomposed(results):
+        lines += decomposition_lines(results, pct)
+    lines += [
+        f"| model | r2_off | r2_on{' (test rows)' if _decomposed(results) else ''} | premium [{pct} CI] | verdict | p |",
         "|---|---:|---:|---|---|---:|",
     ]
     for m in results["models"]:
-        lines.append(f"| {m['name']} | {_f(m['r2_off'])} | {_f(m['r2_on'])} | {_f(m['premium'])} "
+        lines.append(f"| {m['name']} | {_f(m['r2_off'])} | {_f(m.get('r2_on_test_rows', m['r2_on']))} | "
+                     f"{_f(m['premium'])} "
                      f"{_ci(m['premium_ci'])}{_bias_note(m)} | {m['verdict']} | {_p(m.get('premium_p_value'))} |")
     lines += _reason_lines([(m["name"], m) for m in results["models"]])
     if results["reductions"]:
@@ -120,9 +127,51 @@ def render_markdown(results: dict) -> str:
         levels = ds.get("price_levels_in_prompts") or []
         lines += ["", f"Prices: {ds['adjustment']}. Price levels in the prompts: "
                       f"{', '.join(levels) if levels else 'none (returns and volume ratios only)'}."]
+    if results.get("diagnostics"):
+        lines += ["", "## Checks that did nothing on this panel", ""]
+        lines += [f"- **{d['protocol']}** ({d['check']}): {d['message']}." for d in results["diagnostics"]]
+    shown = {f"{d['protocol']}: {d['message']}" for d in results.get("diagnostics") or []}
     for w in results.get("warnings", []):
-        lines.append(f"\n**Warning:** {w}")
+        if w not in shown:
+            lines.append(f"\n**Warning:** {w}")
     return "\n".join(lines) + "\n"
+
+
+def _decomposed(results: dict) -> bool:
+    """True for results with the date-only baseline and the market-neutral premium."""
+    return bool(results.get("models")) and "market_neutral" in results["models"][0]
+
+
+def _selection_text(results: dict) -> str:
+    """How the penalty was chosen, per protocol when it differs (``penalty_selection`` of the first model)."""
+    sel = (results.get("models") or [{}])[0].get("penalty_selection")
+    if not sel:
+        return results["regression"]["alpha_selection_detail"]
+    off, on = sel["leakage_off"]["scheme"], sel["leakage_on"]["scheme"]
+    if off == on:
+        return off
+    return f"{off} for leakage-off and the other date protocols, and by {on} for leakage-on"
+
+
+def decomposition_lines(results: dict, pct: str) -> list[str]:
+    """The headline table (market-neutral premium, the raw premium, the date-only baseline's part, the excess
+    over it) and one sentence per model saying what part of its premium is mechanical."""
+    base = results["date_only_baseline"]
+    out = ["## Leakage premium, decomposed", "",
+           f"| model | market-neutral premium [{pct} CI] | verdict | raw premium [{pct} CI] | date-only part | "
+           f"excess over date-only [{pct} CI] | excess verdict |", "|---|---|---|---|---:|---|---|"]
+    for m in results["models"]:
+        mn, ex = m["market_neutral"], m["excess"]
+        out.append(f"| {m['name']} | {_f(mn['premium'])} {_ci(mn['premium_ci'])} | {mn['verdict']} | "
+                   f"{_f(m['premium'])} {_ci(m['premium_ci'])} | {_f(m['date_only_premium'])} | "
+                   f"{_f(ex['premium'])} {_ci(ex['ci'])} | {ex['verdict']} |")
+    braw, bmn = base["raw"], base["market_neutral"]
+    out.append(f"| *{base['name']}* | {_f(bmn['premium'])} {_ci(bmn['premium_ci'])} | {bmn['verdict']} | "
+               f"{_f(braw['premium'])} {_ci(braw['premium_ci'])} | {_f(braw['premium'])} | 0 | — |")
+    out += ["", "The market-neutral premium heads the table: " + results["headline"]["why"] + ".", ""]
+    out += [f"- {m['mechanical']}" for m in results["models"]]
+    out += [""]
+    return out
 
 
 def _resampled(boot: dict) -> str:
@@ -171,9 +220,19 @@ PROTOCOL_LABELS = {"walk-forward": "walk-forward (mean of folds)", "purged-kfold
 
 
 def main_table(results: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-model table: model | r2_off | r2_on | premium [CI] | bias / sd | p | verdict |
-    reason (why a result is unreliable)."""
+    """Header and rows of the per-model table: model | market-neutral premium [CI] | its verdict | r2_off |
+    r2_on | premium [CI] | bias / sd | p | verdict | reason (why a result is unreliable); without the
+    decomposition (older results) the first two columns are left out."""
     pct = f"{100 * results['bootstrap']['confidence']:g}%"
+    if _decomposed(results):
+        rows = [[m["name"], f"{_f(m['market_neutral']['premium'])} {_ci(m['market_neutral']['premium_ci'])}",
+                 m["market_neutral"]["verdict"], f"{_f(m['excess']['premium'])} {_ci(m['excess']['ci'])}",
+                 _f(m["r2_off"]), _f(m["r2_on_test_rows"]), f"{_f(m['premium'])} {_ci(m['premium_ci'])}", _bias(m),
+                 _p(m.get("premium_p_value")), m["verdict"], "; ".join(m.get("verdict_reasons") or [])]
+                for m in results["models"]]
+        return ["model", f"market-neutral premium [{pct} CI]", "verdict", f"excess over date-only [{pct} CI]",
+                "r2_off", "r2_on (test rows)", f"raw premium [{pct} CI]", "bias / sd", "p", "raw verdict",
+                "reason"], rows
     rows = [[m["name"], _f(m["r2_off"]), _f(m["r2_on"]), f"{_f(m['premium'])} {_ci(m['premium_ci'])}", _bias(m),
              _p(m.get("premium_p_value")), m["verdict"], "; ".join(m.get("verdict_reasons") or [])]
             for m in results["models"]]
@@ -221,7 +280,9 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
         base = results["protocol"]["leakage_off"]["embargo_days"]
         header = ["model", f"r2_off (embargo {base})"] + \
             [f"r2_off / premium (embargo {e['embargo_days']})" for e in models[0]["embargo_robustness"]]
-        rows = [[m["name"], _f(m["r2_off"])] + [f"{_f(e['r2_off'])} / {_f(e['premium'])}"
+        rows = [[m["name"], _f(m["r2_off"])] + [f"same training set as embargo {e['same_as']}"
+                                               if e.get("same_as") is not None else
+                                               f"{_f(e['r2_off'])} / {_f(e['premium'])}"
                                                for e in m["embargo_robustness"]] for m in models]
         out.append(("Embargo robustness (point estimates, trading days)", header, rows, "l" + "r" * (len(header) - 1)))
     cc = results.get("cutoff_control")
@@ -269,7 +330,8 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
 
     pct = f"{100 * results['bootstrap']['confidence']:g}%"
     header, rows = main_table(results)
-    tables = [("Leakage premium per model", header, rows, "lrrrrrll")]
+    tables = [("Leakage premium per model", header, rows,
+               "lrlrrrrrrll" if _decomposed(results) else "lrrrrrll")]
     if results["reductions"]:
         tables.append(("Premium reductions (paired over the same bootstrap draws)",
                        *reductions_table(results["reductions"], pct)))

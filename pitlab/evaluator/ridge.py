@@ -166,7 +166,9 @@ class RowStats:
     and outer GroupKFold group units by it). Only :meth:`weighted`, ``n``, ``m`` and ``d`` are offered: a
     weighted sum costs (rows with nonzero weight)·d² per weighting (instead of S·d² for per-security
     statistics; the k inner folds of a replicate partition its rows, so together they cost one pass) and no
-    per-unit d × d matrix is ever stored.
+    per-unit d × d matrix is ever stored. ``unit_pos`` int64 numpy [m] (optional): the calendar position of
+    every unit, for date-blocked inner folds. With few features (:data:`PACKED_ROW_TERMS_BYTES`) the rows'
+    own products are packed once, [r, 1 + d + 2 + d(d+1)/2], and a weighted sum is one matrix product.
     """
 
     X: object
@@ -174,6 +176,7 @@ class RowStats:
     index: np.ndarray
     m_units: int
     unit_security: np.ndarray
+    unit_pos: np.ndarray | None = None
 
     @property
     def m(self) -> int:
@@ -184,6 +187,12 @@ class RowStats:
     def d(self) -> int:
         """Number of features."""
         return int(self.X.shape[1])
+
+    def _packed_terms(self):
+        """The packed per-row products (:func:`_packed_row_terms`), built once, or None."""
+        if "_packed" not in self.__dict__:
+            object.__setattr__(self, "_packed", _packed_row_terms(self))  # frozen dataclass: a cache
+        return self.__dict__["_packed"]
 
     @property
     def n(self):
@@ -202,6 +211,16 @@ class RowStats:
         Wr = W[:, ix]  # [B, r]
         m = xp(W)
         d = self.d
+        packed = self._packed_terms()
+        if packed is not None:
+            lo, hi = np.tril_indices(d)
+            tot = Wr @ packed  # [B, 3 + d + d(d+1)/2]: n, Σy, Σy², Σx, Σxy, lower triangle of XᵀX
+            sxx = m.zeros((W.shape[0], d * d), dtype=W.dtype) if m is np else W.new_zeros((W.shape[0], d * d))
+            tri = tot[:, 3 + 2 * d:]
+            sxx[:, lo * d + hi] = tri
+            sxx[:, hi * d + lo] = tri
+            return SuffStats(n=tot[:, 0], sx=tot[:, 3:3 + d], sy=tot[:, 1], syy=tot[:, 2],
+                             sxx=sxx.reshape(W.shape[0], d, d), sxy=tot[:, 3 + d:3 + 2 * d])
         sxx = m.zeros((W.shape[0], d, d), dtype=W.dtype) if m is np else \
             W.new_zeros((W.shape[0], d, d))
         nz_all = to_numpy(Wr != 0)
@@ -215,6 +234,30 @@ class RowStats:
             sxx[b] = m.swapaxes(Xb, 0, 1) @ (Xb * Wr[b, nz][:, None])
         return SuffStats(n=Wr.sum(axis=1), sx=Wr @ self.X, sy=Wr @ self.y, syy=Wr @ (self.y * self.y), sxx=sxx,
                          sxy=(Wr * self.y[None, :]) @ self.X)
+
+
+PACKED_ROW_TERMS_BYTES = 1 << 27
+"""Largest float64 table of packed per-row products (rows × (3 + 2d + d(d+1)/2) × 8 bytes) that
+:meth:`RowStats.weighted` builds to replace its per-weighting loop by one matrix product (small d: the
+date-only baseline, simulations); wider embeddings keep the loop, which stores no such table."""
+
+
+def _packed_row_terms(rs: "RowStats"):
+    """[r, 3 + 2d + d(d+1)/2]: each row's 1, y, y², x, x·y and lower triangle of x xᵀ, or None when too large."""
+    d, r = rs.d, int(rs.X.shape[0])
+    q = 3 + 2 * d + d * (d + 1) // 2
+    if r * q * 8 > PACKED_ROW_TERMS_BYTES:
+        return None
+    m = xp(rs.X)
+    lo, hi = np.tril_indices(d)
+    if m is not np:
+        import torch
+
+        lo, hi = torch.as_tensor(lo, device=rs.X.device), torch.as_tensor(hi, device=rs.X.device)
+    X, y = rs.X, rs.y
+    one = m.ones_like(y)
+    return m.concatenate([m.stack([one, y, y * y], axis=1) if m is np else m.stack([one, y, y * y], dim=1),
+                          X, X * y[:, None], X[:, lo] * X[:, hi]], axis=1)
 
 
 def _index_like(ref, index):

@@ -1,0 +1,106 @@
+"""What part of a leakage premium is mechanical: the date-only baseline, the market-neutral target, the excess
+premium, and the checks that did nothing (docs/statistics.md, "Decomposing the premium").
+
+* **Date-only baseline**: features that identify the row's date and nothing else (one indicator column per
+  panel date), evaluated through the same protocols, penalty selection and bootstrap draws as every model.
+  Under leakage-on (GroupKFold by security, all dates on both sides) it learns each date's mean return from
+  the other securities of that date; under leakage-off its test dates were never seen. Its premium is what
+  knowing the date is worth, with no knowledge of the future at all.
+* **Excess premium** of a model: its premium minus the baseline's, paired replicate by replicate.
+* **Market-neutral premium**: the premium on the target minus its date's cross-sectional mean (as the JPX
+  competition scores returns), which no date feature can predict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from pitlab.evaluator.bootstrap import judge
+
+DATE_ONLY = "date-only baseline"
+MIN_TIME_CLUSTERS = 10
+"""A protocol side with fewer distinct dates than this has too few time clusters for a date-clustered interval
+to be read at face value (MacKinnon & Webb 2017: cluster-robust inference degrades below ~10-20 clusters)."""
+
+
+def date_features(date_codes: np.ndarray, n_dates: int) -> np.ndarray:
+    """The date-only baseline's features: float64 [n_rows, n_dates], one indicator column per panel date
+    (``date_codes`` int [n_rows] in 0..n_dates-1)."""
+    codes = np.asarray(date_codes, dtype=np.int64)
+    X = np.zeros((len(codes), int(n_dates)))
+    X[np.arange(len(codes)), codes] = 1.0
+    return X
+
+
+def market_neutral(y: np.ndarray, date_codes: np.ndarray) -> np.ndarray:
+    """``y`` float [n_rows] minus the mean of ``y`` over the panel rows of the same date (float64 [n_rows])."""
+    y = np.asarray(y, dtype=np.float64)
+    codes = np.asarray(date_codes, dtype=np.int64)
+    n = np.bincount(codes)
+    return y - (np.bincount(codes, weights=y) / np.maximum(n, 1))[codes]
+
+
+def excess(point: float, reps: np.ndarray, base_point: float, base_reps: np.ndarray, confidence: float,
+           edges: list[str] | tuple = ()) -> dict:
+    """Excess premium ``point - base_point`` with its interval from the paired replicates ``reps - base_reps``
+    (float [R], the same draws): :func:`pitlab.evaluator.bootstrap.judge`'s fields plus ``premium``."""
+    diff = np.asarray(reps, dtype=np.float64) - np.asarray(base_reps, dtype=np.float64)
+    return {"premium": float(point - base_point), **judge(float(point - base_point), diff, confidence, edges)}
+
+
+def mechanical_sentence(name: str, raw: float, base: float, excess_: dict, neutral: dict) -> str:
+    """One sentence: how much of ``name``'s raw premium the date-only baseline explains, and what is left
+    (excess over the baseline and the market-neutral premium, with their verdicts)."""
+    tail = (f"excess over the baseline {excess_['premium']:+.4f} ({excess_['verdict']}), market-neutral "
+            f"premium {neutral['premium']:+.4f} ({neutral['verdict']}).")
+    if not np.isfinite(raw) or raw <= 0:
+        return f"{name}: raw premium {raw:+.4f}, nothing for date recognition to explain; {tail}"
+    if np.isfinite(base) and base >= raw:
+        return (f"{name}: raw premium {raw:+.4f}, all of it mechanical: features that only identify the date "
+                f"earn {base:+.4f} under mixed time; {tail}")
+    share = max(0.0, base) / raw if np.isfinite(base) else float("nan")
+    return (f"{name}: raw premium {raw:+.4f}, of which {100 * share:.0f} % is mechanical (the date-only baseline "
+            f"earns {base:+.4f}); {tail}")
+
+
+def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray,
+                 calendar_name: str) -> list[dict]:
+    """The protocol checks that did nothing on this panel, each ``{"check", "protocol", "message"}``:
+
+    * the chronological split's embargo removed no row (no panel date within ``embargoDays`` sessions of the
+      first test date);
+    * purged K-fold purged and embargoed no row in a fold;
+    * an ``embargoRobustness`` length left the training set unchanged (``embargo_rows``' ``same_as`` key);
+    * a protocol side with fewer than :data:`MIN_TIME_CLUSTERS` distinct dates."""
+    out = []
+    if split.n_embargoed == 0:
+        out.append({"check": "embargo-removed-nothing", "protocol": "chronological",
+                    "message": f"the embargo of {split.embargo_days} trading days ({calendar_name}) removed no "
+                               "panel row: no sampled date lies that close to the first test date, so "
+                               "leakage-off equals the split without embargo"})
+    d = pd.DatetimeIndex(dates)
+    for side, mask in (("training", split.train_mask), ("test", split.test_mask)):
+        n = int(d[mask].nunique())
+        if n < MIN_TIME_CLUSTERS:
+            out.append({"check": "few-time-clusters", "protocol": "chronological",
+                        "message": f"leakage-off's {side} side has {n} distinct dates (< {MIN_TIME_CLUSTERS} time "
+                                   "clusters): its R² rests on few independent market days"})
+    for pname, sp in extra.items():
+        if pname == "purged-kfold":
+            empty = [k + 1 for k, rm in enumerate(sp.fold_removed) if not rm.any()]
+            if empty:
+                out.append({"check": "purge-removed-nothing", "protocol": pname,
+                            "message": f"purging and embargo removed no row in fold(s) {empty} of "
+                                       f"{sp.get_n_splits()}: those folds are plain K-fold over date blocks"})
+        small = [k + 1 for k, te in enumerate(sp.fold_test) if d[te].nunique() < MIN_TIME_CLUSTERS]
+        if small:
+            out.append({"check": "few-time-clusters", "protocol": pname,
+                        "message": f"fold(s) {small} of {sp.get_n_splits()} test fewer than {MIN_TIME_CLUSTERS} "
+                                   "distinct dates each"})
+    for r in embargo_rows:
+        if r.get("same_as") is not None:
+            out.append({"check": "embargo-unchanged", "protocol": "chronological",
+                        "message": f"embargoRobustness {r['embargo_days']} trading days leaves the same training "
+                                   f"set as {r['same_as']} days: its row repeats that number and tests nothing"})
+    return out

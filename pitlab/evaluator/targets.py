@@ -1,0 +1,202 @@
+"""One model's statistics on one target: point estimates (with α-grid widening), bootstrap replicates, the
+extra date protocols and the embargo robustness, on an evaluation's shared splits and draws."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pitlab.evaluator.bootstrap import PremiumReplicates, bootstrap_model, judge, percentile_ci
+from pitlab.evaluator.estimates import AlphaSelection, Fold, PanelStats, leakage_off_r2, leakage_on_r2
+from pitlab.evaluator.protocols import ChronologicalSplit
+
+
+WIDEN_STEPS = 3
+"""Times the α grid is widened when a point estimate's selection ends at one of its edges."""
+WIDEN_DECADES = 2
+"""Decades added per widening on the side that was hit: penalties grid_min/100, grid_min/10 (lower edge) or
+grid_max·10, grid_max·100 (upper edge)."""
+
+
+def fold_edges(label: str, alpha_index, df, alphas: list[float]) -> tuple[list[str], bool, bool]:
+    """Penalty selections of one protocol's point estimate that ended at an edge of the grid ``alphas``.
+
+    ``alpha_index`` int [K] and ``df`` float [K] (degrees of freedom at the choice, intercept included) per fold.
+    A fold is at the lower edge when it chose the smallest penalty, at the upper edge when it chose the largest
+    and still fits at least one effective parameter besides the intercept (df − 1 ≥ 1: the selection wanted more
+    shrinkage than the grid offers; a fit shrunk to less than one parameter says "no signal", which a larger
+    penalty would not change). Returns (phrases, lower hit, upper hit); nothing for a one-value grid."""
+    a = np.asarray(alphas, dtype=np.float64)
+    if len(np.unique(a)) < 2:
+        return [], False, False
+    out, lower, upper = [], False, False
+    idx, dfs = np.atleast_1d(np.asarray(alpha_index)), np.atleast_1d(np.asarray(df, dtype=np.float64))
+    for i, (k, f) in enumerate(zip(idx, dfs)):
+        where = label if len(idx) == 1 else f"{label} fold {i + 1}"
+        if a[k] <= a.min():
+            lower = True
+            out.append(f"{where} chose the smallest penalty {a[k]:g} of the grid")
+        elif a[k] >= a.max() and np.isfinite(f) and f - 1.0 >= 1.0:
+            upper = True
+            out.append(f"{where} chose the largest penalty {a[k]:g} of the grid yet fits {f - 1.0:.1f} "
+                       "effective parameters")
+    return out, lower, upper
+
+
+def widen_grid(alphas: list[float], lower: bool, upper: bool) -> list[float]:
+    """``alphas`` (sorted) with :data:`WIDEN_DECADES` decades added below its minimum (``lower``) and/or above
+    its maximum (``upper``), one value per decade."""
+    a = sorted(float(x) for x in alphas)
+    lo = [a[0] / 10.0 ** k for k in range(WIDEN_DECADES, 0, -1)] if lower else []
+    hi = [a[-1] * 10.0 ** k for k in range(1, WIDEN_DECADES + 1)] if upper else []
+    return lo + a + hi
+
+
+def point_estimates(stats: PanelStats, point_folds: np.ndarray, n_splits: int, alphas: list[float],
+                    selection: AlphaSelection, benchmark: str = "train_mean",
+                    extra_folds: dict[str, list[Fold]] | None = None,
+                    time_selection: AlphaSelection | None = None, same_rows: bool = False) -> tuple:
+    """Point estimates of leakage-off and leakage-on (and the penalties of ``extra_folds``' protocols), with
+    the α grid widened by :func:`widen_grid` while a selection ends at an edge (:func:`fold_edges`), at most
+    :data:`WIDEN_STEPS` times.
+
+    ``point_folds`` int [1, units]: GroupKFold fold of every unit. Returns ``(off, on, edges, grid,
+    widenings)``: the :class:`pitlab.evaluator.estimates.R2Batch` of both protocols (B = 1) on the final grid
+    (leakage-on also on the leakage-off test rows with ``same_rows``; the date protocols' penalty chosen by
+    ``time_selection``, default ``selection``),
+    ``edges`` protocol key (``off``, ``on``, or an ``extra_folds`` key) → :func:`fold_edges`' triple, the
+    final grid and the number of widenings."""
+    ones = np.ones((1, stats.n_securities))
+    grid, widenings = list(alphas), 0
+    while True:
+        off = leakage_off_r2(stats, ones, grid, time_selection or selection, benchmark)
+        on = leakage_on_r2(stats, ones, point_folds, n_splits, grid, selection, benchmark,
+                           score_rows=stats.test_mask if same_rows else None)
+        edges = {"off": fold_edges("leakage-off", off.alpha_index, off.df, grid),
+                 "on": fold_edges("leakage-on", on.alpha_index[0], on.df[0], grid)}
+        for pname, pf in (extra_folds or {}).items():
+            fr = stats.protocol_errors(pf, ones, grid, time_selection or selection, benchmark, diagnostics=True)
+            edges[pname] = fold_edges(pname, fr.alpha_index[0], fr.df[0], grid)
+        lower, upper = any(e[1] for e in edges.values()), any(e[2] for e in edges.values())
+        if not (lower or upper) or widenings == WIDEN_STEPS:
+            return off, on, edges, grid, widenings
+        grid, widenings = widen_grid(grid, lower, upper), widenings + 1
+
+
+
+def _extra_protocols(stats: PanelStats, setup, pfolds: dict[str, list[Fold]], grid: list[float],
+                     on_r2: float, r2_on_reps: np.ndarray, edge_text: dict[str, list[str]],
+                     boot) -> tuple[dict, dict[str, np.ndarray]]:
+    """Walk-forward / purged K-fold of one model: R² (point and replicates), per-fold values, premium vs
+    leakage-on with its verdict. Returns (results by protocol, premium replicates by protocol)."""
+    out, reps_out = {}, {}
+    for pname, pf in pfolds.items():
+        fr = stats.protocol_errors(pf, np.vstack([setup.ones, setup.weights]), grid, setup.time_selection,
+                                   setup.benchmark, diagnostics=True, point_first=True, reselect=setup.reselect)
+        head = fr.mean if pname == "walk-forward" else fr.pooled
+        prem = on_r2 - head[0]
+        prem_reps = r2_on_reps - head[1:]
+        pj = judge(float(prem), prem_reps, boot.confidence, edge_text["on"] + edge_text[pname])
+        out[pname] = {
+            "r2": float(head[0]), "r2_ci": list(percentile_ci(head[1:], boot.confidence)),
+            "r2_mean": float(fr.mean[0]), "r2_pooled": float(fr.pooled[0]),
+            "r2_per_fold": [float(v) for v in fr.r2[0]],
+            "r2_per_fold_ci": [list(percentile_ci(fr.r2[1:, k], boot.confidence)) for k in range(fr.r2.shape[1])],
+            "alpha_per_fold": [float(a) for a in fr.alpha[0]],
+            "premium": float(prem), "premium_ci": pj["ci"], "premium_p_value": pj["p_value"],
+            "premium_bias": pj["bias"], "premium_sd": pj["sd"], "verdict": pj["verdict"],
+            "verdict_reasons": pj["reasons"]}
+        reps_out[pname] = prem_reps
+    return out, reps_out
+
+
+def _embargo_robustness(stats: PanelStats, spec, setup, grid: list[float], on_r2: float) -> list[dict]:
+    """r2_off and the premium re-estimated at each of ``protocol.embargoRobustness``'s embargo lengths (the
+    date-blocked selection embargoed by the same length). ``same_as``: the embargo length (the spec's, or an
+    earlier one of the list) whose training set this one repeats, else None; its numbers are then None."""
+    proto = spec.protocol
+    seen = [(proto.embargo_days, setup.split.train_mask)]
+    out = []
+    for e in proto.embargo_robustness:
+        with warnings.catch_warnings():  # a short embargo is the point of the robustness check
+            warnings.simplefilter("ignore", UserWarning)
+            sp_e = ChronologicalSplit(setup.dates, setup.calendar, proto.train_end, proto.test_start, e)
+        same = next((d for d, mask in seen if np.array_equal(mask, sp_e.train_mask)), None)
+        seen.append((e, sp_e.train_mask))
+        row = {"embargo_days": int(e), "n_train": sp_e.n_train, "same_as": same, "r2_off": None, "premium": None}
+        if same is None:
+            sel = setup.time_selection
+            if sel.method == "date-blocked":
+                sel = replace(sel, embargo_days=int(e))
+            r_e = stats.protocol_errors([Fold(sp_e.train_mask, sp_e.test_mask)], setup.ones, grid, sel,
+                                         setup.benchmark)
+            row.update(r2_off=float(r_e.r2[0, 0]), premium=float(on_r2 - r_e.r2[0, 0]))
+        out.append(row)
+    return out
+
+
+@dataclass
+class TargetStats:
+    """One model (or the date-only baseline) on one target: ``off``, ``on`` the point estimates
+    (:class:`pitlab.evaluator.estimates.R2Batch`, B = 1; ``on.r2_rows`` on the leakage-off test rows), ``reps``
+    the bootstrap replicates, the final α ``grid`` and its ``widenings``, ``edges`` (:func:`point_estimates`),
+    ``edge_text`` (phrases per protocol key), and, when computed (``full``), the extra protocols'
+    results and premium replicates and the embargo robustness rows."""
+
+    off: object
+    on: object
+    reps: PremiumReplicates
+    grid: list[float]
+    widenings: int
+    edges: dict
+    edge_text: dict
+    protocols: dict
+    protocol_reps: dict
+    robustness: list[dict]
+
+    @property
+    def r2_on_rows(self) -> float:
+        """R²(on) on the leakage-off test rows (the same rows as R²(off))."""
+        return float(self.on.r2_rows[0])
+
+    @property
+    def premium(self) -> float:
+        """R²(on) − R²(off) on the same rows (the leakage-off test rows)."""
+        return self.r2_on_rows - float(self.off.r2[0])
+
+
+def build_stats(setup, X: np.ndarray, y: np.ndarray) -> PanelStats:
+    """The :class:`PanelStats` of embeddings ``X`` [n_rows, d] and target ``y`` [n_rows] on ``setup``'s split:
+    per-security units, or row units (with calendar positions) when ``setup.row_units``."""
+    split = setup.split
+    if not setup.row_units:
+        return PanelStats.build(X, y, setup.codes, setup.n_securities, split.train_mask, split.test_mask,
+                                setup.backend)
+    return PanelStats.build_rows(X, y, setup.codes, split.train_mask, split.test_mask, setup.backend,
+                                 positions=setup.positions)
+
+
+def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = True) -> TargetStats:
+    """Everything one target gives for one model on ``setup``'s shared splits and draws. ``full``: also the
+    extra protocols (``protocol.protocols``) and ``protocol.embargoRobustness``; otherwise leakage-off and
+    leakage-on only (the market-neutral target)."""
+    stats = build_stats(setup, X, y)
+    K = spec.protocol.group_k_folds
+    pfolds = ({p: [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)] for p, sp in setup.extra.items()}
+              if full else {})
+    off, on, edges, grid, widenings = point_estimates(stats, setup.point_folds, K, setup.alphas, setup.selection,
+                                                      setup.benchmark, pfolds, setup.time_selection, True)
+    grid_note = (f" (regression.alphas widened {widenings} time(s), {WIDEN_DECADES} decades each, to "
+                 f"[{', '.join(f'{a:g}' for a in grid)}])" if widenings else "")
+    edge_text = {k: [f"{e}{grid_note}" for e in v[0]] for k, v in edges.items()}
+    fixed = None if setup.reselect else (off.alpha_index, on.alpha_index)
+    reps = bootstrap_model(stats, setup.weights, setup.folds, K, grid, setup.selection, setup.benchmark, fixed,
+                           setup.time_selection, same_rows=True)
+    protocols, protocol_reps, robustness = {}, {}, []
+    if full:
+        protocols, protocol_reps = _extra_protocols(stats, setup, pfolds, grid, float(on.r2[0]), reps.r2_on,
+                                                    edge_text, spec.bootstrap)
+        robustness = _embargo_robustness(stats, spec, setup, grid, float(on.r2_rows[0]))
+    return TargetStats(off, on, reps, grid, widenings, edges, edge_text, protocols, protocol_reps, robustness)
