@@ -403,7 +403,7 @@ def test_security_cv_selection_end_to_end_on_planted_date_effect(tmp_path, fake_
     assert res["regression"]["alpha_selection"] == "security-cv"
     assert "GroupKFold by security inside the training set" in (tmp_path / "out" / "report.md").read_text()
     assert m["premium"] == pytest.approx(0.67974, abs=1e-5)
-    assert m["premium_ci"][0] > 0.5 and m["verdict"] == "significant"
+    assert m["premium_ci"][0] > 0.2 and m["verdict"] == "significant"
 
 
 def test_failed_run_leaves_no_complete_looking_output(tmp_path, fake_models, monkeypatch):
@@ -523,7 +523,7 @@ def test_end_to_end_with_real_minilm_encoder(tmp_path, tiny_causal_lm):
     assert m["premium"] == pytest.approx(m["r2_on_test_rows"] - m["r2_off"])
     assert m["premium_all_rows"] == pytest.approx(m["r2_on"] - m["r2_off"])
     assert m["n_train"] + m["n_embargoed"] + m["n_test"] == 240 and m["n_test"] == 90
-    assert len(m["alpha_on"]) == 5 and m["alpha_off"] in ALPHAS
+    assert len(m["alpha_on"]) == 5 and m["alpha_off"] in m["alphas"]
     assert res["benchmark"] == "training mean" and len(res["reductions"]) == 1
     assert set(res["versions"]) >= {"torch", "transformers", "scikit-learn", "numpy"}
     assert res["panel"]["n_rows"] == 240 and res["panel"]["n_securities"] == 30

@@ -84,7 +84,7 @@ def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray
         n = int(d[mask].nunique())
         if n < MIN_TIME_CLUSTERS:
             out.append({"check": "few-time-clusters", "protocol": "chronological",
-                        "message": f"leakage-off's {side} side has {n} distinct dates (< {MIN_TIME_CLUSTERS} time "
+                        "message": f"the leakage-off {side} side has {n} distinct dates (< {MIN_TIME_CLUSTERS} time "
                                    "clusters): its R² rests on few independent market days"})
     for pname, sp in extra.items():
         if pname == "purged-kfold":

@@ -408,6 +408,8 @@ def date_block_folds(positions: np.ndarray, weights: np.ndarray, n_splits: int, 
     test = np.zeros((B, n_splits, m), dtype=bool)
     for b in range(B):
         udates = np.unique(pos[present[b]])
+        if len(udates) == 0:
+            continue
         for j, block in enumerate(np.array_split(udates, min(n_splits, len(udates)))):
             a, z = block[0], block[-1]
             tr = present[b] & ((pos < a - before_gap) | (pos > z + after_gap))

@@ -1,0 +1,187 @@
+"""Time-respecting penalty selection, the same-row premium, the date-only baseline, the market-neutral target and
+the checks that say when a protocol did nothing (issue 28)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.linear_model import Ridge
+
+from pitlab.api.leakageeval import LeakageEvalSpec
+from pitlab.data.types import Panel
+from pitlab.evaluator.decompose import date_features, empty_checks, market_neutral
+from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_on_r2, select_alpha
+from pitlab.evaluator.protocols import (LABEL_HORIZON_DAYS, ChronologicalSplit, PurgedKFoldSplit, date_block_folds,
+                                        security_folds)
+from pitlab.evaluator.run import prepare_evaluation
+from pitlab.evaluator.targets import target_statistics
+
+
+# ---------------------------------------------------------------- date-blocked inner folds
+@settings(max_examples=150, deadline=None)
+@given(positions=st.lists(st.integers(0, 60), min_size=4, max_size=80),
+       weights=st.data(), k=st.integers(2, 6), embargo=st.integers(0, 8))
+def test_date_blocked_inner_folds_never_put_one_date_on_both_sides(positions, weights, k, embargo):
+    pos = np.asarray(positions)
+    w = np.asarray(weights.draw(st.lists(st.integers(0, 3), min_size=len(pos), max_size=len(pos))), dtype=float)
+    W = np.stack([w, np.ones_like(w)])
+    train, test = date_block_folds(pos, W, k, embargo)
+    for b in range(2):
+        scored = [j for j in range(k) if test[b, j].any()]
+        covered = np.zeros(len(pos), dtype=bool)
+        for j in range(k):
+            tr_dates, te_dates = set(pos[train[b, j]]), set(pos[test[b, j]])
+            assert not tr_dates & te_dates  # no date on both sides
+            assert not (train[b, j] & (W[b] == 0)).any() and not (test[b, j] & (W[b] == 0)).any()
+            if test[b, j].any():
+                lo, hi = min(te_dates), max(te_dates)
+                assert all(d < lo - max(LABEL_HORIZON_DAYS, embargo) or d > hi + LABEL_HORIZON_DAYS + embargo
+                           for d in tr_dates)  # purged before, purged and embargoed after
+                # a block is contiguous: every drawn date between its ends is in it
+                assert set(pos[(W[b] > 0) & (pos >= lo) & (pos <= hi)]) == te_dates
+                assert not (covered & test[b, j]).any()
+                covered |= test[b, j]
+        if scored:  # the scored blocks are in date order
+            firsts = [pos[test[b, j]].min() for j in scored]
+            assert firsts == sorted(firsts)
+
+
+def test_date_blocked_folds_on_a_hand_made_example():
+    pos = np.array([0, 0, 10, 10, 20, 20, 30, 30, 40, 40])  # 5 dates, 2 rows each
+    train, test = date_block_folds(pos, np.ones((1, 10)), 5, embargo_days=3)
+    # fold 3 tests date 20: training keeps dates < 20 - 3 and > 20 + 2 + 3
+    np.testing.assert_array_equal(test[0, 2], pos == 20)
+    np.testing.assert_array_equal(train[0, 2], pos != 20)
+    train, test = date_block_folds(pos, np.ones((1, 10)), 5, embargo_days=8)  # before 20 - 8, after 20 + 2 + 8
+    np.testing.assert_array_equal(train[0, 2], (pos < 12) | (pos > 30))
+    np.testing.assert_array_equal(train[0, 3], pos < 30 - 8)  # the block at 30: nothing after 30 + 10
+    # fewer dates than folds (a replicate that drew 2 dates): two blocks, the rest not scored
+    w = np.array([[1, 1, 0, 0, 0, 0, 0, 0, 2, 0]], dtype=float)
+    train, test = date_block_folds(pos, w, 5, embargo_days=3)
+    assert test[0, 0].sum() == 2 and test[0, 1].sum() == 1 and not test[0, 2:].any()
+    assert train[0, 2:].sum() == 3 * 3  # left-out folds train on the whole set (and score nothing)
+
+
+def _date_panel(S=40, T=24, d=6, seed=0, date_sd=1.0):
+    """S × T panel on every 5th session: a date effect in y, an embedding that knows the date."""
+    rng = np.random.default_rng(seed)
+    cal = pd.bdate_range("2020-01-01", periods=5 * T + 20)
+    dates = cal[5:5 + 5 * T:5]
+    di = np.repeat(np.arange(T), S)
+    rows = pd.DataFrame({"date": np.repeat(dates.to_numpy(), S), "security": np.tile([f"S{i:02d}" for i in range(S)], T)})
+    rows["prompt"] = [f"{a.date()} {b}" for a, b in zip(rows["date"], rows["security"])]
+    rows["target"] = date_sd * rng.standard_normal(T)[di] + rng.standard_normal(len(rows))
+    X = rng.standard_normal((T, d))[di] + 0.3 * rng.standard_normal((len(rows), d))
+    return rows, cal, dates, X
+
+
+def _spec(dates, selection="protocol-cv", cluster="security-and-date", resamples=20, **protocol):
+    return LeakageEvalSpec.model_validate({
+        "models": [{"name": "m", "uri": "/m"}], "dataset": {"kind": "ohlcv", "uri": "x", "calendar": "panel"},
+        "protocol": {"trainEnd": str(dates[15].date()), "testStart": str(dates[16].date()), "embargoDays": 5,
+                     "groupKFolds": 4, **protocol},
+        "bootstrap": {"resamples": resamples, "seed": 3, "cluster": cluster},
+        "regression": {"selection": selection, "innerFolds": 4}})
+
+
+def test_protocol_cv_scores_leakage_off_penalty_on_date_blocks_and_leakage_on_by_security():
+    rows, cal, dates, X = _date_panel()
+    setup = prepare_evaluation(_spec(dates), Panel(rows, cal, "x"))
+    assert (setup.time_selection.method, setup.time_selection.embargo_days) == ("date-blocked", 5)
+    assert setup.selection.method == "security-cv" and setup.row_units
+    st_ = PanelStats.build_rows(X, rows["target"].to_numpy(), setup.codes, setup.split.train_mask,
+                                setup.split.test_mask, positions=setup.positions)
+    units = st_.stats_of(setup.split.train_mask)
+    k, sse = select_alpha(units, np.ones((1, len(rows))), setup.alphas, setup.time_selection)
+    # the same SSE by brute force: sklearn Ridge on each date block's training rows, scored on the block
+    train_rows = np.flatnonzero(setup.split.train_mask)
+    tr, te = date_block_folds(setup.positions, setup.split.train_mask[None].astype(float), 4, 5)
+    y = rows["target"].to_numpy()
+    expect = np.zeros(len(setup.alphas))
+    for j in range(4):
+        a, b = np.flatnonzero(tr[0, j]), np.flatnonzero(te[0, j])
+        assert set(a) | set(b) <= set(train_rows) and not set(rows["date"].iloc[a]) & set(rows["date"].iloc[b])
+        for i, alpha in enumerate(setup.alphas):
+            pred = Ridge(alpha=alpha).fit(X[a], y[a]).predict(X[b])
+            expect[i] += ((y[b] - pred) ** 2).sum()
+    np.testing.assert_allclose(sse[0], expect, rtol=1e-9)
+    assert k[0] == int(np.argmin(expect))
+
+
+def test_same_row_r2_on_equals_a_direct_computation():
+    rows, cal, dates, X = _date_panel(seed=1)
+    y = rows["target"].to_numpy()
+    codes = pd.factorize(rows["security"], sort=True)[0]
+    split = ChronologicalSplit(rows["date"].to_numpy(), cal, dates[15].date(), dates[16].date(), 5)
+    st_ = PanelStats.build(X, y, codes, 40, split.train_mask, split.test_mask)
+    F = security_folds(np.bincount(codes), 4)[None]
+    on = leakage_on_r2(st_, np.ones((1, 40)), F, 4, [10.0], AlphaSelection("security-cv", 4),
+                       score_rows=split.test_mask)
+    sse = sst = 0.0
+    for k in range(4):
+        fit, sc = F[0][codes] != k, F[0][codes] == k
+        pred = Ridge(alpha=10.0).fit(X[fit], y[fit]).predict(X)
+        rows_k = sc & split.test_mask
+        sse += ((y[rows_k] - pred[rows_k]) ** 2).sum()
+        sst += ((y[rows_k] - y[fit].mean()) ** 2).sum()
+    assert on.r2_rows[0] == pytest.approx(1 - sse / sst, abs=1e-12)
+    assert on.r2_rows[0] != pytest.approx(on.r2[0], abs=1e-6)  # all rows is another number
+
+
+def test_date_only_baseline_explains_a_pure_date_effect_and_market_neutral_removes_it():
+    rows, cal, dates, X = _date_panel(seed=2, date_sd=0.7)
+    spec = _spec(dates, resamples=30)
+    setup = prepare_evaluation(spec, Panel(rows, cal, "x"))
+    Xd = date_features(setup.date_codes, setup.n_dates)
+    assert Xd.shape == (len(rows), 24) and (Xd.sum(axis=1) == 1).all()
+    yn = market_neutral(setup.y, setup.date_codes)
+    assert np.abs(np.bincount(setup.date_codes, weights=yn)).max() < 1e-9  # every date's mean is removed
+    base = target_statistics(spec, setup, Xd, setup.y, full=False)
+    base_mn = target_statistics(spec, setup, Xd, setup.y_neutral, full=False)
+    rng = np.random.default_rng(9)  # an embedding that encodes the date in a rotated basis, plus 4 noise dimensions
+    Xm = np.hstack([Xd @ np.linalg.qr(rng.standard_normal((24, 24)))[0], rng.standard_normal((len(rows), 4))])
+    model = target_statistics(spec, setup, Xm, setup.y, full=False)
+    # knowing the date is worth a clearly positive premium under mixed time ...
+    assert base.premium > 0.1 and np.nanpercentile(base.reps.premium, 2.5) > 0
+    # ... and the date-encoding embedding earns about the same, nothing beyond it (paired excess contains 0)
+    diff = model.reps.premium - base.reps.premium
+    assert abs(model.premium - base.premium) < 0.02
+    assert np.nanpercentile(diff, 2.5) < 0 < np.nanpercentile(diff, 97.5) or abs(model.premium - base.premium) < 1e-3
+    # on the market-neutral target no date feature predicts anything
+    assert abs(base_mn.premium) < 0.01
+
+
+def test_every_empty_check_is_stated_when_the_case_is_built():
+    # dates 10 sessions apart: a 5-day embargo before the first test date removes nothing; purged K-fold's
+    # label horizon of 2 with embargo 0 removes nothing either; embargoRobustness 3 repeats the training set of 5
+    rows, cal, dates, X = _date_panel(S=10, T=12)
+    cal10 = cal
+    dates10 = pd.DatetimeIndex(dates)
+    split = ChronologicalSplit(rows["date"].to_numpy(), cal10, dates10[7].date(), dates10[8].date(), 4)
+    pk = PurgedKFoldSplit(rows["date"].to_numpy(), cal10, 3, 0)
+    robustness = [{"embargo_days": 3, "same_as": 4}, {"embargo_days": 40, "same_as": None}]
+    checks = empty_checks(split, {"purged-kfold": pk}, robustness, rows["date"].to_numpy(), "panel")
+    by = {(c["check"], c["protocol"]): c["message"] for c in checks}
+    few = [c["message"] for c in checks if c["check"] == "few-time-clusters" and c["protocol"] == "chronological"]
+    assert "removed no panel row" in by[("embargo-removed-nothing", "chronological")]
+    assert "fold(s) [1, 2, 3] of 3" in by[("purge-removed-nothing", "purged-kfold")]
+    assert "embargoRobustness 3 trading days leaves the same training set as 4 days" in \
+        by[("embargo-unchanged", "chronological")]
+    assert len(few) == 2 and "training side has 8 distinct dates" in few[0] and "test side has 4" in few[1]
+    assert "fold(s) [1, 2, 3] of 3 test fewer than 10" in by[("few-time-clusters", "purged-kfold")]
+
+
+def test_embargo_robustness_marks_an_unchanged_training_set_end_to_end():
+    rows, cal, dates, X = _date_panel()
+    # dates 5 sessions apart: embargo 5 (the spec's), 6 and 7 drop the last training date; 3 and 4 keep it
+    spec = _spec(dates, resamples=10, embargoRobustness=[6, 7, 3, 4, 12])
+    setup = prepare_evaluation(spec, Panel(rows, cal, "x"))
+    ts = target_statistics(spec, setup, X, setup.y, full=True)
+    e6, e7, e3, e4, e12 = ts.robustness
+    assert (e6["same_as"], e6["r2_off"], e6["premium"]) == (5, None, None) and e7["same_as"] == 5
+    assert e3["same_as"] is None and e4["same_as"] == 3 and e3["n_train"] == e6["n_train"] + 40
+    assert e12["same_as"] is None and e12["n_train"] == e6["n_train"] - 40
+    assert e12["premium"] == pytest.approx(ts.r2_on_rows - e12["r2_off"])
