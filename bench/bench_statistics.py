@@ -212,7 +212,7 @@ def main() -> None:
     ap.add_argument("--securities", type=int, default=500)
     ap.add_argument("--dates", type=int, default=60)
     ap.add_argument("--resamples", type=int, default=200)
-    ap.add_argument("--selection", default="security-cv", choices=["gcv", "security-cv"])
+    ap.add_argument("--selection", default="protocol-cv", choices=["gcv", "security-cv", "protocol-cv"])
     ap.add_argument("--reselect", action=argparse.BooleanOptionalAction, default=True,
                     help="bootstrap.reselectPenalty (default: true, the spec default)")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "torch-cpu"],

@@ -432,13 +432,13 @@ def test_batched_security_folds_equal_sklearn_groupkfold():
 
 @pytest.mark.parametrize("cluster", ["security", "date", "security-and-date"])
 def test_calibration_benchmarks_batched_replicates_equal_the_product_path(cluster):
-    """bench/calibration.py's replicate_premiums (per-replicate per-security statistics) = bootstrap_model."""
+    """bench/calibration_clusters.py's replicate_premiums (per-replicate per-security statistics) = bootstrap_model."""
     import importlib.util
 
     from pitlab.evaluator.bootstrap import bootstrap_model, replicate_folds
     from pitlab.evaluator.estimates import center
 
-    spec = importlib.util.spec_from_file_location("calibration", REPO / "bench" / "calibration.py")
+    spec = importlib.util.spec_from_file_location("calibration", REPO / "bench" / "calibration_clusters.py")
     cal = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cal)
     S, T, d, R, K = 30, 9, 3, 7, 5
