@@ -227,6 +227,7 @@ def _embed(run: _EvalRun, stage: Stage) -> None:
 
 def _analyze(run: _EvalRun, stage: Stage) -> None:
     """Protocols, clustered bootstrap and report into ``eval/``; the results summary goes to the status."""
+    from pitlab.evaluator.decompose import DATE_ONLY
     from pitlab.evaluator.run import run_leakage_eval
 
     spec, st, models = run.res.spec, run.st, run.models
@@ -234,9 +235,11 @@ def _analyze(run: _EvalRun, stage: Stage) -> None:
     run.reporter.stage("analyze", f"{spec.bootstrap.resamples} bootstrap resamples, {spec.regression.selection} "
                                   "penalty selection")
 
+    names = [DATE_ONLY, *models]  # the baseline's statistics run first
+
     def progress(task: str, done: int, total: int) -> None:
-        if task.startswith("statistics:"):
-            run.reporter.progress("analyze", list(models).index(task.split(":", 1)[1]) + done, len(models))
+        if task.startswith("statistics:") and task.split(":", 1)[1] in names:
+            run.reporter.progress("analyze", names.index(task.split(":", 1)[1]) + done, len(names))
 
     run.results = run_leakage_eval(spec, run.checked.panel, models, run.run_dir / "eval", progress=progress,
                                    cache_dir=run.cache, embedded=run.embedded)

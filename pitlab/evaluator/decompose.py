@@ -52,7 +52,8 @@ def excess(point: float, reps: np.ndarray, base_point: float, base_reps: np.ndar
 def mechanical_sentence(name: str, raw: float, base: float, excess_: dict, neutral: dict) -> str:
     """One sentence: how much of ``name``'s raw premium the date-only baseline explains, and what is left
     (excess over the baseline and the market-neutral premium, with their verdicts)."""
-    tail = (f"excess over the baseline {excess_['premium']:+.4f} ({excess_['verdict']}), market-neutral "
+    below = " (below 0: it recognises the date less well than the indicators do)" if excess_["premium"] < 0 else ""
+    tail = (f"excess over the baseline {excess_['premium']:+.4f} ({excess_['verdict']}){below}, market-neutral "
             f"premium {neutral['premium']:+.4f} ({neutral['verdict']}).")
     if not np.isfinite(raw) or raw <= 0:
         return f"{name}: raw premium {raw:+.4f}, nothing for date recognition to explain; {tail}"
