@@ -236,7 +236,7 @@ class RowStats:
                          sxy=(Wr * self.y[None, :]) @ self.X)
 
 
-PACKED_ROW_TERMS_BYTES = 1 << 27
+PACKED_ROW_TERMS_BYTES = 1 << 29
 """Largest float64 table of packed per-row products (rows × (3 + 2d + d(d+1)/2) × 8 bytes) that
 :meth:`RowStats.weighted` builds to replace its per-weighting loop by one matrix product (small d: the
 date-only baseline, simulations); wider embeddings keep the loop, which stores no such table."""
