@@ -48,8 +48,9 @@ import numpy as np
 SCENARIOS = ("null", "date-known", "market", "date-leak", "stock-strong", "stock-weak", "stock-weak-neutral",
              "concentrated")
 ZERO_PREMIUM = ("null", "date-known", "market")
-SCHEMES = ("security", "date", "pigeonhole", "rows")
-CANDIDATES = ("security", "date", "pigeonhole", "cgm", "cgm-t", "max-t")
+SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack")
+CANDIDATES = ("security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
+              "cgm-strat", "cgm-strat-t", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t")
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
 STRENGTH = {"stock-strong": 0.5, "stock-weak": 0.33, "stock-weak-neutral": 0.33, "concentrated": 2.0}
 """Signal of the row's own return in the embedding (sd units of the noise dimension) per look-ahead scenario."""
@@ -86,11 +87,23 @@ def draws(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.ndarray) 
     rows = np.random.default_rng([seed, 7]).integers(0, n, size=(R, n))
     wr = np.stack([np.bincount(r, minlength=n) for r in rows]).astype(np.float64)
     ones_s, ones_d = np.ones_like(ws), np.ones_like(wd)
+    wdst = stratified_dates(T, R, seed)
     return {"security": row_weights(ws, ones_d, sec, date), "date": row_weights(ones_s, wd, sec, date),
-            "pigeonhole": row_weights(ws, wd, sec, date), "rows": wr}
+            "pigeonhole": row_weights(ws, wd, sec, date), "rows": wr,
+            "date-strat": row_weights(ones_s, wdst, sec, date), "pigeonhole-strat": row_weights(ws, wdst, sec, date),
+            "date-jack": (date[None, :] != np.arange(T)[:, None]).astype(np.float64)}
 
 
-def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int) -> dict:
+def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
+    """Date multiplicities int [R, T] resampled within the leakage-off training dates, the embargo date and the
+    test dates separately (the split's sizes held fixed), pitlab's stratified draw."""
+    from pitlab.evaluator.bootstrap import draw_date_weights_stratified
+
+    strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
+    return draw_date_weights_stratified(strata, R, seed)
+
+
+def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES) -> dict:
     """Point premium and every scheme's replicates of one panel, summarised as the candidates' intervals."""
     from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds
     from pitlab.evaluator.decompose import market_neutral
@@ -111,8 +124,18 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int) -> dict:
     rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point,
            "alpha_off": float(off.alpha[0]), "edges": bool(edges["off"][0] or edges["on"][0])}
     for name, W in draws(S, T, R, seed, sec, date).items():
+        if name not in schemes:
+            continue
         reps = bootstrap_model(st, W, replicate_row_folds(sec, S, W, K), K, grid, on_sel, "train_mean", None,
                                off_sel, same_rows=True).premium
+        if name == "date-jack":  # delete-one-date jackknife within the split's strata (Wolter 2007, sec. 4.5)
+            strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
+            vj = 0.0
+            for h in np.unique(strata):
+                rh = reps[strata == h]
+                vj += (rh.size - 1) / rh.size * float(((rh - rh.mean()) ** 2).sum())
+            rec[name] = {"var": float(vj), "reps": reps.tolist()}
+            continue
         v = reps[np.isfinite(reps)]
         rec[name] = {"mean": float(v.mean()), "sd": float(v.std(ddof=1)), "lo": float(np.percentile(v, 2.5)),
                      "hi": float(np.percentile(v, 97.5)), "n": int(v.size)}
@@ -131,7 +154,26 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
     v2 = vs + vd - vr
     v2 = v2 if v2 > max(vs, vd) else max(vs, vd)
     vmax = max(vs, vd)
-    out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole")}
+    out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
+                                                      "pigeonhole-strat") if k in rec}
+    if "date-strat" in rec:
+        v3 = vs + rec["date-strat"]["sd"] ** 2 - vr
+        v3 = max(v3, vs, rec["date-strat"]["sd"] ** 2)
+        out["cgm-strat"] = (p - z * v3 ** 0.5, p + z * v3 ** 0.5)
+        out["cgm-strat-t"] = (p - t * v3 ** 0.5, p + t * v3 ** 0.5)
+    out["security-normal"] = (p - z * vs ** 0.5, p + z * vs ** 0.5)
+    if "date-strat" in rec:
+        vds = rec["date-strat"]["sd"] ** 2
+        g = rec["S"] if vs >= vds else rec["T"]
+        tg = stats.t.ppf(0.5 + confidence / 2, g - 1)
+        out["max-strat"] = (p - z * max(vs, vds) ** 0.5, p + z * max(vs, vds) ** 0.5)
+        out["max-strat-t"] = (p - tg * max(vs, vds) ** 0.5, p + tg * max(vs, vds) ** 0.5)
+    if "date-jack" in rec:
+        vj = rec["date-jack"]["var"]
+        g = rec["S"] if vs >= vj else rec["T"]
+        tg = stats.t.ppf(0.5 + confidence / 2, g - 1)
+        out["max-jack"] = (p - z * max(vs, vj) ** 0.5, p + z * max(vs, vj) ** 0.5)
+        out["max-jack-t"] = (p - tg * max(vs, vj) ** 0.5, p + tg * max(vs, vj) ** 0.5)
     out["cgm"] = (p - z * v2 ** 0.5, p + z * v2 ** 0.5)
     out["cgm-t"] = (p - t * v2 ** 0.5, p + t * v2 ** 0.5)
     out["max-t"] = (p - t * vmax ** 0.5, p + t * vmax ** 0.5)
@@ -153,6 +195,8 @@ def summarise(records: list[dict], tune_seeds: int) -> list[dict]:
             pts = np.array([r["premium"] for r in sub])
             truth, spread = float(pts.mean()), float(pts.std(ddof=1))
             for c in CANDIDATES:
+                if not all(c in intervals(r) for r in sub):
+                    continue
                 iv = np.array([intervals(r)[c] for r in sub])
                 cover = (iv[:, 0] <= truth) & (truth <= iv[:, 1])
                 reject = (iv[:, 0] > 0) | (iv[:, 1] < 0)
@@ -202,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=200)
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
+                   help="replicate sets to draw (a later run may add schemes to the same panels in another file)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--minutes", type=float, default=None, help="stop submitting new panels after this long")
     p.add_argument("--out", type=Path, default=None, help="JSON lines, appended (resumable)")
@@ -210,7 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true")
     a = p.parse_args(argv)
     if a.summarise is not None:
-        recs = [json.loads(line) for f in a.summarise for line in f.read_text().splitlines() if line.strip()]
+        merged: dict = {}
+        for f in a.summarise:  # files holding other schemes of the same panels are merged by panel
+            for line in f.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    key = (r["S"], r["T"], r["d"], r["scenario"], r["seed"])
+                    merged.setdefault(key, {}).update(r)
+        recs = list(merged.values())
         rows = summarise(recs, a.tune_seeds)
         print(markdown(rows) if a.markdown else json.dumps(rows, indent=1))
         return 0
@@ -219,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out and a.out.exists():
         done = {(r["scenario"], r["seed"]) for r in map(json.loads, a.out.read_text().splitlines()) if r["S"] == S
                 and r["T"] == T and r["d"] == d}
-    tasks = [(sc, s, S, T, d, a.resamples) for s in range(a.first_seed, a.first_seed + a.panels)
+    tasks = [(sc, s, S, T, d, a.resamples, tuple(a.schemes)) for s in range(a.first_seed, a.first_seed + a.panels)
              for sc in a.scenarios if (sc, s) not in done]
     t0 = time.perf_counter()
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait

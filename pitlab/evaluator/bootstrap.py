@@ -71,6 +71,26 @@ def draw_weights(cluster: str, n_securities: int, n_dates: int, resamples: int, 
     return ws, wd
 
 
+def draw_date_weights_stratified(strata: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Date multiplicities int64 [resamples, T], dates resampled with replacement *within* each stratum
+    (``strata`` int [T], e.g. 0 = leakage-off training dates, 1 = embargo gap, 2 = test dates), so every
+    replicate keeps the split's number of dates on each side (a stratified bootstrap, Davison & Hinkley 1997,
+    sec. 3.7). Draws come from ``default_rng([seed, DATE_STREAM])`` one stratum after another in code order.
+    Raises ValueError for a negative stratum code or ``resamples`` < 1."""
+    strata = np.asarray(strata, dtype=np.int64)
+    if resamples < 1 or strata.ndim != 1 or (strata.size and strata.min() < 0):
+        raise ValueError(f"need resamples >= 1 and non-negative stratum codes (got {resamples}, {strata.min()})")
+    T = strata.size
+    rng = np.random.default_rng([seed, DATE_STREAM])
+    out = np.zeros((resamples, T), dtype=np.int64)
+    for k in np.unique(strata):
+        members = np.flatnonzero(strata == k)
+        picks = members[rng.integers(0, members.size, size=(resamples, members.size))]
+        flat = (picks + T * np.arange(resamples)[:, None]).ravel()
+        out += np.bincount(flat, minlength=resamples * T).reshape(resamples, T)
+    return out
+
+
 def row_weights(w_security: np.ndarray, w_date: np.ndarray, security: np.ndarray, date: np.ndarray) -> np.ndarray:
     """Weight of every panel row in every replicate, float64 [R, n_rows]: ``w_security[:, security] ·
     w_date[:, date]`` (``security``, ``date`` int codes [n_rows])."""

@@ -286,6 +286,8 @@ class PanelStats:
     backend: Backend = Backend()
     unit_security: np.ndarray | None = None
     unit_pos: np.ndarray | None = None
+    unit_codes: np.ndarray | None = None
+    code_shift: np.ndarray | None = None
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -307,16 +309,30 @@ class PanelStats:
     @classmethod
     def build_rows(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, train_mask: np.ndarray,
                    test_mask: np.ndarray, backend: Backend | None = None, centered: bool = False,
-                   y_shift: float = 0.0, positions: np.ndarray | None = None) -> "PanelStats":
+                   y_shift: float = 0.0, positions: np.ndarray | None = None,
+                   indicators: np.ndarray | None = None) -> "PanelStats":
         """As :meth:`build` with every row its own unit (weights [B, n_rows]: ``bootstrap.cluster`` ``date`` or
         ``security-and-date``, or any date-blocked selection); ``security`` int [n_rows] codes keep GroupKFold
-        by security; ``positions`` int [n_rows] calendar positions of the rows' dates (date-blocked inner folds)."""
+        by security; ``positions`` int [n_rows] calendar positions of the rows' dates (date-blocked inner folds).
+        ``indicators`` int [n_rows] (optional): X is the indicator matrix of these codes (row i has a single 1,
+        in column ``indicators[i]``; the date-only baseline), so weighted sums take the indicator shortcut of
+        :class:`pitlab.evaluator.ridge.RowStats`. Raises ValueError when X is not that matrix."""
         n = len(np.asarray(security))
+        shift = None
+        if indicators is not None:
+            codes = np.asarray(indicators, dtype=np.int64)
+            Xn = np.asarray(X, dtype=np.float64)
+            if centered or Xn.shape != (n, Xn.shape[1]) or codes.shape != (n,) or not np.array_equal(
+                    Xn, np.eye(Xn.shape[1])[codes]):
+                raise ValueError("indicators: X must be the uncentred indicator matrix of the codes")
+            shift = Xn.mean(axis=0)
         st = cls.build(X, y, np.arange(n), n, train_mask, test_mask, backend, centered, y_shift)
         return cls(X=st.X, y=st.y, security=st.security, n_securities=n, train_mask=st.train_mask,
                    test_mask=st.test_mask, rows_per_security=st.rows_per_security, y_shift=st.y_shift,
                    backend=st.backend, unit_security=np.asarray(security, dtype=np.int64),
-                   unit_pos=None if positions is None else np.asarray(positions, dtype=np.int64))
+                   unit_pos=None if positions is None else np.asarray(positions, dtype=np.int64),
+                   unit_codes=None if indicators is None else np.asarray(indicators, dtype=np.int64),
+                   code_shift=shift)
 
     def stats_of(self, rows: np.ndarray) -> SuffStats:
         """Per-security statistics of the rows selected by the bool mask ``rows`` [n_rows] (m = n_securities).
@@ -334,7 +350,7 @@ class PanelStats:
         ix = self.backend.as_index(idx)
         if self.unit_security is not None:
             st = RowStats(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.unit_security,
-                          self.unit_pos)
+                          self.unit_pos, None if self.unit_codes is None else self.unit_codes[idx], self.code_shift)
         else:
             st = SuffStats.from_rows(self.X[ix], self.y[ix], self.security[idx], self.n_securities, self.backend)
         cache.append((key, st))

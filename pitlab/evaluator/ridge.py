@@ -169,6 +169,10 @@ class RowStats:
     per-unit d × d matrix is ever stored. ``unit_pos`` int64 numpy [m] (optional): the calendar position of
     every unit, for date-blocked inner folds. With few features (:data:`PACKED_ROW_TERMS_BYTES`) the rows'
     own products are packed once, [r, 1 + d + 2 + d(d+1)/2], and a weighted sum is one matrix product.
+    ``codes`` int64 numpy [r] (optional): the rows are indicator rows, ``X[i] = e_{codes[i]} − code_shift``
+    (``code_shift`` float64 [d], the column means removed by centring; the date-only baseline): then a
+    weighted sum needs only each code's weighted count and Σy, [r, 3 + 2d] per row, and ``XᵀX`` follows as
+    ``diag(c) − c μᵀ − μ cᵀ + N μ μᵀ`` (c the weighted counts, N their total, μ the shift).
     """
 
     X: object
@@ -177,6 +181,8 @@ class RowStats:
     m_units: int
     unit_security: np.ndarray
     unit_pos: np.ndarray | None = None
+    codes: np.ndarray | None = None
+    code_shift: np.ndarray | None = None
 
     @property
     def m(self) -> int:
@@ -211,6 +217,8 @@ class RowStats:
         Wr = W[:, ix]  # [B, r]
         m = xp(W)
         d = self.d
+        if self.codes is not None:
+            return self._weighted_indicators(Wr)
         packed = self._packed_terms()
         if packed is not None:
             lo, hi = np.tril_indices(d)
@@ -234,6 +242,33 @@ class RowStats:
             sxx[b] = m.swapaxes(Xb, 0, 1) @ (Xb * Wr[b, nz][:, None])
         return SuffStats(n=Wr.sum(axis=1), sx=Wr @ self.X, sy=Wr @ self.y, syy=Wr @ (self.y * self.y), sxx=sxx,
                          sxy=(Wr * self.y[None, :]) @ self.X)
+
+
+    def _weighted_indicators(self, Wr) -> SuffStats:
+        """:meth:`weighted` for indicator rows (``codes``): ``Wr`` [B, r] row weights."""
+        m = xp(Wr)
+        if "_ind" not in self.__dict__:
+            E = np.zeros((len(self.codes), self.d))
+            E[np.arange(len(self.codes)), self.codes] = 1.0
+            E, mu = _like(self.X, E), _like(self.X, self.code_shift)
+            y = self.y
+            one = m.ones_like(y)
+            cols = [one[:, None], y[:, None], (y * y)[:, None], E, E * y[:, None]]
+            object.__setattr__(self, "_ind", (m.concatenate(cols, axis=1) if m is np else m.cat(cols, dim=1), mu))
+        P, mu = self.__dict__["_ind"]
+        d = self.d
+        tot = Wr @ P  # [B, 3 + 2d]: N, Σy, Σy², per-code weighted counts c, per-code Σwy
+        N, sy, syy, c, cy = tot[:, 0], tot[:, 1], tot[:, 2], tot[:, 3:3 + d], tot[:, 3 + d:]
+        outer = c[:, :, None] * mu[None, None, :]
+        sxx = -outer - m.swapaxes(outer, 1, 2) + N[:, None, None] * (mu[:, None] * mu[None, :])[None]
+        idx = np.arange(d)
+        if m is not np:
+            import torch
+
+            idx = torch.arange(d, device=Wr.device)
+        sxx[:, idx, idx] += c
+        return SuffStats(n=N, sx=c - N[:, None] * mu[None, :], sy=sy, syy=syy, sxx=sxx,
+                         sxy=cy - sy[:, None] * mu[None, :])
 
 
 PACKED_ROW_TERMS_BYTES = 1 << 29

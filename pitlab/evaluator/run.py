@@ -296,8 +296,9 @@ def baseline_statistics(spec: LeakageEvalSpec, setup: EvalSetup) -> Baseline:
     t0 = time.perf_counter()
     X = date_features(setup.date_codes, setup.n_dates)
     cpu = replace(setup, backend=Backend())  # T indicator columns: small matrices, faster in numpy than on a GPU
-    return Baseline(target_statistics(spec, cpu, X, setup.y, True),
-                    target_statistics(spec, cpu, X, setup.y_neutral, False), time.perf_counter() - t0)
+    codes = setup.date_codes
+    return Baseline(target_statistics(spec, cpu, X, setup.y, True, codes),
+                    target_statistics(spec, cpu, X, setup.y_neutral, False, codes), time.perf_counter() - t0)
 
 
 def target_summary(ts: TargetStats, confidence: float) -> dict:

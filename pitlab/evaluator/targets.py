@@ -167,22 +167,24 @@ class TargetStats:
         return self.r2_on_rows - float(self.off.r2[0])
 
 
-def build_stats(setup, X: np.ndarray, y: np.ndarray) -> PanelStats:
+def build_stats(setup, X: np.ndarray, y: np.ndarray, indicators: np.ndarray | None = None) -> PanelStats:
     """The :class:`PanelStats` of embeddings ``X`` [n_rows, d] and target ``y`` [n_rows] on ``setup``'s split:
-    per-security units, or row units (with calendar positions) when ``setup.row_units``."""
+    per-security units, or row units (with calendar positions) when ``setup.row_units``. ``indicators`` int
+    [n_rows]: X is the indicator matrix of these codes (the date-only baseline; row units take a shortcut)."""
     split = setup.split
     if not setup.row_units:
         return PanelStats.build(X, y, setup.codes, setup.n_securities, split.train_mask, split.test_mask,
                                 setup.backend)
     return PanelStats.build_rows(X, y, setup.codes, split.train_mask, split.test_mask, setup.backend,
-                                 positions=setup.positions)
+                                 positions=setup.positions, indicators=indicators)
 
 
-def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = True) -> TargetStats:
+def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = True,
+                      indicators: np.ndarray | None = None) -> TargetStats:
     """Everything one target gives for one model on ``setup``'s shared splits and draws. ``full``: also the
     extra protocols (``protocol.protocols``) and ``protocol.embargoRobustness``; otherwise leakage-off and
-    leakage-on only (the market-neutral target)."""
-    stats = build_stats(setup, X, y)
+    leakage-on only (the market-neutral target). ``indicators``: see :func:`build_stats`."""
+    stats = build_stats(setup, X, y, indicators)
     K = spec.protocol.group_k_folds
     pfolds = ({p: [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)] for p, sp in setup.extra.items()}
               if full else {})
