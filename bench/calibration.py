@@ -46,13 +46,13 @@ from pathlib import Path
 import numpy as np
 
 SCENARIOS = ("null", "date-known", "market", "date-leak", "stock-strong", "stock-weak", "stock-weak-neutral",
-             "concentrated")
+             "concentrated", "stock-0.02")
 ZERO_PREMIUM = ("null", "date-known", "market")
-SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack")
-CANDIDATES = ("security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
-              "cgm-strat", "cgm-strat-t", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t")
+SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack", "two-way")
+CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
+              "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t")
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
-STRENGTH = {"stock-strong": 0.5, "stock-weak": 0.33, "stock-weak-neutral": 0.33, "concentrated": 2.0}
+STRENGTH = {"stock-strong": 0.5, "stock-weak": 0.33, "stock-weak-neutral": 0.33, "concentrated": 2.0, "stock-0.02": 0.2}
 """Signal of the row's own return in the embedding (sd units of the noise dimension) per look-ahead scenario."""
 DATE_SD = 0.5
 """sd of the date effect where there is one (the idiosyncratic noise has sd 1)."""
@@ -91,7 +91,13 @@ def draws(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.ndarray) 
     return {"security": row_weights(ws, ones_d, sec, date), "date": row_weights(ones_s, wd, sec, date),
             "pigeonhole": row_weights(ws, wd, sec, date), "rows": wr,
             "date-strat": row_weights(ones_s, wdst, sec, date), "pigeonhole-strat": row_weights(ws, wdst, sec, date),
-            "date-jack": (date[None, :] != np.arange(T)[:, None]).astype(np.float64)}
+            "date-jack": (date[None, :] != np.arange(T)[:, None]).astype(np.float64),
+            "two-way": row_weights(*draw_weights("two-way", S, T, R, seed, strata_of(T)), sec, date)}
+
+
+def strata_of(T: int) -> np.ndarray:
+    """The leakage-off split's date strata of a simulated panel: 0 training dates, 1 the embargo date, 2 test."""
+    return np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
 
 
 def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
@@ -99,8 +105,7 @@ def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
     test dates separately (the split's sizes held fixed), pitlab's stratified draw."""
     from pitlab.evaluator.bootstrap import draw_date_weights_stratified
 
-    strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
-    return draw_date_weights_stratified(strata, R, seed)
+    return draw_date_weights_stratified(strata_of(T), R, seed)
 
 
 def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES) -> dict:
@@ -128,6 +133,15 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
             continue
         reps = bootstrap_model(st, W, replicate_row_folds(sec, S, W, K), K, grid, on_sel, "train_mean", None,
                                off_sel, same_rows=True).premium
+        if name == "two-way":  # the product's default: pitlab's own draws and IntervalRule
+            from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
+
+            rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
+            j = judge(point, reps, rule)
+            sd, _, dim = rule.spread(reps)
+            rec[name] = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
+                         "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum())}
+            continue
         if name == "date-jack":  # delete-one-date jackknife within the split's strata (Wolter 2007, sec. 4.5)
             strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
             vj = 0.0
@@ -144,39 +158,40 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
 
 
 def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, float]]:
-    """Every candidate's interval from one panel record (module docstring)."""
+    """Every candidate's interval that one panel record allows (module docstring); a record holding only some
+    replicate sets gives only the candidates built from them."""
     from scipy import stats
 
     p = rec["premium"]
     z = stats.norm.ppf(0.5 + confidence / 2)
-    t = stats.t.ppf(0.5 + confidence / 2, min(rec["S"], rec["T"]) - 1)
-    vs, vd, vr = rec["security"]["sd"] ** 2, rec["date"]["sd"] ** 2, rec["rows"]["sd"] ** 2
-    v2 = vs + vd - vr
-    v2 = v2 if v2 > max(vs, vd) else max(vs, vd)
-    vmax = max(vs, vd)
     out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
-                                                      "pigeonhole-strat") if k in rec}
-    if "date-strat" in rec:
-        v3 = vs + rec["date-strat"]["sd"] ** 2 - vr
-        v3 = max(v3, vs, rec["date-strat"]["sd"] ** 2)
-        out["cgm-strat"] = (p - z * v3 ** 0.5, p + z * v3 ** 0.5)
-        out["cgm-strat-t"] = (p - t * v3 ** 0.5, p + t * v3 ** 0.5)
+                                                      "pigeonhole-strat", "two-way") if k in rec}
+    if "security" not in rec:
+        return out
+    vs = rec["security"]["sd"] ** 2
     out["security-normal"] = (p - z * vs ** 0.5, p + z * vs ** 0.5)
+
+    def by_max(name: str, vd: float) -> None:  # the larger one-way variance, z and t(G-1) of its dimension
+        g = rec["S"] if vs >= vd else rec["T"]
+        tg = stats.t.ppf(0.5 + confidence / 2, g - 1)
+        out[name] = (p - z * max(vs, vd) ** 0.5, p + z * max(vs, vd) ** 0.5)
+        out[name + "-t"] = (p - tg * max(vs, vd) ** 0.5, p + tg * max(vs, vd) ** 0.5)
+
     if "date-strat" in rec:
-        vds = rec["date-strat"]["sd"] ** 2
-        g = rec["S"] if vs >= vds else rec["T"]
-        tg = stats.t.ppf(0.5 + confidence / 2, g - 1)
-        out["max-strat"] = (p - z * max(vs, vds) ** 0.5, p + z * max(vs, vds) ** 0.5)
-        out["max-strat-t"] = (p - tg * max(vs, vds) ** 0.5, p + tg * max(vs, vds) ** 0.5)
+        by_max("max-strat", rec["date-strat"]["sd"] ** 2)
     if "date-jack" in rec:
-        vj = rec["date-jack"]["var"]
-        g = rec["S"] if vs >= vj else rec["T"]
-        tg = stats.t.ppf(0.5 + confidence / 2, g - 1)
-        out["max-jack"] = (p - z * max(vs, vj) ** 0.5, p + z * max(vs, vj) ** 0.5)
-        out["max-jack-t"] = (p - tg * max(vs, vj) ** 0.5, p + tg * max(vs, vj) ** 0.5)
-    out["cgm"] = (p - z * v2 ** 0.5, p + z * v2 ** 0.5)
-    out["cgm-t"] = (p - t * v2 ** 0.5, p + t * v2 ** 0.5)
-    out["max-t"] = (p - t * vmax ** 0.5, p + t * vmax ** 0.5)
+        by_max("max-jack", rec["date-jack"]["var"])
+    if "date" in rec and "rows" in rec:
+        t = stats.t.ppf(0.5 + confidence / 2, min(rec["S"], rec["T"]) - 1)
+        vd, vr = rec["date"]["sd"] ** 2, rec["rows"]["sd"] ** 2
+        v2 = vs + vd - vr
+        v2 = v2 if v2 > max(vs, vd) else max(vs, vd)
+        out["cgm"] = (p - z * v2 ** 0.5, p + z * v2 ** 0.5)
+        out["cgm-t"] = (p - t * v2 ** 0.5, p + t * v2 ** 0.5)
+        out["max-t"] = (p - t * max(vs, vd) ** 0.5, p + t * max(vs, vd) ** 0.5)
+        if "date-strat" in rec:
+            v3 = max(vs + rec["date-strat"]["sd"] ** 2 - vr, vs, rec["date-strat"]["sd"] ** 2)
+            out["cgm-strat"] = (p - z * v3 ** 0.5, p + z * v3 ** 0.5)
     return out
 
 
@@ -201,11 +216,15 @@ def summarise(records: list[dict], tune_seeds: int) -> list[dict]:
                 cover = (iv[:, 0] <= truth) & (truth <= iv[:, 1])
                 reject = (iv[:, 0] > 0) | (iv[:, 1] < 0)
                 width = np.median(iv[:, 1] - iv[:, 0])
+                flag = np.array([bool(r[c].get("unreliable", False)) if isinstance(r.get(c), dict) else False
+                                 for r in sub])
                 out.append({"size": f"{S}x{T}x{d}", "scenario": sc, "seeds": split, "candidate": c,
                             "panels": len(sub), "true_premium": truth, "sd_across_panels": spread,
                             "coverage": float(cover.mean()), "rejection": float(reject.mean()),
                             "width_ratio": float(width / (3.92 * spread)) if spread > 0 else float("nan"),
-                            "mdp": 2.80 * spread, "seconds_per_panel": float(np.mean([r["seconds"] for r in sub]))})
+                            "mdp": 2.80 * spread, "seconds_per_panel": float(np.mean([r["seconds"] for r in sub])),
+                            "flagged": float(flag.mean()),
+                            "flagged_coverage": float(cover[flag].mean()) if flag.any() else float("nan")})
     return out
 
 
@@ -222,7 +241,8 @@ def passes(row: dict) -> dict[str, bool]:
 def markdown(rows: list[dict]) -> str:
     """The held-out table, one line per cell and candidate."""
     lines = ["| size | scenario | candidate | panels | true premium | sd across panels | coverage | rejects 0 | "
-             "width / (3.92 sd) | min. detectable | passes |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "width / (3.92 sd) | min. detectable | unreliable (coverage) | passes |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["seeds"] != "held-out":
             continue
@@ -230,7 +250,9 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['size']} | {r['scenario']} | {r['candidate']} | {r['panels']} | {r['true_premium']:+.4f} | "
                      f"{r['sd_across_panels']:.4f} | {100 * r['coverage']:.1f} % | {100 * r['rejection']:.1f} % | "
                      f"{r['width_ratio']:.2f} | {r['mdp']:.4f} | "
-                     f"{'all' if all(ok.values()) else 'fails ' + ', '.join(k for k, v in ok.items() if not v)} |")
+                     + (f"{100 * r['flagged']:.1f} % ({100 * r['flagged_coverage']:.0f} %) | " if r['flagged'] > 0 else
+                        ("0 % | " if r['candidate'] == "two-way" else "– | "))
+                     + f"{'all' if all(ok.values()) else 'fails ' + ', '.join(k for k, v in ok.items() if not v)} |")
     return "\n".join(lines)
 
 

@@ -255,7 +255,7 @@ def test_crd_refuses_gcv_without_the_flag():
     assert "allowRowLevelSelection" in rule["rule"] and "leaves out rows" in rule["message"]
     assert reg["properties"]["allowRowLevelSelection"]["type"] == "boolean"
     boot = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["bootstrap"]
-    assert boot["properties"]["cluster"]["enum"] == ["security", "date", "security-and-date"]
+    assert boot["properties"]["cluster"]["enum"] == ["two-way", "security", "date", "security-and-date"]
 
 
 # ---------------------------------------------------------------- date and two-way clustering

@@ -50,17 +50,31 @@ DATE_STREAM = 1
 ``date`` for one seed, and its two draws are independent."""
 
 
-def draw_weights(cluster: str, n_securities: int, n_dates: int, resamples: int, seed: int) -> tuple:
+def draw_weights(cluster: str, n_securities: int, n_dates: int, resamples: int, seed: int,
+                 date_strata: np.ndarray | None = None) -> tuple:
     """Multiplicities of securities and of dates for ``bootstrap.cluster``: (int64 [R, S], int64 [R, T]).
 
     ``security``: securities drawn by :func:`draw_cluster_weights` (seed), every date once; ``date``: dates drawn
     the same way from the stream ``[seed, DATE_STREAM]``, every security once; ``security-and-date``: both
     (Owen 2007, "The pigeonhole bootstrap", Ann. Appl. Stat. 1(2):386-411; consistency for separately
     exchangeable arrays: Davezies, D'Haultfœuille & Guyonvarch 2021, Ann. Statist. 49(2):845-862). A row's
-    weight is the product of its security's and its date's multiplicity (:func:`row_weights`). Raises
-    ValueError for another ``cluster``."""
+    weight is the product of its security's and its date's multiplicity (:func:`row_weights`).
+    ``two-way``: the first :func:`two_way_split` (resamples) replicates draw securities (every date once), the
+    others draw dates within ``date_strata`` (int [T], :func:`draw_date_weights_stratified`; default one
+    stratum), every security once. Raises ValueError for another ``cluster`` or fewer than 2 replicates per
+    half."""
+    if cluster == "two-way":
+        n_sec = two_way_split(resamples)
+        strata = np.zeros(n_dates, dtype=np.int64) if date_strata is None else np.asarray(date_strata)
+        if len(strata) != n_dates:
+            raise ValueError(f"date_strata has {len(strata)} entries for {n_dates} dates")
+        ws = np.vstack([draw_cluster_weights(n_securities, n_sec, seed),
+                        np.ones((resamples - n_sec, n_securities), dtype=np.int64)])
+        wd = np.vstack([np.ones((n_sec, n_dates), dtype=np.int64),
+                        draw_date_weights_stratified(strata, resamples - n_sec, seed)])
+        return ws, wd
     if cluster not in ("security", "date", "security-and-date"):
-        raise ValueError(f"bootstrap.cluster must be security, date or security-and-date (got {cluster!r})")
+        raise ValueError(f"bootstrap.cluster must be two-way, security, date or security-and-date (got {cluster!r})")
     ws = draw_cluster_weights(n_securities, resamples, seed) if cluster != "date" else \
         np.ones((resamples, n_securities), dtype=np.int64)
     if cluster == "security":
@@ -69,6 +83,14 @@ def draw_weights(cluster: str, n_securities: int, n_dates: int, resamples: int, 
     flat = (draws + n_dates * np.arange(resamples)[:, None]).ravel()
     wd = np.bincount(flat, minlength=resamples * n_dates).reshape(resamples, n_dates).astype(np.int64)
     return ws, wd
+
+
+def two_way_split(resamples: int) -> int:
+    """Replicates of a ``two-way`` bootstrap that resample securities (the first ones): ceil(resamples / 2); the
+    rest resample dates. Raises ValueError when a half would have fewer than 2 replicates."""
+    if resamples < 4:
+        raise ValueError(f"a two-way bootstrap needs at least 4 resamples (got {resamples})")
+    return (resamples + 1) // 2
 
 
 def draw_date_weights_stratified(strata: np.ndarray, resamples: int, seed: int) -> np.ndarray:
@@ -115,6 +137,91 @@ def replicate_folds(rows_per_security: np.ndarray, weights: np.ndarray, n_splits
     :func:`pitlab.evaluator.protocols.security_folds_batch`)."""
     return security_folds_batch(np.asarray(rows_per_security, dtype=np.int64)[None, :] * np.asarray(weights),
                                 n_splits)
+
+
+@dataclass(frozen=True)
+class IntervalRule:
+    """How an interval is read from a bootstrap's replicates.
+
+    ``kind`` ``percentile``: the percentile interval of all replicates (:func:`percentile_ci`). ``two-way``
+    (``bootstrap.cluster: two-way``): replicates ``[0, n_security)`` resampled securities and the rest dates
+    (stratified by the leakage-off split); with ``v_s``, ``v_d`` their variances (ddof 1) the interval is
+    ``point ± t_{G−1} · sqrt(max(v_s, v_d))``, G the cluster count of the dimension with the larger variance
+    (``n_securities`` or ``n_dates``): the one-way variance of the dominating dimension, with MacKinnon &
+    Webb's (2017, J. Appl. Econometrics 32(2):233-254) t(G − 1) reference for few clusters. Chosen by the
+    simulation study bench/calibration.py (bench/RESULTS.md, docs/statistics.md). ``confidence`` as
+    ``bootstrap.confidence``."""
+
+    confidence: float = 0.95
+    kind: str = "percentile"
+    n_security: int = 0
+    n_securities: int = 0
+    n_dates: int = 0
+
+    def __post_init__(self):
+        if self.kind not in ("percentile", "two-way"):
+            raise ValueError(f"interval kind must be percentile or two-way (got {self.kind!r})")
+
+    def halves(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The finite security-resampled and date-resampled replicates of ``values`` float [R]."""
+        v = np.asarray(values, dtype=np.float64)
+        a, b = v[:self.n_security], v[self.n_security:]
+        return a[np.isfinite(a)], b[np.isfinite(b)]
+
+    def spread(self, values: np.ndarray) -> tuple[float, int, str]:
+        """(sd, G, dimension) of the two-way rule: the larger one-way sd, its cluster count and its name
+        (``security`` or ``date``); (nan, 0, "") with fewer than two finite replicates in a half."""
+        a, b = self.halves(values)
+        if a.size < 2 or b.size < 2:
+            return float("nan"), 0, ""
+        va, vb = float(a.var(ddof=1)), float(b.var(ddof=1))
+        return (va ** 0.5, self.n_securities, "security") if va >= vb else (vb ** 0.5, self.n_dates, "date")
+
+    def interval(self, point: float, values: np.ndarray) -> tuple[float, float]:
+        """The interval of ``point`` from its replicates ``values`` float [R] ((nan, nan) when undefined)."""
+        if self.kind == "percentile":
+            return percentile_ci(values, self.confidence)
+        sd, g, _ = self.spread(values)
+        if not (np.isfinite(sd) and point is not None and np.isfinite(point)):
+            return float("nan"), float("nan")
+        from scipy import stats
+
+        half = float(stats.t.ppf(0.5 + self.confidence / 2, max(g - 1, 1))) * sd
+        return float(point - half), float(point + half)
+
+    def p_value(self, point: float, values: np.ndarray) -> float:
+        """Two-sided p-value of H0 "the statistic is 0": :func:`bootstrap_p_value` (percentile) or
+        ``2 · P(t_{G−1} > |point| / sd)`` (two-way; it inverts the interval)."""
+        if self.kind == "percentile":
+            return bootstrap_p_value(values)
+        sd, g, _ = self.spread(values)
+        if not (np.isfinite(sd) and point is not None and np.isfinite(point)):
+            return float("nan")
+        if sd == 0:
+            return 1.0 if point == 0 else 0.0
+        from scipy import stats
+
+        return float(2 * stats.t.sf(abs(point) / sd, max(g - 1, 1)))
+
+    def bias_sd(self, point: float, values: np.ndarray) -> tuple[float, float]:
+        """:func:`bootstrap_bias` of all replicates (percentile), or of the dominating half (two-way)."""
+        if self.kind == "percentile":
+            return bootstrap_bias(values, point)
+        sd, _, dim = self.spread(values)
+        if not np.isfinite(sd):
+            return float("nan"), float("nan")
+        a, b = self.halves(values)
+        return bootstrap_bias(a if dim == "security" else b, point)
+
+
+def as_rule(rule: "IntervalRule | float") -> IntervalRule:
+    """``rule`` itself, or the percentile rule at confidence ``rule`` (a float)."""
+    return rule if isinstance(rule, IntervalRule) else IntervalRule(confidence=float(rule))
+
+
+def interval(point: float, values: np.ndarray, rule: "IntervalRule | float") -> list[float]:
+    """[lo, hi] of ``point`` from its replicates ``values`` by ``rule`` (a float: percentile at that level)."""
+    return list(as_rule(rule).interval(point, values))
 
 
 def percentile_ci(values: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -180,17 +287,19 @@ def unreliable_reasons(point: float, ci: tuple[float, float], bias: float, sd: f
     return reasons
 
 
-def judge(point: float, values: np.ndarray, confidence: float, edges: list[str] | tuple = ()) -> dict:
+def judge(point: float, values: np.ndarray, confidence: "IntervalRule | float",
+          edges: list[str] | tuple = ()) -> dict:
     """Interval, p-value, bias and verdict of one estimate from its bootstrap replicates ``values`` (float [R]).
 
-    Returns ``ci`` [lo, hi] (:func:`percentile_ci`), ``p_value`` (:func:`bootstrap_p_value`), ``bias`` and
-    ``sd`` (:func:`bootstrap_bias`), ``verdict`` (``unreliable`` when :func:`unreliable_reasons` gives a
-    reason, else :func:`verdict` of the interval) and ``reasons`` (list of str)."""
-    ci = percentile_ci(values, confidence)
-    bias, sd = bootstrap_bias(values, point)
+    ``confidence``: an :class:`IntervalRule`, or a float = the percentile rule at that level. Returns ``ci``
+    [lo, hi], ``p_value``, ``bias`` and ``sd`` (the rule's), ``verdict`` (``unreliable`` when
+    :func:`unreliable_reasons` gives a reason, else :func:`verdict` of the interval) and ``reasons``."""
+    rule = as_rule(confidence)
+    ci = rule.interval(point, values)
+    bias, sd = rule.bias_sd(point, values)
     n_valid = int(np.isfinite(np.asarray(values, dtype=np.float64)).sum())
     reasons = unreliable_reasons(point, ci, bias, sd, edges, n_valid)
-    return {"ci": [ci[0], ci[1]], "p_value": bootstrap_p_value(values), "bias": bias, "sd": sd,
+    return {"ci": [ci[0], ci[1]], "p_value": rule.p_value(point, values), "bias": bias, "sd": sd,
             "verdict": UNRELIABLE if reasons else verdict(ci), "reasons": reasons}
 
 
@@ -284,7 +393,7 @@ def cutoff_control(names: list[str], cutoffs: dict, points: dict[str, float], re
     s_reps = slope(reps)
     diff = replicates[first] - replicates[last]
     s_pt, d_pt = float(slope(pts)), float(points[first] - points[last])
-    s_j, d_j = judge(s_pt, s_reps, confidence), judge(d_pt, diff, confidence)
+    s_j, d_j = judge(s_pt, s_reps, confidence), judge(d_pt, diff, confidence)  # confidence: a rule or a level
     return {"models": have, "cutoffs": [cutoffs[n].isoformat() for n in have], "cutoff_years": x.tolist(),
             "premiums": pts.tolist(), "slope_per_year": s_pt, "slope_ci": s_j["ci"],
             "slope_p_value": s_j["p_value"], "slope_bias": s_j["bias"], "slope_verdict": s_j["verdict"],

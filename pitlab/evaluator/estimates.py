@@ -141,11 +141,10 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         Wn = to_numpy(w_b) * to_numpy(units.n)[None, :]
         tr, te = date_block_folds(pos, Wn, k, selection.embargo_days, field=field_)
         removed = (Wn > 0)[:, None, :] & ~tr & ~te  # purged or embargoed: few rows
-        inner_test = units.weighted((w_b[:, None, :] * _like(units.n, te)).reshape(-1, units.m))
+        inner_test = _fold_stats(units, w_b, te)
         inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
         if removed.any():
-            inner_train = inner_train - units.weighted((w_b[:, None, :] * _like(units.n, removed))
-                                                       .reshape(-1, units.m))
+            inner_train = inner_train - _fold_stats(units, w_b, removed)
         return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m)
     rows = np.rint(to_numpy(units.n)).astype(np.int64)
     unit_sec = getattr(units, "unit_security", None)
@@ -157,10 +156,27 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         sizes = np.stack([np.bincount(unit_sec, weights=r, minlength=n_sec) for r in wi * rows[None, :]])
         sizes = np.rint(sizes).astype(np.int64)
         inner = security_folds_batch(sizes, k, field=field_)[:, unit_sec]  # [B, m]
-    mask = _like(units.n, (inner[:, None, :] == np.arange(k)[None, :, None]).astype(np.float64))
-    inner_test = units.weighted((w_b[:, None, :] * mask).reshape(-1, units.m))
+    inner_test = _fold_stats(units, w_b, inner[:, None, :] == np.arange(k)[None, :, None])
     inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
     return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m)
+
+
+def _fold_stats(units: SuffStats, w_b, masks: np.ndarray) -> SuffStats:
+    """Statistics of the B·k sets ``w_b[b] · masks[b, j]`` (``w_b`` [B, m] on the backend, ``masks`` bool numpy
+    [B, k, m]), set b·k + j at that position. Row units (:class:`pitlab.evaluator.ridge.RowStats`) are summed one
+    j at a time: the rows of one inner fold that a batch of replicates weights alike then form few classes."""
+    B, k, m_ = masks.shape
+    if not isinstance(units, RowStats):
+        return units.weighted((w_b[:, None, :] * _like(units.n, masks.astype(np.float64))).reshape(-1, m_))
+    parts = [units.weighted(w_b * _like(units.n, masks[:, j, :].astype(np.float64))) for j in range(k)]
+    m = xp(w_b)
+
+    def inter(name: str):
+        a = m.stack([getattr(p, name) for p in parts], axis=1) if m is np else \
+            m.stack([getattr(p, name) for p in parts], dim=1)
+        return a.reshape((B * k,) + tuple(a.shape[2:]))
+
+    return SuffStats(**{f: inter(f) for f in ("n", "sx", "sy", "syy", "sxx", "sxy")})
 
 
 def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Backend | None, B: int, k: int, m):

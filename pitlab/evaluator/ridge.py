@@ -229,6 +229,11 @@ class RowStats:
             sxx[:, hi * d + lo] = tri
             return SuffStats(n=tot[:, 0], sx=tot[:, 3:3 + d], sy=tot[:, 1], syy=tot[:, 2],
                              sxx=sxx.reshape(W.shape[0], d, d), sxy=tot[:, 3 + d:3 + 2 * d])
+        classes = self._weight_classes(Wr)
+        if classes is not None:  # rows that every weighting weights alike: one Gram matrix per class
+            rows, inverse, first = classes
+            ri = _like_index(W, rows)
+            return SuffStats.from_rows(self.X[ri], self.y[ri], inverse, len(first)).weighted(Wr[:, _like_index(W, first)])
         sxx = m.zeros((W.shape[0], d, d), dtype=W.dtype) if m is np else \
             W.new_zeros((W.shape[0], d, d))
         nz_all = to_numpy(Wr != 0)
@@ -243,6 +248,30 @@ class RowStats:
         return SuffStats(n=Wr.sum(axis=1), sx=Wr @ self.X, sy=Wr @ self.y, syy=Wr @ (self.y * self.y), sxx=sxx,
                          sxy=(Wr * self.y[None, :]) @ self.X)
 
+
+    def _weight_classes(self, Wr):
+        """Classes of rows whose weight is the same in every weighting of ``Wr`` [B, r] (a date-resampling
+        replicate weights all rows of a date alike, a security-resampling one all rows of a security), as
+        (rows some weighting draws int [r'], class of each of them int [r'], first row of each class int [C]),
+        when the per-class Gram matrices
+        (C·d² float64) fit :data:`CLASS_GRAM_BYTES` and C ≤ r/4; else None. Exact: the candidate classes come
+        from two random projections of each row's weight column and are then checked element by element."""
+        B, r = int(Wr.shape[0]), int(Wr.shape[1])
+        if B < 2 or r < 8:
+            return None
+        rows = np.flatnonzero(to_numpy((Wr != 0).any(axis=0)))  # rows some weighting draws
+        Wn = Wr[:, _like_index(Wr, rows)]
+        g = np.random.default_rng(0).standard_normal((B, 2))
+        key = to_numpy(Wn.T @ _like(Wr, g))  # [rows, 2]
+        _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+        C = len(first)
+        budget = CLASS_GRAM_BYTES * (4 if is_torch(Wr) and Wr.device.type == "cuda" else 1)
+        if C * 4 > len(rows) or C * self.d * self.d * 8 > budget:
+            return None
+        inverse = inverse.reshape(-1)
+        if not bool((Wn == Wn[:, _like_index(Wr, first[inverse])]).all()):  # a projection collision
+            return None
+        return rows, inverse, rows[first]
 
     def _weighted_indicators(self, Wr) -> SuffStats:
         """:meth:`weighted` for indicator rows (``codes``): ``Wr`` [B, r] row weights."""
@@ -269,6 +298,17 @@ class RowStats:
         sxx[:, idx, idx] += c
         return SuffStats(n=N, sx=c - N[:, None] * mu[None, :], sy=sy, syy=syy, sxx=sxx,
                          sxy=cy - sy[:, None] * mu[None, :])
+
+
+CLASS_GRAM_BYTES = 1 << 32
+"""Largest float64 stack of per-class Gram matrices (C × d × d × 8 bytes) that :meth:`RowStats.weighted` builds
+to replace its per-weighting loop over rows (C classes of rows weighted alike: a batch of date- or
+security-resampling replicates); larger ones keep the loop. Four times as much on a CUDA device."""
+
+
+def _like_index(ref, index):
+    """``index`` (int numpy) as an index of ``ref``'s kind and device."""
+    return _index_like(ref, index) if is_torch(ref) else np.asarray(index, dtype=np.int64)
 
 
 PACKED_ROW_TERMS_BYTES = 1 << 29

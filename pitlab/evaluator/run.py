@@ -17,8 +17,9 @@ import pandas as pd
 
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
-from pitlab.evaluator.bootstrap import (BIAS_LIMIT, cutoff_control, draw_weights, judge, paired_reductions,
-                                       percentile_ci, replicate_folds, replicate_row_folds, row_weights)
+from pitlab.evaluator.bootstrap import (BIAS_LIMIT, IntervalRule, cutoff_control, draw_weights, interval, judge,
+                                       paired_reductions, replicate_folds, replicate_row_folds, row_weights,
+                                       two_way_split)
 from pitlab.evaluator.decompose import (DATE_ONLY, date_features, empty_checks, excess, market_neutral,
                                         mechanical_sentence)
 from pitlab.evaluator.embed import embed_texts
@@ -103,6 +104,10 @@ def _extra_splitters(spec: LeakageEvalSpec, panel: Panel, calendar: pd.DatetimeI
 
 
 CLUSTER_TEXT = {
+    "two-way": "two one-way halves: securities with replacement (all dates of a drawn security come along) in "
+               "the first half of the replicates, dates with replacement within the leakage-off training and "
+               "test dates (every security of a drawn date comes along) in the second; interval = point ± "
+               "t(G−1) × the larger one-way sd (G its cluster count)",
     "security": "securities with replacement, all dates of a drawn security come along",
     "date": "dates with replacement, all securities of a drawn date come along",
     "security-and-date": "securities and dates, independently, a row weighted by the product of the two "
@@ -182,7 +187,8 @@ class EvalSetup:
     float [B, units], their GroupKFold ``folds``) and the point estimate's folds (``point_folds`` int [1, units]).
     ``selection`` chooses leakage-on's penalty, ``time_selection`` that of the date protocols; ``row_units``:
     the units weighted are the rows (date-aware bootstrap or date-blocked selection), else the securities;
-    ``positions`` int [n_rows] calendar positions; ``y_neutral`` the market-neutral target."""
+    ``positions`` int [n_rows] calendar positions; ``y_neutral`` the market-neutral target; ``rule`` how
+    intervals are read from the replicates (:class:`pitlab.evaluator.bootstrap.IntervalRule`)."""
 
     selection: AlphaSelection
     time_selection: AlphaSelection
@@ -210,6 +216,7 @@ class EvalSetup:
     date_codes: np.ndarray
     n_dates: int
     y_neutral: np.ndarray
+    rule: IntervalRule = IntervalRule()
 
 
 def _selections(spec: LeakageEvalSpec, alpha_selection: AlphaSelection | str | None) -> tuple:
@@ -246,7 +253,10 @@ def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
         raise EvaluationError(f"protocol.groupKFolds={K} exceeds the number of securities in the panel ({S})")
     t0 = time.perf_counter()
     date_codes, udates = pd.factorize(pd.DatetimeIndex(rows["date"]), sort=True)
-    w_sec, w_date = draw_weights(boot.cluster, S, len(udates), boot.resamples, boot.seed)
+    strata = date_strata(date_codes, len(udates), split.train_mask, split.test_mask)
+    w_sec, w_date = draw_weights(boot.cluster, S, len(udates), boot.resamples, boot.seed, strata)
+    rule = (IntervalRule(boot.confidence, "two-way", two_way_split(boot.resamples), S, len(udates))
+            if boot.cluster == "two-way" else IntervalRule(boot.confidence))
     row_units = boot.cluster != "security" or time_selection.method == "date-blocked"
     if not row_units:  # units = securities: per-security statistics
         ones = np.ones((1, S))
@@ -263,7 +273,16 @@ def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
                      calendar, extra, split, rows["date"].to_numpy(), codes, S, y,
                      rows["prompt"].astype(str).tolist(), w_sec, w_date, ones, point_folds, weights, folds,
                      time.perf_counter() - t0, row_units, _calendar_positions(rows["date"].to_numpy(), calendar),
-                     date_codes, len(udates), market_neutral(y, date_codes))
+                     date_codes, len(udates), market_neutral(y, date_codes), rule)
+
+
+def date_strata(date_codes: np.ndarray, n_dates: int, train_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
+    """Stratum of every panel date for the two-way bootstrap's date draws, int [n_dates]: 0 = a leakage-off
+    training date, 2 = a test date, 1 = neither (embargoed or outside both sides)."""
+    out = np.ones(n_dates, dtype=np.int64)
+    out[np.unique(np.asarray(date_codes)[np.asarray(train_mask, dtype=bool)])] = 0
+    out[np.unique(np.asarray(date_codes)[np.asarray(test_mask, dtype=bool)])] = 2
+    return out
 
 
 @dataclass
@@ -301,7 +320,7 @@ def baseline_statistics(spec: LeakageEvalSpec, setup: EvalSetup) -> Baseline:
                     target_statistics(spec, cpu, X, setup.y_neutral, False, codes), time.perf_counter() - t0)
 
 
-def target_summary(ts: TargetStats, confidence: float) -> dict:
+def target_summary(ts: TargetStats, confidence: "IntervalRule | float") -> dict:
     """JSON-ready numbers of one target: R²(off), R²(on) on all rows and on the leakage-off test rows, the
     same-row premium with its interval, p-value, bias, sd and verdict (:func:`judge`), the chosen penalties."""
     edges = ts.edge_text["off"] + ts.edge_text["on"]
@@ -310,9 +329,9 @@ def target_summary(ts: TargetStats, confidence: float) -> dict:
             "premium": ts.premium, "premium_all_rows": float(ts.on.r2[0] - ts.off.r2[0]),
             "premium_ci": pj["ci"], "premium_p_value": pj["p_value"], "premium_bias": pj["bias"],
             "premium_sd": pj["sd"], "verdict": pj["verdict"], "verdict_reasons": pj["reasons"],
-            "r2_off_ci": list(percentile_ci(ts.reps.r2_off, confidence)),
-            "r2_on_ci": list(percentile_ci(ts.reps.r2_on, confidence)),
-            "r2_on_test_rows_ci": list(percentile_ci(ts.reps.r2_on_rows, confidence)),
+            "r2_off_ci": interval(float(ts.off.r2[0]), ts.reps.r2_off, confidence),
+            "r2_on_ci": interval(float(ts.on.r2[0]), ts.reps.r2_on, confidence),
+            "r2_on_test_rows_ci": interval(ts.r2_on_rows, ts.reps.r2_on_rows, confidence),
             "alpha_off": float(ts.off.alpha[0]), "alpha_on": [float(a) for a in ts.on.alpha[0]],
             "n_valid_replicates": int(np.isfinite(ts.reps.premium).sum())}
 
@@ -321,7 +340,8 @@ HEADLINE = "market_neutral"
 """The figure that heads the table and gives the verdict: the market-neutral premium (docs/statistics.md says why)."""
 
 
-def _decomposition(name: str, raw: TargetStats, neutral: TargetStats, baseline: Baseline, conf: float) -> dict:
+def _decomposition(name: str, raw: TargetStats, neutral: TargetStats, baseline: Baseline,
+                   conf: "IntervalRule | float") -> dict:
     """The keys of a model's entry that split its premium: market-neutral, date-only, excess, headline, sentence."""
     mn = target_summary(neutral, conf)
     ex = excess(raw.premium, raw.reps.premium, baseline.raw.premium, baseline.raw.reps.premium, conf,
@@ -366,7 +386,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
     neutral = target_statistics(spec, setup, X, setup.y_neutral, False)
     t_end = time.perf_counter()
     note(f"statistics:{name}", 1, 1)
-    summary = target_summary(raw, boot.confidence)
+    summary = target_summary(raw, setup.rule)
     edges = raw.edges
     m = next(m for m in spec.models if m.name == name)
     result = {
@@ -380,7 +400,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
         "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
         **summary,
         "premium_rows": "leakage-off test rows (R²(on) and R²(off) on the same rows)",
-        **_decomposition(name, raw, neutral, baseline, boot.confidence),
+        **_decomposition(name, raw, neutral, baseline, setup.rule),
         "protocols": raw.protocols,
         "embargo_robustness": raw.robustness,
         "n_train": setup.split.n_train, "n_test": setup.split.n_test,
@@ -452,7 +472,10 @@ def _bootstrap_section(spec: LeakageEvalSpec, setup: EvalSetup) -> dict:
                 "the bootstrap sd",
                 f"a point estimate's penalty selection ends at an edge of the α grid after "
                 f"{WIDEN_STEPS} widenings of {WIDEN_DECADES} decades"],
-            "seed": boot.seed, "ci_method": "percentile", "shared_draws": True,
+            "seed": boot.seed, "shared_draws": True,
+            "ci_method": ("t(G−1) × the larger one-way bootstrap sd, centred on the point estimate"
+                          if setup.rule.kind == "two-way" else "percentile"),
+            "replicates_resampling_securities": setup.rule.n_security if setup.rule.kind == "two-way" else None,
             "reselect_penalty": reselect,
             "penalty_in_replicates": ("chosen again by the same selection as the point estimate" if reselect else
                                       "held at the point estimate's choice for each protocol and fold "
@@ -467,7 +490,7 @@ def _bootstrap_section(spec: LeakageEvalSpec, setup: EvalSetup) -> dict:
                                "no drawn date gives no value (NaN) for that protocol"}
 
 
-def _baseline_section(baseline: Baseline, conf: float) -> dict:
+def _baseline_section(baseline: Baseline, conf: "IntervalRule | float") -> dict:
     """``results.date_only_baseline``: the baseline's raw and market-neutral numbers and its extra protocols."""
     return {"name": DATE_ONLY, "features": "one indicator column per panel date (identifies the date, nothing else)",
             "raw": target_summary(baseline.raw, conf), "market_neutral": target_summary(baseline.neutral, conf),
@@ -482,7 +505,7 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
     premiums = {o.result["name"]: o.result["premium"] for o in outcomes}
     premium_reps = {o.result["name"]: o.premium_reps for o in outcomes}
     model_edges = {o.result["name"]: o.edges for o in outcomes}
-    conf = spec.bootstrap.confidence
+    conf = setup.rule
     run_warnings = list(panel.warnings) + list(setup.split.warnings) + spec_warnings(spec)
     for o in outcomes:
         run_warnings += o.warnings

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pitlab.evaluator.bootstrap import PremiumReplicates, bootstrap_model, judge, percentile_ci
+from pitlab.evaluator.bootstrap import PremiumReplicates, bootstrap_model, interval, judge
 from pitlab.evaluator.estimates import AlphaSelection, Fold, PanelStats, leakage_off_r2, leakage_on_r2
 from pitlab.evaluator.protocols import ChronologicalSplit
 
@@ -98,12 +98,12 @@ def _extra_protocols(stats: PanelStats, setup, pfolds: dict[str, list[Fold]], gr
         head = fr.mean if pname == "walk-forward" else fr.pooled
         prem = on_r2 - head[0]
         prem_reps = r2_on_reps - head[1:]
-        pj = judge(float(prem), prem_reps, boot.confidence, edge_text["on"] + edge_text[pname])
+        pj = judge(float(prem), prem_reps, setup.rule, edge_text["on"] + edge_text[pname])
         out[pname] = {
-            "r2": float(head[0]), "r2_ci": list(percentile_ci(head[1:], boot.confidence)),
+            "r2": float(head[0]), "r2_ci": interval(float(head[0]), head[1:], setup.rule),
             "r2_mean": float(fr.mean[0]), "r2_pooled": float(fr.pooled[0]),
             "r2_per_fold": [float(v) for v in fr.r2[0]],
-            "r2_per_fold_ci": [list(percentile_ci(fr.r2[1:, k], boot.confidence)) for k in range(fr.r2.shape[1])],
+            "r2_per_fold_ci": [interval(float(fr.r2[0, k]), fr.r2[1:, k], setup.rule) for k in range(fr.r2.shape[1])],
             "alpha_per_fold": [float(a) for a in fr.alpha[0]],
             "premium": float(prem), "premium_ci": pj["ci"], "premium_p_value": pj["p_value"],
             "premium_bias": pj["bias"], "premium_sd": pj["sd"], "verdict": pj["verdict"],
