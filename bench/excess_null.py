@@ -24,9 +24,10 @@ import numpy as np
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
 
 
-def one_panel(seed: int, S: int, T: int, noise_dims: int, R: int) -> dict:
-    """Raw premium, baseline premium and the paired excess of one panel, with 95 % percentile intervals."""
-    from pitlab.evaluator.bootstrap import bootstrap_model, draw_weights, replicate_row_folds, row_weights
+def one_panel(seed: int, S: int, T: int, noise_dims: int, R: int, cluster: str = "two-way") -> dict:
+    """Raw premium, baseline premium and the paired excess of one panel, with 95 % intervals (``cluster``'s)."""
+    from pitlab.evaluator.bootstrap import (IntervalRule, bootstrap_model, draw_weights, replicate_row_folds,
+                                           row_weights, two_way_split)
     from pitlab.evaluator.decompose import date_features
     from pitlab.evaluator.estimates import AlphaSelection, PanelStats
     from pitlab.evaluator.protocols import security_folds
@@ -40,20 +41,22 @@ def one_panel(seed: int, S: int, T: int, noise_dims: int, R: int) -> dict:
     Xm = np.hstack([D @ np.linalg.qr(rng.standard_normal((T, T)))[0], rng.standard_normal((S * T, noise_dims))])
     train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
     on_sel, off_sel = AlphaSelection("security-cv", 5), AlphaSelection("date-blocked", 5, embargo_days=5)
-    ws, wd = draw_weights("security-and-date", S, T, R, seed)
+    strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
+    ws, wd = draw_weights(cluster, S, T, R, seed, strata)
+    rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T) if cluster == "two-way" else IntervalRule(0.95)
     W = row_weights(ws, wd, sec, date)
     F = replicate_row_folds(sec, S, W, 5)
     pf = security_folds(np.full(S, T), 5)[sec][None, :]
-    out, reps = {"seed": seed, "S": S, "T": T, "noise_dims": noise_dims, "R": R}, {}
+    out, reps = {"seed": seed, "S": S, "T": T, "noise_dims": noise_dims, "R": R, "cluster": cluster}, {}
     for name, X in (("model", Xm), ("baseline", D)):
         st = PanelStats.build_rows(X, y, sec, train, test, positions=date * 10)
         off, on, _, grid, _ = point_estimates(st, pf, 5, ALPHAS, on_sel, "train_mean", None, off_sel, True)
         out[name] = float(on.r2_rows[0] - off.r2[0])
         reps[name] = bootstrap_model(st, W, F, 5, grid, on_sel, "train_mean", None, off_sel, same_rows=True).premium
-    for key, v in (("model_ci", reps["model"]), ("excess_ci", reps["model"] - reps["baseline"])):
-        v = v[np.isfinite(v)]
-        out[key] = [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
     out["excess"] = out["model"] - out["baseline"]
+    for key, pt, v in (("model_ci", out["model"], reps["model"]),
+                       ("excess_ci", out["excess"], reps["model"] - reps["baseline"])):
+        out[key] = list(rule.interval(pt, v))
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dates", type=int, default=30)
     p.add_argument("--noise-dims", type=int, default=8)
     p.add_argument("--resamples", type=int, default=200)
+    p.add_argument("--cluster", default="two-way", choices=["two-way", "security", "date", "security-and-date"])
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--summarise", type=Path, default=None, metavar="JSONL")
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from concurrent.futures import ProcessPoolExecutor
 
     t0 = time.perf_counter()
-    tasks = [(s, a.securities, a.dates, a.noise_dims, a.resamples) for s in range(a.panels)]
+    tasks = [(s, a.securities, a.dates, a.noise_dims, a.resamples, a.cluster) for s in range(a.panels)]
     recs = []
     sink = open(a.out, "w") if a.out else None
     with ProcessPoolExecutor(a.workers) as ex:
