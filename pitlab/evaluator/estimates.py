@@ -374,13 +374,17 @@ class PanelStats:
 
     def _batch(self, selection: AlphaSelection | None) -> int:
         """Weightings per batch: the float64 d×d temporaries of one weighting (fitting set, inner folds,
-        centred copies, eigenvectors, products: ~4 per fit) within the backend's memory budget."""
+        centred copies, eigenvectors, products: ~4 per fit) and, for row units, its row weights and fold masks,
+        within the backend's memory budget (less the row units' one [n_rows, d] product temporary)."""
         d = int(self.X.shape[1])
         fits = 1 if selection is None else selection.fits_per_set + 1
         per = (fits + 1) * 4 * 8 * d * d
-        if self.unit_security is not None:  # RowStats.weighted holds a [d, n_rows] product per weighting
-            per += 2 * 8 * d * int(self.X.shape[0])
-        return max(1, self.backend.memory_budget_bytes // per)
+        budget = self.backend.memory_budget_bytes
+        if self.unit_security is not None:  # row weights and fold masks per weighting; one [n_rows, d] temporary
+            n = int(self.X.shape[0])
+            per += 8 * n * (fits + 2)
+            budget = max(budget - 2 * 8 * d * n, budget // 2)
+        return max(1, budget // per)
 
     def fold_errors(self, fold: Fold, weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
                     benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,

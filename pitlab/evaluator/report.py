@@ -81,15 +81,16 @@ def render_markdown(results: dict) -> str:
          f"({off['n_test']} rows). **leakage-on**: GroupKFold by security ({on['n_splits']} folds) over all "
          f"{on['n_rows']} rows, pooled out-of-fold R². Premium = R²(on) − R²(off)"
          + (", both on the leakage-off test rows (same rows)" if _decomposed(results) else "")
-         + f". {pct} percentile intervals "
+         + f". {pct} {_interval_text(boot)} "
          f"from {boot['resamples']} bootstrap resamples {_resampled(boot)} (seed {boot['seed']}), the same draws for every "
          f"model"
          + (f"; in every replicate the penalty is {boot['penalty_in_replicates']}"
             if boot.get("penalty_in_replicates") else "")
          + "; a result is *significant* only when its interval excludes 0, and *unreliable* (never significant) "
-         "when its point estimate lies outside its interval, its bootstrap bias (mean of the replicates − point "
-         f"estimate) exceeds {boot.get('bias_limit_sd', 0.5):g} × the bootstrap sd, or a penalty selection of "
-         "its point estimate ends at an edge of the α grid."),
+         + ("when its point estimate lies outside its interval, its bootstrap bias (mean of the replicates − point "
+            f"estimate) exceeds {boot.get('bias_limit_sd', 0.5):g} × the bootstrap sd, or "
+            if boot.get("cluster") != "two-way" else "when ")
+         + "a penalty selection of its point estimate ends at an edge of the α grid."),
         "",
     ]
     if _decomposed(results):
@@ -174,10 +175,19 @@ def decomposition_lines(results: dict, pct: str) -> list[str]:
     return out
 
 
+def _interval_text(boot: dict) -> str:
+    """How the intervals were read from the replicates, in words."""
+    if boot.get("cluster") == "two-way":
+        return ("intervals point ± t(G−1) × the larger of the security and the date bootstrap sd (G: that "
+                "dimension's cluster count; chosen by bench/calibration.py)")
+    return "percentile intervals"
+
+
 def _resampled(boot: dict) -> str:
     """What the bootstrap resampled, in words."""
     return {"security": "of securities", "date": "of dates",
-            "security-and-date": "of securities and, independently, of dates (pigeonhole)"}.get(
+            "security-and-date": "of securities and, independently, of dates (pigeonhole)",
+            "two-way": "(half of securities, half of dates within the leakage-off training and test dates)"}.get(
         boot.get("cluster", "security"), "of securities")
 
 
@@ -305,7 +315,7 @@ table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:
 td.r{text-align:right;font-variant-numeric:tabular-nums}.warn{color:#a40}</style></head><body>
 <h1>Leakage evaluation</h1>
 <p>R² is out-of-sample; benchmark: <b>{{ r.benchmark }}</b> ({{ r.r2_definition }}).
-Premium = R²(on) − R²(off); {{ pct }} percentile intervals and two-sided bootstrap p-values from
+Premium = R²(on) − R²(off); {{ pct }} {{ interval }} and two-sided p-values from
 {{ r.bootstrap.resamples }} resamples {{ resampled }} (seed {{ r.bootstrap.seed }}), the same draws for every model
 and protocol.</p>
 {% for t in tables %}<h2>{{ t[0] }}</h2>
@@ -340,6 +350,7 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
     env = jinja2.Environment(autoescape=True)
     return env.from_string(_HTML).render(r=results, pct=pct, tables=tables, plots=plots,
                                          resampled=_resampled(results["bootstrap"]),
+                                         interval=_interval_text(results["bootstrap"]),
                                          versions=_plain(results.get("versions", {})),
                                          device=_plain(results.get("device", {})))
 
@@ -420,7 +431,7 @@ VERDICT_STYLE = {"significant": ("tab:red", "o"), "not significant": ("tab:blue"
 
 
 def plot_premium(results: dict, path: Path) -> None:
-    """Forest plot: one row per model, point premium and its percentile CI, vertical line at 0 (PNG, Agg)."""
+    """Forest plot: one row per model, point premium and its interval, vertical line at 0 (PNG, Agg)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

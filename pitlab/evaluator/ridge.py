@@ -233,7 +233,10 @@ class RowStats:
         if classes is not None:  # rows that every weighting weights alike: one Gram matrix per class
             rows, inverse, first = classes
             ri = _like_index(W, rows)
-            return SuffStats.from_rows(self.X[ri], self.y[ri], inverse, len(first)).weighted(Wr[:, _like_index(W, first)])
+            cs = SuffStats.from_rows(self.X[ri], self.y[ri], inverse, len(first))
+            Wc = Wr[:, _like_index(W, first)]  # [B, C]: the weight of each class (one product, no packing)
+            return SuffStats(n=Wc @ cs.n, sx=Wc @ cs.sx, sy=Wc @ cs.sy, syy=Wc @ cs.syy,
+                             sxx=(Wc @ cs.sxx.reshape(len(first), d * d)).reshape(-1, d, d), sxy=Wc @ cs.sxy)
         sxx = m.zeros((W.shape[0], d, d), dtype=W.dtype) if m is np else \
             W.new_zeros((W.shape[0], d, d))
         nz_all = to_numpy(Wr != 0)
@@ -265,8 +268,9 @@ class RowStats:
         key = to_numpy(Wn.T @ _like(Wr, g))  # [rows, 2]
         _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
         C = len(first)
-        budget = CLASS_GRAM_BYTES * (4 if is_torch(Wr) and Wr.device.type == "cuda" else 1)
-        if C * 4 > len(rows) or C * self.d * self.d * 8 > budget:
+        budget = CLASS_GRAM_BYTES * (8 if is_torch(Wr) and Wr.device.type == "cuda" else 1)
+        drawn = int(to_numpy((Wn != 0).sum()))  # row passes of the loop, summed over the weightings
+        if 2 * (len(rows) + B * C) > drawn or C * self.d * self.d * 8 > budget:
             return None
         inverse = inverse.reshape(-1)
         if not bool((Wn == Wn[:, _like_index(Wr, first[inverse])]).all()):  # a projection collision
@@ -303,7 +307,7 @@ class RowStats:
 CLASS_GRAM_BYTES = 1 << 32
 """Largest float64 stack of per-class Gram matrices (C × d × d × 8 bytes) that :meth:`RowStats.weighted` builds
 to replace its per-weighting loop over rows (C classes of rows weighted alike: a batch of date- or
-security-resampling replicates); larger ones keep the loop. Four times as much on a CUDA device."""
+security-resampling replicates); larger ones keep the loop. Eight times as much on a CUDA device."""
 
 
 def _like_index(ref, index):
