@@ -238,13 +238,13 @@ def passes(row: dict) -> dict[str, bool]:
     return ok
 
 
-def markdown(rows: list[dict]) -> str:
-    """The held-out table, one line per cell and candidate."""
+def markdown(rows: list[dict], split: str = "held-out") -> str:
+    """The table of one seed split (``held-out`` or ``tune``), one line per cell and candidate."""
     lines = ["| size | scenario | candidate | panels | true premium | sd across panels | coverage | rejects 0 | "
              "width / (3.92 sd) | min. detectable | unreliable (coverage) | passes |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        if r["seeds"] != "held-out":
+        if r["seeds"] != split:
             continue
         ok = passes(r)
         lines.append(f"| {r['size']} | {r['scenario']} | {r['candidate']} | {r['panels']} | {r['true_premium']:+.4f} | "
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--summarise", nargs="*", type=Path, default=None, metavar="JSONL")
     p.add_argument("--tune-seeds", type=int, default=50, help="seeds below this choose; the rest are held out")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--split", default="held-out", choices=["held-out", "tune"], help="seeds the table shows")
     a = p.parse_args(argv)
     if a.summarise is not None:
         merged: dict = {}
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     merged.setdefault(key, {}).update(r)
         recs = list(merged.values())
         rows = summarise(recs, a.tune_seeds)
-        print(markdown(rows) if a.markdown else json.dumps(rows, indent=1))
+        print(markdown(rows, a.split) if a.markdown else json.dumps(rows, indent=1))
         return 0
     S, T, d = (int(x) for x in a.size.split("x"))
     done = set()

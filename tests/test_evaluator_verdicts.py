@@ -142,6 +142,9 @@ def test_shipped_examples_report_an_interval_excluding_its_estimate_as_unreliabl
     spec_doc["bootstrap"]["resamples"] = 10
     spec_doc["dataset"]["uri"] = "synthetic"
     spec_doc.pop("storage", None)
+    assert spec_doc["bootstrap"]["cluster"] == "two-way"  # every shipped example uses the default interval ...
+    spec_doc["bootstrap"]["cluster"] = "security-and-date"  # ... whose interval is centred on the estimate:
+    # a percentile interval is the one that can exclude its own estimate (two-way: the next test)
     spec = LeakageEvalSpec.model_validate(spec_doc)  # the example's own settings (schema-checked)
     assert spec.regression.selection == "protocol-cv"  # every shipped example selects the penalty by its protocol
     panel, X = _panel_around(spec)
@@ -172,6 +175,31 @@ def test_shipped_examples_report_an_interval_excluding_its_estimate_as_unreliabl
     for r in res["reductions"]:  # reductions: replicates shifted alike, their differences stay coherent
         assert r["verdict"] in ("significant", "not significant", "unreliable")
 
+
+
+def test_two_way_interval_is_centred_on_the_estimate_whatever_the_replicates(tmp_path, fake_embed, monkeypatch):
+    """The same far-away replicates under the default two-way interval: the interval keeps the point estimate at
+    its centre (width from the replicates' spread), the bias is reported, and the verdict is not unreliable."""
+    name, spec_doc = next((n, d) for n, d in _example_specs() if n == "leakageeval.yaml")
+    spec_doc = json.loads(json.dumps(spec_doc))
+    spec_doc["bootstrap"]["resamples"] = 10
+    spec_doc["dataset"]["uri"] = "synthetic"
+    spec = LeakageEvalSpec.model_validate(spec_doc)
+    panel, X = _panel_around(spec)
+    models = {m.name: fake_embed(m.name, panel.rows["prompt"].tolist(), X) for m in spec.models}
+    real = targets_mod.bootstrap_model
+
+    def far_away(*args, **kw):
+        r = real(*args, **kw)
+        return PremiumReplicates(r2_off=r.r2_off, r2_on=r.r2_on + 5.0, r2_on_rows=r.r2_on_rows + 5.0)
+
+    monkeypatch.setattr(targets_mod, "bootstrap_model", far_away)
+    res = run_leakage_eval(spec, panel, models, tmp_path / "out")
+    assert res["bootstrap"]["cluster"] == "two-way" and res["bootstrap"]["replicates_resampling_securities"] == 5
+    for m in res["models"]:
+        lo, hi = m["premium_ci"]
+        assert (lo + hi) / 2 == pytest.approx(m["premium"], abs=1e-12) and m["premium_bias"] > 4.0
+        assert not any("bias" in r or "outside" in r for r in m["verdict_reasons"])
 
 def test_unreliable_has_its_own_marker_in_premium_png(tmp_path):
     import matplotlib.image as mpimg

@@ -75,13 +75,17 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert all(t["embed_s"] > 0.05 for t in results["timings"]["models"].values())
     for m in results["models"]:
         lo, hi = m["premium_ci"]
-        assert m["premium"] == pytest.approx(m["r2_on"] - m["r2_off"], abs=1e-12) and lo <= hi
+        # the same-row premium: R²(on) on the leakage-off test rows minus R²(off) (docs/statistics.md §2)
+        assert m["premium"] == pytest.approx(m["r2_on_test_rows"] - m["r2_off"], abs=1e-12) and lo <= hi
+        assert m["premium_all_rows"] == pytest.approx(m["r2_on"] - m["r2_off"], abs=1e-12)
     assert results["panel"]["n_rows"] + sum(results["panel"]["dropped"].values()) == 400
     # the parent PitTraining carries its child's summary, as the operator copies it
     assert status["results"]["sp500-leakage"] == ev_status["results"]
     assert set(ev_status["results"]["models"]) == {"base", "pit-2016", "minilm"}
     assert (ev_dir / "eval" / "premium.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| model | r2_off | r2_on | premium [95% CI] | verdict |" in (ev_dir / "eval" / "report.md").read_text()
+    report = (ev_dir / "eval" / "report.md").read_text()
+    assert "| model | market-neutral premium [95% CI] | verdict | raw premium [95% CI] | date-only part |" in report
+    assert "| model | r2_off | r2_on (test rows) | premium [95% CI] | verdict | p |" in report
 
 
 def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root, monkeypatch):
