@@ -29,6 +29,8 @@ Seeds: panels with seed < --tune-seeds choose among candidates; the rest (held o
 
   python bench/calibration.py --size 300x30x8 --panels 200 --out bench/results/calibration-300x30x8.jsonl
   python bench/calibration.py --summarise bench/results/calibration-*.jsonl --markdown
+  python bench/calibration.py --summarise bench/results/calibration-300x30x8{,-strat,-jack}.jsonl --split tune \
+      --pivot security pigeonhole cgm date-strat cgm-strat max-strat-t max-jack-t
 
 Records are JSON lines (one per panel: size, scenario, seed, point premium, each replicate set's mean and sd, each
 candidate's interval); a run resumes from what its --out already holds. --workers processes, one BLAS thread each.
@@ -256,6 +258,19 @@ def markdown(rows: list[dict], split: str = "held-out") -> str:
     return "\n".join(lines)
 
 
+def pivot(rows: list[dict], candidates: list[str], split: str) -> str:
+    """One line per scenario, one column per candidate: "coverage / width ratio" of one seed split."""
+    lines = ["| scenario (panels) | " + " | ".join(candidates) + " |", "|---|" + "---:|" * len(candidates)]
+    for sc in SCENARIOS:
+        rs = {r["candidate"]: r for r in rows if r["scenario"] == sc and r["seeds"] == split}
+        if rs:
+            n = next(iter(rs.values()))["panels"]
+            cells = [f"{100 * rs[k]['coverage']:.0f} % / {rs[k]['width_ratio']:.2f}" if k in rs else "–"
+                     for k in candidates]
+            lines.append(f"| {sc} ({n}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _work(task):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     return one_panel(*task)
@@ -277,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tune-seeds", type=int, default=50, help="seeds below this choose; the rest are held out")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--split", default="held-out", choices=["held-out", "tune"], help="seeds the table shows")
+    p.add_argument("--pivot", nargs="+", default=None, metavar="CANDIDATE",
+                   help="with --summarise: coverage / width ratio per scenario for these candidates")
     a = p.parse_args(argv)
     if a.summarise is not None:
         merged: dict = {}
@@ -288,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     merged.setdefault(key, {}).update(r)
         recs = list(merged.values())
         rows = summarise(recs, a.tune_seeds)
-        print(markdown(rows, a.split) if a.markdown else json.dumps(rows, indent=1))
+        if a.pivot:
+            print(pivot(rows, a.pivot, a.split))
+        else:
+            print(markdown(rows, a.split) if a.markdown else json.dumps(rows, indent=1))
         return 0
     S, T, d = (int(x) for x in a.size.split("x"))
     done = set()
