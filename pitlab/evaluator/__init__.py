@@ -10,7 +10,8 @@ Modules, one job each (imported on demand; ``import pitlab.evaluator`` loads not
 - ``ridge``: ridge with an unpenalised intercept from sufficient statistics
 - ``estimates``: penalty selection and the out-of-sample R² of every protocol for a batch of weightings
 - ``linalg``: the numpy / torch (CUDA) backends of the statistics
-- ``bootstrap``: clustered draws, percentile CIs, bias, paired reductions, verdicts, the cutoff control
+- ``bootstrap``: clustered draws (two-way with stratified dates by default), interval rules (two-way, percentile),
+  bias, paired reductions, verdicts, the cutoff control
 - ``targets``: one model's statistics on one target (point estimates with grid widening, replicates, protocols)
 - ``decompose``: the date-only baseline, the market-neutral target, the excess premium, the empty-check diagnostics
 - ``run``: one evaluation: shared splits and draws, each model, the results document

@@ -1,10 +1,12 @@
-"""Clustered bootstrap (by security, by date, or both) of the leakage premium, percentile CIs, bias, paired
+"""Clustered bootstrap (two-way, by security, by date, or both) of the leakage premium, intervals, bias, paired
 reductions, verdicts.
 
 The draws are made once (:func:`draw_cluster_weights`) and the same weight matrix, and the same per-replicate
 GroupKFold assignment (:func:`replicate_folds`), are used for every model, so premiums of two models are paired
 replicate by replicate and their difference has a meaningful CI.
-Percentile interval: the ((1-c)/2, (1+c)/2) quantiles of the replicate values (numpy's default linear
+Two-way interval (the default, :class:`IntervalRule`): half the replicates resample securities, half dates
+within the leakage-off split's strata; point ± t(G−1) × the larger one-way sd. Percentile interval (the other
+``bootstrap.cluster`` settings): the ((1-c)/2, (1+c)/2) quantiles of the replicate values (numpy's default linear
 interpolation), Efron & Tibshirani (1993), *An Introduction to the Bootstrap*, ch. 13.
 """
 
