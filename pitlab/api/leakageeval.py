@@ -157,7 +157,7 @@ class Bootstrap(SpecModel):
     purged K-fold) puts all its copies on one side, and embargoes count calendar sessions. The default,
     ``two-way``, is the interval the simulation study bench/calibration.py chose (bench/RESULTS.md): it covers
     stock-level look-ahead at about the nominal rate with about the width its sampling spread calls for, where
-    ``security-and-date`` (percentile) was 2.4-2.8 times too wide and ``security`` alone missed date-driven
+    ``security-and-date`` (percentile) was 2.2-2.8 times too wide and ``security`` alone missed date-driven
     premia. ``security``, ``date`` and ``security-and-date`` read percentile intervals.
 
     ``reselectPenalty`` (default true): every replicate chooses its ridge penalties again, as the point

@@ -1,7 +1,7 @@
 """Clustered bootstrap (two-way, by security, by date, or both) of the leakage premium, intervals, bias, paired
 reductions, verdicts.
 
-The draws are made once (:func:`draw_cluster_weights`) and the same weight matrix, and the same per-replicate
+The draws are made once (:func:`draw_weights`) and the same weight matrix, and the same per-replicate
 GroupKFold assignment (:func:`replicate_folds`), are used for every model, so premiums of two models are paired
 replicate by replicate and their difference has a meaningful CI.
 Two-way interval (the default, :class:`IntervalRule`): half the replicates resample securities, half dates
@@ -25,7 +25,8 @@ UNRELIABLE = "unreliable"
 VERDICTS = (SIGNIFICANT, NOT_SIGNIFICANT, UNRELIABLE)
 BIAS_LIMIT = 1.0
 """A bootstrap bias (mean of the replicates − point estimate) larger than this many bootstrap sds makes a result
-unreliable. Chosen from ``bench/calibration.py`` (bench/RESULTS.md, issue 16): under date-aware resampling the
+read by a percentile interval unreliable (the two-way rule reports the bias but does not use it). Chosen from
+``bench/calibration.py`` (bench/RESULTS.md, issue 16): under date-aware resampling the
 percentile intervals of date-driven premia are wide enough that panels with a bias of 0.5–1 sd still covered
 the true premium, while a limit of 0.5 sd marked about half of all panels with a real premium unreliable;
 beyond 1 sd coverage fell. For a normal statistic whose interval has the right width, a shift of b sd covers
@@ -356,8 +357,9 @@ def paired_reductions(names: list[str], points: dict[str, float], replicates: di
     ``points``: point-estimate premium per model; ``replicates``: premium per replicate (float [R], same
     draws); ``edges``: model → its penalty selections at a grid edge (phrases), inherited by every reduction
     the model enters. Returns one dict per pair: ``model_a``, ``model_b``, ``reduction`` (point estimate of
-    premium(model_a) - premium(model_b)), ``ci`` [lo, hi], ``p_value`` (:func:`bootstrap_p_value`), ``bias``,
-    ``sd``, ``verdict``, ``reasons`` (:func:`judge`), ``n_valid`` (replicates where both premiums are finite).
+    premium(model_a) - premium(model_b)), ``ci`` [lo, hi], ``p_value`` (the rule's: t(G−1) under two-way,
+    :func:`bootstrap_p_value` for percentile), ``bias``, ``sd``, ``verdict``, ``reasons`` (:func:`judge`),
+    ``n_valid`` (replicates where both premiums are finite). ``confidence``: an IntervalRule or a level.
     """
     edges = edges or {}
     out = []
@@ -377,9 +379,10 @@ def cutoff_control(names: list[str], cutoffs: dict, points: dict[str, float], re
     ``cutoffs``: model → ``datetime.date`` or None (models without a cutoff are left out); ``points``:
     point-estimate premium; ``replicates``: premium per replicate (float [R], the shared draws). Fits the OLS
     line premium = a + slope · (cutoff in years since the earliest cutoff) to the point estimates and, with the
-    same formula, to every replicate (paired over models), giving a percentile CI and p-value for the slope
-    (premium units per year); also the difference premium(earliest cutoff) − premium(latest cutoff) with its
-    CI. Returns None with fewer than two models with distinct cutoffs.
+    same formula, to every replicate (paired over models), giving a CI and p-value for the slope read by
+    ``confidence`` (an IntervalRule or a level) (premium units per year); also the difference
+    premium(earliest cutoff) − premium(latest cutoff) with its CI. Returns None with fewer than two models with
+    distinct cutoffs.
     """
     have = [n for n in names if cutoffs.get(n) is not None]
     if len({cutoffs[n] for n in have}) < 2:

@@ -450,7 +450,7 @@ def _protocol_section(spec: LeakageEvalSpec, setup: EvalSetup, n_rows: int) -> d
                                  "out-of-fold R² = 1 - Σ_k SSE_k / Σ_k SST_k, SST_k about fold k's "
                                  "training mean",
                        "n_splits": proto.group_k_folds, "n_rows": n_rows},
-        "premium": "r2_on - r2_off",
+        "premium": "r2_on_test_rows - r2_off (both on the leakage-off test rows)",
         "selected": list(proto.protocols),
         **{p: {"method": PROTOCOL_TEXT[p], "premium": f"r2_on - r2_{p}", **sp.summary()}
            for p, sp in setup.extra.items()},
