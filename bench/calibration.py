@@ -98,8 +98,12 @@ def draws(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.ndarray) 
 
 
 def strata_of(T: int) -> np.ndarray:
-    """The leakage-off split's date strata of a simulated panel: 0 training dates, 1 the embargo date, 2 test."""
-    return np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
+    """The leakage-off split's date strata of a simulated panel (pitlab's :func:`date_strata`): 0 training
+    dates, 1 the embargo date, 2 test."""
+    from pitlab.evaluator.run import date_strata
+
+    d = np.arange(T)
+    return date_strata(d, T, d < (2 * T) // 3 - 1, d >= (2 * T) // 3)
 
 
 def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
@@ -145,7 +149,7 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
                          "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum())}
             continue
         if name == "date-jack":  # delete-one-date jackknife within the split's strata (Wolter 2007, sec. 4.5)
-            strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
+            strata = strata_of(T)
             vj = 0.0
             for h in np.unique(strata):
                 rh = reps[strata == h]
@@ -211,10 +215,11 @@ def summarise(records: list[dict], tune_seeds: int) -> list[dict]:
                 continue
             pts = np.array([r["premium"] for r in sub])
             truth, spread = float(pts.mean()), float(pts.std(ddof=1))
+            ivs = [intervals(r) for r in sub]
             for c in CANDIDATES:
-                if not all(c in intervals(r) for r in sub):
+                if not all(c in i for i in ivs):
                     continue
-                iv = np.array([intervals(r)[c] for r in sub])
+                iv = np.array([i[c] for i in ivs])
                 cover = (iv[:, 0] <= truth) & (truth <= iv[:, 1])
                 reject = (iv[:, 0] > 0) | (iv[:, 1] < 0)
                 width = np.median(iv[:, 1] - iv[:, 0])

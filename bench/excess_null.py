@@ -31,6 +31,7 @@ def one_panel(seed: int, S: int, T: int, noise_dims: int, R: int, cluster: str =
     from pitlab.evaluator.decompose import date_features
     from pitlab.evaluator.estimates import AlphaSelection, PanelStats
     from pitlab.evaluator.protocols import security_folds
+    from pitlab.evaluator.run import date_strata
     from pitlab.evaluator.targets import point_estimates
 
     t0 = time.perf_counter()
@@ -41,8 +42,8 @@ def one_panel(seed: int, S: int, T: int, noise_dims: int, R: int, cluster: str =
     Xm = np.hstack([D @ np.linalg.qr(rng.standard_normal((T, T)))[0], rng.standard_normal((S * T, noise_dims))])
     train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
     on_sel, off_sel = AlphaSelection("security-cv", 5), AlphaSelection("date-blocked", 5, embargo_days=5)
-    strata = np.where(np.arange(T) < (2 * T) // 3 - 1, 0, np.where(np.arange(T) >= (2 * T) // 3, 2, 1))
-    ws, wd = draw_weights(cluster, S, T, R, seed, strata)
+    ws, wd = draw_weights(cluster, S, T, R, seed, date_strata(np.arange(T), T, np.arange(T) < (2 * T) // 3 - 1,
+                                                              np.arange(T) >= (2 * T) // 3))
     rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T) if cluster == "two-way" else IntervalRule(0.95)
     W = row_weights(ws, wd, sec, date)
     F = replicate_row_folds(sec, S, W, 5)

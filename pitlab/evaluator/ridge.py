@@ -256,8 +256,8 @@ class RowStats:
         """Classes of rows whose weight is the same in every weighting of ``Wr`` [B, r] (a date-resampling
         replicate weights all rows of a date alike, a security-resampling one all rows of a security), as
         (rows some weighting draws int [r'], class of each of them int [r'], first row of each class int [C]),
-        when the per-class Gram matrices
-        (C·d² float64) fit :data:`CLASS_GRAM_BYTES` and C ≤ r/4; else None. Exact: the candidate classes come
+        when the per-class Gram matrices (C·d² float64) fit :data:`CLASS_GRAM_BYTES` and cost at most half the
+        loop's row passes (r' + B·C ≤ ½ Σ_b rows drawn by b); else None. Exact: the candidate classes come
         from two random projections of each row's weight column and are then checked element by element."""
         B, r = int(Wr.shape[0]), int(Wr.shape[1])
         if B < 2 or r < 8:
