@@ -78,7 +78,8 @@ def _same(a, b, rtol=1e-12):
 
 @pytest.mark.parametrize("half", ["security", "date"])
 def test_rows_weighted_alike_are_summed_once_per_class(half, monkeypatch):
-    X, y, sec, date = _panel(d=200)  # too wide for the packed per-row table: the class path or the loop
+    monkeypatch.setattr(ridge, "PACKED_ROW_TERMS_BYTES", 0)  # no packed per-row table: the class path or the loop
+    X, y, sec, date = _panel(d=200)
     S, T = 60, 30
     rs = RowStats(X, y, np.arange(len(y)), len(y), sec)
     ws, wd = draw_weights("two-way", S, T, 12, seed=5)
@@ -91,6 +92,34 @@ def test_rows_weighted_alike_are_summed_once_per_class(half, monkeypatch):
     monkeypatch.setattr(ridge, "CLASS_GRAM_BYTES", 0)  # the per-weighting loop over rows
     assert rs._weight_classes(W) is None
     _same(fast, rs.weighted(W))
+
+
+def test_label_grams_serve_mixed_batches_with_the_loops_sums(monkeypatch):
+    """Security- and date-resampling replicates in one batch, their outer and inner fold masks (date blocks,
+    security folds): cached per-label statistics give the per-row loop's sums, and a second batch reuses them."""
+    monkeypatch.setattr(ridge, "PACKED_ROW_TERMS_BYTES", 0)
+    X, y, sec, date = _panel(d=200)
+    S, T = 60, 30
+    rs = RowStats(X, y, np.arange(len(y)), len(y), sec, unit_pos=3 * date)
+    ws, wd = draw_weights("two-way", S, T, 12, seed=7)
+    W = row_weights(ws, wd, sec, date)
+    fold = np.random.default_rng(1).integers(0, 5, S)
+    batches = [W,  # fitting sets: per security (first half) or per date (second half)
+               W * (date < 20),  # a date block: per date, and per security on the block's rows
+               W * (fold[sec] != 2),  # leakage-on: a security fold (date replicates: neither label)
+               W[[0, 7, 1]] * ((date >= 5) & (date < 11))]
+    fast = [rs.weighted(b) for b in batches]
+    got = {(k[0], None if k[1] is None else len(np.frombuffer(k[1], dtype=np.int64)), k[2])
+           for k in rs.__dict__["_grams"]}
+    n_short = int((batches[3][[0, 2]] != 0).any(axis=0).sum())  # rows of the securities replicates 0, 1 drew
+    # every row per security and per date; the block's rows per security (security replicates there);
+    # leakage-on's training rows per date (date replicates there); the short block's rows per security
+    assert got == {("security", None, S), ("date", None, T), ("security", 20 * S, S),
+                   ("date", int((fold != 2).sum()) * T, T), ("security", n_short, n_short // 6)}
+    monkeypatch.setattr(ridge, "CLASS_GRAM_BYTES", 0)  # the per-weighting loop over rows
+    slow = RowStats(X, y, np.arange(len(y)), len(y), sec, unit_pos=3 * date)
+    for a, b in zip(fast, batches):
+        _same(a, slow.weighted(b))
 
 
 def test_indicator_rows_take_the_shortcut_with_the_same_sums():

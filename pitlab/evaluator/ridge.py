@@ -36,6 +36,7 @@ Every function accepts numpy arrays or torch tensors (float64) and returns the s
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,14 +230,104 @@ class RowStats:
             sxx[:, hi * d + lo] = tri
             return SuffStats(n=tot[:, 0], sx=tot[:, 3:3 + d], sy=tot[:, 1], syy=tot[:, 2],
                              sxx=sxx.reshape(W.shape[0], d, d), sxy=tot[:, 3 + d:3 + 2 * d])
+        return self._weighted_rows(Wr)
+
+    def _weighted_rows(self, Wr) -> SuffStats:
+        """:meth:`weighted` of row weights ``Wr`` [B, r] for wide rows: weightings that weight every row of a
+        security (or of a date) alike use that label's cached Gram matrices (:meth:`_label_gram`); the others,
+        rows of a common support weighted alike per label, per class, else one pass over each one's rows."""
+        B = int(Wr.shape[0])
+        parts, rest = [], np.arange(B)
+        for name in self._label_names():
+            if not len(rest):
+                break
+            first, inverse = self._labels(name)
+            Wl = Wr[_like_index(Wr, rest)][:, _like_index(Wr, first)]  # [b, L] each label's weight
+            ok = to_numpy((Wr[_like_index(Wr, rest)] == Wl[:, _like_index(Wr, inverse)]).all(axis=1))
+            if not ok.any():
+                continue
+            cs = self._label_gram(name, None, first, inverse, build=int(ok.sum()) >= 2)
+            if cs is None:
+                continue
+            parts.append((rest[ok], _combine(Wl[_like_index(Wr, np.flatnonzero(ok))], cs)))
+            rest = rest[~ok]
+        if len(rest):
+            parts.append((rest, self._weighted_other(Wr[_like_index(Wr, rest)] if len(rest) < B else Wr)))
+        if len(parts) == 1:
+            return parts[0][1]
+        order = np.concatenate([i for i, _ in parts])
+        back = np.empty(B, dtype=np.int64)
+        back[order] = np.arange(B)
+        return _concat([p for _, p in parts]).take(back)
+
+    def _label_names(self) -> tuple[str, ...]:
+        """The labels rows can be grouped by: ``security``, and ``date`` when calendar positions are known."""
+        return ("security",) if self.unit_pos is None else ("security", "date")
+
+    def _labels(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(first row of every label int [L], label of every row int [r]) for ``security`` or ``date``."""
+        key = f"_labels_{name}"
+        if key not in self.__dict__:
+            per_unit = self.unit_security if name == "security" else self.unit_pos
+            _, first, inverse = np.unique(np.asarray(per_unit)[self.index], return_index=True, return_inverse=True)
+            object.__setattr__(self, key, (first, inverse.reshape(-1)))
+        return self.__dict__[key]
+
+    def _label_gram(self, name: str, rows, first, inverse, build: bool = True):
+        """Statistics of each label's rows (among ``rows`` int [r'], or all rows when None), ``inverse`` their
+        label int [r'] and ``first`` [L]. Kept on this object: every row's, within :data:`CLASS_GRAM_BYTES` each
+        (eight times as much on CUDA, at most an eighth of the device's memory; None beyond); a support's, while
+        all kept together stay within that budget (computed afresh once it is spent: nothing is evicted, since
+        inner folds come back in the same cycle every batch). ``build=False``: None unless kept already (one
+        weighting alone costs no more by its own rows)."""
+        L, d = len(first), self.d
+        budget = CLASS_GRAM_BYTES
+        if is_torch(self.X) and self.X.device.type == "cuda":
+            import torch
+
+            budget = min(8 * budget, torch.cuda.get_device_properties(self.X.device).total_memory // 8)
+        size = L * d * d * 8
+        if size > budget:
+            return None
+        key = (name, None if rows is None else np.asarray(rows, dtype=np.int64).tobytes(), L)
+        with _GRAM_LOCK:  # batches run in threads: build each entry once
+            if "_grams" not in self.__dict__:
+                object.__setattr__(self, "_grams", {})  # frozen dataclass: a cache, not a field
+            cache = self.__dict__["_grams"]
+            if key in cache:
+                return cache[key][1]
+            if not build:
+                return None
+            ri = slice(None) if rows is None else _like_index(self.X, rows)
+            cs = SuffStats.from_rows(self.X[ri], self.y[ri], inverse, L)
+            if rows is None or sum(v[0] for v in cache.values()) + size <= budget:
+                cache[key] = (size, cs)
+            return cs
+
+    def _weighted_other(self, Wr) -> SuffStats:
+        """Row weightings that no label's cached Gram matrices serve: the rows some weighting draws, when every
+        weighting weights them alike per security or per date (an inner date block of security-resampling
+        replicates), from that support's cached per-label statistics; else per class or row by row."""
+        m = xp(Wr)
+        d = self.d
+        rows = np.flatnonzero(to_numpy((Wr != 0).any(axis=0)))
+        if int(Wr.shape[0]) >= 2 and 0 < len(rows) < int(Wr.shape[1]):
+            Wn = Wr[:, _like_index(Wr, rows)]
+            for name in self._label_names():
+                lab = self._labels(name)[1][rows]
+                _, first, inverse = np.unique(lab, return_index=True, return_inverse=True)
+                inverse = inverse.reshape(-1)
+                if bool((Wn == Wn[:, _like_index(Wr, first[inverse])]).all()):
+                    cs = self._label_gram(name, rows, rows[first], inverse)
+                    if cs is not None:
+                        return _combine(Wn[:, _like_index(Wr, first)], cs)
         classes = self._weight_classes(Wr)
         if classes is not None:  # rows that every weighting weights alike: one Gram matrix per class
             rows, inverse, first = classes
-            ri = _like_index(W, rows)
+            ri = _like_index(Wr, rows)
             cs = SuffStats.from_rows(self.X[ri], self.y[ri], inverse, len(first))
-            Wc = Wr[:, _like_index(W, first)]  # [B, C]: the weight of each class (one product, no packing)
-            return SuffStats(n=Wc @ cs.n, sx=Wc @ cs.sx, sy=Wc @ cs.sy, syy=Wc @ cs.syy,
-                             sxx=(Wc @ cs.sxx.reshape(len(first), d * d)).reshape(-1, d, d), sxy=Wc @ cs.sxy)
+            return _combine(Wr[:, _like_index(Wr, first)], cs)
+        W = Wr
         sxx = m.zeros((W.shape[0], d, d), dtype=W.dtype) if m is np else \
             W.new_zeros((W.shape[0], d, d))
         nz_all = to_numpy(Wr != 0)
@@ -250,7 +341,6 @@ class RowStats:
             sxx[b] = m.swapaxes(Xb, 0, 1) @ (Xb * Wr[b, nz][:, None])
         return SuffStats(n=Wr.sum(axis=1), sx=Wr @ self.X, sy=Wr @ self.y, syy=Wr @ (self.y * self.y), sxx=sxx,
                          sxy=(Wr * self.y[None, :]) @ self.X)
-
 
     def _weight_classes(self, Wr):
         """Classes of rows whose weight is the same in every weighting of ``Wr`` [B, r] (a date-resampling
@@ -303,6 +393,23 @@ class RowStats:
         return SuffStats(n=N, sx=c - N[:, None] * mu[None, :], sy=sy, syy=syy, sxx=sxx,
                          sxy=cy - sy[:, None] * mu[None, :])
 
+
+def _combine(Wc, cs: SuffStats) -> SuffStats:
+    """Weighted sums of per-class statistics: ``Wc`` [B, C] the weight of every class → SuffStats of B sets
+    (one product per statistic)."""
+    C, d = cs.m, cs.d
+    return SuffStats(n=Wc @ cs.n, sx=Wc @ cs.sx, sy=Wc @ cs.sy, syy=Wc @ cs.syy,
+                     sxx=(Wc @ cs.sxx.reshape(C, d * d)).reshape(-1, d, d), sxy=Wc @ cs.sxy)
+
+
+def _concat(parts: list[SuffStats]) -> SuffStats:
+    """The sets of ``parts`` one after another (all numpy or all torch of one device)."""
+    m = xp(parts[0].n)
+    cat = np.concatenate if m is np else m.cat
+    return SuffStats(**{f: cat([getattr(p, f) for p in parts]) for f in ("n", "sx", "sy", "syy", "sxx", "sxy")})
+
+
+_GRAM_LOCK = threading.Lock()
 
 CLASS_GRAM_BYTES = 1 << 32
 """Largest float64 stack of per-class Gram matrices (C × d × d × 8 bytes) that :meth:`RowStats.weighted` builds

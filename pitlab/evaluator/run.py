@@ -9,6 +9,7 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -364,10 +365,11 @@ def _penalty_selection(setup: EvalSetup, raw: TargetStats) -> dict:
 
 def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str,
                    note: StageProgress, cache_dir: Path | None = None, num_threads: int | None = None,
-                   embedded: dict | None = None, baseline: Baseline | None = None) -> ModelOutcome:
+                   embedded: dict | None = None, baseline: "Baseline | Future | None" = None) -> ModelOutcome:
     """Embed the panel with one model, then its statistics on the raw target (every protocol, embargo
     robustness) and on the market-neutral one (:func:`pitlab.evaluator.targets.target_statistics`), on
-    ``setup``'s shared splits and draws, decomposed against the date-only ``baseline`` (computed here if None).
+    ``setup``'s shared splits and draws, decomposed against the date-only ``baseline`` (computed here if None; a
+    Future of one, computed meanwhile on another thread, is awaited only for the decomposition).
     ``embedded``: the ``info`` of an earlier :func:`embed_panel` call for this model in the same run."""
     boot, emb = spec.bootstrap, spec.embedding
     baseline = baseline or baseline_statistics(spec, setup)
@@ -400,7 +402,8 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
         "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
         **summary,
         "premium_rows": "leakage-off test rows (R²(on) and R²(off) on the same rows)",
-        **_decomposition(name, raw, neutral, baseline, setup.rule),
+        **_decomposition(name, raw, neutral, baseline.result() if isinstance(baseline, Future) else baseline,
+                         setup.rule),
         "protocols": raw.protocols,
         "embargo_robustness": raw.robustness,
         "n_train": setup.split.n_train, "n_test": setup.split.n_test,
@@ -596,14 +599,22 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     names = _ordered_models(spec, models)
     setup = prepare_evaluation(spec, panel, alpha_selection)
     note(f"statistics:{DATE_ONLY}", 0, 1)
-    baseline = baseline_statistics(spec, setup)
-    note(f"statistics:{DATE_ONLY}", 1, 1)
-    outcomes = [evaluate_model(spec, setup, name, *models[name], note, cache_dir, num_threads,
-                               (embedded or {}).get(name), baseline) for name in names]
+    with ThreadPoolExecutor(1) as pool:
+        pending = None
+        if setup.backend.library == "torch":  # the models' statistics on the device, the baseline on host CPUs
+            pending = pool.submit(baseline_statistics, spec, setup)
+            pending.add_done_callback(lambda f: f.exception() or note(f"statistics:{DATE_ONLY}", 1, 1))
+        else:
+            baseline = baseline_statistics(spec, setup)
+            note(f"statistics:{DATE_ONLY}", 1, 1)
+        outcomes = [evaluate_model(spec, setup, name, *models[name], note, cache_dir, num_threads,
+                                   (embedded or {}).get(name), pending or baseline) for name in names]
+        baseline = pending.result() if pending is not None else baseline
     results = assemble_results(spec, panel, setup, names, outcomes, baseline)
     timings: dict = {"draws_s": setup.draws_s, "date_only_baseline_s": baseline.seconds,
+                     "date_only_baseline_overlapped": pending is not None,
                      "models": {o.result["name"]: o.timings for o in outcomes}}
-    timings["statistics_s"] = (timings["draws_s"] + baseline.seconds
+    timings["statistics_s"] = (timings["draws_s"] + (0.0 if pending is not None else baseline.seconds)
                                + sum(m["statistics_s"] for m in timings["models"].values()))
     timings["embed_s"] = sum(m["embed_s"] for m in timings["models"].values())
     results["timings"] = timings
