@@ -151,8 +151,17 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
              data_root: Optional[Path] = DataRoot,
              schema_only: bool = typer.Option(False, "--schema-only",
                                               help="Check the schema only (for cluster specs whose files live "
-                                                   "on the cluster's volume).")) -> None:
-    """Check a spec without running it: schema, then files, columns, corpus cutoff and models."""
+                                                   "on the cluster's volume)."),
+             out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                                help="Output root `pitlab run` would use (default: the spec's "
+                                                     "output.uri, else ./out)."),
+             overwrite: bool = typer.Option(False, "--overwrite",
+                                            help="Check as `pitlab run --overwrite` would: existing run folders "
+                                                 "of other resources are then listed, not refused.")) -> None:
+    """Check a spec without running it: schema, then files, columns, corpus cutoff, models and the run folders
+    under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
+    from pitlab import storage
+    from pitlab.api.runfolders import check_run_folders, folder_owner
     from pitlab.data import CorpusError, PanelError
     from pitlab.data.corpus import local_isoformat
     from pitlab.local import preflight
@@ -164,6 +173,9 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         return
     try:
         plan = preflight(res).corpus
+        spec_out = res.spec.output.uri if res.spec.output else "out"
+        existing = [] if out is None and storage.is_s3(spec_out) else \
+            check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
     except (SpecError, CorpusError, PanelError) as err:
         _fail(err, 2)
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
@@ -177,6 +189,9 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     if plan is not None:
         _say_audit_notes(plan.audit)
     _spec_warnings(res)
+    for path in existing:
+        _say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
+             "which deletes it")
 
 
 def _say_audit_notes(audit) -> None:
@@ -220,15 +235,17 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
     root = out or (local_work_root(remote) if remote else Path(spec_out))
     names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
-    try:
-        taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))] \
-            if remote else ([str(root / res.metadata.name)] if (root / res.metadata.name).exists() else [])
-    except storage.StorageError as err:
-        _fail(SpecError([("spec.output.uri", str(err))]), 2)
-    if remote and not overwrite:
+    if remote:
+        try:
+            taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
+        except storage.StorageError as err:
+            _fail(SpecError([("spec.output.uri", str(err))]), 2)
+        if taken and not overwrite:
+            _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
+                  "it, checkpoints included, and start again", 2)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
-    if taken and not overwrite:
-        _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete it, checkpoints included, and start again", 2)
+    else:
+        _claim_message(res, root, overwrite, file)
     t0 = time.monotonic()
 
     def publish() -> None:
@@ -261,6 +278,20 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
     _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
+    """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide; with
+    ``--overwrite``, say which folders the run will delete (and whose they are)."""
+    from pitlab.api.runfolders import check_run_folders, folder_owner
+
+    try:
+        doomed = check_run_folders(res, root, overwrite, str(file))
+    except SpecError as err:
+        _fail(err, 2)
+    for path in doomed:
+        _say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
+             "inputs are checked")
 
 
 @app.command()
@@ -431,27 +462,43 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
                                            help="auto (model <= shard size), always or never."),
           merge_adapter: str = typer.Option("auto", "--merge-adapter",
                                             help="LoRA: merge into the base (yes), adapter folder (no), or "
-                                                 "auto (lora.mergeIntoBase).")) -> None:
+                                                 "auto (lora.mergeIntoBase)."),
+          overwrite: bool = typer.Option(False, "--overwrite",
+                                         help="Replace an OUT that holds files an earlier merge did not write.")
+          ) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
-    streaming shard by shard. Any of the paths may be an s3:// URI."""
+    streaming shard by shard. Any of the paths may be an s3:// URI. An OUT holding files is refused (exit 2)
+    unless it is an earlier merge's output (merge_report.json) or --overwrite is given; OUT is written aside
+    and renamed into place."""
     from pitlab.trainer.merge import MERGE_ADAPTER, run_merge_command
 
     if logits_probe not in ("auto", "always", "never"):
         _fail(f"--logits-probe {logits_probe!r}: give auto, always or never", 2)
     if merge_adapter not in MERGE_ADAPTER:
         _fail(f"--merge-adapter {merge_adapter!r}: give auto, yes or no", 2)
-    sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter))
+    sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter,
+                               overwrite=overwrite))
 
 
 @app.command()
 def push(src: Path = typer.Argument(..., metavar="SRC", help="Local folder (a model, a data set)."),
-         dest: str = typer.Argument(..., metavar="DEST", help="s3://bucket/prefix (or a local folder).")) -> None:
+         dest: str = typer.Argument(..., metavar="DEST", help="s3://bucket/prefix (or a local folder)."),
+         overwrite: bool = typer.Option(False, "--overwrite",
+                                        help="Replace what DEST already holds (refused without it).")) -> None:
     """Publish a folder for pitlab to read: upload every file (multipart, parallel parts), then MANIFEST.json
-    (sha256 of each) and _COMPLETE last. Models and base models in s3:// must be published this way."""
+    (sha256 of each) and _COMPLETE last. Models and base models in s3:// must be published this way. A DEST
+    that already holds files is refused unless --overwrite; a local DEST is written aside and renamed into
+    place, so it is either the old folder or the new one."""
     from pitlab import storage
+    from pitlab.storage.outdir import OutputExists, check_output
 
+    if not src.is_dir():
+        _fail(SpecError([("SRC", f"{src}: not a folder")]), 2)
     try:
+        check_output(dest, overwrite, "pitlab push")
         m = storage.upload_dir(src, dest)
+    except OutputExists as err:
+        _fail(err, 2)
     except storage.StorageError as err:
         _fail(err, 1)
     _say(f"[green]✓[/] published {len(m.files)} files, {m.total_bytes:,} bytes → {dest} "

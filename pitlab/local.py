@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 from pitlab import storage
 from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, conditions,
                         dump_resource, resolve_local_path, stages)
+from pitlab.api.runfolders import TRAINING_LABEL, check_run_folders
 from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.api.summary import compact_results, premium_summary
@@ -152,13 +153,17 @@ def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: s
     return CheckedEvaluation(check_panel(spec, field_prefix, dataset), models)
 
 
-def _prepare_run_dir(out_root: Path, name: str, overwrite: bool) -> Path:
+def _claim_run_folders(res: PitTraining | LeakageEval, out_root: Path, overwrite: bool) -> None:
+    """Check every run folder of ``res`` (:func:`pitlab.api.runfolders.check_run_folders`: SpecError naming the
+    folder and its owner when one exists without ``overwrite``), then delete the existing ones (``overwrite``),
+    so that no folder of an earlier run is left beside the new one looking complete."""
+    for path in check_run_folders(res, out_root, overwrite):
+        shutil.rmtree(path)
+
+
+def _prepare_run_dir(out_root: Path, name: str) -> Path:
     run_dir = out_root / name
-    if run_dir.exists():
-        if not overwrite:
-            raise RunError("OutputExists", f"{run_dir} already exists; pass --overwrite to delete it, checkpoints included, and start again")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # claimed by _claim_run_folders: absent or empty
     return run_dir
 
 
@@ -267,7 +272,8 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
     reporter = reporter or SilentReporter()
     if checked is None:
         checked = preflight(res).evaluations[0]
-    run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
+    _claim_run_folders(res, out_root, overwrite)
+    run_dir = _prepare_run_dir(out_root, res.metadata.name)
     st = StatusWriter(run_dir / "status.json", res)
     st.done(stages.VALIDATE, "spec is valid")
     run = _EvalRun(res, run_dir, st, reporter, checked, model_dirs, out_root / ".cache" / "embeddings")
@@ -366,11 +372,12 @@ def _evaluate(run: _TrainingRun, stage: Stage) -> None:
     dirs = {"base": run.base_dir, "model": run.run_dir / "model"}
     results = {}
     for tmpl, checked in zip(res.spec.evaluations, run.checked.evaluations):
-        child = LeakageEval(metadata={"name": tmpl.name, "labels": {"pitlab.io/training": res.metadata.name}},
+        child = LeakageEval(metadata={"name": tmpl.name, "labels": {TRAINING_LABEL: res.metadata.name}},
                             spec=tmpl.spec)
         st.status.children[f"leakageeval/{tmpl.name}"] = str(run.out_root / tmpl.name)
         model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
-        out = run_leakage_eval_local(child, run.out_root, run.reporter, overwrite=True, model_dirs=model_dirs,
+        # its folder was claimed (checked, and emptied with --overwrite) before the training started
+        out = run_leakage_eval_local(child, run.out_root, run.reporter, overwrite=False, model_dirs=model_dirs,
                                      checked=checked)
         results[tmpl.name] = compact_results(out)
     st.status.results = results
@@ -396,7 +403,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     reporter.done("validate", f"corpus: {a.included} documents ≤ {res.spec.knowledge_cutoff}, {a.excluded_by_date} "
                               f"after it, {a.rejected_timestamp} dropped for their timestamp"
                               + "".join(f"\n  warning: {w}" for w in a.warnings))
-    run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
+    _claim_run_folders(res, out_root, overwrite)  # the evaluations' folders too: none is replaced unasked
+    run_dir = _prepare_run_dir(out_root, res.metadata.name)
     st = StatusWriter(run_dir / "status.json", res)
     st.done(stages.VALIDATE, "spec is valid")
     run = _TrainingRun(res, out_root, run_dir, st, reporter, checked, nproc or res.spec.resources.gpus_per_node)

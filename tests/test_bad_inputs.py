@@ -342,9 +342,9 @@ CASES = [
     Case("trainingref-standalone", "le", _set("spec.models.0", {"name": "pit", "trainingRef": {"name": "x"}}),
          "spec.models[0].trainingRef: a standalone LeakageEval run here cannot wait for a PitTraining"),
     # --- what only `run` can see ---
-    Case("output-exists", "le", lambda d, t: (t / "out" / "jpx-bad-inputs").mkdir(parents=True),
-         "{tmp}/out/jpx-bad-inputs already exists (an earlier run of 'jpx-bad-inputs'); pass --overwrite",
-         commands=("run",)),
+    Case("output-exists", "le", _write("out/jpx-bad-inputs/notes.txt", "mine"),
+         "metadata.name: {tmp}/out/jpx-bad-inputs already exists, written by no pitlab run (no status.json; 1 "
+         "entries); the run of LeakageEval 'jpx-bad-inputs' would replace it: pass --overwrite"),
 ]
 
 

@@ -275,3 +275,19 @@ class PitTraining(SpecModel):
     metadata: ObjectMeta
     spec: PitTrainingSpec
     status: ResourceStatus | None = None
+
+    @model_validator(mode="after")
+    def _evaluation_folders(self) -> "PitTraining":
+        """Each evaluation gets a run folder ``<out>/<evaluation name>`` beside ``<out>/<metadata.name>``: the
+        names must differ from each other and from the PitTraining's."""
+        names = [e.name for e in self.spec.evaluations]
+        for i, name in enumerate(names):
+            if name == self.metadata.name:
+                raise ValueError(f"spec.evaluations[{i}].name: {name!r} is also metadata.name; the evaluation's run "
+                                 f"folder <out>/{name} would be the PitTraining's own (which holds its model): "
+                                 "give the evaluation another name")
+            if name in names[:i]:
+                raise ValueError(f"spec.evaluations[{i}].name: duplicate evaluation name {name!r} (also "
+                                 f"spec.evaluations[{names.index(name)}].name); each evaluation writes its own run "
+                                 f"folder <out>/{name}")
+        return self
