@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
+from pitlab.api.base import GROUP_VERSION, FieldError, ISODate, SpecModel
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.scheduling import PodScheduling
@@ -283,11 +283,11 @@ class PitTraining(SpecModel):
         names = [e.name for e in self.spec.evaluations]
         for i, name in enumerate(names):
             if name == self.metadata.name:
-                raise ValueError(f"spec.evaluations[{i}].name: {name!r} is also metadata.name; the evaluation's run "
-                                 f"folder <out>/{name} would be the PitTraining's own (which holds its model): "
+                raise FieldError(f"spec.evaluations[{i}].name", f"{name!r} is also metadata.name; the evaluation's "
+                                 f"run folder <out>/{name} would be the PitTraining's own (which holds its model): "
                                  "give the evaluation another name")
             if name in names[:i]:
-                raise ValueError(f"spec.evaluations[{i}].name: duplicate evaluation name {name!r} (also "
+                raise FieldError(f"spec.evaluations[{i}].name", f"duplicate evaluation name {name!r} (also "
                                  f"spec.evaluations[{names.index(name)}].name); each evaluation writes its own run "
                                  f"folder <out>/{name}")
         return self

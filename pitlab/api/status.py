@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from pitlab.api.base import SpecModel
 
@@ -29,6 +29,8 @@ class Condition(SpecModel):
 
 
 class Progress(SpecModel):
+    model_config = ConfigDict(allow_inf_nan=True)  # a diverged run's loss is reported as it is (NaN)
+
     step: int = 0
     total_steps: int | None = None
     loss: float | None = None
