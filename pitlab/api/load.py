@@ -27,6 +27,35 @@ class _Loader(yaml.SafeLoader):
     reads it as a string), and so is the ``3e-05`` that ``json.dumps`` writes into a resolved spec."""
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping gives one key twice (PyYAML would keep the last value silently)."""
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode):
+    """PyYAML's safe mapping constructor, refusing a key given twice in one mapping (naming the key and both
+    lines); ``<<`` merge keys may still be overridden, as YAML defines."""
+    data: dict = {}
+    yield data
+    seen: dict[object, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: PyYAML refuses it itself
+            continue
+        line = key_node.start_mark.line + 1
+        if first is not None:
+            raise DuplicateKeyError(f"line {line}: key {key!r} given twice in one mapping (first at line {first}); "
+                                    "YAML would keep the last value silently")
+        seen[key] = line
+    data.update(loader.construct_mapping(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _mapping)
+
+
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
                               list("-+0123456789."))
@@ -73,6 +102,8 @@ def load_resource(path: str | os.PathLike) -> Resource:
         raise SpecError([("", "file not found")], str(p))
     try:
         docs = [d for d in yaml.load_all(p.read_text(), Loader=_Loader) if d is not None]
+    except DuplicateKeyError as err:
+        raise SpecError([("", str(err))], str(p)) from None
     except yaml.YAMLError as err:
         raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
     except ValueError as err:  # e.g. an unquoted impossible date (2016-13-01) fails in YAML's date constructor

@@ -70,6 +70,9 @@ class CorpusSpec(SpecModel):
     id_field: str | None = None
     timezone: str = "UTC"
     on_missing_timestamp: Literal["error", "drop"] = "error"
+    encoding: str = Field("utf-8", min_length=1, max_length=40, description=(
+        "text encoding of the corpus file (a Python codec name: utf-8, utf-16, latin-1, cp1252, shift_jis, ...); "
+        "a byte that is not valid in it is an error naming the file, line and byte offset"))
 
     @model_validator(mode="after")
     def _tz(self) -> "CorpusSpec":
@@ -80,6 +83,13 @@ class CorpusSpec(SpecModel):
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
         return self
+
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, value: str) -> str:
+        from pitlab.data.encoding import check_encoding_name
+
+        return check_encoding_name(value)
 
     @field_validator("timestamp_format")
     @classmethod
