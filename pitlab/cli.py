@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -219,7 +220,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                            help="Output root (default: the spec's output.uri, else ./out)."),
         data_root: Optional[Path] = DataRoot,
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
-        nproc: Optional[int] = typer.Option(None, "--nproc",
+        nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
@@ -395,6 +396,8 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
     """Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names."""
     from pitlab.trainer.plan import plan_memory
 
+    if gpu_memory_gib is not None and not math.isfinite(gpu_memory_gib):
+        _fail(SpecError([("--gpu-memory-gib", f"{gpu_memory_gib}: give a finite number of GiB (e.g. 80)")]), 2)
     if gpu_memory_gib is not None and gpu_memory_gib <= 0.5:
         _fail(SpecError([("--gpu-memory-gib", f"{gpu_memory_gib:g} GiB: must exceed the 0.5 GiB a CUDA context "
                                               "takes")]), 2)

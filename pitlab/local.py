@@ -134,6 +134,11 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                 check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
             else:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
+        ri = res.spec.base_model.random_init
+        if ri is not None:  # unknown or reserved config keys, values the architecture refuses: before anything runs
+            from pitlab.trainer.prepare import build_config
+
+            build_config(ri.model_type, ri.config, vocab_size=res.spec.base_model.tokenizer.vocab_size)
         if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
             from pitlab.trainer.plan_streaming import check_spec_fits
 

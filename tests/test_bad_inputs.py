@@ -87,6 +87,7 @@ def bases():
     ev["models"] = [ev["models"][0], ev["models"][2]]  # base (trainingRef) and minilm
     ev["dataset"].update(uri="${TMP}/panel.csv", universeSize=3, dates={"count": 8})
     ev["protocol"].update(groupKFolds=3)
+    ev["regression"] = {**ev.get("regression", {}), "innerFolds": 2}  # 3 securities: 2 left in each fitting set
     pt["spec"]["corpus"]["uri"] = "${TMP}/corpus.csv"
     pt["spec"]["output"]["uri"] = "${TMP}/out"
     le = {"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval", "metadata": {"name": "jpx-bad-inputs"},
@@ -94,7 +95,8 @@ def bases():
                    "dataset": {"kind": "jpx", "uri": "${TMP}/jpx", "universeSize": 3, "dates": {"count": 6}},
                    "protocol": {"trainEnd": "2021-10-15", "testStart": "2021-10-18", "embargoDays": 2,
                                 "groupKFolds": 3},
-                   "bootstrap": {"resamples": 10}, "output": {"uri": "${TMP}/out"}}}
+                   "bootstrap": {"resamples": 10}, "regression": {"innerFolds": 2},
+                   "output": {"uri": "${TMP}/out"}}}
     return {"pt": pt, "le": le}
 
 
@@ -305,7 +307,8 @@ CASES = [
          "spec.evaluations[0].spec.protocol.testStart (2017-07-03) is after the last trading day of the panel "
          "calendar"),
     Case("group-k-folds-over-securities", "pt", _set("ev.protocol.groupKFolds", 4),
-         "spec.evaluations[0].spec.protocol.groupKFolds: 4 folds exceed the 3 securities of the sampled panel"),
+         "spec.evaluations[0].spec.protocol.groupKFolds: 4 folds exceed the 3 securities of the panel "
+         "(dataset.universeSize: 3)"),
     # --- JPX files ---
     Case("jpx-no-prices", "le", _all(lambda d, t: (t / "jpx" / "train_files" / "stock_prices.csv").unlink()),
          "no stock_prices.csv: expected"),

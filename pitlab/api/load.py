@@ -78,7 +78,7 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
     """Validate a parsed YAML document as a PitTraining or LeakageEval.
 
     Types are checked as the API server checks the CRD schema (JSON, no coercion): ``gpusPerNode: "8"`` is
-    refused as it would be by ``kubectl apply``. Raises :class:`SpecError` naming the field path
+    refused as it would be by ``kubectl apply``, and so is a field spelt in snake_case (``seq_len``). Raises :class:`SpecError` naming the field path
     (``spec.protocol.testStart``) for unknown fields, wrong types, missing fields and cross-field rules, or
     naming ``kind``/``apiVersion`` when those are wrong.
     """
@@ -90,7 +90,9 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
     if doc.get("apiVersion") != GROUP_VERSION:
         raise SpecError([("apiVersion", f"must be {GROUP_VERSION!r} (got {doc.get('apiVersion')!r})")], source)
     try:  # as JSON, strictly: the API server's types (an integer field refuses "8", a string field refuses 8)
-        return KINDS[kind].model_validate_json(json.dumps(doc, default=_json_scalar), strict=True)
+        # by alias only: `seq_len` is an unknown field, as the CRD schema (camelCase) makes it on a cluster
+        return KINDS[kind].model_validate_json(json.dumps(doc, default=_json_scalar), strict=True, by_alias=True,
+                                               by_name=False)
     except ValidationError as err:
         raise SpecError.from_validation_error(err, source) from None
 

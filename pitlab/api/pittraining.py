@@ -8,11 +8,11 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pitlab.api.base import GROUP_VERSION, FieldError, ISODate, SpecModel
-from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.api.leakageeval import SEED_MAX, LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
-from pitlab.api.storage import StorageSpec
+from pitlab.api.storage import StorageSpec, check_location
 
 ARCHITECTURES = ("qwen3_5_moe_text", "qwen3_moe", "llama")
 
@@ -27,7 +27,7 @@ class RandomInit(SpecModel):
 
     model_type: Literal["qwen3_5_moe_text", "qwen3_moe", "llama"]
     config: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
 
 
 class TokenizerSpec(SpecModel):
@@ -184,7 +184,7 @@ class TrainingSpec(SpecModel):
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "
         "the full unsharded gradients (parameters x 2 bytes in bf16) between microbatches; see pitlab plan"))
     precision: Literal["fp32", "bf16"] = "bf16"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     layer_streaming: LayerStreamingSpec = LayerStreamingSpec()
 
     @model_validator(mode="after")
@@ -214,9 +214,21 @@ class CheckpointSpec(SpecModel):
     every_steps: int = Field(0, ge=0)
     keep: int = Field(2, ge=1)
 
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        return None if v is None else check_location(v)
+
 
 class OutputSpec(SpecModel):
+    """Where run folders go: ``<uri>/<name>`` (a local folder, or ``s3://bucket/prefix`` for ``pitlab run``)."""
+
     uri: str = "out"
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        return check_location(v)
 
 
 _STREAMING_RULE = ("!has(self.training) || !has(self.training.layerStreaming) || "
