@@ -186,6 +186,8 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
                 f"(latest {local_isoformat(a.max_included_timestamp, a.timezone)}; timestamps {a.timestamp_format})")
         if a.rejected_timestamp:
             msg += f"; {a.rejected_timestamp} dropped for their timestamp (onMissingTimestamp: drop)"
+        if a.rejected_empty_text:
+            msg += f"; {a.rejected_empty_text} dropped for an empty text (onEmptyText: drop)"
     _say(f"[green]✓[/] {msg}")
     if plan is not None:
         _say_audit_notes(plan.audit)

@@ -309,10 +309,12 @@ def _prepare(run: _TrainingRun, stage: Stage) -> None:
     a = run.checked.corpus.audit
     st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
                                                rejected_timestamp=a.rejected_timestamp,
+                                               rejected_empty_text=a.rejected_empty_text,
                                                max_included_timestamp=a.max_included_timestamp,
                                                included_ids_sha256=a.included_ids_sha256,
                                                timestamp_format=a.timestamp_format, warnings=a.warnings or None)
-    st.done(stage, f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_timestamp} "
+    st.done(stage, f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_empty_text} "
+                   f"dropped for an empty text, {a.rejected_timestamp} "
                    f"rejected for their timestamp; {n_tokens} tokens")
     run.reporter.done("prepare", f"{n_tokens:,} corpus tokens")
 

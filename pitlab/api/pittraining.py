@@ -56,7 +56,8 @@ class BaseModelSpec(SpecModel):
 class CorpusSpec(SpecModel):
     """Dated documents. ``timestampField`` values are read strictly in ``timestampFormat`` (default ISO 8601
     dates or datetimes, README "Accepted timestamp formats"); values without an offset are read in
-    ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number)."""
+    ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number). A document with
+    an empty text is an error naming its row unless ``onEmptyText: drop``, which counts it in the audit."""
 
     uri: str
     format: Literal["jsonl", "csv"]
@@ -70,6 +71,9 @@ class CorpusSpec(SpecModel):
     id_field: str | None = None
     timezone: str = "UTC"
     on_missing_timestamp: Literal["error", "drop"] = "error"
+    on_empty_text: Literal["error", "drop"] = Field("error", description=(
+        "a document whose textField is empty (or only white space): error (default) names its row; drop skips it "
+        "and counts it in the corpus audit (status.corpusAudit.rejectedEmptyText)"))
     encoding: str = Field("utf-8", min_length=1, max_length=40, description=(
         "text encoding of the corpus file (a Python codec name: utf-8, utf-16, latin-1, cp1252, shift_jis, ...); "
         "a byte that is not valid in it is an error naming the file, line and byte offset"))

@@ -43,6 +43,8 @@ class CorpusAuditStatus(SpecModel):
     included: int
     excluded_by_date: int
     rejected_timestamp: int
+    rejected_empty_text: int | None = Field(None, description="documents dropped for an empty text "
+                                                              "(onEmptyText: drop)")
     max_included_timestamp: str | None
     included_ids_sha256: str
     timestamp_format: str | None = Field(None, description="format the timestamps were read with (iso8601, a "

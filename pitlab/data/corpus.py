@@ -204,7 +204,8 @@ def file_sha256(path: str | Path) -> str:
 def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
                   on_missing_timestamp: Literal["error", "drop"] = "error", source: str = "<corpus>",
                   source_sha256: str = "", timestamp_format: str | None = None,
-                  today: dt.date | None = None) -> tuple[list[Document], CorpusAudit]:
+                  today: dt.date | None = None,
+                  on_empty_text: Literal["error", "drop"] = "error") -> tuple[list[Document], CorpusAudit]:
     """Keep documents with ``timestamp <= end of cutoff day`` in ``timezone``; return them and the audit.
 
     ``timestamp_format`` is recorded in the audit (None: ``iso8601``); ``today`` (default: today's date in
@@ -212,8 +213,10 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
     Raises :class:`CorpusError`:
       - at the first document with a missing or refused timestamp when ``on_missing_timestamp`` is
         ``error`` (the message names the file, row, id, value and expected format);
+      - at the first document with an empty (or white-space) text when ``on_empty_text`` is ``error`` (the
+        message names the file, row and id); with ``drop`` such documents are skipped and counted
+        (``rejected_empty_text``), whatever their date;
       - when no document is at or before the cutoff (training on nothing is never what was meant).
-    Documents with empty text are excluded and counted (``rejected_empty_text``).
     """
     limit = cutoff_instant(cutoff, timezone)
     kept: list[Document] = []
@@ -226,11 +229,15 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
                                   "fix the row, or set spec.corpus.onMissingTimestamp: drop to count and skip it")
             refused.append(d)
             continue
+        if not d.text.strip():
+            if on_empty_text == "error":
+                raise CorpusError(f"{source}: row {d.row} (id {d.id!r}): empty text (the text field is empty or only "
+                                  "white space); fix the row, or set spec.corpus.onEmptyText: drop to count and skip "
+                                  "it")
+            empty += 1
+            continue
         if d.timestamp >= limit:
             by_date += 1
-            continue
-        if not d.text.strip():
-            empty += 1
             continue
         kept.append(d)
     if not kept:

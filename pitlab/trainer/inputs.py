@@ -33,7 +33,8 @@ def check_corpus(res: PitTraining) -> CorpusPlan:
                        c.encoding)
     source = c.uri if storage.is_s3(c.uri) else str(path)
     kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
-                                source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format)
+                                source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format,
+                                on_empty_text=c.on_empty_text)
     check_corpus_length(res, kept)
     return CorpusPlan(path, kept, audit)
 
