@@ -102,8 +102,15 @@ def load_resource(path: str | os.PathLike) -> Resource:
     p = Path(path)
     if not p.is_file():
         raise SpecError([("", "file not found")], str(p))
+    data = p.read_bytes()
     try:
-        docs = [d for d in yaml.load_all(p.read_text(), Loader=_Loader) if d is not None]
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise SpecError([("", f"line {line}, byte offset {err.start}: not UTF-8 ({err.reason}); a spec is UTF-8 "
+                              "YAML")], str(p)) from None
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except DuplicateKeyError as err:
         raise SpecError([("", str(err))], str(p)) from None
     except yaml.YAMLError as err:
