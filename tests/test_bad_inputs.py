@@ -794,3 +794,103 @@ def test_the_preflight_reads_each_input_once_and_hands_it_to_the_run(base, bases
         kinds = {m.name: m.kind for m in res.spec.evaluations[0].spec.models}  # as the example gives them
         assert local.fetch_models(checked[0].models, {"base": tmp_path / "b"}) == {
             "base": (tmp_path / "b", kinds["base"]), "minilm": (minilm, kinds["minilm"])}
+
+
+# --------------------------------------------------------------------- the command line and local storage
+@dataclass
+class CliCase:
+    id: str
+    args: tuple[str, ...]  # {tmp} = the case's folder; {pt} / {le}: the valid PitTraining / LeakageEval spec
+    fragment: str
+    setup: Callable[[Path], object] | None = None
+
+
+def _files_in(files: dict[str, str | bytes]):
+    def setup(t: Path):
+        for name, content in files.items():
+            (t / name).parent.mkdir(parents=True, exist_ok=True)
+            (t / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    return setup
+
+
+def _mine(folder: str):
+    return _files_in({f"{folder}/mine.txt": "keep me", f"{folder}/sub/notes.md": "notes"})
+
+
+CLI_CASES = [
+    CliCase("run-nproc-zero", ("run", "{pt}", "--nproc", "0"), "Invalid value for '--nproc'"),
+    CliCase("run-nproc-negative", ("run", "{pt}", "--nproc", "-2"), "Invalid value for '--nproc'"),
+    CliCase("run-nproc-text", ("run", "{pt}", "--nproc", "two"), "Invalid value for '--nproc'"),
+    CliCase("plan-gpu-memory-nan", ("plan", "{pt}", "--gpu-memory-gib", "nan"),
+            "--gpu-memory-gib: nan: give a finite number of GiB (e.g. 80)"),
+    CliCase("plan-gpu-memory-inf", ("plan", "{pt}", "--gpu-memory-gib", "inf"),
+            "--gpu-memory-gib: inf: give a finite number of GiB"),
+    CliCase("plan-gpu-memory-tiny", ("plan", "{pt}", "--gpu-memory-gib", "0.25"),
+            "--gpu-memory-gib: 0.25 GiB: must exceed the 0.5 GiB a CUDA context takes"),
+    CliCase("plan-a-leakageeval", ("plan", "{le}"), "kind: pitlab plan takes a PitTraining, got LeakageEval"),
+    CliCase("validate-missing-file", ("validate", "{tmp}/nope.yaml"), "{tmp}/nope.yaml: file not found"),
+    CliCase("run-missing-file", ("run", "{tmp}/nope.yaml"), "{tmp}/nope.yaml: file not found"),
+    CliCase("validate-a-folder", ("validate", "{tmp}/jpx"), "{tmp}/jpx: file not found"),
+    CliCase("evaluate-a-pittraining", ("evaluate", "{pt}"), "kind PitTraining: this command takes a LeakageEval"),
+    CliCase("prepare-a-leakageeval", ("prepare", "--spec", "{le}", "--run-dir", "{tmp}/r"),
+            "kind LeakageEval: `pitlab prepare` takes a PitTraining"),
+    CliCase("embed-unknown-model", ("embed", "--spec", "{le}", "--model", "gpt", "--out", "{tmp}/e"),
+            "--model 'gpt': not in spec.models ['minilm']"),
+    CliCase("report-without-results", ("report", "{tmp}/jpx"), "{tmp}/jpx: no results.json here nor in {tmp}/jpx/eval"),
+    CliCase("run-out-folder-of-another-resource", ("run", "{le}", "--out", "{tmp}/runs"),
+            "metadata.name: {tmp}/runs/jpx-bad-inputs already exists, written by no pitlab run (no status.json; 2 "
+            "entries)", _mine("runs/jpx-bad-inputs")),
+    CliCase("validate-out-folder-of-another-resource", ("validate", "{le}", "--out", "{tmp}/runs"),
+            "metadata.name: {tmp}/runs/jpx-bad-inputs already exists, written by no pitlab run",
+            _mine("runs/jpx-bad-inputs")),
+    CliCase("run-evaluation-folder-taken", ("run", "{pt}"),
+            "spec.evaluations[0].name: {tmp}/out/sp500-leakage already exists, written by no pitlab run",
+            _mine("out/sp500-leakage")),
+    CliCase("push-missing-source", ("push", "{tmp}/nope", "{tmp}/dest"), "SRC: {tmp}/nope: not a folder"),
+    CliCase("push-source-is-a-file", ("push", "{tmp}/corpus.csv", "{tmp}/dest"), "SRC: {tmp}/corpus.csv: not a folder"),
+    CliCase("push-into-a-folder-with-content", ("push", "{tmp}/jpx", "{tmp}/dest"),
+            "{tmp}/dest: already holds 2 file(s) that `pitlab push` did not write (mine.txt, sub/notes.md); pass "
+            "--overwrite", _mine("dest")),
+    CliCase("push-onto-a-file", ("push", "{tmp}/jpx", "{tmp}/corpus.csv"),
+            "{tmp}/corpus.csv: exists and is not a folder; `pitlab push` writes a folder there"),
+    CliCase("pull-onto-an-existing-folder", ("pull", "s3://bucket/model", "{tmp}/jpx"), "{tmp}/jpx already exists"),
+    CliCase("merge-into-a-folder-with-content", ("merge", "--checkpoint", "{tmp}/ckpt", "--base", "{tmp}/base",
+                                                 "--out", "{tmp}/model"),
+            "{tmp}/model: already holds 2 file(s) that `pitlab merge` did not write (mine.txt, sub/notes.md)",
+            _mine("model")),
+    CliCase("merge-onto-a-file", ("merge", "--checkpoint", "{tmp}/ckpt", "--base", "{tmp}/base", "--out",
+                                  "{tmp}/corpus.csv"), "{tmp}/corpus.csv: exists and is not a folder"),
+    CliCase("merge-logits-probe", ("merge", "--checkpoint", "c", "--base", "b", "--out", "{tmp}/m", "--logits-probe",
+                                   "sometimes"), "--logits-probe 'sometimes': give auto, always or never"),
+    CliCase("merge-adapter-value", ("merge", "--checkpoint", "c", "--base", "b", "--out", "{tmp}/m", "--merge-adapter",
+                                    "maybe"), "--merge-adapter 'maybe': give auto, yes or no"),
+    CliCase("merge-shard-size", ("merge", "--checkpoint", "{tmp}/c", "--base", "{tmp}/b", "--out", "{tmp}/m",
+                                 "--max-shard-size", "lots"), "--max-shard-size: 'lots' is not a size like 5GB, 500MB or 2GiB"),
+    CliCase("unknown-command", ("trian", "{pt}"), "No such command 'trian'"),
+    CliCase("unknown-option", ("run", "{pt}", "--overwrit"), "No such option: --overwrit"),
+]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c.id for c in CLI_CASES])
+def test_bad_command_line_is_refused(case, bases, tmp_path, tripwire):
+    """Exit 2 with a message naming the argument, file or folder; no file under the case folder changes."""
+    write_ohlcv(tmp_path / "panel.csv")
+    write_corpus(tmp_path / "corpus.csv")
+    write_jpx(tmp_path / "jpx")
+    for name, doc in (("pt.yaml", bases["pt"]), ("le.yaml", bases["le"])):
+        (tmp_path / name).write_text(yaml.safe_dump(doc).replace("${TMP}", str(tmp_path)))
+    if case.setup is not None:
+        case.setup(tmp_path)
+    before = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    args = [a.format(tmp=tmp_path, pt=tmp_path / "pt.yaml", le=tmp_path / "le.yaml") for a in case.args]
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    text = re.sub(r"\s+", " ", r.output)
+    assert r.exit_code == 2, f"exit {r.exit_code}: {text}"
+    assert case.fragment.replace("{tmp}", str(tmp_path)) in text, text
+    assert {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+
+
+def test_the_suite_is_large_enough():
+    """The issue's acceptance: at least 150 parametrised bad inputs across corpus, panel, spec, CLI, names, storage."""
+    assert len(CASES) + len(CLI_CASES) >= 150
+    assert len({c.id for c in CASES} | {c.id for c in CLI_CASES}) == len(CASES) + len(CLI_CASES)
