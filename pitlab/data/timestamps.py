@@ -55,6 +55,9 @@ def check_format(fmt: str | None) -> str:
     if "%" not in fmt:
         raise ValueError(f"{fmt!r} is neither {ISO8601}, epoch_s, epoch_ms, epoch_us nor a strftime pattern "
                          "(%Y, %m, ...)")
+    if fmt != fmt.strip():
+        raise ValueError(f"{fmt!r}: a pattern may not start or end with white space (values are read with the white "
+                         "space around them removed)")
     directives = re.findall(r"%(.?)", fmt.replace("%%", ""))
     if "" in directives:
         raise ValueError(f"{fmt!r}: a % ends the pattern; write %% for a literal %")
