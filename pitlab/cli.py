@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from importlib import metadata
@@ -22,7 +24,8 @@ from pitlab.api import DATA_ROOT_ENV, LeakageEval, PitTraining, SpecError, load_
 
 EXIT_CODES = ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before "
               "anything runs); 1 a stage failed (training, merge, evaluation, an upload or download); 3 `pitlab "
-              "plan`: the run does not fit the GPU memory. (`pitlab train`, the pods' entry point, exits 2 on any "
+              "plan`: the run does not fit the GPU memory; 130 `pitlab run` was interrupted (SIGINT or SIGTERM; "
+              "status Interrupted). (`pitlab train`, the pods' entry point, exits 2 on any "
               "error.)")
 
 # rich_markup_mode=None: click's own help formatter, which flows each docstring paragraph to the terminal
@@ -230,7 +233,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     from pitlab import storage
     from pitlab.api.summary import compact_results
     from pitlab.data import CorpusError, PanelError
-    from pitlab.local import RunError, local_work_root, publish_run, run_leakage_eval_local, run_pittraining_local
+    from pitlab.local import (Interrupted, RunError, local_work_root, publish_run, run_leakage_eval_local,
+                              run_pittraining_local)
 
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
@@ -259,7 +263,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                 except storage.StorageError as err:
                     _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
 
-    with _progress() as p:
+    with _interruptible(Interrupted), _progress() as p:
         reporter = RichReporter(p)
         try:
             if isinstance(res, PitTraining):
@@ -274,6 +278,10 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         except RunError as err:
             publish()
             _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
+        except KeyboardInterrupt as err:
+            status = root / res.metadata.name / "status.json"
+            _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status}); its "
+                  "message names the last durable checkpoint", 130)
     publish()
     if remote:
         _say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
@@ -281,6 +289,23 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
     _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+@contextlib.contextmanager
+def _interruptible(interrupted: type[KeyboardInterrupt]):
+    """SIGINT and SIGTERM raise ``interrupted(signal name)`` in the main thread while the block runs (the run
+    then ends with status Interrupted); the previous handlers are restored afterwards."""
+    def handler(signum, frame) -> None:
+        raise interrupted(signal.Signals(signum).name)
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
@@ -448,8 +473,11 @@ def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (J
           base: Optional[Path] = typer.Option(None, "--base", help="Base model folder (default RUN_DIR/base).")
           ) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""
+    from pitlab.trainer.lifetime import exit_with_parent
     from pitlab.trainer.rank_exit import exit_rank
     from pitlab.trainer.train import run_rank
+
+    exit_with_parent()  # a rank whose torchrun is gone (killed with its driver) stops instead of training on
 
     exit_rank(lambda: run_rank(spec, run_dir, base))  # ends without finalization (see pitlab.trainer.rank_exit)
 

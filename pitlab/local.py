@@ -86,6 +86,11 @@ class StatusWriter:
         conditions.stage_failed(self.status, stage.condition, stage.failed, message, self.generation)
         self.write()
 
+    def interrupted(self, stage: Stage, message: str) -> None:
+        """``stage``'s condition False/Interrupted; phase Interrupted (Stalled=True)."""
+        conditions.stage_interrupted(self.status, stage.condition, message, self.generation)
+        self.write()
+
     def succeeded(self, message: str) -> None:
         conditions.succeeded(self.status, stages.SUCCEEDED, message, self.generation)
         self.write()
@@ -183,14 +188,46 @@ def _short(err: BaseException, limit: int = 2000) -> str:
 StageStep = Callable[[Any, Stage], None]
 
 
+class Interrupted(KeyboardInterrupt):
+    """``pitlab run`` got SIGINT or SIGTERM (``signal_name``); raised in the main thread, it ends the stage in
+    progress (its child processes stopped) with status Interrupted."""
+
+    def __init__(self, signal_name: str = "SIGINT"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def durable_state(run: Any) -> str:
+    """What an interrupted run keeps, in words: the last complete training checkpoint (``step-N`` with its path)
+    when there is one, else that the stage starts over."""
+    res = getattr(run, "res", None)
+    if isinstance(res, PitTraining):
+        from pitlab.trainer.checkpoint import checkpoint_location
+        from pitlab.trainer.checkpointer import latest_checkpoint
+
+        try:
+            latest = latest_checkpoint(checkpoint_location(res.spec.checkpoint.uri, run.run_dir))
+        except Exception:  # noqa: BLE001 - a message; an unreadable location reads as no checkpoint
+            latest = None
+        if latest is not None:
+            return f"last durable checkpoint: {latest}"
+    return "no durable checkpoint: the stage starts over"
+
+
 def _walk(table: tuple[Stage, ...], steps: dict[str, StageStep], run: Any, st: StatusWriter,
           passthrough: tuple[type[BaseException], ...] = ()) -> None:
     """Run ``steps[stage.name](run, stage)`` for every stage of ``table`` in order. A stage that raises is
     marked failed (``stage.failed`` and the message) and ends the walk with :class:`RunError`; the types in
-    ``passthrough`` (bad input found late) are re-raised as they are, after the status says Failed."""
+    ``passthrough`` (bad input found late) are re-raised as they are, after the status says Failed. A
+    KeyboardInterrupt (:class:`Interrupted`: SIGINT or SIGTERM) marks the stage and the resource Interrupted,
+    naming the last durable checkpoint, and is re-raised."""
     for stage in table:
         try:
             steps[stage.name](run, stage)
+        except KeyboardInterrupt as err:
+            name = getattr(err, "signal_name", "SIGINT")
+            st.interrupted(stage, f"interrupted by {name} during {stage.name}; {durable_state(run)}")
+            raise
         except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
             st.failed(stage, _short(err))
             if isinstance(err, passthrough):

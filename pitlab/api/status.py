@@ -15,7 +15,8 @@ from pydantic import ConfigDict, Field
 from pitlab.api.base import SpecModel
 
 Phase = Literal["Pending", "Validating", "Preparing", "Training", "Merging", "Evaluating", "Embedding", "Analyzing",
-                "Succeeded", "Failed"]
+                "Succeeded", "Failed", "Interrupted"]
+"""``Interrupted``: ``pitlab run`` was stopped (SIGINT/SIGTERM) and can be resumed (``pitlab run --resume``)."""
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -118,7 +119,8 @@ def set_phase(status: ResourceStatus, phase: str, reason: str, message: str = ""
     """Move to ``phase`` and keep the kstatus conditions consistent with it.
 
     Non-terminal phases: Reconciling=True, Ready=False, Stalled=False. Succeeded: Ready=True, Reconciling=False.
-    Failed: Stalled=True (reason/message from the failure), Ready=False, Reconciling=False.
+    Failed and Interrupted: Stalled=True (reason/message from the failure or the signal), Ready=False,
+    Reconciling=False.
     """
     status.phase = phase
     status.observed_generation = generation
@@ -126,7 +128,7 @@ def set_phase(status: ResourceStatus, phase: str, reason: str, message: str = ""
         set_condition(status, "Ready", "True", reason, message, generation, now)
         set_condition(status, "Reconciling", "False", reason, message, generation, now)
         set_condition(status, "Stalled", "False", reason, "", generation, now)
-    elif phase == "Failed":
+    elif phase in ("Failed", "Interrupted"):
         set_condition(status, "Ready", "False", reason, message, generation, now)
         set_condition(status, "Reconciling", "False", reason, message, generation, now)
         set_condition(status, "Stalled", "True", reason, message, generation, now)
