@@ -225,7 +225,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                            help="Output root (default: the spec's output.uri, else ./out)."),
         data_root: Optional[Path] = DataRoot,
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
-        nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+        nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
@@ -236,6 +236,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     from pitlab.local import (Interrupted, RunError, local_work_root, publish_run, run_leakage_eval_local,
                               run_pittraining_local)
 
+    if nproc is not None and nproc < 1:
+        _fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
     # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>

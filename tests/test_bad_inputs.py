@@ -818,8 +818,8 @@ def _mine(folder: str):
 
 
 CLI_CASES = [
-    CliCase("run-nproc-zero", ("run", "{pt}", "--nproc", "0"), "Invalid value for '--nproc'"),
-    CliCase("run-nproc-negative", ("run", "{pt}", "--nproc", "-2"), "Invalid value for '--nproc'"),
+    CliCase("run-nproc-zero", ("run", "{pt}", "--nproc", "0"), "--nproc: 0: give at least 1 torchrun process"),
+    CliCase("run-nproc-negative", ("run", "{pt}", "--nproc", "-2"), "--nproc: -2: give at least 1 torchrun process"),
     CliCase("run-nproc-text", ("run", "{pt}", "--nproc", "two"), "Invalid value for '--nproc'"),
     CliCase("plan-gpu-memory-nan", ("plan", "{pt}", "--gpu-memory-gib", "nan"),
             "--gpu-memory-gib: nan: give a finite number of GiB (e.g. 80)"),
