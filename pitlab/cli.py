@@ -227,6 +227,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
         nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
+        resume: bool = typer.Option(False, "--resume",
+                                    help="Continue the interrupted run in out/<name>/ from its first unfinished "
+                                         "stage (training from its last checkpoint); refused if the spec changed."),
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
     evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
@@ -238,12 +241,18 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
 
     if nproc is not None and nproc < 1:
         _fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
+    if resume and overwrite:
+        _fail(SpecError([("--resume", "and --overwrite exclude each other: --resume continues the run folder, "
+                                      "--overwrite deletes it")]), 2)
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
     # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>
     remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
     root = out or (local_work_root(remote) if remote else Path(spec_out))
     names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
+    if remote and resume:
+        _fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
+                                      "DIR, where the interrupted run is)")]), 2)
     if remote:
         try:
             taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
@@ -253,7 +262,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
                   "it, checkpoints included, and start again", 2)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
-    else:
+    elif not resume:
         _claim_message(res, root, overwrite, file)
     t0 = time.monotonic()
 
@@ -269,11 +278,11 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         reporter = RichReporter(p)
         try:
             if isinstance(res, PitTraining):
-                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc)
+                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc, resume)
                 results = status["status"].get("results") or {}
             else:
                 results = {res.metadata.name: compact_results(
-                    run_leakage_eval_local(res, root, reporter, overwrite or bool(remote)))}
+                    run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
         except (SpecError, CorpusError, PanelError) as err:
             publish()  # bad input found after the run folder exists (its status.json says Failed)
             _fail(err, 2)
@@ -332,7 +341,7 @@ def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval 
                                             help="Replace an existing out/<name>/ folder.")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     _load_eval(file, data_root)
-    run(file, out, data_root, overwrite, None)
+    run(file, out, data_root, overwrite, None, False)
 
 
 @app.command()

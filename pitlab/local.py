@@ -302,18 +302,28 @@ EVAL_STEPS: dict[str, StageStep] = {"embed": _embed, "analyze": _analyze}
 
 def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
                            overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
-                           checked: CheckedEvaluation | None = None) -> dict:
+                           checked: CheckedEvaluation | None = None, resume: bool = False) -> dict:
     """Run a LeakageEval into ``out_root/<name>/``; returns the results dict (``eval/results.json``).
 
     Embedding (every model, cached in ``out_root/.cache/embeddings``) then Analyzing (protocols, bootstrap,
     report), as the embedding Jobs and the analyze Job do on a cluster. ``model_dirs`` maps the names of
     ``trainingRef`` models to their local folders (set by a parent PitTraining). ``checked``: the panel and
-    models a preflight already read (the preflight is then not run again). Raises a preflight error (nothing
-    written) or RunError (status.json then says Failed).
+    models a preflight already read (the preflight is then not run again). ``resume``: an interrupted run of
+    the same spec in ``out_root/<name>`` is run again in its folder (its embeddings come from the cache; a
+    succeeded one is returned as it is). Raises a preflight error (nothing written), RunError (status.json then
+    says Failed) or :class:`Interrupted`.
     """
     reporter = reporter or SilentReporter()
     if checked is None:
         checked = preflight(res).evaluations[0]
+    if resume:
+        from pitlab.resume import resumable_status
+
+        resumable_status(res, out_root)
+        done = _succeeded_results(out_root / res.metadata.name)
+        if done is not None:
+            return done
+        overwrite = True  # its own folder, checked: the interrupted attempt's files go
     _claim_run_folders(res, out_root, overwrite)
     run_dir = _prepare_run_dir(out_root, res.metadata.name)
     st = StatusWriter(run_dir / "status.json", res)
@@ -335,6 +345,7 @@ class _TrainingRun:
     checked: Preflight
     nproc: int
     base_dir: Path | None = None
+    resume: bool = False
 
 
 def _prepare(run: _TrainingRun, stage: Stage) -> None:
@@ -420,12 +431,23 @@ def _evaluate(run: _TrainingRun, stage: Stage) -> None:
                             spec=tmpl.spec)
         st.status.children[f"leakageeval/{tmpl.name}"] = str(run.out_root / tmpl.name)
         model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
-        # its folder was claimed (checked, and emptied with --overwrite) before the training started
-        out = run_leakage_eval_local(child, run.out_root, run.reporter, overwrite=False, model_dirs=model_dirs,
-                                     checked=checked)
+        done = _succeeded_results(run.out_root / tmpl.name) if run.resume else None
+        # its folder was claimed (checked, and emptied with --overwrite) before the training started; a resume
+        # keeps a succeeded evaluation and runs an unfinished one again in its own folder
+        out = done if done is not None else run_leakage_eval_local(
+            child, run.out_root, run.reporter, overwrite=run.resume, model_dirs=model_dirs, checked=checked)
         results[tmpl.name] = compact_results(out)
     st.status.results = results
     st.done(stage, f"{len(results)} LeakageEval(s) succeeded")
+
+
+def _succeeded_results(run_dir: Path) -> dict | None:
+    """``eval/results.json`` of an evaluation folder whose status says Succeeded, else None."""
+    try:
+        phase = json.loads((run_dir / "status.json").read_text())["status"]["phase"]
+        return json.loads((run_dir / "eval" / "results.json").read_text()) if phase == stages.SUCCEEDED else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 TRAINING_STEPS: dict[str, StageStep] = {"prepare": _prepare, "train": _train, "merge": _merge,
@@ -433,12 +455,14 @@ TRAINING_STEPS: dict[str, StageStep] = {"prepare": _prepare, "train": _train, "m
 
 
 def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter | None = None,
-                          overwrite: bool = False, nproc: int | None = None) -> dict:
+                          overwrite: bool = False, nproc: int | None = None, resume: bool = False) -> dict:
     """Run a PitTraining and its evaluations into ``out_root``; returns the final status.json document.
 
-    Stages and conditions are the operator's (:data:`pitlab.api.stages.PITTRAINING`). Raises a preflight error
-    (SpecError/CorpusError/PanelError; nothing written), the SpecError of bad input found late (status.json
-    says Failed) or RunError (status.json says Failed with the stage's reason and message).
+    Stages and conditions are the operator's (:data:`pitlab.api.stages.PITTRAINING`). ``resume``: continue the
+    run in ``out_root/<name>`` from its first stage not done (:mod:`pitlab.resume`; SpecError when the spec or
+    the kept corpus changed). Raises a preflight error (SpecError/CorpusError/PanelError; nothing written), the
+    SpecError of bad input found late (status.json says Failed), RunError (status.json says Failed with the
+    stage's reason and message) or :class:`Interrupted` (status.json says Interrupted).
     """
     reporter = reporter or SilentReporter()
     reporter.stage("validate", "schema, files, corpus, panel, models")
@@ -447,12 +471,28 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     reporter.done("validate", f"corpus: {a.included} documents ≤ {res.spec.knowledge_cutoff}, {a.excluded_by_date} "
                               f"after it, {a.rejected_timestamp} dropped for their timestamp"
                               + "".join(f"\n  warning: {w}" for w in a.warnings))
-    _claim_run_folders(res, out_root, overwrite)  # the evaluations' folders too: none is replaced unasked
-    run_dir = _prepare_run_dir(out_root, res.metadata.name)
-    st = StatusWriter(run_dir / "status.json", res)
-    st.done(stages.VALIDATE, "spec is valid")
-    run = _TrainingRun(res, out_root, run_dir, st, reporter, checked, nproc or res.spec.resources.gpus_per_node)
-    _walk(stages.PITTRAINING[1:], TRAINING_STEPS, run, st, passthrough=(SpecError,))
+    table = stages.PITTRAINING[1:]
+    if resume:
+        from pitlab.resume import base_folder, check_same_corpus, resumable_status
+
+        status = resumable_status(res, out_root)
+        check_same_corpus(res, status, a)
+        run_dir = out_root / res.metadata.name
+        st = StatusWriter(run_dir / "status.json", res, status)
+        if status.phase == stages.SUCCEEDED:
+            return json.loads((run_dir / "status.json").read_text())
+        table = tuple(s for s in table if not conditions.is_true(status, s.condition))
+    else:
+        _claim_run_folders(res, out_root, overwrite)  # the evaluations' folders too: none is replaced unasked
+        run_dir = _prepare_run_dir(out_root, res.metadata.name)
+        st = StatusWriter(run_dir / "status.json", res)
+        st.done(stages.VALIDATE, "spec is valid")
+    run = _TrainingRun(res, out_root, run_dir, st, reporter, checked, nproc or res.spec.resources.gpus_per_node,
+                       resume=resume)
+    if resume and conditions.is_true(st.status, stages.PREPARE.condition):
+        run.base_dir = base_folder(res, run_dir)
+        reporter.done("prepare", f"done before the interruption ({run.base_dir})")
+    _walk(table, TRAINING_STEPS, run, st, passthrough=(SpecError,))
     st.succeeded(f"model at {st.status.model_uri}")
     return json.loads((run_dir / "status.json").read_text())
 

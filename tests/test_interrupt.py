@@ -94,3 +94,65 @@ def test_sigint_and_sigterm_leave_status_interrupted(tmp_path, data_root, sig):
     assert f"interrupted by {sig.name} during train; last durable checkpoint: " in conds["Trained"]["message"]
     assert latest.split("/")[-1] in conds["Trained"]["message"]
     assert _processes_mentioning(str(run_dir)) == []
+
+
+def _small_spec(tmp_path: Path) -> Path:
+    """The demo spec scaled down as in test_local (40k tokens, 40 securities × 10 dates), a checkpoint every 5
+    steps."""
+    with open(EXAMPLE) as f:
+        doc = yaml.safe_load(f)
+    doc["spec"]["tokens"] = 40_000
+    doc["spec"]["training"].update(seqLen=64, microBatchSize=4, warmupSteps=2)
+    doc["spec"]["checkpoint"] = {"everySteps": 5, "keep": 2}
+    ev = doc["spec"]["evaluations"][0]["spec"]
+    ev["dataset"].update(universeSize=40, dates={"count": 10})
+    ev["protocol"]["groupKFolds"] = 3
+    ev["bootstrap"]["resamples"] = 40
+    ev["regression"] = {"innerFolds": 3}
+    path = tmp_path / "pit.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _comparable(doc, root: str):
+    """results.json without what differs between two runs of one spec: paths under the output root, the
+    creation time, timings and the description of the host (its BLAS libraries are listed in load order)."""
+    if isinstance(doc, dict):
+        return {k: _comparable(v, root) for k, v in doc.items()
+                if k not in ("created", "timings", "device") and not k.endswith("_s") and "seconds" not in k}
+    if isinstance(doc, list):
+        return [_comparable(v, root) for v in doc]
+    return doc.replace(root, "<out>") if isinstance(doc, str) else doc
+
+
+@pytest.mark.slow
+def test_resume_after_sigint_equals_an_uninterrupted_run(tmp_path, data_root):
+    spec = _small_spec(tmp_path)
+    env = {**os.environ, "PITLAB_DATA_ROOT": str(data_root)}
+    cmd = [sys.executable, "-m", "pitlab.cli", "run", str(spec), "--nproc", "2", "--out"]
+    whole = subprocess.run(cmd + [str(tmp_path / "a")], capture_output=True, text=True, env=env)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    proc = subprocess.Popen(cmd + [str(tmp_path / "b")], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    run_dir = tmp_path / "b" / "sp500-fomc-demo"
+    deadline = time.monotonic() + 600
+    while not (run_dir / "checkpoint" / "latest").exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out.decode()[-3000:]
+    status = json.loads((run_dir / "status.json").read_text())["status"]
+    assert status["phase"] == "Interrupted" and status["progress"]["step"] < status["progress"]["totalSteps"]
+
+    resumed = subprocess.run(cmd + [str(tmp_path / "b"), "--resume"], capture_output=True, text=True, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads((run_dir / "status.json").read_text())["status"]["phase"] == "Succeeded"
+    a, b = tmp_path / "a" / "sp500-fomc-demo", run_dir
+    sa, sb = (json.loads((d / "train" / "summary.json").read_text()) for d in (a, b))
+    assert sa["param_sha256"] == sb["param_sha256"] and sa["steps"] == sb["steps"]
+    shards = sorted(p.name for p in (a / "model").glob("*.safetensors"))
+    assert shards and all((a / "model" / n).read_bytes() == (b / "model" / n).read_bytes() for n in shards)
+    for ev in ("sp500-leakage",):
+        ra = json.loads((tmp_path / "a" / ev / "eval" / "results.json").read_text())
+        rb = json.loads((tmp_path / "b" / ev / "eval" / "results.json").read_text())
+        assert _comparable(ra, str(tmp_path / "a")) == _comparable(rb, str(tmp_path / "b"))

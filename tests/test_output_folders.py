@@ -233,7 +233,7 @@ def test_a_failed_local_push_leaves_the_old_folder_as_it_was(tmp_path, monkeypat
 
 def test_push_refuses_an_s3_prefix_with_content(s3_bucket, tmp_path):
     src = _folder(tmp_path / "src", {"a.txt": "new"})
-    uri = f"{s3_bucket}/data"
+    uri = f"{s3_bucket.uri}/data"
     storage.write_text(f"{uri}/mine.txt", "keep me")
     code, out = _invoke("push", src, uri)
     assert code == 2 and f"{uri}: already holds 1 file(s) that `pitlab push` did not write (mine.txt)" in out
