@@ -461,7 +461,7 @@ def _lora_adapter_folder(peft_meta, adapter: dict[str, torch.Tensor], base_dir: 
     from pitlab.trainer.lora import save_adapter_verified
 
     peft_meta.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
-    saved_report = save_adapter_verified(peft_meta, tmp, state_dict=adapter)
+    saved_report = save_adapter_verified(peft_meta, tmp, state_dict=adapter, base_dir=base_dir)
     write_seconds = time.perf_counter() - t_write
     t_verify = time.perf_counter()
     probe = "skipped"
