@@ -78,7 +78,8 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
     """Validate a parsed YAML document as a PitTraining or LeakageEval.
 
     Types are checked as the API server checks the CRD schema (JSON, no coercion): ``gpusPerNode: "8"`` is
-    refused as it would be by ``kubectl apply``, and so is a field spelt in snake_case (``seq_len``). Raises :class:`SpecError` naming the field path
+    refused as it would be by ``kubectl apply``, and so is a field spelt in snake_case (``seq_len``).
+    Raises :class:`SpecError` naming the field path
     (``spec.protocol.testStart``) for unknown fields, wrong types, missing fields and cross-field rules, or
     naming ``kind``/``apiVersion`` when those are wrong.
     """

@@ -179,8 +179,8 @@ def verify_on_base(adapter_dir: Path, base_dir: Path, live: list[torch.Tensor],
     with torch.no_grad():
         got, want = loaded(input_ids=ids).logits, reference(input_ids=ids).logits
     if not torch.equal(got, want):
-        raise AdapterSaveError(f"{adapter_dir}: probe logits of the base with the saved adapter differ from the trained "
-                               f"model's (max |diff| {float((got - want).abs().max()):.3g}): the saved tensors sit "
+        raise AdapterSaveError(f"{adapter_dir}: probe logits of the base with the saved adapter differ from the "
+                               f"trained model's (max |diff| {float((got - want).abs().max()):.3g}): the saved tensors sit "
                                "on other modules than the trained ones")
     return "probe logits equal"
 
@@ -211,7 +211,8 @@ def save_adapter_verified(model: nn.Module, out_dir: Path,
     live one; with ``base_dir`` (the base model folder training started from) also that it loads onto the plain
     base model by name and gives the trained model's probe logits (:func:`verify_on_base`). Only then renames it
     to ``out_dir`` (replacing an older save). Returns a report: ``tensors``, ``elements``, ``bytes`` (file
-    size), ``base_check`` (``names``, ``probe logits equal`` or ``skipped`` without ``base_dir``). Raises :class:`AdapterSaveError` naming the missing, unexpected or
+    size), ``base_check`` (``names``, ``probe logits equal`` or ``skipped`` without ``base_dir``).
+    Raises :class:`AdapterSaveError` naming the missing, unexpected or
     differing tensors; on error no ``out_dir`` and no ``.tmp`` is left (an older ``out_dir`` stays intact).
     """
     from safetensors import safe_open
