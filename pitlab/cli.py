@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import shutil
+import signal
 import sys
 import time
 from importlib import metadata
@@ -21,7 +24,8 @@ from pitlab.api import DATA_ROOT_ENV, LeakageEval, PitTraining, SpecError, load_
 
 EXIT_CODES = ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before "
               "anything runs); 1 a stage failed (training, merge, evaluation, an upload or download); 3 `pitlab "
-              "plan`: the run does not fit the GPU memory. (`pitlab train`, the pods' entry point, exits 2 on any "
+              "plan`: the run does not fit the GPU memory; 130 `pitlab run` was interrupted (SIGINT or SIGTERM; "
+              "status Interrupted). (`pitlab train`, the pods' entry point, exits 2 on any "
               "error.)")
 
 # rich_markup_mode=None: click's own help formatter, which flows each docstring paragraph to the terminal
@@ -151,8 +155,17 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
              data_root: Optional[Path] = DataRoot,
              schema_only: bool = typer.Option(False, "--schema-only",
                                               help="Check the schema only (for cluster specs whose files live "
-                                                   "on the cluster's volume).")) -> None:
-    """Check a spec without running it: schema, then files, columns, corpus cutoff and models."""
+                                                   "on the cluster's volume)."),
+             out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                                help="Output root `pitlab run` would use (default: the spec's "
+                                                     "output.uri, else ./out)."),
+             overwrite: bool = typer.Option(False, "--overwrite",
+                                            help="Check as `pitlab run --overwrite` would: existing run folders "
+                                                 "of other resources are then listed, not refused.")) -> None:
+    """Check a spec without running it: schema, then files, columns, corpus cutoff, models and the run folders
+    under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
+    from pitlab import storage
+    from pitlab.api.runfolders import check_run_folders, folder_owner
     from pitlab.data import CorpusError, PanelError
     from pitlab.data.corpus import local_isoformat
     from pitlab.local import preflight
@@ -164,6 +177,9 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         return
     try:
         plan = preflight(res).corpus
+        spec_out = res.spec.output.uri if res.spec.output else "out"
+        existing = [] if out is None and storage.is_s3(spec_out) else \
+            check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
     except (SpecError, CorpusError, PanelError) as err:
         _fail(err, 2)
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
@@ -173,10 +189,15 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
                 f"(latest {local_isoformat(a.max_included_timestamp, a.timezone)}; timestamps {a.timestamp_format})")
         if a.rejected_timestamp:
             msg += f"; {a.rejected_timestamp} dropped for their timestamp (onMissingTimestamp: drop)"
+        if a.rejected_empty_text:
+            msg += f"; {a.rejected_empty_text} dropped for an empty text (onEmptyText: drop)"
     _say(f"[green]✓[/] {msg}")
     if plan is not None:
         _say_audit_notes(plan.audit)
     _spec_warnings(res)
+    for path in existing:
+        _say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
+             "which deletes it")
 
 
 def _say_audit_notes(audit) -> None:
@@ -206,29 +227,43 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
         nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
+        resume: bool = typer.Option(False, "--resume",
+                                    help="Continue the interrupted run in out/<name>/ from its first unfinished "
+                                         "stage (training from its last checkpoint); refused if the spec changed."),
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
     evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
     from pitlab import storage
     from pitlab.api.summary import compact_results
     from pitlab.data import CorpusError, PanelError
-    from pitlab.local import RunError, local_work_root, publish_run, run_leakage_eval_local, run_pittraining_local
+    from pitlab.local import (Interrupted, RunError, local_work_root, publish_run, run_leakage_eval_local,
+                              run_pittraining_local)
 
+    if nproc is not None and nproc < 1:
+        _fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
+    if resume and overwrite:
+        _fail(SpecError([("--resume", "and --overwrite exclude each other: --resume continues the run folder, "
+                                      "--overwrite deletes it")]), 2)
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
     # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>
     remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
     root = out or (local_work_root(remote) if remote else Path(spec_out))
     names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
-    try:
-        taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))] \
-            if remote else ([str(root / res.metadata.name)] if (root / res.metadata.name).exists() else [])
-    except storage.StorageError as err:
-        _fail(SpecError([("spec.output.uri", str(err))]), 2)
-    if remote and not overwrite:
+    if remote and resume:
+        _fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
+                                      "DIR, where the interrupted run is)")]), 2)
+    if remote:
+        try:
+            taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
+        except storage.StorageError as err:
+            _fail(SpecError([("spec.output.uri", str(err))]), 2)
+        if taken and not overwrite:
+            _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
+                  "it, checkpoints included, and start again", 2)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
-    if taken and not overwrite:
-        _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete it, checkpoints included, and start again", 2)
+    elif not resume:
+        _claim_message(res, root, overwrite, file)
     t0 = time.monotonic()
 
     def publish() -> None:
@@ -239,21 +274,25 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                 except storage.StorageError as err:
                     _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
 
-    with _progress() as p:
+    with _interruptible(Interrupted), _progress() as p:
         reporter = RichReporter(p)
         try:
             if isinstance(res, PitTraining):
-                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc)
+                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc, resume)
                 results = status["status"].get("results") or {}
             else:
                 results = {res.metadata.name: compact_results(
-                    run_leakage_eval_local(res, root, reporter, overwrite or bool(remote)))}
+                    run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
         except (SpecError, CorpusError, PanelError) as err:
             publish()  # bad input found after the run folder exists (its status.json says Failed)
             _fail(err, 2)
         except RunError as err:
             publish()
             _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
+        except KeyboardInterrupt as err:
+            status = root / res.metadata.name / "status.json"
+            _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status}); its "
+                  "message names the last durable checkpoint", 130)
     publish()
     if remote:
         _say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
@@ -261,6 +300,37 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
     _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+@contextlib.contextmanager
+def _interruptible(interrupted: type[KeyboardInterrupt]):
+    """SIGINT and SIGTERM raise ``interrupted(signal name)`` in the main thread while the block runs (the run
+    then ends with status Interrupted); the previous handlers are restored afterwards."""
+    def handler(signum, frame) -> None:
+        raise interrupted(signal.Signals(signum).name)
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
+    """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide; with
+    ``--overwrite``, say which folders the run will delete (and whose they are)."""
+    from pitlab.api.runfolders import check_run_folders, folder_owner
+
+    try:
+        doomed = check_run_folders(res, root, overwrite, str(file))
+    except SpecError as err:
+        _fail(err, 2)
+    for path in doomed:
+        _say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
+             "inputs are checked")
 
 
 @app.command()
@@ -271,7 +341,7 @@ def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval 
                                             help="Replace an existing out/<name>/ folder.")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     _load_eval(file, data_root)
-    run(file, out, data_root, overwrite, None)
+    run(file, out, data_root, overwrite, None, False)
 
 
 @app.command()
@@ -364,6 +434,8 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
     """Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names."""
     from pitlab.trainer.plan import plan_memory
 
+    if gpu_memory_gib is not None and not math.isfinite(gpu_memory_gib):
+        _fail(SpecError([("--gpu-memory-gib", f"{gpu_memory_gib}: give a finite number of GiB (e.g. 80)")]), 2)
     if gpu_memory_gib is not None and gpu_memory_gib <= 0.5:
         _fail(SpecError([("--gpu-memory-gib", f"{gpu_memory_gib:g} GiB: must exceed the 0.5 GiB a CUDA context "
                                               "takes")]), 2)
@@ -412,8 +484,11 @@ def train(spec: Path = typer.Option(..., "--spec", help="Resolved PitTraining (J
           base: Optional[Path] = typer.Option(None, "--base", help="Base model folder (default RUN_DIR/base).")
           ) -> None:
     """Training entry point, run by torchrun in every rank (the PyTorchJob's command)."""
+    from pitlab.trainer.lifetime import exit_with_parent
     from pitlab.trainer.rank_exit import exit_rank
     from pitlab.trainer.train import run_rank
+
+    exit_with_parent()  # a rank whose torchrun is gone (killed with its driver) stops instead of training on
 
     exit_rank(lambda: run_rank(spec, run_dir, base))  # ends without finalization (see pitlab.trainer.rank_exit)
 
@@ -431,27 +506,43 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
                                            help="auto (model <= shard size), always or never."),
           merge_adapter: str = typer.Option("auto", "--merge-adapter",
                                             help="LoRA: merge into the base (yes), adapter folder (no), or "
-                                                 "auto (lora.mergeIntoBase).")) -> None:
+                                                 "auto (lora.mergeIntoBase)."),
+          overwrite: bool = typer.Option(False, "--overwrite",
+                                         help="Replace an OUT that holds files an earlier merge did not write.")
+          ) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
-    streaming shard by shard. Any of the paths may be an s3:// URI."""
+    streaming shard by shard. Any of the paths may be an s3:// URI. An OUT holding files is refused (exit 2)
+    unless it is an earlier merge's output (merge_report.json) or --overwrite is given; OUT is written aside
+    and renamed into place."""
     from pitlab.trainer.merge import MERGE_ADAPTER, run_merge_command
 
     if logits_probe not in ("auto", "always", "never"):
         _fail(f"--logits-probe {logits_probe!r}: give auto, always or never", 2)
     if merge_adapter not in MERGE_ADAPTER:
         _fail(f"--merge-adapter {merge_adapter!r}: give auto, yes or no", 2)
-    sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter))
+    sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter,
+                               overwrite=overwrite))
 
 
 @app.command()
 def push(src: Path = typer.Argument(..., metavar="SRC", help="Local folder (a model, a data set)."),
-         dest: str = typer.Argument(..., metavar="DEST", help="s3://bucket/prefix (or a local folder).")) -> None:
+         dest: str = typer.Argument(..., metavar="DEST", help="s3://bucket/prefix (or a local folder)."),
+         overwrite: bool = typer.Option(False, "--overwrite",
+                                        help="Replace what DEST already holds (refused without it).")) -> None:
     """Publish a folder for pitlab to read: upload every file (multipart, parallel parts), then MANIFEST.json
-    (sha256 of each) and _COMPLETE last. Models and base models in s3:// must be published this way."""
+    (sha256 of each) and _COMPLETE last. Models and base models in s3:// must be published this way. A DEST
+    that already holds files is refused unless --overwrite; a local DEST is written aside and renamed into
+    place, so it is either the old folder or the new one."""
     from pitlab import storage
+    from pitlab.storage.outdir import OutputExists, check_output
 
+    if not src.is_dir():
+        _fail(SpecError([("SRC", f"{src}: not a folder")]), 2)
     try:
+        check_output(dest, overwrite, "pitlab push")
         m = storage.upload_dir(src, dest)
+    except OutputExists as err:
+        _fail(err, 2)
     except storage.StorageError as err:
         _fail(err, 1)
     _say(f"[green]✓[/] published {len(m.files)} files, {m.total_bytes:,} bytes → {dest} "

@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 from pitlab import storage
 from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, conditions,
                         dump_resource, resolve_local_path, stages)
+from pitlab.api.runfolders import TRAINING_LABEL, check_run_folders
 from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.api.summary import compact_results, premium_summary
@@ -85,6 +86,11 @@ class StatusWriter:
         conditions.stage_failed(self.status, stage.condition, stage.failed, message, self.generation)
         self.write()
 
+    def interrupted(self, stage: Stage, message: str) -> None:
+        """``stage``'s condition False/Interrupted; phase Interrupted (Stalled=True)."""
+        conditions.stage_interrupted(self.status, stage.condition, message, self.generation)
+        self.write()
+
     def succeeded(self, message: str) -> None:
         conditions.succeeded(self.status, stages.SUCCEEDED, message, self.generation)
         self.write()
@@ -133,6 +139,11 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                 check_remote_model(res.spec.base_model.uri, "spec.baseModel.uri")
             else:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
+        ri = res.spec.base_model.random_init
+        if ri is not None:  # unknown or reserved config keys, values the architecture refuses: before anything runs
+            from pitlab.trainer.prepare import build_config
+
+            build_config(ri.model_type, ri.config, vocab_size=res.spec.base_model.tokenizer.vocab_size)
         if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
             from pitlab.trainer.plan_streaming import check_spec_fits
 
@@ -152,13 +163,17 @@ def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: s
     return CheckedEvaluation(check_panel(spec, field_prefix, dataset), models)
 
 
-def _prepare_run_dir(out_root: Path, name: str, overwrite: bool) -> Path:
+def _claim_run_folders(res: PitTraining | LeakageEval, out_root: Path, overwrite: bool) -> None:
+    """Check every run folder of ``res`` (:func:`pitlab.api.runfolders.check_run_folders`: SpecError naming the
+    folder and its owner when one exists without ``overwrite``), then delete the existing ones (``overwrite``),
+    so that no folder of an earlier run is left beside the new one looking complete."""
+    for path in check_run_folders(res, out_root, overwrite):
+        shutil.rmtree(path)
+
+
+def _prepare_run_dir(out_root: Path, name: str) -> Path:
     run_dir = out_root / name
-    if run_dir.exists():
-        if not overwrite:
-            raise RunError("OutputExists", f"{run_dir} already exists; pass --overwrite to delete it, checkpoints included, and start again")
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
+    run_dir.mkdir(parents=True, exist_ok=True)  # claimed by _claim_run_folders: absent or empty
     return run_dir
 
 
@@ -173,14 +188,46 @@ def _short(err: BaseException, limit: int = 2000) -> str:
 StageStep = Callable[[Any, Stage], None]
 
 
+class Interrupted(KeyboardInterrupt):
+    """``pitlab run`` got SIGINT or SIGTERM (``signal_name``); raised in the main thread, it ends the stage in
+    progress (its child processes stopped) with status Interrupted."""
+
+    def __init__(self, signal_name: str = "SIGINT"):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def durable_state(run: Any) -> str:
+    """What an interrupted run keeps, in words: the last complete training checkpoint (``step-N`` with its path)
+    when there is one, else that the stage starts over."""
+    res = getattr(run, "res", None)
+    if isinstance(res, PitTraining):
+        from pitlab.trainer.checkpoint import checkpoint_location
+        from pitlab.trainer.checkpointer import latest_checkpoint
+
+        try:
+            latest = latest_checkpoint(checkpoint_location(res.spec.checkpoint.uri, run.run_dir))
+        except Exception:  # noqa: BLE001 - a message; an unreadable location reads as no checkpoint
+            latest = None
+        if latest is not None:
+            return f"last durable checkpoint: {latest}"
+    return "no durable checkpoint: the stage starts over"
+
+
 def _walk(table: tuple[Stage, ...], steps: dict[str, StageStep], run: Any, st: StatusWriter,
           passthrough: tuple[type[BaseException], ...] = ()) -> None:
     """Run ``steps[stage.name](run, stage)`` for every stage of ``table`` in order. A stage that raises is
     marked failed (``stage.failed`` and the message) and ends the walk with :class:`RunError`; the types in
-    ``passthrough`` (bad input found late) are re-raised as they are, after the status says Failed."""
+    ``passthrough`` (bad input found late) are re-raised as they are, after the status says Failed. A
+    KeyboardInterrupt (:class:`Interrupted`: SIGINT or SIGTERM) marks the stage and the resource Interrupted,
+    naming the last durable checkpoint, and is re-raised."""
     for stage in table:
         try:
             steps[stage.name](run, stage)
+        except KeyboardInterrupt as err:
+            name = getattr(err, "signal_name", "SIGINT")
+            st.interrupted(stage, f"interrupted by {name} during {stage.name}; {durable_state(run)}")
+            raise
         except Exception as err:  # noqa: BLE001 - every failure ends in a Failed status with its message
             st.failed(stage, _short(err))
             if isinstance(err, passthrough):
@@ -255,19 +302,30 @@ EVAL_STEPS: dict[str, StageStep] = {"embed": _embed, "analyze": _analyze}
 
 def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
                            overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
-                           checked: CheckedEvaluation | None = None) -> dict:
+                           checked: CheckedEvaluation | None = None, resume: bool = False) -> dict:
     """Run a LeakageEval into ``out_root/<name>/``; returns the results dict (``eval/results.json``).
 
     Embedding (every model, cached in ``out_root/.cache/embeddings``) then Analyzing (protocols, bootstrap,
     report), as the embedding Jobs and the analyze Job do on a cluster. ``model_dirs`` maps the names of
     ``trainingRef`` models to their local folders (set by a parent PitTraining). ``checked``: the panel and
-    models a preflight already read (the preflight is then not run again). Raises a preflight error (nothing
-    written) or RunError (status.json then says Failed).
+    models a preflight already read (the preflight is then not run again). ``resume``: an interrupted run of
+    the same spec in ``out_root/<name>`` is run again in its folder (its embeddings come from the cache; a
+    succeeded one is returned as it is). Raises a preflight error (nothing written), RunError (status.json then
+    says Failed) or :class:`Interrupted`.
     """
     reporter = reporter or SilentReporter()
     if checked is None:
         checked = preflight(res).evaluations[0]
-    run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
+    if resume:
+        from pitlab.resume import resumable_status
+
+        resumable_status(res, out_root)
+        done = _succeeded_results(out_root / res.metadata.name)
+        if done is not None:
+            return done
+        overwrite = True  # its own folder, checked: the interrupted attempt's files go
+    _claim_run_folders(res, out_root, overwrite)
+    run_dir = _prepare_run_dir(out_root, res.metadata.name)
     st = StatusWriter(run_dir / "status.json", res)
     st.done(stages.VALIDATE, "spec is valid")
     run = _EvalRun(res, run_dir, st, reporter, checked, model_dirs, out_root / ".cache" / "embeddings")
@@ -287,6 +345,7 @@ class _TrainingRun:
     checked: Preflight
     nproc: int
     base_dir: Path | None = None
+    resume: bool = False
 
 
 def _prepare(run: _TrainingRun, stage: Stage) -> None:
@@ -298,10 +357,12 @@ def _prepare(run: _TrainingRun, stage: Stage) -> None:
     a = run.checked.corpus.audit
     st.status.corpus_audit = CorpusAuditStatus(included=a.included, excluded_by_date=a.excluded_by_date,
                                                rejected_timestamp=a.rejected_timestamp,
+                                               rejected_empty_text=a.rejected_empty_text,
                                                max_included_timestamp=a.max_included_timestamp,
                                                included_ids_sha256=a.included_ids_sha256,
                                                timestamp_format=a.timestamp_format, warnings=a.warnings or None)
-    st.done(stage, f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_timestamp} "
+    st.done(stage, f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_empty_text} "
+                   f"dropped for an empty text, {a.rejected_timestamp} "
                    f"rejected for their timestamp; {n_tokens} tokens")
     run.reporter.done("prepare", f"{n_tokens:,} corpus tokens")
 
@@ -366,15 +427,27 @@ def _evaluate(run: _TrainingRun, stage: Stage) -> None:
     dirs = {"base": run.base_dir, "model": run.run_dir / "model"}
     results = {}
     for tmpl, checked in zip(res.spec.evaluations, run.checked.evaluations):
-        child = LeakageEval(metadata={"name": tmpl.name, "labels": {"pitlab.io/training": res.metadata.name}},
+        child = LeakageEval(metadata={"name": tmpl.name, "labels": {TRAINING_LABEL: res.metadata.name}},
                             spec=tmpl.spec)
         st.status.children[f"leakageeval/{tmpl.name}"] = str(run.out_root / tmpl.name)
         model_dirs = {m.name: dirs[m.training_ref.artifact] for m in tmpl.spec.models if m.training_ref}
-        out = run_leakage_eval_local(child, run.out_root, run.reporter, overwrite=True, model_dirs=model_dirs,
-                                     checked=checked)
+        done = _succeeded_results(run.out_root / tmpl.name) if run.resume else None
+        # its folder was claimed (checked, and emptied with --overwrite) before the training started; a resume
+        # keeps a succeeded evaluation and runs an unfinished one again in its own folder
+        out = done if done is not None else run_leakage_eval_local(
+            child, run.out_root, run.reporter, overwrite=run.resume, model_dirs=model_dirs, checked=checked)
         results[tmpl.name] = compact_results(out)
     st.status.results = results
     st.done(stage, f"{len(results)} LeakageEval(s) succeeded")
+
+
+def _succeeded_results(run_dir: Path) -> dict | None:
+    """``eval/results.json`` of an evaluation folder whose status says Succeeded, else None."""
+    try:
+        phase = json.loads((run_dir / "status.json").read_text())["status"]["phase"]
+        return json.loads((run_dir / "eval" / "results.json").read_text()) if phase == stages.SUCCEEDED else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 TRAINING_STEPS: dict[str, StageStep] = {"prepare": _prepare, "train": _train, "merge": _merge,
@@ -382,12 +455,14 @@ TRAINING_STEPS: dict[str, StageStep] = {"prepare": _prepare, "train": _train, "m
 
 
 def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter | None = None,
-                          overwrite: bool = False, nproc: int | None = None) -> dict:
+                          overwrite: bool = False, nproc: int | None = None, resume: bool = False) -> dict:
     """Run a PitTraining and its evaluations into ``out_root``; returns the final status.json document.
 
-    Stages and conditions are the operator's (:data:`pitlab.api.stages.PITTRAINING`). Raises a preflight error
-    (SpecError/CorpusError/PanelError; nothing written), the SpecError of bad input found late (status.json
-    says Failed) or RunError (status.json says Failed with the stage's reason and message).
+    Stages and conditions are the operator's (:data:`pitlab.api.stages.PITTRAINING`). ``resume``: continue the
+    run in ``out_root/<name>`` from its first stage not done (:mod:`pitlab.resume`; SpecError when the spec or
+    the kept corpus changed). Raises a preflight error (SpecError/CorpusError/PanelError; nothing written), the
+    SpecError of bad input found late (status.json says Failed), RunError (status.json says Failed with the
+    stage's reason and message) or :class:`Interrupted` (status.json says Interrupted).
     """
     reporter = reporter or SilentReporter()
     reporter.stage("validate", "schema, files, corpus, panel, models")
@@ -396,11 +471,28 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     reporter.done("validate", f"corpus: {a.included} documents ≤ {res.spec.knowledge_cutoff}, {a.excluded_by_date} "
                               f"after it, {a.rejected_timestamp} dropped for their timestamp"
                               + "".join(f"\n  warning: {w}" for w in a.warnings))
-    run_dir = _prepare_run_dir(out_root, res.metadata.name, overwrite)
-    st = StatusWriter(run_dir / "status.json", res)
-    st.done(stages.VALIDATE, "spec is valid")
-    run = _TrainingRun(res, out_root, run_dir, st, reporter, checked, nproc or res.spec.resources.gpus_per_node)
-    _walk(stages.PITTRAINING[1:], TRAINING_STEPS, run, st, passthrough=(SpecError,))
+    table = stages.PITTRAINING[1:]
+    if resume:
+        from pitlab.resume import base_folder, check_same_corpus, resumable_status
+
+        status = resumable_status(res, out_root)
+        check_same_corpus(res, status, a)
+        run_dir = out_root / res.metadata.name
+        st = StatusWriter(run_dir / "status.json", res, status)
+        if status.phase == stages.SUCCEEDED:
+            return json.loads((run_dir / "status.json").read_text())
+        table = tuple(s for s in table if not conditions.is_true(status, s.condition))
+    else:
+        _claim_run_folders(res, out_root, overwrite)  # the evaluations' folders too: none is replaced unasked
+        run_dir = _prepare_run_dir(out_root, res.metadata.name)
+        st = StatusWriter(run_dir / "status.json", res)
+        st.done(stages.VALIDATE, "spec is valid")
+    run = _TrainingRun(res, out_root, run_dir, st, reporter, checked, nproc or res.spec.resources.gpus_per_node,
+                       resume=resume)
+    if resume and conditions.is_true(st.status, stages.PREPARE.condition):
+        run.base_dir = base_folder(res, run_dir)
+        reporter.done("prepare", f"done before the interruption ({run.base_dir})")
+    _walk(table, TRAINING_STEPS, run, st, passthrough=(SpecError,))
     st.succeeded(f"model at {st.status.model_uri}")
     return json.loads((run_dir / "status.json").read_text())
 

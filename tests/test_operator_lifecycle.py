@@ -108,8 +108,17 @@ def test_leakageeval_resolves_training_refs_once_the_model_exists() -> None:
     assert cm["spec"]["models"] == [{"name": "pit", "uri": "/pitlab/out/t/model", "kind": "auto"}]
 
 
+def test_an_unsupported_checkpoint_scheme_is_refused_by_the_schema() -> None:
+    """Refused by the validation `pitlab validate` shares (the spec's schema), before the operator's own checks."""
+    body = copy.deepcopy(BODY)
+    body["spec"].update(checkpoint={"uri": "gs://bucket/ckpt"})
+    with pytest.raises(SpecError) as err:
+        parse(body, "PitTraining")
+    assert err.value.problems == [("spec.checkpoint.uri", "'gs://bucket/ckpt': scheme gs:// is not supported; give "
+                                                          "a local folder or s3://bucket/prefix (got 'gs://bucket/ckpt')")]
+
+
 @pytest.mark.parametrize("edit, problem", [
-    (lambda s: s.update(checkpoint={"uri": "gs://bucket/ckpt"}), "spec.checkpoint.uri"),
     (lambda s: s["corpus"].update(uri="s3://b/c.csv"), "spec.corpus.uri"),  # bucket names have >= 3 characters
     (lambda s: s.update(output={"uri": "s3://bucket/out"}), "spec.output.uri"),
     (lambda s: s.update(evaluations=[{"name": "e", "spec": {

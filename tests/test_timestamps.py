@@ -137,7 +137,12 @@ def test_strftime_refusals_name_the_value_and_the_pattern(value):
     ("%Y week %U", "directive(s) %U not accepted"),
     ("dd/mm/yyyy", "is neither iso8601, epoch_s, epoch_ms, epoch_us nor a strftime pattern"),
     ("%Y-%m-%d %", "a % ends the pattern; write %% for a literal %"),
-    ("%d/%d/%Y/%m", "not a usable strptime pattern"),
+    ("%d/%d/%Y/%m", "%d given more than once; strptime keeps one of the values and ignores the other"),
+    ("%Y-%m-%d %H:%M %p", "%p (AM/PM) is only read with %I (12-hour clock); with %H strptime ignores it"),
+    ("%Y-%m-%d %I %H:%M %p", "%H and %I both give the hour"),
+    ("%Y-%j %m-%d", "%j and %m both give the month"),
+    ("%Y %b %m %d", "%m and %b both give the month"),
+    ("%a %A %Y-%m-%d", "%a and %A both give the weekday"),
 ])
 def test_refused_patterns(fmt, fragment):
     with pytest.raises(ValueError) as err:
@@ -239,3 +244,31 @@ def test_a_file_mixing_day_first_and_month_first_is_refused(days, swapped, at):
     with pytest.raises(CorpusError, match=r"c.jsonl: row 1 \(id 'd0'\): timestamp '\d\d/\d\d/\d{4}' does not match "
                                           r"ISO 8601"):
         filter_corpus(docs, dt.date(2040, 1, 1), "Europe/London", source="c.jsonl")
+
+
+@pytest.mark.parametrize("value,fmt,expected", [
+    ("Sat 01/04/2017", "%a %d/%m/%Y", "2017-04-01T00:00:00+00:00"),  # the date's own weekday
+    ("saturday 2017-04-01", "%A %Y-%m-%d", "2017-04-01T00:00:00+00:00"),  # letter case carries no value
+    ("2017-04-01 03:04 pm", "%Y-%m-%d %I:%M %p", "2017-04-01T15:04:00+00:00"),
+    ("2017-04-01T15:04:05+09:00", "%Y-%m-%dT%H:%M:%S%z", "2017-04-01T06:04:05+00:00"),  # %z: +HH:MM
+    ("2017-04-01T15:04:05Z", "%Y-%m-%dT%H:%M:%S%z", "2017-04-01T15:04:05+00:00"),  # %z: Z
+    ("1/4/2017 7:05", "%d/%m/%Y %H:%M", "2017-04-01T07:05:00+00:00"),  # unpadded between separators
+    ("2017-04-01 15:04:05.120000", "%Y-%m-%d %H:%M:%S.%f", "2017-04-01T15:04:05.120000+00:00"),
+])
+def test_strftime_values_written_as_the_pattern_writes_them(value, fmt, expected):
+    assert parse_timestamp(value, "UTC", fmt).isoformat() == expected
+
+
+@pytest.mark.parametrize("value,fmt,reads,writes", [
+    ("Mon 01/04/2017", "%a %d/%m/%Y", "2017-04-01T00:00:00", "Sat 01/04/2017"),  # weekday contradicts the date
+    ("Sunday 2017-04-01", "%A %Y-%m-%d", "2017-04-01T00:00:00", "Saturday 2017-04-01"),
+    ("2017411", "%Y%m%d", "2017-04-11T00:00:00", "20170411"),  # fixed width, no separator: 2017-04-11 or -11-?
+    ("201741 930", "%Y%m%d %H%M", "2017-04-01T09:30:00", "20170401 0930"),
+    ("2017-04-01 930", "%Y-%m-%d %H%M", "2017-04-01T09:30:00", "2017-04-01 0930"),
+    ("2017-04-01 15:04:05.12", "%Y-%m-%d %H:%M:%S.%f", "2017-04-01T15:04:05.120000", "2017-04-01 15:04:05.120000"),
+])
+def test_strftime_values_read_by_a_guess_are_refused(value, fmt, reads, writes):
+    with pytest.raises(TimestampError) as err:
+        parse_timestamp(value, "UTC", fmt)
+    assert f"timestamp {value!r} is not exactly strftime pattern {fmt!r} (spec.corpus.timestampFormat): strptime " \
+           f"reads it as {reads}, which the pattern writes {writes!r}" in str(err.value)

@@ -300,3 +300,82 @@ def test_lora_spec_defaults_and_the_adapter_only_merge_needs_no_model_evaluation
         parse_resource(copy.deepcopy(doc))
     doc["spec"]["evaluations"][0]["spec"]["models"].pop(1)  # base and MiniLM only: fine
     assert parse_resource(doc).spec.lora.merge_into_base is False
+
+
+# ------------------------------------------------------------------------ the save verified against the base
+def _base_dir(tmp_path, seed: int = 0):
+    """lora_model(seed)'s base weights saved as a Hugging Face folder (what training started from)."""
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_config(lora_model(seed).get_base_model().config)
+    base.save_pretrained(tmp_path / "base")
+    return tmp_path / "base"
+
+
+class Inner(nn.Module):
+    """Renames the modules below it with an extra ``.inner`` level (forward unchanged)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        return self.inner(*args, **kwargs)
+
+
+def test_the_save_loads_onto_the_plain_base_with_the_trained_logits(tmp_path):
+    model = lora_model()
+    report = save_adapter_verified(model, tmp_path / "adapter", base_dir=_base_dir(tmp_path))
+    assert report["base_check"] == "probe logits equal" and report["tensors"] == 8
+
+
+def test_a_wrapper_renaming_modules_inside_peft_is_refused(tmp_path):
+    """The issue's case: an extra ``.inner`` level under peft. The live names and counts agree with the file (the
+    old check passed it), but on the plain base model the tensors load onto nothing."""
+    model = lora_model()
+    model.base_model.model.model = Inner(model.base_model.model.model)
+    assert save_adapter_verified(model, tmp_path / "unchecked")["base_check"] == "skipped"  # names + counts: fine
+    with pytest.raises(AdapterSaveError, match=r"8 of the 8 saved adapter tensors load onto nothing of the base "
+                                               r"model .*'base_model.model.model.inner.layers.0.self_attn.q_proj.lora_A"
+                                               r".weight'.* and 8 of its 8 adapter tensors would keep their initial "
+                                               r"values"):
+        save_adapter_verified(model, tmp_path / "adapter", base_dir=_base_dir(tmp_path))
+    assert not (tmp_path / "adapter").exists() and not (tmp_path / "adapter.tmp").exists()
+
+
+def test_a_wrapper_renaming_modules_before_peft_is_refused(tmp_path):
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(lora_model().get_base_model().config)
+    base.model = Inner(base.model)  # renamed before the adapter was applied
+    model = apply_lora(base, r=4, alpha=8, dropout=0.0, target_modules=TARGETS)
+    with pytest.raises(AdapterSaveError, match=r"load onto nothing of the base model"):
+        save_adapter_verified(model, tmp_path / "adapter", base_dir=_base_dir(tmp_path))
+
+
+def test_a_wrapper_outside_peft_whose_names_map_is_accepted(tmp_path):
+    """``Outer(peft).inner.base_model...``: the prefix above the PeftModel is not part of peft's names, so the
+    saved names are the plain base's and the probe logits are the trained model's."""
+    model = lora_model()
+    report = save_adapter_verified(Inner(model), tmp_path / "adapter", base_dir=_base_dir(tmp_path))
+    assert report["base_check"] == "probe logits equal"
+
+
+class SwappingWrapper(nn.Module):
+    """A wrapper whose state dict puts layer 0's adapter values under layer 1's names and back: names and counts
+    are right, the values sit on the wrong modules."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def state_dict(self, *args, **kwargs):
+        sd = {f"inner.{k}": v for k, v in self.inner.state_dict().items()}
+        swap = {k: k.replace("layers.0.", "layers.1.") if "layers.0." in k else k.replace("layers.1.", "layers.0.")
+                for k in sd if "lora_" in k}
+        return {k: sd[swap.get(k, k)] for k in sd}
+
+
+def test_adapter_values_on_the_wrong_modules_are_refused_by_the_probe(tmp_path):
+    model = lora_model()
+    with pytest.raises(AdapterSaveError, match=r"probe logits of the base with the saved adapter differ from the "
+                                               r"trained model's"):
+        save_adapter_verified(SwappingWrapper(model), tmp_path / "adapter", base_dir=_base_dir(tmp_path))

@@ -44,7 +44,8 @@ ISODate = Annotated[dt.date, BeforeValidator(_iso_date)]
 
 
 class SpecModel(BaseModel):
-    """Base for spec/status blocks: camelCase aliases, unknown fields forbidden, assignment validated."""
+    """Base for spec/status blocks: camelCase aliases, unknown fields forbidden, assignment validated, and no
+    infinite or NaN float (``.inf`` in YAML is an error, not a learning rate)."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -52,11 +53,22 @@ class SpecModel(BaseModel):
         extra="forbid",
         validate_assignment=True,
         use_enum_values=True,
+        allow_inf_nan=False,
     )
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """The block as a user would write it: camelCase keys, JSON-compatible values, no unset Nones."""
         return self.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+class FieldError(ValueError):
+    """Raised by a model validator about one field below the model: ``field`` is its path relative to the model
+    as written in YAML (``promptTemplate``, ``evaluations[1].name``); :meth:`SpecError.from_validation_error`
+    appends it to the model's path, so the message names the field itself."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
 
 
 class SpecError(ValueError):
@@ -89,6 +101,10 @@ class SpecError(ValueError):
                 else:
                     parts.append(str(loc))
             msg = e["msg"].removeprefix("Value error, ")
+            cause = (e.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldError):
+                parts.append(cause.field)
+                msg = cause.message
             if e["type"] == "extra_forbidden":
                 msg = "unknown field (check the spelling; fields are camelCase)"
             elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):

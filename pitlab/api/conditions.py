@@ -46,6 +46,17 @@ def stage_failed(status: ResourceStatus, stage: str, reason: str, message: str, 
     set_phase(status, "Failed", reason, message, generation, now)
 
 
+INTERRUPTED = "Interrupted"
+
+
+def stage_interrupted(status: ResourceStatus, stage: str, message: str, generation: int | None,
+                      now: str | None = None) -> None:
+    """Stage ``stage`` was stopped by a signal (``pitlab run`` only): its condition False/Interrupted and phase
+    Interrupted (Stalled=True), with ``message`` saying what was durable (e.g. the last checkpoint)."""
+    set_condition(status, stage, "False", INTERRUPTED, message, generation, now)
+    set_phase(status, "Interrupted", INTERRUPTED, message, generation, now)
+
+
 def succeeded(status: ResourceStatus, reason: str, message: str, generation: int | None,
               now: str | None = None) -> None:
     """The whole resource succeeded: phase Succeeded, Ready=True."""

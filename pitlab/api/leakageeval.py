@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pitlab.api.base import GROUP_VERSION, SpecModel
+from pitlab.api.base import GROUP_VERSION, FieldError, SpecModel
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.names import LABEL_RULE, label_problem
 from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
-from pitlab.api.storage import StorageSpec
+from pitlab.api.storage import StorageSpec, check_location
+
+SEED_MAX = 2**63 - 1  # a Kubernetes int64; numpy and torch take any non-negative seed up to it
 
 
 class TrainingRef(SpecModel):
@@ -98,10 +100,21 @@ class Dataset(SpecModel):
     calendar: str = Field("auto", pattern=r"^[A-Za-z0-9_/-]{2,32}$")
     universe_size: int = Field(300, ge=2)
     dates: DateSampling = DateSampling()
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     prompt_template: str | None = None
     price_levels: Literal["auto", "omit", "include"] = "auto"
     universe: Literal["point-in-time", "universe0"] = "point-in-time"
+
+    @model_validator(mode="after")
+    def _template(self) -> "Dataset":
+        if self.prompt_template is not None:
+            from pitlab.data.sampling import check_prompt_template
+
+            try:
+                check_prompt_template(self.prompt_template, self.kind, self.price_levels)
+            except ValueError as err:
+                raise FieldError("promptTemplate", str(err).removeprefix("dataset.promptTemplate: ")) from None
+        return self
 
 
 PROTOCOLS = ("chronological", "group-kfold", "walk-forward", "purged-kfold")
@@ -168,7 +181,7 @@ class Bootstrap(SpecModel):
     resamples: int = Field(200, ge=10)
     confidence: float = Field(0.95, gt=0.5, lt=1.0)
     cluster: Literal["two-way", "security", "date", "security-and-date"] = "two-way"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     reselect_penalty: bool = True
 
 
@@ -225,8 +238,8 @@ class Regression(SpecModel):
                  "(has(self.allowRowLevelSelection) && self.allowRowLevelSelection)",
          "message": GCV_REFUSAL}]})
 
-    alphas: list[float] = Field(default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0],
-                                min_length=1)
+    alphas: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=lambda: [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0], min_length=1)
     selection: Literal["protocol-cv", "security-cv", "gcv"] = "protocol-cv"
     inner_folds: int = Field(5, ge=2, le=20)
     benchmark: Literal["train_mean", "zero"] = "train_mean"
@@ -272,9 +285,34 @@ class LeakageEvalSpec(SpecModel):
             raise ValueError(f"models: duplicate model names {dups}")
         return self
 
+    @model_validator(mode="after")
+    def _folds(self) -> "LeakageEvalSpec":
+        """Folds the sampled panel can supply: ``universeSize`` securities are sampled, leakage-on splits them
+        into ``groupKFolds`` folds, and the penalty selection by security splits a fitting set (all securities
+        but one outer fold) into ``innerFolds``."""
+        n, k = self.dataset.universe_size, self.protocol.group_k_folds
+        if k > n:
+            raise FieldError("protocol.groupKFolds", f"{k} folds exceed the {n} securities of the panel "
+                                                     f"(dataset.universeSize: {n})")
+        fitting = n - -(-n // k)  # the fewest securities left to fit on when a fold of ceil(n / k) is held out
+        inner = self.regression.inner_folds
+        if self.regression.selection != "gcv" and inner > fitting:
+            raise FieldError("regression.innerFolds", f"{inner} inner folds exceed the {fitting} securities a "
+                                                      f"leakage-on fitting set keeps (dataset.universeSize {n} "
+                                                      f"minus one of protocol.groupKFolds {k} folds); the "
+                                                      "penalty selection splits them by security")
+        return self
+
 
 class EvalOutput(SpecModel):
+    """Where the run folder goes: ``<uri>/<name>``."""
+
     uri: str
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        return check_location(v)
 
 
 class LeakageEvalTemplate(SpecModel):

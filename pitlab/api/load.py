@@ -27,6 +27,35 @@ class _Loader(yaml.SafeLoader):
     reads it as a string), and so is the ``3e-05`` that ``json.dumps`` writes into a resolved spec."""
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A YAML mapping gives one key twice (PyYAML would keep the last value silently)."""
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode):
+    """PyYAML's safe mapping constructor, refusing a key given twice in one mapping (naming the key and both
+    lines); ``<<`` merge keys may still be overridden, as YAML defines."""
+    data: dict = {}
+    yield data
+    seen: dict[object, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: PyYAML refuses it itself
+            continue
+        line = key_node.start_mark.line + 1
+        if first is not None:
+            raise DuplicateKeyError(f"line {line}: key {key!r} given twice in one mapping (first at line {first}); "
+                                    "YAML would keep the last value silently")
+        seen[key] = line
+    data.update(loader.construct_mapping(node))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:map", _mapping)
+
+
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
                               list("-+0123456789."))
@@ -49,7 +78,8 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
     """Validate a parsed YAML document as a PitTraining or LeakageEval.
 
     Types are checked as the API server checks the CRD schema (JSON, no coercion): ``gpusPerNode: "8"`` is
-    refused as it would be by ``kubectl apply``. Raises :class:`SpecError` naming the field path
+    refused as it would be by ``kubectl apply``, and so is a field spelt in snake_case (``seq_len``).
+    Raises :class:`SpecError` naming the field path
     (``spec.protocol.testStart``) for unknown fields, wrong types, missing fields and cross-field rules, or
     naming ``kind``/``apiVersion`` when those are wrong.
     """
@@ -61,7 +91,9 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
     if doc.get("apiVersion") != GROUP_VERSION:
         raise SpecError([("apiVersion", f"must be {GROUP_VERSION!r} (got {doc.get('apiVersion')!r})")], source)
     try:  # as JSON, strictly: the API server's types (an integer field refuses "8", a string field refuses 8)
-        return KINDS[kind].model_validate_json(json.dumps(doc, default=_json_scalar), strict=True)
+        # by alias only: `seq_len` is an unknown field, as the CRD schema (camelCase) makes it on a cluster
+        return KINDS[kind].model_validate_json(json.dumps(doc, default=_json_scalar), strict=True, by_alias=True,
+                                               by_name=False)
     except ValidationError as err:
         raise SpecError.from_validation_error(err, source) from None
 
@@ -71,8 +103,17 @@ def load_resource(path: str | os.PathLike) -> Resource:
     p = Path(path)
     if not p.is_file():
         raise SpecError([("", "file not found")], str(p))
+    data = p.read_bytes()
     try:
-        docs = [d for d in yaml.load_all(p.read_text(), Loader=_Loader) if d is not None]
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[:err.start].count(b"\n") + 1
+        raise SpecError([("", f"line {line}, byte offset {err.start}: not UTF-8 ({err.reason}); a spec is UTF-8 "
+                              "YAML")], str(p)) from None
+    try:
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
+    except DuplicateKeyError as err:
+        raise SpecError([("", str(err))], str(p)) from None
     except yaml.YAMLError as err:
         raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
     except ValueError as err:  # e.g. an unquoted impossible date (2016-13-01) fails in YAML's date constructor

@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pitlab.api.base import GROUP_VERSION, ISODate, SpecModel
-from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.api.base import GROUP_VERSION, FieldError, ISODate, SpecModel
+from pitlab.api.leakageeval import SEED_MAX, LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.scheduling import PodScheduling
 from pitlab.api.status import ResourceStatus
-from pitlab.api.storage import StorageSpec
+from pitlab.api.storage import StorageSpec, check_location
 
 ARCHITECTURES = ("qwen3_5_moe_text", "qwen3_moe", "llama")
 
@@ -27,7 +27,7 @@ class RandomInit(SpecModel):
 
     model_type: Literal["qwen3_5_moe_text", "qwen3_moe", "llama"]
     config: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
 
 
 class TokenizerSpec(SpecModel):
@@ -56,7 +56,8 @@ class BaseModelSpec(SpecModel):
 class CorpusSpec(SpecModel):
     """Dated documents. ``timestampField`` values are read strictly in ``timestampFormat`` (default ISO 8601
     dates or datetimes, README "Accepted timestamp formats"); values without an offset are read in
-    ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number)."""
+    ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number). A document with
+    an empty text is an error naming its row unless ``onEmptyText: drop``, which counts it in the audit."""
 
     uri: str
     format: Literal["jsonl", "csv"]
@@ -70,6 +71,12 @@ class CorpusSpec(SpecModel):
     id_field: str | None = None
     timezone: str = "UTC"
     on_missing_timestamp: Literal["error", "drop"] = "error"
+    on_empty_text: Literal["error", "drop"] = Field("error", description=(
+        "a document whose textField is empty (or only white space): error (default) names its row; drop skips it "
+        "and counts it in the corpus audit (status.corpusAudit.rejectedEmptyText)"))
+    encoding: str = Field("utf-8", min_length=1, max_length=40, description=(
+        "text encoding of the corpus file (a Python codec name: utf-8, utf-16, latin-1, cp1252, shift_jis, ...); "
+        "a byte that is not valid in it is an error naming the file, line and byte offset"))
 
     @model_validator(mode="after")
     def _tz(self) -> "CorpusSpec":
@@ -80,6 +87,13 @@ class CorpusSpec(SpecModel):
         except (zoneinfo.ZoneInfoNotFoundError, ValueError):
             raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
         return self
+
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, value: str) -> str:
+        from pitlab.data.encoding import check_encoding_name
+
+        return check_encoding_name(value)
 
     @field_validator("timestamp_format")
     @classmethod
@@ -174,7 +188,7 @@ class TrainingSpec(SpecModel):
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "
         "the full unsharded gradients (parameters x 2 bytes in bf16) between microbatches; see pitlab plan"))
     precision: Literal["fp32", "bf16"] = "bf16"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=SEED_MAX)
     layer_streaming: LayerStreamingSpec = LayerStreamingSpec()
 
     @model_validator(mode="after")
@@ -204,9 +218,21 @@ class CheckpointSpec(SpecModel):
     every_steps: int = Field(0, ge=0)
     keep: int = Field(2, ge=1)
 
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        return None if v is None else check_location(v)
+
 
 class OutputSpec(SpecModel):
+    """Where run folders go: ``<uri>/<name>`` (a local folder, or ``s3://bucket/prefix`` for ``pitlab run``)."""
+
     uri: str = "out"
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str) -> str:
+        return check_location(v)
 
 
 _STREAMING_RULE = ("!has(self.training) || !has(self.training.layerStreaming) || "
@@ -275,3 +301,19 @@ class PitTraining(SpecModel):
     metadata: ObjectMeta
     spec: PitTrainingSpec
     status: ResourceStatus | None = None
+
+    @model_validator(mode="after")
+    def _evaluation_folders(self) -> "PitTraining":
+        """Each evaluation gets a run folder ``<out>/<evaluation name>`` beside ``<out>/<metadata.name>``: the
+        names must differ from each other and from the PitTraining's."""
+        names = [e.name for e in self.spec.evaluations]
+        for i, name in enumerate(names):
+            if name == self.metadata.name:
+                raise FieldError(f"spec.evaluations[{i}].name", f"{name!r} is also metadata.name; the evaluation's "
+                                 f"run folder <out>/{name} would be the PitTraining's own (which holds its model): "
+                                 "give the evaluation another name")
+            if name in names[:i]:
+                raise FieldError(f"spec.evaluations[{i}].name", f"duplicate evaluation name {name!r} (also "
+                                 f"spec.evaluations[{names.index(name)}].name); each evaluation writes its own run "
+                                 f"folder <out>/{name}")
+        return self

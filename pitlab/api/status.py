@@ -10,12 +10,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from pitlab.api.base import SpecModel
 
 Phase = Literal["Pending", "Validating", "Preparing", "Training", "Merging", "Evaluating", "Embedding", "Analyzing",
-                "Succeeded", "Failed"]
+                "Succeeded", "Failed", "Interrupted"]
+"""``Interrupted``: ``pitlab run`` was stopped (SIGINT/SIGTERM) and can be resumed (``pitlab run --resume``)."""
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -29,6 +30,8 @@ class Condition(SpecModel):
 
 
 class Progress(SpecModel):
+    model_config = ConfigDict(allow_inf_nan=True)  # a diverged run's loss is reported as it is (NaN)
+
     step: int = 0
     total_steps: int | None = None
     loss: float | None = None
@@ -41,6 +44,8 @@ class CorpusAuditStatus(SpecModel):
     included: int
     excluded_by_date: int
     rejected_timestamp: int
+    rejected_empty_text: int | None = Field(None, description="documents dropped for an empty text "
+                                                              "(onEmptyText: drop)")
     max_included_timestamp: str | None
     included_ids_sha256: str
     timestamp_format: str | None = Field(None, description="format the timestamps were read with (iso8601, a "
@@ -114,7 +119,8 @@ def set_phase(status: ResourceStatus, phase: str, reason: str, message: str = ""
     """Move to ``phase`` and keep the kstatus conditions consistent with it.
 
     Non-terminal phases: Reconciling=True, Ready=False, Stalled=False. Succeeded: Ready=True, Reconciling=False.
-    Failed: Stalled=True (reason/message from the failure), Ready=False, Reconciling=False.
+    Failed and Interrupted: Stalled=True (reason/message from the failure or the signal), Ready=False,
+    Reconciling=False.
     """
     status.phase = phase
     status.observed_generation = generation
@@ -122,7 +128,7 @@ def set_phase(status: ResourceStatus, phase: str, reason: str, message: str = ""
         set_condition(status, "Ready", "True", reason, message, generation, now)
         set_condition(status, "Reconciling", "False", reason, message, generation, now)
         set_condition(status, "Stalled", "False", reason, "", generation, now)
-    elif phase == "Failed":
+    elif phase in ("Failed", "Interrupted"):
         set_condition(status, "Ready", "False", reason, message, generation, now)
         set_condition(status, "Reconciling", "False", reason, message, generation, now)
         set_condition(status, "Stalled", "True", reason, message, generation, now)

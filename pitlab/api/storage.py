@@ -9,6 +9,30 @@ from pydantic import Field
 from pitlab.api.base import SpecModel
 
 
+def check_location(uri: str) -> str:
+    """``uri`` if it can name a folder pitlab writes: a local path (``file://`` allowed) or
+    ``s3://bucket/prefix`` with a valid bucket name; raises ``ValueError`` saying why not (empty, another scheme,
+    a bad bucket, a NUL character). ``${VAR}`` references are expanded later and are not checked here."""
+    from pitlab.storage.errors import StorageError
+    from pitlab.storage.uri import parse_s3
+
+    if not uri.strip():
+        raise ValueError("is empty; give a local folder or s3://bucket/prefix")
+    if "\0" in uri:
+        raise ValueError(f"{uri!r} holds a NUL character")
+    if uri.startswith("s3://"):
+        if "${" not in uri.split("/", 3)[2]:
+            try:
+                parse_s3(uri)
+            except StorageError as err:
+                raise ValueError(str(err)) from None
+        return uri
+    scheme = uri.split("://", 1)[0] if "://" in uri else None
+    if scheme is not None and scheme != "file" and "${" not in scheme:
+        raise ValueError(f"{uri!r}: scheme {scheme}:// is not supported; give a local folder or s3://bucket/prefix")
+    return uri
+
+
 class StorageSpec(SpecModel):
     """Object storage for the ``s3://`` URIs of this resource (AWS S3, MinIO, Ceph RGW).
 

@@ -68,6 +68,7 @@ def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:
         "included": _get(audit, "included"),
         "excludedByDate": _get(audit, "excludedByDate", "excluded_by_date"),
         "rejectedTimestamp": _get(audit, "rejectedTimestamp", "rejected_timestamp"),
+        "rejectedEmptyText": _get(audit, "rejectedEmptyText", "rejected_empty_text"),
         "maxIncludedTimestamp": _get(audit, "maxIncludedTimestamp", "max_included_timestamp"),
         "includedIdsSha256": _get(audit, "includedIdsSha256", "included_ids_sha256"),
         "timestampFormat": _get(audit, "timestampFormat", "timestamp_format"),

@@ -9,6 +9,7 @@ it is counted in the audit, which lists the first few with their values.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import datetime as dt
 import hashlib
@@ -20,6 +21,7 @@ from typing import Iterator, Literal
 
 import pandas as pd
 
+from pitlab.data.encoding import decode_problem
 from pitlab.data.timestamps import EPOCH_NS, TimestampError, check_format, parse_timestamp
 from pitlab.data.types import Document
 
@@ -81,33 +83,74 @@ def local_isoformat(ts: pd.Timestamp | str, timezone: str) -> str:
     return pd.Timestamp(ts).tz_convert(zoneinfo.ZoneInfo(timezone)).isoformat()
 
 
-def _iter_records(path: Path, fmt: Literal["csv", "jsonl"]) -> Iterator[tuple[int, dict]]:
-    """Yield (1-based data row, record). CSV rows are numbered after the header; JSONL by line."""
-    if fmt == "csv":
-        csv.field_size_limit(1 << 30)
-        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a byte-order mark is not part of a name
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None:
+def _no_duplicates(path: Path, line: int):
+    """A ``json.loads`` ``object_pairs_hook`` refusing a key given twice in one object (``json`` keeps the last)."""
+    def hook(pairs: list[tuple[str, object]]) -> dict:
+        out: dict = {}
+        for k, v in pairs:
+            if k in out:
+                raise CorpusError(f"{path}: line {line}: key {k!r} given twice in one JSON object; JSON readers "
+                                  "would keep one of the values silently: fix the record")
+            out[k] = v
+        return out
+    return hook
+
+
+def _iter_records(path: Path, fmt: Literal["csv", "jsonl"], encoding: str = "utf-8") -> Iterator[tuple[int, dict]]:
+    """Yield (1-based data row, record). CSV rows are numbered after the header; JSONL by line. Raises
+    :class:`CorpusError` naming the file and line for text that is not ``encoding`` (with the byte offset), a
+    header naming a column twice, a CSV row with more or fewer fields than the header, a JSON key given twice."""
+    enc = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding  # a byte-order mark is no name
+    try:
+        yield from (_iter_csv(path, enc) if fmt == "csv" else _iter_jsonl(path, enc))
+    except UnicodeDecodeError:
+        raise CorpusError(decode_problem(path, encoding, "spec.corpus.encoding")) from None
+
+
+def _iter_csv(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
+    csv.field_size_limit(1 << 30)
+    with path.open(newline="", encoding=encoding) as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+            if header is None:
                 raise CorpusError(f"{path}: empty CSV file (no header row)")
-            for i, rec in enumerate(reader, start=1):
-                yield i, rec
-    else:
-        with path.open(encoding="utf-8-sig") as f:
-            for i, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise CorpusError(f"{path}: line {i}: invalid JSON ({err.msg})") from None
-                if not isinstance(rec, dict):
-                    raise CorpusError(f"{path}: line {i}: expected a JSON object, got {type(rec).__name__}")
-                yield i, rec
+            twice = sorted({c for c in header if header.count(c) > 1})
+            if twice:
+                cols = {c: [i + 1 for i, h in enumerate(header) if h == c] for c in twice}
+                raise CorpusError(f"{path}: header: column name(s) given twice: "
+                                  + "; ".join(f"{c!r} (columns {', '.join(map(str, n))})" for c, n in cols.items())
+                                  + "; a reader would keep one of them silently: rename or remove the other")
+            for i, values in enumerate(reader, start=1):
+                if not values:
+                    continue  # csv.DictReader's rule: a blank line is no record
+                if len(values) != len(header):
+                    raise CorpusError(f"{path}: row {i} (line {reader.line_num}): {len(values)} fields, the header "
+                                      f"has {len(header)}; a field with a comma or a line break must be quoted")
+                yield i, dict(zip(header, values))
+        except csv.Error as err:
+            raise CorpusError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
+
+
+def _iter_jsonl(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
+    with path.open(encoding=encoding) as f:
+        for i, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line, object_pairs_hook=_no_duplicates(path, i))
+            except json.JSONDecodeError as err:
+                raise CorpusError(f"{path}: line {i}: invalid JSON ({err.msg})") from None
+            if not isinstance(rec, dict):
+                raise CorpusError(f"{path}: line {i}: expected a JSON object, got {type(rec).__name__}")
+            yield i, rec
 
 
 def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str, timestamp_field: str,
-                timezone: str, id_field: str | None = None, timestamp_format: str | None = None) -> list[Document]:
-    """Read every document of a CSV or JSONL corpus (UTF-8, with or without a byte-order mark), in file order.
+                timezone: str, id_field: str | None = None, timestamp_format: str | None = None,
+                encoding: str = "utf-8") -> list[Document]:
+    """Read every document of a CSV or JSONL corpus in ``encoding`` (UTF-8 by default, with or without a
+    byte-order mark), in file order.
 
     Returns one :class:`Document` per record; ``timestamp`` is None when missing or not matching
     ``timestamp_format`` (None: ISO 8601), with ``timestamp_error`` saying why (the filter decides what that
@@ -124,7 +167,7 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
         raise CorpusError(f"{p}: corpus file not found")
     docs: list[Document] = []
     seen: dict[str, int] = {}
-    for row, rec in _iter_records(p, fmt):
+    for row, rec in _iter_records(p, fmt, encoding):
         for field, role in ((text_field, "textField"), (timestamp_field, "timestampField"),
                             (id_field, "idField")):
             if field is not None and field not in rec:
@@ -161,7 +204,8 @@ def file_sha256(path: str | Path) -> str:
 def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
                   on_missing_timestamp: Literal["error", "drop"] = "error", source: str = "<corpus>",
                   source_sha256: str = "", timestamp_format: str | None = None,
-                  today: dt.date | None = None) -> tuple[list[Document], CorpusAudit]:
+                  today: dt.date | None = None,
+                  on_empty_text: Literal["error", "drop"] = "error") -> tuple[list[Document], CorpusAudit]:
     """Keep documents with ``timestamp <= end of cutoff day`` in ``timezone``; return them and the audit.
 
     ``timestamp_format`` is recorded in the audit (None: ``iso8601``); ``today`` (default: today's date in
@@ -169,8 +213,10 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
     Raises :class:`CorpusError`:
       - at the first document with a missing or refused timestamp when ``on_missing_timestamp`` is
         ``error`` (the message names the file, row, id, value and expected format);
+      - at the first document with an empty (or white-space) text when ``on_empty_text`` is ``error`` (the
+        message names the file, row and id); with ``drop`` such documents are skipped and counted
+        (``rejected_empty_text``), whatever their date;
       - when no document is at or before the cutoff (training on nothing is never what was meant).
-    Documents with empty text are excluded and counted (``rejected_empty_text``).
     """
     limit = cutoff_instant(cutoff, timezone)
     kept: list[Document] = []
@@ -183,11 +229,15 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
                                   "fix the row, or set spec.corpus.onMissingTimestamp: drop to count and skip it")
             refused.append(d)
             continue
+        if not d.text.strip():
+            if on_empty_text == "error":
+                raise CorpusError(f"{source}: row {d.row} (id {d.id!r}): empty text (the text field is empty or only "
+                                  "white space); fix the row, or set spec.corpus.onEmptyText: drop to count and skip "
+                                  "it")
+            empty += 1
+            continue
         if d.timestamp >= limit:
             by_date += 1
-            continue
-        if not d.text.strip():
-            empty += 1
             continue
         kept.append(d)
     if not kept:

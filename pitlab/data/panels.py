@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pitlab.data.encoding import decode_problem
+
 OHLCV_COLUMNS = ("date", "open", "high", "low", "close", "volume", "Name")
 JPX_PRICE_COLUMNS = ("RowId", "Date", "SecuritiesCode", "Open", "High", "Low", "Close", "Volume",
                      "AdjustmentFactor", "ExpectedDividend", "SupervisionFlag", "Target")
@@ -82,10 +84,21 @@ def check_csv_columns(path: Path, required: tuple[str, ...], header: tuple[str, 
     if header is None:
         if not path.is_file():
             raise PanelError(f"{path}: file not found")
-        try:
-            header = tuple(pd.read_csv(path, nrows=0, **{**CSV_OPTIONS, **kw}).columns)
-        except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
+        try:  # the header row as written (pandas would rename a second 'close' to 'close.1')
+            raw = pd.read_csv(path, nrows=1, header=None, **{**CSV_OPTIONS, **kw})
+        except UnicodeDecodeError:
+            raise PanelError(_decode_problem(path)) from None
+        except pd.errors.EmptyDataError:
+            raise PanelError(f"{path}: empty file (no header row)") from None
+        except (ValueError, pd.errors.ParserError, OSError, EOFError) as err:
             raise PanelError(f"{path}: cannot read as CSV ({err})") from None
+        header = tuple("" if pd.isna(c) else str(c) for c in raw.iloc[0]) if len(raw) else ()
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:
+            where = "; ".join(f"{c!r} (columns {', '.join(str(i + 1) for i, h in enumerate(header) if h == c)})"
+                              for c in twice)
+            raise PanelError(f"{path}: header: column name(s) given twice: {where}; a reader would keep one of "
+                             "them silently: rename or remove the other")
     missing = [c for c in required if c not in header]
     if missing:
         raise PanelError(f"{path}: missing column(s) {missing}; found {list(header)}")
@@ -100,8 +113,17 @@ def _read_csv(path: Path, required: tuple[str, ...], used: tuple[str, ...] | Non
     keep = set(used or required)
     try:
         return pd.read_csv(path, usecols=lambda c: c in keep, **CSV_OPTIONS)
-    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError, EOFError) as err:
+    except UnicodeDecodeError:
+        raise PanelError(_decode_problem(path)) from None
+    except (ValueError, pd.errors.ParserError, OSError, EOFError) as err:
         raise PanelError(f"{path}: cannot read as CSV ({err})") from None
+
+
+def _decode_problem(path: Path) -> str:
+    """Where a panel file stops being UTF-8 (line and byte offset; compressed files: pandas' own words)."""
+    if path.suffix in (".gz", ".bz2", ".zip", ".xz", ".zst"):
+        return f"{path}: not UTF-8 text once decompressed; panel files are UTF-8 CSV"
+    return decode_problem(path, "utf-8").replace("convert the file to UTF-8", "panel files are UTF-8 CSV: convert it")
 
 
 def _first_bad(mask: pd.Series) -> int:

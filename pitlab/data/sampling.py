@@ -26,6 +26,10 @@ PROMPT_FIELDS = ("date", "security", "name", "close", "ret_1d", "ret_5d", "ret_2
 LEVEL_FIELDS = ("close", "volume")
 """Prompt fields that print a price or volume level (the others are ratios, unchanged by any adjustment)."""
 
+PROMPT_SAMPLE = {"date": "2017-04-03", "security": "AAPL", "name": "Apple Inc.", "close": 143.7, "ret_1d": 0.0012,
+                 "ret_5d": -0.013, "ret_20d": 0.041, "volume": 19985714.0, "volume_ratio": 0.87}
+"""One prompt's values, of the types :func:`build_panel` gives them (dates, codes and names as text)."""
+
 UNIVERSE0_SNAPSHOT = pd.Timestamp("2021-12-01")
 """First day of the month of the JPX stock_list.csv Universe0 snapshot (December 2021)."""
 
@@ -53,6 +57,14 @@ def check_prompt_template(template: str, kind: str = "jpx", price_levels: str = 
     unknown = sorted(used - set(PROMPT_FIELDS))
     if unknown:
         raise ValueError(f"dataset.promptTemplate: unknown field(s) {unknown}; available: {list(PROMPT_FIELDS)}")
+    if not used:
+        raise ValueError(f"dataset.promptTemplate: uses no field; every prompt would be the same text: use some of "
+                         f"{list(PROMPT_FIELDS)}")
+    try:  # what each field is when prompts are built: a format spec that cannot print it fails here, not later
+        template.format(**PROMPT_SAMPLE)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as err:
+        raise ValueError(f"dataset.promptTemplate: cannot be filled in ({type(err).__name__}: {err}); fields: date, "
+                         "security and name are text, the others numbers (e.g. {close:.2f}, {ret_1d:+.2%})") from None
     levels = sorted(used & set(LEVEL_FIELDS))
     if levels and not shows_levels(kind, price_levels):
         why = (f"dataset.priceLevels: {price_levels} leaves them out" if price_levels != "auto" else

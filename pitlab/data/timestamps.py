@@ -4,7 +4,12 @@ Formats (``spec.corpus.timestampFormat``):
   - ``iso8601`` (the default): ``YYYY-MM-DD``, or ``YYYY-MM-DDTHH:MM[:SS[.fraction]]`` (``T`` or one space)
     with an optional ``Z`` or ``±HH:MM`` / ``±HHMM`` / ``±HH`` offset. Nothing else: no ``20170401``, no
     ``01/04/2017``, no ``Dec 31, 2016``, no week or ordinal dates, no zone abbreviations.
-  - a strftime pattern (``%d/%m/%Y``, ``%Y%m%d %H:%M%z``), matched in full by ``datetime.strptime``;
+  - a strftime pattern (``%d/%m/%Y``, ``%Y%m%d %H:%M%z``), matched in full by ``datetime.strptime`` and
+    accepted only when the value written back with the pattern is the input again (the date's own weekday,
+    six-digit ``%f``; ``%z`` as +HHMM, +HH:MM or Z), up to letter case and, where no two numeric fields touch,
+    the zero padding of a number between separators (``1/4/2017`` for ``%d/%m/%Y``; ``2017411`` for ``%Y%m%d``
+    is refused);
+    patterns that give one field twice or a field strptime ignores (``%p`` without ``%I``) are refused;
   - ``epoch_s`` / ``epoch_ms`` / ``epoch_us``: a number (JSON number or decimal string) of seconds,
     milliseconds or microseconds since 1970-01-01T00:00:00Z.
 Values without an offset are read in the corpus time zone (an ambiguous local time in a DST fall-back
@@ -50,6 +55,9 @@ def check_format(fmt: str | None) -> str:
     if "%" not in fmt:
         raise ValueError(f"{fmt!r} is neither {ISO8601}, epoch_s, epoch_ms, epoch_us nor a strftime pattern "
                          "(%Y, %m, ...)")
+    if fmt != fmt.strip():
+        raise ValueError(f"{fmt!r}: a pattern may not start or end with white space (values are read with the white "
+                         "space around them removed)")
     directives = re.findall(r"%(.?)", fmt.replace("%%", ""))
     if "" in directives:
         raise ValueError(f"{fmt!r}: a % ends the pattern; write %% for a literal %")
@@ -67,6 +75,19 @@ def check_format(fmt: str | None) -> str:
         raise ValueError(f"{fmt!r}: a pattern must give the year (%Y) and the day (%m or %b/%B with %d, or %j)")
     if "I" in directives and "p" not in directives:
         raise ValueError(f"{fmt!r}: %I (12-hour clock) without %p (AM/PM) is ambiguous; add %p or use %H")
+    if "p" in directives and "I" not in directives:
+        raise ValueError(f"{fmt!r}: %p (AM/PM) is only read with %I (12-hour clock); with %H strptime ignores it, "
+                         "so '01:00 PM' would be read as 01:00: use %I with %p, or %H without %p")
+    twice = sorted({d for d in directives if d != "%" and directives.count(d) > 1})
+    if twice:
+        raise ValueError(f"{fmt!r}: {', '.join('%' + d for d in twice)} given more than once; strptime keeps one "
+                         "of the values and ignores the other")
+    for group, what in ((("H", "I"), "the hour"), (("j", "m"), "the month"), (("j", "d"), "the day"),
+                        (("j", "b"), "the month"), (("j", "B"), "the month"), (("m", "b"), "the month"),
+                        (("m", "B"), "the month"), (("b", "B"), "the month"), (("a", "A"), "the weekday")):
+        if all(g in directives for g in group):
+            raise ValueError(f"{fmt!r}: %{group[0]} and %{group[1]} both give {what}; strptime would read one and "
+                             "ignore the other when they disagree: keep one")
     sample = dt.datetime(2017, 4, 1, 15, 4, 5, 123456, tzinfo=dt.timezone(dt.timedelta(hours=9)))
     try:
         dt.datetime.strptime(sample.strftime(fmt), fmt)
@@ -161,11 +182,55 @@ def _offset(off: str) -> dt.timezone:
     return dt.timezone(-delta if off[0] == "-" else delta)
 
 
+def _renderings(stamp: dt.datetime, fmt: str) -> set[str]:
+    """``stamp`` written with ``fmt``: the spellings strptime reads back into the same value. ``%z`` has three
+    (``+0900``, ``+09:00``, and ``Z`` for UTC); every other directive one."""
+    tokens = re.findall(r"%.|[^%]+", fmt)
+    if "%z" not in tokens:
+        return {stamp.strftime(fmt)}
+    off = stamp.strftime("%z")
+    spellings = {off, f"{off[:3]}:{off[3:5]}{':' + off[5:] if len(off) > 5 else ''}"} | (
+        {"Z"} if stamp.utcoffset() == dt.timedelta(0) else set())
+    return {stamp.strftime("".join(sp.replace("%", "%%") if t == "%z" else t for t in tokens)) for sp in spellings}
+
+
+_NUMERIC = {"%Y", "%m", "%d", "%j", "%H", "%I", "%M", "%S", "%f", "%z"}
+
+
+def _same_writing(s: str, written: str, fmt: str) -> bool:
+    """Whether the input ``s`` is the pattern's own writing ``written`` of the value it was read as: equal up to
+    letter case (PM/pm, Dec/DEC carry the same value), and, when no two numeric fields of ``fmt`` touch, up to
+    the leading zeros of a number between separators (``1 Apr 2017`` for ``%d %b %Y``: nothing else could be
+    meant). Where numeric fields touch (``%Y%m%d``, ``%H%M``) the widths are what separates them: exact."""
+    if s.casefold() == written.casefold():
+        return True
+    tokens = re.findall(r"%.|[^%]+", fmt)
+    if any(a in _NUMERIC and b in _NUMERIC for a, b in zip(tokens, tokens[1:])):
+        return False
+    got, want = re.findall(r"\d+|\D+", s), re.findall(r"\d+|\D+", written)
+    return len(got) == len(want) and all(
+        g.casefold() == w.casefold() if not w[0].isdigit() else
+        (g.isdigit() and (g == w or len(g) < len(w) and w.lstrip("0") == g.lstrip("0") and w.startswith("0")))
+        for g, w in zip(got, want))
+
+
 def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
+    """``s`` read with the strftime pattern ``fmt``, accepted only when writing the value back with ``fmt``
+    gives ``s`` again: a field shorter than its width (``2017411`` for ``%Y%m%d``), a weekday that is not the
+    date's, or any field strptime reads and then ignores or overrides is refused, not guessed."""
     try:
-        return pd.Timestamp(dt.datetime.strptime(s, fmt))
+        stamp = dt.datetime.strptime(s, fmt)
     except ValueError as err:  # strptime's own "time data ... does not match format ..." says nothing more
         raise _refusal(s, fmt, "" if str(err).startswith("time data") else f" ({err})") from None
+    back = _renderings(stamp, fmt)
+    if not any(_same_writing(s, b, fmt) for b in back):
+        shown = sorted(back)[0]
+        micro = " (%f is written with 6 digits: give the fraction in microseconds)" if "%f" in fmt else ""
+        raise TimestampError(f"timestamp {s!r} is not exactly strftime pattern {fmt!r} (spec.corpus.timestampFormat): "
+                             f"strptime reads it as {stamp.isoformat()}, which the pattern writes {shown!r}{micro}; "
+                             "a field shorter than its width (e.g. an unpadded day or hour), a weekday that is not "
+                             "the date's, or a field the pattern ignores would be a guess, so it is refused")
+    return pd.Timestamp(stamp)
 
 
 def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:

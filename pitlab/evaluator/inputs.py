@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from pitlab import storage
 from pitlab.api import LeakageEvalSpec, SpecError, expand_uri, resolve_input, resolve_local_path
 from pitlab.data import build_panel, load_jpx, load_ohlcv_long
@@ -77,6 +79,17 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
     if p.group_k_folds > n_sec:
         raise SpecError([(f"{field_prefix}.protocol.groupKFolds", f"{p.group_k_folds} folds exceed the {n_sec} "
                           f"securities of the sampled panel")])
+    if spec.regression.selection != "gcv":  # the penalty selection splits each leakage-on fitting set by security
+        from pitlab.evaluator.protocols import security_folds
+
+        _, per_sec = np.unique(panel.rows["security"].astype(str).to_numpy(), return_counts=True)
+        folds = security_folds(per_sec, p.group_k_folds)
+        fewest = n_sec - int(np.bincount(folds, minlength=p.group_k_folds).max())
+        if spec.regression.inner_folds > fewest:
+            raise SpecError([(f"{field_prefix}.regression.innerFolds",
+                              f"{spec.regression.inner_folds} inner folds exceed the {fewest} securities of the "
+                              f"smallest leakage-on fitting set of the sampled panel ({n_sec} securities in "
+                              f"{p.group_k_folds} folds)")])
     try:
         with warnings.catch_warnings():  # the evaluation issues (and reports) the splits' warnings itself
             warnings.simplefilter("ignore")

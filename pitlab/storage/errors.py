@@ -23,3 +23,8 @@ class ChecksumMismatch(StorageError):
         super().__init__(f"{uri}: sha256 mismatch: expected {expected}, got {got} (the object is corrupted or was "
                          "replaced after it was published)")
         self.uri, self.expected, self.got = uri, expected, got
+
+
+class OutputExists(StorageError):
+    """A command's output folder (or prefix) holds content the command did not create, and ``--overwrite`` was
+    not given: nothing was written or deleted."""

@@ -11,7 +11,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from pitlab.storage import ops, s3
+from pitlab.storage import ops, outdir, s3
 from pitlab.storage.errors import NotPublished, ObjectNotFound, StorageError
 from pitlab.storage.manifest import COMPLETE, MANIFEST, MARKERS, Manifest, publish, read_manifest, unpublish
 from pitlab.storage.ops import FileEntry
@@ -41,14 +41,34 @@ def upload_dir(local_dir: str | os.PathLike, uri: ops.Location, extra: dict | No
     (recursively; ``MANIFEST.json``/``_COMPLETE`` of the source are skipped), then write the manifest and
     ``_COMPLETE`` last. Files already at ``uri`` that ``local_dir`` lacks are deleted before publishing.
 
-    A local ``uri`` gets the same layout (files copied atomically, then the markers). Returns the manifest.
-    Raises :class:`StorageError`; after a failure ``uri`` has no ``_COMPLETE`` and is never read.
+    A local ``uri`` gets the same layout, written aside and renamed into place whole (an existing folder is
+    replaced only then: :func:`pitlab.storage.outdir.swap_in`). Callers that must not replace content they did
+    not write check first (:func:`pitlab.storage.outdir.check_output`). Returns the manifest. Raises
+    :class:`StorageError`; after a failure an S3 ``uri`` has no ``_COMPLETE`` and is never read, a local one is
+    as it was.
     """
     root = Path(local_dir)
     if not root.is_dir():
         raise StorageError(f"{root}: not a directory")
     files = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
     files = {k: v for k, v in files.items() if k not in MARKERS}
+    if not is_s3(uri):
+        dest = Path(uri)
+        d, r = dest.resolve(), root.resolve()
+        if d.is_relative_to(r) or r.is_relative_to(d):
+            raise StorageError(f"{dest}: the destination and the source folder {root} contain one another")
+        try:
+            tmp = outdir.aside(dest)
+        except OSError as err:
+            raise StorageError(f"{dest}: cannot create a folder beside it ({err.strerror})") from None
+        try:
+            m = publish(tmp, upload_files(files, tmp, part_size, concurrency), extra)
+            outdir.swap_in(tmp, dest)
+        except OSError as err:
+            raise StorageError(f"{dest}: cannot put the published folder in place ({err.strerror})") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return m
     unpublish(uri)
     for stale in set(ops.list_files(uri)) - set(files) - MARKERS:
         ops.delete(join(uri, stale))

@@ -29,10 +29,12 @@ def check_corpus(res: PitTraining) -> CorpusPlan:
     """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
     c = res.spec.corpus
     path = resolve_input(c.uri, "spec.corpus.uri")  # s3://: downloaded (verified) into the cache
-    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field, c.timestamp_format)
+    docs = read_corpus(path, c.format, c.text_field, c.timestamp_field, c.timezone, c.id_field, c.timestamp_format,
+                       c.encoding)
     source = c.uri if storage.is_s3(c.uri) else str(path)
     kept, audit = filter_corpus(docs, res.spec.knowledge_cutoff, c.timezone, c.on_missing_timestamp,
-                                source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format)
+                                source=source, source_sha256=file_sha256(path), timestamp_format=c.timestamp_format,
+                                on_empty_text=c.on_empty_text)
     check_corpus_length(res, kept)
     return CorpusPlan(path, kept, audit)
 

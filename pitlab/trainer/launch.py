@@ -15,6 +15,7 @@ from pitlab.trainer.checkpoint import checkpoint_location, read_train_state
 from pitlab.trainer.checkpointer import latest_checkpoint
 from pitlab.trainer.command import torchrun_command as build_torchrun_command  # noqa: F401 - pitlab run's command
 from pitlab.trainer.files import write_spec  # noqa: F401 - where the benches and tests import it from
+from pitlab.trainer.lifetime import set_parent_death_signal, stop_group
 from pitlab.trainer.metrics import MetricsTail, truncate_metrics
 
 STDERR_TAIL_LINES = 30
@@ -65,7 +66,9 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     tail = MetricsTail(metrics_path)
     stderr_path = train_dir / "stderr.log"
     with open(train_dir / "stdout.log", "wb") as out, open(stderr_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        # its own session (stopped as a group) and SIGTERM from the kernel if this process dies, even by SIGKILL
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, start_new_session=True,
+                                preexec_fn=set_parent_death_signal)
         try:
             while True:
                 rc = proc.poll()
@@ -75,12 +78,8 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
                 if rc is not None:
                     break
                 time.sleep(poll_s)
-        except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        except BaseException:  # interrupted (SIGINT/SIGTERM) or failed here: no rank outlives this call
+            stop_group(proc)
             raise
     if rc != 0:
         raise TrainingError(_failure_message(f"training failed (exit code {rc})", cmd, stderr_path))

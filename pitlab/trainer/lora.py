@@ -115,8 +115,90 @@ def adapter_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor] | N
     return get_peft_model_state_dict(peft_model, state_dict=sd)
 
 
+PROBE_MAX_BASE_BYTES = 2 * 2**30
+"""Probe logits of the reloaded adapter when the base model's weight files hold at most this many bytes (two
+float32 copies are loaded on the host); larger bases get the name check only."""
+
+
+def _weight_bytes(base_dir: Path) -> int:
+    return sum(f.stat().st_size for f in Path(base_dir).glob("*.safetensors")) + \
+        sum(f.stat().st_size for f in Path(base_dir).glob("*.bin"))
+
+
+def verify_on_base(adapter_dir: Path, base_dir: Path, live: list[torch.Tensor],
+                   probe_max_bytes: int = PROBE_MAX_BASE_BYTES) -> str:
+    """Check that the adapter saved in ``adapter_dir`` is the trained adapter *for the plain base model* in
+    ``base_dir``, not only for the live (possibly wrapped) model.
+
+    Names: peft's adapter names of a fresh LoRA model of the base (built on the meta device, no memory) must be
+    exactly the saved names; a wrapper that renamed modules (an extra ``.inner`` level, before or after peft)
+    gives saved names that load onto nothing (peft only warns, and its ``lora_B`` stay zero). Values (when the
+    base's weight files hold at most ``probe_max_bytes``): probe logits of the base with the file loaded by
+    peft (by name) must equal, bit for bit, those of the base with the live adapter tensors put in place in
+    the live model's parameter order (by position, independent of any name): the function the trained model
+    computes. ``live``: the trained adapter tensors in the live model's parameter order (the trainable
+    parameters themselves where they are plain tensors, else the gathered state in its order). Returns ``names`` or
+    ``probe logits equal``; raises :class:`AdapterSaveError` naming the tensors or the logit difference."""
+    import warnings
+
+    from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    lora_cfg = LoraConfig.from_pretrained(str(adapter_dir))
+    lora_cfg.inference_mode = False
+    with safe_open(str(Path(adapter_dir) / ADAPTER_FILE), framework="pt") as f:
+        saved = [k for k in f.keys() if ".lora_" in k]
+    with torch.device("meta"):
+        fresh = get_peft_model(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base_dir)),
+                               LoraConfig.from_pretrained(str(adapter_dir)))
+    fresh_state = {k: v for k, v in get_peft_model_state_dict(fresh).items() if ".lora_" in k}  # no embeddings
+    expected = list(fresh_state)
+    unmapped, unfilled = sorted(set(saved) - set(expected)), sorted(set(expected) - set(saved))
+    if unmapped or unfilled:
+        raise AdapterSaveError(
+            f"{adapter_dir}: {len(unmapped)} of the {len(saved)} saved adapter tensors load onto nothing of the base "
+            f"model {base_dir} (e.g. {unmapped[:2]}) and {len(unfilled)} of its {len(expected)} adapter tensors would "
+            f"keep their initial values (e.g. {unfilled[:2]}); a wrapper renamed the model's modules: save through "
+            "the unwrapped PeftModel, or map the names back")
+    if _weight_bytes(base_dir) > probe_max_bytes:
+        return "names"
+    if len(live) != len(expected) or any(t.shape != v.shape for t, v in zip(
+            live, fresh_state.values())):
+        raise AdapterSaveError(f"{adapter_dir}: the live adapter's tensors do not line up with the base model's "
+                               f"adapter ({len(live)} vs {len(expected)} tensors, or shapes differ)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32),
+                                           str(adapter_dir)).eval()
+        reference = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32), lora_cfg)
+        set_peft_model_state_dict(reference, dict(zip(expected, (t.to(torch.float32) for t in live))))
+        reference.eval()
+    vocab = int(getattr(loaded.get_base_model().config, "vocab_size", 2))
+    ids = (torch.arange(16, dtype=torch.long) * 7919 % vocab).unsqueeze(0)
+    with torch.no_grad():
+        got, want = loaded(input_ids=ids).logits, reference(input_ids=ids).logits
+    if not torch.equal(got, want):
+        raise AdapterSaveError(f"{adapter_dir}: probe logits of the base with the saved adapter differ from the "
+                               f"trained model's (max |diff| {float((got - want).abs().max()):.3g}): the saved tensors sit "
+                               "on other modules than the trained ones")
+    return "probe logits equal"
+
+
+def _trained_values(trainable: list[nn.Parameter], live: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The trained adapter values in parameter order: the trainable parameters themselves (by identity, whatever
+    a wrapper's state dict says) when they are plain tensors on a real device, else the saved state's values in
+    its order (FSDP2 shards gathered, or a meta-device model given its state)."""
+    from torch.distributed.tensor import DTensor
+
+    if all(not isinstance(p, DTensor) and p.device.type != "meta" for p in trainable):
+        return [p.detach().to("cpu") for p in trainable]
+    return list(live.values())
+
+
 def save_adapter_verified(model: nn.Module, out_dir: Path,
-                          state_dict: dict[str, torch.Tensor] | None = None) -> dict:
+                          state_dict: dict[str, torch.Tensor] | None = None, base_dir: Path | None = None,
+                          probe_max_bytes: int = PROBE_MAX_BASE_BYTES) -> dict:
     """Save the LoRA adapter of ``model`` (a ``PeftModel`` or a module wrapping one) to ``out_dir`` and verify it.
 
     ``state_dict``: the adapter's full tensors keyed as in ``model.state_dict()`` when the model's own are not
@@ -126,8 +208,11 @@ def save_adapter_verified(model: nn.Module, out_dir: Path,
     Writes ``adapter_model.safetensors`` + ``adapter_config.json`` to ``<out_dir>.tmp``, reopens the file and
     checks: tensor count == the number of trainable parameter tensors of the peft model (counted by identity,
     not by name), names == the live adapter's names, every tensor ``torch.equal`` (same dtype and shape) to the
-    live one. Only then renames it to ``out_dir`` (replacing an older save). Returns a report: ``tensors``,
-    ``elements``, ``bytes`` (file size). Raises :class:`AdapterSaveError` naming the missing, unexpected or
+    live one; with ``base_dir`` (the base model folder training started from) also that it loads onto the plain
+    base model by name and gives the trained model's probe logits (:func:`verify_on_base`). Only then renames it
+    to ``out_dir`` (replacing an older save). Returns a report: ``tensors``, ``elements``, ``bytes`` (file
+    size), ``base_check`` (``names``, ``probe logits equal`` or ``skipped`` without ``base_dir``).
+    Raises :class:`AdapterSaveError` naming the missing, unexpected or
     differing tensors; on error no ``out_dir`` and no ``.tmp`` is left (an older ``out_dir`` stays intact).
     """
     from safetensors import safe_open
@@ -162,6 +247,8 @@ def save_adapter_verified(model: nn.Module, out_dir: Path,
             raise AdapterSaveError(f"{tmp / ADAPTER_FILE}: reopened file has {len(saved)} tensors, expected "
                                    f"{len(trainable)}; {len(missing)} missing {missing[:5]}, {len(unexpected)} "
                                    f"unexpected {unexpected[:5]}, {len(differ)} differ {differ[:5]}")
+        base_check = "skipped" if base_dir is None else verify_on_base(
+            tmp, Path(base_dir), _trained_values(trainable, live), probe_max_bytes)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -171,4 +258,4 @@ def save_adapter_verified(model: nn.Module, out_dir: Path,
     os.replace(tmp, out_dir)
     fsync_dir(out_dir.parent)
     return {"tensors": len(saved), "elements": expected_elems, "bytes": (out_dir / ADAPTER_FILE).stat().st_size,
-            "path": str(out_dir)}
+            "path": str(out_dir), "base_check": base_check}

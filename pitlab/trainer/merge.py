@@ -461,7 +461,7 @@ def _lora_adapter_folder(peft_meta, adapter: dict[str, torch.Tensor], base_dir: 
     from pitlab.trainer.lora import save_adapter_verified
 
     peft_meta.peft_config["default"].base_model_name_or_path = str(base_dir.resolve())
-    saved_report = save_adapter_verified(peft_meta, tmp, state_dict=adapter)
+    saved_report = save_adapter_verified(peft_meta, tmp, state_dict=adapter, base_dir=base_dir)
     write_seconds = time.perf_counter() - t_write
     t_verify = time.perf_counter()
     probe = "skipped"
@@ -622,7 +622,7 @@ def _expected_sha256(summary: Path | None) -> dict[str, str] | None:
 
 def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summary: str | Path | None = None, *,
                max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, logits_probe: str = "auto",
-               merge_adapter: bool | None = None) -> dict:
+               merge_adapter: bool | None = None, overwrite: bool = False) -> dict:
     """:func:`merge_checkpoint` where any of the paths may be an ``s3://`` URI (the merge Job's entry point).
 
     Inputs in object storage are downloaded into the cache (``$PITLAB_CACHE_DIR``), every file verified by
@@ -630,10 +630,14 @@ def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summar
     to a step with ``_COMPLETE``) or one ``step-<N>``. An ``s3://`` output is written to a staging folder
     (``$PITLAB_STAGING_DIR``) by the ordinary, verified merge, then uploaded and published (``MANIFEST.json``,
     then ``_COMPLETE`` last); the staging copy is removed, and ``merge_report.json`` also records the URIs.
+    ``out`` holding files that no earlier merge wrote (no ``merge_report.json``) is refused before anything is
+    read, with :class:`~pitlab.storage.errors.OutputExists`, unless ``overwrite``.
     Returns the report. Raises MergeError, ValueError (a bad option), CheckpointError or StorageError.
     """
     from pitlab import storage
+    from pitlab.storage.outdir import check_output
 
+    check_output(str(out) if storage.is_s3(str(out)) else Path(out), overwrite, "pitlab merge", own_marker=REPORT)
     staging = None
     try:
         ckpt = _local_checkpoint(str(checkpoint)) if storage.is_s3(str(checkpoint)) else Path(checkpoint)
@@ -669,18 +673,20 @@ MERGE_ADAPTER = {"auto": None, "yes": True, "no": False}
 
 
 def run_merge_command(checkpoint: str, base: str, out: str, summary: str | None = None, max_shard_size: str = "5GB",
-                      logits_probe: str = "auto", merge_adapter: str = "auto", print_report: bool = True) -> int:
+                      logits_probe: str = "auto", merge_adapter: str = "auto", print_report: bool = True,
+                      overwrite: bool = False) -> int:
     """:func:`merge_uris` with errors as a message on stderr and an exit code: 0 merged (and published),
-    1 failed (merge, checkpoint or storage), 2 invalid input (an option)."""
+    1 failed (merge, checkpoint or storage), 2 invalid input (an option, an ``out`` holding other files)."""
     from pitlab.storage import StorageError
+    from pitlab.storage.errors import OutputExists
     from pitlab.trainer.checkpoint import CheckpointError
 
     try:
         report = merge_uris(checkpoint, base, out, summary, max_shard_size=max_shard_size, logits_probe=logits_probe,
-                            merge_adapter=MERGE_ADAPTER[merge_adapter])
+                            merge_adapter=MERGE_ADAPTER[merge_adapter], overwrite=overwrite)
     except (MergeError, ValueError, CheckpointError, StorageError) as err:
         print(f"pitlab.trainer.merge: error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, ValueError) else 1
+        return 2 if isinstance(err, (ValueError, OutputExists)) else 1
     if print_report:
         print(json.dumps(report, indent=2))
     return 0
@@ -700,9 +706,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="compare probe logits of checkpoint and written model (auto: model <= shard size)")
     parser.add_argument("--merge-adapter", choices=("auto", "yes", "no"), default="auto",
                         help="LoRA checkpoints: merge the adapter into the base (auto: lora.mergeIntoBase)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an --out holding files that no earlier merge wrote")
     args = parser.parse_args(argv)
     return run_merge_command(args.checkpoint, args.base, args.out, args.summary, args.max_shard_size,
-                             args.logits_probe, args.merge_adapter, print_report=True)
+                             args.logits_probe, args.merge_adapter, print_report=True, overwrite=args.overwrite)
 
 
 if __name__ == "__main__":

@@ -428,7 +428,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         last_ckpt = checkpointer.final(run.total_steps, run.model, run.optimizer, run.scheduler,
                                        run.train_state(run.total_steps), ran_steps=start_step < run.total_steps)
         digests = _full_parameter_sha256(run.model, run.rank)
-        adapter = _save_adapter(run.model, paths.adapter, run.rank) if run.lora is not None else None
+        adapter = _save_adapter(run.model, paths.adapter, run.rank, paths.base) if run.lora is not None else None
     finally:
         if metrics is not None:
             metrics.close()
@@ -518,10 +518,11 @@ def _plan(spec, shape, config, capacity_bytes: int | None) -> MemoryPlan | None:
         return None
 
 
-def _save_adapter(model: torch.nn.Module, out_dir: Path, rank: int) -> dict | None:
+def _save_adapter(model: torch.nn.Module, out_dir: Path, rank: int, base_dir: Path | None = None) -> dict | None:
     """Collective: gather the full LoRA adapter tensors to rank 0 (``get_model_state_dict`` with
     ``full_state_dict``, ``cpu_offload``, frozen parameters left out) and save them there with
-    :func:`save_adapter_verified` (reopened and compared; :class:`AdapterSaveError` on any mismatch). Returns
+    :func:`save_adapter_verified` (reopened and compared, then loaded onto the plain base model ``base_dir`` by
+    name and probed; :class:`AdapterSaveError` on any mismatch). Returns
     the save report on rank 0, None elsewhere."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -529,7 +530,7 @@ def _save_adapter(model: torch.nn.Module, out_dir: Path, rank: int) -> dict | No
                                                                 ignore_frozen_params=True))
     if rank != 0:
         return None
-    return save_adapter_verified(model, out_dir, state_dict=full)
+    return save_adapter_verified(model, out_dir, state_dict=full, base_dir=base_dir)
 
 
 def _software(device: torch.device, world: int, backend: str) -> dict:

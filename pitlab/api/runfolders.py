@@ -1,0 +1,103 @@
+"""The run folders a local run owns: ``<out>/<metadata.name>/`` and, for a PitTraining, one
+``<out>/<evaluation name>/`` per ``spec.evaluations[]`` entry.
+
+``pitlab validate`` and ``pitlab run`` both call :func:`check_run_folders` before anything is written, so a run
+never replaces a folder it does not own: the folders must be distinct (the schema already refuses two
+evaluations with one name and an evaluation named like its PitTraining), and an existing folder is deleted only
+with ``--overwrite``, which names what it deletes. A folder's owner is read from its ``status.json`` (the
+resource ``pitlab run`` wrote there: kind, name and, for an evaluation, the ``pitlab.io/training`` label).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pitlab.api.base import SpecError
+
+TRAINING_LABEL = "pitlab.io/training"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """One folder a run writes: ``path`` (``<out>/<name>``), the spec ``field`` that names it, and the owner it
+    will record (``kind``/``name``, ``training`` for a PitTraining's evaluation)."""
+
+    path: Path
+    field: str
+    kind: str
+    name: str
+    training: str | None = None
+
+    def describe(self) -> str:
+        """``LeakageEval 'jpx' (evaluation of PitTraining 'fomc')``-style words for messages."""
+        of = f" (evaluation of PitTraining {self.training!r})" if self.training else ""
+        return f"{self.kind} {self.name!r}{of}"
+
+
+def run_folders(res, root: Path) -> list[RunFolder]:
+    """The folders a local run of ``res`` (PitTraining or LeakageEval) writes under the output root ``root``,
+    the resource's own first, then each evaluation's in spec order."""
+    name = res.metadata.name
+    out = [RunFolder(Path(root) / name, "metadata.name", res.kind, name)]
+    for i, ev in enumerate(getattr(res.spec, "evaluations", None) or []):
+        out.append(RunFolder(Path(root) / ev.name, f"spec.evaluations[{i}].name", "LeakageEval", ev.name, name))
+    return out
+
+
+def folder_owner(path: Path) -> tuple[tuple[str, str, str | None] | None, str]:
+    """Who wrote the existing folder ``path``: ``((kind, name, training), words)`` from its ``status.json``
+    (``training``: the ``pitlab.io/training`` label, None for a standalone resource), or ``(None, words)`` for
+    a folder without a readable status.json."""
+    st = Path(path) / "status.json"
+    if not st.is_file():
+        n = sum(1 for _ in Path(path).iterdir()) if Path(path).is_dir() else 0
+        return None, f"no pitlab run (no status.json; {n} entries)"
+    try:
+        doc = json.loads(st.read_text(encoding="utf-8"))
+        meta = doc.get("metadata") or {}
+        training = (meta.get("labels") or {}).get(TRAINING_LABEL)
+        of = f" (evaluation of PitTraining {training!r})" if training else ""
+        return (str(doc.get("kind")), str(meta.get("name")), training), f"{doc.get('kind')} {meta.get('name')!r}{of}"
+    except (OSError, ValueError, AttributeError):
+        return None, "an unknown writer (unreadable status.json)"
+
+
+def _empty_dir(path: Path) -> bool:
+    return path.is_dir() and next(path.iterdir(), None) is None
+
+
+def check_run_folders(res, root: Path, overwrite: bool = False, source: str | None = None,
+                      earlier_runs_ok: bool = False) -> list[Path]:
+    """Check the run folders of ``res`` under ``root`` before anything is written.
+
+    Returns the existing folders (the ones ``--overwrite`` deletes; an empty folder counts as free). Raises
+    :class:`SpecError` naming each problem's field, folder and owner: two run folders that coincide or a path
+    that is a file (whatever ``overwrite``), and, without ``overwrite``, every existing folder; with
+    ``earlier_runs_ok`` (``pitlab validate``) only the folders another resource (or no pitlab run) wrote.
+    """
+    folders = run_folders(res, root)
+    problems: list[tuple[str, str]] = []
+    seen: dict[Path, RunFolder] = {}
+    for f in folders:
+        key = f.path.resolve() if f.path.exists() else f.path.absolute()
+        if key in seen:
+            problems.append((f.field, f"{f.path} is also the run folder of {seen[key].describe()}; every run "
+                                      "folder must be distinct"))
+        seen[key] = f
+    existing = [f for f in folders if f.path.is_symlink() or f.path.exists() and not _empty_dir(f.path)]
+    for f in existing:
+        if not f.path.is_dir() or f.path.is_symlink():
+            problems.append((f.field, f"{f.path} exists and is not a folder; move it away (--overwrite deletes "
+                                      "only run folders)"))
+            continue
+        owner, words = folder_owner(f.path)
+        if overwrite or (earlier_runs_ok and owner == (f.kind, f.name, f.training)):
+            continue
+        problems.append((f.field, f"{f.path} already exists, written by {words}; the run of {f.describe()} "
+                                  "would replace it: pass --overwrite to delete it (checkpoints included), or "
+                                  "choose another name or --out"))
+    if problems:
+        raise SpecError(problems, source)
+    return [f.path for f in existing]

@@ -1,0 +1,43 @@
+"""Text encodings of input files: where a file stops being valid in its declared encoding, in words."""
+
+from __future__ import annotations
+
+import codecs
+from pathlib import Path
+
+UTF16_BOMS = (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)
+
+
+def check_encoding_name(name: str) -> str:
+    """``name`` if Python knows the codec and it is a text encoding; raises ``ValueError`` otherwise."""
+    try:
+        info = codecs.lookup(name)
+    except LookupError:
+        raise ValueError(f"unknown encoding {name!r} (e.g. utf-8, utf-16, latin-1, cp1252, shift_jis)") from None
+    if not getattr(info, "_is_text_encoding", True):
+        raise ValueError(f"{name!r} is not a text encoding")
+    return name
+
+
+def decode_problem(path: Path, encoding: str, field: str | None = None) -> str:
+    """Why ``path`` cannot be read as ``encoding``: ``<path>: line L, byte offset B: bytes ... are not valid
+    <encoding> (...)`` with a hint (a UTF-16 byte-order mark; Latin-1 or cp1252 text), naming the spec
+    ``field`` that sets the encoding when given. Reads the file once; call it after a decode failed."""
+    data = Path(path).read_bytes()
+    try:
+        data.decode(encoding)
+    except UnicodeDecodeError as err:
+        start, end, reason = err.start, err.end, err.reason
+    else:  # decoded whole here: the reader failed on something else
+        return f"{path}: cannot be read as {encoding}"
+    line = data[:start].decode(encoding, errors="replace").count("\n") + 1
+    bad = data[start:min(end, start + 4) if end > start else start + 1]
+    hint = ""
+    if data.startswith(UTF16_BOMS) and codecs.lookup(encoding).name != "utf-16":
+        hint = "; the file starts with a UTF-16 byte-order mark: it is UTF-16 text"
+    elif codecs.lookup(encoding).name == "utf-8":
+        hint = "; the file is not UTF-8 (Latin-1 or Windows-1252 text, e.g. 'é' written as one byte 0xe9?)"
+    how = f"; set {field} (e.g. utf-16, latin-1, cp1252) to read another encoding" if field else \
+        "; convert the file to UTF-8"
+    return (f"{path}: line {line}, byte offset {start}: byte(s) {bad.hex(' ')} are not valid {encoding} "
+            f"({reason}){hint}{how}")

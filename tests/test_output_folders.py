@@ -1,0 +1,283 @@
+"""Nothing is lost: run folders are owned and checked at validate, and commands that write a whole folder
+(`pitlab push`, `pitlab merge`) refuse one holding content they did not write unless --overwrite, replacing it
+atomically. After every refused command the folder and its files are still there, byte for byte."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pitlab import storage
+from pitlab.cli import app
+from test_bad_inputs import bases, tripwire, write_corpus, write_jpx, write_ohlcv  # noqa: F401 - fixtures
+
+ENV = {"COLUMNS": "400"}
+
+
+def _invoke(*args: str):
+    r = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
+    return r.exit_code, re.sub(r"\s+", " ", r.output)
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def pt_spec(bases, tmp_path):
+    """Writes the inputs and returns ``write(doc) -> spec path`` plus the base PitTraining document."""
+    write_ohlcv(tmp_path / "panel.csv")
+    write_corpus(tmp_path / "corpus.csv")
+    write_jpx(tmp_path / "jpx")
+
+    def write(doc: dict, name: str = "spec.yaml") -> Path:
+        p = tmp_path / name
+        p.write_text(yaml.safe_dump(doc).replace("${TMP}", str(tmp_path)))
+        return p
+
+    return write, json.loads(json.dumps(bases["pt"])), json.loads(json.dumps(bases["le"]))
+
+
+def _other_run(folder: Path, kind: str = "LeakageEval", name: str = "other", training: str | None = None) -> None:
+    """A run folder as `pitlab run` leaves it for another resource: status.json and a results file."""
+    (folder / "eval").mkdir(parents=True)
+    meta = {"name": name, **({"labels": {"pitlab.io/training": training}} if training else {})}
+    (folder / "status.json").write_text(json.dumps({"kind": kind, "metadata": meta,
+                                                    "status": {"phase": "Succeeded"}}))
+    (folder / "eval" / "results.json").write_text('{"models": {}}')
+
+
+# ------------------------------------------------------------------------------------- run folders (item 1)
+def test_evaluation_named_like_its_pittraining_is_refused_at_validate(pt_spec, tmp_path):
+    write, pt, _ = pt_spec
+    pt["spec"]["evaluations"][0]["name"] = pt["metadata"]["name"]
+    for cmd in ("validate", "run"):
+        code, out = _invoke(cmd, write(pt))
+        assert code == 2, out
+        assert (f"spec.evaluations[0].name: {pt['metadata']['name']!r} is also metadata.name; the evaluation's run "
+                f"folder <out>/{pt['metadata']['name']} would be the PitTraining's own") in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_two_evaluations_with_one_name_are_refused_at_validate(pt_spec, tmp_path):
+    write, pt, _ = pt_spec
+    pt["spec"]["evaluations"].append(json.loads(json.dumps(pt["spec"]["evaluations"][0])))
+    name = pt["spec"]["evaluations"][0]["name"]
+    code, out = _invoke("validate", write(pt))
+    assert code == 2
+    assert f"spec.evaluations[1].name: duplicate evaluation name {name!r} (also spec.evaluations[0].name)" in out
+
+
+def test_evaluation_named_like_another_resources_folder_is_refused_and_kept(pt_spec, tmp_path, tripwire):
+    write, pt, _ = pt_spec
+    name = pt["spec"]["evaluations"][0]["name"]
+    folder = tmp_path / "out" / name
+    _other_run(folder, "LeakageEval", name, training="another-training")
+    before = _snapshot(tmp_path / "out")
+    for cmd in ("validate", "run"):
+        code, out = _invoke(cmd, write(pt))
+        assert code == 2, out
+        assert (f"spec.evaluations[0].name: {folder} already exists, written by LeakageEval {name!r} (evaluation "
+                "of PitTraining 'another-training'); the run of LeakageEval") in out
+        assert "pass --overwrite to delete it" in out
+        assert _snapshot(tmp_path / "out") == before  # the folder and its files are still there
+    # --overwrite names what it deletes (validate lists it; run deletes it only after the inputs passed)
+    code, out = _invoke("validate", write(pt), "--overwrite")
+    assert code == 0 and f"note: {folder} exists (written by LeakageEval {name!r}" in out
+    code, out = _invoke("run", write(pt), "--overwrite")
+    assert f"--overwrite: deleting {folder} (written by LeakageEval {name!r} (evaluation of PitTraining " \
+           "'another-training'))" in out
+    assert code == 1 and "the input went past the preflight" in out  # the tripwire: the prepare stage was reached
+    assert not (folder / "eval" / "results.json").exists()
+
+
+def test_bad_input_with_overwrite_deletes_nothing(pt_spec, tmp_path, tripwire):
+    write, pt, _ = pt_spec
+    folder = tmp_path / "out" / pt["metadata"]["name"]
+    _other_run(folder, "PitTraining", pt["metadata"]["name"])
+    before = _snapshot(tmp_path / "out")
+    pt["spec"]["corpus"]["textField"] = "body"  # refused by the preflight, before anything is deleted
+    code, out = _invoke("run", write(pt), "--overwrite")
+    assert code == 2 and "no field 'body' (spec.corpus.textField)" in out
+    assert _snapshot(tmp_path / "out") == before
+
+
+def test_an_earlier_run_of_the_same_resource_validates_with_a_note_and_run_needs_overwrite(pt_spec, tmp_path):
+    write, _, le = pt_spec
+    folder = tmp_path / "out" / le["metadata"]["name"]
+    _other_run(folder, "LeakageEval", le["metadata"]["name"])
+    before = _snapshot(tmp_path / "out")
+    code, out = _invoke("validate", write(le))
+    assert code == 0, out
+    assert f"note: {folder} exists (written by LeakageEval {le['metadata']['name']!r}): `pitlab run` needs " \
+           "--overwrite" in out
+    code, out = _invoke("run", write(le))
+    assert code == 2 and f"metadata.name: {folder} already exists, written by LeakageEval" in out
+    assert _snapshot(tmp_path / "out") == before
+
+
+def test_a_standalone_evaluation_named_like_a_pittraining_folder_is_refused(pt_spec, tmp_path):
+    write, _, le = pt_spec
+    folder = tmp_path / "out" / le["metadata"]["name"]
+    _other_run(folder, "PitTraining", le["metadata"]["name"])
+    before = _snapshot(tmp_path / "out")
+    code, out = _invoke("validate", write(le))
+    assert code == 2 and f"written by PitTraining {le['metadata']['name']!r}" in out
+    assert _snapshot(tmp_path / "out") == before
+
+
+def test_a_run_folder_path_that_is_a_file_is_refused_even_with_overwrite(pt_spec, tmp_path):
+    write, _, le = pt_spec
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / le["metadata"]["name"]).write_text("notes")
+    for extra in ((), ("--overwrite",)):
+        code, out = _invoke("run", write(le), *extra)
+        assert code == 2 and "exists and is not a folder" in out
+    assert (tmp_path / "out" / le["metadata"]["name"]).read_text() == "notes"
+
+
+def test_an_empty_folder_is_free(pt_spec, tmp_path):
+    from pitlab.api import load_resource
+    from pitlab.api.runfolders import check_run_folders
+
+    write, pt, _ = pt_spec
+    res = load_resource(write(pt))
+    for f in (res.metadata.name, res.spec.evaluations[0].name):
+        (tmp_path / "out" / f).mkdir(parents=True)
+    assert check_run_folders(res, tmp_path / "out") == []
+
+
+def test_overwrite_claims_every_folder_of_a_pittraining_before_training(pt_spec, tmp_path, monkeypatch):
+    """Old evaluation results do not survive beside a new run: --overwrite empties them before training."""
+    import pitlab.local as local
+    from pitlab.api import load_resource
+
+    write, pt, _ = pt_spec
+    res = load_resource(write(pt))
+    ev = tmp_path / "out" / res.spec.evaluations[0].name
+    _other_run(ev, "LeakageEval", ev.name, training=res.metadata.name)
+    monkeypatch.setattr(local, "prepare_run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
+    with pytest.raises(local.RunError, match="stop here"):
+        local.run_pittraining_local(res, tmp_path / "out", overwrite=True)
+    assert not ev.exists()
+    status = json.loads((tmp_path / "out" / res.metadata.name / "status.json").read_text())
+    assert status["status"]["phase"] == "Failed"
+
+
+# --------------------------------------------------------------------------------------- push (item 2)
+def _folder(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_push_refuses_a_local_folder_with_content_and_keeps_it(tmp_path):
+    src = _folder(tmp_path / "src", {"a.txt": "new", "sub/b.txt": "new b"})
+    dest = _folder(tmp_path / "dest", {"mine.txt": "keep me", "notes/x.md": "x"})
+    before = _snapshot(dest)
+    code, out = _invoke("push", src, dest)
+    assert code == 2
+    assert f"{dest}: already holds 2 file(s) that `pitlab push` did not write (mine.txt, notes/x.md); pass " \
+           "--overwrite" in out
+    assert _snapshot(dest) == before
+    code, out = _invoke("push", src, dest, "--overwrite")
+    assert code == 0, out
+    after = _snapshot(dest)
+    assert {k: v for k, v in after.items() if k not in storage.manifest.MARKERS} == {"a.txt": b"new",
+                                                                                     "sub/b.txt": b"new b"}
+    assert storage.read_manifest(dest).files.keys() == {"a.txt", "sub/b.txt"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dest.")]  # nothing left aside
+
+
+def test_push_to_a_new_or_empty_local_folder_needs_no_overwrite(tmp_path):
+    src = _folder(tmp_path / "src", {"a.txt": "new"})
+    (tmp_path / "empty").mkdir()
+    for dest in (tmp_path / "new" / "deep", tmp_path / "empty"):
+        code, out = _invoke("push", src, dest)
+        assert code == 0, out
+        assert (dest / "a.txt").read_text() == "new" and storage.is_published(dest)
+
+
+def test_push_refuses_a_destination_inside_its_source_or_around_it(tmp_path):
+    src = _folder(tmp_path / "src", {"a.txt": "a"})
+    code, out = _invoke("push", src, src / "inner", "--overwrite")
+    assert code == 1 and "contain one another" in out
+    code, out = _invoke("push", src, tmp_path, "--overwrite")
+    assert code == 1 and "contain one another" in out
+    assert _snapshot(src) == {"a.txt": b"a"}
+
+
+def test_a_failed_local_push_leaves_the_old_folder_as_it_was(tmp_path, monkeypatch):
+    import pitlab.storage.transfer as transfer
+
+    src = _folder(tmp_path / "src", {"a.txt": "new"})
+    dest = _folder(tmp_path / "dest", {"old.txt": "old"})
+    before = _snapshot(dest)
+
+    def broken(files, uri, *a, **k):
+        (Path(uri) / "a.txt").write_text("half")
+        raise storage.StorageError(f"{uri}: disk full")
+
+    monkeypatch.setattr(transfer, "upload_files", broken)
+    code, out = _invoke("push", src, dest, "--overwrite")
+    assert code == 1 and "disk full" in out
+    assert _snapshot(dest) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dest.")]
+
+
+def test_push_refuses_an_s3_prefix_with_content(s3_bucket, tmp_path):
+    src = _folder(tmp_path / "src", {"a.txt": "new"})
+    uri = f"{s3_bucket.uri}/data"
+    storage.write_text(f"{uri}/mine.txt", "keep me")
+    code, out = _invoke("push", src, uri)
+    assert code == 2 and f"{uri}: already holds 1 file(s) that `pitlab push` did not write (mine.txt)" in out
+    assert storage.read_text(f"{uri}/mine.txt") == "keep me"
+    code, out = _invoke("push", src, uri, "--overwrite")
+    assert code == 0, out
+    assert set(storage.list_files(uri)) == {"a.txt", "MANIFEST.json", "_COMPLETE"}
+
+
+def test_push_of_a_missing_source_is_bad_input(tmp_path):
+    code, out = _invoke("push", tmp_path / "nope", tmp_path / "dest")
+    assert code == 2 and f"SRC: {tmp_path / 'nope'}: not a folder" in out
+    assert not (tmp_path / "dest").exists()
+
+
+# -------------------------------------------------------------------------------------- merge (item 2)
+def test_merge_refuses_an_out_folder_it_did_not_write_before_reading_anything(tmp_path):
+    out = _folder(tmp_path / "model", {"config.json": "{}", "weights.bin": "precious"})
+    before = _snapshot(out)
+    code, text = _invoke("merge", "--checkpoint", tmp_path / "no-ckpt", "--base", tmp_path / "no-base", "--out", out)
+    assert code == 2, text
+    assert f"{out}: already holds 2 file(s) that `pitlab merge` did not write (config.json, weights.bin); pass " \
+           "--overwrite" in text
+    assert _snapshot(out) == before
+
+
+def test_merge_may_replace_its_own_earlier_output_and_a_failure_keeps_it(tmp_path):
+    out = _folder(tmp_path / "model", {"merge_report.json": "{}", "model.safetensors": "old"})
+    before = _snapshot(out)
+    code, text = _invoke("merge", "--checkpoint", tmp_path / "no-ckpt", "--base", tmp_path / "no-base", "--out", out)
+    assert code == 1 and "no config.json" in text  # went past the folder check, failed on the inputs
+    assert _snapshot(out) == before
+
+
+def test_merge_with_overwrite_goes_past_the_check(tmp_path):
+    out = _folder(tmp_path / "model", {"weights.bin": "precious"})
+    code, text = _invoke("merge", "--checkpoint", tmp_path / "no-ckpt", "--base", tmp_path / "no-base", "--out", out,
+                         "--overwrite")
+    assert code == 1 and "no config.json" in text
+    assert (out / "weights.bin").read_text() == "precious"  # replaced only by a verified merge
+
+
+def test_pull_refuses_an_existing_destination(tmp_path):
+    dest = _folder(tmp_path / "dest", {"mine.txt": "keep"})
+    code, text = _invoke("pull", "s3://bucket/x", dest)
+    assert code == 2 and f"{dest} already exists" in text
+    assert _snapshot(dest) == {"mine.txt": b"keep"}

@@ -1,0 +1,111 @@
+"""`pitlab run --resume` refuses what it cannot continue: no earlier run, a changed spec, a changed corpus, an
+evaluation folder of another resource, --overwrite with it. (The bit-identical resume itself:
+tests/test_interrupt.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from pitlab.api import ResourceStatus, SpecError, dump_resource, load_resource
+from pitlab.api.status import CorpusAuditStatus
+from pitlab.cli import app
+from pitlab.resume import check_same_corpus, first_difference, resumable_status
+from test_bad_inputs import bases, write_corpus, write_jpx, write_ohlcv  # noqa: F401 - fixtures
+
+
+@pytest.fixture()
+def pt(bases, tmp_path):
+    write_ohlcv(tmp_path / "panel.csv")
+    write_corpus(tmp_path / "corpus.csv")
+    write_jpx(tmp_path / "jpx")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(bases["pt"]).replace("${TMP}", str(tmp_path)))
+    return path
+
+
+def _interrupted_run(res, root, **status):
+    run_dir = root / res.metadata.name
+    run_dir.mkdir(parents=True)
+    doc = dump_resource(res)
+    doc["status"] = {"phase": "Interrupted", **status}
+    (run_dir / "status.json").write_text(json.dumps(doc))
+    return run_dir
+
+
+def _invoke(*args):
+    r = CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
+    return r.exit_code, re.sub(r"\s+", " ", r.output)
+
+
+def test_first_difference_names_the_field():
+    assert first_difference({"a": {"b": [1, 2]}}, {"a": {"b": [1, 3]}}, "spec") == ("spec.a.b[1]", 2, 3)
+    assert first_difference({"a": 1}, {"a": 1, "c": 2}, "spec") == ("spec.c", None, 2)
+    assert first_difference({"a": [1]}, {"a": [1, 2]}, "spec") == ("spec.a", [1], [1, 2])
+    assert first_difference({"a": 1.0}, {"a": 1.0}, "spec") is None
+
+
+def test_nothing_to_resume(pt, tmp_path):
+    code, out = _invoke("run", pt, "--resume")
+    assert code == 2
+    assert f"--resume: {tmp_path}/out/sp500-fomc-demo/status.json does not exist: there is no run of PitTraining " \
+           "'sp500-fomc-demo' to resume" in out
+
+
+def test_a_changed_spec_is_refused_naming_the_field(pt, tmp_path):
+    res = load_resource(pt)
+    run_dir = _interrupted_run(res, tmp_path / "out")
+    doc = yaml.safe_load(pt.read_text())
+    doc["spec"]["training"]["seqLen"] = 32
+    pt.write_text(yaml.safe_dump(doc))
+    before = (run_dir / "status.json").read_bytes()
+    code, out = _invoke("run", pt, "--resume")
+    assert code == 2
+    assert f"spec.training.seqLen: changed since the run in {run_dir} started (was 128, now 32); a resume " \
+           "continues the same spec" in out
+    assert (run_dir / "status.json").read_bytes() == before
+
+
+def test_an_evaluation_folder_of_another_resource_is_refused(pt, tmp_path):
+    res = load_resource(pt)
+    _interrupted_run(res, tmp_path / "out")
+    other = tmp_path / "out" / "sp500-leakage"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError) as err:
+        resumable_status(res, tmp_path / "out")
+    assert err.value.problems[0][0] == "spec.evaluations[0].name"
+    assert "was written by no pitlab run (no status.json; 1 entries), not by this run's evaluation" in str(err.value)
+
+
+def test_a_changed_corpus_is_refused(pt, tmp_path):
+    res = load_resource(pt)
+    audit = CorpusAuditStatus(included=1, excluded_by_date=0, rejected_timestamp=0, max_included_timestamp=None,
+                              included_ids_sha256="a" * 64)
+    status = ResourceStatus(corpus_audit=audit)
+
+    class Now:
+        included_ids_sha256 = "b" * 64
+    with pytest.raises(SpecError, match=r"spec.corpus.uri: the documents kept at the cutoff changed since the run "
+                                        r"started \(included ids sha256 aaaaaaaaaaaa… then, bbbbbbbbbbbb… now\)"):
+        check_same_corpus(res, status, Now())
+
+
+def test_resume_and_overwrite_exclude_each_other(pt):
+    code, out = _invoke("run", pt, "--resume", "--overwrite")
+    assert code == 2 and "--resume: and --overwrite exclude each other" in out
+
+
+def test_a_succeeded_run_is_returned_as_it_is(pt, tmp_path):
+    import pitlab.local as local
+
+    res = load_resource(pt)
+    run_dir = _interrupted_run(res, tmp_path / "out")
+    doc = json.loads((run_dir / "status.json").read_text())
+    doc["status"]["phase"] = "Succeeded"
+    (run_dir / "status.json").write_text(json.dumps(doc))
+    assert local.run_pittraining_local(res, tmp_path / "out", resume=True)["status"]["phase"] == "Succeeded"
