@@ -508,13 +508,18 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
                                             help="LoRA: merge into the base (yes), adapter folder (no), or "
                                                  "auto (lora.mergeIntoBase)."),
           overwrite: bool = typer.Option(False, "--overwrite",
-                                         help="Replace an OUT that holds files an earlier merge did not write.")
+                                         help="Replace an OUT that holds files an earlier merge did not write "
+                                              "(they are named, then deleted once the new model is verified).")
           ) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
-    streaming shard by shard. Any of the paths may be an s3:// URI. An OUT holding files is refused (exit 2)
-    unless it is an earlier merge's output (merge_report.json) or --overwrite is given; OUT is written aside
-    and renamed into place."""
+    streaming shard by shard. Any of the paths may be an s3:// URI. An OUT holding anything but an earlier
+    merge's output (the files its merge_report.json lists) is refused (exit 2), naming those files, unless
+    --overwrite is given; OUT is written aside and renamed into place."""
     from pitlab.trainer.merge import MERGE_ADAPTER, run_merge_command
+
+    for field, value in (("--checkpoint", checkpoint), ("--base", base), ("--out", out), ("--summary", summary)):
+        if value is not None:
+            _check_uri(field, value)
 
     if logits_probe not in ("auto", "always", "never"):
         _fail(f"--logits-probe {logits_probe!r}: give auto, always or never", 2)
@@ -522,6 +527,17 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
         _fail(f"--merge-adapter {merge_adapter!r}: give auto, yes or no", 2)
     sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter,
                                overwrite=overwrite))
+
+
+def _check_uri(field: str, value: str) -> None:
+    """Refuse (exit 2) an ``s3://`` argument that is not a valid bucket/prefix, naming ``field``."""
+    from pitlab import storage
+
+    if storage.is_s3(str(value)):
+        try:
+            storage.parse_s3(str(value))
+        except storage.StorageError as err:
+            _fail(SpecError([(field, str(err))]), 2)
 
 
 @app.command()
@@ -534,12 +550,20 @@ def push(src: Path = typer.Argument(..., metavar="SRC", help="Local folder (a mo
     that already holds files is refused unless --overwrite; a local DEST is written aside and renamed into
     place, so it is either the old folder or the new one."""
     from pitlab import storage
-    from pitlab.storage.outdir import OutputExists, check_output
+    from pitlab.storage.outdir import OutputExists, check_output, describe, published_files
 
     if not src.is_dir():
         _fail(SpecError([("SRC", f"{src}: not a folder")]), 2)
+    _check_uri("DEST", dest)
+    if not storage.is_s3(dest):
+        d, r = Path(dest).resolve(), src.resolve()
+        if d.is_relative_to(r) or r.is_relative_to(d):
+            _fail(SpecError([("DEST", f"{dest} and the source folder {src} contain one another; give a "
+                                      "destination outside SRC and not around it")]), 2)
     try:
-        check_output(dest, overwrite, "pitlab push")
+        found = check_output(dest, overwrite, "pitlab push", own=published_files)
+        if found:
+            _say(f"[yellow]--overwrite:[/] replacing {escape(describe(dest, found))} once the new copy is complete")
         m = storage.upload_dir(src, dest)
     except OutputExists as err:
         _fail(err, 2)
@@ -555,10 +579,13 @@ def pull(src: str = typer.Argument(..., metavar="SRC", help="A published s3://bu
     """Download a published folder, verifying every file's sha256 against its manifest."""
     from pitlab import storage
 
+    _check_uri("SRC", src)
     if dest.exists():
-        _fail(f"{dest} already exists", 2)
+        _fail(SpecError([("DEST", f"{dest} already exists; `pitlab pull` creates the folder (give a new path)")]), 2)
     try:
         m = storage.download_dir(src, dest)
+    except (storage.NotPublished, storage.ObjectNotFound) as err:
+        _fail(SpecError([("SRC", str(err))]), 2)  # the argument names nothing published
     except storage.StorageError as err:
         _fail(err, 1)
     _say(f"[green]✓[/] {len(m.files)} files, {m.total_bytes:,} bytes verified → {dest}")
