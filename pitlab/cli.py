@@ -165,7 +165,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     """Check a spec without running it: schema, then files, columns, corpus cutoff, models and the run folders
     under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
     from pitlab import storage
-    from pitlab.api.runfolders import check_run_folders, folder_owner
+    from pitlab.api.runfolders import check_run_folders, folder_owner, resumable
     from pitlab.data import CorpusError, PanelError
     from pitlab.data.corpus import local_isoformat
     from pitlab.local import preflight
@@ -195,9 +195,11 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     if plan is not None:
         _say_audit_notes(plan.audit)
     _spec_warnings(res)
+    phase = resumable(res, out or Path(spec_out)) if existing else None
     for path in existing:
+        resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         _say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
-             "which deletes it")
+             f"which deletes it{resume}")
 
 
 def _say_audit_notes(audit) -> None:
@@ -242,8 +244,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if nproc is not None and nproc < 1:
         _fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
     if resume and overwrite:
-        _fail(SpecError([("--resume", "and --overwrite exclude each other: --resume continues the run folder, "
-                                      "--overwrite deletes it")]), 2)
+        _fail("--resume and --overwrite exclude each other: --resume continues the run folder, --overwrite "
+              "deletes it", 2)
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
     # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>

@@ -356,3 +356,26 @@ def test_pull_refuses_an_existing_destination(tmp_path):
     code, text = _invoke("pull", "s3://bucket/x", dest)
     assert code == 2 and f"{dest} already exists" in text
     assert _snapshot(dest) == {"mine.txt": b"keep"}
+
+
+def test_an_input_inside_a_run_folder_is_refused_even_with_overwrite(pt_spec, tmp_path):
+    """--overwrite deletes the run folders: a spec input inside one of them is refused at validate and run."""
+    write, pt, le = pt_spec
+    folder = tmp_path / "out" / le["metadata"]["name"]
+    write_jpx(folder / "jpx")  # the data set lives in the folder the run would replace
+    le["spec"]["dataset"]["uri"] = str(folder / "jpx")
+    before = _snapshot(folder)
+    for args in (("validate",), ("run",), ("run", "--overwrite"), ("validate", "--overwrite")):
+        code, out = _invoke(*args, write(le))
+        assert code == 2, (args, out)
+        assert f"spec.dataset.uri: {folder / 'jpx'} is inside {folder}, the run folder of LeakageEval " \
+               f"{le['metadata']['name']!r}, which the run replaces" in out
+        assert "--overwrite: deleting" not in out
+        assert _snapshot(folder) == before
+    ev = tmp_path / "out" / pt["spec"]["evaluations"][0]["name"]  # a PitTraining's corpus in its evaluation's folder
+    ev.mkdir(parents=True)
+    write_corpus(ev / "corpus.csv")
+    pt["spec"]["corpus"]["uri"] = str(ev / "corpus.csv")
+    code, out = _invoke("run", write(pt), "--overwrite")
+    assert code == 2 and f"spec.corpus.uri: {ev / 'corpus.csv'} is inside {ev}, the run folder of LeakageEval" in out
+    assert (ev / "corpus.csv").is_file()
