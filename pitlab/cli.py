@@ -78,6 +78,12 @@ class RichReporter:
         self.tasks: dict[str, int] = {}
         self.t0: dict[str, float] = {}
         self.last_line: dict[str, float] = {}
+        self.deleted_paths: list[Path] = []
+
+    def deleted(self, path: Path) -> None:
+        """``--overwrite`` deleted ``path`` (after the inputs passed)."""
+        self.deleted_paths.append(path)
+        _say(f"[yellow]--overwrite:[/] deleted {path}")
 
     def stage(self, name: str, detail: str = "") -> None:
         self.t0[name] = time.monotonic()
@@ -94,8 +100,9 @@ class RichReporter:
                 _say(f"  {task}: {done}/{total} {info}".rstrip())
 
     def done(self, name: str, detail: str = "") -> None:
-        secs = time.monotonic() - self.t0.get(name, time.monotonic())
-        _say(f"[green]✓ {name}[/] {detail} [dim]({secs:.1f} s)[/]")
+        t0 = self.t0.pop(name, None)  # a stage done without running (a resume skips it) has no start
+        took = "skipped" if t0 is None else f"{time.monotonic() - t0:.1f} s"
+        _say(f"[green]✓ {name}[/] {detail} [dim]({took})[/]")
 
 
 def _progress() -> Progress:
@@ -226,7 +233,12 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         out: Optional[Path] = typer.Option(None, "--out", "-o",
                                            help="Output root (default: the spec's output.uri, else ./out)."),
         data_root: Optional[Path] = DataRoot,
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
+        overwrite: bool = typer.Option(False, "--overwrite",
+                                       help="Delete the run's existing folders first: out/<name>/ (checkpoints "
+                                            "included) and, for a PitTraining, each evaluation's "
+                                            "out/<evaluation name>/; each is named before it is deleted, and only "
+                                            "once the inputs passed. To continue an interrupted run instead, use "
+                                            "--resume."),
         nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
         resume: bool = typer.Option(False, "--resume",
@@ -234,7 +246,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                          "stage (training from its last checkpoint); refused if the spec changed."),
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
-    evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
+    evaluation alone (LeakageEval). Writes out/<name>/ (and out/<evaluation name>/ for each evaluation) with
+    status.json as the operator would. An existing run folder is refused unless --overwrite (which deletes it) or,
+    for an interrupted run of the same spec, --resume (which continues it)."""
     from pitlab import storage
     from pitlab.api.summary import compact_results
     from pitlab.data import CorpusError, PanelError
@@ -264,8 +278,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
                   "it, checkpoints included, and start again", 2)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
-    elif not resume:
-        _claim_message(res, root, overwrite, file)
+    doomed: list[Path] = []
+    if not remote and not resume:
+        doomed = _claim_message(res, root, overwrite, file)
     t0 = time.monotonic()
 
     def publish() -> None:
@@ -275,6 +290,13 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                     publish_run(root / n, storage.join(remote, n))
                 except storage.StorageError as err:
                     _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
+
+    def kept() -> None:
+        """After a refusal: say which folders --overwrite announced but did not delete."""
+        left = [p for p in doomed if p not in reporter.deleted_paths]
+        if left:
+            _say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
+                 f"{'is' if len(left) == 1 else 'are'} as before")
 
     with _interruptible(Interrupted), _progress() as p:
         reporter = RichReporter(p)
@@ -287,14 +309,16 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                     run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
         except (SpecError, CorpusError, PanelError) as err:
             publish()  # bad input found after the run folder exists (its status.json says Failed)
+            kept()
             _fail(err, 2)
         except RunError as err:
             publish()
             _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
         except KeyboardInterrupt as err:
+            kept()
             status = root / res.metadata.name / "status.json"
-            _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status}); its "
-                  "message names the last durable checkpoint", 130)
+            _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
+                  f"{_interrupted_detail(status)}; continue with `pitlab run --resume {file}`", 130)
     publish()
     if remote:
         _say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
@@ -302,6 +326,19 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
     _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+def _interrupted_detail(status_path: Path) -> str:
+    """``: <message>`` of the Interrupted condition in ``status_path`` (it names the last durable checkpoint);
+    empty when there is none."""
+    import json
+
+    try:
+        conds = json.loads(status_path.read_text(encoding="utf-8"))["status"]["conditions"]
+        msg = next(c.get("message") for c in conds if c.get("reason") == "Interrupted" and c.get("message"))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return ""
+    return f": {msg}"
 
 
 @contextlib.contextmanager
@@ -321,9 +358,9 @@ def _interruptible(interrupted: type[KeyboardInterrupt]):
             signal.signal(sig, h)
 
 
-def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
+def _claim_message(res, root: Path, overwrite: bool, file: Path) -> list[Path]:
     """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide; with
-    ``--overwrite``, say which folders the run will delete (and whose they are)."""
+    ``--overwrite``, say which folders the run will delete (and whose they are) and return them."""
     from pitlab.api.runfolders import check_run_folders, folder_owner
 
     try:
@@ -333,6 +370,7 @@ def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
     for path in doomed:
         _say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
              "inputs are checked")
+    return doomed
 
 
 @app.command()

@@ -104,7 +104,17 @@ def test_bad_input_with_overwrite_deletes_nothing(pt_spec, tmp_path, tripwire):
     pt["spec"]["corpus"]["textField"] = "body"  # refused by the preflight, before anything is deleted
     code, out = _invoke("run", write(pt), "--overwrite")
     assert code == 2 and "no field 'body' (spec.corpus.textField)" in out
+    assert f"--overwrite: deleting {folder} (written by PitTraining" in out
+    assert f"--overwrite: nothing was deleted: {folder} is as before" in out  # the announcement is taken back
     assert _snapshot(tmp_path / "out") == before
+
+
+def test_run_help_says_what_overwrite_deletes_and_mentions_resume():
+    code, out = _invoke("run", "--help")
+    assert code == 0
+    assert "--overwrite Delete the run's existing folders first: out/<name>/ (checkpoints included) and, for a " \
+           "PitTraining, each evaluation's out/<evaluation name>/; each is named before it is deleted" in out
+    assert "To continue an interrupted run instead, use --resume." in out
 
 
 def test_an_earlier_run_of_the_same_resource_validates_with_a_note_and_run_needs_overwrite(pt_spec, tmp_path):

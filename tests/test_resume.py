@@ -135,3 +135,35 @@ def test_a_plain_run_over_an_interrupted_one_suggests_resume_first(pt, tmp_path)
     (run_dir / "status.json").write_text(json.dumps(doc))
     code, out = _invoke("run", pt)
     assert code == 2 and "--resume" not in out and "pass --overwrite to delete it (checkpoints included)" in out
+
+
+def test_a_stage_done_without_running_shows_skipped(monkeypatch):
+    """A resume reports the stages done before the interruption as skipped, not as a negative duration."""
+    import io
+
+    from rich.console import Console
+
+    import pitlab.cli as cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=buf, width=200))
+    reporter = cli.RichReporter(None)
+    reporter.done("prepare", "done before the interruption")
+    reporter.stage("train")
+    reporter.done("train", "trained")
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith("prepare done before the interruption (skipped)") and "-0.0" not in buf.getvalue()
+    assert re.search(r"train trained \(\d+\.\d s\)$", lines[-1])
+
+
+def test_the_interrupted_message_names_the_durable_checkpoint(tmp_path):
+    from pitlab.cli import _interrupted_detail
+
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps({"status": {"phase": "Interrupted", "conditions": [
+        {"type": "Prepared", "status": "True", "reason": "Prepared", "message": "ok"},
+        {"type": "Trained", "status": "False", "reason": "Interrupted",
+         "message": "interrupted by SIGINT during train; last durable checkpoint: out/x/checkpoint/step-4"}]}}))
+    assert _interrupted_detail(status) == ": interrupted by SIGINT during train; last durable checkpoint: " \
+                                          "out/x/checkpoint/step-4"
+    assert _interrupted_detail(tmp_path / "missing.json") == ""
