@@ -378,7 +378,8 @@ def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval 
              out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
              data_root: Optional[Path] = DataRoot,
              overwrite: bool = typer.Option(False, "--overwrite",
-                                            help="Replace an existing out/<name>/ folder.")) -> None:
+                                            help="Delete an existing out/<name>/ folder first (named before it is "
+                                                 "deleted, and only once the inputs passed).")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     _load_eval(file, data_root)
     run(file, out, data_root, overwrite, None, False)
