@@ -359,6 +359,11 @@ def test_merge_input_errors_are_bad_input(tmp_path):
         code, text = _invoke("merge", *args, "--out", tmp_path / "new")
         assert code == 2 and msg in text, (args, text)
         assert not (tmp_path / "new").exists()
+    from pitlab.trainer.merge import main  # the merge Job's `python -m pitlab.trainer.merge`
+
+    assert main(["--checkpoint", str(tmp_path / "ck"), "--base", str(base), "--out", "s3://"]) == 2
+    assert main(["--checkpoint", str(tmp_path / "ck"), "--base", str(tmp_path / "emptydir"),
+                 "--out", str(tmp_path / "new")]) == 2
 
 
 def test_pull_refuses_an_existing_destination(tmp_path):

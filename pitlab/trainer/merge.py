@@ -662,6 +662,12 @@ def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summar
     from pitlab import storage
     from pitlab.storage.outdir import check_output, describe
 
+    for name, value in (("--checkpoint", checkpoint), ("--base", base), ("--out", out), ("--summary", summary)):
+        if value is not None and storage.is_s3(str(value)):
+            try:
+                storage.parse_s3(str(value))
+            except storage.StorageError as err:
+                raise MergeInputError(f"{name}: {err}") from None
     dest = str(out) if storage.is_s3(str(out)) else Path(out)
     found = check_output(dest, overwrite, "pitlab merge", own=merged_files, replace_own=True)
     if found:
