@@ -78,6 +78,12 @@ class RichReporter:
         self.tasks: dict[str, int] = {}
         self.t0: dict[str, float] = {}
         self.last_line: dict[str, float] = {}
+        self.deleted_paths: list[Path] = []
+
+    def deleted(self, path: Path) -> None:
+        """``--overwrite`` deleted ``path`` (after the inputs passed)."""
+        self.deleted_paths.append(path)
+        _say(f"[yellow]--overwrite:[/] deleted {path}")
 
     def stage(self, name: str, detail: str = "") -> None:
         self.t0[name] = time.monotonic()
@@ -94,8 +100,9 @@ class RichReporter:
                 _say(f"  {task}: {done}/{total} {info}".rstrip())
 
     def done(self, name: str, detail: str = "") -> None:
-        secs = time.monotonic() - self.t0.get(name, time.monotonic())
-        _say(f"[green]✓ {name}[/] {detail} [dim]({secs:.1f} s)[/]")
+        t0 = self.t0.pop(name, None)  # a stage done without running (a resume skips it) has no start
+        took = "skipped" if t0 is None else f"{time.monotonic() - t0:.1f} s"
+        _say(f"[green]✓ {name}[/] {detail} [dim]({took})[/]")
 
 
 def _progress() -> Progress:
@@ -165,7 +172,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     """Check a spec without running it: schema, then files, columns, corpus cutoff, models and the run folders
     under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
     from pitlab import storage
-    from pitlab.api.runfolders import check_run_folders, folder_owner
+    from pitlab.api.runfolders import check_run_folders, folder_owner, resumable
     from pitlab.data import CorpusError, PanelError
     from pitlab.data.corpus import local_isoformat
     from pitlab.local import preflight
@@ -195,9 +202,11 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     if plan is not None:
         _say_audit_notes(plan.audit)
     _spec_warnings(res)
+    phase = resumable(res, out or Path(spec_out)) if existing else None
     for path in existing:
+        resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         _say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
-             "which deletes it")
+             f"which deletes it{resume}")
 
 
 def _say_audit_notes(audit) -> None:
@@ -224,7 +233,12 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         out: Optional[Path] = typer.Option(None, "--out", "-o",
                                            help="Output root (default: the spec's output.uri, else ./out)."),
         data_root: Optional[Path] = DataRoot,
-        overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing out/<name>/ folder."),
+        overwrite: bool = typer.Option(False, "--overwrite",
+                                       help="Delete the run's existing folders first: out/<name>/ (checkpoints "
+                                            "included) and, for a PitTraining, each evaluation's "
+                                            "out/<evaluation name>/; each is named before it is deleted, and only "
+                                            "once the inputs passed. To continue an interrupted run instead, use "
+                                            "--resume."),
         nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
         resume: bool = typer.Option(False, "--resume",
@@ -232,7 +246,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                          "stage (training from its last checkpoint); refused if the spec changed."),
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
-    evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would."""
+    evaluation alone (LeakageEval). Writes out/<name>/ (and out/<evaluation name>/ for each evaluation) with
+    status.json as the operator would. An existing run folder is refused unless --overwrite (which deletes it) or,
+    for an interrupted run of the same spec, --resume (which continues it)."""
     from pitlab import storage
     from pitlab.api.summary import compact_results
     from pitlab.data import CorpusError, PanelError
@@ -242,8 +258,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if nproc is not None and nproc < 1:
         _fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
     if resume and overwrite:
-        _fail(SpecError([("--resume", "and --overwrite exclude each other: --resume continues the run folder, "
-                                      "--overwrite deletes it")]), 2)
+        _fail("--resume and --overwrite exclude each other: --resume continues the run folder, --overwrite "
+              "deletes it", 2)
     res = _load(file, data_root)
     spec_out = res.spec.output.uri if res.spec.output else "out"
     # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>
@@ -262,8 +278,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
                   "it, checkpoints included, and start again", 2)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
-    elif not resume:
-        _claim_message(res, root, overwrite, file)
+    doomed: list[Path] = []
+    if not remote and not resume:
+        doomed = _claim_message(res, root, overwrite, file)
     t0 = time.monotonic()
 
     def publish() -> None:
@@ -273,6 +290,13 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                     publish_run(root / n, storage.join(remote, n))
                 except storage.StorageError as err:
                     _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
+
+    def kept() -> None:
+        """After a refusal: say which folders --overwrite announced but did not delete."""
+        left = [p for p in doomed if p not in reporter.deleted_paths]
+        if left:
+            _say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
+                 f"{'is' if len(left) == 1 else 'are'} as before")
 
     with _interruptible(Interrupted), _progress() as p:
         reporter = RichReporter(p)
@@ -285,14 +309,16 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                     run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
         except (SpecError, CorpusError, PanelError) as err:
             publish()  # bad input found after the run folder exists (its status.json says Failed)
+            kept()
             _fail(err, 2)
         except RunError as err:
             publish()
             _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
         except KeyboardInterrupt as err:
+            kept()
             status = root / res.metadata.name / "status.json"
-            _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status}); its "
-                  "message names the last durable checkpoint", 130)
+            _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
+                  f"{_interrupted_detail(status)}; continue with `pitlab run --resume {file}`", 130)
     publish()
     if remote:
         _say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
@@ -300,6 +326,19 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
     _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+def _interrupted_detail(status_path: Path) -> str:
+    """``: <message>`` of the Interrupted condition in ``status_path`` (it names the last durable checkpoint);
+    empty when there is none."""
+    import json
+
+    try:
+        conds = json.loads(status_path.read_text(encoding="utf-8"))["status"]["conditions"]
+        msg = next(c.get("message") for c in conds if c.get("reason") == "Interrupted" and c.get("message"))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return ""
+    return f": {msg}"
 
 
 @contextlib.contextmanager
@@ -319,9 +358,9 @@ def _interruptible(interrupted: type[KeyboardInterrupt]):
             signal.signal(sig, h)
 
 
-def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
+def _claim_message(res, root: Path, overwrite: bool, file: Path) -> list[Path]:
     """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide; with
-    ``--overwrite``, say which folders the run will delete (and whose they are)."""
+    ``--overwrite``, say which folders the run will delete (and whose they are) and return them."""
     from pitlab.api.runfolders import check_run_folders, folder_owner
 
     try:
@@ -331,6 +370,7 @@ def _claim_message(res, root: Path, overwrite: bool, file: Path) -> None:
     for path in doomed:
         _say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
              "inputs are checked")
+    return doomed
 
 
 @app.command()
@@ -338,7 +378,8 @@ def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval 
              out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
              data_root: Optional[Path] = DataRoot,
              overwrite: bool = typer.Option(False, "--overwrite",
-                                            help="Replace an existing out/<name>/ folder.")) -> None:
+                                            help="Delete an existing out/<name>/ folder first (named before it is "
+                                                 "deleted, and only once the inputs passed).")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     _load_eval(file, data_root)
     run(file, out, data_root, overwrite, None, False)
@@ -508,13 +549,18 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
                                             help="LoRA: merge into the base (yes), adapter folder (no), or "
                                                  "auto (lora.mergeIntoBase)."),
           overwrite: bool = typer.Option(False, "--overwrite",
-                                         help="Replace an OUT that holds files an earlier merge did not write.")
+                                         help="Replace an OUT that holds files an earlier merge did not write "
+                                              "(they are named, then deleted once the new model is verified).")
           ) -> None:
     """Merge a DCP checkpoint into a Hugging Face model folder in one process (the merge Job's entry point),
-    streaming shard by shard. Any of the paths may be an s3:// URI. An OUT holding files is refused (exit 2)
-    unless it is an earlier merge's output (merge_report.json) or --overwrite is given; OUT is written aside
-    and renamed into place."""
+    streaming shard by shard. Any of the paths may be an s3:// URI. An OUT holding anything but an earlier
+    merge's output (the files its merge_report.json lists) is refused (exit 2), naming those files, unless
+    --overwrite is given; OUT is written aside and renamed into place."""
     from pitlab.trainer.merge import MERGE_ADAPTER, run_merge_command
+
+    for field, value in (("--checkpoint", checkpoint), ("--base", base), ("--out", out), ("--summary", summary)):
+        if value is not None:
+            _check_uri(field, value)
 
     if logits_probe not in ("auto", "always", "never"):
         _fail(f"--logits-probe {logits_probe!r}: give auto, always or never", 2)
@@ -522,6 +568,17 @@ def merge(checkpoint: str = typer.Option(..., "--checkpoint", help="DCP checkpoi
         _fail(f"--merge-adapter {merge_adapter!r}: give auto, yes or no", 2)
     sys.exit(run_merge_command(checkpoint, base, out, summary, max_shard_size, logits_probe, merge_adapter,
                                overwrite=overwrite))
+
+
+def _check_uri(field: str, value: str) -> None:
+    """Refuse (exit 2) an ``s3://`` argument that is not a valid bucket/prefix, naming ``field``."""
+    from pitlab import storage
+
+    if storage.is_s3(str(value)):
+        try:
+            storage.parse_s3(str(value))
+        except storage.StorageError as err:
+            _fail(SpecError([(field, str(err))]), 2)
 
 
 @app.command()
@@ -534,12 +591,20 @@ def push(src: Path = typer.Argument(..., metavar="SRC", help="Local folder (a mo
     that already holds files is refused unless --overwrite; a local DEST is written aside and renamed into
     place, so it is either the old folder or the new one."""
     from pitlab import storage
-    from pitlab.storage.outdir import OutputExists, check_output
+    from pitlab.storage.outdir import OutputExists, check_output, describe, published_files
 
     if not src.is_dir():
         _fail(SpecError([("SRC", f"{src}: not a folder")]), 2)
+    _check_uri("DEST", dest)
+    if not storage.is_s3(dest):
+        d, r = Path(dest).resolve(), src.resolve()
+        if d.is_relative_to(r) or r.is_relative_to(d):
+            _fail(SpecError([("DEST", f"{dest} and the source folder {src} contain one another; give a "
+                                      "destination outside SRC and not around it")]), 2)
     try:
-        check_output(dest, overwrite, "pitlab push")
+        found = check_output(dest, overwrite, "pitlab push", own=published_files)
+        if found:
+            _say(f"[yellow]--overwrite:[/] replacing {escape(describe(dest, found))} once the new copy is complete")
         m = storage.upload_dir(src, dest)
     except OutputExists as err:
         _fail(err, 2)
@@ -555,10 +620,13 @@ def pull(src: str = typer.Argument(..., metavar="SRC", help="A published s3://bu
     """Download a published folder, verifying every file's sha256 against its manifest."""
     from pitlab import storage
 
+    _check_uri("SRC", src)
     if dest.exists():
-        _fail(f"{dest} already exists", 2)
+        _fail(SpecError([("DEST", f"{dest} already exists; `pitlab pull` creates the folder (give a new path)")]), 2)
     try:
         m = storage.download_dir(src, dest)
+    except (storage.NotPublished, storage.ObjectNotFound) as err:
+        _fail(SpecError([("SRC", str(err))]), 2)  # the argument names nothing published
     except storage.StorageError as err:
         _fail(err, 1)
     _say(f"[green]✓[/] {len(m.files)} files, {m.total_bytes:,} bytes verified → {dest}")

@@ -163,12 +163,16 @@ def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: s
     return CheckedEvaluation(check_panel(spec, field_prefix, dataset), models)
 
 
-def _claim_run_folders(res: PitTraining | LeakageEval, out_root: Path, overwrite: bool) -> None:
+def _claim_run_folders(res: PitTraining | LeakageEval, out_root: Path, overwrite: bool,
+                       reporter: Reporter | None = None) -> None:
     """Check every run folder of ``res`` (:func:`pitlab.api.runfolders.check_run_folders`: SpecError naming the
     folder and its owner when one exists without ``overwrite``), then delete the existing ones (``overwrite``),
-    so that no folder of an earlier run is left beside the new one looking complete."""
+    so that no folder of an earlier run is left beside the new one looking complete; a reporter with a
+    ``deleted(path)`` method is told of each."""
     for path in check_run_folders(res, out_root, overwrite):
         shutil.rmtree(path)
+        if hasattr(reporter, "deleted"):
+            reporter.deleted(path)
 
 
 def _prepare_run_dir(out_root: Path, name: str) -> Path:
@@ -324,7 +328,7 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
         if done is not None:
             return done
         overwrite = True  # its own folder, checked: the interrupted attempt's files go
-    _claim_run_folders(res, out_root, overwrite)
+    _claim_run_folders(res, out_root, overwrite, reporter)
     run_dir = _prepare_run_dir(out_root, res.metadata.name)
     st = StatusWriter(run_dir / "status.json", res)
     st.done(stages.VALIDATE, "spec is valid")
@@ -483,7 +487,7 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
             return json.loads((run_dir / "status.json").read_text())
         table = tuple(s for s in table if not conditions.is_true(status, s.condition))
     else:
-        _claim_run_folders(res, out_root, overwrite)  # the evaluations' folders too: none is replaced unasked
+        _claim_run_folders(res, out_root, overwrite, reporter)  # the evaluations' folders too: none is replaced unasked
         run_dir = _prepare_run_dir(out_root, res.metadata.name)
         st = StatusWriter(run_dir / "status.json", res)
         st.done(stages.VALIDATE, "spec is valid")

@@ -3,7 +3,7 @@
 The run folder's ``status.json`` holds the resource the run started with and the conditions of its stages. A
 resume refuses (:class:`pitlab.api.SpecError`, exit 2) when there is nothing to resume, when the spec differs
 from the one the run started with (naming the first differing field), when the corpus the cutoff filter keeps
-differs, or when an evaluation's folder belongs to another resource. Otherwise the stages whose condition is True
+differs, or when an evaluation's folder belongs to another resource (an empty one is free). Otherwise the stages whose condition is True
 are skipped and the others run again: training continues from its last complete checkpoint (bit-identical to an
 uninterrupted run, :mod:`pitlab.trainer.checkpoint`), and an evaluation that did not succeed starts over in its
 own folder.
@@ -60,7 +60,7 @@ def resumable_status(res, root: Path, source: str | None = None) -> ResourceStat
                                  f"{json.dumps(now)}); a resume continues the same spec: revert the change, or run "
                                  "with --overwrite to start again")], source)
     for f in run_folders(res, root)[1:]:
-        if f.path.exists():
+        if f.path.exists() and not (f.path.is_dir() and next(f.path.iterdir(), None) is None):  # empty: free
             owner, words = folder_owner(f.path)
             if owner != (f.kind, f.name, f.training):
                 raise SpecError([(f.field, f"{f.path} was written by {words}, not by this run's evaluation; move "

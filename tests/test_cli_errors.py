@@ -159,11 +159,11 @@ def test_run_help_shows_flags_without_a_value_and_the_argument_as_FILE():
     out = _help(["run", "--help"], columns=120)
     assert "Usage: pitlab run [OPTIONS] {FILE}\n" in out
     assert "<bool>" not in out and "{file}" not in out
-    assert re.search(r"\n  --overwrite +Replace an existing out/<name>/ folder\.\n", out), out
+    assert re.search(r"\n  --overwrite +Delete the run's existing folders first: out/<name>/", out), out
     assert re.search(r"\n  --help +Show this message and exit\.\n", out), out
     assert re.search(r"\n  FILE <path> +PitTraining or LeakageEval YAML\. +\[required\]\n", out), out
     assert re.search(r"\n  --nproc <int> +torchrun processes", out), out  # options that take a value keep it
-    assert re.search(r"\n  --overwrite +Replace an existing out/<name>/ folder\.\n",
+    assert re.search(r"\n  --overwrite +Delete an existing out/<name>/ folder first",
                      _help(["evaluate", "--help"], columns=120))  # found undocumented by a new user
     assert "Usage: pitlab push [OPTIONS] {SRC} {DEST}\n" in _help(["push", "--help"])
     r = CliRunner().invoke(app, ["run"], env={"COLUMNS": "120"})
@@ -176,7 +176,8 @@ def test_help_texts_flow_as_paragraphs():
     out = _help(["run", "--help"], columns=120)
     flat = " ".join(out.split())
     assert ("Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the "
-            "evaluation alone (LeakageEval). Writes out/<name>/ with status.json as the operator would.") in flat
+            "evaluation alone (LeakageEval). Writes out/<name>/ (and out/<evaluation name>/ for each evaluation) with "
+            "status.json as the operator would.") in flat
     assert not any(line.rstrip().endswith("or the") for line in out.splitlines()), out  # the docstring's break
     top = _help(["--help"], columns=120)
     assert "\n  run       Run a resource on this machine: corpus filter → train → merge" in top  # click's summary

@@ -104,7 +104,17 @@ def test_bad_input_with_overwrite_deletes_nothing(pt_spec, tmp_path, tripwire):
     pt["spec"]["corpus"]["textField"] = "body"  # refused by the preflight, before anything is deleted
     code, out = _invoke("run", write(pt), "--overwrite")
     assert code == 2 and "no field 'body' (spec.corpus.textField)" in out
+    assert f"--overwrite: deleting {folder} (written by PitTraining" in out
+    assert f"--overwrite: nothing was deleted: {folder} is as before" in out  # the announcement is taken back
     assert _snapshot(tmp_path / "out") == before
+
+
+def test_run_help_says_what_overwrite_deletes_and_mentions_resume():
+    code, out = _invoke("run", "--help")
+    assert code == 0
+    assert "--overwrite Delete the run's existing folders first: out/<name>/ (checkpoints included) and, for a " \
+           "PitTraining, each evaluation's out/<evaluation name>/; each is named before it is deleted" in out
+    assert "To continue an interrupted run instead, use --resume." in out
 
 
 def test_an_earlier_run_of_the_same_resource_validates_with_a_note_and_run_needs_overwrite(pt_spec, tmp_path):
@@ -204,13 +214,45 @@ def test_push_to_a_new_or_empty_local_folder_needs_no_overwrite(tmp_path):
         assert (dest / "a.txt").read_text() == "new" and storage.is_published(dest)
 
 
-def test_push_refuses_a_destination_inside_its_source_or_around_it(tmp_path):
+def test_push_refuses_a_destination_inside_its_source_or_around_it(tmp_path, monkeypatch):
+    src = _folder(tmp_path / "src", {"a.txt": "a", "sub/b.txt": "b"})
+    monkeypatch.chdir(tmp_path)
+    for args in ((src, src / "inner", "--overwrite"), (src, src / "sub"), (src / "sub", src), (src, tmp_path),
+                 ("src", ".", "--overwrite")):
+        code, out = _invoke("push", *args)
+        assert code == 2, (args, out)  # bad input, not a failed upload
+        assert f"DEST: {args[1]} and the source folder {args[0]} contain one another" in out
+    assert _snapshot(src) == {"a.txt": b"a", "sub/b.txt": b"b"}
+
+
+def test_push_into_its_own_earlier_output_says_so_and_needs_overwrite(tmp_path):
+    src = _folder(tmp_path / "src", {"a.txt": "a", "b.txt": "b"})
+    dest = tmp_path / "d2"
+    assert _invoke("push", src, dest)[0] == 0
+    before = _snapshot(dest)
+    code, out = _invoke("push", src, dest)
+    assert code == 2, out
+    assert f"{dest}: holds an earlier `pitlab push` output (4 file(s): MANIFEST.json, _COMPLETE, a.txt, ...); " \
+           "pass --overwrite to replace it" in out
+    assert "did not write" not in out
+    assert _snapshot(dest) == before
+    (dest / "notes.txt").write_text("mine")  # a file the push did not write is named as such
+    code, out = _invoke("push", src, dest)
+    assert code == 2 and f"{dest}: already holds 1 file(s) that `pitlab push` did not write (notes.txt)" in out
+    code, out = _invoke("push", src, dest, "--overwrite")
+    assert code == 0 and f"--overwrite: replacing {dest} (5 file(s): MANIFEST.json, _COMPLETE, a.txt, ...)" in out
+    assert not (dest / "notes.txt").exists()
+
+
+def test_push_and_pull_argument_errors_are_bad_input(tmp_path):
     src = _folder(tmp_path / "src", {"a.txt": "a"})
-    code, out = _invoke("push", src, src / "inner", "--overwrite")
-    assert code == 1 and "contain one another" in out
-    code, out = _invoke("push", src, tmp_path, "--overwrite")
-    assert code == 1 and "contain one another" in out
-    assert _snapshot(src) == {"a.txt": b"a"}
+    code, out = _invoke("push", src, "s3://")
+    assert code == 2 and "DEST: 's3://'" in out
+    code, out = _invoke("pull", "s3://Bad_Bucket/x", tmp_path / "new")
+    assert code == 2 and "SRC: 's3://Bad_Bucket/x'" in out
+    code, out = _invoke("pull", tmp_path / "src", tmp_path / "new")  # a folder nobody published
+    assert code == 2 and "SRC: " in out and "not published" in out
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_failed_local_push_leaves_the_old_folder_as_it_was(tmp_path, monkeypatch):
@@ -260,20 +302,68 @@ def test_merge_refuses_an_out_folder_it_did_not_write_before_reading_anything(tm
     assert _snapshot(out) == before
 
 
+def _merge_output(out: Path, extra: dict[str, str] | None = None) -> Path:
+    """A folder as `pitlab merge` leaves it: its files, and merge_report.json listing them."""
+    files = {"config.json": "{}", "model.safetensors": "old", "tokenizer.json": "{}"}
+    _folder(out, files)
+    (out / "merge_report.json").write_text(json.dumps({"verified": True,
+                                                       "files": sorted(files) + ["merge_report.json"]}))
+    return _folder(out, extra or {})
+
+
 def test_merge_may_replace_its_own_earlier_output_and_a_failure_keeps_it(tmp_path):
-    out = _folder(tmp_path / "model", {"merge_report.json": "{}", "model.safetensors": "old"})
+    """A retried merge (the merge Job run again) goes past the folder check without --overwrite."""
+    out = _merge_output(tmp_path / "model")
     before = _snapshot(out)
     code, text = _invoke("merge", "--checkpoint", tmp_path / "no-ckpt", "--base", tmp_path / "no-base", "--out", out)
-    assert code == 1 and "no config.json" in text  # went past the folder check, failed on the inputs
+    assert code == 2 and "no config.json" in text  # went past the folder check, refused on the inputs
+    assert f"replacing the earlier merge output {out} (4 file(s)" in text
     assert _snapshot(out) == before
+
+
+def test_merge_refuses_files_beside_a_merge_report_without_overwrite(tmp_path):
+    """A merge_report.json (even `{}`) does not make the other files of a folder the merge's own."""
+    for report in ("{}", None):
+        out = tmp_path / f"mo-{report is None}"
+        if report is None:
+            _merge_output(out, {"keep.txt": "notes"})  # a real earlier output, plus a file of the user's
+        else:
+            _folder(out, {"merge_report.json": report, "keep.txt": "notes"})
+        (out / "mydata").mkdir()
+        before = _snapshot(out)
+        code, text = _invoke("merge", "--checkpoint", tmp_path / "ck", "--base", tmp_path / "base", "--out", out)
+        assert code == 2, text
+        assert f"{out}: already holds" in text and "that `pitlab merge` did not write (keep.txt" in text
+        assert "mydata/" in text and "pass --overwrite" in text
+        assert _snapshot(out) == before and (out / "mydata").is_dir()
 
 
 def test_merge_with_overwrite_goes_past_the_check(tmp_path):
     out = _folder(tmp_path / "model", {"weights.bin": "precious"})
     code, text = _invoke("merge", "--checkpoint", tmp_path / "no-ckpt", "--base", tmp_path / "no-base", "--out", out,
                          "--overwrite")
-    assert code == 1 and "no config.json" in text
+    assert code == 2 and "no config.json" in text
+    assert f"--overwrite: replacing {out} (1 file(s): weights.bin)" in text
     assert (out / "weights.bin").read_text() == "precious"  # replaced only by a verified merge
+
+
+def test_merge_input_errors_are_bad_input(tmp_path):
+    base = _folder(tmp_path / "base", {"config.json": "{}"})
+    (tmp_path / "emptydir").mkdir()
+    cases = [
+        (("--checkpoint", tmp_path / "ck", "--base", tmp_path / "emptydir"), "base model directory has no config.json"),
+        (("--checkpoint", tmp_path / "ck", "--base", base), "not a complete DCP checkpoint"),
+        (("--checkpoint", "s3://", "--base", base), "--checkpoint: 's3://'"),
+    ]
+    for args, msg in cases:
+        code, text = _invoke("merge", *args, "--out", tmp_path / "new")
+        assert code == 2 and msg in text, (args, text)
+        assert not (tmp_path / "new").exists()
+    from pitlab.trainer.merge import main  # the merge Job's `python -m pitlab.trainer.merge`
+
+    assert main(["--checkpoint", str(tmp_path / "ck"), "--base", str(base), "--out", "s3://"]) == 2
+    assert main(["--checkpoint", str(tmp_path / "ck"), "--base", str(tmp_path / "emptydir"),
+                 "--out", str(tmp_path / "new")]) == 2
 
 
 def test_pull_refuses_an_existing_destination(tmp_path):
@@ -281,3 +371,26 @@ def test_pull_refuses_an_existing_destination(tmp_path):
     code, text = _invoke("pull", "s3://bucket/x", dest)
     assert code == 2 and f"{dest} already exists" in text
     assert _snapshot(dest) == {"mine.txt": b"keep"}
+
+
+def test_an_input_inside_a_run_folder_is_refused_even_with_overwrite(pt_spec, tmp_path):
+    """--overwrite deletes the run folders: a spec input inside one of them is refused at validate and run."""
+    write, pt, le = pt_spec
+    folder = tmp_path / "out" / le["metadata"]["name"]
+    write_jpx(folder / "jpx")  # the data set lives in the folder the run would replace
+    le["spec"]["dataset"]["uri"] = str(folder / "jpx")
+    before = _snapshot(folder)
+    for args in (("validate",), ("run",), ("run", "--overwrite"), ("validate", "--overwrite")):
+        code, out = _invoke(*args, write(le))
+        assert code == 2, (args, out)
+        assert f"spec.dataset.uri: {folder / 'jpx'} is inside {folder}, the run folder of LeakageEval " \
+               f"{le['metadata']['name']!r}, which the run replaces" in out
+        assert "--overwrite: deleting" not in out
+        assert _snapshot(folder) == before
+    ev = tmp_path / "out" / pt["spec"]["evaluations"][0]["name"]  # a PitTraining's corpus in its evaluation's folder
+    ev.mkdir(parents=True)
+    write_corpus(ev / "corpus.csv")
+    pt["spec"]["corpus"]["uri"] = str(ev / "corpus.csv")
+    code, out = _invoke("run", write(pt), "--overwrite")
+    assert code == 2 and f"spec.corpus.uri: {ev / 'corpus.csv'} is inside {ev}, the run folder of LeakageEval" in out
+    assert (ev / "corpus.csv").is_file()

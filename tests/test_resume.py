@@ -97,7 +97,7 @@ def test_a_changed_corpus_is_refused(pt, tmp_path):
 
 def test_resume_and_overwrite_exclude_each_other(pt):
     code, out = _invoke("run", pt, "--resume", "--overwrite")
-    assert code == 2 and "--resume: and --overwrite exclude each other" in out
+    assert code == 2 and "error: --resume and --overwrite exclude each other: --resume continues" in out
 
 
 def test_a_succeeded_run_is_returned_as_it_is(pt, tmp_path):
@@ -109,3 +109,61 @@ def test_a_succeeded_run_is_returned_as_it_is(pt, tmp_path):
     doc["status"]["phase"] = "Succeeded"
     (run_dir / "status.json").write_text(json.dumps(doc))
     assert local.run_pittraining_local(res, tmp_path / "out", resume=True)["status"]["phase"] == "Succeeded"
+
+
+def test_an_empty_evaluation_folder_is_free_for_a_resume(pt, tmp_path):
+    res = load_resource(pt)
+    _interrupted_run(res, tmp_path / "out")
+    (tmp_path / "out" / "sp500-leakage").mkdir()
+    assert resumable_status(res, tmp_path / "out").phase == "Interrupted"
+
+
+def test_a_plain_run_over_an_interrupted_one_suggests_resume_first(pt, tmp_path):
+    res = load_resource(pt)
+    run_dir = _interrupted_run(res, tmp_path / "out")
+    before = (run_dir / "status.json").read_bytes()
+    code, out = _invoke("run", pt)
+    assert code == 2, out
+    assert f"metadata.name: {run_dir} holds an unfinished run of PitTraining 'sp500-fomc-demo' (status Interrupted " \
+           f"in {run_dir / 'status.json'}): continue it with `pitlab run --resume {pt}`, or pass --overwrite to " \
+           "delete it (checkpoints included) and start again" in out
+    assert (run_dir / "status.json").read_bytes() == before
+    code, out = _invoke("validate", pt)
+    assert code == 0 and "(or --resume, to continue its unfinished run: status Interrupted)" in out
+    doc = json.loads(before)
+    doc["status"]["phase"] = "Succeeded"  # a finished run: nothing to resume, --overwrite only
+    (run_dir / "status.json").write_text(json.dumps(doc))
+    code, out = _invoke("run", pt)
+    assert code == 2 and "--resume" not in out and "pass --overwrite to delete it (checkpoints included)" in out
+
+
+def test_a_stage_done_without_running_shows_skipped(monkeypatch):
+    """A resume reports the stages done before the interruption as skipped, not as a negative duration."""
+    import io
+
+    from rich.console import Console
+
+    import pitlab.cli as cli
+
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=buf, width=200))
+    reporter = cli.RichReporter(None)
+    reporter.done("prepare", "done before the interruption")
+    reporter.stage("train")
+    reporter.done("train", "trained")
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith("prepare done before the interruption (skipped)") and "-0.0" not in buf.getvalue()
+    assert re.search(r"train trained \(\d+\.\d s\)$", lines[-1])
+
+
+def test_the_interrupted_message_names_the_durable_checkpoint(tmp_path):
+    from pitlab.cli import _interrupted_detail
+
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps({"status": {"phase": "Interrupted", "conditions": [
+        {"type": "Prepared", "status": "True", "reason": "Prepared", "message": "ok"},
+        {"type": "Trained", "status": "False", "reason": "Interrupted",
+         "message": "interrupted by SIGINT during train; last durable checkpoint: out/x/checkpoint/step-4"}]}}))
+    assert _interrupted_detail(status) == ": interrupted by SIGINT during train; last durable checkpoint: " \
+                                          "out/x/checkpoint/step-4"
+    assert _interrupted_detail(tmp_path / "missing.json") == ""

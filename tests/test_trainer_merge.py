@@ -170,3 +170,26 @@ def test_merge_memory_stays_bounded_by_the_shard_size(tmp_path):
     for name, want in first.items():
         with safe_open(str(out / index["weight_map"][name]), framework="pt") as f:
             assert torch.equal(f.get_tensor(name), want)
+
+
+def test_a_retried_merge_replaces_its_own_output_and_refuses_other_files(moe_checkpoint, tmp_path):
+    """The report lists the files the merge wrote: a merge run again into that folder needs no --overwrite,
+    a file of the user's beside them is refused (and kept)."""
+    from pitlab.storage.errors import OutputExists
+    from pitlab.storage.outdir import entries
+    from pitlab.trainer.merge import merge_uris
+
+    c, out = moe_checkpoint, tmp_path / "model"
+    for sibling in ("model.tmp", "model.old"):  # folders of the user's beside the output are not the merge's
+        (tmp_path / sibling).mkdir()
+        (tmp_path / sibling / "mine.txt").write_text("mine")
+    first = merge_uris(c["ckpt"], c["base"], out, logits_probe="never")
+    assert first["files"] == entries(out) and "merge_report.json" in first["files"]
+    again = merge_uris(c["ckpt"], c["base"], out, logits_probe="never")
+    assert again["files"] == first["files"] == entries(out)
+    (out / "keep.txt").write_text("notes")
+    with pytest.raises(OutputExists, match=r"1 file\(s\) that `pitlab merge` did not write \(keep.txt\)"):
+        merge_uris(c["ckpt"], c["base"], out, logits_probe="never")
+    assert (out / "keep.txt").read_text() == "notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.old", "model.tmp"]
+    assert (tmp_path / "model.tmp" / "mine.txt").read_text() == (tmp_path / "model.old" / "mine.txt").read_text()

@@ -6,6 +6,7 @@ never replaces a folder it does not own: the folders must be distinct (the schem
 evaluations with one name and an evaluation named like its PitTraining), and an existing folder is deleted only
 with ``--overwrite``, which names what it deletes. A folder's owner is read from its ``status.json`` (the
 resource ``pitlab run`` wrote there: kind, name and, for an evaluation, the ``pitlab.io/training`` label).
+No input of the spec may lie inside a run folder (the run would replace it), whatever ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,62 @@ def folder_owner(path: Path) -> tuple[tuple[str, str, str | None] | None, str]:
         return None, "an unknown writer (unreadable status.json)"
 
 
+def folder_phase(path: Path) -> str | None:
+    """``status.phase`` of the run in ``path`` (None without a readable status.json)."""
+    try:
+        return str(json.loads((Path(path) / "status.json").read_text(encoding="utf-8"))["status"]["phase"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def resumable(res, root: Path) -> str | None:
+    """The phase of an unfinished run of ``res`` in ``<root>/<name>`` (Interrupted, Failed, a stage's phase) that
+    ``pitlab run --resume`` can continue; None when there is none or it Succeeded."""
+    own = run_folders(res, root)[0]
+    if not (own.path.is_dir() and folder_owner(own.path)[0] == (own.kind, own.name, None)):
+        return None
+    phase = folder_phase(own.path)
+    return None if phase in (None, "Succeeded") else phase
+
+
+def local_inputs(res) -> list[tuple[str, Path]]:
+    """``(field, path)`` of every local input of ``res``'s spec: each ``uri`` field but the outputs
+    (``output.uri``, ``checkpoint.uri``), after variable expansion; ``s3://`` and ``package://`` inputs and
+    unexpandable ones (refused by the preflight) are left out."""
+    from pitlab.api import dump_resource
+    from pitlab.api.load import expand_uri
+
+    found: list[tuple[str, Path]] = []
+
+    def walk(value, where: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                field = f"{where}.{k}"
+                if k == "uri" and isinstance(v, str):
+                    if field.endswith(("output.uri", "checkpoint.uri")):
+                        continue
+                    try:
+                        s = expand_uri(v, field)
+                    except SpecError:
+                        continue
+                    s = s[len("file://"):] if s.startswith("file://") else s
+                    if "://" not in s:
+                        found.append((field, Path(s).expanduser()))
+                else:
+                    walk(v, field)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]")
+
+    walk(dump_resource(res)["spec"], "spec")
+    return found
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    p, f = path.resolve(), folder.resolve()
+    return p == f or p.is_relative_to(f)
+
+
 def _empty_dir(path: Path) -> bool:
     return path.is_dir() and next(path.iterdir(), None) is None
 
@@ -74,7 +131,8 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
 
     Returns the existing folders (the ones ``--overwrite`` deletes; an empty folder counts as free). Raises
     :class:`SpecError` naming each problem's field, folder and owner: two run folders that coincide or a path
-    that is a file (whatever ``overwrite``), and, without ``overwrite``, every existing folder; with
+    that is a file or a folder holding an input of the spec (whatever ``overwrite``), and, without ``overwrite``,
+    every existing folder (an unfinished run of ``res`` with the advice to ``--resume`` it); with
     ``earlier_runs_ok`` (``pitlab validate``) only the folders another resource (or no pitlab run) wrote.
     """
     folders = run_folders(res, root)
@@ -86,7 +144,14 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
             problems.append((f.field, f"{f.path} is also the run folder of {seen[key].describe()}; every run "
                                       "folder must be distinct"))
         seen[key] = f
+    for field, path in local_inputs(res):
+        for f in folders:
+            if _inside(path, f.path):
+                problems.append((field, f"{path} is inside {f.path}, the run folder of {f.describe()}, which the run "
+                                        "replaces (--overwrite deletes it first); move the input out of the folder, "
+                                        "or choose another --out or name"))
     existing = [f for f in folders if f.path.is_symlink() or f.path.exists() and not _empty_dir(f.path)]
+    phase = resumable(res, root) if existing and not overwrite else None
     for f in existing:
         if not f.path.is_dir() or f.path.is_symlink():
             problems.append((f.field, f"{f.path} exists and is not a folder; move it away (--overwrite deletes "
@@ -94,6 +159,12 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
             continue
         owner, words = folder_owner(f.path)
         if overwrite or (earlier_runs_ok and owner == (f.kind, f.name, f.training)):
+            continue
+        if phase and owner == (f.kind, f.name, f.training):
+            problems.append((f.field, f"{f.path} holds an unfinished run of {f.describe()} (status {phase} in "
+                                      f"{folders[0].path / 'status.json'}): continue it with `pitlab run --resume "
+                                      f"{source or 'FILE'}`, or pass --overwrite to delete it (checkpoints included) "
+                                      "and start again"))
             continue
         problems.append((f.field, f"{f.path} already exists, written by {words}; the run of {f.describe()} "
                                   "would replace it: pass --overwrite to delete it (checkpoints included), or "

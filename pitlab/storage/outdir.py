@@ -9,34 +9,84 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from pitlab.storage import ops
 from pitlab.storage.errors import OutputExists
 from pitlab.storage.uri import is_s3
 
+Own = Callable[[ops.Location, list[str]], set[str]]
+"""``own(dest, entries)``: the entries of ``dest`` an earlier run of the command wrote (empty when none)."""
 
-def check_output(dest: ops.Location, overwrite: bool, command: str, own_marker: str | None = None) -> bool:
-    """Whether ``dest`` (a local folder or an ``s3://`` prefix) holds anything; raises :class:`OutputExists`
-    when it does and ``overwrite`` is False, unless ``own_marker`` (a file name, e.g. ``merge_report.json``)
-    is there, which marks an earlier output of ``command`` itself. A local ``dest`` that is a file is always
-    refused. Raises :class:`~pitlab.storage.errors.StorageError` when ``dest`` cannot be listed."""
-    if not is_s3(dest):
-        p = Path(dest)
-        if p.exists() and not p.is_dir():
-            raise OutputExists(f"{p}: exists and is not a folder; `{command}` writes a folder there (move the file "
-                               "away or give another destination)")
-        if not p.is_dir() or next(p.iterdir(), None) is None:
-            return False
-        files = ops.list_files(p)
-    else:
-        files = ops.list_files(dest)
-        if not files:
-            return False
-    if overwrite or (own_marker is not None and own_marker in files):
-        return True
-    listed = ", ".join(sorted(files)[:3]) + (", ..." if len(files) > 3 else "")
-    raise OutputExists(f"{dest}: already holds {len(files)} file(s) that `{command}` did not write ({listed}); "
-                       "pass --overwrite to replace them, or give an empty or new destination")
+
+def entries(dest: ops.Location) -> list[str]:
+    """What ``dest`` holds: every file (relative, ``/``-separated) and, for a local folder, every empty folder
+    (``name/``), sorted. Empty when ``dest`` does not exist."""
+    if is_s3(dest):
+        return sorted(ops.list_files(dest))
+    root = Path(dest)
+    if not root.is_dir():
+        return []
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_dir() and not p.is_symlink():
+            if next(p.iterdir(), None) is None:
+                out.append(p.relative_to(root).as_posix() + "/")
+        else:
+            out.append(p.relative_to(root).as_posix())
+    return out
+
+
+def listed(names: list[str] | set[str], n: int = 3) -> str:
+    """``a, b, c, ...``: the first ``n`` names, sorted."""
+    names = sorted(names)
+    return ", ".join(names[:n]) + (", ..." if len(names) > n else "")
+
+
+def check_output(dest: ops.Location, overwrite: bool, command: str, own: Own | None = None,
+                 replace_own: bool = False) -> list[str]:
+    """Check the output folder ``dest`` (a local folder or an ``s3://`` prefix) before ``command`` writes it.
+
+    Returns what ``dest`` holds (:func:`entries`; empty when absent or empty), which the command will replace.
+    Raises :class:`OutputExists` when it holds something and ``overwrite`` is False, naming the files the
+    command did not write (``own`` tells which entries an earlier run of the command wrote), or, when all of
+    them are an earlier output of the command and not ``replace_own``, saying so. A local ``dest`` that is a
+    file is always refused. Raises :class:`~pitlab.storage.errors.StorageError` when ``dest`` cannot be listed."""
+    if not is_s3(dest) and Path(dest).exists() and not Path(dest).is_dir():
+        raise OutputExists(f"{dest}: exists and is not a folder; `{command}` writes a folder there (move the file "
+                           "away or give another destination)")
+    found = entries(dest)
+    if not found or overwrite:
+        return found
+    mine = own(dest, found) if own is not None else set()
+    other = [e for e in found if e not in mine]
+    if other:
+        raise OutputExists(f"{dest}: already holds {len(other)} file(s) that `{command}` did not write "
+                           f"({listed(other)}); pass --overwrite to delete them with the folder, or give an empty or "
+                           "new destination")
+    if replace_own:
+        return found
+    raise OutputExists(f"{dest}: holds an earlier `{command}` output ({len(found)} file(s): {listed(found)}); pass "
+                       "--overwrite to replace it, or give an empty or new destination")
+
+
+def published_files(dest: ops.Location, found: list[str]) -> set[str]:
+    """The entries of ``dest`` that its manifest lists, with the markers (an :data:`Own` for ``pitlab push``); empty
+    when ``dest`` is not a published folder."""
+    from pitlab.storage.errors import StorageError
+    from pitlab.storage.manifest import MARKERS, read_manifest
+
+    if not MARKERS <= set(found):
+        return set()
+    try:
+        return (set(read_manifest(dest).files) | MARKERS) & set(found)
+    except (StorageError, ValueError, KeyError):
+        return set()
+
+
+def describe(dest: ops.Location, found: list[str]) -> str:
+    """``DEST (N file(s): a, b, c, ...)`` for the message that names what a command replaces."""
+    return f"{dest} ({len(found)} file(s): {listed(found)})"
 
 
 def aside(dest: Path) -> Path:
@@ -65,4 +115,4 @@ def swap_in(tmp: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-__all__ = ["OutputExists", "aside", "check_output", "swap_in"]
+__all__ = ["OutputExists", "aside", "check_output", "describe", "entries", "listed", "published_files", "swap_in"]

@@ -80,6 +80,11 @@ class MergeError(RuntimeError):
     """The merged model could not be written or does not match the checkpoint / training summary."""
 
 
+class MergeInputError(MergeError):
+    """An input of the merge is not what it must be (no checkpoint, no config.json, an unreadable summary):
+    bad input, exit code 2."""
+
+
 def parse_size(text: str | int) -> int:
     """Bytes from ``5GB``, ``500MB``, ``2GiB``, ``123`` (decimal units as Hugging Face uses them; KiB/MiB/GiB
     binary). Raises ``ValueError`` naming ``--max-shard-size`` for anything else or a size < 1 byte."""
@@ -104,9 +109,9 @@ def resolve_checkpoint(path: Path) -> Path:
         if found is not None:
             return found
     if path.name.endswith(".tmp"):
-        raise MergeError(f"{path}: is an incomplete checkpoint (.tmp); merge a complete step-<N> directory")
+        raise MergeInputError(f"{path}: is an incomplete checkpoint (.tmp); merge a complete step-<N> directory")
     if not (path / ".metadata").is_file():
-        raise MergeError(f"{path}: not a complete DCP checkpoint (no .metadata and no 'latest' pointer)")
+        raise MergeInputError(f"{path}: not a complete DCP checkpoint (no .metadata and no 'latest' pointer)")
     return path
 
 
@@ -167,7 +172,7 @@ def read_train_state(checkpoint_dir: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except ValueError as err:
-        raise MergeError(f"{path}: unreadable JSON: {err}") from None
+        raise MergeInputError(f"{path}: unreadable JSON: {err}") from None
 
 
 def _meta_model(base_dir: Path):
@@ -252,16 +257,18 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
         raise ValueError(f"--logits-probe: must be auto, always or never (got {logits_probe!r})")
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     if not (base_dir / "config.json").is_file():
-        raise MergeError(f"{base_dir}: base model directory has no config.json")
+        raise MergeInputError(f"{base_dir}: base model directory has no config.json")
     ckpt = resolve_checkpoint(checkpoint_dir)
     lora = read_train_state(ckpt).get("lora")
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    from pitlab.storage import outdir
+
+    tmp = outdir.aside(out_dir)  # a fresh hidden sibling: no folder of the user's beside out_dir is touched
+    tmp.rmdir()  # the writers below create it
     try:
         try:
             tokenizer = AutoTokenizer.from_pretrained(base_dir)
         except (OSError, ValueError) as err:
-            raise MergeError(f"{base_dir}: no loadable tokenizer to ship with the model: {err}") from None
+            raise MergeInputError(f"{base_dir}: no loadable tokenizer to ship with the model: {err}") from None
         if lora is None:
             report = _merge_full(ckpt, base_dir, tmp, expected_sha256, max_bytes, logits_probe)
         else:
@@ -275,6 +282,7 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
                   "max_shard_size": max_bytes, "rss_start_bytes": rss_start, "peak_rss_bytes": _peak_rss_bytes(),
                   "probe_shape": list(PROBE_SHAPE), "summary_digests_checked": expected_sha256 is not None,
                   "verified": True}
+        report["files"] = sorted({p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file()} | {REPORT})
         write_json_atomic(tmp / REPORT, report)
         for f in tmp.iterdir():
             if f.is_file() and f.suffix == ".safetensors":
@@ -584,14 +592,12 @@ def _compare_digests(got: dict[str, str], want: dict[str, str], want_name: str, 
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Rename ``src`` to ``dst``; an existing ``dst`` is moved aside first and deleted afterwards."""
-    old = dst.with_name(dst.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
+    """Rename ``src`` to ``dst``; an existing ``dst`` is moved to a fresh hidden sibling first and deleted
+    afterwards (:func:`pitlab.storage.outdir.swap_in`)."""
+    from pitlab.storage.outdir import swap_in
+
+    swap_in(src, dst)
     fsync_dir(dst.parent)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- object storage
@@ -617,7 +623,25 @@ def _expected_sha256(summary: Path | None) -> dict[str, str] | None:
     try:
         return json.loads(Path(summary).read_text())["param_sha256"]
     except (OSError, ValueError, KeyError) as err:
-        raise MergeError(f"{summary}: cannot read param_sha256: {err!r}") from None
+        raise MergeInputError(f"{summary}: cannot read param_sha256: {err!r}") from None
+
+
+def merged_files(dest, found: list[str]) -> set[str]:
+    """The entries of ``dest`` an earlier merge wrote: the ``files`` its ``merge_report.json`` lists, the report,
+    and for an ``s3://`` output the manifest and ``_COMPLETE``; empty without a readable report."""
+    from pitlab import storage
+
+    if REPORT not in found:
+        return set()
+    try:
+        report = json.loads(storage.read_text(storage.join(dest, REPORT)))
+        files = set(report["files"]) if isinstance(report, dict) and isinstance(report.get("files"), list) else set()
+    except (storage.StorageError, OSError, ValueError, TypeError):
+        return set()
+    mine = files | {REPORT} if files else set()  # a report without its file list vouches for nothing
+    if files and storage.is_s3(str(dest)):
+        mine |= storage.manifest.MARKERS
+    return mine & set(found)
 
 
 def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summary: str | Path | None = None, *,
@@ -630,14 +654,25 @@ def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summar
     to a step with ``_COMPLETE``) or one ``step-<N>``. An ``s3://`` output is written to a staging folder
     (``$PITLAB_STAGING_DIR``) by the ordinary, verified merge, then uploaded and published (``MANIFEST.json``,
     then ``_COMPLETE`` last); the staging copy is removed, and ``merge_report.json`` also records the URIs.
-    ``out`` holding files that no earlier merge wrote (no ``merge_report.json``) is refused before anything is
-    read, with :class:`~pitlab.storage.errors.OutputExists`, unless ``overwrite``.
+    ``out`` holding anything but an earlier merge's output (the files its ``merge_report.json`` lists, and the
+    markers of a published one: :func:`merged_files`) is refused before anything is read, with
+    :class:`~pitlab.storage.errors.OutputExists`, unless ``overwrite``.
     Returns the report. Raises MergeError, ValueError (a bad option), CheckpointError or StorageError.
     """
     from pitlab import storage
-    from pitlab.storage.outdir import check_output
+    from pitlab.storage.outdir import check_output, describe
 
-    check_output(str(out) if storage.is_s3(str(out)) else Path(out), overwrite, "pitlab merge", own_marker=REPORT)
+    for name, value in (("--checkpoint", checkpoint), ("--base", base), ("--out", out), ("--summary", summary)):
+        if value is not None and storage.is_s3(str(value)):
+            try:
+                storage.parse_s3(str(value))
+            except storage.StorageError as err:
+                raise MergeInputError(f"{name}: {err}") from None
+    dest = str(out) if storage.is_s3(str(out)) else Path(out)
+    found = check_output(dest, overwrite, "pitlab merge", own=merged_files, replace_own=True)
+    if found:
+        what = "--overwrite: replacing" if overwrite else "replacing the earlier merge output"
+        print(f"pitlab merge: {what} {describe(dest, found)} once the new model is verified", file=sys.stderr)
     staging = None
     try:
         ckpt = _local_checkpoint(str(checkpoint)) if storage.is_s3(str(checkpoint)) else Path(checkpoint)
@@ -676,9 +711,10 @@ def run_merge_command(checkpoint: str, base: str, out: str, summary: str | None 
                       logits_probe: str = "auto", merge_adapter: str = "auto", print_report: bool = True,
                       overwrite: bool = False) -> int:
     """:func:`merge_uris` with errors as a message on stderr and an exit code: 0 merged (and published),
-    1 failed (merge, checkpoint or storage), 2 invalid input (an option, an ``out`` holding other files)."""
+    1 failed (the merge, its verification or storage), 2 invalid input (an option, a missing or incomplete
+    checkpoint, base or summary, an ``out`` holding other files)."""
     from pitlab.storage import StorageError
-    from pitlab.storage.errors import OutputExists
+    from pitlab.storage.errors import NotPublished, ObjectNotFound, OutputExists
     from pitlab.trainer.checkpoint import CheckpointError
 
     try:
@@ -686,7 +722,8 @@ def run_merge_command(checkpoint: str, base: str, out: str, summary: str | None 
                             merge_adapter=MERGE_ADAPTER[merge_adapter], overwrite=overwrite)
     except (MergeError, ValueError, CheckpointError, StorageError) as err:
         print(f"pitlab.trainer.merge: error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, (ValueError, OutputExists)) else 1
+        bad_input = (ValueError, OutputExists, MergeInputError, CheckpointError, NotPublished, ObjectNotFound)
+        return 2 if isinstance(err, bad_input) else 1
     if print_report:
         print(json.dumps(report, indent=2))
     return 0
