@@ -252,8 +252,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     from pitlab import storage
     from pitlab.api.summary import compact_results
     from pitlab.data import CorpusError, PanelError
-    from pitlab.local import (Interrupted, RunError, local_work_root, publish_run, run_leakage_eval_local,
-                              run_pittraining_local)
+    from pitlab.local import Interrupted, RunError, local_work_root, run_leakage_eval_local, run_pittraining_local
 
     if nproc is not None and nproc < 1:
         _fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
@@ -270,13 +269,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         _fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
                                       "DIR, where the interrupted run is)")]), 2)
     if remote:
-        try:
-            taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
-        except storage.StorageError as err:
-            _fail(SpecError([("spec.output.uri", str(err))]), 2)
-        if taken and not overwrite:
-            _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
-                  "it, checkpoints included, and start again", 2)
+        _claim_remote(res, remote, names, overwrite)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
     doomed: list[Path] = []
     if not remote and not resume:
@@ -284,19 +277,10 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     t0 = time.monotonic()
 
     def publish() -> None:
-        for n in names:
-            if remote and (root / n).is_dir():
-                try:
-                    publish_run(root / n, storage.join(remote, n))
-                except storage.StorageError as err:
-                    _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
+        _publish_runs(root, remote, names)
 
     def kept() -> None:
-        """After a refusal: say which folders --overwrite announced but did not delete."""
-        left = [p for p in doomed if p not in reporter.deleted_paths]
-        if left:
-            _say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
-                 f"{'is' if len(left) == 1 else 'are'} as before")
+        _say_kept(doomed, reporter.deleted_paths)
 
     with _interruptible(Interrupted), _progress() as p:
         reporter = RichReporter(p)
@@ -322,10 +306,51 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     publish()
     if remote:
         _say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
+    _say_results(results, root)
+    _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+def _publish_runs(root: Path, remote: str | None, names: list[str]) -> None:
+    """Publish every run folder ``root/<name>`` that exists to ``remote/<name>`` (nothing for a local output);
+    exit 1 when an upload fails."""
+    from pitlab import storage
+    from pitlab.local import publish_run
+
+    for n in names:
+        if remote and (root / n).is_dir():
+            try:
+                publish_run(root / n, storage.join(remote, n))
+            except storage.StorageError as err:
+                _fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
+
+
+def _say_kept(doomed: list[Path], deleted: list[Path]) -> None:
+    """After a refusal: say which folders --overwrite announced (``doomed``) but did not delete."""
+    left = [p for p in doomed if p not in deleted]
+    if left:
+        _say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
+             f"{'is' if len(left) == 1 else 'are'} as before")
+
+
+def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
+    """Refuse (exit 2) an s3:// output whose run folders ``names`` under ``remote`` already hold files, unless
+    ``overwrite``; an unreadable output is a bad ``spec.output.uri``."""
+    from pitlab import storage
+
+    try:
+        taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
+    except storage.StorageError as err:
+        _fail(SpecError([("spec.output.uri", str(err))]), 2)
+    if taken and not overwrite:
+        _fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
+              "it, checkpoints included, and start again", 2)
+
+
+def _say_results(results: dict, root: Path) -> None:
+    """The premium table of every evaluation in ``results`` (name → compact results) and where its report is."""
     for name, r in results.items():
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
-    _say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
 
 
 def _interrupted_detail(status_path: Path) -> str:

@@ -242,8 +242,9 @@ class RowStats:
             if not len(rest):
                 break
             first, inverse = self._labels(name)
-            Wl = Wr[_like_index(Wr, rest)][:, _like_index(Wr, first)]  # [b, L] each label's weight
-            ok = to_numpy((Wr[_like_index(Wr, rest)] == Wl[:, _like_index(Wr, inverse)]).all(axis=1))
+            Wrest = Wr[_like_index(Wr, rest)]
+            Wl = Wrest[:, _like_index(Wr, first)]  # [b, L] each label's weight
+            ok = to_numpy((Wrest == Wl[:, _like_index(Wr, inverse)]).all(axis=1))
             if not ok.any():
                 continue
             cs = self._label_gram(name, None, first, inverse, build=int(ok.sum()) >= 2)
