@@ -8,7 +8,8 @@ through ``run_leakage_eval`` (the code path of ``pitlab run``).
 The panel: ``--securities`` securities on ``--dates`` dates, every third XNYS session from 2019-01-15 (the
 ohlcv default calendar); embeddings = a date fingerprint + a security fingerprint + noise (float32, seeded),
 target = date effect + noise. Spec: embargo 5 sessions, 5 GroupKFold folds, 5 walk-forward folds, 5 purged
-folds, the default α grid and penalty selection (security-cv, 5 inner folds), ``bootstrap.reselectPenalty``
+folds, the protocols of ``--protocols`` (default all four; the spec's own default is chronological and
+group-kfold), the default α grid and penalty selection (protocol-cv, 5 inner folds), ``bootstrap.reselectPenalty``
 from ``--reselect`` / ``--no-reselect``, ``regression.device`` from ``--device``.
 ``--repeat N`` runs the evaluation N times and records whether results.json (timings and creation time aside)
 is byte-identical across the runs. Prints and writes wall times (seconds), the timings run_leakage_eval
@@ -39,6 +40,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+PROTOCOLS = ("chronological", "group-kfold", "walk-forward", "purged-kfold")
 
 
 def synthetic_panel(S: int, T: int, d: int, seed: int = 0):
@@ -104,7 +107,7 @@ def _spec(a, dates, T: int, resamples: int, device: str):
         "models": [{"name": "bench", "uri": "/bench"}], "dataset": {"kind": "ohlcv", "uri": "synthetic"},
         "protocol": {"trainEnd": str(dates[T * 2 // 3].date()), "testStart": str(dates[T * 2 // 3 + 1].date()),
                      "embargoDays": 5, "groupKFolds": 5, "walkForwardFolds": 5, "purgedFolds": 5,
-                     "protocols": ["chronological", "group-kfold", "walk-forward", "purged-kfold"]},
+                     "protocols": a.protocols},
         "bootstrap": {"resamples": resamples, "seed": 0, "reselectPenalty": a.reselect},
         "regression": {"selection": a.selection, "device": device}})
 
@@ -219,14 +222,20 @@ def main() -> None:
                     help="regression.device; torch-cpu: the torch backend on the CPU (regression.device: cpu)")
     ap.add_argument("--penalty-path", default="auto", choices=["auto", "eigh", "cholesky"],
                     help="security-cv's scoring of the α grid on the torch backend (default auto: cholesky on CUDA)")
-    ap.add_argument("--cholesky-block", type=int, default=256,
-                    help="block of the blocked Cholesky (0: torch's whole-matrix cholesky_ex)")
+    ap.add_argument("--cholesky-block", type=int, default=None,
+                    help="block of the blocked Cholesky (0: torch's whole-matrix cholesky_ex; default: pitlab's)")
+    ap.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS,
+                    help="protocol.protocols (default: all four; the spec's default is chronological group-kfold)")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--microbench", action="store_true", help="time the Cholesky variants and eigh at --dim first")
     ap.add_argument("--check", action="append", default=[], metavar="REF:DIM:RESAMPLES",
                     help="compare with REF (numpy or eigh) at DIM dims, RESAMPLES resamples (repeatable)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
+    if a.cholesky_block is None:
+        from pitlab.evaluator.linalg import CHOLESKY_BLOCK
+
+        a.cholesky_block = CHOLESKY_BLOCK
     a.torch_cpu = a.device == "torch-cpu"
     if a.torch_cpu:
         a.device = "cpu"
@@ -273,7 +282,7 @@ def write(a, rows, report: dict) -> None:
     S, d = a.securities, a.dim
     res, walls, results, load = report["res"], report["walls"], report["results"], report["load"]
     out = {"rows": len(rows), "securities": S, "dim": d, "resamples": a.resamples, "selection": a.selection,
-           "reselect_penalty": a.reselect, "device_setting": a.device, "cholesky_block": a.cholesky_block,
+           "reselect_penalty": a.reselect, "protocols": a.protocols, "device_setting": a.device, "cholesky_block": a.cholesky_block,
            "wall_s": walls, "bit_identical_across_repeats": len(set(results)) == 1 if len(results) > 1 else None,
            "load_average_1_5_15": load, "cpu_count": os.cpu_count(), "machine": platform.machine(),
            "microbench": report["micro"], "checks": report["checks"]}

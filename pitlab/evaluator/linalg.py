@@ -150,9 +150,13 @@ def solve_spd(A, b):
     return across_matrices(lambda A_, b_: np.linalg.solve(A_, b_[..., None])[..., 0], A, b)
 
 
-CHOLESKY_BLOCK = 256
-"""Columns per block of :func:`cholesky_solve_batched` (0: the library's whole-matrix factorisation)."""
-CHOLESKY_LEAF = 64
+CHOLESKY_BLOCK = 128
+"""Columns per block of :func:`cholesky_solve_batched` (0: the library's whole-matrix factorisation). 128 with
+:data:`CHOLESKY_LEAF` 128 was the fastest of 18 block/leaf/library variants on an H200 at d = 2,048, 185 matrices
+(0.138 ms per matrix against 0.157 for 256/64 and 0.44-0.52 for the library's whole-matrix Cholesky), and it
+launches the fewest kernels, which is what counts for the small batches of a point estimate
+(``bench/cholesky_leaf.py``, bench/RESULTS.md)."""
+CHOLESKY_LEAF = 128
 """Order at and below which a diagonal block is factorised by the library (:func:`_chol_and_inverse`)."""
 
 

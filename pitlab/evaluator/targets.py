@@ -4,12 +4,12 @@ extra date protocols and the embargo robustness, on an evaluation's shared split
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from pitlab.evaluator.bootstrap import PremiumReplicates, bootstrap_model, interval, judge
-from pitlab.evaluator.estimates import AlphaSelection, Fold, PanelStats, leakage_off_r2, leakage_on_r2
+from pitlab.evaluator.estimates import AlphaSelection, Fold, FoldsR2, PanelStats, leakage_off_r2, leakage_on_r2
 from pitlab.evaluator.protocols import ChronologicalSplit
 
 
@@ -57,7 +57,8 @@ def widen_grid(alphas: list[float], lower: bool, upper: bool) -> list[float]:
 def point_estimates(stats: PanelStats, point_folds: np.ndarray, n_splits: int, alphas: list[float],
                     selection: AlphaSelection, benchmark: str = "train_mean",
                     extra_folds: dict[str, list[Fold]] | None = None,
-                    time_selection: AlphaSelection | None = None, same_rows: bool = False) -> tuple:
+                    time_selection: AlphaSelection | None = None, same_rows: bool = False,
+                    extra_points: dict | None = None) -> tuple:
     """Point estimates of leakage-off and leakage-on (and the penalties of ``extra_folds``' protocols), with
     the α grid widened by :func:`widen_grid` while a selection ends at an edge (:func:`fold_edges`), at most
     :data:`WIDEN_STEPS` times.
@@ -67,7 +68,9 @@ def point_estimates(stats: PanelStats, point_folds: np.ndarray, n_splits: int, a
     (leakage-on also on the leakage-off test rows with ``same_rows``; the date protocols' penalty chosen by
     ``time_selection``, default ``selection``),
     ``edges`` protocol key (``off``, ``on``, or an ``extra_folds`` key) → :func:`fold_edges`' triple, the
-    final grid and the number of widenings."""
+    final grid and the number of widenings. ``extra_points`` (a dict, filled in): each ``extra_folds`` protocol's
+    :class:`pitlab.evaluator.estimates.FoldsR2` on the final grid (B = 1, with degrees of freedom), so that its
+    bootstrap need not fit the point estimate again."""
     ones = np.ones((1, stats.n_securities))
     grid, widenings = list(alphas), 0
     while True:
@@ -76,25 +79,42 @@ def point_estimates(stats: PanelStats, point_folds: np.ndarray, n_splits: int, a
                            score_rows=stats.test_mask if same_rows else None)
         edges = {"off": fold_edges("leakage-off", off.alpha_index, off.df, grid),
                  "on": fold_edges("leakage-on", on.alpha_index[0], on.df[0], grid)}
+        points = {}
         for pname, pf in (extra_folds or {}).items():
-            fr = stats.protocol_errors(pf, ones, grid, time_selection or selection, benchmark, diagnostics=True)
+            fr = points[pname] = stats.protocol_errors(pf, ones, grid, time_selection or selection, benchmark,
+                                                       diagnostics=True)
             edges[pname] = fold_edges(pname, fr.alpha_index[0], fr.df[0], grid)
         lower, upper = any(e[1] for e in edges.values()), any(e[2] for e in edges.values())
         if not (lower or upper) or widenings == WIDEN_STEPS:
+            if extra_points is not None:
+                extra_points.update(points)
             return off, on, edges, grid, widenings
         grid, widenings = widen_grid(grid, lower, upper), widenings + 1
 
 
 
+def _with_point(point: FoldsR2, reps: FoldsR2) -> FoldsR2:
+    """The point estimate's row (B = 1) above the replicates' rows: a :class:`FoldsR2` of B = 1 + R."""
+    def cat(name: str):
+        a, b = getattr(point, name), getattr(reps, name)
+        return None if a is None or b is None else np.concatenate([a, b], axis=0)
+
+    return FoldsR2(**{f.name: cat(f.name) for f in fields(FoldsR2)})
+
+
 def _extra_protocols(stats: PanelStats, setup, pfolds: dict[str, list[Fold]], grid: list[float],
                      on_r2: float, r2_on_reps: np.ndarray, edge_text: dict[str, list[str]],
-                     boot) -> tuple[dict, dict[str, np.ndarray]]:
+                     points: dict[str, FoldsR2]) -> tuple[dict, dict[str, np.ndarray]]:
     """Walk-forward / purged K-fold of one model: R² (point and replicates), per-fold values, premium vs
-    leakage-on with its verdict. Returns (results by protocol, premium replicates by protocol)."""
+    leakage-on with its verdict. ``points``: each protocol's point estimate on ``grid`` (:func:`point_estimates`'
+    ``extra_points``); the replicates reselect α, or refit at the point estimate's α per fold
+    (``bootstrap.reselectPenalty: false``). Returns (results by protocol, premium replicates by protocol)."""
     out, reps_out = {}, {}
     for pname, pf in pfolds.items():
-        fr = stats.protocol_errors(pf, np.vstack([setup.ones, setup.weights]), grid, setup.time_selection,
-                                   setup.benchmark, diagnostics=True, point_first=True, reselect=setup.reselect)
+        pt = points[pname]
+        fixed = None if setup.reselect else np.repeat(pt.alpha_index, setup.weights.shape[0], axis=0)
+        fr = _with_point(pt, stats.protocol_errors(pf, setup.weights, grid, setup.time_selection, setup.benchmark,
+                                                   fixed))
         head = fr.mean if pname == "walk-forward" else fr.pooled
         prem = on_r2 - head[0]
         prem_reps = r2_on_reps - head[1:]
@@ -188,8 +208,9 @@ def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = Tr
     K = spec.protocol.group_k_folds
     pfolds = ({p: [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)] for p, sp in setup.extra.items()}
               if full else {})
+    points: dict = {}
     off, on, edges, grid, widenings = point_estimates(stats, setup.point_folds, K, setup.alphas, setup.selection,
-                                                      setup.benchmark, pfolds, setup.time_selection, True)
+                                                      setup.benchmark, pfolds, setup.time_selection, True, points)
     grid_note = (f" (regression.alphas widened {widenings} time(s), {WIDEN_DECADES} decades each, to "
                  f"[{', '.join(f'{a:g}' for a in grid)}])" if widenings else "")
     edge_text = {k: [f"{e}{grid_note}" for e in v[0]] for k, v in edges.items()}
@@ -199,6 +220,6 @@ def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = Tr
     protocols, protocol_reps, robustness = {}, {}, []
     if full:
         protocols, protocol_reps = _extra_protocols(stats, setup, pfolds, grid, float(on.r2[0]), reps.r2_on,
-                                                    edge_text, spec.bootstrap)
+                                                    edge_text, points)
         robustness = _embargo_robustness(stats, spec, setup, grid, float(on.r2_rows[0]))
     return TargetStats(off, on, reps, grid, widenings, edges, edge_text, protocols, protocol_reps, robustness)
