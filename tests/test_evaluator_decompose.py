@@ -185,3 +185,32 @@ def test_embargo_robustness_marks_an_unchanged_training_set_end_to_end():
     assert e3["same_as"] is None and e4["same_as"] == 3 and e3["n_train"] == e6["n_train"] + 40
     assert e12["same_as"] is None and e12["n_train"] == e6["n_train"] - 40
     assert e12["premium"] == pytest.approx(ts.r2_on_rows - e12["r2_off"])
+
+
+@pytest.mark.parametrize("backend,reselect", [("numpy", True), ("numpy", False), ("torch", True)])
+def test_two_targets_fitted_together_equal_two_separate_runs(backend, reselect):
+    from dataclasses import replace
+
+    from pitlab.evaluator.linalg import Backend
+    from pitlab.evaluator.targets import model_statistics
+
+    rows, cal, dates, X = _date_panel(seed=4, date_sd=0.5)
+    X = X + 0.5 * np.random.default_rng(5).standard_normal((len(rows), 1)) * rows["target"].to_numpy()[:, None]
+    spec = _spec(dates, resamples=12, protocols=["chronological", "group-kfold", "walk-forward"],
+                 walkForwardFolds=3)
+    spec = spec.model_copy(update={"bootstrap": spec.bootstrap.model_copy(update={"reselect_penalty": reselect})})
+    setup = prepare_evaluation(spec, Panel(rows, cal, "x"))
+    if backend == "torch":  # the batched-Cholesky scoring of the α grid, as on a GPU (3-column blocks)
+        setup = replace(setup, backend=Backend("torch", "cpu", penalty_path="cholesky", cholesky_block=3))
+    raw, neutral = model_statistics(spec, setup, X, setup.y, setup.y_neutral)
+    raw1 = target_statistics(spec, setup, X, setup.y, True)
+    neutral1 = target_statistics(spec, setup, X, setup.y_neutral, False)
+    assert raw.grid == neutral.grid  # the shared path was taken
+    for a, b in ((raw, raw1), (neutral, neutral1)):
+        for f in ("r2_off", "r2_on", "r2_on_rows"):
+            np.testing.assert_allclose(getattr(a.reps, f), getattr(b.reps, f), rtol=0, atol=1e-12)
+        assert a.premium == b.premium and a.off.alpha_index == b.off.alpha_index
+    assert raw.protocols["walk-forward"]["premium_ci"] == pytest.approx(raw1.protocols["walk-forward"]["premium_ci"],
+                                                                        abs=1e-12)
+    # the two targets are different numbers: the check compares like with like
+    assert np.abs(raw.reps.r2_on - neutral.reps.r2_on).max() > 1e-3

@@ -337,17 +337,24 @@ def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n
     same protocol and fold, and the interval is conditional on those penalties (see the README).
     ``time_selection``: the leakage-off selection (default ``selection``; the date-blocked one under
     ``regression.selection: protocol-cv``); ``same_rows``: also leakage-on on the leakage-off test rows.
+    With T > 1 targets (:attr:`pitlab.evaluator.estimates.PanelStats.n_targets`, every fit's factorisations
+    shared): ``fixed_alpha_index`` a list of T pairs, and a list of T results.
     """
     R = np.asarray(weights).shape[0]
+    T = stats.n_targets
     fix_off = fix_on = None
     if fixed_alpha_index is not None:
-        fix_off = np.repeat(np.asarray(fixed_alpha_index[0]).reshape(1), R, axis=0)
-        fix_on = np.repeat(np.asarray(fixed_alpha_index[1]).reshape(1, -1), R, axis=0)
+        pairs = list(fixed_alpha_index) if T > 1 else [fixed_alpha_index]
+        fix_off = np.stack([np.repeat(np.asarray(p[0]).reshape(1), R, axis=0) for p in pairs])
+        fix_on = np.stack([np.repeat(np.asarray(p[1]).reshape(1, -1), R, axis=0) for p in pairs])
+        fix_off, fix_on = (fix_off, fix_on) if T > 1 else (fix_off[0], fix_on[0])
     off = leakage_off_r2(stats, weights, alphas, time_selection or selection, benchmark, fix_off,
                          diagnostics=False)
     on = leakage_on_r2(stats, weights, folds, n_splits, alphas, selection, benchmark, fix_on, diagnostics=False,
                        score_rows=stats.test_mask if same_rows else None)
-    return PremiumReplicates(r2_off=off.r2, r2_on=on.r2, r2_on_rows=on.r2_rows)
+    out = [PremiumReplicates(r2_off=o.r2, r2_on=n.r2, r2_on_rows=n.r2_rows)
+           for o, n in (zip(off, on) if T > 1 else [(off, on)])]
+    return out if T > 1 else out[0]
 
 
 def paired_reductions(names: list[str], points: dict[str, float], replicates: dict[str, np.ndarray],

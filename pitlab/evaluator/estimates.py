@@ -42,7 +42,7 @@ from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_bat
 from pitlab.evaluator.protocols import date_block_folds, security_folds_batch
 from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred,
                                    cholesky_path_test_sse, fit_ridge_at, fit_ridge_gcv, gcv_scores, path_test_sse,
-                                   r2_score_oos, ridge_path, solve_ridge)
+                                   r2_score_oos, ridge_paths, solve_ridge)
 
 ALPHA_SELECTIONS = ("gcv", "security-cv", "date-blocked")
 
@@ -114,7 +114,7 @@ def _gcv_copies(units: SuffStats, w_b, selection: AlphaSelection) -> SuffStats |
 
 
 def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None,
-                 backend: Backend | None = None):
+                 backend: Backend | None = None, targets: int = 1):
     """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
     ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
     ``score`` [B, A] (GCV score or pooled inner-CV SSE) on the backend``)``.
@@ -125,13 +125,23 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
     on the inner test statistics (:func:`pitlab.evaluator.ridge.path_test_sse`). With ``backend.cholesky_path``
     (torch on CUDA by default) the B·k inner training sets are instead solved once per α by batched Cholesky
     (:func:`pitlab.evaluator.ridge.cholesky_path_test_sse`): the same SSE up to rounding.
+
+    ``targets`` T > 1: ``units`` are statistics of ``[X, y_1, .., y_{T-1}]`` with target ``y_0``
+    (:meth:`pitlab.evaluator.ridge.SuffStats.target`); every target's α is chosen on the same folds, sharing
+    each fold's factorisations, and the two returned values are lists of T.
     """
     w_b = _like(units.n, w)
     fitting = units.weighted(w_b) if fitting is None else fitting
     m = xp(w_b)
+    d = units.d - targets + 1
     if selection.method == "gcv":
-        score, _ = gcv_scores(ridge_path(fitting, alphas), _gcv_copies(units, w_b, selection))
-        return to_numpy(m.argmin(score, axis=1)).astype(np.int64), score
+        views = [fitting.target(t, d) for t in range(targets)] if targets > 1 else [fitting]
+        copies = _gcv_copies(units, w_b, selection)
+        if copies is not None and targets > 1:
+            copies = copies.target(0, d)
+        scores = [gcv_scores(p, copies)[0] for p in ridge_paths(views, alphas)]
+        ks = [to_numpy(m.argmin(sc, axis=1)).astype(np.int64) for sc in scores]
+        return (ks, scores) if targets > 1 else (ks[0], scores[0])
     k = selection.inner_folds
     field_ = "inner folds of the penalty selection"
     if selection.method == "date-blocked":
@@ -145,7 +155,7 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
         if removed.any():
             inner_train = inner_train - _fold_stats(units, w_b, removed)
-        return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m)
+        return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
     rows = np.rint(to_numpy(units.n)).astype(np.int64)
     unit_sec = getattr(units, "unit_security", None)
     wi = np.rint(to_numpy(w_b)).astype(np.int64)
@@ -158,7 +168,7 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         inner = security_folds_batch(sizes, k, field=field_)[:, unit_sec]  # [B, m]
     inner_test = _fold_stats(units, w_b, inner[:, None, :] == np.arange(k)[None, :, None])
     inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
-    return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m)
+    return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
 
 
 def _fold_stats(units: SuffStats, w_b, masks: np.ndarray) -> SuffStats:
@@ -179,15 +189,21 @@ def _fold_stats(units: SuffStats, w_b, masks: np.ndarray) -> SuffStats:
     return SuffStats(**{f: inter(f) for f in ("n", "sx", "sy", "syy", "sxx", "sxy")})
 
 
-def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Backend | None, B: int, k: int, m):
+def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Backend | None, B: int, k: int, m,
+            targets: int = 1):
     """Grid position of the α with the smallest pooled inner out-of-fold SSE, and that SSE [B, A], from the
-    B·k inner training and test sets (fitting set b's folds at rows b·k .. b·k + k - 1)."""
+    B·k inner training and test sets (fitting set b's folds at rows b·k .. b·k + k - 1); lists of ``targets``
+    when T > 1 (:func:`select_alpha`)."""
+    d = inner_train.d - targets + 1
+    trains = [inner_train.target(t, d) for t in range(targets)] if targets > 1 else [inner_train]
+    tests = [inner_test.target(t, d) for t in range(targets)] if targets > 1 else [inner_test]
     if backend is not None and backend.cholesky_path:
-        sse = cholesky_path_test_sse(inner_train, inner_test, alphas, backend.cholesky_block)
+        sses = cholesky_path_test_sse(trains, tests, alphas, backend.cholesky_block)
     else:
-        sse = path_test_sse(ridge_path(inner_train, alphas), inner_test)
-    cv_sse = sse.reshape(B, k, -1).sum(axis=1)  # [B, A]
-    return argmin_ties_largest(to_numpy(cv_sse)), cv_sse
+        sses = [path_test_sse(p, te) for p, te in zip(ridge_paths(trains, alphas), tests)]
+    cv = [sse.reshape(B, k, -1).sum(axis=1) for sse in sses]  # [B, A] each
+    ks = [argmin_ties_largest(to_numpy(c)) for c in cv]
+    return (ks, cv) if targets > 1 else (ks[0], cv[0])
 
 
 TIE_RTOL = 1e-9
@@ -304,7 +320,18 @@ class PanelStats:
     unit_pos: np.ndarray | None = None
     unit_codes: np.ndarray | None = None
     code_shift: np.ndarray | None = None
+    y_shifts: tuple = ()
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_targets(self) -> int:
+        """Targets T: ``y`` and the ``T - 1`` columns after the features in ``X`` (:meth:`build` with a 2-D y)."""
+        return 1 + len(self.y_shifts)
+
+    @property
+    def n_features(self) -> int:
+        """Embedding dimensions d (the columns of ``X`` that are not further targets)."""
+        return int(self.X.shape[1]) - len(self.y_shifts)
 
     @classmethod
     def build(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, n_securities: int,
@@ -312,7 +339,19 @@ class PanelStats:
               centered: bool = False, y_shift: float = 0.0) -> "PanelStats":
         """X float [n_rows, d] embeddings, y float [n_rows] targets, security int [n_rows] codes in
         0..n_securities-1, masks bool [n_rows]. X and y are shifted by their panel means first (unless
-        ``centered``, then ``y_shift`` is the mean already removed from y) for numerical accuracy."""
+        ``centered``, then ``y_shift`` is the mean already removed from y) for numerical accuracy.
+
+        y float [n_rows, T] (T > 1, not with ``centered``): T targets of the same rows, evaluated together (every
+        fit's factorisation shared; :meth:`fold_errors` and the protocol functions then return a list of T
+        results): ``y[:, 1:]`` is kept as further columns of X (``y_shifts`` their means), ``y[:, 0]`` as y."""
+        y = np.asarray(y)
+        extra = ()
+        if y.ndim == 2:
+            if centered:
+                raise ValueError("PanelStats.build: several targets need centered=False")
+            X = np.concatenate([np.asarray(X, dtype=np.float64), np.asarray(y[:, 1:], dtype=np.float64)], axis=1)
+            extra = tuple(float(v) for v in np.asarray(y[:, 1:], dtype=np.float64).mean(axis=0))
+            y = y[:, 0]
         if not centered:
             X, y, y_shift = center(X, y)
         backend = backend or Backend()
@@ -320,7 +359,7 @@ class PanelStats:
         return cls(X=backend.asarray(X), y=backend.asarray(y), security=sec, n_securities=int(n_securities),
                    train_mask=np.asarray(train_mask, dtype=bool), test_mask=np.asarray(test_mask, dtype=bool),
                    rows_per_security=np.bincount(sec, minlength=n_securities), y_shift=float(y_shift),
-                   backend=backend)
+                   backend=backend, y_shifts=extra)
 
     @classmethod
     def build_rows(cls, X: np.ndarray, y: np.ndarray, security: np.ndarray, train_mask: np.ndarray,
@@ -335,6 +374,8 @@ class PanelStats:
         :class:`pitlab.evaluator.ridge.RowStats`. Raises ValueError when X is not that matrix."""
         n = len(np.asarray(security))
         shift = None
+        if indicators is not None and np.ndim(y) != 1:
+            raise ValueError("indicators: one target only")
         if indicators is not None:
             codes = np.asarray(indicators, dtype=np.int64)
             Xn = np.asarray(X, dtype=np.float64)
@@ -348,7 +389,7 @@ class PanelStats:
                    backend=st.backend, unit_security=np.asarray(security, dtype=np.int64),
                    unit_pos=None if positions is None else np.asarray(positions, dtype=np.int64),
                    unit_codes=None if indicators is None else np.asarray(indicators, dtype=np.int64),
-                   code_shift=shift)
+                   code_shift=shift, y_shifts=st.y_shifts)
 
     def stats_of(self, rows: np.ndarray) -> SuffStats:
         """Per-security statistics of the rows selected by the bool mask ``rows`` [n_rows] (m = n_securities).
@@ -389,16 +430,18 @@ class PanelStats:
     def fold_errors(self, fold: Fold, weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
                     benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,
                     diagnostics: bool = False, point_first: bool = False,
-                    reselect: bool = True) -> dict[str, np.ndarray]:
+                    reselect: bool = True) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
         """SSE and SST of one fold for every weighting (module docstring, steps 1-4).
 
-        ``weights`` [B, n_securities] multiplicities; ``alpha_index`` int [B]: hold α at these grid positions
-        (then ``selection`` is not used), or None to choose α by ``selection`` in every weighting's training set.
+        ``weights`` [B, n_securities] multiplicities; ``alpha_index`` int [B] (with T > 1 targets: [T, B]): hold
+        α at these grid positions (then ``selection`` is not used), or None to choose α by ``selection`` in every
+        weighting's training set.
         ``point_first``: row 0 of ``weights`` is the point estimate (all ones); it is computed first (α chosen
         by ``selection``) and, with ``reselect=False``, every other row is refitted at row 0's α
         (``bootstrap.reselectPenalty: false``). ``diagnostics``: also the degrees of freedom at the chosen α
         (one symmetric eigenvalue decomposition per weighting; only row 0 with ``point_first``). Returns numpy
-        arrays [B]: ``sse``, ``sst``, ``alpha``, ``df`` (NaN where not computed) float64, ``alpha_index`` int64.
+        arrays [B]: ``sse``, ``sst``, ``alpha``, ``df`` (NaN where not computed) float64, ``alpha_index`` int64;
+        with T > 1 targets (:attr:`n_targets`) a list of T such dicts, every fit's factorisations shared.
         """
         if benchmark not in BENCHMARKS:
             raise ValueError(f"regression.benchmark must be one of {BENCHMARKS} (got {benchmark!r})")
@@ -406,7 +449,7 @@ class PanelStats:
         W = np.asarray(weights, dtype=np.float64)
         if W.ndim != 2 or W.shape[1] != self.n_securities:
             raise ValueError(f"weights must have shape [B, {self.n_securities}], got {W.shape}")
-        B = W.shape[0]
+        B, T, d = W.shape[0], self.n_targets, self.n_features
         units = self.stats_of(fold.train)
         units_n = to_numpy(units.n)
         if fold.test.all():  # GroupKFold (leakage-on) tests every row: no n × d copy per fold
@@ -415,13 +458,17 @@ class PanelStats:
             te = np.flatnonzero(fold.test)
             te_ix = self.backend.as_index(te)
             Xte, yte, sec_te = self.X[te_ix], self.y[te_ix], self.backend.as_index(self.security[te])
-        out = {"sse": np.empty(B), "sst": np.empty(B), "alpha": np.empty(B), "df": np.full(B, np.nan),
-               "alpha_index": np.empty(B, dtype=np.int64)}
+        ytes = [yte] + [Xte[:, d + t - 1] for t in range(1, T)]
+        shifts = (self.y_shift,) + tuple(self.y_shifts)
+        Xte = Xte[:, :d] if T > 1 else Xte
+        outs = [{"sse": np.empty(B), "sst": np.empty(B), "alpha": np.empty(B), "df": np.full(B, np.nan),
+                 "alpha_index": np.empty(B, dtype=np.int64)} for _ in range(T)]
         sub = None
         if fold.score_rows is not None:  # positions, among the test rows, of the rows also scored apart
             in_test = np.asarray(fold.score_rows, dtype=bool)[np.asarray(fold.test, dtype=bool)]
             sub = self.backend.as_index(np.flatnonzero(in_test))
-            out["sse_rows"], out["sst_rows"] = np.empty(B), np.empty(B)
+            for out in outs:
+                out["sse_rows"], out["sst_rows"] = np.empty(B), np.empty(B)
 
         def batch(s: int, e: int, fixed: np.ndarray | None, diag: bool) -> None:
             w = W[s:e]
@@ -435,65 +482,78 @@ class PanelStats:
             wb_tr = self.backend.asarray(w_tr)
             fitting = units.weighted(wb_tr)
             if fixed is None:
-                k, _ = select_alpha(units, wb_tr, a_grid, selection, fitting, self.backend)
+                ks, _ = select_alpha(units, wb_tr, a_grid, selection, fitting, self.backend, T)
+                ks = ks if T > 1 else [ks]
             else:
-                k = np.asarray(fixed, dtype=np.int64)[s:e]
-            beta, c, ybar = solve_ridge(fitting, a_grid[k])
+                ks = list(np.asarray(fixed, dtype=np.int64).reshape(T, -1)[:, s:e])
             rw = self.backend.asarray(w_te)[:, sec_te]  # [b, n_test] multiplicity of each test row
-            resid = yte[None, :] - c[:, None] - beta @ Xte.T
-            bench = ybar if benchmark == "train_mean" else xp(ybar).full_like(ybar, -self.y_shift)
-            dev = yte[None, :] - bench[:, None]
-            out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
-            out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
-            keys = ("sse", "sst")
-            if sub is not None:
-                out["sse_rows"][s:e] = to_numpy((rw * resid * resid)[:, sub].sum(axis=1))
-                out["sst_rows"][s:e] = to_numpy((rw * dev * dev)[:, sub].sum(axis=1))
-                keys += ("sse_rows", "sst_rows")
-            if empty is not None and empty.any():
-                for key in keys:
-                    out[key][s:e][empty] = np.nan
-            out["alpha"][s:e] = a_grid[k]
-            out["alpha_index"][s:e] = k
+            lam = None
             if diag:
-                _, _, sxx_c, _, _ = centred(fitting)
+                _, _, sxx_c, _, _ = centred(fitting.target(0, d) if T > 1 else fitting)
                 lam = xp(sxx_c).clip(eigvalsh(sxx_c), 0.0, None)
-                a = self.backend.asarray(a_grid[k])
-                out["df"][s:e] = to_numpy(1.0 + (lam / (lam + a[:, None])).sum(axis=1))
+                del sxx_c
+            for t, (out, k) in enumerate(zip(outs, ks)):
+                view = fitting.target(t, d) if T > 1 else fitting
+                beta, c, ybar = solve_ridge(view, a_grid[k])
+                resid = ytes[t][None, :] - c[:, None] - beta @ Xte.T
+                bench = ybar if benchmark == "train_mean" else xp(ybar).full_like(ybar, -shifts[t])
+                dev = ytes[t][None, :] - bench[:, None]
+                out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
+                out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
+                keys = ("sse", "sst")
+                if sub is not None:
+                    out["sse_rows"][s:e] = to_numpy((rw * resid * resid)[:, sub].sum(axis=1))
+                    out["sst_rows"][s:e] = to_numpy((rw * dev * dev)[:, sub].sum(axis=1))
+                    keys += ("sse_rows", "sst_rows")
+                if empty is not None and empty.any():
+                    for key in keys:
+                        out[key][s:e][empty] = np.nan
+                out["alpha"][s:e] = a_grid[k]
+                out["alpha_index"][s:e] = k
+                if lam is not None:
+                    a = self.backend.asarray(a_grid[k])
+                    out["df"][s:e] = to_numpy(1.0 + (lam / (lam + a[:, None])).sum(axis=1))
 
         first = 0
         fixed = alpha_index
         if point_first and B:
-            batch(0, 1, alpha_index, diagnostics)
+            batch(0, 1, None if alpha_index is None else np.asarray(alpha_index).reshape(T, -1), diagnostics)
             first = 1
             if not reselect:
-                fixed = np.full(B, out["alpha_index"][0], dtype=np.int64)
+                fixed = np.stack([np.full(B, out["alpha_index"][0], dtype=np.int64) for out in outs])
         n = B - first
         workers = parallel_batches(self.backend, n)
         step = max(1, self._batch(None if fixed is not None else selection) // workers)
         step = min(step, -(-n // workers)) if n else 1  # at least one batch per worker
         run_batches(lambda s, e: batch(s, e, fixed, diagnostics and not point_first),
                     [(s, min(s + step, B)) for s in range(first, B, step)], workers)
-        return out
+        return outs if T > 1 else outs[0]
 
     def protocol_errors(self, folds: list[Fold], weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
                         benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,
                         diagnostics: bool = False, point_first: bool = False, reselect: bool = True) -> FoldsR2:
-        """:meth:`fold_errors` for every fold (``alpha_index`` int [B, K] or None; ``point_first``, ``reselect``
-        per fold as there). Returns :class:`FoldsR2`."""
+        """:meth:`fold_errors` for every fold (``alpha_index`` int [B, K], with T > 1 targets [T, B, K], or None;
+        ``point_first``, ``reselect`` per fold as there). Returns :class:`FoldsR2` (a list of T with T > 1)."""
         res = [self.fold_errors(f, weights, alphas, selection, benchmark,
-                                None if alpha_index is None else np.asarray(alpha_index)[:, k], diagnostics,
+                                None if alpha_index is None else np.asarray(alpha_index)[..., k], diagnostics,
                                 point_first, reselect)
                for k, f in enumerate(folds)]
-        sse, sst = np.stack([r["sse"] for r in res], 1), np.stack([r["sst"] for r in res], 1)
-        r2 = r2_score_oos(sse, sst)
-        rows = "sse_rows" in res[0]
-        return FoldsR2(r2=r2, mean=r2.mean(axis=1), pooled=r2_score_oos(sse.sum(axis=1), sst.sum(axis=1)),
-                       alpha=np.stack([r["alpha"] for r in res], 1),
-                       alpha_index=np.stack([r["alpha_index"] for r in res], 1), sse=sse, sst=sst,
-                       df=np.stack([r["df"] for r in res], 1),
-                       sse_rows=np.stack([r["sse_rows"] for r in res], 1) if rows else None,
-                       sst_rows=np.stack([r["sst_rows"] for r in res], 1) if rows else None)
+        if self.n_targets > 1:
+            return [_folds_r2([r[t] for r in res]) for t in range(self.n_targets)]
+        return _folds_r2(res)
+
+
+def _folds_r2(res: list[dict]) -> FoldsR2:
+    """:class:`FoldsR2` from the K folds' :meth:`PanelStats.fold_errors` dicts of one target."""
+    sse, sst = np.stack([r["sse"] for r in res], 1), np.stack([r["sst"] for r in res], 1)
+    r2 = r2_score_oos(sse, sst)
+    rows = "sse_rows" in res[0]
+    return FoldsR2(r2=r2, mean=r2.mean(axis=1), pooled=r2_score_oos(sse.sum(axis=1), sst.sum(axis=1)),
+                   alpha=np.stack([r["alpha"] for r in res], 1),
+                   alpha_index=np.stack([r["alpha_index"] for r in res], 1), sse=sse, sst=sst,
+                   df=np.stack([r["df"] for r in res], 1),
+                   sse_rows=np.stack([r["sse_rows"] for r in res], 1) if rows else None,
+                   sst_rows=np.stack([r["sst_rows"] for r in res], 1) if rows else None)
 
 
 def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
@@ -501,13 +561,17 @@ def leakage_off_r2(stats: PanelStats, weights: np.ndarray, alphas,
                    alpha_index: np.ndarray | None = None, diagnostics: bool | None = None) -> R2Batch:
     """leakage-off R² for each row of ``weights`` ([B, n_securities] multiplicities): ridge (α chosen by
     ``selection``, or held at ``alpha_index`` int [B]) on the weighted training rows, SSE/SST on the weighted
-    test rows. ``diagnostics`` (default: when B = 1): degrees of freedom at the chosen α."""
+    test rows. ``diagnostics`` (default: when B = 1): degrees of freedom at the chosen α. With T > 1 targets
+    (:attr:`PanelStats.n_targets`): ``alpha_index`` [T, B] and a list of T results."""
     W = np.asarray(weights, dtype=np.float64)
     diag = W.shape[0] == 1 if diagnostics is None else diagnostics
-    fr = stats.protocol_errors([Fold(stats.train_mask, stats.test_mask)], W, alphas, selection, benchmark,
-                               None if alpha_index is None else np.asarray(alpha_index).reshape(-1, 1), diag)
-    return R2Batch(r2=fr.r2[:, 0], sse=fr.sse[:, 0], sst=fr.sst[:, 0], alpha=fr.alpha[:, 0], df=fr.df[:, 0],
-                   alpha_index=fr.alpha_index[:, 0])
+    T = stats.n_targets
+    fixed = None if alpha_index is None else np.asarray(alpha_index).reshape((T, -1, 1) if T > 1 else (-1, 1))
+    frs = stats.protocol_errors([Fold(stats.train_mask, stats.test_mask)], W, alphas, selection, benchmark,
+                                fixed, diag)
+    out = [R2Batch(r2=fr.r2[:, 0], sse=fr.sse[:, 0], sst=fr.sst[:, 0], alpha=fr.alpha[:, 0], df=fr.df[:, 0],
+                   alpha_index=fr.alpha_index[:, 0]) for fr in (frs if T > 1 else [frs])]
+    return out if T > 1 else out[0]
 
 
 def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_splits: int, alphas,
@@ -521,6 +585,7 @@ def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_s
     trains on the weighted rows of securities outside fold k (α chosen there by ``selection``, or held at
     ``alpha_index`` int [B, K]) and is scored on those inside it. ``score_rows`` bool [n_rows]: also the
     pooled R² over these rows only (``r2_rows``; the leakage-off test rows for the same-row premium).
+    With T > 1 targets (:attr:`PanelStats.n_targets`): ``alpha_index`` [T, B, K] and a list of T results.
     """
     W = np.asarray(weights, dtype=np.float64)
     F = np.asarray(folds, dtype=np.int64)
@@ -529,8 +594,12 @@ def leakage_on_r2(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n_s
     if np.any((W > 0) & (F < 0)):
         raise ValueError("a security with positive weight has no fold")
     diag = W.shape[0] == 1 if diagnostics is None else diagnostics
-    fr = stats.protocol_errors(group_kfold_folds(len(stats.security), F, n_splits, score_rows), W, alphas,
-                               selection, benchmark, alpha_index, diag)
-    rows = None if fr.sse_rows is None else r2_score_oos(fr.sse_rows.sum(axis=1), fr.sst_rows.sum(axis=1))
-    return R2Batch(r2=r2_score_oos(fr.sse.sum(axis=1), fr.sst.sum(axis=1)), sse=fr.sse.sum(axis=1),
-                   sst=fr.sst.sum(axis=1), alpha=fr.alpha, df=fr.df, alpha_index=fr.alpha_index, r2_rows=rows)
+    frs = stats.protocol_errors(group_kfold_folds(len(stats.security), F, n_splits, score_rows), W, alphas,
+                                selection, benchmark, alpha_index, diag)
+    out = []
+    for fr in (frs if stats.n_targets > 1 else [frs]):
+        rows = None if fr.sse_rows is None else r2_score_oos(fr.sse_rows.sum(axis=1), fr.sst_rows.sum(axis=1))
+        out.append(R2Batch(r2=r2_score_oos(fr.sse.sum(axis=1), fr.sst.sum(axis=1)), sse=fr.sse.sum(axis=1),
+                           sst=fr.sst.sum(axis=1), alpha=fr.alpha, df=fr.df, alpha_index=fr.alpha_index,
+                           r2_rows=rows))
+    return out if stats.n_targets > 1 else out[0]

@@ -187,7 +187,8 @@ def _chol_and_inverse(A, leaf: int):
 
 def cholesky_solve_batched(A, b, block: int = CHOLESKY_BLOCK, leaf: int = CHOLESKY_LEAF) -> tuple:
     """Solve ``A x = b`` for a torch batch of symmetric positive definite ``A`` [N, d, d] (lower triangle read,
-    **overwritten** by L) and ``b`` [N, d], float64. Returns ``(x`` [N, d], ``ok`` bool [N]``)``; ``ok`` is False
+    **overwritten** by L) and ``b`` [N, d] (or [N, d, T]: T right-hand sides), float64. Returns ``(x`` shaped as
+    ``b``, ``ok`` bool [N]``)``; ``ok`` is False
     where the factorisation met a non-positive pivot (x is then meaningless there).
 
     Left-looking blocked Cholesky ``A = L Lᵀ`` (Golub & Van Loan, *Matrix Computations*, 4th ed., sec. 4.2.9)
@@ -205,9 +206,11 @@ def cholesky_solve_batched(A, b, block: int = CHOLESKY_BLOCK, leaf: int = CHOLES
     """
     import torch
 
+    vector = b.ndim == 2
     if block <= 0:
         L, info = torch.linalg.cholesky_ex(A)
-        return torch.cholesky_solve(b[..., None], L)[..., 0], info == 0
+        x = torch.cholesky_solve(b[..., None] if vector else b, L)
+        return (x[..., 0] if vector else x), info == 0
     N, d = int(A.shape[0]), int(A.shape[-1])
     bounds = [(c0, min(c0 + block, d)) for c0 in range(0, d, block)]
     ok = torch.ones(N, dtype=torch.bool, device=A.device)
@@ -221,18 +224,18 @@ def cholesky_solve_batched(A, b, block: int = CHOLESKY_BLOCK, leaf: int = CHOLES
             A[:, c1:, c0:c1] = A[:, c1:, c0:c1] @ Li.mT
         A[:, c0:c1, c0:c1] = L
         inv.append(Li)
-    x = b.clone()
+    x = (b[..., None] if vector else b).clone()
     for (c0, c1), Li in zip(bounds, inv):  # L y = b
-        r = x[:, c0:c1, None]
+        r = x[:, c0:c1]
         if c0:
-            r = r - A[:, c0:c1, :c0] @ x[:, :c0, None]
-        x[:, c0:c1] = (Li @ r)[..., 0]
+            r = r - A[:, c0:c1, :c0] @ x[:, :c0]
+        x[:, c0:c1] = Li @ r
     for (c0, c1), Li in zip(reversed(bounds), reversed(inv)):  # Lᵀ x = y
-        r = x[:, c0:c1, None]
+        r = x[:, c0:c1]
         if c1 < d:
-            r = r - A[:, c1:, c0:c1].mT @ x[:, c1:, None]
-        x[:, c0:c1] = (Li.mT @ r)[..., 0]
-    return x, ok
+            r = r - A[:, c1:, c0:c1].mT @ x[:, c1:]
+        x[:, c0:c1] = Li.mT @ r
+    return (x[..., 0] if vector else x), ok
 
 
 PENALTY_PATHS = ("auto", "eigh", "cholesky")

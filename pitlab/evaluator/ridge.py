@@ -155,6 +155,20 @@ class SuffStats:
         """The union of all m sets (m = 1)."""
         return self.weighted(np.ones((1, self.m)))
 
+    def target(self, t: int, d: int) -> "SuffStats":
+        """The statistics of target ``t`` on the first ``d`` features, when these statistics were built from
+        ``[X, y_1, .., y_{T-1}]`` (d features, then the further targets as columns) and ``y_0``: t = 0 is ``y_0``
+        on X, t ≥ 1 reads column ``d + t - 1`` as the target (Σy, Σy², Xᵀy from the column's Σx and Gram
+        entries). Views where the library allows; every target shares ``sxx[:, :d, :d]``."""
+        if t == 0:
+            return SuffStats(n=self.n, sx=self.sx[:, :d], sy=self.sy, syy=self.syy, sxx=self.sxx[:, :d, :d],
+                             sxy=self.sxy[:, :d])
+        j = d + t - 1
+        if not 0 < t or j >= self.d:
+            raise ValueError(f"target {t} of {self.d - d + 1} (statistics of {self.d} columns, {d} features)")
+        return SuffStats(n=self.n, sx=self.sx[:, :d], sy=self.sx[:, j], syy=self.sxx[:, j, j],
+                         sxx=self.sxx[:, :d, :d], sxy=self.sxx[:, :d, j])
+
 
 @dataclass(frozen=True)
 class RowStats:
@@ -560,14 +574,31 @@ class RidgePath:
 
 def ridge_path(stats: SuffStats, alphas) -> RidgePath:
     """Centre each fitting set's statistics and eigendecompose its Gram matrix (module docstring formulas)."""
+    return ridge_paths([stats], alphas)[0]
+
+
+def _centred_target(stats: SuffStats, xm) -> tuple:
+    """ȳ [B], Sxy [B, d], Syy [B] of one target, given the fitting sets' x̄ [B, d] (module docstring)."""
+    n = stats.n
+    ym = stats.sy / n
+    return ym, stats.sxy - n[:, None] * xm * ym[:, None], stats.syy - n * ym * ym
+
+
+def ridge_paths(targets: list[SuffStats], alphas) -> list[RidgePath]:
+    """:func:`ridge_path` of several targets of the same fitting sets (:meth:`SuffStats.target` views: one
+    ``n``, ``sx`` and ``sxx``): one eigendecomposition per set, shared by every target."""
     a = _check_alphas(alphas)
-    xm, ym, sxx_c, sxy_c, syy_c = centred(stats)
+    xm, _, sxx_c, _, _ = centred(targets[0])
     m = xp(sxx_c)
     lam, V = eigh(sxx_c)  # both libraries read the lower triangle
     del sxx_c
     lam = m.clip(lam, 0.0, None)  # a PSD matrix; tiny negative eigenvalues are rounding
-    z = (m.swapaxes(V, 1, 2) @ sxy_c[:, :, None])[:, :, 0]
-    return RidgePath(alphas=a, n=stats.n, x_mean=xm, y_mean=ym, syy_c=syy_c, lam=lam, V=V, z=z)
+    out = []
+    for st in targets:
+        ym, sxy_c, syy_c = _centred_target(st, xm)
+        z = (m.swapaxes(V, 1, 2) @ sxy_c[:, :, None])[:, :, 0]
+        out.append(RidgePath(alphas=a, n=st.n, x_mean=xm, y_mean=ym, syy_c=syy_c, lam=lam, V=V, z=z))
+    return out
 
 
 def gcv_scores(path: RidgePath, copies: SuffStats | None = None) -> tuple:
@@ -658,39 +689,49 @@ def _betas_test_sse(B, x_mean, y_mean, test: SuffStats):
     return m.clip(sse, 0.0, None)
 
 
-def cholesky_path_test_sse(train: SuffStats, test: SuffStats, alphas, block: int = CHOLESKY_BLOCK):
+def cholesky_path_test_sse(train, test, alphas, block: int = CHOLESKY_BLOCK):
     """The ridge fits of every training set at every α of the grid, scored on its test set: SSE [B, A], the
     numbers of ``path_test_sse(ridge_path(train, alphas), test)`` up to rounding, without eigendecompositions.
 
-    ``train``, ``test``: SuffStats of B sets each (torch float64, any device). Per α, one batched Cholesky solve
-    ``(Sxx + αI) β = Sxy`` of all B centred training sets (:func:`pitlab.evaluator.linalg.cholesky_solve_batched`,
-    ``block`` columns per step); SSE on the test statistics as :func:`path_test_sse`. Cost: A·d³/3 flops per set,
-    all in batched matrix products (an eigendecomposition costs about 9d³, half of them in BLAS-2 steps that a
-    GPU runs far below its matrix rate). A set whose factorisation meets a non-positive pivot (α far below the
-    rounding of Sxx) is scored through :func:`ridge_path` instead (eigenvalues clipped at 0).
-    Memory: two [B, d, d] temporaries besides the centred Gram matrices."""
+    ``train``, ``test``: SuffStats of B sets each (torch float64, any device), or equal-length lists of them: the
+    targets of the same sets (:meth:`SuffStats.target` views sharing ``n``, ``sx`` and ``sxx``), solved together
+    (one factorisation per set and α for all targets; returns a list of SSE, one per target). Per α, one batched
+    Cholesky solve ``(Sxx + αI) β = Sxy`` of all B centred training sets
+    (:func:`pitlab.evaluator.linalg.cholesky_solve_batched`, ``block`` columns per step); SSE on the test
+    statistics as :func:`path_test_sse`. Cost: A·d³/3 flops per set, all in batched matrix products (an
+    eigendecomposition costs about 9d³, half of them in BLAS-2 steps that a GPU runs far below its matrix rate).
+    A set whose factorisation meets a non-positive pivot (α far below the rounding of Sxx) is scored through
+    :func:`ridge_path` instead (eigenvalues clipped at 0). Memory: two [B, d, d] temporaries besides the centred
+    Gram matrices."""
     import torch
 
-    if test.m != train.m:
-        raise ValueError(f"{train.m} fitting sets vs {test.m} test sets")
+    many = isinstance(train, (list, tuple))
+    trains, tests = (list(train), list(test)) if many else ([train], [test])
+    if len(trains) != len(tests) or any(te.m != trains[0].m or tr.m != trains[0].m for tr, te in zip(trains, tests)):
+        raise ValueError(f"{[t.m for t in trains]} fitting sets vs {[t.m for t in tests]} test sets")
     a = _check_alphas(alphas)
-    xm, ym, sxx_c, sxy_c, _ = centred(train)
+    xm, _, sxx_c, _, _ = centred(trains[0])
+    ys = [_centred_target(tr, xm) for tr in trains]
+    rhs = torch.stack([y[1] for y in ys], dim=2)  # [B, d, T]
     ok = torch.ones(sxx_c.shape[0], dtype=torch.bool, device=sxx_c.device)
     betas = []
     for i, alpha in enumerate(a):
         M = sxx_c if i == len(a) - 1 else sxx_c.clone()  # the last α factorises the centred matrices in place
         M.diagonal(dim1=1, dim2=2).add_(float(alpha))
-        beta, ok_a = cholesky_solve_batched(M, sxy_c, block)
+        beta, ok_a = cholesky_solve_batched(M, rhs, block)
         del M
         betas.append(beta)
         ok &= ok_a
     del sxx_c
-    sse = _betas_test_sse(torch.stack(betas, 1), xm, ym, test)
+    B = torch.stack(betas, 1)  # [B, A, d, T]
+    sses = [_betas_test_sse(B[..., t], xm, ys[t][0], te) for t, te in enumerate(tests)]
     if not bool(ok.all()):
         bad = torch.nonzero(~ok)[:, 0]
         idx = bad.cpu().numpy()
-        sse[bad] = path_test_sse(ridge_path(train.take(idx), a), test.take(idx))
-    return sse
+        paths = ridge_paths([tr.take(idx) for tr in trains], a)
+        for sse, path, te in zip(sses, paths, tests):
+            sse[bad] = path_test_sse(path, te.take(idx))
+    return sses if many else sses[0]
 
 
 BENCHMARKS = ("train_mean", "zero")

@@ -30,7 +30,7 @@ from pitlab.evaluator.protocols import (ChronologicalSplit, PurgedKFoldSplit, Wa
                                         security_folds, trading_calendar)
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
 from pitlab.evaluator.targets import (WIDEN_DECADES, WIDEN_STEPS, TargetStats, fold_edges,  # noqa: F401
-                                      point_estimates, target_statistics, widen_grid)
+                                      model_statistics, point_estimates, target_statistics, widen_grid)
 
 BENCHMARK = "training mean"
 BENCHMARK_TEXT = {"train_mean": ("training mean", "R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train the mean target of the "
@@ -367,7 +367,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
                    note: StageProgress, cache_dir: Path | None = None, num_threads: int | None = None,
                    embedded: dict | None = None, baseline: "Baseline | Future | None" = None) -> ModelOutcome:
     """Embed the panel with one model, then its statistics on the raw target (every protocol, embargo
-    robustness) and on the market-neutral one (:func:`pitlab.evaluator.targets.target_statistics`), on
+    robustness) and on the market-neutral one (:func:`pitlab.evaluator.targets.model_statistics`), on
     ``setup``'s shared splits and draws, decomposed against the date-only ``baseline`` (computed here if None; a
     Future of one, computed meanwhile on another thread, is awaited only for the decomposition).
     ``embedded``: the ``info`` of an earlier :func:`embed_panel` call for this model in the same run."""
@@ -383,9 +383,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
         info["cache_hit"] = bool(embedded.get("cache_hit", info["cache_hit"]))
         embed_s = float(embedded.get("seconds", embed_s))
     note(f"statistics:{name}", 0, 1)
-    raw = target_statistics(spec, setup, X, setup.y, True)
-    t_neutral = time.perf_counter()
-    neutral = target_statistics(spec, setup, X, setup.y_neutral, False)
+    raw, neutral = model_statistics(spec, setup, X, setup.y, setup.y_neutral)
     t_end = time.perf_counter()
     note(f"statistics:{name}", 1, 1)
     summary = target_summary(raw, setup.rule)
@@ -418,7 +416,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
                  f"[{', '.join(f'{a:g}' for a in raw.grid)}])" if raw.widenings else "")
     notes = _model_warnings(name, setup.time_selection.method, edges, raw.widenings, grid_note,
                             summary["verdict_reasons"])
-    timings = {"embed_s": embed_s, "raw_target_s": t_neutral - t_stat, "market_neutral_s": t_end - t_neutral,
+    timings = {"embed_s": embed_s, 
                "statistics_s": t_end - t_stat, **{f"embed_{k}": (embedded or info).get(k) for k in EMBED_RATES}}
     model_edges = raw.edge_text["off"] + raw.edge_text["on"]
     return ModelOutcome(result, raw.reps.premium, {"r2_off": raw.reps.r2_off, "r2_on": raw.reps.r2_on,

@@ -188,7 +188,8 @@ class TargetStats:
 
 
 def build_stats(setup, X: np.ndarray, y: np.ndarray, indicators: np.ndarray | None = None) -> PanelStats:
-    """The :class:`PanelStats` of embeddings ``X`` [n_rows, d] and target ``y`` [n_rows] on ``setup``'s split:
+    """The :class:`PanelStats` of embeddings ``X`` [n_rows, d] and target ``y`` [n_rows] (or [n_rows, T]: T targets,
+    :meth:`PanelStats.build`) on ``setup``'s split:
     per-security units, or row units (with calendar positions) when ``setup.row_units``. ``indicators`` int
     [n_rows]: X is the indicator matrix of these codes (the date-only baseline; row units take a shortcut)."""
     split = setup.split
@@ -199,12 +200,24 @@ def build_stats(setup, X: np.ndarray, y: np.ndarray, indicators: np.ndarray | No
                                  positions=setup.positions, indicators=indicators)
 
 
-def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = True,
-                      indicators: np.ndarray | None = None) -> TargetStats:
-    """Everything one target gives for one model on ``setup``'s shared splits and draws. ``full``: also the
-    extra protocols (``protocol.protocols``) and ``protocol.embargoRobustness``; otherwise leakage-off and
-    leakage-on only (the market-neutral target). ``indicators``: see :func:`build_stats`."""
-    stats = build_stats(setup, X, y, indicators)
+@dataclass
+class _Points:
+    """One target's point estimates on the final grid (:func:`point_estimates`), its protocols' folds, and the
+    penalty positions the bootstrap refits at when ``bootstrap.reselectPenalty`` is false (else None)."""
+
+    off: object
+    on: object
+    edges: dict
+    grid: list[float]
+    widenings: int
+    edge_text: dict
+    pfolds: dict
+    points: dict
+    fixed: tuple | None
+
+
+def _points(spec, setup, stats: PanelStats, full: bool) -> _Points:
+    """:func:`point_estimates` of one target on ``setup``'s splits (with the extra protocols when ``full``)."""
     K = spec.protocol.group_k_folds
     pfolds = ({p: [Fold(tr, te) for tr, te in zip(sp.fold_train, sp.fold_test)] for p, sp in setup.extra.items()}
               if full else {})
@@ -215,11 +228,52 @@ def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = Tr
                  f"[{', '.join(f'{a:g}' for a in grid)}])" if widenings else "")
     edge_text = {k: [f"{e}{grid_note}" for e in v[0]] for k, v in edges.items()}
     fixed = None if setup.reselect else (off.alpha_index, on.alpha_index)
-    reps = bootstrap_model(stats, setup.weights, setup.folds, K, grid, setup.selection, setup.benchmark, fixed,
-                           setup.time_selection, same_rows=True)
+    return _Points(off, on, edges, grid, widenings, edge_text, pfolds, points, fixed)
+
+
+def _bootstrap(spec, setup, stats: PanelStats, pt: _Points):
+    """One target's bootstrap replicates (:func:`pitlab.evaluator.bootstrap.bootstrap_model`) on its grid."""
+    return bootstrap_model(stats, setup.weights, setup.folds, spec.protocol.group_k_folds, pt.grid, setup.selection,
+                           setup.benchmark, pt.fixed, setup.time_selection, same_rows=True)
+
+
+def _target_stats(spec, setup, stats: PanelStats, pt: _Points, reps, full: bool) -> TargetStats:
+    """:class:`TargetStats` from one target's point estimates and replicates (and, when ``full``, its extra
+    protocols and embargo robustness)."""
     protocols, protocol_reps, robustness = {}, {}, []
     if full:
-        protocols, protocol_reps = _extra_protocols(stats, setup, pfolds, grid, float(on.r2[0]), reps.r2_on,
-                                                    edge_text, points)
-        robustness = _embargo_robustness(stats, spec, setup, grid, float(on.r2_rows[0]))
-    return TargetStats(off, on, reps, grid, widenings, edges, edge_text, protocols, protocol_reps, robustness)
+        protocols, protocol_reps = _extra_protocols(stats, setup, pt.pfolds, pt.grid, float(pt.on.r2[0]), reps.r2_on,
+                                                    pt.edge_text, pt.points)
+        robustness = _embargo_robustness(stats, spec, setup, pt.grid, float(pt.on.r2_rows[0]))
+    return TargetStats(pt.off, pt.on, reps, pt.grid, pt.widenings, pt.edges, pt.edge_text, protocols,
+                       protocol_reps, robustness)
+
+
+def target_statistics(spec, setup, X: np.ndarray, y: np.ndarray, full: bool = True,
+                      indicators: np.ndarray | None = None) -> TargetStats:
+    """Everything one target gives for one model on ``setup``'s shared splits and draws. ``full``: also the
+    extra protocols (``protocol.protocols``) and ``protocol.embargoRobustness``; otherwise leakage-off and
+    leakage-on only (the market-neutral target). ``indicators``: see :func:`build_stats`."""
+    stats = build_stats(setup, X, y, indicators)
+    pt = _points(spec, setup, stats, full)
+    return _target_stats(spec, setup, stats, pt, _bootstrap(spec, setup, stats, pt), full)
+
+
+def model_statistics(spec, setup, X: np.ndarray, y: np.ndarray, y_neutral: np.ndarray) -> tuple:
+    """One model's :func:`target_statistics` on the raw target ``y`` (``full``) and on the market-neutral one
+    ``y_neutral`` (leakage-off and leakage-on), both float [n_rows]: ``(raw, neutral)``. The same numbers up to
+    rounding as two separate calls, but when both targets end on the same α grid their bootstrap replicates are
+    fitted together (:meth:`pitlab.evaluator.estimates.PanelStats.build` with two targets): every inner-fold
+    factorisation of the penalty selection serves both."""
+    stats, stats_n = build_stats(setup, X, y), build_stats(setup, X, y_neutral)
+    pt, pt_n = _points(spec, setup, stats, True), _points(spec, setup, stats_n, False)
+    if pt.grid == pt_n.grid:
+        pair = build_stats(setup, X, np.column_stack([y, y_neutral]))
+        reps, reps_n = bootstrap_model(pair, setup.weights, setup.folds, spec.protocol.group_k_folds, pt.grid,
+                                       setup.selection, setup.benchmark,
+                                       None if setup.reselect else [pt.fixed, pt_n.fixed], setup.time_selection,
+                                       same_rows=True)
+        del pair
+    else:
+        reps, reps_n = _bootstrap(spec, setup, stats, pt), _bootstrap(spec, setup, stats_n, pt_n)
+    return (_target_stats(spec, setup, stats, pt, reps, True), _target_stats(spec, setup, stats_n, pt_n, reps_n, False))
