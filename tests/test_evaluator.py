@@ -148,8 +148,8 @@ def test_ridge_rejects_bad_alphas():
 def test_chronological_split_embargo_on_hand_made_calendar():
     cal = pd.bdate_range("2021-03-01", periods=20)  # Mon 2021-03-01 .. Fri 2021-03-26
     dates = np.repeat(cal.to_numpy(), 3)  # 3 securities on every trading day
-    split = ChronologicalSplit(dates, cal, train_end=pd.Timestamp("2021-03-13").date(),
-                               test_start=pd.Timestamp("2021-03-14").date(), embargo_days=3)
+    split = ChronologicalSplit(pd.Timestamp("2021-03-13").date(), pd.Timestamp("2021-03-14").date(), 3,
+                               cal).apply(dates)
     assert split.first_test_date == pd.Timestamp("2021-03-15")  # first trading day >= Sunday 14th (index 10)
     train_days = sorted(set(pd.DatetimeIndex(dates[split.train_mask])))
     assert train_days == list(cal[:7])  # index < 10 - 3
@@ -167,7 +167,7 @@ def test_chronological_split_embargo_on_hand_made_calendar():
 def test_chronological_split_counts_calendar_days_not_panel_dates():
     cal = pd.bdate_range("2021-03-01", periods=20)
     dates = cal[[0, 3, 6, 8, 9, 10, 13]].to_numpy()  # sparse panel dates
-    split = ChronologicalSplit(dates, cal, cal[9].date(), cal[10].date(), embargo_days=3)
+    split = ChronologicalSplit(cal[9].date(), cal[10].date(), 3, cal).apply(dates)
     np.testing.assert_array_equal(split.train_mask, [1, 1, 1, 0, 0, 0, 0])
     np.testing.assert_array_equal(split.embargo_mask, [0, 0, 0, 1, 1, 0, 0])
     np.testing.assert_array_equal(split.test_mask, [0, 0, 0, 0, 0, 1, 1])
@@ -177,14 +177,14 @@ def test_chronological_split_warns_when_labels_overlap_test_period():
     cal = pd.bdate_range("2021-03-01", periods=20)
     dates = cal.to_numpy()
     with pytest.warns(UserWarning, match="overlap the test period"):
-        split = ChronologicalSplit(dates, cal, cal[9].date(), cal[10].date(), embargo_days=1)
+        split = ChronologicalSplit(cal[9].date(), cal[10].date(), 1, cal).apply(dates)
     pos = np.flatnonzero(split.train_mask)
     assert pos.max() == 8 and pos.max() + 2 == 10  # the label of day 8 ends on T0: what the warning is about
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ChronologicalSplit(dates, cal, cal[9].date(), cal[10].date(), embargo_days=2)
+        ChronologicalSplit(cal[9].date(), cal[10].date(), 2, cal).apply(dates)
     with pytest.raises(ProtocolError, match="protocol.testStart"):
-        ChronologicalSplit(dates, cal, cal[9].date(), (cal[-1] + pd.Timedelta(days=5)).date(), embargo_days=2)
+        ChronologicalSplit(cal[9].date(), (cal[-1] + pd.Timedelta(days=5)).date(), 2, cal).apply(dates)
 
 
 def test_group_kfold_folds_share_no_security_point_and_replicate():

@@ -27,7 +27,7 @@ def _layout(S, T):
     dates = CAL[10:10 + 3 * T:3]
     date_idx = np.repeat(np.arange(T), S)
     sec = np.tile(np.arange(S), T)
-    split = ChronologicalSplit(dates[date_idx], CAL, dates[T * 5 // 8].date(), dates[T * 5 // 8 + 2].date(), 2)
+    split = ChronologicalSplit(dates[T * 5 // 8].date(), dates[T * 5 // 8 + 2].date(), 2, CAL).apply(dates[date_idx])
     return date_idx, sec, split
 
 
@@ -129,19 +129,19 @@ def test_embargo_removes_exactly_the_right_rows_on_a_hand_made_calendar():
                             "2020-10-09", "2020-10-13", "2020-10-14", "2020-10-15", "2020-10-16"])
     dates = np.repeat(cal.to_numpy(), 2)  # 2 securities a day, 30 rows
     # chronological: test from 2020-10-07 (position 8), embargo 3 → training positions 0..4 (to 2020-09-30)
-    ch = ChronologicalSplit(dates, cal, pd.Timestamp("2020-10-06").date(), pd.Timestamp("2020-10-07").date(), 3)
+    ch = ChronologicalSplit(pd.Timestamp("2020-10-06").date(), pd.Timestamp("2020-10-07").date(), 3, cal).apply(dates)
     assert sorted(set(pd.DatetimeIndex(dates[ch.train_mask]))) == list(cal[:5])
     assert sorted(set(pd.DatetimeIndex(dates[ch.embargo_mask]))) == list(cal[5:8])
     # walk-forward, K=2 over 15 dates: blocks of 5 (TimeSeriesSplit); test block 1 = positions 5..9
     # (2020-10-02 .. 10-08), embargo 2 → train positions 0..2; block 2 = positions 10..14, train 0..7
-    wf = WalkForwardSplit(dates, cal, n_splits=2, embargo_days=2)
+    wf = WalkForwardSplit(2, 2, cal).apply(dates)
     days = [sorted(set(pd.DatetimeIndex(dates[m]))) for m in wf.fold_train]
     assert days == [list(cal[:3]), list(cal[:8])]
     assert [sorted(set(pd.DatetimeIndex(dates[m]))) for m in wf.fold_test] == [list(cal[5:10]), list(cal[10:])]
     assert wf.fold_removed.sum(axis=1).tolist() == [4, 4]
     # purged K-fold, K=3 (blocks 0..4, 5..9, 10..14), horizon 2, embargo 1: test block 5..9 removes
     # positions 3, 4 (purge before: spans [t, t+2] reach 2020-10-02) and 10, 11 (purge after) and 12 (embargo)
-    pk = PurgedKFoldSplit(dates, cal, n_splits=3, embargo_days=1)
+    pk = PurgedKFoldSplit(3, 1, cal).apply(dates)
     kept = [sorted(cal.get_indexer(pd.DatetimeIndex(dates[m])).tolist()[::2]) for m in pk.fold_train]
     assert kept == [list(range(8, 15)), [0, 1, 2, 13, 14], [0, 1, 2, 3, 4, 5, 6, 7]]
     removed = [sorted(set(cal.get_indexer(pd.DatetimeIndex(dates[m])))) for m in pk.fold_removed]

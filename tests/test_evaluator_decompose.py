@@ -115,7 +115,7 @@ def test_same_row_r2_on_equals_a_direct_computation():
     rows, cal, dates, X = _date_panel(seed=1)
     y = rows["target"].to_numpy()
     codes = pd.factorize(rows["security"], sort=True)[0]
-    split = ChronologicalSplit(rows["date"].to_numpy(), cal, dates[15].date(), dates[16].date(), 5)
+    split = ChronologicalSplit(dates[15].date(), dates[16].date(), 5, cal).apply(rows["date"].to_numpy())
     st_ = PanelStats.build(X, y, codes, 40, split.train_mask, split.test_mask)
     F = security_folds(np.bincount(codes), 4)[None]
     on = leakage_on_r2(st_, np.ones((1, 40)), F, 4, [10.0], AlphaSelection("security-cv", 4),
@@ -160,8 +160,8 @@ def test_every_empty_check_is_stated_when_the_case_is_built():
     rows, cal, dates, X = _date_panel(S=10, T=12)
     cal10 = cal
     dates10 = pd.DatetimeIndex(dates)
-    split = ChronologicalSplit(rows["date"].to_numpy(), cal10, dates10[7].date(), dates10[8].date(), 4)
-    pk = PurgedKFoldSplit(rows["date"].to_numpy(), cal10, 3, 0)
+    split = ChronologicalSplit(dates10[7].date(), dates10[8].date(), 4, cal10).apply(rows["date"].to_numpy())
+    pk = PurgedKFoldSplit(3, 0, cal10).apply(rows["date"].to_numpy())
     robustness = [{"embargo_days": 3, "same_as": 4}, {"embargo_days": 40, "same_as": None}]
     checks = empty_checks(split, {"purged-kfold": pk}, robustness, rows["date"].to_numpy(), "panel")
     by = {(c["check"], c["protocol"]): c["message"] for c in checks}

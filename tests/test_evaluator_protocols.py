@@ -61,18 +61,53 @@ def _panel_arrays(S=12, T=15, d=3, seed=0):
 
 def test_walk_forward_blocks_are_sklearn_timeseriessplit_of_the_dates():
     cal, dates, sec, X, y = _panel_arrays()
-    wf = WalkForwardSplit(dates, cal, n_splits=4, embargo_days=0)
+    wf = WalkForwardSplit(4, 0, cal).apply(dates)
     u = np.unique(dates)
     for (tr, te), (tr_ref, te_ref) in zip(wf.split(X), TimeSeriesSplit(4).split(u)):
         assert set(dates[te]) == set(u[te_ref]) and set(dates[tr]) == set(u[tr_ref])
     assert wf.get_n_splits() == 4
 
 
+def test_splitters_hold_parameters_and_take_the_dates_at_split_time():
+    from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, check_group_k_folds,
+                                            protocol_splitters)
+
+    cal, dates, sec, X, y = _panel_arrays()
+    u = np.unique(dates)
+    proto = LeakageEvalSpec.model_validate({
+        "models": [{"name": "m", "uri": "/m"}], "dataset": {"kind": "ohlcv", "uri": "x"},
+        "protocol": {"trainEnd": str(pd.Timestamp(u[5]).date()), "testStart": str(pd.Timestamp(u[6]).date()),
+                     "embargoDays": 3, "walkForwardFolds": 3, "purgedFolds": 4,
+                     "protocols": ["chronological", "group-kfold", "walk-forward", "purged-kfold"]}}).protocol
+    sp = protocol_splitters(proto, cal)
+    assert list(sp) == ["chronological", "walk-forward", "purged-kfold"]
+    assert [s.get_n_splits() for s in sp.values()] == [1, 3, 4]
+    assert not any(hasattr(s, "train_mask") or hasattr(s, "fold_train") for s in sp.values())  # no data inside
+    for s in sp.values():  # split(dates) yields what the applied folds hold, for any panel given at split time
+        for half in (dates, dates[: len(dates) // 2 * 1]):
+            folds = s.apply(half)
+            got = list(s.split(half))
+            assert len(got) == folds.get_n_splits()
+            for (tr, te), (tr2, te2) in zip(got, folds.split()):
+                assert np.array_equal(tr, tr2) and np.array_equal(te, te2)
+    ch = sp["chronological"].apply(dates)
+    assert ch.n_train == int((dates <= u[5]).sum()) - int(ch.n_embargoed) and ch.embargo_days == 3
+    ch0 = sp["chronological"].with_embargo(0)
+    assert isinstance(ch0, ChronologicalSplit) and ch0.embargo_days == 0 and sp["chronological"].embargo_days == 3
+    with pytest.warns(UserWarning, match="embargoDays=0"):
+        assert ch0.apply(dates).n_embargoed == 0
+    assert sp["walk-forward"].description.startswith("walk-forward")
+    assert "López de Prado" in sp["purged-kfold"].description
+    with pytest.raises(ProtocolError, match=r"protocol.groupKFolds: 5 folds exceed the 4 securities"):
+        check_group_k_folds(5, 4)
+    check_group_k_folds(4, 4)
+
+
 @pytest.mark.parametrize("protocol", ["walk-forward", "purged-kfold"])
 def test_date_folds_r2_equals_sklearn_ridge_per_fold_point_and_replicate(protocol):
     cal, dates, sec, X, y = _panel_arrays()
     S = 12
-    sp = (WalkForwardSplit(dates, cal, 3, 4) if protocol == "walk-forward" else PurgedKFoldSplit(dates, cal, 3, 2))
+    sp = (WalkForwardSplit(3, 4, cal) if protocol == "walk-forward" else PurgedKFoldSplit(3, 2, cal)).apply(dates)
     Xc, yc, mu = center(X, y)
     w = draw_cluster_weights(S, 1, seed=3)
     W = np.vstack([np.ones((1, S)), w])

@@ -115,20 +115,20 @@ def test_xnys_embargo_across_thanksgiving_removes_exactly_five_sessions():
     assert cal.name == "XNYS" and pd.Timestamp("2019-11-28") not in cal and pd.Timestamp("2019-11-29") in cal
     panel_days = cal[(cal >= "2019-11-01") & (cal <= "2019-12-06")]
     dates = _rows_on(panel_days)
-    sp = ChronologicalSplit(dates, cal, pd.Timestamp("2019-11-30").date(), pd.Timestamp("2019-12-01").date(), 5)
+    sp = ChronologicalSplit(pd.Timestamp("2019-11-30").date(), pd.Timestamp("2019-12-01").date(), 5, cal).apply(dates)
     # 5 sessions before 2019-12-02: Nov 29, 27, 26, 25, 22 (Thanksgiving is not one)
     removed = sorted({pd.Timestamp(d).date().isoformat() for d in dates[sp.embargo_mask]})
     assert removed == ["2019-11-22", "2019-11-25", "2019-11-26", "2019-11-27", "2019-11-29"]
     assert sp.n_embargoed == 15 and sp.first_test_date == pd.Timestamp("2019-12-02")
     assert pd.Timestamp(dates[sp.train_mask].max()) == pd.Timestamp("2019-11-21")
     # counting the price file's weekdays instead would embargo Thanksgiving itself and keep Nov 22 in training
-    naive = ChronologicalSplit(dates, file_days, pd.Timestamp("2019-11-30").date(),
-                               pd.Timestamp("2019-12-01").date(), 5)
+    naive = ChronologicalSplit(pd.Timestamp("2019-11-30").date(), pd.Timestamp("2019-12-01").date(), 5,
+                               file_days).apply(dates)
     assert pd.Timestamp(dates[naive.train_mask].max()) == pd.Timestamp("2019-11-22")
     # a row dated on the holiday is refused, naming the calendar
     with pytest.raises(ProtocolError, match="2019-11-28 is not a trading day of the XNYS calendar"):
-        ChronologicalSplit(np.array(["2019-11-28"], dtype="datetime64[ns]"), cal,
-                           pd.Timestamp("2019-11-30").date(), pd.Timestamp("2019-12-01").date(), 5)
+        ChronologicalSplit(pd.Timestamp("2019-11-30").date(), pd.Timestamp("2019-12-01").date(), 5,
+                           cal).apply(np.array(["2019-11-28"], dtype="datetime64[ns]"))
 
 
 def test_xtks_golden_week_and_the_2020_halt_day_in_embargo_and_purge():
@@ -141,7 +141,7 @@ def test_xtks_golden_week_and_the_2020_halt_day_in_embargo_and_purge():
                                                    "2020-05-07", "2020-05-08"]
     panel_days = cal[(cal >= "2020-04-01") & (cal <= "2020-05-29")]
     dates = _rows_on(panel_days, 2)
-    sp = ChronologicalSplit(dates, cal, pd.Timestamp("2020-05-06").date(), pd.Timestamp("2020-05-07").date(), 4)
+    sp = ChronologicalSplit(pd.Timestamp("2020-05-06").date(), pd.Timestamp("2020-05-07").date(), 4, cal).apply(dates)
     removed = sorted({pd.Timestamp(d).date().isoformat() for d in dates[sp.embargo_mask]})
     assert removed == ["2020-04-27", "2020-04-28", "2020-04-30", "2020-05-01"] and sp.n_embargoed == 8
     # the TSE halt of 2020-10-01 is a closure on XTKS: 2 sessions after Sep 30 are Oct 2 and Oct 5
@@ -150,13 +150,13 @@ def test_xtks_golden_week_and_the_2020_halt_day_in_embargo_and_purge():
     assert n_sep == 20  # Sep 21-22 (Respect for the Aged Day, Autumnal Equinox) are closed
     autumn = cal[cal >= "2020-09-01"][:2 * n_sep]  # fold 0 = September, fold 1 = the next 20 sessions
     d2 = _rows_on(autumn, 1)
-    pk = PurgedKFoldSplit(d2, cal, 2, embargo_days=2)
+    pk = PurgedKFoldSplit(2, 2, cal).apply(d2)
     # fold 0 tests Sep 1 .. Sep 30; after it, label span h = 2 sessions, then 2 embargo sessions:
     # removed after it are Oct 2, 5 (purge) and Oct 6, 7 (embargo) — Oct 1 is no session
     rm = [pd.Timestamp(d).date().isoformat() for d in d2[pk.fold_removed[0]]]
     assert pk.fold_dates[0][1] == pd.Timestamp("2020-09-30")
     assert rm == ["2020-10-02", "2020-10-05", "2020-10-06", "2020-10-07"]
-    wf = WalkForwardSplit(d2, cal, 2, embargo_days=3)
+    wf = WalkForwardSplit(2, 3, cal).apply(d2)
     assert wf.get_n_splits() == 2
 
 

@@ -71,14 +71,14 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
     any embedding or training. Raises SpecError naming the field under ``field_prefix``."""
     import warnings
 
-    from pitlab.evaluator.protocols import (ChronologicalSplit, ProtocolError, PurgedKFoldSplit, WalkForwardSplit,
-                                            trading_calendar)
+    from pitlab.evaluator.protocols import ProtocolError, check_group_k_folds, protocol_splitters, trading_calendar
 
     p, dates = spec.protocol, panel.rows["date"].to_numpy()
     n_sec = int(panel.rows["security"].nunique())
-    if p.group_k_folds > n_sec:
-        raise SpecError([(f"{field_prefix}.protocol.groupKFolds", f"{p.group_k_folds} folds exceed the {n_sec} "
-                          f"securities of the sampled panel")])
+    try:
+        check_group_k_folds(p.group_k_folds, n_sec)
+    except ProtocolError as err:
+        raise SpecError([("", f"{field_prefix}.{err}")]) from None
     if spec.regression.selection != "gcv":  # the penalty selection splits each leakage-on fitting set by security
         from pitlab.evaluator.protocols import security_folds
 
@@ -94,11 +94,8 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
         with warnings.catch_warnings():  # the evaluation issues (and reports) the splits' warnings itself
             warnings.simplefilter("ignore")
             calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
-            ChronologicalSplit(dates, calendar, p.train_end, p.test_start, p.embargo_days)
-            if "walk-forward" in p.protocols:
-                WalkForwardSplit(dates, calendar, p.walk_forward_folds, p.embargo_days)
-            if "purged-kfold" in p.protocols:
-                PurgedKFoldSplit(dates, calendar, p.purged_folds, p.embargo_days)
+            for splitter in protocol_splitters(p, calendar).values():
+                splitter.apply(dates)
     except ProtocolError as err:  # "protocol.x ...", "dataset.calendar: ..." or "panel date ... (calendar)"
         named = re.match(r"(protocol|dataset)\.[A-Za-z]+", str(err))
         raise SpecError([("", f"{field_prefix}.{err}") if named else

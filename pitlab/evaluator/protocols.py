@@ -1,17 +1,20 @@
-"""Split protocols for the leakage measurement (DESIGN section 4.7), as scikit-learn cross-validators.
+"""Split protocols for the leakage measurement (docs/statistics.md), as splitters that hold parameters only.
+
+Each splitter is built once from the spec's ``protocol`` block and the trading calendar
+(:func:`protocol_splitters`) and applied to the panel's row dates at :meth:`split` / :meth:`apply` time, the way
+scikit-learn's cross-validators take their data at ``split()``; its ``description`` is the prose the report
+prints for it.
 
 * leakage-off: :class:`ChronologicalSplit`, one split; training dates end ``embargo_days`` trading days
   before the first test date.
 * leakage-on: scikit-learn's ``GroupKFold`` with groups = security (disjoint securities, all dates mixed);
   :func:`security_folds` gives the fold of each security, also for a bootstrap replicate in which a security
   is drawn several times (every copy keeps one group label, so all copies land in the same fold).
+* :class:`WalkForwardSplit`, :class:`PurgedKFoldSplit`: date-block K-fold protocols.
 
 Trading days are the sessions of the panel's exchange calendar (:func:`trading_calendar`: ``exchange_calendars``
 XNYS for US panels, XTKS for JPX, or the price file's own days with ``dataset.calendar: panel``): embargo and
 purge lengths count sessions of that calendar, whether or not the panel (or the price file) has a row that day.
-
-Both follow scikit-learn's splitter protocol (``split(X, y=None, groups=None)`` yields ``(train_idx,
-test_idx)``; ``get_n_splits``), so they can be handed to ``cross_val_score`` and compared with sklearn.
 """
 
 from __future__ import annotations
@@ -24,49 +27,18 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupKFold
 
+from pitlab.evaluator.calendars import DEFAULT_CALENDARS, ProtocolError, trading_calendar  # noqa: F401
+
 LABEL_HORIZON_DAYS = 2
 """The JPX target of a row at t is the close change from t+1 to t+2: its label window ends 2 trading days later."""
 
 
-class ProtocolError(ValueError):
-    """A split cannot be made from the panel and the spec's ``protocol`` (the message names the field)."""
-
-
-DEFAULT_CALENDARS = {"ohlcv": "XNYS", "jpx": "XTKS"}
-"""``dataset.calendar: auto``: the exchange calendar of each dataset kind (US OHLCV files: New York Stock
-Exchange; Kaggle JPX: Tokyo Stock Exchange)."""
-
-
-def trading_calendar(setting: str, dataset_kind: str, panel_calendar: pd.DatetimeIndex) -> pd.DatetimeIndex:
-    """The trading sessions on which embargo and purge days are counted, named (``.name``) after the calendar.
-
-    ``setting`` (``dataset.calendar``): ``"auto"`` → :data:`DEFAULT_CALENDARS` of ``dataset_kind``; ``"panel"``
-    → ``panel_calendar`` itself (the trading days of the price file); else an ``exchange_calendars`` name
-    (e.g. ``"XNYS"``, ``"XTKS"``), whose sessions from 60 days before the panel calendar's first day to 60 days
-    after its last are returned (tz-naive, midnight, sorted, unique).
-
-    The exchange calendar, not the panel, defines trading days: a session the price file lacks still counts,
-    and a day the exchange did not trade does not. A market-wide halt counts as the calendar records it:
-    ``exchange_calendars`` (4.x) lists 2020-10-01 on XTKS (the TSE system failure: no trade all day) as a
-    closure, so that day is no trading day (no price formed, no label window advances over it), while the JPX
-    price file keeps it as a row without prices. Raises :class:`ProtocolError` for an unknown calendar name.
-    """
-    cal = pd.DatetimeIndex(panel_calendar)
-    name = DEFAULT_CALENDARS.get(dataset_kind, "panel") if setting == "auto" else setting
-    if name == "panel":
-        return cal.rename("panel")
-    import exchange_calendars as xcals
-
-    lo, hi = cal[0] - pd.Timedelta(days=60), cal[-1] + pd.Timedelta(days=60)
-    with warnings.catch_warnings():  # exchange_calendars 4.13 on pandas 3: Series.values deprecation notices
-        warnings.filterwarnings("ignore", message=".*Series.values returning an ndarray")
-        try:
-            ec = xcals.get_calendar(name, start=lo.date().isoformat(), end=hi.date().isoformat())
-        except xcals.errors.InvalidCalendarName as e:
-            raise ProtocolError(f"dataset.calendar: {name!r} is not an exchange_calendars calendar (e.g. XNYS, "
-                                f"XTKS) nor 'panel'") from e
-        sessions = pd.DatetimeIndex(ec.sessions)
-    return sessions.tz_localize(None).normalize().rename(name)
+def _checked_calendar(calendar: pd.DatetimeIndex) -> pd.DatetimeIndex:
+    """``calendar`` as a DatetimeIndex; raises :class:`ProtocolError` unless sorted and unique."""
+    cal = pd.DatetimeIndex(calendar)
+    if not (cal.is_monotonic_increasing and cal.is_unique):
+        raise ProtocolError("panel calendar must be sorted and unique")
+    return cal
 
 
 class ChronologicalSplit:
@@ -74,10 +46,6 @@ class ChronologicalSplit:
 
     Parameters
     ----------
-    dates : array-like of datetime64, shape [n_rows]
-        Trading day t of each panel row; every date must be a day of ``calendar``.
-    calendar : pd.DatetimeIndex
-        Every trading session (sorted, unique; :func:`trading_calendar`); embargo days are counted on it.
     train_end : date
         Last date a training row may have (``protocol.trainEnd``, inclusive).
     test_start : date
@@ -86,8 +54,45 @@ class ChronologicalSplit:
         Number of trading days immediately before the first test date T0 (the first calendar day >=
         ``test_start``) whose rows are removed from training. Training rows satisfy
         ``date <= train_end`` and ``calendar_index(date) < calendar_index(T0) - embargo_days``.
-        With ``embargo_days < 2`` a training label window (t+1..t+2) reaches T0, and a ``UserWarning`` is
-        issued (also kept in :attr:`warnings`).
+        With ``embargo_days < 2`` a training label window (t+1..t+2) reaches T0, and :meth:`apply` issues a
+        ``UserWarning`` (also kept in the folds' ``warnings``).
+    calendar : pd.DatetimeIndex
+        Every trading session (sorted, unique; :func:`trading_calendar`); embargo days are counted on it.
+
+    Raises :class:`ProtocolError` when ``test_start`` is not after ``train_end`` or the calendar is not sorted
+    and unique; :meth:`apply` raises it for dates off the calendar or an empty side.
+    """
+
+    name = "chronological"
+    description = "chronological split with embargo (trading days)"
+
+    def __init__(self, train_end: dt.date, test_start: dt.date, embargo_days: int, calendar: pd.DatetimeIndex):
+        self.calendar = _checked_calendar(calendar)
+        self.train_end, self.test_start = pd.Timestamp(train_end), pd.Timestamp(test_start)
+        if self.test_start <= self.train_end:
+            raise ProtocolError(f"protocol.testStart ({self.test_start.date()}) must be after protocol.trainEnd "
+                                f"({self.train_end.date()})")
+        self.embargo_days = int(embargo_days)
+
+    def with_embargo(self, embargo_days: int) -> "ChronologicalSplit":
+        """The same split with another embargo (the embargo robustness table)."""
+        return ChronologicalSplit(self.train_end, self.test_start, embargo_days, self.calendar)
+
+    def apply(self, dates) -> "ChronologicalFolds":
+        """The split of the rows whose trading days are ``dates`` (datetime64 [n_rows], each a calendar day)."""
+        return ChronologicalFolds(self, dates)
+
+    def split(self, dates) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield the one ``(train_idx, test_idx)`` pair (int64 row indices) of ``dates``."""
+        yield from self.apply(dates).split()
+
+    def get_n_splits(self) -> int:
+        """Always 1."""
+        return 1
+
+
+class ChronologicalFolds:
+    """:class:`ChronologicalSplit` applied to a panel's row dates.
 
     Attributes
     ----------
@@ -95,20 +100,17 @@ class ChronologicalSplit:
         Training rows; test rows; rows with date <= train_end removed by the embargo.
     first_test_date : pd.Timestamp
         T0.
+    train_end, test_start : pd.Timestamp; embargo_days : int
+        The splitter's parameters.
     n_train, n_test, n_embargoed, n_gap : int
         Row counts; ``n_gap`` counts rows after ``train_end`` and before ``test_start`` (in neither set).
+    warnings : list[str]
+        The short-embargo warning, when issued.
     """
 
-    def __init__(self, dates, calendar: pd.DatetimeIndex, train_end: dt.date, test_start: dt.date,
-                 embargo_days: int):
-        cal = pd.DatetimeIndex(calendar)
-        if not (cal.is_monotonic_increasing and cal.is_unique):
-            raise ProtocolError("panel calendar must be sorted and unique")
-        d = pd.DatetimeIndex(dates)
-        t_end, t_start = pd.Timestamp(train_end), pd.Timestamp(test_start)
-        if t_start <= t_end:
-            raise ProtocolError(f"protocol.testStart ({t_start.date()}) must be after protocol.trainEnd "
-                                f"({t_end.date()})")
+    def __init__(self, splitter: ChronologicalSplit, dates):
+        cal, d = splitter.calendar, pd.DatetimeIndex(dates)
+        t_end, t_start = splitter.train_end, splitter.test_start
         pos = cal.get_indexer(d)
         if (pos < 0).any():
             bad = d[pos < 0][0]
@@ -119,7 +121,7 @@ class ChronologicalSplit:
             raise ProtocolError(f"protocol.testStart ({t_start.date()}) is after the last trading day of the "
                                 f"panel calendar ({cal[-1].date()})")
         self.first_test_date: pd.Timestamp = cal[t0_pos]
-        self.embargo_days = int(embargo_days)
+        self.embargo_days = splitter.embargo_days
         self.train_end, self.test_start = t_end, t_start
         self.test_mask = np.asarray(d >= t_start)
         before_end = np.asarray(d <= t_end)
@@ -134,20 +136,20 @@ class ChronologicalSplit:
             msg = (f"protocol.embargoDays={self.embargo_days} < {LABEL_HORIZON_DAYS}: training labels "
                    f"(close t+1 -> t+2) overlap the test period starting {self.first_test_date.date()}")
             self.warnings.append(msg)
-            warnings.warn(msg, UserWarning, stacklevel=2)
+            warnings.warn(msg, UserWarning, stacklevel=3)
         if self.n_train == 0:
             raise ProtocolError(f"protocol.trainEnd ({t_end.date()}) with embargoDays={self.embargo_days}: no "
                                 f"panel row is left for training (first test date {self.first_test_date.date()})")
         if self.n_test == 0:
             raise ProtocolError(f"protocol.testStart ({t_start.date()}): no panel row has a date on or after it")
 
-    def split(self, X=None, y=None, groups=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def split(self, X=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield the one ``(train_idx, test_idx)`` pair (int64 row indices). ``X`` only checks the row count."""
         if X is not None and len(X) != len(self.train_mask):
             raise ValueError(f"X has {len(X)} rows but the split was built for {len(self.train_mask)} dates")
         yield np.flatnonzero(self.train_mask), np.flatnonzero(self.test_mask)
 
-    def get_n_splits(self, X=None, y=None, groups=None) -> int:
+    def get_n_splits(self) -> int:
         """Always 1."""
         return 1
 
@@ -159,10 +161,12 @@ class ChronologicalSplit:
                 "n_gap": self.n_gap, "warnings": list(self.warnings)}
 
 
-def leakage_on_splitter(n_splits: int) -> GroupKFold:
-    """The leakage-on cross-validator: scikit-learn ``GroupKFold(n_splits)`` (no shuffling), to be called
-    with ``groups`` = security of each row."""
-    return GroupKFold(n_splits=n_splits)
+def check_group_k_folds(n_splits: int, n_securities: int) -> None:
+    """Raises :class:`ProtocolError` when leakage-on's ``protocol.groupKFolds`` exceeds the panel's securities
+    (every fold needs at least one security); the one check preflight and the evaluation share."""
+    if n_securities < n_splits:
+        raise ProtocolError(f"protocol.groupKFolds: {n_splits} folds exceed the {n_securities} securities of "
+                            "the sampled panel")
 
 
 def security_folds(rows_per_security: np.ndarray, n_splits: int, multiplicity: np.ndarray | None = None,
@@ -239,9 +243,7 @@ def security_folds_batch(sizes: np.ndarray, n_splits: int, field: str = "protoco
 def _calendar_positions(dates, calendar: pd.DatetimeIndex) -> np.ndarray:
     """Position of every row date on ``calendar`` (int64 [n_rows]); raises :class:`ProtocolError` for a date
     that is not a trading day of the calendar."""
-    cal = pd.DatetimeIndex(calendar)
-    if not (cal.is_monotonic_increasing and cal.is_unique):
-        raise ProtocolError("panel calendar must be sorted and unique")
+    cal = _checked_calendar(calendar)
     d = pd.DatetimeIndex(dates)
     pos = cal.get_indexer(d)
     if (pos < 0).any():
@@ -250,22 +252,26 @@ def _calendar_positions(dates, calendar: pd.DatetimeIndex) -> np.ndarray:
     return pos.astype(np.int64)
 
 
-class _DateFoldSplit:
-    """Common part of the date-block K-fold protocols: ``fold_train`` / ``fold_test`` bool [K, n_rows]."""
+class DateFolds:
+    """A date-block protocol (:class:`WalkForwardSplit`, :class:`PurgedKFoldSplit`) applied to a panel's row
+    dates: ``fold_train``, ``fold_test``, ``fold_removed`` bool [K, n_rows] (removed: rows outside the test
+    block dropped by the embargo or the purge), ``fold_dates`` the test block's first and last date per fold,
+    and the splitter's ``name``, ``description`` and ``embargo_days``."""
 
-    name = ""
-    fold_train: np.ndarray
-    fold_test: np.ndarray
-    fold_dates: list[tuple[pd.Timestamp, pd.Timestamp]]
+    def __init__(self, splitter, fold_train: np.ndarray, fold_test: np.ndarray, fold_removed: np.ndarray,
+                 fold_dates: list[tuple[pd.Timestamp, pd.Timestamp]]):
+        self.name, self.description, self.embargo_days = splitter.name, splitter.description, splitter.embargo_days
+        self.fold_train, self.fold_test, self.fold_removed, self.fold_dates = (fold_train, fold_test, fold_removed,
+                                                                               fold_dates)
 
-    def split(self, X=None, y=None, groups=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def split(self, X=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield ``(train_idx, test_idx)`` (int64 row indices) per fold, in date order of the test block."""
         if X is not None and len(X) != self.fold_train.shape[1]:
             raise ValueError(f"X has {len(X)} rows but the split was built for {self.fold_train.shape[1]} dates")
         for tr, te in zip(self.fold_train, self.fold_test):
             yield np.flatnonzero(tr), np.flatnonzero(te)
 
-    def get_n_splits(self, X=None, y=None, groups=None) -> int:
+    def get_n_splits(self) -> int:
         """Number of folds K."""
         return int(self.fold_train.shape[0])
 
@@ -278,7 +284,27 @@ class _DateFoldSplit:
                                                         self.fold_removed)]}
 
 
-class WalkForwardSplit(_DateFoldSplit):
+class _DateBlockSplit:
+    """Common part of the date-block K-fold splitters: parameters and :meth:`split`; each subclass's ``apply(dates)``
+    returns the :class:`DateFolds` of the rows whose trading days are ``dates`` (datetime64 [n_rows])."""
+
+    name = ""
+    description = ""
+
+    def __init__(self, n_splits: int, embargo_days: int, calendar: pd.DatetimeIndex):
+        self.n_splits, self.embargo_days = int(n_splits), int(embargo_days)
+        self.calendar = _checked_calendar(calendar)
+
+    def split(self, dates) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield ``(train_idx, test_idx)`` (int64 row indices of ``dates``) per fold, in date order."""
+        yield from self.apply(dates).split()
+
+    def get_n_splits(self) -> int:
+        """Number of folds K."""
+        return self.n_splits
+
+
+class WalkForwardSplit(_DateBlockSplit):
     """Walk-forward (expanding window) protocol: K folds over the panel's distinct dates, in date order.
 
     The distinct panel dates are cut into K+1 contiguous blocks by scikit-learn ``TimeSeriesSplit(n_splits=K)``
@@ -287,45 +313,42 @@ class WalkForwardSplit(_DateFoldSplit):
     embargo_days``, T0_k the first date of block k (the same rule as :class:`ChronologicalSplit`; the row's
     label window t+1..t+2 must end before the test block starts, so ``embargo_days >= 2`` is advised).
 
-    Parameters
-    ----------
-    dates : array-like of datetime64 [n_rows]; calendar : pd.DatetimeIndex (all trading days, sorted, unique);
-    n_splits : int K (``protocol.walkForwardFolds``); embargo_days : int, trading days on ``calendar``.
-
-    Attributes
-    ----------
-    fold_train, fold_test, fold_removed : bool [K, n_rows] (removed = earlier rows dropped by the embargo).
+    Parameters: ``n_splits`` K (``protocol.walkForwardFolds``); ``embargo_days``, trading days on ``calendar``
+    (all trading days, sorted, unique). :meth:`apply` raises :class:`ProtocolError` when the panel has fewer
+    than K+1 dates or a fold has no training row.
     """
 
     name = "walk-forward"
+    description = ("walk-forward, expanding window: the distinct panel dates cut into K+1 blocks (scikit-learn "
+                   "TimeSeriesSplit); fold k tests on block k, trains on all earlier rows less the embargo; "
+                   "headline R² = mean of the per-fold R²")
 
-    def __init__(self, dates, calendar: pd.DatetimeIndex, n_splits: int, embargo_days: int):
+    def apply(self, dates) -> DateFolds:
+        """The K walk-forward folds of ``dates`` (class docstring)."""
         from sklearn.model_selection import TimeSeriesSplit
 
-        pos = _calendar_positions(dates, calendar)
-        cal = pd.DatetimeIndex(calendar)
+        pos, cal, n_splits = _calendar_positions(dates, self.calendar), self.calendar, self.n_splits
         udates = np.unique(pos)
         if len(udates) < n_splits + 1:
             raise ProtocolError(f"protocol.walkForwardFolds={n_splits} needs at least {n_splits + 1} distinct "
                                 f"panel dates (the panel has {len(udates)})")
-        self.embargo_days = int(embargo_days)
-        tr_l, te_l, rm_l, self.fold_dates = [], [], [], []
+        tr_l, te_l, rm_l, fold_dates = [], [], [], []
         for _, te in TimeSeriesSplit(n_splits=n_splits).split(udates):
             first, last = udates[te[0]], udates[te[-1]]
             test = (pos >= first) & (pos <= last)
             before = pos < first
             train = before & (pos < first - self.embargo_days)
             if not train.any():
-                raise ProtocolError(f"protocol.walkForwardFolds={n_splits} with embargoDays={embargo_days}: "
+                raise ProtocolError(f"protocol.walkForwardFolds={n_splits} with embargoDays={self.embargo_days}: "
                                     f"the fold testing from {cal[first].date()} has no training row")
             tr_l.append(train)
             te_l.append(test)
             rm_l.append(before & ~train)
-            self.fold_dates.append((cal[first], cal[last]))
-        self.fold_train, self.fold_test, self.fold_removed = np.stack(tr_l), np.stack(te_l), np.stack(rm_l)
+            fold_dates.append((cal[first], cal[last]))
+        return DateFolds(self, np.stack(tr_l), np.stack(te_l), np.stack(rm_l), fold_dates)
 
 
-class PurgedKFoldSplit(_DateFoldSplit):
+class PurgedKFoldSplit(_DateBlockSplit):
     """Purged and embargoed K-fold (López de Prado 2018, *Advances in Financial Machine Learning*, ch. 7.4).
 
     The distinct panel dates are cut into K contiguous blocks (scikit-learn ``KFold(n_splits=K)``, no
@@ -340,26 +363,31 @@ class PurgedKFoldSplit(_DateFoldSplit):
 
     Positions are counted on the exchange ``calendar``, not on the panel's sampled dates. Training uses rows
     both before and after the test block, so this protocol sits between leakage-off and leakage-on.
-
-    Attributes
-    ----------
-    fold_train, fold_test, fold_removed : bool [K, n_rows] (removed = purged or embargoed, outside the block).
+    Parameters: ``n_splits`` K (``protocol.purgedFolds``), ``embargo_days``, ``calendar``, ``horizon``.
+    :meth:`apply` raises :class:`ProtocolError` when the panel has fewer than K dates or a fold keeps no
+    training row.
     """
 
     name = "purged-kfold"
+    description = ("purged and embargoed K-fold over date blocks (López de Prado 2018, ch. 7): training rows whose "
+                   "span [t, t+2] overlaps the test fold's are purged, plus embargoDays trading days after it; "
+                   "headline R² pooled out-of-fold (1 − Σ SSE / Σ SST)")
 
-    def __init__(self, dates, calendar: pd.DatetimeIndex, n_splits: int, embargo_days: int,
+    def __init__(self, n_splits: int, embargo_days: int, calendar: pd.DatetimeIndex,
                  horizon: int = LABEL_HORIZON_DAYS):
+        super().__init__(n_splits, embargo_days, calendar)
+        self.horizon = int(horizon)
+
+    def apply(self, dates) -> DateFolds:
+        """The K purged and embargoed folds of ``dates`` (class docstring)."""
         from sklearn.model_selection import KFold
 
-        pos = _calendar_positions(dates, calendar)
-        cal = pd.DatetimeIndex(calendar)
+        pos, cal, n_splits = _calendar_positions(dates, self.calendar), self.calendar, self.n_splits
         udates = np.unique(pos)
         if len(udates) < n_splits:
             raise ProtocolError(f"protocol.purgedFolds={n_splits} exceeds the number of distinct panel dates "
                                 f"({len(udates)})")
-        self.embargo_days, self.horizon = int(embargo_days), int(horizon)
-        tr_l, te_l, rm_l, self.fold_dates = [], [], [], []
+        tr_l, te_l, rm_l, fold_dates = [], [], [], []
         for _, te in KFold(n_splits=n_splits).split(udates):
             first, last = udates[te[0]], udates[te[-1]]
             test = (pos >= first) & (pos <= last)
@@ -371,8 +399,22 @@ class PurgedKFoldSplit(_DateFoldSplit):
             tr_l.append(train)
             te_l.append(test)
             rm_l.append(removed)
-            self.fold_dates.append((cal[first], cal[last]))
-        self.fold_train, self.fold_test, self.fold_removed = np.stack(tr_l), np.stack(te_l), np.stack(rm_l)
+            fold_dates.append((cal[first], cal[last]))
+        return DateFolds(self, np.stack(tr_l), np.stack(te_l), np.stack(rm_l), fold_dates)
+
+
+def protocol_splitters(protocol, calendar: pd.DatetimeIndex) -> dict:
+    """The splitters of a LeakageEval's ``protocol`` block (:class:`pitlab.api.leakageeval.Protocol`) on the
+    trading ``calendar``, built once for preflight and evaluation: ``chronological`` always, then
+    ``walk-forward`` and ``purged-kfold`` when ``protocol.protocols`` asks for them (in that order). Raises
+    :class:`ProtocolError` for parameters no panel could satisfy."""
+    out: dict = {"chronological": ChronologicalSplit(protocol.train_end, protocol.test_start, protocol.embargo_days,
+                                                     calendar)}
+    if "walk-forward" in protocol.protocols:
+        out["walk-forward"] = WalkForwardSplit(protocol.walk_forward_folds, protocol.embargo_days, calendar)
+    if "purged-kfold" in protocol.protocols:
+        out["purged-kfold"] = PurgedKFoldSplit(protocol.purged_folds, protocol.embargo_days, calendar)
+    return out
 
 
 def date_block_folds(positions: np.ndarray, weights: np.ndarray, n_splits: int, embargo_days: int,

@@ -10,7 +10,7 @@ import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +26,8 @@ from pitlab.evaluator.decompose import (DATE_ONLY, date_features, empty_checks, 
 from pitlab.evaluator.embed import embed_texts
 from pitlab.evaluator.estimates import AlphaSelection
 from pitlab.evaluator.linalg import Backend
-from pitlab.evaluator.protocols import (ChronologicalSplit, PurgedKFoldSplit, WalkForwardSplit, _calendar_positions,
-                                        security_folds, trading_calendar)
+from pitlab.evaluator.protocols import (ChronologicalFolds, ChronologicalSplit, _calendar_positions,
+                                        check_group_k_folds, protocol_splitters, security_folds, trading_calendar)
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
 from pitlab.evaluator.targets import (WIDEN_DECADES, WIDEN_STEPS, TargetStats, fold_edges,  # noqa: F401
                                       model_statistics, point_estimates, target_statistics, widen_grid)
@@ -93,17 +93,6 @@ def _device(backend: Backend) -> dict:
     return d
 
 
-def _extra_splitters(spec: LeakageEvalSpec, panel: Panel, calendar: pd.DatetimeIndex) -> dict:
-    """The date-block protocols the spec asks for, built once for all models (days counted on ``calendar``)."""
-    proto, dates = spec.protocol, panel.rows["date"].to_numpy()
-    out = {}
-    if "walk-forward" in proto.protocols:
-        out["walk-forward"] = WalkForwardSplit(dates, calendar, proto.walk_forward_folds, proto.embargo_days)
-    if "purged-kfold" in proto.protocols:
-        out["purged-kfold"] = PurgedKFoldSplit(dates, calendar, proto.purged_folds, proto.embargo_days)
-    return out
-
-
 CLUSTER_TEXT = {
     "two-way": "two one-way halves: securities with replacement (all dates of a drawn security come along) in "
                "the first half of the replicates, dates with replacement within the leakage-off training and "
@@ -114,16 +103,6 @@ CLUSTER_TEXT = {
     "security-and-date": "securities and dates, independently, a row weighted by the product of the two "
                          "multiplicities (pigeonhole bootstrap, Owen 2007; Davezies, D'Haultfœuille & Guyonvarch "
                          "2021)"}
-
-PROTOCOL_TEXT = {
-    "walk-forward": "walk-forward, expanding window: the distinct panel dates cut into K+1 blocks "
-                    "(scikit-learn TimeSeriesSplit); fold k tests on block k, trains on all earlier rows less the "
-                    "embargo; headline R² = mean of the per-fold R²",
-    "purged-kfold": "purged and embargoed K-fold over date blocks (López de Prado 2018, ch. 7): training rows "
-                    "whose span [t, t+2] overlaps the test fold's are purged, plus embargoDays trading days after "
-                    "it; headline R² pooled out-of-fold (1 − Σ SSE / Σ SST)",
-}
-
 
 def _versions() -> dict[str, str]:
     """Versions of everything that can move a number: interpreter, array and model libraries, calendars."""
@@ -185,7 +164,9 @@ def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind
 class EvalSetup:
     """What every model of one evaluation shares: the penalty selection and grid, the splits (leakage-off, the
     extra date-block protocols), the security and date codes of the rows, the bootstrap draws (``weights``
-    float [B, units], their GroupKFold ``folds``) and the point estimate's folds (``point_folds`` int [1, units]).
+    float [B, units], their GroupKFold ``folds``) and the point estimate's folds (``point_folds`` int [1, units]);
+    ``split`` and ``extra`` are the ``splitters`` (:func:`pitlab.evaluator.protocols.protocol_splitters`) applied
+    to the rows' ``dates``.
     ``selection`` chooses leakage-on's penalty, ``time_selection`` that of the date protocols; ``row_units``:
     the units weighted are the rows (date-aware bootstrap or date-blocked selection), else the securities;
     ``positions`` int [n_rows] calendar positions; ``y_neutral`` the market-neutral target; ``rule`` how
@@ -199,7 +180,7 @@ class EvalSetup:
     reselect: bool
     calendar: pd.DatetimeIndex
     extra: dict
-    split: ChronologicalSplit
+    split: ChronologicalFolds
     dates: np.ndarray
     codes: np.ndarray
     n_securities: int
@@ -218,6 +199,7 @@ class EvalSetup:
     n_dates: int
     y_neutral: np.ndarray
     rule: IntervalRule = IntervalRule()
+    splitters: dict = field(default_factory=dict)
 
 
 def _selections(spec: LeakageEvalSpec, alpha_selection: AlphaSelection | str | None) -> tuple:
@@ -236,7 +218,8 @@ def _selections(spec: LeakageEvalSpec, alpha_selection: AlphaSelection | str | N
 def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
                        alpha_selection: AlphaSelection | str | None = None) -> EvalSetup:
     """The splits and the bootstrap draws every model of ``spec`` is evaluated on (see :class:`EvalSetup`).
-    Raises :class:`EvaluationError` for non-positive ``regression.alphas`` or more folds than securities."""
+    Raises :class:`EvaluationError` for non-positive ``regression.alphas``, :class:`ProtocolError` for more
+    folds than securities or splits the panel cannot make."""
     selection, time_selection = _selections(spec, alpha_selection)
     alphas = list(spec.regression.alphas)
     if any(not np.isfinite(a) or a <= 0 for a in alphas):
@@ -244,14 +227,14 @@ def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
     proto, boot, rows = spec.protocol, spec.bootstrap, panel.rows
     backend = Backend.resolve(spec.regression.device)
     calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
-    extra = _extra_splitters(spec, panel, calendar)
-    split = ChronologicalSplit(rows["date"].to_numpy(), calendar, proto.train_end, proto.test_start,
-                               proto.embargo_days)
+    splitters = protocol_splitters(proto, calendar)
+    dates = rows["date"].to_numpy()
+    split = splitters["chronological"].apply(dates)
+    extra = {name: sp.apply(dates) for name, sp in splitters.items() if name != "chronological"}
     codes, securities = pd.factorize(rows["security"].astype(str), sort=True)
     S, K = len(securities), proto.group_k_folds
     rows_per_sec = np.bincount(codes, minlength=S)
-    if S < K:
-        raise EvaluationError(f"protocol.groupKFolds={K} exceeds the number of securities in the panel ({S})")
+    check_group_k_folds(K, S)
     t0 = time.perf_counter()
     date_codes, udates = pd.factorize(pd.DatetimeIndex(rows["date"]), sort=True)
     strata = date_strata(date_codes, len(udates), split.train_mask, split.test_mask)
@@ -271,10 +254,10 @@ def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
         folds = replicate_row_folds(codes, S, weights, K)
     y = rows["target"].to_numpy(dtype=np.float64)
     return EvalSetup(selection, time_selection, alphas, spec.regression.benchmark, backend, boot.reselect_penalty,
-                     calendar, extra, split, rows["date"].to_numpy(), codes, S, y,
+                     calendar, extra, split, dates, codes, S, y,
                      rows["prompt"].astype(str).tolist(), w_sec, w_date, ones, point_folds, weights, folds,
                      time.perf_counter() - t0, row_units, _calendar_positions(rows["date"].to_numpy(), calendar),
-                     date_codes, len(udates), market_neutral(y, date_codes), rule)
+                     date_codes, len(udates), market_neutral(y, date_codes), rule, splitters)
 
 
 def date_strata(date_codes: np.ndarray, n_dates: int, train_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
@@ -445,7 +428,7 @@ def _protocol_section(spec: LeakageEvalSpec, setup: EvalSetup, n_rows: int) -> d
     """``results.protocol``: how each protocol split the panel."""
     proto = spec.protocol
     return {
-        "leakage_off": {"method": "chronological split with embargo (trading days)",
+        "leakage_off": {"method": ChronologicalSplit.description,
                         "calendar": setup.calendar.name, **setup.split.summary()},
         "leakage_on": {"method": "GroupKFold by security over all dates (scikit-learn, no shuffle), pooled "
                                  "out-of-fold R² = 1 - Σ_k SSE_k / Σ_k SST_k, SST_k about fold k's "
@@ -453,7 +436,7 @@ def _protocol_section(spec: LeakageEvalSpec, setup: EvalSetup, n_rows: int) -> d
                        "n_splits": proto.group_k_folds, "n_rows": n_rows},
         "premium": "r2_on_test_rows - r2_off (both on the leakage-off test rows)",
         "selected": list(proto.protocols),
-        **{p: {"method": PROTOCOL_TEXT[p], "premium": f"r2_on - r2_{p}", **sp.summary()}
+        **{p: {"method": sp.description, "premium": f"r2_on - r2_{p}", **sp.summary()}
            for p, sp in setup.extra.items()},
     }
 

@@ -10,7 +10,6 @@ import numpy as np
 
 from pitlab.evaluator.bootstrap import PremiumReplicates, bootstrap_model, interval, judge
 from pitlab.evaluator.estimates import AlphaSelection, Fold, FoldsR2, PanelStats, leakage_off_r2, leakage_on_r2
-from pitlab.evaluator.protocols import ChronologicalSplit
 
 
 WIDEN_STEPS = 3
@@ -142,7 +141,7 @@ def _embargo_robustness(stats: PanelStats, spec, setup, grid: list[float], on_r2
     for e in proto.embargo_robustness:
         with warnings.catch_warnings():  # a short embargo is the point of the robustness check
             warnings.simplefilter("ignore", UserWarning)
-            sp_e = ChronologicalSplit(setup.dates, setup.calendar, proto.train_end, proto.test_start, e)
+            sp_e = setup.splitters["chronological"].with_embargo(e).apply(setup.dates)
         same = next((d for d, mask in seen if np.array_equal(mask, sp_e.train_mask)), None)
         seen.append((e, sp_e.train_mask))
         row = {"embargo_days": int(e), "n_train": sp_e.n_train, "same_as": same, "r2_off": None, "premium": None}
