@@ -317,3 +317,23 @@ class PitTraining(SpecModel):
                                  f"spec.evaluations[{names.index(name)}].name); each evaluation writes its own run "
                                  f"folder <out>/{name}")
         return self
+
+    @model_validator(mode="after")
+    def _evaluation_cutoffs(self) -> "PitTraining":
+        """An evaluation of this PitTraining's own model (``trainingRef: {name: <metadata.name>, artifact:
+        model}``) inherits ``spec.knowledgeCutoff`` when its ``knowledgeCutoff`` is left out, and is refused when
+        it states another date (pitlab.api.artifacts)."""
+        cutoff = self.spec.knowledge_cutoff
+        for i, ev in enumerate(self.spec.evaluations):
+            for j, m in enumerate(ev.spec.models):
+                ref = m.training_ref
+                if ref is None or ref.artifact != "model" or ref.name != self.metadata.name:
+                    continue
+                if m.knowledge_cutoff is None:
+                    m.knowledge_cutoff = cutoff
+                elif m.knowledge_cutoff != cutoff:
+                    raise FieldError(f"spec.evaluations[{i}].spec.models[{j}].knowledgeCutoff",
+                                     f"{m.knowledge_cutoff.isoformat()} differs from spec.knowledgeCutoff "
+                                     f"{cutoff.isoformat()}, the cutoff this PitTraining trains its model to; leave "
+                                     "it out (it is inherited) or make them agree")
+        return self

@@ -12,6 +12,7 @@ import numpy as np
 
 from pitlab import storage
 from pitlab.api import LeakageEvalSpec, SpecError, expand_uri, resolve_input, resolve_local_path
+from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
 from pitlab.data import build_panel, load_jpx, load_ohlcv_long
 from pitlab.data.panels import (JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns,
                                 jpx_files)
@@ -146,6 +147,9 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
             if not (path / "config.json").is_file():
                 raise SpecError([(f"{f}.uri", f"{str(path)!r} is not a Hugging Face model folder (no config.json); "
                                   "Hub ids cannot be downloaded here: give a local folder")])
+            card = read_model_card(path)  # a pitlab model states its cutoff: a contradicting one is refused now
+            resolve_cutoff(m.knowledge_cutoff, card.knowledge_cutoff if card else None, f"{f}.knowledgeCutoff",
+                           f"the model card {path / MODEL_CARD}")
         located.append(ModelInput(i, m.name, m.kind, path, uri))
     return located
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import (BIAS_LIMIT, IntervalRule, cutoff_control, draw_weights, interval, judge,
@@ -346,6 +347,21 @@ def _penalty_selection(setup: EvalSetup, raw: TargetStats) -> dict:
     return out
 
 
+def model_cutoffs(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) -> dict:
+    """Knowledge cutoff per model (``datetime.date`` or None): ``models[i].knowledgeCutoff``, or the one the
+    model folder's card states (:mod:`pitlab.api.artifacts`) when none was typed. Raises
+    :class:`pitlab.api.base.SpecError` at ``spec.models[i].knowledgeCutoff`` when both exist and differ."""
+    out = {}
+    for i, m in enumerate(spec.models):
+        if m.name not in models:
+            continue
+        path = Path(models[m.name][0])
+        card = read_model_card(path)
+        out[m.name] = resolve_cutoff(m.knowledge_cutoff, card.knowledge_cutoff if card else None,
+                                     f"spec.models[{i}].knowledgeCutoff", f"the model card {path / MODEL_CARD}")
+    return out
+
+
 def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str,
                    note: StageProgress, cache_dir: Path | None = None, num_threads: int | None = None,
                    embedded: dict | None = None, baseline: "Baseline | Future | None" = None) -> ModelOutcome:
@@ -371,6 +387,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
     note(f"statistics:{name}", 1, 1)
     summary = target_summary(raw, setup.rule)
     edges = raw.edges
+    cutoff = model_cutoffs(spec, {name: (path, kind)})[name]
     m = next(m for m in spec.models if m.name == name)
     result = {
         "name": name, "uri": m.uri,
@@ -378,7 +395,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
         "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
         "embedding_device": info.get("device"),
         "embedding_weights": (embedded or info).get("weights", info.get("weights")),
-        "knowledge_cutoff": m.knowledge_cutoff.isoformat() if m.knowledge_cutoff else None,
+        "knowledge_cutoff": cutoff.isoformat() if cutoff else None,
         "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
         "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
         **summary,
@@ -504,7 +521,7 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
                                                         for o in outcomes},
                                                 {o.result["name"]: o.protocol_reps[p] for o in outcomes}, conf,
                                                 model_edges) for p in setup.extra}
-    cutoffs = {m.name: m.knowledge_cutoff for m in spec.models}
+    cutoffs = model_cutoffs(spec, models)
     benchmark = setup.benchmark
     baseline = baseline or baseline_statistics(spec, setup)
     neutral_reductions = paired_reductions(
@@ -578,6 +595,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     note = progress or (lambda stage, done, total: None)
     check_panel(panel)
     names = _ordered_models(spec, models)
+    model_cutoffs(spec, models)  # a typed cutoff that contradicts a model card is refused before any work
     setup = prepare_evaluation(spec, panel, alpha_selection)
     note(f"statistics:{DATE_ONLY}", 0, 1)
     with ThreadPoolExecutor(1) as pool:
