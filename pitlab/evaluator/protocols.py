@@ -1,4 +1,4 @@
-"""Split protocols for the leakage measurement (DESIGN section 4.7), as scikit-learn cross-validators.
+"""Split protocols for the leakage measurement (docs/design.md, "Evaluator"), as scikit-learn cross-validators.
 
 * leakage-off: :class:`ChronologicalSplit`, one split; training dates end ``embargo_days`` trading days
   before the first test date.
