@@ -1,4 +1,4 @@
-"""``LeakageEval``: the look-ahead leakage measurement of one or more models (DESIGN section 3)."""
+"""``LeakageEval``: the look-ahead leakage measurement of one or more models (docs/design.md, "The resources")."""
 
 from __future__ import annotations
 

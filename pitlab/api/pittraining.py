@@ -1,4 +1,5 @@
-"""``PitTraining``: one point-in-time continued-pretraining run and its evaluations (DESIGN section 3)."""
+"""``PitTraining``: one point-in-time continued-pretraining run and its evaluations (docs/design.md, "The
+resources")."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ class BaseModelSpec(SpecModel):
 
 class CorpusSpec(SpecModel):
     """Dated documents. ``timestampField`` values are read strictly in ``timestampFormat`` (default ISO 8601
-    dates or datetimes, README "Accepted timestamp formats"); values without an offset are read in
+    dates or datetimes, docs/inputs.md "Accepted timestamp formats"); values without an offset are read in
     ``timezone``. ``idField`` names a unique document id (default: the 1-based data row number). A document with
     an empty text is an error naming its row unless ``onEmptyText: drop``, which counts it in the audit."""
 

@@ -1,10 +1,10 @@
 """Point-in-time corpus: read dated documents (CSV or JSONL) and keep those at or before the knowledge cutoff.
 
 A document is kept iff its timestamp is at or before the end of the cutoff day in the configured time zone
-(DESIGN section 4.2). Timestamps are parsed strictly (ISO 8601, or the one format ``spec.corpus.timestampFormat``
-names: :mod:`pitlab.data.timestamps`). A document whose timestamp is missing or does not match is never silently
-kept: it is an error naming the file, row, id, value and expected format, or, with ``onMissingTimestamp: drop``,
-it is counted in the audit, which lists the first few with their values.
+(docs/design.md, "PIT corpus"). Timestamps are parsed strictly (ISO 8601, or the one format
+``spec.corpus.timestampFormat`` names: :mod:`pitlab.data.timestamps`). A document whose timestamp is missing or
+does not match is never silently kept: it is an error naming the file, row, id, value and expected format, or,
+with ``onMissingTimestamp: drop``, it is counted in the audit, which lists the first few with their values.
 """
 
 from __future__ import annotations

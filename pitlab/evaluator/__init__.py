@@ -1,5 +1,5 @@
 """Leakage evaluation: embeddings, split protocols, ridge from sufficient statistics, clustered bootstrap,
-reports (DESIGN section 4.7). Entry point: :func:`pitlab.evaluator.run.run_leakage_eval`.
+reports (docs/design.md, "Evaluator"). Entry point: :func:`pitlab.evaluator.run.run_leakage_eval`.
 
 Modules, one job each (imported on demand; ``import pitlab.evaluator`` loads nothing heavy):
 

@@ -30,8 +30,8 @@ read by a percentile interval unreliable (the two-way rule reports the bias but 
 percentile intervals of date-driven premia are wide enough that panels with a bias of 0.5–1 sd still covered
 the true premium, while a limit of 0.5 sd marked about half of all panels with a real premium unreliable;
 beyond 1 sd coverage fell. For a normal statistic whose interval has the right width, a shift of b sd covers
-with probability P(|Z + b| < 1.96) (Efron & Tibshirani 1993, sec. 10.6): 83 % at b = 1. README, "Statistics"
-explains the three reasons for ``unreliable``."""
+with probability P(|Z + b| < 1.96) (Efron & Tibshirani 1993, sec. 10.6): 83 % at b = 1. docs/statistics.md,
+"The estimator in detail", explains the three reasons for ``unreliable``."""
 
 
 def draw_cluster_weights(n_securities: int, resamples: int, seed: int) -> np.ndarray:
@@ -334,7 +334,8 @@ def bootstrap_model(stats: PanelStats, weights: np.ndarray, folds: np.ndarray, n
     how the ridge penalty is chosen in every replicate's fits (``bootstrap.reselectPenalty: true``, the
     default). ``fixed_alpha_index``: ``(off, on)`` grid positions chosen by the point estimate, int [1] and
     [1, K] (``reselectPenalty: false``): every replicate then refits at the point estimate's penalty of the
-    same protocol and fold, and the interval is conditional on those penalties (see the README).
+    same protocol and fold, and the interval is conditional on those penalties (see docs/statistics.md, "Penalty
+    in bootstrap replicates").
     ``time_selection``: the leakage-off selection (default ``selection``; the date-blocked one under
     ``regression.selection: protocol-cv``); ``same_rows``: also leakage-on on the leakage-off test rows.
     With T > 1 targets (:attr:`pitlab.evaluator.estimates.PanelStats.n_targets`, every fit's factorisations

@@ -1,4 +1,4 @@
-"""Prompt embeddings: a hidden state of a Hugging Face model, pooled over tokens (DESIGN section 4.7).
+"""Prompt embeddings: a hidden state of a Hugging Face model, pooled over tokens (docs/design.md, "Evaluator").
 
 * causal LM (e.g. a ``qwen3_5_moe_text`` written by the trainer): ``hidden_states[layer]`` of the base model
   (``AutoModel``, no LM head, so no vocabulary-sized logits), pooled at the last non-pad token (``last``) or

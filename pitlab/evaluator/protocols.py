@@ -1,4 +1,4 @@
-"""Split protocols for the leakage measurement (docs/statistics.md), as splitters that hold parameters only.
+"""Split protocols for the leakage measurement (docs/design.md, "Evaluator"), as splitters that hold parameters only.
 
 Each splitter is built once from the spec's ``protocol`` block and the trading calendar
 (:func:`protocol_splitters`) and applied to the panel's row dates at :meth:`split` / :meth:`apply` time, the way

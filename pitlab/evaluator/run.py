@@ -1,5 +1,5 @@
 """One leakage evaluation, end to end: embed → per-security statistics → point estimates → clustered bootstrap
-→ results.json / report.md / premium.png (DESIGN section 4.7)."""
+→ results.json / report.md / premium.png (docs/design.md, "Evaluator")."""
 
 from __future__ import annotations
 

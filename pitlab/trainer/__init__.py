@@ -1,4 +1,5 @@
-"""Continued pretraining under torchrun + FSDP2, sharded checkpoints and the offline merge (DESIGN 4.3, 4.4).
+"""Continued pretraining under torchrun + FSDP2, sharded checkpoints and the offline merge (docs/design.md,
+"Trainer" and "Merge").
 
 Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothing heavy):
 
@@ -18,7 +19,8 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``loss``: the LM loss: fused linear cross-entropy without float32 logits (default), or the reference
 - ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU
 - ``lora``: peft LoRA and verified adapter saves
-- ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory (DESIGN 4.6)
+- ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory
+  (docs/design.md, "LoRA and layer streaming")
 - ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
 - ``train``: ``setup_run``, ``train_step``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)

@@ -5,11 +5,12 @@ Blocks (:data:`BLOCKS`): ``attention`` (full-attention layers: transformers' ``a
 (routed MoE experts: transformers' ``experts_implementation``) and ``loss`` (the LM head + cross-entropy).
 
 transformers binds the gated delta rule at import time: flash-linear-attention's (fla) Triton kernel when the
-``fla`` package imports, else its reference PyTorch loop, 16× slower on an H200 (DESIGN §6). The short
-convolution's fast kernel is the ``causal-conv1d`` package (CUDA source only on PyPI); without it
-:func:`select_kernels` puts fla's Triton ``causal_conv1d`` in its place (same function: a depthwise causal conv1d
-over ``(B, D, T)`` with SiLU). fla 0.6 refuses the gated delta rule's backward on Hopper with Triton ≥ 3.4 and
-< 3.7.1 (its issue #640: wrong gradients); there the reference kernel is put back and the report says why.
+``fla`` package imports, else its reference PyTorch loop, 16× slower on an H200 (docs/design.md, "The test
+environment"). The short convolution's fast kernel is the ``causal-conv1d`` package (CUDA source only on PyPI);
+without it :func:`select_kernels` puts fla's Triton ``causal_conv1d`` in its place (same function: a depthwise
+causal conv1d over ``(B, D, T)`` with SiLU). fla 0.6 refuses the gated delta rule's backward on Hopper with
+Triton ≥ 3.4 and < 3.7.1 (its issue #640: wrong gradients); there the reference kernel is put back and the
+report says why.
 On a GPU the gated delta rule is bound to fla directly (:func:`fla_gated_delta_rule_binding`), not through
 transformers' wrapper, which under torch.compile with torch < 2.14 calls the reference loop instead.
 

@@ -1,4 +1,4 @@
-"""LoRA adapters (peft) and verified adapter saves (DESIGN 4.6).
+"""LoRA adapters (peft) and verified adapter saves (docs/design.md, "LoRA and layer streaming").
 
 Every save is checked by reopening what was written: a save that silently drops tensors (the "adapter with
 0 tensors" bug class, where a wrapper around the model hides the ``lora_`` parameter names from the filter
