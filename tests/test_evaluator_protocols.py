@@ -16,6 +16,7 @@ from sklearn.model_selection import TimeSeriesSplit
 from typer.testing import CliRunner
 
 import pitlab.evaluator.run as run_mod
+from pitlab.api.artifacts import MODEL_CARD
 from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.cli import app
 from pitlab.data.types import Panel
@@ -200,9 +201,11 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     X_mem = rng.standard_normal((T, d))[di] + 0.5 * rng.standard_normal((len(rows), d))
     models = {"early": fake_models("early", prompts, rng.standard_normal((len(rows), d))),
               "late": fake_models("late", prompts, X_mem)}
+    # "late" states its cutoff in its model card (a pitlab-trained folder): no knowledgeCutoff typed for it
+    (models["late"][0] / MODEL_CARD).write_text(json.dumps({"knowledgeCutoff": "2020-01-01", "method": "full"}))
     spec = LeakageEvalSpec.model_validate({
         "models": [{"name": "early", "uri": "/m/early", "knowledgeCutoff": "2015-01-01"},
-                   {"name": "late", "uri": "/m/late", "knowledgeCutoff": "2020-01-01"}],
+                   {"name": "late", "uri": "/m/late"}],
         "dataset": {"kind": "ohlcv", "uri": "synthetic"},
         "protocol": {"trainEnd": str(dates[12].date()), "testStart": str(dates[13].date()), "embargoDays": 3,
                      "groupKFolds": 4, "protocols": ["chronological", "group-kfold", "walk-forward", "purged-kfold"],
@@ -237,6 +240,7 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     assert late["embargo_robustness"][1]["n_train"] < late["n_train"] < late["embargo_robustness"][0]["n_train"]
     assert res["benchmark"] == "zero" and "Σy²" in res["r2_definition"]
     cc = res["cutoff_control"]
+    assert (early["knowledge_cutoff"], late["knowledge_cutoff"]) == ("2015-01-01", "2020-01-01")
     assert (cc["earliest"], cc["latest"]) == ("early", "late")
     assert cc["earliest_minus_latest"] == pytest.approx(early["premium"] - late["premium"])
     assert cc["earliest_minus_latest_verdict"] == "significant"  # the same bias, in the paired difference

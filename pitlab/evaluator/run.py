@@ -521,7 +521,8 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
                                                         for o in outcomes},
                                                 {o.result["name"]: o.protocol_reps[p] for o in outcomes}, conf,
                                                 model_edges) for p in setup.extra}
-    cutoffs = model_cutoffs(spec, models)
+    cutoffs = {o.result["name"]: dt.date.fromisoformat(o.result["knowledge_cutoff"])
+               if o.result["knowledge_cutoff"] else None for o in outcomes}  # typed or from the model card
     benchmark = setup.benchmark
     baseline = baseline or baseline_statistics(spec, setup)
     neutral_reductions = paired_reductions(
