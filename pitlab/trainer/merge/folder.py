@@ -38,7 +38,8 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
     ``write_seconds``, ``verify_seconds``, ``rss_start_bytes`` (resident set at the call),
     ``rss_before_tensors_bytes`` (after the libraries and the meta-device model are loaded, before any tensor
     data), ``peak_rss_bytes`` (the process's peak resident set, ``ru_maxrss``; all in bytes),
-    ``logits_probe`` (``equal``, ``close`` with its max |diff|, or ``skipped``), ``verified`` (always True: a failed check raises). Raises :class:`MergeError` for any mismatch or missing
+    ``logits_probe`` (``equal``, ``close`` with its max |diff|, or ``skipped``), ``verified`` (always True: a
+    failed check raises). Raises :class:`MergeError` for any mismatch or missing
     input, ``ValueError`` for a bad ``max_shard_size``/``logits_probe``; no complete-looking ``out_dir`` is
     left by a failure and an existing one is kept.
     """

@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.merge.errors import MergeError
 from pitlab.trainer.merge.layout import copy_generation_config, plan_groups, shard_file_names, write_index
-from pitlab.trainer.merge.reader import check_keys, checkpoint_tensors, load_checkpoint_model, load_tensors, meta_model_of
+from pitlab.trainer.merge.reader import (check_keys, checkpoint_tensors, load_checkpoint_model, load_tensors,
+                                         meta_model_of)
 from pitlab.trainer.merge.verify import compare_digests, compare_file, probe_logits, reload_model, rss_bytes
 
 

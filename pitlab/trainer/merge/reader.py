@@ -65,7 +65,8 @@ def read_train_state(checkpoint_dir: Path) -> dict:
 
 
 def meta_model_of(base_dir: Path):
-    """``(config, causal LM on the meta device, float32)`` of ``base_dir``'s ``config.json``: names and shapes, no data."""
+    """``(config, causal LM on the meta device, float32)`` of ``base_dir``'s ``config.json``: names and shapes,
+    no data."""
     config = AutoConfig.from_pretrained(base_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
