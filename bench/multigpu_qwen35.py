@@ -14,7 +14,7 @@ shared expert 512, top-8 routing, vocabulary 248,320) with **8 instead of 40 dec
 1. ``base``: accumulation 1, ``--steps`` steps, checkpoints at step ``steps - 5`` and at the end (both kept).
 2. ``accum_sync``: accumulation ``--accum-steps``, reduce-scatter every microbatch (the default).
 3. ``accum_nosync``: the same with ``gradientSyncEveryMicrobatch: false``.
-4. ``merge``: ``python -m pitlab.trainer.merge`` of the base run's final checkpoint as a separate single
+4. ``merge``: ``python -m pitlab.cli merge`` of the base run's final checkpoint as a separate single
    process (checked against the summary's ``param_sha256``): time, bytes/s, peak RSS (``wait4``).
 5. ``resume``: the base run's final checkpoint is removed, ``latest`` pointed at step ``steps - 5``, and the
    run started again on the same world size; its final parameter digests are compared with the
@@ -273,7 +273,7 @@ def main() -> int:
     def merge_stage():
         ckpt = run_base / "checkpoint" / f"step-{args.steps}"
         merged = work / "merged"
-        cmd = [sys.executable, "-m", "pitlab.trainer.merge", "--checkpoint", str(ckpt), "--base", str(base),
+        cmd = [sys.executable, "-m", "pitlab.cli", "merge", "--checkpoint", str(ckpt), "--base", str(base),
                "--out", str(merged), "--summary", str(run_base / "uninterrupted_summary.json")]
         t = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -73,9 +73,13 @@ def test_progress_prints_the_newest_record_once(tmp_path: Path, capsys: pytest.C
     assert capsys.readouterr().out == ""
 
 
-def test_embed_index_runs_the_model_of_its_index(tmp_path: Path) -> None:
+def test_embed_index_runs_the_model_of_its_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "out"
-    args = workload.parser().parse_args(["embed-index", "--models", "a,b,c", "--", PY, "-c",
-                                         f"open({str(out)!r}, 'w').write('{{model}}')"])
-    assert workload.embed_index(args, {"JOB_COMPLETION_INDEX": "1"}) == 0 and out.read_text() == "b"
-    assert workload.embed_index(args, {"JOB_COMPLETION_INDEX": "3"}) == 2
+    command = [PY, "-c", f"open({str(out)!r}, 'w').write('{{model}}')"]
+    assert workload.embed_index("a,b,c", command, {"JOB_COMPLETION_INDEX": "1"}) == 0 and out.read_text() == "b"
+    assert workload.embed_index("a,b,c", command, {"JOB_COMPLETION_INDEX": "3"}) == 2
+    # through the command line, as the indexed Job runs it (the command after -- is not parsed)
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "2")
+    assert workload.main(["embed-index", "--models", "a,b,c", "--", *command]) == 0 and out.read_text() == "c"
+    assert workload.main(["embed-index", "--models", "a,b,c", "--", PY, "-c", "import sys; sys.exit(3)"]) == 3
+    assert workload.main(["embed-index", "--", PY]) == 2  # --models missing: a usage error

@@ -359,11 +359,10 @@ def test_merge_input_errors_are_bad_input(tmp_path):
         code, text = _invoke("merge", *args, "--out", tmp_path / "new")
         assert code == 2 and msg in text, (args, text)
         assert not (tmp_path / "new").exists()
-    from pitlab.trainer.merge import main  # the merge Job's `python -m pitlab.trainer.merge`
+    from pitlab.trainer.merge import run_merge_command  # what `pitlab merge` runs once its options are parsed
 
-    assert main(["--checkpoint", str(tmp_path / "ck"), "--base", str(base), "--out", "s3://"]) == 2
-    assert main(["--checkpoint", str(tmp_path / "ck"), "--base", str(tmp_path / "emptydir"),
-                 "--out", str(tmp_path / "new")]) == 2
+    assert run_merge_command(str(tmp_path / "ck"), str(base), "s3://") == 2
+    assert run_merge_command(str(tmp_path / "ck"), str(tmp_path / "emptydir"), str(tmp_path / "new")) == 2
 
 
 def test_pull_refuses_an_existing_destination(tmp_path):

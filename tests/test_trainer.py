@@ -22,7 +22,6 @@ from pitlab.trainer.digest import tensor_sha256
 from reference import parameter_sha256  # noqa: E402  (tests/ is on sys.path under pytest)
 from pitlab.trainer.launch import TrainingError, build_torchrun_command, run_training, write_spec
 from pitlab.trainer.merge import MergeError, load_checkpoint_model, merge_checkpoint, probe_logits
-from pitlab.trainer.merge import main as merge_main
 from pitlab.trainer.metrics import MetricsTail, MetricsWriter
 from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
 from pitlab.trainer.schedule import lr_factor
@@ -302,20 +301,6 @@ def test_pitlab_train_calls_run_rank_with_its_options(tmp_path, monkeypatch):
     assert codes == [2, 2]
 
 
-def test_train_main_parses_into_run_rank(tmp_path, monkeypatch):
-    """``python -m pitlab.trainer.train`` keeps its arguments; a missing one is argparse's exit code 2."""
-    import pitlab.trainer.train as train_mod
-
-    calls = []
-    monkeypatch.setattr(train_mod, "run_rank", lambda *a: calls.append(a) or 0)
-    assert train_mod.main(["--spec", "s.json", "--run-dir", "r", "--base", "b"]) == 0
-    assert train_mod.main(["--spec", "s.json", "--run-dir", "r"]) == 0
-    assert calls == [(Path("s.json"), Path("r"), Path("b")), (Path("s.json"), Path("r"), None)]
-    with pytest.raises(SystemExit) as exc:
-        train_mod.main(["--spec", "s.json"])
-    assert exc.value.code == 2
-
-
 # ------------------------------------------------------------------------------- torchrun training + merge
 
 @pytest.fixture(scope="module")
@@ -417,12 +402,18 @@ def test_merge_streams_an_fsdp_checkpoint_into_several_shards(trained, tmp_path)
 
 
 @pytest.mark.slow
-def test_merge_cli_with_summary(trained, tmp_path, capsys):
+def test_merge_cli_with_summary(trained, tmp_path):
+    """``pitlab merge`` (the merge Job's entry point) prints the verified report."""
+    from typer.testing import CliRunner
+
+    from pitlab.cli import app
+
     out = tmp_path / "cli-model"
-    rc = merge_main(["--checkpoint", str(trained["run"] / "checkpoint" / "step-30"), "--base", str(trained["base"]),
-                     "--out", str(out), "--summary", str(trained["run"] / "train" / "summary.json")])
-    assert rc == 0
-    assert json.loads(capsys.readouterr().out)["verified"] is True
+    result = CliRunner().invoke(app, ["merge", "--checkpoint", str(trained["run"] / "checkpoint" / "step-30"),
+                                      "--base", str(trained["base"]), "--out", str(out),
+                                      "--summary", str(trained["run"] / "train" / "summary.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["verified"] is True
     assert (out / "model.safetensors").is_file()
 
 

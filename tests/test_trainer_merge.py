@@ -95,7 +95,7 @@ def test_streaming_merge_writes_hf_shards_with_an_index(moe_checkpoint, tmp_path
 
 
 def test_a_corrupted_shard_fails_verification_and_leaves_no_output(moe_checkpoint, tmp_path, monkeypatch):
-    import pitlab.trainer.merge as merge
+    import pitlab.trainer.merge.full as merge  # the full-weight merge writes the shards
 
     c = moe_checkpoint
     out = tmp_path / "model"
@@ -125,7 +125,7 @@ def test_a_corrupted_shard_fails_verification_and_leaves_no_output(moe_checkpoin
 
 _RSS_DRIVER = """
 import json, resource, subprocess, sys
-proc = subprocess.run([sys.executable, "-m", "pitlab.trainer.merge"] + sys.argv[1:], capture_output=True, text=True)
+proc = subprocess.run([sys.executable, "-m", "pitlab.cli", "merge"] + sys.argv[1:], capture_output=True, text=True)
 if proc.returncode:
     sys.exit(proc.stderr)
 report = json.loads(proc.stdout)

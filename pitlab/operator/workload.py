@@ -13,18 +13,21 @@ without giving the workloads any API access:
     python -m pitlab.operator.workload report-results --results E/results.json --report E/report.md -- \
         pitlab analyze --spec /etc/pitlab/leakageeval.yaml --out E
 
-Standard library only (plus :mod:`pitlab.api.summary`): it runs in the trainer and evaluator images.
+Standard library, typer (its options, declared once) and :mod:`pitlab.api.summary` only: it runs in the trainer and
+evaluator images.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List, Optional
+
+import typer
 
 from pitlab.api.summary import PROGRESS_PREFIX, TERMINATION_LIMIT, compact_audit, compact_results, progress_record
 
@@ -49,29 +52,30 @@ def write_termination_message(doc: dict, path: str = TERMINATION_LOG) -> str:
     return text
 
 
-def report_audit(args: argparse.Namespace) -> int:
-    """Run the prepare command, then report ``corpus_audit.json``."""
-    rc = _run(args.command)
+def report_audit(audit: Path, command: list[str], termination_log: str = TERMINATION_LOG) -> int:
+    """Run the prepare ``command``, then report ``audit`` (``corpus_audit.json``); returns the exit code."""
+    rc = _run(command)
     if rc != 0:
         return rc
-    audit = json.loads(Path(args.audit).read_text())
-    write_termination_message({"corpusAudit": compact_audit(audit)}, args.termination_log)
+    doc = json.loads(Path(audit).read_text())
+    write_termination_message({"corpusAudit": compact_audit(doc)}, termination_log)
     return 0
 
 
-def report_results(args: argparse.Namespace) -> int:
-    """Run the analysis command, then report the summary of ``results.json`` and the report's path."""
-    rc = _run(args.command)
+def report_results(results: Path, report: str, command: list[str], termination_log: str = TERMINATION_LOG) -> int:
+    """Run the analysis ``command``, then report the summary of ``results`` (``results.json``) and the report's
+    path ``report``; returns the exit code (1 when not even the shortest summary fits the message)."""
+    rc = _run(command)
     if rc != 0:
         return rc
-    summary = compact_results(json.loads(Path(args.results).read_text()))
-    for doc in ({"results": summary, "reportUri": args.report},
+    summary = compact_results(json.loads(Path(results).read_text()))
+    for doc in ({"results": summary, "reportUri": report},
                 {"results": {"models": {m: {k: v for k, v in r.items() if k in ("premium", "premiumCI", "verdict")}
                                         for m, r in summary["models"].items()}, "truncated": True},
-                 "reportUri": args.report},
-                {"results": {"truncated": True}, "reportUri": args.report}):
+                 "reportUri": report},
+                {"results": {"truncated": True}, "reportUri": report}):
         try:  # a large panel's summary may not fit in 4 KiB: keep what fits, the full results are on the volume
-            write_termination_message(doc, args.termination_log)
+            write_termination_message(doc, termination_log)
             return 0
         except ValueError:
             continue
@@ -97,58 +101,84 @@ def _last_record(path: Path, window: int = 65536) -> dict | None:
     return None
 
 
-def progress(args: argparse.Namespace) -> int:
-    """Print the newest metrics record whenever it changes (runs until the pod stops it)."""
+def progress(metrics: Path, interval: float = 15.0, max_polls: int = 0) -> int:
+    """Print the newest record of ``metrics`` whenever it changes, polling every ``interval`` seconds, ``max_polls``
+    times (0: until the pod stops it); returns 0."""
     last = None
-    for _ in iter(int, 1) if args.max_polls <= 0 else range(args.max_polls):
-        rec = _last_record(Path(args.metrics))
+    for _ in iter(int, 1) if max_polls <= 0 else range(max_polls):
+        rec = _last_record(Path(metrics))
         if rec is not None:
             line = PROGRESS_PREFIX + json.dumps(progress_record(rec), separators=(",", ":"), sort_keys=True)
             if line != last:
                 print(line, flush=True)
                 last = line
-        time.sleep(args.interval)
+        time.sleep(interval)
     return 0
 
 
-def embed_index(args: argparse.Namespace, env: dict[str, str] | None = None) -> int:
-    """Run the command with ``{model}`` replaced by the model at ``$JOB_COMPLETION_INDEX``."""
+def embed_index(models: str, command: list[str], env: dict[str, str] | None = None) -> int:
+    """Run ``command`` with ``{model}`` replaced by the model of ``models`` (comma-separated) at
+    ``$JOB_COMPLETION_INDEX`` (of ``env``, default the process's); returns its exit code, 2 for an index outside."""
     env = os.environ if env is None else env
-    models = args.models.split(",")
+    models = models.split(",")
     index = int(env["JOB_COMPLETION_INDEX"])
     if not 0 <= index < len(models):
         print(f"pitlab.operator.workload: JOB_COMPLETION_INDEX={index} outside 0..{len(models) - 1}", file=sys.stderr)
         return 2
-    return _run([a.replace("{model}", models[index]) for a in args.command])
+    return _run([a.replace("{model}", models[index]) for a in command])
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command-line interface (subcommands ``report-audit``, ``report-results``, ``progress``, ``embed-index``)."""
-    ap = argparse.ArgumentParser(prog="python -m pitlab.operator.workload", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("report-audit")
-    a.add_argument("--audit", required=True)
-    a.add_argument("--termination-log", default=TERMINATION_LOG)
-    a.add_argument("command", nargs=argparse.REMAINDER)
-    r = sub.add_parser("report-results")
-    r.add_argument("--results", required=True)
-    r.add_argument("--report", required=True)
-    r.add_argument("--termination-log", default=TERMINATION_LOG)
-    r.add_argument("command", nargs=argparse.REMAINDER)
-    p = sub.add_parser("progress")
-    p.add_argument("--metrics", required=True)
-    p.add_argument("--interval", type=float, default=15.0)
-    p.add_argument("--max-polls", type=int, default=0, help="stop after this many polls (0: run forever)")
-    e = sub.add_parser("embed-index")
-    e.add_argument("--models", required=True, help="comma-separated model names, in completion-index order")
-    e.add_argument("command", nargs=argparse.REMAINDER)
-    return ap
+app = typer.Typer(rich_markup_mode=None, context_settings={"max_content_width": 120}, no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False,
+                  help="Helpers that run inside the pods: the corpus audit and the results as termination messages, "
+                       "training progress lines, the indexed embedding Job.")
+# everything after the options (after `--`) is the command to run, never parsed as this program's options
+_PASS_THROUGH = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+_COMMAND = typer.Argument(None, metavar="-- COMMAND...", help="The command to run, after --.")
+_TERMINATION_LOG = typer.Option(TERMINATION_LOG, "--termination-log",
+                                help="File the summary is written to (the container's termination message).")
+
+
+@app.command("report-audit", context_settings=_PASS_THROUGH)
+def _report_audit(audit: Path = typer.Option(..., "--audit", help="corpus_audit.json the command writes."),
+                  termination_log: str = _TERMINATION_LOG, command: Optional[List[str]] = _COMMAND) -> None:
+    """Run the prepare command; when it succeeds, report its corpus audit."""
+    raise typer.Exit(report_audit(audit, command or [], termination_log))
+
+
+@app.command("report-results", context_settings=_PASS_THROUGH)
+def _report_results(results: Path = typer.Option(..., "--results", help="results.json the command writes."),
+                    report: str = typer.Option(..., "--report", help="Path of the report, as the status names it."),
+                    termination_log: str = _TERMINATION_LOG, command: Optional[List[str]] = _COMMAND) -> None:
+    """Run the analysis command; when it succeeds, report the summary of its results."""
+    raise typer.Exit(report_results(results, report, command or [], termination_log))
+
+
+@app.command("progress")
+def _progress(metrics: Path = typer.Option(..., "--metrics", help="The training's metrics.jsonl."),
+              interval: float = typer.Option(15.0, "--interval", help="Seconds between polls."),
+              max_polls: int = typer.Option(0, "--max-polls", help="Stop after this many polls (0: run forever).")
+              ) -> None:
+    """Print the newest training metrics record whenever it changes (the training master's sidecar)."""
+    raise typer.Exit(progress(metrics, interval, max_polls))
+
+
+@app.command("embed-index", context_settings=_PASS_THROUGH)
+def _embed_index(models: str = typer.Option(..., "--models",
+                                            help="Comma-separated model names, in completion-index order."),
+                 command: Optional[List[str]] = _COMMAND) -> None:
+    """Run the embedding command of the model at $JOB_COMPLETION_INDEX ({model} in the command is replaced)."""
+    raise typer.Exit(embed_index(models, command or []))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    return {"report-audit": report_audit, "report-results": report_results, "progress": progress,
-            "embed-index": embed_index}[args.cmd](args)
+    """``python -m pitlab.operator.workload ARGV`` (default ``sys.argv[1:]``); returns the exit code (2: bad
+    arguments)."""
+    try:
+        app(args=argv, prog_name="python -m pitlab.operator.workload")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return 0
 
 
 if __name__ == "__main__":

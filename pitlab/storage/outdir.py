@@ -99,8 +99,10 @@ def aside(dest: Path) -> Path:
 
 
 def swap_in(tmp: Path, dest: Path) -> None:
-    """Put the complete folder ``tmp`` at ``dest``: an existing ``dest`` is renamed aside first, ``tmp`` renamed
-    to ``dest``, then the old content removed. On failure ``dest`` keeps its old content."""
+    """Put the complete folder ``tmp`` at ``dest``: an existing ``dest`` is renamed aside first (a hidden sibling
+    ``.<name>.<random>.old``), ``tmp`` renamed to ``dest``, the parent fsynced (the renames are durable), and only
+    then the old content removed. The one directory swap of pitlab (merge, push, the base model, adapter saves).
+    Raises ``OSError``; on failure ``dest`` keeps its old content and ``tmp`` is left for the caller."""
     old = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.old")
     had = dest.exists()
     if had:
@@ -111,8 +113,17 @@ def swap_in(tmp: Path, dest: Path) -> None:
         if had:
             os.replace(old, dest)
         raise
+    _fsync_dir(dest.parent)
     if had:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 __all__ = ["OutputExists", "aside", "check_output", "describe", "entries", "listed", "published_files", "swap_in"]

@@ -27,6 +27,7 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica; every rank runs
   ``pitlab train``)
 - ``launch``: runs the torchrun command, follows metrics, returns the summary
-- ``merge``: DCP checkpoint -> verified Hugging Face model dir, local or ``s3://`` (``pitlab merge``)
+- ``merge``: DCP checkpoint -> verified Hugging Face model dir, local or ``s3://`` (``pitlab merge``); a package, one
+  module per job (reader, layout, full, lora, verify, folder, publish, command)
 - ``digest``, ``files``: tensor sha256; atomic file writes and the resolved-spec writer
 """

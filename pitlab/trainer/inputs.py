@@ -3,7 +3,6 @@ starts, then handed to :func:`prepare_run`), and the run folder it writes for ev
 
 from __future__ import annotations
 
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from pitlab.api import PitTraining, SpecError, resolve_input, resolve_local_path
 from pitlab.data import filter_corpus, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
 from pitlab.data.types import Document
+from pitlab.storage.outdir import swap_in
 from pitlab.trainer.files import write_json_atomic, write_spec
 
 
@@ -100,8 +100,7 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
         tmp = run_dir / "base.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(base_dir, tmp, ignore=shutil.ignore_patterns(storage.MANIFEST, storage.COMPLETE))
-        shutil.rmtree(run_dir / "base", ignore_errors=True)
-        os.replace(tmp, run_dir / "base")
+        swap_in(tmp, run_dir / "base")
         base_dir = run_dir / "base"
     need = res.spec.training.seq_len + 1
     try:

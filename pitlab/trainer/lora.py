@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pitlab.trainer.files import fsync_dir, make_readable
+from pitlab.storage.outdir import swap_in
+from pitlab.trainer.files import make_readable
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
@@ -253,9 +254,6 @@ def save_adapter_verified(model: nn.Module, out_dir: Path,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     make_readable(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
-    fsync_dir(out_dir.parent)
+    swap_in(tmp, out_dir)  # an older save is removed only once this one is in place
     return {"tensors": len(saved), "elements": expected_elems, "bytes": (out_dir / ADAPTER_FILE).stat().st_size,
             "path": str(out_dir), "base_check": base_check}

@@ -15,6 +15,7 @@ import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
 
 from pitlab.api import PitTrainingSpec, SpecError, resolve_input
+from pitlab.storage.outdir import swap_in
 from pitlab.trainer.files import make_readable
 from pitlab.trainer.tokenizer import train_tokenizer
 
@@ -65,9 +66,7 @@ def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path) -
         raise SpecError([(_CONFIG_FIELD, f"{ri.model_type} model cannot be built from this config: {err}")]) from None
     model.save_pretrained(tmp, safe_serialization=True)
     make_readable(tmp)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    swap_in(tmp, out_dir)  # an existing out_dir is removed only once this one is in place
     return out_dir
 
 

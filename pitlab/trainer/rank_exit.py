@@ -28,7 +28,7 @@ from collections.abc import Callable
 def exit_rank(main: Callable[[], int | None]) -> None:
     """Run ``main()`` and end the process with its return code (``None`` → 0), never returning.
 
-    ``SystemExit`` (argparse's errors, ``sys.exit``) keeps its code (a non-integer code is printed and
+    ``SystemExit`` (``sys.exit``, a usage error) keeps its code (a non-integer code is printed and
     becomes 1, as Python does); any other exception is printed with its traceback and becomes exit code 1.
     Standard streams and logging handlers are flushed, then :func:`os._exit` ends the process without
     interpreter finalization (see the module docstring for the crash this avoids).

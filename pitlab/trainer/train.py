@@ -1,8 +1,8 @@
 """The training loop: one rank of a torchrun job (full-weight continued pretraining under FSDP2).
 
 Run under torchrun, each rank calling :func:`run_rank` (:func:`pitlab.trainer.command.torchrun_command` builds the
-command, the same for ``pitlab run`` and the PyTorchJob; ``python -m pitlab.trainer.train`` takes the same
-arguments)::
+command, the same for ``pitlab run`` and the PyTorchJob; the options are declared once, by ``pitlab train`` in
+:mod:`pitlab.cli`)::
 
     python -m torch.distributed.run --standalone --nproc_per_node N \\
         -m pitlab.cli train --spec RESOLVED.json --run-dir DIR
@@ -38,7 +38,6 @@ token budget or world size differ) is refused, naming the field.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -581,7 +580,7 @@ def run_rank(spec_path: Path, run_dir: Path, base: Path | None = None) -> int:
     Returns the rank's exit code: 0, or 2 after a known error (bad spec, checkpoint, weights, storage, non-finite
     loss, OS error), printed as one line ``pitlab.trainer.train: error (rank R): ...`` that
     :mod:`pitlab.trainer.launch` reports. Any other exception propagates (torch elastic's ``record`` writes it to
-    the error file). Both ``pitlab train`` (the pods') and ``python -m pitlab.trainer.train`` call it.
+    the error file). ``pitlab train`` (the pods' entry point, run by torchrun in every rank) calls it.
     """
     paths = RunPaths(run_dir, base if base is not None else run_dir / "base")
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -596,19 +595,3 @@ def run_rank(spec_path: Path, run_dir: Path, base: Path | None = None) -> int:
     finally:
         dist.destroy_process_group()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pitlab.trainer.train --spec S --run-dir D [--base B]``: parses ``argv`` (argparse exits 2 on a
-    bad one) and returns :func:`run_rank`'s exit code."""
-    parser = argparse.ArgumentParser(prog="python -m pitlab.trainer.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, type=Path, help="resolved PitTraining JSON")
-    parser.add_argument("--run-dir", required=True, type=Path, help="run directory (base/, data/, train/, checkpoint/)")
-    parser.add_argument("--base", type=Path, default=None, help="base HF model directory (default RUN_DIR/base)")
-    args = parser.parse_args(argv)
-    return run_rank(args.spec, args.run_dir, args.base)
-
-if __name__ == "__main__":
-    from pitlab.trainer.rank_exit import exit_rank
-
-    exit_rank(main)  # no interpreter finalization: a gloo worker thread may still free tensors (see rank_exit)
