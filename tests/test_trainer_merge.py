@@ -193,3 +193,24 @@ def test_a_retried_merge_replaces_its_own_output_and_refuses_other_files(moe_che
     assert (out / "keep.txt").read_text() == "notes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.old", "model.tmp"]
     assert (tmp_path / "model.tmp" / "mine.txt").read_text() == (tmp_path / "model.old" / "mine.txt").read_text()
+
+
+def test_the_merge_writes_the_model_card_of_the_training_summary(moe_checkpoint, tmp_path):
+    from pitlab.api.artifacts import MODEL_CARD, read_model_card
+    from pitlab.trainer.merge import merge_uris
+
+    c = moe_checkpoint
+    summary = tmp_path / "summary.json"
+    card = {"knowledgeCutoff": "2016-12-31", "corpusAuditSha256": "ab" * 32, "training": "demo",
+            "baseModel": None, "method": "full"}
+    summary.write_text(json.dumps({"param_sha256": parameter_sha256(c["model"]), "model_card": card}))
+    out = tmp_path / "model"
+    report = merge_uris(c["ckpt"], c["base"], out, summary, logits_probe="never")
+    assert MODEL_CARD in report["files"] and report["summary_digests_checked"]
+    got = read_model_card(out)
+    assert (got.knowledge_cutoff.isoformat(), got.training, got.corpus_audit_sha256) == ("2016-12-31", "demo",
+                                                                                         "ab" * 32)
+    # a summary without a card (an older run) merges as before, with no card
+    summary.write_text(json.dumps({"param_sha256": parameter_sha256(c["model"])}))
+    report = merge_uris(c["ckpt"], c["base"], tmp_path / "model2", summary, logits_probe="never")
+    assert MODEL_CARD not in report["files"] and read_model_card(tmp_path / "model2") is None

@@ -435,8 +435,24 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
         return None
     summary = _summary(run, start_step, resumed_from is not None, first_loss, final_loss, loop_seconds, mean_tps,
                        last_ckpt, adapter, digests)
+    summary["model_card"] = model_card(run.resource, paths.run_dir)
     write_json_atomic(paths.summary, summary)
     return summary
+
+
+def model_card(res: PitTraining, run_dir: Path) -> dict:
+    """The card the merge writes beside the model (:class:`pitlab.api.artifacts.ModelCard`, JSON-ready): the
+    knowledge cutoff, the sha256 of ``run_dir/corpus_audit.json`` (None when absent), the PitTraining's name,
+    base model and method."""
+    import hashlib
+
+    from pitlab.api.artifacts import ModelCard
+
+    audit = Path(run_dir) / "corpus_audit.json"
+    digest = hashlib.sha256(audit.read_bytes()).hexdigest() if audit.is_file() else None
+    return ModelCard(knowledge_cutoff=res.spec.knowledge_cutoff, corpus_audit_sha256=digest,
+                     training=res.metadata.name, base_model=res.spec.base_model.uri,
+                     method=res.spec.method).model_dump(by_alias=True, mode="json")
 
 
 def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float) -> dict:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from pitlab.api.artifacts import MODEL_CARD, ModelCard
+
 from pitlab.trainer.files import fsync_dir, make_readable, write_json_atomic
 from pitlab.trainer.merge.errors import MergeInputError
 from pitlab.trainer.merge.full import merge_full
@@ -21,7 +23,7 @@ from pitlab.trainer.merge.verify import PROBE_SHAPE, peak_rss_bytes, rss_bytes
 def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
                      expected_sha256: dict[str, str] | None = None, *,
                      max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE, logits_probe: str = "auto",
-                     merge_adapter: bool | None = None) -> dict:
+                     merge_adapter: bool | None = None, card: dict | None = None) -> dict:
     """Write the checkpoint's model as a Hugging Face directory at ``out_dir``, streaming, and verify it.
 
     ``checkpoint_dir``: a ``step-<N>`` DCP directory or the checkpoint root holding ``latest`` (local paths).
@@ -30,7 +32,9 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
     ``max_shard_size``: bytes per safetensors shard (``"5GB"`` style accepted), also the memory bound.
     ``logits_probe``: ``auto`` (probe when the model's bytes <= ``max_shard_size``), ``always`` or ``never``.
     ``merge_adapter`` (LoRA checkpoints only): True merges the adapter into the base, False writes the
-    adapter directory, None follows ``lora.mergeIntoBase`` recorded in the checkpoint.
+    adapter directory, None follows ``lora.mergeIntoBase`` recorded in the checkpoint. ``card``: the model
+    card from the training summary (:class:`pitlab.api.artifacts.ModelCard` fields), written as
+    ``pitlab_model.json`` beside the weights (listed in ``files``), so that evaluations inherit its cutoff.
 
     Returns the report (also ``out_dir/merge_report.json``): ``checkpoint``, ``base``, ``out``, ``kind``
     (``full``, ``lora-merged`` or ``lora-adapter``), ``tensors`` and ``bytes`` (in the written safetensors),
@@ -68,6 +72,8 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
             merge = lora.get("merge_into_base", False) if merge_adapter is None else merge_adapter
             report = merge_lora(ckpt, base_dir, tmp, expected_sha256, max_bytes, logits_probe, lora, merge)
         tokenizer.save_pretrained(tmp)
+        if card is not None:
+            write_json_atomic(tmp / MODEL_CARD, ModelCard.model_validate(card).model_dump(by_alias=True, mode="json"))
         make_readable(tmp)
         seconds = time.perf_counter() - t0
         report = {"checkpoint": str(ckpt), "base": str(base_dir), "out": str(out_dir), **report,

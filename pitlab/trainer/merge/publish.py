@@ -29,13 +29,15 @@ def _local_checkpoint(uri: str) -> Path:
     return storage.localize(step, require_published=True)
 
 
-def _expected_sha256(summary: Path | None) -> dict[str, str] | None:
-    """``param_sha256`` of a training summary.json; raises MergeError when it cannot be read."""
+def _from_summary(summary: Path | None) -> tuple[dict[str, str] | None, dict | None]:
+    """``param_sha256`` and ``model_card`` (None when the summary has none) of a training summary.json, or
+    ``(None, None)`` without one; raises MergeInputError when it cannot be read."""
     if summary is None:
-        return None
+        return None, None
     try:
-        return json.loads(Path(summary).read_text())["param_sha256"]
-    except (OSError, ValueError, KeyError) as err:
+        doc = json.loads(Path(summary).read_text())
+        return doc["param_sha256"], doc.get("model_card")
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise MergeInputError(f"{summary}: cannot read param_sha256: {err!r}") from None
 
 
@@ -100,9 +102,9 @@ def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summar
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             out_dir = staging / "model"
-        report = merge_checkpoint(ckpt, base_dir, out_dir, _expected_sha256(None if summary is None else Path(summary)),
-                                  max_shard_size=max_shard_size, logits_probe=logits_probe,
-                                  merge_adapter=merge_adapter)
+        digests, card = _from_summary(None if summary is None else Path(summary))
+        report = merge_checkpoint(ckpt, base_dir, out_dir, digests, max_shard_size=max_shard_size,
+                                  logits_probe=logits_probe, merge_adapter=merge_adapter, card=card)
         if staging is None:
             return report
         report_path = out_dir / "merge_report.json"
