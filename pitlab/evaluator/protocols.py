@@ -24,12 +24,10 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupKFold
 
+from pitlab.errors import ProtocolError
+
 LABEL_HORIZON_DAYS = 2
 """The JPX target of a row at t is the close change from t+1 to t+2: its label window ends 2 trading days later."""
-
-
-class ProtocolError(ValueError):
-    """A split cannot be made from the panel and the spec's ``protocol`` (the message names the field)."""
 
 
 DEFAULT_CALENDARS = {"ohlcv": "XNYS", "jpx": "XTKS"}

@@ -18,13 +18,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pitlab.errors import TRAINING_FAILED, StageError
 from pitlab.trainer.files import fsync_dir, make_readable
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-class AdapterSaveError(RuntimeError):
-    """An adapter save did not round-trip: tensor names, count or values differ from the live adapter."""
+class AdapterSaveError(StageError):
+    """An adapter save did not round-trip: tensor names, count or values differ from the live adapter. Exit
+    code 1, ``TrainingFailed``."""
+
+    reason = TRAINING_FAILED
 
 
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:
