@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pitlab.api import DATA_ROOT_ENV, LeakageEval, PitTraining, SpecError, load_resource
+from pitlab.errors import InputError
 
 
 EXIT_CODES = ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before "
@@ -173,7 +174,6 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
     from pitlab import storage
     from pitlab.api.runfolders import check_run_folders, folder_owner, resumable
-    from pitlab.data import CorpusError, PanelError
     from pitlab.data.corpus import local_isoformat
     from pitlab.local import preflight
 
@@ -187,8 +187,8 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         spec_out = res.spec.output.uri if res.spec.output else "out"
         existing = [] if out is None and storage.is_s3(spec_out) else \
             check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
-    except (SpecError, CorpusError, PanelError) as err:
-        _fail(err, 2)
+    except InputError as err:
+        _fail(err, err.exit_code)
     msg = f"{file}: valid {res.kind} {res.metadata.name!r}"
     if plan is not None:
         a = plan.audit
@@ -251,7 +251,6 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     for an interrupted run of the same spec, --resume (which continues it)."""
     from pitlab import storage
     from pitlab.api.summary import compact_results
-    from pitlab.data import CorpusError, PanelError
     from pitlab.local import Interrupted, RunError, local_work_root, run_leakage_eval_local, run_pittraining_local
 
     if nproc is not None and nproc < 1:
@@ -291,13 +290,13 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             else:
                 results = {res.metadata.name: compact_results(
                     run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
-        except (SpecError, CorpusError, PanelError) as err:
+        except InputError as err:
             publish()  # bad input found after the run folder exists (its status.json says Failed)
             kept()
-            _fail(err, 2)
+            _fail(err, err.exit_code)
         except RunError as err:
             publish()
-            _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", 1)
+            _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", err.exit_code)
         except KeyboardInterrupt as err:
             kept()
             status = root / res.metadata.name / "status.json"
@@ -416,7 +415,6 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
             data_root: Optional[Path] = DataRoot) -> None:
     """Filter the corpus to the knowledge cutoff, train the tokenizer, write the base model and packed tokens
     (the prepare Job's entry point; `pitlab run` does the same before training)."""
-    from pitlab.data import CorpusError, PanelError
     from pitlab.trainer.files import write_json_atomic
     from pitlab.trainer.inputs import check_corpus, prepare_run
 
@@ -429,8 +427,8 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
         base_dir, n_tokens = prepare_run(res, plan, run_dir)
-    except (SpecError, CorpusError, PanelError) as err:
-        _fail(err, 2)
+    except InputError as err:
+        _fail(err, err.exit_code)
     _say(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")
 
 
@@ -458,8 +456,8 @@ def embed(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JS
     try:
         path, kind = resolve_models(res.spec)[model]
         panel = load_panel(res.spec)
-    except (SpecError, ValueError) as err:
-        _fail(err, 2)
+    except InputError as err:
+        _fail(err, err.exit_code)
     info: dict = {}
     with _progress() as p:
         task = p.add_task(f"embed {model}", total=len(panel.rows), info="")
@@ -484,8 +482,8 @@ def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or 
     try:
         models = resolve_models(res.spec)
         panel = load_panel(res.spec)
-    except (SpecError, ValueError) as err:
-        _fail(err, 2)
+    except InputError as err:
+        _fail(err, err.exit_code)
     results = run_leakage_eval(res.spec, panel, models, out, cache_dir=out / "embeddings")
     _print_results_table(compact_results(results), f"Leakage evaluation {res.metadata.name}")
     _say(f"  report: {out / 'report.md'}   plot: {out / 'premium.png'}")

@@ -28,14 +28,16 @@ from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
 from pitlab.api.summary import compact_results, premium_summary
 from pitlab.data.types import Panel
+from pitlab.errors import StageError
 from pitlab.evaluator.inputs import (ModelInput, check_dataset, check_models, check_panel, check_remote_model,
                                      fetch_models)
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.inputs import CorpusPlan, check_corpus, prepare_run
 
 
-class RunError(RuntimeError):
-    """A stage failed. ``reason`` is a CamelCase condition reason; ``str()`` is the message for users."""
+class RunError(StageError):
+    """A stage failed. ``reason`` is the stage's failed reason (CamelCase), set on each instance; ``str()`` is
+    the message for users. Exit code 1."""
 
     def __init__(self, reason: str, message: str):
         super().__init__(message)

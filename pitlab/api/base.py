@@ -11,8 +11,10 @@ import datetime as dt
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic.alias_generators import to_camel
+
+from pitlab.errors import FieldError, SpecError  # noqa: F401  (defined in the error taxonomy; imported from here)
 
 API_GROUP = "pitlab.io"
 API_VERSION = "v1alpha1"
@@ -59,55 +61,3 @@ class SpecModel(BaseModel):
     def to_yaml_dict(self) -> dict[str, Any]:
         """The block as a user would write it: camelCase keys, JSON-compatible values, no unset Nones."""
         return self.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-
-class FieldError(ValueError):
-    """Raised by a model validator about one field below the model: ``field`` is its path relative to the model
-    as written in YAML (``promptTemplate``, ``evaluations[1].name``); :meth:`SpecError.from_validation_error`
-    appends it to the model's path, so the message names the field itself."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
-
-
-class SpecError(ValueError):
-    """A resource (or file) is invalid. ``problems`` is a list of ``(field_path, message)``.
-
-    ``str(err)`` gives one line per problem, each starting with the source (file name) and the field path
-    as written in YAML, e.g. ``demo.yaml: spec.training.seqLen: Input should be a valid integer``.
-    """
-
-    def __init__(self, problems: list[tuple[str, str]], source: str | None = None):
-        self.problems = problems
-        self.source = source
-        prefix = f"{source}: " if source else ""
-        super().__init__("\n".join(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}" for path, msg in problems))
-
-    @classmethod
-    def from_validation_error(cls, err: ValidationError, source: str | None = None, root: str = "") -> "SpecError":
-        """Convert a pydantic ``ValidationError`` into field-path messages (aliases, dotted, ``[i]`` for lists)."""
-        problems = []
-        for e in err.errors():
-            parts: list[str] = [root] if root else []
-            for loc in e["loc"]:
-                if isinstance(loc, int):
-                    if parts:
-                        parts[-1] = f"{parts[-1]}[{loc}]"
-                    else:
-                        parts.append(f"[{loc}]")
-                elif loc in ("function-after", "function-before") or "[" in str(loc):
-                    continue  # pydantic internals for validators and tagged unions
-                else:
-                    parts.append(str(loc))
-            msg = e["msg"].removeprefix("Value error, ")
-            cause = (e.get("ctx") or {}).get("error")
-            if isinstance(cause, FieldError):
-                parts.append(cause.field)
-                msg = cause.message
-            if e["type"] == "extra_forbidden":
-                msg = "unknown field (check the spelling; fields are camelCase)"
-            elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):
-                msg = f"{msg} (got {e['input']!r})"
-            problems.append((".".join(parts), msg))
-        return cls(problems, source)

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from pitlab.api.base import GROUP_VERSION, SpecError
 from pitlab.api.leakageeval import LeakageEval
 from pitlab.api.pittraining import PitTraining
+from pitlab.errors import InputError
 
 Resource = Union[PitTraining, LeakageEval]
 KINDS: dict[str, type] = {"PitTraining": PitTraining, "LeakageEval": LeakageEval}
@@ -27,8 +28,9 @@ class _Loader(yaml.SafeLoader):
     reads it as a string), and so is the ``3e-05`` that ``json.dumps`` writes into a resolved spec."""
 
 
-class DuplicateKeyError(yaml.YAMLError):
-    """A YAML mapping gives one key twice (PyYAML would keep the last value silently)."""
+class DuplicateKeyError(InputError, yaml.YAMLError):
+    """A YAML mapping gives one key twice (PyYAML would keep the last value silently). Exit code 2,
+    ``InvalidSpec``."""
 
 
 def _mapping(loader: _Loader, node: yaml.MappingNode):

@@ -24,13 +24,10 @@ import pandas as pd
 from pitlab.data.encoding import decode_problem
 from pitlab.data.timestamps import EPOCH_NS, TimestampError, check_format, parse_timestamp
 from pitlab.data.types import Document
+from pitlab.errors import CorpusError
 
 REJECTED_EXAMPLES = 5  # refused timestamps listed in the audit (with onMissingTimestamp: drop)
 EPOCH_PLAUSIBLE_FROM = pd.Timestamp("1980-01-01", tz="UTC")  # epoch values before it suggest the wrong unit
-
-
-class CorpusError(ValueError):
-    """The corpus cannot be used as specified; the message names the file, row or field."""
 
 
 @dataclass(frozen=True)

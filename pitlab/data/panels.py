@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from pitlab.data.encoding import decode_problem
+from pitlab.errors import PanelError
 
 OHLCV_COLUMNS = ("date", "open", "high", "low", "close", "volume", "Name")
 JPX_PRICE_COLUMNS = ("RowId", "Date", "SecuritiesCode", "Open", "High", "Low", "Close", "Volume",
@@ -44,10 +45,6 @@ JPX_ADJUSTMENT = ("Kaggle JPX: Close and Volume as traded that day (unadjusted);
 OHLCV_ADJUSTMENT = ("long OHLCV file: prices and volumes as the file gives them, possibly adjusted by its source "
                     "with splits after t, which pitlab cannot undo (sp500_5yr's are: split-adjusted as of "
                     "February 2018); returns and volume ratios are unaffected by such an adjustment, levels are not")
-
-
-class PanelError(ValueError):
-    """A market data file cannot be used; the message names the file, the column and, where known, the row."""
 
 
 @dataclass

@@ -26,6 +26,8 @@ from decimal import ROUND_FLOOR, Decimal
 
 import pandas as pd
 
+from pitlab.errors import InputError
+
 ISO8601 = "iso8601"
 EPOCH_NS = {"epoch_s": 10**9, "epoch_ms": 10**6, "epoch_us": 10**3}  # nanoseconds per unit
 EPOCH_UNITS = {"epoch_s": "seconds", "epoch_ms": "milliseconds", "epoch_us": "microseconds"}
@@ -39,8 +41,9 @@ _ZONE_ABBREVIATION = re.compile(r"(?<=[\d\s])([A-Za-z]{2,5})$")
 _ALLOWED_DIRECTIVES = set("YmdbBjHIpMSfzaA%")
 
 
-class TimestampError(ValueError):
-    """A timestamp value is present but does not match the expected format; the message shows the value."""
+class TimestampError(InputError, ValueError):
+    """A timestamp value is present but does not match the expected format; the message shows the value. Exit
+    code 2, ``InvalidSpec``."""
 
 
 def check_format(fmt: str | None) -> str:

@@ -7,10 +7,7 @@ import warnings
 
 import pandas as pd
 
-
-class ProtocolError(ValueError):
-    """A split cannot be made from the panel and the spec's ``protocol`` (the message names the field)."""
-
+from pitlab.errors import ProtocolError
 
 DEFAULT_CALENDARS = {"ohlcv": "XNYS", "jpx": "XTKS"}
 """``dataset.calendar: auto``: the exchange calendar of each dataset kind (US OHLCV files: New York Stock

@@ -36,6 +36,8 @@ from typing import Literal
 
 import numpy as np
 
+from pitlab.errors import EMBEDDING_FAILED, StageError
+
 log = logging.getLogger(__name__)
 
 ENCODER_MODEL_TYPES = frozenset({
@@ -56,8 +58,11 @@ Kind = Literal["causal", "encoder"]
 Progress = Callable[[int, int], None]
 
 
-class EmbeddingError(RuntimeError):
-    """A model folder cannot be used for embeddings (the message names the folder or URI)."""
+class EmbeddingError(StageError):
+    """A model folder cannot be used for embeddings (the message names the folder or URI). Exit code 1,
+    ``EmbeddingFailed``."""
+
+    reason = EMBEDDING_FAILED
 
 
 def resolve_model_uri(uri: str) -> Path:

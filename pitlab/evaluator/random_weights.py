@@ -23,12 +23,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from pitlab.errors import InputError
+
 RANDOM_WEIGHTS_FILE = "pitlab-random-weights.json"
 PURPOSE = "benchmarks and tests only: random weights regenerated from config.json and the seed"
 
 
-class RandomWeightsError(ValueError):
-    """A random-weights file is malformed (the message names the file and field)."""
+class RandomWeightsError(InputError, ValueError):
+    """A random-weights file is malformed (the message names the file and field). Exit code 2, ``InvalidSpec``."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pandas as pd
 from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
+from pitlab.errors import InputError
 from pitlab.evaluator.bootstrap import (BIAS_LIMIT, IntervalRule, cutoff_control, draw_weights, interval, judge,
                                        paired_reductions, replicate_folds, replicate_row_folds, row_weights,
                                        two_way_split)
@@ -41,8 +42,9 @@ TARGET = "close[t+2] / close[t+1] - 1 (JPX definition)"
 StageProgress = Callable[[str, int, int], None]
 
 
-class EvaluationError(ValueError):
-    """The panel or the model list cannot be evaluated (the message names the field or model)."""
+class EvaluationError(InputError, ValueError):
+    """The panel or the model list cannot be evaluated (the message names the field or model). Exit code 2,
+    ``InvalidSpec``."""
 
 
 def check_panel(panel: Panel) -> None:

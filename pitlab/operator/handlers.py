@@ -19,9 +19,11 @@ from urllib3.exceptions import HTTPError
 
 from pitlab.api import API_GROUP, API_VERSION, SpecError, conditions, stages
 from pitlab.api.status import TERMINAL_PHASES, ResourceStatus
+from pitlab.errors import PitlabError
 from pitlab.operator import lifecycle, naming, validation
 from pitlab.operator.config import OperatorConfig
 
+log = logging.getLogger(__name__)
 FINALIZER = f"{API_GROUP}/finalizer"
 REFUSALS = (400, 422)  # a create refused for good: the manifest itself is invalid
 BLOCKED = {404: "ChildKindMissing", 403: "Forbidden"}  # refused until the cluster changes: retried
@@ -54,8 +56,9 @@ def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
     changed, and post the plan's warnings (once each per object and operator run).
 
     Errors: a spec (or stored spec) that does not parse fails the resource naming the field (InvalidSpec);
-    any other ValueError of the reconcile logic fails it with reason ReconcileError (never retried blindly,
-    an edit of the spec reconciles again). A child the API server refuses as invalid (400/422) fails the
+    another :class:`~pitlab.errors.PitlabError` fails it with the error's own reason; any other exception of
+    the reconcile logic (a bug) is logged and fails it with reason ReconcileError (never retried blindly, an
+    edit of the spec reconciles again). A child the API server refuses as invalid (400/422) fails the
     resource (CreateFailed); one it cannot take yet (404: kind not installed; 403: RBAC or ResourceQuota)
     stalls it (Stalled=True, ChildKindMissing / Forbidden, saying what to do) and is retried every
     ``create_retry_delay`` seconds. Other API errors are retried (kopf.TemporaryError)."""
@@ -67,7 +70,9 @@ def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
         raise kopf.TemporaryError(f"API error {err}", delay=5) from err
     except HTTPError as err:
         raise kopf.TemporaryError(f"API unreachable: {err}", delay=5) from err
-    except ValueError as err:  # SpecError and pydantic's ValidationError are ValueErrors too
+    except Exception as err:  # noqa: BLE001 - classified by broken_status: a pitlab error's reason, else a bug
+        if not isinstance(err, (PitlabError, ValidationError)):  # a bug: ReconcileError, never InvalidSpec
+            log.exception("%s %s: reconcile failed", kind, doc["metadata"].get("name"))
         failed = broken_status(err, doc)
         patch.status.update(failed)
         _warn_once(body, memo, failed["conditions"][-1]["reason"], failed["conditions"][-1]["message"])
@@ -121,15 +126,18 @@ def _stage(status: ResourceStatus, doc: dict[str, Any]) -> str:
     return conditions.current_stage(status, stages.conditions_of(doc["kind"]))
 
 
-def broken_status(err: ValueError, doc: dict[str, Any]) -> dict[str, Any]:
+def broken_status(err: Exception, doc: dict[str, Any]) -> dict[str, Any]:
     """The status of a resource whose reconcile logic raised ``err``: the stage in progress failed, with
     reason InvalidSpec naming the fields (a :class:`SpecError` or pydantic ``ValidationError``: something
-    in the spec, or in the spec stored when the run started, does not parse) or ReconcileError."""
+    in the spec, or in the spec stored when the run started, does not parse), the reason of another
+    :class:`~pitlab.errors.PitlabError`, or ReconcileError (anything else: a bug)."""
     status = lifecycle.load_status(doc)
     if isinstance(err, ValidationError):
         err = SpecError.from_validation_error(err)
     if isinstance(err, SpecError):
-        reason, message = "InvalidSpec", validation.message(err.problems)
+        reason, message = SpecError.reason, validation.message(err.problems)
+    elif isinstance(err, PitlabError):
+        reason, message = err.reason, f"{type(err).__name__}: {err}"
     else:
         reason, message = "ReconcileError", f"{type(err).__name__}: {err}"
     conditions.stage_failed(status, _stage(status, doc), reason, message[:1000], doc["metadata"].get("generation"))

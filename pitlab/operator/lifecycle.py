@@ -25,6 +25,7 @@ from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, stages
 from pitlab.api.stages import Stage
 from pitlab.api.status import TERMINAL_PHASES, CorpusAuditStatus, Progress, ResourceStatus, get_condition
 from pitlab.api.summary import premium_summary
+from pitlab.errors import StageError
 from pitlab.operator import builders, naming, validation
 from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.operator.mirroring import (FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, last_lines,
@@ -52,8 +53,10 @@ class Plan:
     warnings: list[tuple[str, str]] = dataclasses.field(default_factory=list)
 
 
-class NameConflict(Exception):
-    """A child's name is taken by an object this resource does not own."""
+class NameConflict(StageError):
+    """A child's name is taken by an object this resource does not own. Exit code 1, ``NameConflict``."""
+
+    reason = "NameConflict"
 
 
 def load_status(body: dict[str, Any]) -> ResourceStatus:

@@ -1,11 +1,9 @@
-"""The one error type of :mod:`pitlab.storage`, with subclasses for the cases callers act on."""
+"""The one error type of :mod:`pitlab.storage` (:class:`pitlab.errors.StorageError`, a stage error), with
+subclasses for the cases callers act on."""
 
 from __future__ import annotations
 
-
-class StorageError(RuntimeError):
-    """A storage operation failed; ``str()`` is a message for users that names the URI (and, for S3, the
-    endpoint) and what to do about it."""
+from pitlab.errors import StorageError
 
 
 class ObjectNotFound(StorageError):

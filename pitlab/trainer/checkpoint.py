@@ -41,6 +41,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from pitlab import storage
+from pitlab.errors import CheckpointError
 from pitlab.trainer.files import fsync_dir, write_text_atomic
 
 LATEST = "latest"
@@ -52,10 +53,6 @@ STATE_DICT_OPTIONS = StateDictOptions(ignore_frozen_params=True)
 # (its default planner refuses a checkpoint that lacks a requested key)
 LOAD_STATE_DICT_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint directory is inconsistent (e.g. ``latest`` names a directory that does not exist)."""
 
 
 def step_dir_name(step: int) -> str:

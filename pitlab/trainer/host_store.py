@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from pitlab.errors import TRAINING_FAILED, StageError
+
 FORMAT = "pitlab-streaming-store/1"
 STORE_FILE = "layers.store"
 PAGE = 4096
@@ -34,8 +36,11 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 _NAMED = {v: k for k, v in _DTYPE_NAMES.items()}
 
 
-class HostStoreError(RuntimeError):
-    """The memory-mapped host store cannot be written (no space on the disk, unsupported dtype)."""
+class HostStoreError(StageError):
+    """The memory-mapped host store cannot be written (no space on the disk, unsupported dtype). Exit code 1,
+    ``TrainingFailed``."""
+
+    reason = TRAINING_FAILED
 
 
 def base_fingerprint(base: Path) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from pitlab.api import PitTraining
+from pitlab.errors import TrainingError
 from pitlab.trainer.checkpoint import checkpoint_location, read_train_state
 from pitlab.trainer.checkpointer import latest_checkpoint
 from pitlab.trainer.command import torchrun_command as build_torchrun_command  # noqa: F401 - pitlab run's command
@@ -20,10 +21,6 @@ from pitlab.trainer.metrics import MetricsTail, truncate_metrics
 
 STDERR_TAIL_LINES = 30
 ERROR_PREFIX = "pitlab.trainer.train: error"  # how train.py reports a known error
-
-
-class TrainingError(RuntimeError):
-    """The training job failed; the message holds the exit code and the end of the job's stderr."""
 
 
 def training_env(nproc: int, cuda: bool, environ: dict[str, str] | None = None) -> dict[str, str]:

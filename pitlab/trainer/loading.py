@@ -23,11 +23,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
+from pitlab.errors import WeightLoadError
 from pitlab.trainer.fsdp import shard_model
-
-
-class WeightLoadError(RuntimeError):
-    """The base model's safetensors do not match the model built from its config (missing / extra / shape)."""
 
 
 _DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "F64": torch.float64,

@@ -18,26 +18,30 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pitlab.errors import TRAINING_FAILED, SpecError, StageError
 from pitlab.storage.outdir import swap_in
 from pitlab.trainer.files import make_readable
 
 ADAPTER_FILE = "adapter_model.safetensors"
 
 
-class AdapterSaveError(RuntimeError):
-    """An adapter save did not round-trip: tensor names, count or values differ from the live adapter."""
+class AdapterSaveError(StageError):
+    """An adapter save did not round-trip: tensor names, count or values differ from the live adapter. Exit
+    code 1, ``TrainingFailed``."""
+
+    reason = TRAINING_FAILED
 
 
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:
     """Wrap ``model`` with peft LoRA (``spec.lora``: rank ``r``, scaling ``alpha / r``, ``dropout``, the
     module-name suffixes ``target_modules``); only the adapter parameters stay trainable. Returns the
-    ``PeftModel``. Raises ``ValueError`` naming ``spec.lora.targetModules`` when no module matches."""
+    ``PeftModel``. Raises :class:`SpecError` naming ``spec.lora.targetModules`` when no module matches."""
     from peft import LoraConfig, get_peft_model
 
     names = [n for n, _ in model.named_modules()]
     if not any(n.split(".")[-1] in target_modules for n in names):
-        raise ValueError(f"spec.lora.targetModules: none of {target_modules} names a module of "
-                         f"{type(model).__name__}")
+        raise SpecError([("spec.lora.targetModules", f"none of {target_modules} names a module of "
+                                                     f"{type(model).__name__}")])
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from pitlab.api import SpecError
+from pitlab.errors import InputError
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, count_text, model_shape, spec_config
 
 SLACK = 0.05
@@ -53,9 +54,9 @@ COMPONENTS = ("resident", "adapter_state", "layer_slots", "checkpoints", "layer_
               "allocator_slack")
 
 
-class StreamingBudgetError(ValueError):
+class StreamingBudgetError(InputError, ValueError):
     """A layer-streaming run whose predicted GPU peak exceeds its budget (the message names both and what to
-    change)."""
+    change). Exit code 2, ``InvalidSpec``."""
 
 
 @dataclass(frozen=True)

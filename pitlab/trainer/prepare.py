@@ -15,6 +15,7 @@ import torch
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
 
 from pitlab.api import PitTrainingSpec, SpecError, resolve_input
+from pitlab.errors import InputError
 from pitlab.storage.outdir import swap_in
 from pitlab.trainer.files import make_readable
 from pitlab.trainer.tokenizer import train_tokenizer
@@ -114,8 +115,9 @@ def _config_keys(config_class: type) -> set[str]:
     return keys
 
 
-class ShortCorpusError(ValueError):
-    """The tokenized corpus holds ``tokens`` tokens, fewer than the ``needed`` minimum (one packed sequence)."""
+class ShortCorpusError(InputError, ValueError):
+    """The tokenized corpus holds ``tokens`` tokens, fewer than the ``needed`` minimum (one packed sequence).
+    Exit code 2, ``InvalidSpec``."""
 
     def __init__(self, tokens: int, needed: int):
         super().__init__(f"the corpus has {tokens} tokens, fewer than {needed}")

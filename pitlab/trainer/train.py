@@ -56,14 +56,13 @@ from torch.profiler import record_function
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, load_resource
-from pitlab.storage import StorageError
-from pitlab.trainer.checkpoint import CheckpointError
+from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.loading import WeightLoadError, load_sharded_model
-from pitlab.trainer.lora import AdapterSaveError, lora_record, save_adapter_verified
+from pitlab.trainer.loading import load_sharded_model
+from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
 from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
@@ -245,7 +244,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     vocab = config.get_text_config().vocab_size
     max_id = int(np.max(tokens))
     if max_id >= vocab:
-        raise ValueError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
+        raise CorpusError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
     lora = lora_record(spec.lora) if spec.method == "lora" else None
     shape = model_shape(config)
@@ -593,8 +592,8 @@ def run_rank(spec_path: Path, run_dir: Path, base: Path | None = None) -> int:
     """One rank of a torchrun job: joins the process group (NCCL with CUDA, else gloo), runs :func:`train`, leaves
     the group. ``base``: the base model folder (default ``run_dir/base``).
 
-    Returns the rank's exit code: 0, or 2 after a known error (bad spec, checkpoint, weights, storage, non-finite
-    loss, OS error), printed as one line ``pitlab.trainer.train: error (rank R): ...`` that
+    Returns the rank's exit code: 0, or 2 after a known error (a :class:`~pitlab.errors.PitlabError`: bad input,
+    checkpoint, weights, storage; a non-finite loss; an OS error), printed as one line ``pitlab.trainer.train: error (rank R): ...`` that
     :mod:`pitlab.trainer.launch` reports. Any other exception propagates (torch elastic's ``record`` writes it to
     the error file). ``pitlab train`` (the pods' entry point, run by torchrun in every rank) calls it.
     """
@@ -602,8 +601,7 @@ def run_rank(spec_path: Path, run_dir: Path, base: Path | None = None) -> int:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         train(spec_path, paths)
-    except (SpecError, ValueError, FloatingPointError, CheckpointError,
-            WeightLoadError, StorageError, AdapterSaveError, OSError) as err:
+    except (PitlabError, FloatingPointError, OSError) as err:  # a stray ValueError is a bug: it propagates
         if not isinstance(err, SpecError):
             traceback.print_exc()  # where it came from; the one-line message below is what launch reports
         print(f"pitlab.trainer.train: error (rank {dist.get_rank()}): {err}", file=sys.stderr, flush=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 
-from pitlab.trainer.merge.errors import MergeError, MergeInputError
 from pitlab.trainer.merge.publish import merge_uris
 
 MERGE_ADAPTER = {"auto": None, "yes": True, "no": False}
@@ -19,16 +18,15 @@ def run_merge_command(checkpoint: str, base: str, out: str, summary: str | None 
     """:func:`merge_uris` with errors as a message on stderr and an exit code: 0 merged (and published),
     1 failed (the merge, its verification or storage), 2 invalid input (an option, a missing or incomplete
     checkpoint, base or summary, an ``out`` holding other files)."""
-    from pitlab.storage import StorageError
+    from pitlab.errors import CheckpointError, InputError, PitlabError
     from pitlab.storage.errors import NotPublished, ObjectNotFound, OutputExists
-    from pitlab.trainer.checkpoint import CheckpointError
 
     try:
         report = merge_uris(checkpoint, base, out, summary, max_shard_size=max_shard_size, logits_probe=logits_probe,
                             merge_adapter=MERGE_ADAPTER[merge_adapter], overwrite=overwrite)
-    except (MergeError, ValueError, CheckpointError, StorageError) as err:
+    except (PitlabError, ValueError) as err:  # ValueError: a bad option value (e.g. --max-shard-size)
         print(f"pitlab.trainer.merge: error: {err}", file=sys.stderr)
-        bad_input = (ValueError, OutputExists, MergeInputError, CheckpointError, NotPublished, ObjectNotFound)
+        bad_input = (InputError, ValueError, OutputExists, CheckpointError, NotPublished, ObjectNotFound)
         return 2 if isinstance(err, bad_input) else 1
     if print_report:
         print(json.dumps(report, indent=2))
