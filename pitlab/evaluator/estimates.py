@@ -39,62 +39,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pitlab.evaluator.linalg import Backend, eigvalsh, parallel_batches, run_batches, to_numpy, xp
-from pitlab.evaluator.protocols import date_block_folds, security_folds_batch
-from pitlab.evaluator.ridge import (BENCHMARKS, RidgeFit, RowStats, SuffStats, _like, centred,
-                                   cholesky_path_test_sse, fit_ridge_at, fit_ridge_gcv, gcv_scores, path_test_sse,
-                                   r2_score_oos, ridge_paths, solve_ridge)
-
-ALPHA_SELECTIONS = ("gcv", "security-cv", "date-blocked")
-
-
-@dataclass(frozen=True)
-class AlphaSelection:
-    """How the ridge penalty is chosen inside every fitting set.
-
-    ``method``: ``"gcv"`` — generalised cross-validation (the spec's ``regression`` block); with
-    ``duplicate_aware`` the copies of a security in a bootstrap replicate count as one error (see
-    :func:`pitlab.evaluator.ridge.fit_ridge_gcv`). ``"security-cv"`` — ``inner_folds``-fold GroupKFold by
-    security inside the fitting set (all copies of a security in one inner fold), α minimising the pooled
-    inner out-of-fold SSE, then refitted on the whole fitting set. GCV approximates leave-one-*row*-out and so
-    rewards fitting what rows of one security or one date share; security-CV scores α on unseen securities,
-    like the leakage-on protocol does. ``"date-blocked"`` — ``inner_folds`` contiguous blocks of the fitting
-    set's dates, purged and embargoed by ``embargo_days`` trading days around each block
-    (:func:`pitlab.evaluator.protocols.date_block_folds`): the selection of a protocol whose outer split
-    respects time (chronological, walk-forward, purged K-fold), which never scores α on a date it was fitted
-    on; it needs row units with calendar positions (:meth:`PanelStats.build_rows` with ``positions``).
-    """
-
-    method: str = "gcv"
-    inner_folds: int = 5
-    duplicate_aware: bool = True
-    embargo_days: int = 0
-
-    def __post_init__(self):
-        if self.method not in ALPHA_SELECTIONS:
-            raise ValueError(f"alpha selection must be one of {ALPHA_SELECTIONS} (got {self.method!r})")
-        if self.inner_folds < 2:
-            raise ValueError(f"inner_folds must be >= 2 (got {self.inner_folds})")
-        if self.embargo_days < 0:
-            raise ValueError(f"embargo_days must be >= 0 (got {self.embargo_days})")
-
-    @property
-    def fits_per_set(self) -> int:
-        """Eigendecompositions per fitting set when α is selected."""
-        return 1 if self.method == "gcv" else self.inner_folds
-
-    def describe(self) -> str:
-        """One phrase for reports: how α is chosen."""
-        if self.method == "gcv":
-            return ("generalised cross-validation (GCV; Golub, Heath & Wahba 1979)"
-                    + ("; in bootstrap replicates the copies of a security share one error in GCV's degrees of "
-                       "freedom (Altman 1990)" if self.duplicate_aware else ""))
-        if self.method == "date-blocked":
-            return (f"{self.inner_folds} contiguous date blocks inside the training set, each purged and embargoed "
-                    f"({self.embargo_days} trading days) as the outer split (pooled inner out-of-fold SSE), then "
-                    "refitted on the whole training set")
-        return (f"{self.inner_folds}-fold GroupKFold by security inside the training set (pooled inner "
-                "out-of-fold SSE), then refitted on the whole training set")
-
+from pitlab.evaluator.ridge import BENCHMARKS, RowStats, SuffStats, centred, r2_score_oos, solve_ridge  # noqa: F401
+from pitlab.evaluator.selection import (ALPHA_SELECTIONS, TIE_RTOL, AlphaSelection,  # noqa: F401  (re-exported)
+                                       argmin_ties_largest, fit_selected, select_alpha)
 
 def center(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
     """X float [n_rows, d] and y float [n_rows] minus their panel means, as float64, and the mean of y (the
@@ -104,134 +51,6 @@ def center(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]
     mu = float(y.mean())
     return X - X.mean(axis=0), y - mu, mu
 
-
-def _gcv_copies(units: SuffStats, w_b, selection: AlphaSelection) -> SuffStats | None:
-    """Duplicate-aware GCV: the statistics weighted by the squared multiplicities ``w_b`` [B, S] (on the
-    backend), or None when not asked for or no unit is drawn twice."""
-    if selection.duplicate_aware and np.any(to_numpy(w_b) > 1):
-        return units.weighted(w_b * w_b)
-    return None
-
-
-def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None,
-                 backend: Backend | None = None, targets: int = 1):
-    """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
-    ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
-    ``score`` [B, A] (GCV score or pooled inner-CV SSE) on the backend``)``.
-
-    security-cv: inner folds by :func:`pitlab.evaluator.protocols.security_folds` on each weighting (all copies
-    of a security in one fold); per inner fold the training statistics are the fitting set minus the inner
-    test set, eigendecomposed once for the whole grid (:func:`pitlab.evaluator.ridge.ridge_path`), and scored
-    on the inner test statistics (:func:`pitlab.evaluator.ridge.path_test_sse`). With ``backend.cholesky_path``
-    (torch on CUDA by default) the B·k inner training sets are instead solved once per α by batched Cholesky
-    (:func:`pitlab.evaluator.ridge.cholesky_path_test_sse`): the same SSE up to rounding.
-
-    ``targets`` T > 1: ``units`` are statistics of ``[X, y_1, .., y_{T-1}]`` with target ``y_0``
-    (:meth:`pitlab.evaluator.ridge.SuffStats.target`); every target's α is chosen on the same folds, sharing
-    each fold's factorisations, and the two returned values are lists of T.
-    """
-    w_b = _like(units.n, w)
-    fitting = units.weighted(w_b) if fitting is None else fitting
-    m = xp(w_b)
-    d = units.d - targets + 1
-    if selection.method == "gcv":
-        views = [fitting.target(t, d) for t in range(targets)] if targets > 1 else [fitting]
-        copies = _gcv_copies(units, w_b, selection)
-        if copies is not None and targets > 1:
-            copies = copies.target(0, d)
-        scores = [gcv_scores(p, copies)[0] for p in ridge_paths(views, alphas)]
-        ks = [to_numpy(m.argmin(sc, axis=1)).astype(np.int64) for sc in scores]
-        return (ks, scores) if targets > 1 else (ks[0], scores[0])
-    k = selection.inner_folds
-    field_ = "inner folds of the penalty selection"
-    if selection.method == "date-blocked":
-        pos = getattr(units, "unit_pos", None)
-        if pos is None:
-            raise ValueError("date-blocked penalty selection needs row units with calendar positions")
-        Wn = to_numpy(w_b) * to_numpy(units.n)[None, :]
-        tr, te = date_block_folds(pos, Wn, k, selection.embargo_days, field=field_)
-        removed = (Wn > 0)[:, None, :] & ~tr & ~te  # purged or embargoed: few rows
-        inner_test = _fold_stats(units, w_b, te)
-        inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
-        if removed.any():
-            inner_train = inner_train - _fold_stats(units, w_b, removed)
-        return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
-    rows = np.rint(to_numpy(units.n)).astype(np.int64)
-    unit_sec = getattr(units, "unit_security", None)
-    wi = np.rint(to_numpy(w_b)).astype(np.int64)
-    if unit_sec is None:  # units are securities
-        inner = security_folds_batch(rows[None, :] * wi, k, field=field_)  # [B, S]
-    else:  # units are rows: inner GroupKFold by their securities (sizes = weighted rows per security)
-        n_sec = int(unit_sec.max()) + 1
-        sizes = np.stack([np.bincount(unit_sec, weights=r, minlength=n_sec) for r in wi * rows[None, :]])
-        sizes = np.rint(sizes).astype(np.int64)
-        inner = security_folds_batch(sizes, k, field=field_)[:, unit_sec]  # [B, m]
-    inner_test = _fold_stats(units, w_b, inner[:, None, :] == np.arange(k)[None, :, None])
-    inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
-    return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
-
-
-def _fold_stats(units: SuffStats, w_b, masks: np.ndarray) -> SuffStats:
-    """Statistics of the B·k sets ``w_b[b] · masks[b, j]`` (``w_b`` [B, m] on the backend, ``masks`` bool numpy
-    [B, k, m]), set b·k + j at that position. Row units (:class:`pitlab.evaluator.ridge.RowStats`) are summed one
-    j at a time: the rows of one inner fold that a batch of replicates weights alike then form few classes."""
-    B, k, m_ = masks.shape
-    if not isinstance(units, RowStats):
-        return units.weighted((w_b[:, None, :] * _like(units.n, masks.astype(np.float64))).reshape(-1, m_))
-    parts = [units.weighted(w_b * _like(units.n, masks[:, j, :].astype(np.float64))) for j in range(k)]
-    m = xp(w_b)
-
-    def inter(name: str):
-        a = m.stack([getattr(p, name) for p in parts], axis=1) if m is np else \
-            m.stack([getattr(p, name) for p in parts], dim=1)
-        return a.reshape((B * k,) + tuple(a.shape[2:]))
-
-    return SuffStats(**{f: inter(f) for f in ("n", "sx", "sy", "syy", "sxx", "sxy")})
-
-
-def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Backend | None, B: int, k: int, m,
-            targets: int = 1):
-    """Grid position of the α with the smallest pooled inner out-of-fold SSE, and that SSE [B, A], from the
-    B·k inner training and test sets (fitting set b's folds at rows b·k .. b·k + k - 1); lists of ``targets``
-    when T > 1 (:func:`select_alpha`)."""
-    d = inner_train.d - targets + 1
-    trains = [inner_train.target(t, d) for t in range(targets)] if targets > 1 else [inner_train]
-    tests = [inner_test.target(t, d) for t in range(targets)] if targets > 1 else [inner_test]
-    if backend is not None and backend.cholesky_path:
-        sses = cholesky_path_test_sse(trains, tests, alphas, backend.cholesky_block)
-    else:
-        sses = [path_test_sse(p, te) for p, te in zip(ridge_paths(trains, alphas), tests)]
-    cv = [sse.reshape(B, k, -1).sum(axis=1) for sse in sses]  # [B, A] each
-    ks = [argmin_ties_largest(to_numpy(c)) for c in cv]
-    return (ks, cv) if targets > 1 else (ks[0], cv[0])
-
-
-TIE_RTOL = 1e-9
-"""Scores within this relative distance of the minimum count as tied (rounding, not evidence)."""
-
-
-def argmin_ties_largest(score: np.ndarray) -> np.ndarray:
-    """Grid position of the smallest score per row of ``score`` float [B, A] (α ascending), the largest α among
-    those tied within :data:`TIE_RTOL` of the minimum: when the grid cannot tell penalties apart (features that
-    are constant on every inner test block, e.g. a date indicator under date-blocked folds), the most shrunk
-    fit is taken, and rounding differences between backends cannot pick different α. int64 [B]."""
-    s = np.asarray(score, dtype=np.float64)
-    lo = np.min(s, axis=1, keepdims=True)
-    tied = s <= lo + TIE_RTOL * np.maximum(np.abs(lo), np.finfo(float).tiny)
-    return (s.shape[1] - 1 - np.argmax(tied[:, ::-1], axis=1)).astype(np.int64)
-
-
-def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelection,
-                 fitting: SuffStats | None = None) -> RidgeFit:
-    """Ridge fits on B weighted unions of ``units`` (per-security statistics), ``w`` [B, n_units]
-    multiplicities, with α chosen by ``selection`` (:func:`select_alpha`); the fit carries the whole path's
-    diagnostics (score and df per α). ``fitting``: ``units.weighted(w)`` if already computed."""
-    w_b = _like(units.n, w)
-    fitting = units.weighted(w_b) if fitting is None else fitting
-    if selection.method == "gcv":
-        return fit_ridge_gcv(fitting, alphas, _gcv_copies(units, w_b, selection))
-    idx, cv_sse = select_alpha(units, w, alphas, selection, fitting)
-    return fit_ridge_at(fitting, alphas, idx, cv_sse, selection.method)
 
 
 @dataclass(frozen=True)
@@ -290,6 +109,23 @@ def group_kfold_folds(n_rows: int, folds: np.ndarray, n_splits: int,
     F = np.asarray(folds, dtype=np.int64)
     every = np.ones(n_rows, dtype=bool)
     return [Fold(every, every, (F != k) & (F >= 0), F == k, score_rows) for k in range(n_splits)]
+
+
+@dataclass(frozen=True)
+class _FoldContext:
+    """The shared part of one :meth:`PanelStats.fold_errors` call: training ``units`` (and their row counts
+    ``units_n``), test rows ``Xte`` [n_test, d] with each target's ``ytes`` [n_test] and security indices
+    ``sec_te``, the zero benchmark's ``shifts`` per target, the ``outs`` dicts per target, the positions ``sub``
+    of separately scored test rows (or None)."""
+
+    units: object
+    units_n: np.ndarray
+    Xte: object
+    ytes: list
+    sec_te: object
+    shifts: tuple
+    outs: list
+    sub: object
 
 
 @dataclass(frozen=True)
@@ -449,9 +285,32 @@ class PanelStats:
         W = np.asarray(weights, dtype=np.float64)
         if W.ndim != 2 or W.shape[1] != self.n_securities:
             raise ValueError(f"weights must have shape [B, {self.n_securities}], got {W.shape}")
-        B, T, d = W.shape[0], self.n_targets, self.n_features
+        B, T = W.shape[0], self.n_targets
+        ctx = self._fold_context(fold, B)
+
+        def batch(s: int, e: int, fixed: np.ndarray | None, diag: bool) -> None:
+            self._fold_batch(ctx, fold, W[s:e], s, e, a_grid, selection, benchmark, fixed, diag)
+
+        first = 0
+        fixed = alpha_index
+        if point_first and B:
+            batch(0, 1, None if alpha_index is None else np.asarray(alpha_index).reshape(T, -1), diagnostics)
+            first = 1
+            if not reselect:
+                fixed = np.stack([np.full(B, out["alpha_index"][0], dtype=np.int64) for out in ctx.outs])
+        n = B - first
+        workers = parallel_batches(self.backend, n)
+        step = max(1, self._batch(None if fixed is not None else selection) // workers)
+        step = min(step, -(-n // workers)) if n else 1  # at least one batch per worker
+        run_batches(lambda s, e: batch(s, e, fixed, diagnostics and not point_first),
+                    [(s, min(s + step, B)) for s in range(first, B, step)], workers)
+        return ctx.outs if T > 1 else ctx.outs[0]
+
+    def _fold_context(self, fold: Fold, B: int) -> "_FoldContext":
+        """What every batch of :meth:`fold_errors` shares: the training units, the test rows (features and each
+        target's column), the zero-benchmark shifts, the output arrays of B weightings per target."""
+        T, d = self.n_targets, self.n_features
         units = self.stats_of(fold.train)
-        units_n = to_numpy(units.n)
         if fold.test.all():  # GroupKFold (leakage-on) tests every row: no n × d copy per fold
             Xte, yte, sec_te = self.X, self.y, self.backend.as_index(self.security)
         else:
@@ -459,8 +318,6 @@ class PanelStats:
             te_ix = self.backend.as_index(te)
             Xte, yte, sec_te = self.X[te_ix], self.y[te_ix], self.backend.as_index(self.security[te])
         ytes = [yte] + [Xte[:, d + t - 1] for t in range(1, T)]
-        shifts = (self.y_shift,) + tuple(self.y_shifts)
-        Xte = Xte[:, :d] if T > 1 else Xte
         outs = [{"sse": np.empty(B), "sst": np.empty(B), "alpha": np.empty(B), "df": np.full(B, np.nan),
                  "alpha_index": np.empty(B, dtype=np.int64)} for _ in range(T)]
         sub = None
@@ -469,65 +326,54 @@ class PanelStats:
             sub = self.backend.as_index(np.flatnonzero(in_test))
             for out in outs:
                 out["sse_rows"], out["sst_rows"] = np.empty(B), np.empty(B)
+        return _FoldContext(units, to_numpy(units.n), Xte[:, :d] if T > 1 else Xte, ytes, sec_te,
+                            (self.y_shift,) + tuple(self.y_shifts), outs, sub)
 
-        def batch(s: int, e: int, fixed: np.ndarray | None, diag: bool) -> None:
-            w = W[s:e]
-            w_tr = w if fold.train_securities is None else w * fold.train_securities[s:e]
-            w_te = w if fold.test_securities is None else w * fold.test_securities[s:e]
-            empty = None
-            if self.unit_security is not None:  # resampled dates can leave a date block without a row
-                empty = w_tr @ units_n < 2
-                if empty.any():  # fit on every unit there instead; those numbers are discarded below
-                    w_tr = np.where(empty[:, None], 1.0, w_tr)
-            wb_tr = self.backend.asarray(w_tr)
-            fitting = units.weighted(wb_tr)
-            if fixed is None:
-                ks, _ = select_alpha(units, wb_tr, a_grid, selection, fitting, self.backend, T)
-                ks = ks if T > 1 else [ks]
-            else:
-                ks = list(np.asarray(fixed, dtype=np.int64).reshape(T, -1)[:, s:e])
-            rw = self.backend.asarray(w_te)[:, sec_te]  # [b, n_test] multiplicity of each test row
-            lam = None
-            if diag:
-                _, _, sxx_c, _, _ = centred(fitting.target(0, d) if T > 1 else fitting)
-                lam = xp(sxx_c).clip(eigvalsh(sxx_c), 0.0, None)
-                del sxx_c
-            for t, (out, k) in enumerate(zip(outs, ks)):
-                view = fitting.target(t, d) if T > 1 else fitting
-                beta, c, ybar = solve_ridge(view, a_grid[k])
-                resid = ytes[t][None, :] - c[:, None] - beta @ Xte.T
-                bench = ybar if benchmark == "train_mean" else xp(ybar).full_like(ybar, -shifts[t])
-                dev = ytes[t][None, :] - bench[:, None]
-                out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
-                out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
-                keys = ("sse", "sst")
-                if sub is not None:
-                    out["sse_rows"][s:e] = to_numpy((rw * resid * resid)[:, sub].sum(axis=1))
-                    out["sst_rows"][s:e] = to_numpy((rw * dev * dev)[:, sub].sum(axis=1))
-                    keys += ("sse_rows", "sst_rows")
-                if empty is not None and empty.any():
-                    for key in keys:
-                        out[key][s:e][empty] = np.nan
-                out["alpha"][s:e] = a_grid[k]
-                out["alpha_index"][s:e] = k
-                if lam is not None:
-                    a = self.backend.asarray(a_grid[k])
-                    out["df"][s:e] = to_numpy(1.0 + (lam / (lam + a[:, None])).sum(axis=1))
-
-        first = 0
-        fixed = alpha_index
-        if point_first and B:
-            batch(0, 1, None if alpha_index is None else np.asarray(alpha_index).reshape(T, -1), diagnostics)
-            first = 1
-            if not reselect:
-                fixed = np.stack([np.full(B, out["alpha_index"][0], dtype=np.int64) for out in outs])
-        n = B - first
-        workers = parallel_batches(self.backend, n)
-        step = max(1, self._batch(None if fixed is not None else selection) // workers)
-        step = min(step, -(-n // workers)) if n else 1  # at least one batch per worker
-        run_batches(lambda s, e: batch(s, e, fixed, diagnostics and not point_first),
-                    [(s, min(s + step, B)) for s in range(first, B, step)], workers)
-        return outs if T > 1 else outs[0]
+    def _fold_batch(self, ctx: "_FoldContext", fold: Fold, w: np.ndarray, s: int, e: int, a_grid: np.ndarray,
+                    selection: AlphaSelection | None, benchmark: str, fixed: np.ndarray | None, diag: bool) -> None:
+        """Weightings ``w`` = rows s..e of :meth:`fold_errors`' weights: fit (α chosen or ``fixed`` [T, B]), score
+        on the test rows, fill ``ctx.outs`` at s..e for every target."""
+        T, d = self.n_targets, self.n_features
+        w_tr = w if fold.train_securities is None else w * fold.train_securities[s:e]
+        w_te = w if fold.test_securities is None else w * fold.test_securities[s:e]
+        empty = None
+        if self.unit_security is not None:  # resampled dates can leave a date block without a row
+            empty = w_tr @ ctx.units_n < 2
+            if empty.any():  # fit on every unit there instead; those numbers are discarded below
+                w_tr = np.where(empty[:, None], 1.0, w_tr)
+        wb_tr = self.backend.asarray(w_tr)
+        fitting = ctx.units.weighted(wb_tr)
+        if fixed is None:
+            ks, _ = select_alpha(ctx.units, wb_tr, a_grid, selection, fitting, self.backend, T)
+            ks = ks if T > 1 else [ks]
+        else:
+            ks = list(np.asarray(fixed, dtype=np.int64).reshape(T, -1)[:, s:e])
+        rw = self.backend.asarray(w_te)[:, ctx.sec_te]  # [b, n_test] multiplicity of each test row
+        lam = None
+        if diag:
+            _, _, sxx_c, _, _ = centred(fitting.target(0, d) if T > 1 else fitting)
+            lam = xp(sxx_c).clip(eigvalsh(sxx_c), 0.0, None)
+            del sxx_c
+        for t, (out, k) in enumerate(zip(ctx.outs, ks)):
+            beta, c, ybar = solve_ridge(fitting.target(t, d) if T > 1 else fitting, a_grid[k])
+            resid = ctx.ytes[t][None, :] - c[:, None] - beta @ ctx.Xte.T
+            bench = ybar if benchmark == "train_mean" else xp(ybar).full_like(ybar, -ctx.shifts[t])
+            dev = ctx.ytes[t][None, :] - bench[:, None]
+            out["sse"][s:e] = to_numpy((rw * resid * resid).sum(axis=1))
+            out["sst"][s:e] = to_numpy((rw * dev * dev).sum(axis=1))
+            keys = ("sse", "sst")
+            if ctx.sub is not None:
+                out["sse_rows"][s:e] = to_numpy((rw * resid * resid)[:, ctx.sub].sum(axis=1))
+                out["sst_rows"][s:e] = to_numpy((rw * dev * dev)[:, ctx.sub].sum(axis=1))
+                keys += ("sse_rows", "sst_rows")
+            if empty is not None and empty.any():
+                for key in keys:
+                    out[key][s:e][empty] = np.nan
+            out["alpha"][s:e] = a_grid[k]
+            out["alpha_index"][s:e] = k
+            if lam is not None:
+                a = self.backend.asarray(a_grid[k])
+                out["df"][s:e] = to_numpy(1.0 + (lam / (lam + a[:, None])).sum(axis=1))
 
     def protocol_errors(self, folds: list[Fold], weights, alphas, selection: AlphaSelection | None = AlphaSelection(),
                         benchmark: str = "train_mean", alpha_index: np.ndarray | None = None,

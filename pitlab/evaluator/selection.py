@@ -1,0 +1,194 @@
+"""The ridge penalty chosen inside every fitting set (:class:`AlphaSelection`, :func:`select_alpha`): GCV, inner
+GroupKFold by security, or date blocks purged and embargoed like the outer split; scored per α on the inner
+folds by eigendecompositions or, on a GPU, batched Cholesky solves (:mod:`pitlab.evaluator.ridge`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pitlab.evaluator.linalg import Backend, to_numpy, xp
+from pitlab.evaluator.protocols import date_block_folds, security_folds_batch
+from pitlab.evaluator.ridge import (RidgeFit, RowStats, SuffStats, _like, cholesky_path_test_sse, fit_ridge_at,
+                                   fit_ridge_gcv, gcv_scores, path_test_sse, ridge_paths)
+
+ALPHA_SELECTIONS = ("gcv", "security-cv", "date-blocked")
+
+
+@dataclass(frozen=True)
+class AlphaSelection:
+    """How the ridge penalty is chosen inside every fitting set.
+
+    ``method``: ``"gcv"`` — generalised cross-validation (the spec's ``regression`` block); with
+    ``duplicate_aware`` the copies of a security in a bootstrap replicate count as one error (see
+    :func:`pitlab.evaluator.ridge.fit_ridge_gcv`). ``"security-cv"`` — ``inner_folds``-fold GroupKFold by
+    security inside the fitting set (all copies of a security in one inner fold), α minimising the pooled
+    inner out-of-fold SSE, then refitted on the whole fitting set. GCV approximates leave-one-*row*-out and so
+    rewards fitting what rows of one security or one date share; security-CV scores α on unseen securities,
+    like the leakage-on protocol does. ``"date-blocked"`` — ``inner_folds`` contiguous blocks of the fitting
+    set's dates, purged and embargoed by ``embargo_days`` trading days around each block
+    (:func:`pitlab.evaluator.protocols.date_block_folds`): the selection of a protocol whose outer split
+    respects time (chronological, walk-forward, purged K-fold), which never scores α on a date it was fitted
+    on; it needs row units with calendar positions (:meth:`PanelStats.build_rows` with ``positions``).
+    """
+
+    method: str = "gcv"
+    inner_folds: int = 5
+    duplicate_aware: bool = True
+    embargo_days: int = 0
+
+    def __post_init__(self):
+        if self.method not in ALPHA_SELECTIONS:
+            raise ValueError(f"alpha selection must be one of {ALPHA_SELECTIONS} (got {self.method!r})")
+        if self.inner_folds < 2:
+            raise ValueError(f"inner_folds must be >= 2 (got {self.inner_folds})")
+        if self.embargo_days < 0:
+            raise ValueError(f"embargo_days must be >= 0 (got {self.embargo_days})")
+
+    @property
+    def fits_per_set(self) -> int:
+        """Eigendecompositions per fitting set when α is selected."""
+        return 1 if self.method == "gcv" else self.inner_folds
+
+    def describe(self) -> str:
+        """One phrase for reports: how α is chosen."""
+        if self.method == "gcv":
+            return ("generalised cross-validation (GCV; Golub, Heath & Wahba 1979)"
+                    + ("; in bootstrap replicates the copies of a security share one error in GCV's degrees of "
+                       "freedom (Altman 1990)" if self.duplicate_aware else ""))
+        if self.method == "date-blocked":
+            return (f"{self.inner_folds} contiguous date blocks inside the training set, each purged and embargoed "
+                    f"({self.embargo_days} trading days) as the outer split (pooled inner out-of-fold SSE), then "
+                    "refitted on the whole training set")
+        return (f"{self.inner_folds}-fold GroupKFold by security inside the training set (pooled inner "
+                "out-of-fold SSE), then refitted on the whole training set")
+
+
+def _gcv_copies(units: SuffStats, w_b, selection: AlphaSelection) -> SuffStats | None:
+    """Duplicate-aware GCV: the statistics weighted by the squared multiplicities ``w_b`` [B, S] (on the
+    backend), or None when not asked for or no unit is drawn twice."""
+    if selection.duplicate_aware and np.any(to_numpy(w_b) > 1):
+        return units.weighted(w_b * w_b)
+    return None
+
+
+def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting: SuffStats | None = None,
+                 backend: Backend | None = None, targets: int = 1):
+    """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
+    ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
+    ``score`` [B, A] (GCV score or pooled inner-CV SSE) on the backend``)``.
+
+    security-cv: inner folds by :func:`pitlab.evaluator.protocols.security_folds` on each weighting (all copies
+    of a security in one fold); per inner fold the training statistics are the fitting set minus the inner
+    test set, eigendecomposed once for the whole grid (:func:`pitlab.evaluator.ridge.ridge_path`), and scored
+    on the inner test statistics (:func:`pitlab.evaluator.ridge.path_test_sse`). With ``backend.cholesky_path``
+    (torch on CUDA by default) the B·k inner training sets are instead solved once per α by batched Cholesky
+    (:func:`pitlab.evaluator.ridge.cholesky_path_test_sse`): the same SSE up to rounding.
+
+    ``targets`` T > 1: ``units`` are statistics of ``[X, y_1, .., y_{T-1}]`` with target ``y_0``
+    (:meth:`pitlab.evaluator.ridge.SuffStats.target`); every target's α is chosen on the same folds, sharing
+    each fold's factorisations, and the two returned values are lists of T.
+    """
+    w_b = _like(units.n, w)
+    fitting = units.weighted(w_b) if fitting is None else fitting
+    m = xp(w_b)
+    d = units.d - targets + 1
+    if selection.method == "gcv":
+        views = [fitting.target(t, d) for t in range(targets)] if targets > 1 else [fitting]
+        copies = _gcv_copies(units, w_b, selection)
+        if copies is not None and targets > 1:
+            copies = copies.target(0, d)
+        scores = [gcv_scores(p, copies)[0] for p in ridge_paths(views, alphas)]
+        ks = [to_numpy(m.argmin(sc, axis=1)).astype(np.int64) for sc in scores]
+        return (ks, scores) if targets > 1 else (ks[0], scores[0])
+    k = selection.inner_folds
+    field_ = "inner folds of the penalty selection"
+    if selection.method == "date-blocked":
+        pos = getattr(units, "unit_pos", None)
+        if pos is None:
+            raise ValueError("date-blocked penalty selection needs row units with calendar positions")
+        Wn = to_numpy(w_b) * to_numpy(units.n)[None, :]
+        tr, te = date_block_folds(pos, Wn, k, selection.embargo_days, field=field_)
+        removed = (Wn > 0)[:, None, :] & ~tr & ~te  # purged or embargoed: few rows
+        inner_test = _fold_stats(units, w_b, te)
+        inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
+        if removed.any():
+            inner_train = inner_train - _fold_stats(units, w_b, removed)
+        return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
+    rows = np.rint(to_numpy(units.n)).astype(np.int64)
+    unit_sec = getattr(units, "unit_security", None)
+    wi = np.rint(to_numpy(w_b)).astype(np.int64)
+    if unit_sec is None:  # units are securities
+        inner = security_folds_batch(rows[None, :] * wi, k, field=field_)  # [B, S]
+    else:  # units are rows: inner GroupKFold by their securities (sizes = weighted rows per security)
+        n_sec = int(unit_sec.max()) + 1
+        sizes = np.stack([np.bincount(unit_sec, weights=r, minlength=n_sec) for r in wi * rows[None, :]])
+        sizes = np.rint(sizes).astype(np.int64)
+        inner = security_folds_batch(sizes, k, field=field_)[:, unit_sec]  # [B, m]
+    inner_test = _fold_stats(units, w_b, inner[:, None, :] == np.arange(k)[None, :, None])
+    inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
+    return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
+
+
+def _fold_stats(units: SuffStats, w_b, masks: np.ndarray) -> SuffStats:
+    """Statistics of the B·k sets ``w_b[b] · masks[b, j]`` (``w_b`` [B, m] on the backend, ``masks`` bool numpy
+    [B, k, m]), set b·k + j at that position. Row units (:class:`pitlab.evaluator.ridge.RowStats`) are summed one
+    j at a time: the rows of one inner fold that a batch of replicates weights alike then form few classes."""
+    B, k, m_ = masks.shape
+    if not isinstance(units, RowStats):
+        return units.weighted((w_b[:, None, :] * _like(units.n, masks.astype(np.float64))).reshape(-1, m_))
+    parts = [units.weighted(w_b * _like(units.n, masks[:, j, :].astype(np.float64))) for j in range(k)]
+    m = xp(w_b)
+
+    def inter(name: str):
+        a = m.stack([getattr(p, name) for p in parts], axis=1) if m is np else \
+            m.stack([getattr(p, name) for p in parts], dim=1)
+        return a.reshape((B * k,) + tuple(a.shape[2:]))
+
+    return SuffStats(**{f: inter(f) for f in ("n", "sx", "sy", "syy", "sxx", "sxy")})
+
+
+def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Backend | None, B: int, k: int, m,
+            targets: int = 1):
+    """Grid position of the α with the smallest pooled inner out-of-fold SSE, and that SSE [B, A], from the
+    B·k inner training and test sets (fitting set b's folds at rows b·k .. b·k + k - 1); lists of ``targets``
+    when T > 1 (:func:`select_alpha`)."""
+    d = inner_train.d - targets + 1
+    trains = [inner_train.target(t, d) for t in range(targets)] if targets > 1 else [inner_train]
+    tests = [inner_test.target(t, d) for t in range(targets)] if targets > 1 else [inner_test]
+    if backend is not None and backend.cholesky_path:
+        sses = cholesky_path_test_sse(trains, tests, alphas, backend.cholesky_block)
+    else:
+        sses = [path_test_sse(p, te) for p, te in zip(ridge_paths(trains, alphas), tests)]
+    cv = [sse.reshape(B, k, -1).sum(axis=1) for sse in sses]  # [B, A] each
+    ks = [argmin_ties_largest(to_numpy(c)) for c in cv]
+    return (ks, cv) if targets > 1 else (ks[0], cv[0])
+
+
+TIE_RTOL = 1e-9
+"""Scores within this relative distance of the minimum count as tied (rounding, not evidence)."""
+
+
+def argmin_ties_largest(score: np.ndarray) -> np.ndarray:
+    """Grid position of the smallest score per row of ``score`` float [B, A] (α ascending), the largest α among
+    those tied within :data:`TIE_RTOL` of the minimum: when the grid cannot tell penalties apart (features that
+    are constant on every inner test block, e.g. a date indicator under date-blocked folds), the most shrunk
+    fit is taken, and rounding differences between backends cannot pick different α. int64 [B]."""
+    s = np.asarray(score, dtype=np.float64)
+    lo = np.min(s, axis=1, keepdims=True)
+    tied = s <= lo + TIE_RTOL * np.maximum(np.abs(lo), np.finfo(float).tiny)
+    return (s.shape[1] - 1 - np.argmax(tied[:, ::-1], axis=1)).astype(np.int64)
+
+
+def fit_selected(units: SuffStats, w: np.ndarray, alphas, selection: AlphaSelection,
+                 fitting: SuffStats | None = None) -> RidgeFit:
+    """Ridge fits on B weighted unions of ``units`` (per-security statistics), ``w`` [B, n_units]
+    multiplicities, with α chosen by ``selection`` (:func:`select_alpha`); the fit carries the whole path's
+    diagnostics (score and df per α). ``fitting``: ``units.weighted(w)`` if already computed."""
+    w_b = _like(units.n, w)
+    fitting = units.weighted(w_b) if fitting is None else fitting
+    if selection.method == "gcv":
+        return fit_ridge_gcv(fitting, alphas, _gcv_copies(units, w_b, selection))
+    idx, cv_sse = select_alpha(units, w, alphas, selection, fitting)
+    return fit_ridge_at(fitting, alphas, idx, cv_sse, selection.method)
