@@ -129,7 +129,16 @@ def _use_backend(run_mod, penalty_path: str, block: int, torch_cpu: bool = False
                 be = Backend("torch", "cpu")
             return replace(be, penalty_path=penalty_path, cholesky_block=block)
 
-    run_mod.Backend = Chosen
+    _set_backend(run_mod, Chosen)
+
+
+def _set_backend(run_mod, cls) -> None:
+    """Make the evaluation resolve ``regression.device`` through ``cls`` (prepare_evaluation lives in
+    pitlab.evaluator.setup; run_mod keeps the name for the micro-benchmark)."""
+    import pitlab.evaluator.setup as setup_mod
+
+    setup_mod.Backend = cls
+    run_mod.Backend = cls
 
 
 def _run(run_mod, spec, rows, cal, X, tmp: Path, name: str) -> tuple[dict, float, str]:
@@ -179,7 +188,7 @@ def check(a, run_mod, ref: str, dim: int, resamples: int, tmp: Path) -> dict:
     _use_backend(run_mod, a.penalty_path, a.cholesky_block, a.torch_cpu)
     res, out["wall_s"], csv = _run(run_mod, _spec(a, dates, a.dates, resamples, a.device), rows, cal, X, tmp, "c1")
     if ref == "numpy":
-        run_mod.Backend = linalg.Backend
+        _set_backend(run_mod, linalg.Backend)
         ref_res, out["reference_wall_s"], ref_csv = _run(run_mod, _spec(a, dates, a.dates, resamples, "cpu"),
                                                          rows, cal, X, tmp, "c2")
     else:

@@ -19,6 +19,7 @@ from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import draw_cluster_weights, replicate_folds
 from pitlab.evaluator.estimates import AlphaSelection, Fold, PanelStats, group_kfold_folds
+import pitlab.evaluator.setup as setup_mod
 from pitlab.evaluator.linalg import Backend, cholesky_solve_batched
 from pitlab.evaluator.protocols import security_folds, trading_calendar
 from pitlab.evaluator.ridge import SuffStats, cholesky_path_test_sse, path_test_sse, ridge_path
@@ -154,7 +155,7 @@ def test_leakage_eval_with_the_cholesky_path_equals_the_numpy_run(tmp_path, monk
             return Backend("torch", "cpu", penalty_path="cholesky", cholesky_block=8)
 
     out = {"numpy": run_mod.run_leakage_eval(spec, panel, models, tmp_path / "numpy")}
-    monkeypatch.setattr(run_mod, "Backend", CholeskyOnCPU)
+    monkeypatch.setattr(setup_mod, "Backend", CholeskyOnCPU)  # prepare_evaluation resolves the device there
     out["cholesky"] = run_mod.run_leakage_eval(spec, panel, models, tmp_path / "cholesky")
     def strip(r):  # what ran where, and when, aside
         r = {k: v for k, v in r.items() if k not in ("created", "timings", "device")}

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pitlab.evaluator import ridge
+from pitlab.evaluator import rowstats
 from pitlab.evaluator.bootstrap import (IntervalRule, draw_date_weights_stratified, draw_weights, judge,
                                         percentile_ci, row_weights, two_way_split)
 from pitlab.evaluator.decompose import date_features
-from pitlab.evaluator.estimates import PanelStats, _fold_stats
+from pitlab.evaluator.estimates import PanelStats
+from pitlab.evaluator.selection import _fold_stats
 from pitlab.evaluator.ridge import RowStats
 
 
@@ -78,7 +79,7 @@ def _same(a, b, rtol=1e-12):
 
 @pytest.mark.parametrize("half", ["security", "date"])
 def test_rows_weighted_alike_are_summed_once_per_class(half, monkeypatch):
-    monkeypatch.setattr(ridge, "PACKED_ROW_TERMS_BYTES", 0)  # no packed per-row table: the class path or the loop
+    monkeypatch.setattr(rowstats, "PACKED_ROW_TERMS_BYTES", 0)  # no packed per-row table: the class path or the loop
     X, y, sec, date = _panel(d=200)
     S, T = 60, 30
     rs = RowStats(X, y, np.arange(len(y)), len(y), sec)
@@ -89,7 +90,7 @@ def test_rows_weighted_alike_are_summed_once_per_class(half, monkeypatch):
     # at most one class per security (dates); two with the same weight in every replicate share one
     assert classes is not None and len(classes[2]) <= (S if half == "security" else 20) < len(classes[0]) / 4
     fast = rs.weighted(W)
-    monkeypatch.setattr(ridge, "CLASS_GRAM_BYTES", 0)  # the per-weighting loop over rows
+    monkeypatch.setattr(rowstats, "CLASS_GRAM_BYTES", 0)  # the per-weighting loop over rows
     assert rs._weight_classes(W) is None
     _same(fast, rs.weighted(W))
 
@@ -97,7 +98,7 @@ def test_rows_weighted_alike_are_summed_once_per_class(half, monkeypatch):
 def test_label_grams_serve_mixed_batches_with_the_loops_sums(monkeypatch):
     """Security- and date-resampling replicates in one batch, their outer and inner fold masks (date blocks,
     security folds): cached per-label statistics give the per-row loop's sums, and a second batch reuses them."""
-    monkeypatch.setattr(ridge, "PACKED_ROW_TERMS_BYTES", 0)
+    monkeypatch.setattr(rowstats, "PACKED_ROW_TERMS_BYTES", 0)
     X, y, sec, date = _panel(d=200)
     S, T = 60, 30
     rs = RowStats(X, y, np.arange(len(y)), len(y), sec, unit_pos=3 * date)
@@ -116,7 +117,7 @@ def test_label_grams_serve_mixed_batches_with_the_loops_sums(monkeypatch):
     # leakage-on's training rows per date (date replicates there); the short block's rows per security
     assert got == {("security", None, S), ("date", None, T), ("security", 20 * S, S),
                    ("date", int((fold != 2).sum()) * T, T), ("security", n_short, n_short // 6)}
-    monkeypatch.setattr(ridge, "CLASS_GRAM_BYTES", 0)  # the per-weighting loop over rows
+    monkeypatch.setattr(rowstats, "CLASS_GRAM_BYTES", 0)  # the per-weighting loop over rows
     slow = RowStats(X, y, np.arange(len(y)), len(y), sec, unit_pos=3 * date)
     for a, b in zip(fast, batches):
         _same(a, slow.weighted(b))

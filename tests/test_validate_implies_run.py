@@ -19,7 +19,7 @@ from pitlab.evaluator.bootstrap import draw_weights
 from pitlab.evaluator.embed import _check_arguments
 from pitlab.evaluator.protocols import ProtocolError, security_folds, security_folds_batch
 from pitlab.evaluator.ridge import _check_alphas
-from pitlab.evaluator.run import _selections
+from pitlab.evaluator.setup import _selections
 
 ODD_FLOATS = [0.0, -0.0, -1.0, math.inf, -math.inf, math.nan, 1.0 + 1e-16]
 # each field: values up to its boundary from the valid side; then 0-2 fields moved across some boundary

@@ -5,32 +5,27 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import os
-import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
-from pitlab.errors import InputError
-from pitlab.evaluator.bootstrap import (BIAS_LIMIT, IntervalRule, cutoff_control, draw_weights, interval, judge,
-                                       paired_reductions, replicate_folds, replicate_row_folds, row_weights,
-                                       two_way_split)
-from pitlab.evaluator.decompose import (DATE_ONLY, date_features, empty_checks, excess, market_neutral,
-                                        mechanical_sentence)
+from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, interval, judge, paired_reductions
+from pitlab.evaluator.decompose import DATE_ONLY, date_features, empty_checks, excess, mechanical_sentence
 from pitlab.evaluator.embed import embed_texts
 from pitlab.evaluator.estimates import AlphaSelection
 from pitlab.evaluator.linalg import Backend
-from pitlab.evaluator.protocols import (ChronologicalFolds, ChronologicalSplit, _calendar_positions,
-                                        check_group_k_folds, protocol_splitters, security_folds, trading_calendar)
+from pitlab.evaluator.protocols import ChronologicalSplit
+from pitlab.evaluator.provenance import TARGET, device_record, panel_summary, versions  # noqa: F401
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
+from pitlab.evaluator.setup import (EvalSetup, EvaluationError, date_strata,  # noqa: F401  (re-exported)
+                                    prepare_evaluation)
 from pitlab.evaluator.targets import (WIDEN_DECADES, WIDEN_STEPS, TargetStats, fold_edges,  # noqa: F401
                                       model_statistics, point_estimates, target_statistics, widen_grid)
 
@@ -38,13 +33,7 @@ BENCHMARK = "training mean"
 BENCHMARK_TEXT = {"train_mean": ("training mean", "R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train the mean target of the "
                                                   "set the ridge was fitted on"),
                   "zero": ("zero", "R² = 1 − SSE / Σy² (zero forecast as benchmark, Gu, Kelly & Xiu 2020)")}
-TARGET = "close[t+2] / close[t+1] - 1 (JPX definition)"
 StageProgress = Callable[[str, int, int], None]
-
-
-class EvaluationError(InputError, ValueError):
-    """The panel or the model list cannot be evaluated (the message names the field or model). Exit code 2,
-    ``InvalidSpec``."""
 
 
 def check_panel(panel: Panel) -> None:
@@ -80,22 +69,6 @@ def _ordered_models(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) 
     return names
 
 
-def _device(backend: Backend) -> dict:
-    """Where the statistics ran (library, device, dtype, BLAS threads on the CPU), the host, and the
-    accelerator torch sees, if any."""
-    import torch
-    from threadpoolctl import threadpool_info
-
-    d = {"statistics": backend.describe(), "host": f"{platform.machine()} ({platform.processor() or 'cpu'}), "
-                                                  f"{os.cpu_count()} cores",
-         "blas": [{"library": i.get("internal_api"), "threads": i.get("num_threads"),
-                   "version": i.get("version")} for i in threadpool_info() if i.get("user_api") == "blas"],
-         "torch_threads": torch.get_num_threads(), "cuda": torch.cuda.is_available()}
-    if d["cuda"]:
-        d["gpu"] = torch.cuda.get_device_name(0)
-    return d
-
-
 CLUSTER_TEXT = {
     "two-way": "two one-way halves: securities with replacement (all dates of a drawn security come along) in "
                "the first half of the replicates, dates with replacement within the leakage-off training and "
@@ -106,43 +79,6 @@ CLUSTER_TEXT = {
     "security-and-date": "securities and dates, independently, a row weighted by the product of the two "
                          "multiplicities (pigeonhole bootstrap, Owen 2007; Davezies, D'Haultfœuille & Guyonvarch "
                          "2021)"}
-
-def _versions() -> dict[str, str]:
-    """Versions of everything that can move a number: interpreter, array and model libraries, calendars."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    import matplotlib
-    import sklearn
-    import torch
-    import transformers
-
-    out = {"python": platform.python_version(), "numpy": np.__version__, "pandas": pd.__version__,
-           "scikit-learn": sklearn.__version__, "torch": torch.__version__,
-           "transformers": transformers.__version__, "matplotlib": matplotlib.__version__}
-    for dist in ("exchange_calendars", "tokenizers", "safetensors", "pitlab"):
-        try:
-            out[dist] = version(dist)
-        except PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def _panel_summary(panel: Panel, calendar: pd.DatetimeIndex) -> dict:
-    rows = panel.rows
-    dates = pd.DatetimeIndex(rows["date"])
-    pcal = pd.DatetimeIndex(panel.calendar)
-    first, last = pcal[0], pcal[-1]
-    sessions = calendar[(calendar >= first) & (calendar <= last)]
-    return {"source": panel.source, "n_rows": len(rows), "n_securities": int(rows["security"].nunique()),
-            "n_dates": int(dates.nunique()), "first_date": dates.min().date().isoformat(),
-            "last_date": dates.max().date().isoformat(),
-            "calendar": [first.date().isoformat(), last.date().isoformat()],
-            "trading_calendar": {
-                "name": calendar.name, "sessions": int(len(sessions)),
-                "price_file_days_not_sessions": [d.date().isoformat() for d in pcal.difference(sessions)][:20],
-                "sessions_missing_from_price_file": int(len(sessions.difference(pcal)))},
-            "dropped": dict(panel.dropped), "target": TARGET}
-
 
 EMBED_RATES = ("load_seconds", "forward_seconds", "layers_run", "n_tokens", "n_batches", "prompts_per_s",
                "tokens_per_s")
@@ -161,115 +97,6 @@ def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind
     return embed_texts(Path(model_dir), prompts, kind=kind, layer=emb.layer, pooling=emb.pooling,
                        batch_size=emb.batch_size, max_length=emb.max_length, dtype=emb.dtype, progress=progress,
                        num_threads=num_threads, cache_dir=cache_dir, info=info)
-
-
-@dataclass
-class EvalSetup:
-    """What every model of one evaluation shares: the penalty selection and grid, the splits (leakage-off, the
-    extra date-block protocols), the security and date codes of the rows, the bootstrap draws (``weights``
-    float [B, units], their GroupKFold ``folds``) and the point estimate's folds (``point_folds`` int [1, units]);
-    ``split`` and ``extra`` are the ``splitters`` (:func:`pitlab.evaluator.protocols.protocol_splitters`) applied
-    to the rows' ``dates``.
-    ``selection`` chooses leakage-on's penalty, ``time_selection`` that of the date protocols; ``row_units``:
-    the units weighted are the rows (date-aware bootstrap or date-blocked selection), else the securities;
-    ``positions`` int [n_rows] calendar positions; ``y_neutral`` the market-neutral target; ``rule`` how
-    intervals are read from the replicates (:class:`pitlab.evaluator.bootstrap.IntervalRule`)."""
-
-    selection: AlphaSelection
-    time_selection: AlphaSelection
-    alphas: list[float]
-    benchmark: str
-    backend: Backend
-    reselect: bool
-    calendar: pd.DatetimeIndex
-    extra: dict
-    split: ChronologicalFolds
-    dates: np.ndarray
-    codes: np.ndarray
-    n_securities: int
-    y: np.ndarray
-    prompts: list[str]
-    w_sec: np.ndarray
-    w_date: np.ndarray
-    ones: np.ndarray
-    point_folds: np.ndarray
-    weights: np.ndarray
-    folds: np.ndarray
-    draws_s: float
-    row_units: bool
-    positions: np.ndarray
-    date_codes: np.ndarray
-    n_dates: int
-    y_neutral: np.ndarray
-    rule: IntervalRule = IntervalRule()
-    splitters: dict = field(default_factory=dict)
-
-
-def _selections(spec: LeakageEvalSpec, alpha_selection: AlphaSelection | str | None) -> tuple:
-    """(leakage-on's selection, the date protocols' selection). ``protocol-cv``: GroupKFold by security for
-    leakage-on, date blocks embargoed by ``protocol.embargoDays`` for the others; an override applies to both."""
-    k = spec.regression.inner_folds
-    method = spec.regression.selection if alpha_selection is None else alpha_selection
-    if isinstance(method, AlphaSelection):
-        return method, method
-    if method == "protocol-cv":
-        return (AlphaSelection("security-cv", inner_folds=k),
-                AlphaSelection("date-blocked", inner_folds=k, embargo_days=spec.protocol.embargo_days))
-    return AlphaSelection(method, inner_folds=k), AlphaSelection(method, inner_folds=k)
-
-
-def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
-                       alpha_selection: AlphaSelection | str | None = None) -> EvalSetup:
-    """The splits and the bootstrap draws every model of ``spec`` is evaluated on (see :class:`EvalSetup`).
-    Raises :class:`EvaluationError` for non-positive ``regression.alphas``, :class:`ProtocolError` for more
-    folds than securities or splits the panel cannot make."""
-    selection, time_selection = _selections(spec, alpha_selection)
-    alphas = list(spec.regression.alphas)
-    if any(not np.isfinite(a) or a <= 0 for a in alphas):
-        raise EvaluationError(f"regression.alphas must be positive (got {alphas})")
-    proto, boot, rows = spec.protocol, spec.bootstrap, panel.rows
-    backend = Backend.resolve(spec.regression.device)
-    calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
-    splitters = protocol_splitters(proto, calendar)
-    dates = rows["date"].to_numpy()
-    split = splitters["chronological"].apply(dates)
-    extra = {name: sp.apply(dates) for name, sp in splitters.items() if name != "chronological"}
-    codes, securities = pd.factorize(rows["security"].astype(str), sort=True)
-    S, K = len(securities), proto.group_k_folds
-    rows_per_sec = np.bincount(codes, minlength=S)
-    check_group_k_folds(K, S)
-    t0 = time.perf_counter()
-    date_codes, udates = pd.factorize(pd.DatetimeIndex(rows["date"]), sort=True)
-    strata = date_strata(date_codes, len(udates), split.train_mask, split.test_mask)
-    w_sec, w_date = draw_weights(boot.cluster, S, len(udates), boot.resamples, boot.seed, strata)
-    rule = (IntervalRule(boot.confidence, "two-way", two_way_split(boot.resamples), S, len(udates))
-            if boot.cluster == "two-way" else IntervalRule(boot.confidence))
-    row_units = boot.cluster != "security" or time_selection.method == "date-blocked"
-    if not row_units:  # units = securities: per-security statistics
-        ones = np.ones((1, S))
-        point_folds = security_folds(rows_per_sec, K)[None, :]
-        weights = w_sec
-        folds = replicate_folds(rows_per_sec, weights, K)  # shared by every model, like the weights
-    else:  # units = rows, weighted by their date's (and security's) multiplicity; folds still by security
-        ones = np.ones((1, len(rows)))
-        point_folds = security_folds(rows_per_sec, K)[codes][None, :]
-        weights = row_weights(w_sec, w_date, codes, date_codes)
-        folds = replicate_row_folds(codes, S, weights, K)
-    y = rows["target"].to_numpy(dtype=np.float64)
-    return EvalSetup(selection, time_selection, alphas, spec.regression.benchmark, backend, boot.reselect_penalty,
-                     calendar, extra, split, dates, codes, S, y,
-                     rows["prompt"].astype(str).tolist(), w_sec, w_date, ones, point_folds, weights, folds,
-                     time.perf_counter() - t0, row_units, _calendar_positions(rows["date"].to_numpy(), calendar),
-                     date_codes, len(udates), market_neutral(y, date_codes), rule, splitters)
-
-
-def date_strata(date_codes: np.ndarray, n_dates: int, train_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
-    """Stratum of every panel date for the two-way bootstrap's date draws, int [n_dates]: 0 = a leakage-off
-    training date, 2 = a test date, 1 = neither (embargoed or outside both sides)."""
-    out = np.ones(n_dates, dtype=np.int64)
-    out[np.unique(np.asarray(date_codes)[np.asarray(train_mask, dtype=bool)])] = 0
-    out[np.unique(np.asarray(date_codes)[np.asarray(test_mask, dtype=bool)])] = 2
-    return out
 
 
 @dataclass
@@ -372,7 +199,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
     ``setup``'s shared splits and draws, decomposed against the date-only ``baseline`` (computed here if None; a
     Future of one, computed meanwhile on another thread, is awaited only for the decomposition).
     ``embedded``: the ``info`` of an earlier :func:`embed_panel` call for this model in the same run."""
-    boot, emb = spec.bootstrap, spec.embedding
+    emb = spec.embedding
     baseline = baseline or baseline_statistics(spec, setup)
     info: dict = {}
     t_emb = time.perf_counter()
@@ -556,14 +383,14 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
         "bootstrap": _bootstrap_section(spec, setup),
         "embedding": spec.embedding.model_dump(mode="json"),
         "dataset": dict(panel.dataset),
-        "panel": _panel_summary(panel, setup.calendar),
+        "panel": panel_summary(panel, setup.calendar),
         "models": [o.result for o in outcomes],
         "reductions": reductions,
         "protocol_reductions": protocol_reductions,
         "cutoff_control": cutoff_control(names, cutoffs, premiums, premium_reps, conf),
         "warnings": run_warnings,
-        "versions": _versions(),
-        "device": _device(setup.backend),
+        "versions": versions(),
+        "device": device_record(setup.backend),
         "seed": spec.bootstrap.seed,
         "spec": spec.model_dump(mode="json", by_alias=True),
     }

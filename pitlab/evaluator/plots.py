@@ -1,0 +1,119 @@
+"""The evaluation's figures (matplotlib, PNG): the premium forest plot, R² by fold of the date-block protocols, and
+the premium against the knowledge cutoff."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+
+def _f(x, digits: int = 4) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def _ci(ci) -> str:
+    return f"[{_f(ci[0])}, {_f(ci[1])}]"
+
+
+def plot_r2_by_fold(results: dict, path: Path) -> bool:
+    """R² by fold of the date-block protocols (walk-forward, purged K-fold), one line per model (PNG).
+    Returns False (writes nothing) when the results hold no such protocol."""
+    extra = [p for p in results["protocol"].get("selected", []) if p in ("walk-forward", "purged-kfold")]
+    if not extra:
+        return False
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0 * len(extra), 3.8))
+    FigureCanvasAgg(fig)
+    for i, p in enumerate(extra):
+        ax = fig.add_subplot(1, len(extra), i + 1)
+        for m in results["models"]:
+            v = [np.nan if x is None else x for x in m["protocols"][p]["r2_per_fold"]]
+            ax.plot(np.arange(1, len(v) + 1), v, marker="o", label=m["name"])
+        ax.axhline(0.0, color="black", linestyle="--", linewidth=1)
+        ax.set_xlabel("fold (test block, in date order)")
+        ax.set_ylabel(f"out-of-sample R² ({results['benchmark']} benchmark)")
+        ax.set_title(f"{p}: R² by fold")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    return True
+
+
+def plot_premium_vs_cutoff(results: dict, path: Path) -> bool:
+    """Premium (with CI) against knowledge cutoff, with the bootstrap slope line (PNG). False when the results
+    have no cutoff control (fewer than two distinct cutoffs)."""
+    cc = results.get("cutoff_control")
+    if not cc:
+        return False
+    import datetime as dt
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    by_name = {m["name"]: m for m in results["models"]}
+    fig = Figure(figsize=(6.5, 4.0))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.array(cc["cutoff_years"])
+    t0 = dt.date.fromisoformat(min(cc["cutoffs"])).year + (dt.date.fromisoformat(min(cc["cutoffs"])).timetuple()
+                                                             .tm_yday - 1) / 365.25
+    for xi, n, p in zip(x, cc["models"], cc["premiums"]):
+        lo, hi = (np.nan if v is None else v for v in by_name[n]["premium_ci"])
+        ax.errorbar([t0 + xi], [p], yerr=[[p - lo], [hi - p]], fmt="o", capsize=4)
+        ax.annotate(n, (t0 + xi, p), textcoords="offset points", xytext=(6, 4), fontsize="small")
+    xs = np.linspace(x.min(), x.max(), 20)
+    pts = np.array(cc["premiums"])
+    ax.plot(t0 + xs, pts.mean() + cc["slope_per_year"] * (xs - x.mean()), color="gray", linestyle=":",
+            label=f"slope {cc['slope_per_year']:.3g}/yr {_ci(cc['slope_ci'])}")
+    ax.axhline(0.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel("knowledge cutoff (year)")
+    ax.set_ylabel("leakage premium R²(on) − R²(off)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110)
+    return True
+
+
+VERDICT_STYLE = {"significant": ("tab:red", "o"), "not significant": ("tab:blue", "o"),
+                 "unreliable": ("tab:orange", "X")}
+"""Colour and marker of each verdict in premium.png."""
+
+
+def plot_premium(results: dict, path: Path) -> None:
+    """Forest plot: one row per model, point premium and its interval, vertical line at 0 (PNG, Agg)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    models = results["models"]
+    pct = f"{100 * results['bootstrap']['confidence']:g}%"
+    fig = Figure(figsize=(7.0, 1.9 + 0.55 * len(models)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ys = np.arange(len(models))[::-1]
+    for y, m in zip(ys, models):
+        lo, hi = (np.nan if v is None else v for v in m["premium_ci"])
+        p = np.nan if m["premium"] is None else m["premium"]
+        color, marker = VERDICT_STYLE.get(m["verdict"], VERDICT_STYLE["not significant"])
+        if np.isfinite(lo) and np.isfinite(hi):
+            ax.plot([lo, hi], [y, y], color=color, linewidth=2, linestyle=":" if m["verdict"] == "unreliable" else "-")
+        ax.plot([p], [y], marker=marker, color=color, markersize=9 if marker == "X" else 7, linestyle="none")
+    ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
+    from matplotlib.lines import Line2D
+
+    ax.legend(handles=[Line2D([], [], color=VERDICT_STYLE[v][0], marker=VERDICT_STYLE[v][1], label=label)
+                       for v, label in (("significant", "significant (CI excludes 0)"),
+                                        ("not significant", "not significant"),
+                                        ("unreliable", "unreliable (see report)"))],
+              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize="small", frameon=False)
+    ax.set_yticks(ys, [m["name"] for m in models])
+    ax.set_ylim(-0.7, len(models) - 0.3)
+    ax.set_xlabel(f"leakage premium R²(on) − R²(off), {pct} CI")
+    ax.set_ylabel("model")
+    ax.set_title(f"Leakage premium ({results['bootstrap']['resamples']} bootstrap resamples clustered by "
+                 f"{results['bootstrap'].get('cluster', 'security').replace('-', ' ')})")
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=120, bbox_inches="tight")
