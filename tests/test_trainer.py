@@ -21,7 +21,7 @@ from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.digest import tensor_sha256
 from reference import parameter_sha256  # noqa: E402  (tests/ is on sys.path under pytest)
 from pitlab.trainer.launch import TrainingError, build_torchrun_command, run_training, write_spec
-from pitlab.trainer.merge import MergeError, load_checkpoint_model, merge_checkpoint, probe_logits
+from pitlab.trainer.merge import MergeError, MergeInputError, load_checkpoint_model, merge_checkpoint, probe_logits
 from pitlab.trainer.metrics import MetricsTail, MetricsWriter
 from pitlab.trainer.prepare import prepare_base_model, tokenize_corpus
 from pitlab.trainer.schedule import lr_factor
@@ -439,9 +439,9 @@ def test_merge_refuses_a_digest_mismatch(trained, tmp_path):
 def test_merge_refuses_an_incomplete_checkpoint(trained, tmp_path):
     partial = tmp_path / "step-30.tmp"
     shutil.copytree(trained["run"] / "checkpoint" / "step-30", partial)
-    with pytest.raises(MergeError, match="incomplete checkpoint"):
+    with pytest.raises(MergeInputError, match="incomplete checkpoint"):  # bad input (exit 2), not a failed merge
         merge_checkpoint(partial, trained["base"], tmp_path / "model")
-    with pytest.raises(MergeError, match="no .metadata"):
+    with pytest.raises(MergeInputError, match="no .metadata"):
         merge_checkpoint(trained["run"] / "base", trained["base"], tmp_path / "model")
     assert not (tmp_path / "model").exists()
 
