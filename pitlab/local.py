@@ -22,7 +22,8 @@ from typing import Any, Callable, Protocol
 
 from pitlab import storage
 from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, ResourceStatus, SpecError, conditions,
-                        dump_resource, resolve_local_path, stages)
+                        dump_resource, layout, resolve_local_path, stages)
+from pitlab.api.layout import EvaluationLayout, TrainingLayout
 from pitlab.api.runfolders import TRAINING_LABEL, check_run_folders
 from pitlab.api.stages import Stage
 from pitlab.api.status import CorpusAuditStatus, Progress
@@ -294,10 +295,11 @@ def _analyze(run: _EvalRun, stage: Stage) -> None:
         if task.startswith("statistics:") and task.split(":", 1)[1] in names:
             run.reporter.progress("analyze", names.index(task.split(":", 1)[1]) + done, len(names))
 
-    run.results = run_leakage_eval(spec, run.checked.panel, models, run.run_dir / "eval", progress=progress,
+    out = EvaluationLayout(run.run_dir)
+    run.results = run_leakage_eval(spec, run.checked.panel, models, out.eval_dir, progress=progress,
                                    cache_dir=run.cache, embedded=run.embedded)
-    run.reporter.done("analyze", str(run.run_dir / "eval"))
-    st.status.report_uri = str(run.run_dir / "eval" / "report.md")
+    run.reporter.done("analyze", str(out.eval_dir))
+    st.status.report_uri = str(out.outputs.report)
     st.status.results = compact_results(run.results)
     st.status.premium_summary = premium_summary(st.status.results) or None
     st.done(stage, f"report at {st.status.report_uri}")
@@ -332,9 +334,9 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
         overwrite = True  # its own folder, checked: the interrupted attempt's files go
     _claim_run_folders(res, out_root, overwrite, reporter)
     run_dir = _prepare_run_dir(out_root, res.metadata.name)
-    st = StatusWriter(run_dir / "status.json", res)
+    st = StatusWriter(EvaluationLayout(run_dir).status, res)
     st.done(stages.VALIDATE, "spec is valid")
-    run = _EvalRun(res, run_dir, st, reporter, checked, model_dirs, out_root / ".cache" / "embeddings")
+    run = _EvalRun(res, run_dir, st, reporter, checked, model_dirs, out_root / ".cache" / layout.EMBEDDINGS)
     _walk(stages.LEAKAGEEVAL[1:], EVAL_STEPS, run, st)
     st.succeeded(st.status.premium_summary or "evaluation complete")
     return run.results
@@ -396,8 +398,9 @@ def _train(run: _TrainingRun, stage: Stage) -> None:
             last_write[0] = time.monotonic()
             st.write()
 
-    summary = run_training(run.run_dir / "spec.json", run.run_dir, n, on_step=on_step, base=run.base_dir)
-    st.status.checkpoint_uri = str(summary.get("checkpoint", run.run_dir / "checkpoint"))
+    paths = TrainingLayout(run.run_dir)
+    summary = run_training(paths.spec, run.run_dir, n, on_step=on_step, base=run.base_dir)
+    st.status.checkpoint_uri = str(summary.get("checkpoint", paths.checkpoint))
     tps = summary.get("mean_tokens_per_second")
     trained = (f"{summary['steps']} steps, loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f}"
                + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
@@ -412,9 +415,9 @@ def _merge(run: _TrainingRun, stage: Stage) -> None:
     st.running(stage, "single-process merge of the DCP checkpoint")
     run.reporter.stage("merge", "DCP → Hugging Face safetensors (separate process)")
     ckpt = st.status.checkpoint_uri
-    merge = run_merge(ckpt if storage.is_s3(ckpt) else Path(ckpt), run.base_dir, run.run_dir / "model",
-                      summary=run.run_dir / "train" / "summary.json")
-    st.status.model_uri = str(run.run_dir / "model")
+    paths = TrainingLayout(run.run_dir)
+    merge = run_merge(ckpt if storage.is_s3(ckpt) else Path(ckpt), run.base_dir, paths.model, summary=paths.summary)
+    st.status.model_uri = str(paths.model)
     st.done(stage, f"model written to {st.status.model_uri}")
     probe = {"equal": "probe logits equal", "close": "probe logits within tolerance"}.get(
         merge.get("logits_probe"), "every tensor compared")
@@ -430,7 +433,7 @@ def _evaluate(run: _TrainingRun, stage: Stage) -> None:
         st.done(stage, "spec.evaluations is empty", reason=stage.empty)
         return
     st.running(stage, f"{len(res.spec.evaluations)} LeakageEval(s)")
-    dirs = {"base": run.base_dir, "model": run.run_dir / "model"}
+    dirs = {"base": run.base_dir, "model": TrainingLayout(run.run_dir).model}
     results = {}
     for tmpl, checked in zip(res.spec.evaluations, run.checked.evaluations):
         child = LeakageEval(metadata={"name": tmpl.name, "labels": {TRAINING_LABEL: res.metadata.name}},
@@ -450,8 +453,9 @@ def _evaluate(run: _TrainingRun, stage: Stage) -> None:
 def _succeeded_results(run_dir: Path) -> dict | None:
     """``eval/results.json`` of an evaluation folder whose status says Succeeded, else None."""
     try:
-        phase = json.loads((run_dir / "status.json").read_text())["status"]["phase"]
-        return json.loads((run_dir / "eval" / "results.json").read_text()) if phase == stages.SUCCEEDED else None
+        paths = EvaluationLayout(run_dir)
+        phase = json.loads(paths.status.read_text())["status"]["phase"]
+        return json.loads(paths.outputs.results.read_text()) if phase == stages.SUCCEEDED else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -484,14 +488,14 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         status = resumable_status(res, out_root)
         check_same_corpus(res, status, a)
         run_dir = out_root / res.metadata.name
-        st = StatusWriter(run_dir / "status.json", res, status)
+        st = StatusWriter(TrainingLayout(run_dir).status, res, status)
         if status.phase == stages.SUCCEEDED:
-            return json.loads((run_dir / "status.json").read_text())
+            return json.loads(st.path.read_text())
         table = tuple(s for s in table if not conditions.is_true(status, s.condition))
     else:
         _claim_run_folders(res, out_root, overwrite, reporter)  # the evaluations' folders too: none is replaced unasked
         run_dir = _prepare_run_dir(out_root, res.metadata.name)
-        st = StatusWriter(run_dir / "status.json", res)
+        st = StatusWriter(TrainingLayout(run_dir).status, res)
         st.done(stages.VALIDATE, "spec is valid")
     run = _TrainingRun(res, out_root, run_dir, st, reporter, checked, nproc or res.spec.resources.gpus_per_node,
                        resume=resume)
@@ -500,7 +504,7 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
         reporter.done("prepare", f"done before the interruption ({run.base_dir})")
     _walk(table, TRAINING_STEPS, run, st, passthrough=(SpecError,))
     st.succeeded(f"model at {st.status.model_uri}")
-    return json.loads((run_dir / "status.json").read_text())
+    return json.loads(st.path.read_text())
 
 
 def run_merge(checkpoint: Path | str, base_dir: Path | str, out_dir: Path | str, summary: Path | None = None) -> dict:
@@ -517,14 +521,14 @@ def run_merge(checkpoint: Path | str, base_dir: Path | str, out_dir: Path | str,
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"merge exited with code {proc.returncode}:\n{tail}")
-    return json.loads(storage.read_text(storage.join(out_dir, "merge_report.json")))
+    return json.loads(storage.read_text(storage.join(out_dir, layout.MERGE_REPORT)))
 
 
 # ----------------------------------------------------------------------------------------------------------
 # output.uri: s3://
 # ----------------------------------------------------------------------------------------------------------
-PUBLISHED_SUBDIRS = ("model", "base", "eval")  # each published on its own: usable as a model / read as a whole
-UNPUBLISHED_SKIP = ("checkpoint", "data")  # checkpoints follow spec.checkpoint.uri; packed tokens stay local
+PUBLISHED_SUBDIRS = (layout.MODEL, layout.BASE, layout.EVAL)  # each published on its own: usable as a model / read as a whole
+UNPUBLISHED_SKIP = (layout.CHECKPOINT, layout.DATA)  # checkpoints follow spec.checkpoint.uri; packed tokens stay local
 
 
 def local_work_root(output_uri: str) -> Path:
@@ -550,9 +554,9 @@ def publish_run(run_dir: Path, uri: str) -> list[str]:
             written.append(str(storage.join(uri, sub)))
     files = {p.relative_to(run_dir).as_posix(): p for p in sorted(run_dir.rglob("*")) if p.is_file()}
     files = {k: v for k, v in files.items() if k.split("/", 1)[0] not in PUBLISHED_SUBDIRS + UNPUBLISHED_SKIP}
-    status = files.pop("status.json", None)
+    status = files.pop(layout.STATUS, None)
     storage.upload_files(files, uri)
     if status is not None:
-        storage.upload_file(status, storage.join(uri, "status.json"))
-    return written + [str(storage.join(uri, k)) for k in files] + ([str(storage.join(uri, "status.json"))]
+        storage.upload_file(status, storage.join(uri, layout.STATUS))
+    return written + [str(storage.join(uri, k)) for k in files] + ([str(storage.join(uri, layout.STATUS))]
                                                                     if status is not None else [])

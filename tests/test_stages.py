@@ -214,8 +214,9 @@ def local_walk(recorded, monkeypatch, tmp_path: Path, kind: str, fail: str | Non
 def test_the_tables_name_each_condition_once_in_the_operators_order() -> None:
     assert stages.conditions_of("PitTraining") == ("Validated", "Prepared", "Trained", "Merged", "Evaluated")
     assert stages.conditions_of("LeakageEval") == ("Validated", "Embedded", "Analyzed")
-    assert [s.entry_point for s in stages.PITTRAINING[1:4]] == ["pitlab prepare", "pitlab train", "pitlab merge"]
-    assert [s.entry_point for s in stages.LEAKAGEEVAL[1:]] == ["pitlab embed", "pitlab analyze"]
+    assert [s.entry_point for s in stages.PITTRAINING[1:4]] == [("pitlab", "prepare"), ("pitlab", "train"),
+                                                               ("pitlab", "merge")]
+    assert [s.entry_point for s in stages.LEAKAGEEVAL[1:]] == [("pitlab", "embed"), ("pitlab", "analyze")]
 
 
 @pytest.mark.parametrize("kind", ["PitTraining", "LeakageEval"])

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, stages
+from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, layout, stages
+from pitlab.api.layout import EvalOutputs, TrainingLayout
 from pitlab.api.stages import Stage
 from pitlab.api.status import TERMINAL_PHASES, CorpusAuditStatus, Progress, ResourceStatus, get_condition
 from pitlab.api.summary import premium_summary
@@ -362,7 +363,7 @@ def _merge(ctx: _Ctx, stage: Stage, pt: PitTraining) -> bool:
         return True
     if _job_stage(ctx, stage, builders.build_merge_job(pt, ctx.cfg, ctx.body), "mergeJob") is None:
         return False
-    ctx.status.model_uri = f"{builders.training_run_dir(pt, ctx.cfg)}/model"
+    ctx.status.model_uri = TrainingLayout(builders.training_run_dir(pt, ctx.cfg)).model
     ctx.done(stage, f"model written to {ctx.status.model_uri}")
     return True
 
@@ -465,7 +466,7 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig
             return uris, None, ("TrainingRefInvalid", f"model {m.name}: the spec of PitTraining {ref.name} does "
                                                       f"not parse: {validation.message(err.problems)}")
         uris[m.name] = (builders.base_model_dir(pt, cfg) if ref.artifact == "base"
-                        else f"{builders.training_run_dir(pt, cfg)}/{ref.artifact}")
+                        else layout.join(builders.training_run_dir(pt, cfg), ref.artifact))
     return uris, None, None
 
 
@@ -549,10 +550,10 @@ def _analyze(ctx: _Ctx, stage: Stage, le: LeakageEval) -> bool:
         return False
     job_name = naming.analyze_job(ctx.name)
     doc = message_json(termination_message(ctx.world.job_pods(ctx.ns, job_name), job_name, stage.name)) or {}
-    results, report = doc.get("results"), doc.get("reportUri") or f"{out}/report.md"
+    results, report = doc.get("results"), doc.get("reportUri") or EvalOutputs(out).report
     if not isinstance(results, dict) or not isinstance(report, str):
         ctx.failed(stage.condition, "ResultsUnavailable", f"Job {job_name} succeeded but its pod has no results "
-                                                          f"termination message; see {out}/results.json")
+                                                          f"termination message; see {EvalOutputs(out).results}")
         return False
     try:
         summary = premium_summary(results)
