@@ -51,7 +51,8 @@ MERGE = Stage("merge", "Merged", "Merging", "MergeSucceeded", "MergeFailed", ("p
               consumes=(folder(layout.CHECKPOINT), folder(layout.BASE), layout.SUMMARY),
               produces=(folder(layout.MODEL),))
 EVALUATE = Stage("evaluate", "Evaluated", "Evaluating", "EvaluationsSucceeded", "EvaluationFailed", ("pitlab", "run"),
-                 "LeakageEval", consumes=(folder(layout.BASE), folder(layout.MODEL)), produces=("<evaluation name>/",), empty="NoEvaluations")
+                 "LeakageEval", consumes=(folder(layout.BASE), folder(layout.MODEL)), produces=("<evaluation name>/",),
+                 empty="NoEvaluations")
 
 EMBED = Stage("embed", "Embedded", "Embedding", "EmbeddingsWritten", "EmbeddingFailed", ("pitlab", "embed"), "Job",
               consumes=("spec", "panel files", "models"), produces=(folder(layout.EMBEDDINGS),))

@@ -411,7 +411,8 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
 
 def analyze_command(out: str) -> list[str]:
     """``pitlab analyze`` wrapped so that its results summary becomes the termination message."""
-    return WORKLOAD + ["report-results", "--results", EvalOutputs(out).results, "--report", EvalOutputs(out).report, "--",
+    files = EvalOutputs(out)
+    return WORKLOAD + ["report-results", "--results", files.results, "--report", files.report, "--",
                        *stages.ANALYZE.entry_point, "--spec", EVAL_SPEC_PATH, "--out", out]
 
 
