@@ -30,7 +30,7 @@ EXAMPLES = {
                 PrepareReport(knowledge_cutoff="2020-12-31", cluster=True)],
     "train": [TrainReport(checkpoint_uri="/o/t/checkpoint", steps=2, first_loss=7.0, final_loss=5.0,
                           mean_tokens_per_second=1234.5, kernel_warning="slow"),
-              TrainReport(checkpoint_uri="s3://b/ck", child="t-train", child_message="done", cluster=True)],
+              TrainReport(checkpoint_uri="s3://b/ck", child="PyTorchJob t-train", child_message="done", cluster=True)],
     "merge": [MergeReport(model_uri="/o/t/model", kind="full", tensors=3, shards=1, bytes=10, logits_probe="equal")],
     "evaluate": [EvaluateReport(results={"e": {"models": [{"name": "pit", "premium": 0.1}]}}),
                  EvaluateReport(results={}, cluster=True)],

@@ -120,12 +120,13 @@ class Ctx(Recorder):
         return message_json(termination_message(self.world.job_pods(self.ns, job_name), job_name, container)) or {}
 
 
-def job_message(world: World, ns: str | None, job: dict[str, Any] | None, container: str, state: ChildState) -> str:
-    """A failed Job in words: its reason and message, and the log tail of its container's termination message."""
+def job_message(world: World, ns: str | None, job: dict[str, Any] | None, stage: Stage, state: ChildState) -> str:
+    """A failed child (``stage.child``, a Job) in words: its reason and message, and the log tail of the
+    termination message of its container (named like ``stage``)."""
     name = job["metadata"]["name"] if job else "?"
-    msg = termination_message(world.job_pods(ns, name), name, container) if job else None
+    msg = termination_message(world.job_pods(ns, name), name, stage.name) if job else None
     detail = last_lines(msg) if msg and message_json(msg) is None else ""
-    return f"Job {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
+    return f"{stage.child} {name}: {state.reason}: {state.message}" + (f"; {detail}" if detail else "")
 
 
 def job_stage(ctx: Ctx, stage: Stage, manifest: dict[str, Any], child_key: str) -> dict[str, Any] | None:
@@ -138,9 +139,9 @@ def job_stage(ctx: Ctx, stage: Stage, manifest: dict[str, Any], child_key: str) 
     ctx.status.children[child_key] = job_name
     st = batch_job_state(job) if job else ChildState("Pending", "Created")
     if st.state == FAILED:
-        ctx.failed(stage, job_message(ctx.world, ctx.ns, job, stage.name, st), reason=st.reason)
+        ctx.failed(stage, job_message(ctx.world, ctx.ns, job, stage, st), reason=st.reason)
         return None
     if st.state != SUCCEEDED:
-        ctx.running(stage, f"Job {job_name}: {st.reason}")
+        ctx.running(stage, f"{stage.child} {job_name}: {st.reason}")
         return None
     return job

@@ -78,14 +78,14 @@ def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
         ctx.status.children[f"leakageEval.{tpl.name}"] = child_name
         st = leakageeval_state(child) if child else ChildState("Pending", "Created")
         if st.state == FAILED:
-            ctx.failed(stage, f"LeakageEval {child_name}: {st.message}", reason=st.reason)
+            ctx.failed(stage, f"{stage.child} {child_name}: {st.message}", reason=st.reason)
             return False
         if st.state == SUCCEEDED:
             results[tpl.name] = ((child or {}).get("status") or {}).get("results") or {}
         else:
             pending.append(f"{child_name} ({st.reason})")
     if pending:
-        ctx.running(stage, "waiting for LeakageEval " + ", ".join(pending))
+        ctx.running(stage, f"waiting for {stage.child} " + ", ".join(pending))
         return False
     ctx.done(stage, to_status(EvaluateReport(results=results, cluster=True), ctx.status))
     return True

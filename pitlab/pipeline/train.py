@@ -20,7 +20,7 @@ from pitlab.pipeline.base import Report, StageStep, TrainingRun
 
 class TrainReport(Report):
     """Where the checkpoints are and, from ``pitlab run``, the trainer's summary; on a cluster (``cluster``) the
-    PyTorchJob's name and final message."""
+    child (``PyTorchJob <name>``) and its final message."""
 
     checkpoint_uri: str
     steps: int | None = None
@@ -39,7 +39,7 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
     if report.cluster:
         if status.progress is not None and status.progress.total_steps:
             status.progress.step = status.progress.total_steps
-        return f"PyTorchJob {report.child}: {report.child_message}"
+        return f"{report.child}: {report.child_message}"
     tps = report.mean_tokens_per_second
     return (f"{report.steps} steps, loss {report.first_loss:.3f} → {report.final_loss:.3f}"
             + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
@@ -113,7 +113,7 @@ def _running(ctx: Ctx, stage: Stage, job: Any, job_name: str, st: ChildState) ->
         ctx.status.progress = prog
     step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
     warning = kernel_warning(log)
-    ctx.running(stage, f"PyTorchJob {job_name}: {st.reason}{step}" + (f"; WARNING: {warning}" if warning else ""))
+    ctx.running(stage, f"{stage.child} {job_name}: {st.reason}{step}" + (f"; WARNING: {warning}" if warning else ""))
 
 
 def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
@@ -126,14 +126,14 @@ def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
     st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
     ctx.status.checkpoint_uri = builders.training_checkpoint_uri(pt, ctx.cfg)
     if st.state == FAILED:
-        ctx.failed(stage, f"PyTorchJob {job_name}: {st.message}", reason=st.reason)
+        ctx.failed(stage, f"{stage.child} {job_name}: {st.message}", reason=st.reason)
         return False
     if st.state != SUCCEEDED:
         _running(ctx, stage, job, job_name, st)
         return False
-    report = TrainReport(checkpoint_uri=ctx.status.checkpoint_uri, child=job_name, child_message=st.message,
-                         cluster=True)
-    ctx.done(stage, to_status(report, ctx.status), reason=st.reason or stage.done)
+    report = TrainReport(checkpoint_uri=ctx.status.checkpoint_uri, child=f"{stage.child} {job_name}",
+                         child_message=st.message, cluster=True)
+    ctx.done(stage, to_status(report, ctx.status), reason=(st.reason if stage.done_from_child else None) or stage.done)
     return True
 
 
