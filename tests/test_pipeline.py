@@ -95,3 +95,37 @@ def test_the_layout_places_every_artifact_of_the_stage_table(tmp_path) -> None:
             assert str(paths.artifact(name)).startswith(str(tmp_path / name.split("/")[0]))
     assert paths.summary == tmp_path / "train" / "summary.json" and paths.tokens == tmp_path / "data" / "tokens.npy"
     assert TrainingLayout("s3://b/run").model == "s3://b/run/model"
+
+
+@pytest.mark.parametrize("msg, reason", [
+    ("", "ResultsUnavailable"),  # no termination message
+    (json.dumps({"results": [1, 2], "reportUri": "/r.md"}), "ResultsUnavailable"),  # not the report's shape
+    (json.dumps({"results": {"models": 3}}), None),  # a report whose summary cannot be read: a warning, no summary
+])
+def test_the_analyze_jobs_termination_message_is_the_stages_report(msg, reason) -> None:
+    """On a cluster the analyze Job's termination message is read as :class:`AnalyzeReport`; a message that is not
+    one fails the stage (ResultsUnavailable), a summary of an unexpected shape only loses the premium line."""
+    import copy
+
+    from test_operator_lifecycle import CFG, LE_BODY, NOW, FakeWorld, finish
+
+    from pitlab.operator import lifecycle
+
+    w = FakeWorld()
+    le = copy.deepcopy(LE_BODY)
+    le["spec"]["models"] = [{"name": "m0", "uri": "models/m0"}]
+    for _ in range(2):
+        plan = lifecycle.reconcile_eval(le, w, CFG, NOW)
+        le = w.apply(plan, le)
+        for m in plan.creates:
+            if m["kind"] == "Job":
+                finish(w, lifecycle.JOBS, m["metadata"]["name"], container="analyze", msg=msg)
+    plan = lifecycle.reconcile_eval(le, w, CFG, NOW)
+    analyzed = next(c for c in plan.status.conditions if c.type == "Analyzed")
+    if reason:
+        assert (analyzed.status, analyzed.reason, plan.status.phase) == ("False", reason, "Failed")
+        assert "has no results termination message" in analyzed.message
+    else:
+        assert analyzed.status == "True" and plan.status.premium_summary is None
+        assert [r for r, _ in plan.warnings] == ["MalformedResults"]
+        assert plan.status.report_uri.endswith("/e/eval/report.md")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from pitlab.api import LeakageEval, ResourceStatus, stages
 from pitlab.api.layout import EvalOutputs, EvaluationLayout
 from pitlab.api.stages import Stage
@@ -64,18 +66,19 @@ def reconcile(ctx: Ctx, stage: Stage, le: LeakageEval) -> bool:
         return False
     job_name = naming.analyze_job(ctx.name)
     doc = ctx.termination_doc(job_name, stage.name)
-    results, report = doc.get("results"), doc.get("reportUri") or out.report
-    if not isinstance(results, dict) or not isinstance(report, str):
+    try:  # the pod's termination message is this stage's report (the report's path defaults to EVALDIR/report.md)
+        report = AnalyzeReport.model_validate({"results": doc.get("results"),
+                                               "reportUri": doc.get("reportUri") or out.report})
+    except ValidationError:
         ctx.fail(stage.condition, "ResultsUnavailable", f"Job {job_name} succeeded but its pod has no results "
                                                         f"termination message; see {out.results}")
         return False
     try:
-        summary = premium_summary(results)
+        report.premium_summary = premium_summary(report.results)
     except (TypeError, ValueError, AttributeError):
         ctx.plan.warnings.append(("MalformedResults", f"Job {job_name}: results summary has an unexpected shape; "
                                                       "no premium summary"))
-        summary = ""
-    ctx.done(stage, to_status(AnalyzeReport(results=results, report_uri=report, premium_summary=summary), ctx.status))
+    ctx.done(stage, to_status(report, ctx.status))
     return True
 
 
