@@ -101,14 +101,17 @@ class Ctx(Recorder):
 
     @property
     def gen(self) -> int | None:
+        """The resource's ``metadata.generation``."""
         return self.generation
 
     @property
     def name(self) -> str:
+        """The resource's name."""
         return self.body["metadata"]["name"]
 
     @property
     def ns(self) -> str | None:
+        """The resource's namespace."""
         return self.body["metadata"].get("namespace")
 
     def fail_current(self, reason: str, message: str) -> None:
