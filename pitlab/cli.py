@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from pitlab.api import DATA_ROOT_ENV, LeakageEval, PitTraining, SpecError, load_resource
+from pitlab.api.layout import EvalOutputs, EvaluationLayout, TrainingLayout
 from pitlab.errors import InputError
 
 
@@ -296,10 +297,10 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             _fail(err, err.exit_code)
         except RunError as err:
             publish()
-            _fail(f"{err.reason}: {err}\n(status: {root / res.metadata.name / 'status.json'})", err.exit_code)
+            _fail(f"{err.reason}: {err}\n(status: {TrainingLayout(root / res.metadata.name).status})", err.exit_code)
         except KeyboardInterrupt as err:
             kept()
-            status = root / res.metadata.name / "status.json"
+            status = TrainingLayout(root / res.metadata.name).status
             _fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
                   f"{_interrupted_detail(status)}; continue with `pitlab run --resume {file}`", 130)
     publish()
@@ -349,7 +350,8 @@ def _say_results(results: dict, root: Path) -> None:
     """The premium table of every evaluation in ``results`` (name → compact results) and where its report is."""
     for name, r in results.items():
         _print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
-        _say(f"  report: {root / name / 'eval' / 'report.md'}   plot: {root / name / 'eval' / 'premium.png'}")
+        out = EvaluationLayout(root / name).outputs
+        _say(f"  report: {out.report}   plot: {out.plot}")
 
 
 def _interrupted_detail(status_path: Path) -> str:
@@ -425,7 +427,7 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
         plan = check_corpus(res)
         _say_audit_notes(plan.audit)
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+        write_json_atomic(TrainingLayout(run_dir).corpus_audit, plan.audit.to_dict())
         base_dir, n_tokens = prepare_run(res, plan, run_dir)
     except InputError as err:
         _fail(err, err.exit_code)
@@ -462,9 +464,9 @@ def embed(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JS
     with _progress() as p:
         task = p.add_task(f"embed {model}", total=len(panel.rows), info="")
         X = embed_panel(res.spec, panel.rows["prompt"].astype(str).tolist(), path, kind,
-                        cache_dir=out / "embeddings", info=info,
+                        cache_dir=EvalOutputs(out).embeddings, info=info,
                         progress=lambda d, t: p.update(task, completed=d, total=t))
-    _say(f"[green]✓[/] {model}: {X.shape[0]:,} × {X.shape[1]} embeddings → {out / 'embeddings'}"
+    _say(f"[green]✓[/] {model}: {X.shape[0]:,} × {X.shape[1]} embeddings → {EvalOutputs(out).embeddings}"
           f"{' (cached)' if info.get('cache_hit') else ''}")
 
 
@@ -484,9 +486,9 @@ def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or 
         panel = load_panel(res.spec)
     except InputError as err:
         _fail(err, err.exit_code)
-    results = run_leakage_eval(res.spec, panel, models, out, cache_dir=out / "embeddings")
+    results = run_leakage_eval(res.spec, panel, models, out, cache_dir=EvalOutputs(out).embeddings)
     _print_results_table(compact_results(results), f"Leakage evaluation {res.metadata.name}")
-    _say(f"  report: {out / 'report.md'}   plot: {out / 'premium.png'}")
+    _say(f"  report: {EvalOutputs(out).report}   plot: {EvalOutputs(out).plot}")
 
 
 @app.command()
@@ -530,14 +532,14 @@ def report(out: Path = typer.Argument(..., metavar="OUT",
     """Rebuild report.md, report.html and the plots of an evaluation folder from its results.json."""
     from pitlab.evaluator.report import RESULTS_FILE, rebuild_report
 
-    if not (out / RESULTS_FILE).is_file() and (out / "eval" / RESULTS_FILE).is_file():
-        out = out / "eval"  # a LeakageEval's run folder: its results are in eval/
+    if not EvalOutputs(out).results.is_file() and EvaluationLayout(out).outputs.results.is_file():
+        out = EvaluationLayout(out).eval_dir  # a LeakageEval's run folder: its results are in eval/
     try:
         written = rebuild_report(out)
     except FileNotFoundError as err:
-        _fail(ValueError(f"{out}: no {RESULTS_FILE} here nor in {out / 'eval'} ({err.strerror})"), 2)
+        _fail(ValueError(f"{out}: no {RESULTS_FILE} here nor in {EvaluationLayout(out).eval_dir} ({err.strerror})"), 2)
     except (ValueError, KeyError) as err:
-        _fail(ValueError(f"{out}/results.json cannot be rendered: {err}"), 2)
+        _fail(ValueError(f"{EvalOutputs(out).results} cannot be rendered: {err}"), 2)
     for p in written:
         _say(f"  wrote {p}")
 

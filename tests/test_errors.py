@@ -41,7 +41,7 @@ KEYBOARD = {"pitlab.local.Interrupted"}  # SIGINT/SIGTERM: a KeyboardInterrupt, 
 
 def test_the_walk_finds_the_classes_it_must() -> None:
     for name in ("pitlab.errors.SpecError", "pitlab.errors.StorageError", "pitlab.data.timestamps.TimestampError",
-                 "pitlab.operator.lifecycle.NameConflict", "pitlab.local.RunError", "pitlab.storage.errors.NotPublished"):
+                 "pitlab.operator.context.NameConflict", "pitlab.local.RunError", "pitlab.storage.errors.NotPublished"):
         assert name in CLASSES
     assert len(CLASSES) >= 25
 

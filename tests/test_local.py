@@ -95,14 +95,16 @@ def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_ro
 
     import pitlab.local as local
 
-    prepare = local.prepare_run
+    import pitlab.pipeline.prepare as prepare_stage
+
+    prepare = prepare_stage.prepare_run
 
     def prepare_then_cut(res, plan, run_dir):
         base, _ = prepare(res, plan, run_dir)
         np.save(run_dir / "data" / "tokens.npy", np.zeros(10, dtype=np.uint32))
         return base, 10
 
-    monkeypatch.setattr(local, "prepare_run", prepare_then_cut)
+    monkeypatch.setattr(prepare_stage, "prepare_run", prepare_then_cut)
     doc = _small_spec(tmp_path, data_root)
     doc["metadata"]["name"] = "qwen3.5-pit"  # a dotted name, as kubectl accepts it, names the run folder
     for m in doc["spec"]["evaluations"][0]["spec"]["models"]:

@@ -171,7 +171,7 @@ def test_overwrite_claims_every_folder_of_a_pittraining_before_training(pt_spec,
     res = load_resource(write(pt))
     ev = tmp_path / "out" / res.spec.evaluations[0].name
     _other_run(ev, "LeakageEval", ev.name, training=res.metadata.name)
-    monkeypatch.setattr(local, "prepare_run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
+    monkeypatch.setattr("pitlab.pipeline.prepare.prepare_run", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("stop here")))
     with pytest.raises(local.RunError, match="stop here"):
         local.run_pittraining_local(res, tmp_path / "out", overwrite=True)
     assert not ev.exists()

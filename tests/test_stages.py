@@ -169,6 +169,7 @@ def _stand_ins(monkeypatch, tmp_path: Path, fail: str | None) -> None:
     """Each stage's work returns what the next one needs, or (the stage named ``fail``) raises."""
     import pitlab.evaluator.run as evaluator_run
     import pitlab.local as local
+    import pitlab.pipeline as pipeline
     import pitlab.trainer.launch as launch
 
     def work(stage: str, value, also: str = ""):
@@ -180,10 +181,10 @@ def _stand_ins(monkeypatch, tmp_path: Path, fail: str | None) -> None:
 
     monkeypatch.setattr(local, "preflight", lambda res: local.Preflight(
         local.CorpusPlan(tmp_path / "c.csv", [], _audit()), [_checked(ev.spec) for ev in res.spec.evaluations]))
-    monkeypatch.setattr(local, "prepare_run", work("prepare", (tmp_path / "base", 1000)))
+    monkeypatch.setattr(pipeline.prepare, "prepare_run", work("prepare", (tmp_path / "base", 1000)))
     monkeypatch.setattr(launch, "run_training", work("train", {"steps": 2, "first_loss": 7.0, "final_loss": 5.0}))
-    monkeypatch.setattr(local, "run_merge", work("merge", {"tensors": 3}))
-    monkeypatch.setattr(local, "fetch_models", lambda models, dirs=None: {
+    monkeypatch.setattr(pipeline.merge, "run_merge", work("merge", {"tensors": 3}))
+    monkeypatch.setattr(pipeline.embed, "fetch_models", lambda models, dirs=None: {
         m.name: (tmp_path / m.name, "causal") for m in models})
     monkeypatch.setattr(evaluator_run, "embed_panel", work("embed", lambda *a, **k: np.zeros((2, 4))))
     # the evaluate stage of a PitTraining fails when its LeakageEval does
@@ -214,8 +215,9 @@ def local_walk(recorded, monkeypatch, tmp_path: Path, kind: str, fail: str | Non
 def test_the_tables_name_each_condition_once_in_the_operators_order() -> None:
     assert stages.conditions_of("PitTraining") == ("Validated", "Prepared", "Trained", "Merged", "Evaluated")
     assert stages.conditions_of("LeakageEval") == ("Validated", "Embedded", "Analyzed")
-    assert [s.entry_point for s in stages.PITTRAINING[1:4]] == ["pitlab prepare", "pitlab train", "pitlab merge"]
-    assert [s.entry_point for s in stages.LEAKAGEEVAL[1:]] == ["pitlab embed", "pitlab analyze"]
+    assert [s.entry_point for s in stages.PITTRAINING[1:4]] == [("pitlab", "prepare"), ("pitlab", "train"),
+                                                               ("pitlab", "merge")]
+    assert [s.entry_point for s in stages.LEAKAGEEVAL[1:]] == [("pitlab", "embed"), ("pitlab", "analyze")]
 
 
 @pytest.mark.parametrize("kind", ["PitTraining", "LeakageEval"])

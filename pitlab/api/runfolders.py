@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pitlab.api.base import SpecError
+from pitlab.api import layout
 
 TRAINING_LABEL = "pitlab.io/training"
 
@@ -51,7 +52,7 @@ def folder_owner(path: Path) -> tuple[tuple[str, str, str | None] | None, str]:
     """Who wrote the existing folder ``path``: ``((kind, name, training), words)`` from its ``status.json``
     (``training``: the ``pitlab.io/training`` label, None for a standalone resource), or ``(None, words)`` for
     a folder without a readable status.json."""
-    st = Path(path) / "status.json"
+    st = Path(path) / layout.STATUS
     if not st.is_file():
         n = sum(1 for _ in Path(path).iterdir()) if Path(path).is_dir() else 0
         return None, f"no pitlab run (no status.json; {n} entries)"
@@ -68,7 +69,7 @@ def folder_owner(path: Path) -> tuple[tuple[str, str, str | None] | None, str]:
 def folder_phase(path: Path) -> str | None:
     """``status.phase`` of the run in ``path`` (None without a readable status.json)."""
     try:
-        return str(json.loads((Path(path) / "status.json").read_text(encoding="utf-8"))["status"]["phase"])
+        return str(json.loads((Path(path) / layout.STATUS).read_text(encoding="utf-8"))["status"]["phase"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -162,7 +163,7 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
             continue
         if phase and owner == (f.kind, f.name, f.training):
             problems.append((f.field, f"{f.path} holds an unfinished run of {f.describe()} (status {phase} in "
-                                      f"{folders[0].path / 'status.json'}): continue it with `pitlab run --resume "
+                                      f"{folders[0].path / layout.STATUS}): continue it with `pitlab run --resume "
                                       f"{source or 'FILE'}`, or pass --overwrite to delete it (checkpoints included) "
                                       "and start again"))
             continue

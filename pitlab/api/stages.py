@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pitlab.api import layout
+from pitlab.api.layout import folder
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -28,7 +31,7 @@ class Stage:
     phase: str
     done: str
     failed: str
-    entry_point: str
+    entry_point: tuple[str, ...]
     child: str
     consumes: tuple[str, ...] = ()
     produces: tuple[str, ...] = ()
@@ -36,24 +39,26 @@ class Stage:
     done_from_child: bool = False
 
 
-VALIDATE = Stage("validate", "Validated", "Validating", "SpecValid", "InvalidSpec", "pitlab validate", "",
+VALIDATE = Stage("validate", "Validated", "Validating", "SpecValid", "InvalidSpec", ("pitlab", "validate"), "",
                  consumes=("spec", "corpus", "panel files", "models"))
-PREPARE = Stage("prepare", "Prepared", "Preparing", "CorpusFiltered", "PrepareFailed", "pitlab prepare", "Job",
+PREPARE = Stage("prepare", "Prepared", "Preparing", "CorpusFiltered", "PrepareFailed", ("pitlab", "prepare"), "Job",
                 consumes=("spec", "corpus", "baseModel"),
-                produces=("spec.json", "corpus_audit.json", "base/", "data/tokens.npy"))
-TRAIN = Stage("train", "Trained", "Training", "Succeeded", "TrainingFailed", "pitlab train", "PyTorchJob",
-              consumes=("spec.json", "base/", "data/tokens.npy"),
-              produces=("checkpoint/step-N/", "train/metrics.jsonl", "train/summary.json"), done_from_child=True)
-MERGE = Stage("merge", "Merged", "Merging", "MergeSucceeded", "MergeFailed", "pitlab merge", "Job",
-              consumes=("checkpoint/", "base/", "train/summary.json"), produces=("model/",))
-EVALUATE = Stage("evaluate", "Evaluated", "Evaluating", "EvaluationsSucceeded", "EvaluationFailed", "pitlab run",
-                 "LeakageEval", consumes=("base/", "model/"), produces=("<evaluation name>/",), empty="NoEvaluations")
+                produces=(layout.SPEC, layout.CORPUS_AUDIT, folder(layout.BASE), layout.TOKENS))
+TRAIN = Stage("train", "Trained", "Training", "Succeeded", "TrainingFailed", ("pitlab", "train"), "PyTorchJob",
+              consumes=(layout.SPEC, folder(layout.BASE), layout.TOKENS),
+              produces=(f"{layout.CHECKPOINT}/step-N/", layout.METRICS, layout.SUMMARY), done_from_child=True)
+MERGE = Stage("merge", "Merged", "Merging", "MergeSucceeded", "MergeFailed", ("pitlab", "merge"), "Job",
+              consumes=(folder(layout.CHECKPOINT), folder(layout.BASE), layout.SUMMARY),
+              produces=(folder(layout.MODEL),))
+EVALUATE = Stage("evaluate", "Evaluated", "Evaluating", "EvaluationsSucceeded", "EvaluationFailed", ("pitlab", "run"),
+                 "LeakageEval", consumes=(folder(layout.BASE), folder(layout.MODEL)), produces=("<evaluation name>/",),
+                 empty="NoEvaluations")
 
-EMBED = Stage("embed", "Embedded", "Embedding", "EmbeddingsWritten", "EmbeddingFailed", "pitlab embed", "Job",
-              consumes=("spec", "panel files", "models"), produces=("embeddings/",))
-ANALYZE = Stage("analyze", "Analyzed", "Analyzing", "ResultsWritten", "AnalysisFailed", "pitlab analyze", "Job",
-                consumes=("spec", "panel files", "embeddings/"),
-                produces=("results.json", "report.md", "report.html", "premium.png", "bootstrap_replicates.csv"))
+EMBED = Stage("embed", "Embedded", "Embedding", "EmbeddingsWritten", "EmbeddingFailed", ("pitlab", "embed"), "Job",
+              consumes=("spec", "panel files", "models"), produces=(folder(layout.EMBEDDINGS),))
+ANALYZE = Stage("analyze", "Analyzed", "Analyzing", "ResultsWritten", "AnalysisFailed", ("pitlab", "analyze"), "Job",
+                consumes=("spec", "panel files", folder(layout.EMBEDDINGS)),
+                produces=(layout.RESULTS, layout.REPORT, layout.HTML, layout.PLOT, layout.REPLICATES))
 
 PITTRAINING = (VALIDATE, PREPARE, TRAIN, MERGE, EVALUATE)
 LEAKAGEEVAL = (VALIDATE, EMBED, ANALYZE)

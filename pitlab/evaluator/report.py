@@ -17,16 +17,17 @@ from pathlib import Path
 
 import numpy as np
 
+from pitlab.api import layout
 from pitlab.evaluator.plots import (VERDICT_STYLE, _ci, _f, plot_premium,  # noqa: F401  (re-exported)
                                     plot_premium_vs_cutoff, plot_r2_by_fold)
 
-RESULTS_FILE = "results.json"
-REPORT_FILE = "report.md"
-PLOT_FILE = "premium.png"
-HTML_FILE = "report.html"
+RESULTS_FILE = layout.RESULTS
+REPORT_FILE = layout.REPORT
+PLOT_FILE = layout.PLOT
+HTML_FILE = layout.HTML
 FOLDS_PLOT_FILE = "r2_by_fold.png"
 CUTOFF_PLOT_FILE = "premium_vs_cutoff.png"
-REPLICATES_FILE = "bootstrap_replicates.csv"
+REPLICATES_FILE = layout.REPLICATES
 OUTPUT_FILES = (REPORT_FILE, HTML_FILE, PLOT_FILE, REPLICATES_FILE, RESULTS_FILE)
 """Files every evaluation writes (r2_by_fold.png and premium_vs_cutoff.png only when there is something to plot)."""
 

@@ -3,7 +3,8 @@ PyTorchJob, a merge Job and evaluation Jobs, with Kubernetes-style status.
 
 Modules: ``naming`` (child names, labels), ``config`` (operator settings), ``builders`` (pure manifests),
 ``mirroring`` (child state), ``conditions`` (status conditions), ``validation`` (operator-side checks),
-``lifecycle`` (the state machines), ``kube`` (API calls), ``rbac`` (the permissions those calls need),
+``context`` (one reconciliation: plan, children, status recorder), ``lifecycle`` (the state machines, walking the
+stage modules of :mod:`pitlab.pipeline`), ``kube`` (API calls), ``rbac`` (the permissions those calls need),
 ``handlers`` (kopf), ``main`` (the process), ``workload`` and ``summary`` (run inside the pods).
 Importing this package imports nothing heavy: the pods' helpers need only the standard library.
 """

@@ -18,7 +18,8 @@ import json
 import posixpath
 from typing import Any
 
-from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, stages
+from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, layout, stages
+from pitlab.api.layout import EvalOutputs, TrainingLayout
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.storage import StorageSpec
 from pitlab.operator import naming
@@ -206,8 +207,8 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
     """The CPU Job running ``pitlab prepare``; reports the corpus audit in its termination message."""
     run = training_run_dir(pt, cfg)
     res = pt.spec.resources
-    command = WORKLOAD + ["report-audit", "--audit", f"{run}/corpus_audit.json", "--",
-                          *stages.PREPARE.entry_point.split(), "--spec", TRAINING_SPEC_PATH, "--run-dir", run]
+    command = WORKLOAD + ["report-audit", "--audit", layout.join(run, layout.CORPUS_AUDIT), "--",
+                          *stages.PREPARE.entry_point, "--spec", TRAINING_SPEC_PATH, "--run-dir", run]
     c = _container(stages.PREPARE.name, res.image or cfg.trainer_image, command, cfg,
                    _resources(cfg.prepare_cpu, cfg.prepare_memory), spec_file=TRAINING_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never",
@@ -233,7 +234,7 @@ def base_model_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
     uri = pt.spec.base_model.uri
     if uri and not uri.startswith("s3://"):
         return cfg.resolve(uri).rstrip("/")
-    return f"{training_run_dir(pt, cfg)}/base"
+    return TrainingLayout(training_run_dir(pt, cfg)).base
 
 
 def nccl_env(timeout_seconds: int) -> dict[str, str]:
@@ -270,7 +271,7 @@ def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]
         sidecars = None
         if role == "Master":
             side = _container("progress", image,
-                              WORKLOAD + ["progress", "--metrics", f"{run}/train/metrics.jsonl",
+                              WORKLOAD + ["progress", "--metrics", TrainingLayout(run).metrics,
                                           "--interval", str(cfg.progress_interval_seconds)],
                               cfg, _resources("50m", "64Mi"))
             side["restartPolicy"] = "Always"
@@ -301,15 +302,16 @@ def merge_command(run_dir: str, checkpoint: str | None = None, base: str | None 
     """``pitlab merge`` of the final checkpoint (``checkpoint``: ``spec.checkpoint.uri`` as the pods see it,
     e.g. ``s3://...``; default ``RUN/checkpoint``) and the base model folder (``base``, default ``RUN/base``)
     into ``RUN/model`` (one process, no process group)."""
-    return [*stages.MERGE.entry_point.split(), "--checkpoint", checkpoint or f"{run_dir}/checkpoint", "--base",
-            base or f"{run_dir}/base", "--out", f"{run_dir}/model"]
+    run = TrainingLayout(run_dir)
+    return [*stages.MERGE.entry_point, "--checkpoint", checkpoint or run.checkpoint, "--base", base or run.base,
+            "--out", run.model]
 
 
 def training_checkpoint_uri(pt: PitTraining, cfg: OperatorConfig) -> str:
     """Where the trainer writes checkpoints: ``spec.checkpoint.uri`` (``s3://`` or a volume path) or
     ``RUN/checkpoint``."""
     uri = pt.spec.checkpoint.uri
-    return cfg.resolve(uri).rstrip("/") if uri else f"{training_run_dir(pt, cfg)}/checkpoint"
+    return cfg.resolve(uri).rstrip("/") if uri else TrainingLayout(training_run_dir(pt, cfg)).checkpoint
 
 
 def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
@@ -352,7 +354,7 @@ def build_evaluation(pt: PitTraining, template: LeakageEvalTemplate, owner: dict
 # ---------------------------------------------------------------- LeakageEval
 def eval_dir(le: LeakageEval, cfg: OperatorConfig) -> str:
     """``EVALDIR`` = ``<spec.output.uri or out>/<name>/eval`` on the shared volume (as ``pitlab run``)."""
-    return posixpath.join(cfg.run_dir(le.spec.output.uri if le.spec.output else "out", le.metadata.name), "eval")
+    return posixpath.join(cfg.run_dir(le.spec.output.uri if le.spec.output else "out", le.metadata.name), layout.EVAL)
 
 
 def resolved_eval(le: LeakageEval, model_uris: dict[str, str]) -> dict[str, Any]:
@@ -373,7 +375,7 @@ def build_eval_configmap(le: LeakageEval, model_uris: dict[str, str], owner: dic
 
 def embed_command(model: str, out: str) -> list[str]:
     """``pitlab embed`` of one model of the panel."""
-    return [*stages.EMBED.entry_point.split(), "--spec", EVAL_SPEC_PATH, "--model", model, "--out", out]
+    return [*stages.EMBED.entry_point, "--spec", EVAL_SPEC_PATH, "--model", model, "--out", out]
 
 
 def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any],
@@ -409,8 +411,9 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
 
 def analyze_command(out: str) -> list[str]:
     """``pitlab analyze`` wrapped so that its results summary becomes the termination message."""
-    return WORKLOAD + ["report-results", "--results", f"{out}/results.json", "--report", f"{out}/report.md", "--",
-                       *stages.ANALYZE.entry_point.split(), "--spec", EVAL_SPEC_PATH, "--out", out]
+    files = EvalOutputs(out)
+    return WORKLOAD + ["report-results", "--results", files.results, "--report", files.report, "--",
+                       *stages.ANALYZE.entry_point, "--spec", EVAL_SPEC_PATH, "--out", out]
 
 
 def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:

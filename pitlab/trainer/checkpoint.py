@@ -256,9 +256,10 @@ def checkpoint_location(uri: str | None, run_dir: Path) -> Path | str:
     string, a local path as a Path) or, when unset, ``<run_dir>/checkpoint``. Raises SpecError naming
     ``spec.checkpoint.uri`` for an unset variable or an unsupported scheme."""
     from pitlab.api import SpecError, expand_uri
+    from pitlab.api.layout import TrainingLayout
 
     if not uri:
-        return Path(run_dir) / "checkpoint"
+        return TrainingLayout(Path(run_dir)).checkpoint
     s = expand_uri(uri, "spec.checkpoint.uri").rstrip("/")
     if storage.is_s3(s):
         try:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pitlab import storage
-from pitlab.api import PitTraining, SpecError, resolve_input, resolve_local_path
+from pitlab.api import PitTraining, SpecError, layout, resolve_input, resolve_local_path
+from pitlab.api.layout import TrainingLayout
 from pitlab.data import filter_corpus, read_corpus
 from pitlab.data.corpus import CorpusAudit, file_sha256
 from pitlab.data.types import Document
@@ -89,22 +90,23 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     from pitlab.trainer.prepare import ShortCorpusError, prepare_base_model, tokenize_corpus
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_spec(res, run_dir / "spec.json")
-    if not (run_dir / "corpus_audit.json").exists():
-        write_json_atomic(run_dir / "corpus_audit.json", plan.audit.to_dict())
+    paths = TrainingLayout(run_dir)
+    write_spec(res, paths.spec)
+    if not paths.corpus_audit.exists():
+        write_json_atomic(paths.corpus_audit, plan.audit.to_dict())
     texts = [d.text for d in plan.documents]
-    base_dir = prepare_base_model(res.spec, texts, run_dir / "base")
+    base_dir = prepare_base_model(res.spec, texts, paths.base)
     if res.spec.base_model.uri and storage.is_s3(res.spec.base_model.uri):
         # the download lives in this process's cache; the ranks and the merge (other pods on a cluster) read
         # RUN/base, so the verified copy goes there
-        tmp = run_dir / "base.tmp"
+        tmp = run_dir / f"{layout.BASE}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(base_dir, tmp, ignore=shutil.ignore_patterns(storage.MANIFEST, storage.COMPLETE))
-        swap_in(tmp, run_dir / "base")
-        base_dir = run_dir / "base"
+        swap_in(tmp, paths.base)
+        base_dir = paths.base
     need = res.spec.training.seq_len + 1
     try:
-        n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), run_dir / "data" / "tokens.npy",
+        n_tokens = tokenize_corpus(texts, AutoTokenizer.from_pretrained(base_dir), paths.tokens,
                                    min_tokens=need)
     except ShortCorpusError as err:
         raise SpecError([("spec.training.seqLen",

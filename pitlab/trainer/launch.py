@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pitlab.api import PitTraining
+from pitlab.api import PitTraining, layout
 from pitlab.errors import TrainingError
 from pitlab.trainer.checkpoint import checkpoint_location, read_train_state
 from pitlab.trainer.checkpointer import latest_checkpoint
@@ -49,9 +49,9 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     import torch  # deferred: the parent only needs it to pick the environment
 
     run_dir = Path(run_dir)
-    train_dir = run_dir / "train"
+    train_dir = run_dir / layout.TRAIN
     train_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path, summary_path = train_dir / "metrics.jsonl", train_dir / "summary.json"
+    metrics_path, summary_path = run_dir / layout.METRICS, run_dir / layout.SUMMARY
     summary_path.unlink(missing_ok=True)
     resume = latest_checkpoint(_checkpoint_dir(spec_path, run_dir))
     if resume is None:

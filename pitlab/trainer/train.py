@@ -55,7 +55,7 @@ from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 from transformers import AutoConfig
 
-from pitlab.api import PitTraining, SpecError, load_resource
+from pitlab.api import PitTraining, SpecError, layout, load_resource
 from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
@@ -86,27 +86,27 @@ class RunPaths:
 
     @property
     def tokens(self) -> Path:
-        return self.run_dir / "data" / "tokens.npy"
+        return self.run_dir / layout.TOKENS
 
     @property
     def train_dir(self) -> Path:
-        return self.run_dir / "train"
+        return self.run_dir / layout.TRAIN
 
     @property
     def metrics(self) -> Path:
-        return self.train_dir / "metrics.jsonl"
+        return self.run_dir / layout.METRICS
 
     @property
     def summary(self) -> Path:
-        return self.train_dir / "summary.json"
+        return self.run_dir / layout.SUMMARY
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoint"
+        return self.run_dir / layout.CHECKPOINT
 
     @property
     def adapter(self) -> Path:
-        return self.run_dir / "adapter"
+        return self.run_dir / layout.ADAPTER
 
 
 def load_spec(path: Path) -> PitTraining:
@@ -447,7 +447,7 @@ def model_card(res: PitTraining, run_dir: Path) -> dict:
 
     from pitlab.api.artifacts import ModelCard
 
-    audit = Path(run_dir) / "corpus_audit.json"
+    audit = Path(run_dir) / layout.CORPUS_AUDIT
     digest = hashlib.sha256(audit.read_bytes()).hexdigest() if audit.is_file() else None
     return ModelCard(knowledge_cutoff=res.spec.knowledge_cutoff, corpus_audit_sha256=digest,
                      training=res.metadata.name, base_model=res.spec.base_model.uri,
@@ -597,7 +597,7 @@ def run_rank(spec_path: Path, run_dir: Path, base: Path | None = None) -> int:
     :mod:`pitlab.trainer.launch` reports. Any other exception propagates (torch elastic's ``record`` writes it to
     the error file). ``pitlab train`` (the pods' entry point, run by torchrun in every rank) calls it.
     """
-    paths = RunPaths(run_dir, base if base is not None else run_dir / "base")
+    paths = RunPaths(run_dir, base if base is not None else run_dir / layout.BASE)
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     try:
         train(spec_path, paths)

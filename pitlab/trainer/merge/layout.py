@@ -6,10 +6,11 @@ import re
 import shutil
 from pathlib import Path
 
+from pitlab.api import layout as run_layout
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.merge.errors import MergeError
 
-REPORT = "merge_report.json"
+REPORT = run_layout.MERGE_REPORT
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 DEFAULT_MAX_SHARD_SIZE = 5 * 10 ** 9  # bytes ("5GB", as Hugging Face counts it)

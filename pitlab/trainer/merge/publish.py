@@ -107,7 +107,7 @@ def merge_uris(checkpoint: str | Path, base: str | Path, out: str | Path, summar
                                   logits_probe=logits_probe, merge_adapter=merge_adapter, card=card)
         if staging is None:
             return report
-        report_path = out_dir / "merge_report.json"
+        report_path = out_dir / REPORT
         report = json.loads(report_path.read_text())
         report.update(checkpoint_uri=str(checkpoint), model_uri=str(out))
         write_json_atomic(report_path, report)

@@ -1,0 +1,85 @@
+"""The analyze stage of a LeakageEval: protocols, clustered bootstrap and report (``pitlab analyze``; one Job
+on a cluster, whose termination message is this stage's report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from pitlab.api import LeakageEval, ResourceStatus, stages
+from pitlab.api.layout import EvalOutputs, EvaluationLayout
+from pitlab.api.stages import Stage
+from pitlab.api.summary import compact_results, premium_summary
+from pitlab.operator import builders, naming
+from pitlab.operator.context import Ctx, job_stage
+from pitlab.pipeline.base import EvalRun, Report, StageStep
+
+
+class AnalyzeReport(Report):
+    """The results summary (:func:`pitlab.api.summary.compact_results`), where the report is, and the premium
+    in one line (None when the results have none or an unexpected shape)."""
+
+    results: dict[str, Any]
+    report_uri: str
+    premium_summary: str | None = None
+
+
+def to_status(report: AnalyzeReport, status: ResourceStatus) -> str:
+    """``status.results``, ``reportURI`` and ``premiumSummary``; returns the Analyzed message."""
+    status.results = report.results
+    status.report_uri = report.report_uri
+    status.premium_summary = report.premium_summary or None
+    return f"report at {status.report_uri}"
+
+
+def run(run: EvalRun, stage: Stage) -> None:
+    """Protocols, clustered bootstrap and report into ``eval/``; the results summary goes to the status."""
+    from pitlab.evaluator.decompose import DATE_ONLY
+    from pitlab.evaluator.run import run_leakage_eval
+
+    spec, st, models = run.res.spec, run.st, run.models
+    st.running(stage, "protocols, clustered bootstrap and report")
+    run.reporter.stage("analyze", f"{spec.bootstrap.resamples} bootstrap resamples, {spec.regression.selection} "
+                                  "penalty selection")
+
+    names = [DATE_ONLY, *models]  # the baseline's statistics run first
+
+    def progress(task: str, done: int, total: int) -> None:
+        if task.startswith("statistics:") and task.split(":", 1)[1] in names:
+            run.reporter.progress("analyze", names.index(task.split(":", 1)[1]) + done, len(names))
+
+    out = EvaluationLayout(run.run_dir)
+    run.results = run_leakage_eval(spec, run.checked.panel, models, out.eval_dir, progress=progress,
+                                   cache_dir=run.cache, embedded=run.embedded)
+    run.reporter.done("analyze", str(out.eval_dir))
+    results = compact_results(run.results)
+    report = AnalyzeReport(results=results, report_uri=str(out.outputs.report),
+                           premium_summary=premium_summary(results))
+    st.done(stage, to_status(report, st.status))
+
+
+def reconcile(ctx: Ctx, stage: Stage, le: LeakageEval) -> bool:
+    """The analyze Job; its termination message carries the results summary and the report's URI."""
+    out = EvalOutputs(builders.eval_dir(le, ctx.cfg))
+    if job_stage(ctx, stage, builders.build_analyze_job(le, ctx.cfg, ctx.body), "analyzeJob") is None:
+        return False
+    job_name = naming.analyze_job(ctx.name)
+    doc = ctx.termination_doc(job_name, stage.name)
+    try:  # the pod's termination message is this stage's report (the report's path defaults to EVALDIR/report.md)
+        report = AnalyzeReport.model_validate({"results": doc.get("results"),
+                                               "reportUri": doc.get("reportUri") or out.report})
+    except ValidationError:
+        ctx.fail(stage.condition, "ResultsUnavailable", f"Job {job_name} succeeded but its pod has no results "
+                                                        f"termination message; see {out.results}")
+        return False
+    try:
+        report.premium_summary = premium_summary(report.results)
+    except (TypeError, ValueError, AttributeError):
+        ctx.plan.warnings.append(("MalformedResults", f"Job {job_name}: results summary has an unexpected shape; "
+                                                      "no premium summary"))
+    ctx.done(stage, to_status(report, ctx.status))
+    return True
+
+
+STEP = StageStep(stages.ANALYZE, AnalyzeReport, to_status, run, reconcile)

@@ -1,0 +1,140 @@
+"""The train stage: ``torchrun`` with every rank running ``pitlab train`` (locally), the PyTorchJob (on a
+cluster). Its report is the trainer's summary (steps, losses, throughput) and where the checkpoints are."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import ValidationError
+
+from pitlab.api import PitTraining, ResourceStatus, stages
+from pitlab.api.layout import TrainingLayout
+from pitlab.api.stages import Stage
+from pitlab.api.status import Progress
+from pitlab.operator import builders, naming
+from pitlab.operator.context import Ctx, Plan, problems
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, progress_from_log, pytorchjob_state
+from pitlab.pipeline.base import Report, StageStep, TrainingRun
+
+
+class TrainReport(Report):
+    """Where the checkpoints are and, from ``pitlab run``, the trainer's summary; on a cluster (``cluster``) the
+    child (``PyTorchJob <name>``) and its final message."""
+
+    checkpoint_uri: str
+    steps: int | None = None
+    first_loss: float | None = None
+    final_loss: float | None = None
+    mean_tokens_per_second: float | None = None
+    kernel_warning: str | None = None
+    child: str | None = None
+    child_message: str | None = None
+    cluster: bool = False
+
+
+def to_status(report: TrainReport, status: ResourceStatus) -> str:
+    """``status.checkpointURI`` (and, on a cluster, the progress at its last step); returns the Trained message."""
+    status.checkpoint_uri = report.checkpoint_uri
+    if report.cluster:
+        if status.progress is not None and status.progress.total_steps:
+            status.progress.step = status.progress.total_steps
+        return f"{report.child}: {report.child_message}"
+    tps = report.mean_tokens_per_second
+    return (f"{report.steps} steps, loss {report.first_loss:.3f} → {report.final_loss:.3f}"
+            + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
+            + (f"; WARNING: {report.kernel_warning}" if report.kernel_warning else ""))
+
+
+def run(run: TrainingRun, stage: Stage) -> None:
+    """``torchrun`` with ``nproc`` ranks (:func:`pitlab.trainer.launch.run_training`), its metrics followed."""
+    from pitlab.trainer.launch import run_training
+
+    st, n = run.st, run.nproc
+    st.running(stage, f"torchrun, {n} processes")
+    run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}, "
+                       f"{'layer streaming' if run.res.spec.training.layer_streaming.enabled else 'FSDP2'}")
+    last_write = [0.0]
+    warned = [False]
+
+    def on_step(m: dict) -> None:
+        if m.get("kernel_warning") and not warned[0]:  # a GPU run on reference kernels: say so in the status
+            warned[0] = True
+            st.running(stage, f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
+        st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
+                                      tokens_per_second=m.get("mean_tokens_per_second"))
+        run.reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
+                              f"loss {m.get('loss', float('nan')):.3f}")
+        if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
+            last_write[0] = time.monotonic()
+            st.write()
+
+    paths = TrainingLayout(run.run_dir)
+    summary = run_training(paths.spec, run.run_dir, n, on_step=on_step, base=run.base_dir)
+    report = TrainReport(checkpoint_uri=str(summary.get("checkpoint", paths.checkpoint)), steps=summary["steps"],
+                         first_loss=summary["first_loss"], final_loss=summary["final_loss"],
+                         mean_tokens_per_second=summary.get("mean_tokens_per_second"),
+                         kernel_warning=summary.get("kernel_warning") or None)
+    trained = to_status(report, st.status)
+    st.done(stage, trained)
+    run.reporter.done("train", trained)
+
+
+PROGRESS_FIELDS = tuple(f.alias or n for n, f in Progress.model_fields.items())  # camelCase, as in status
+
+
+def kernel_warning(log: str | None) -> str | None:
+    """The trainer's warning about slow reference kernels on a GPU (``kernelWarning`` of the newest progress line,
+    see :func:`pitlab.trainer.kernels.reference_kernel_warning`), None when there is none."""
+    doc = progress_from_log(log)
+    value = doc.get("kernelWarning") if doc else None
+    return value[:500] if isinstance(value, str) and value else None
+
+
+def _progress(log: str | None, pod: str, plan: Plan) -> Progress | None:
+    """``status.progress`` from the progress sidecar's log: the known fields of its newest progress line
+    (unknown fields are left out). A malformed line is ignored with a warning: progress never stops a run."""
+    prog = progress_from_log(log)
+    if prog is None:
+        return None
+    try:
+        return Progress.model_validate({k: prog[k] for k in PROGRESS_FIELDS if k in prog})
+    except ValidationError as err:
+        plan.warnings.append(("MalformedProgress", f"pod {pod}: progress line ignored: {problems(err)}"[:1000]))
+        return None
+
+
+def _running(ctx: Ctx, stage: Stage, job: Any, job_name: str, st: ChildState) -> None:
+    """While the PyTorchJob runs: the progress sidecar's newest line goes to ``status.progress``."""
+    pod = naming.master_pod(ctx.name)
+    log = ctx.world.pod_log(ctx.ns, pod, "progress") if job else None
+    prog = _progress(log, pod, ctx.plan) if job else None
+    if prog is not None:
+        ctx.status.progress = prog
+    step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
+    warning = kernel_warning(log)
+    ctx.running(stage, f"{stage.child} {job_name}: {st.reason}{step}" + (f"; WARNING: {warning}" if warning else ""))
+
+
+def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
+    """The PyTorchJob; while it runs, the progress sidecar's newest line goes to ``status.progress``."""
+    if ctx.is_done(stage):
+        return True
+    job = ctx.kids.ensure(builders.build_pytorchjob(pt, ctx.cfg, ctx.body))
+    job_name = naming.pytorchjob(ctx.name)
+    ctx.status.children["pytorchJob"] = job_name
+    st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
+    ctx.status.checkpoint_uri = builders.training_checkpoint_uri(pt, ctx.cfg)
+    if st.state == FAILED:
+        ctx.failed(stage, f"{stage.child} {job_name}: {st.message}", reason=st.reason)
+        return False
+    if st.state != SUCCEEDED:
+        _running(ctx, stage, job, job_name, st)
+        return False
+    report = TrainReport(checkpoint_uri=ctx.status.checkpoint_uri, child=f"{stage.child} {job_name}",
+                         child_message=st.message, cluster=True)
+    ctx.done(stage, to_status(report, ctx.status), reason=(st.reason if stage.done_from_child else None) or stage.done)
+    return True
+
+
+STEP = StageStep(stages.TRAIN, TrainReport, to_status, run, reconcile)
