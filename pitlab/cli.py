@@ -27,8 +27,8 @@ from pitlab.errors import InputError
 EXIT_CODES = ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before "
               "anything runs); 1 a stage failed (training, merge, evaluation, an upload or download); 3 `pitlab "
               "plan`: the run does not fit the GPU memory; 130 `pitlab run` was interrupted (SIGINT or SIGTERM; "
-              "status Interrupted). (`pitlab train`, the pods' entry point, exits 2 on any "
-              "error.)")
+              "status Interrupted). (`pitlab train`, the pods' entry point, exits 2 on any pitlab error, "
+              "a non-finite loss or an OS error, and 1 with a traceback on anything unexpected.)")
 
 # rich_markup_mode=None: click's own help formatter, which flows each docstring paragraph to the terminal
 # width, prints flags without a value type, and needs no patching of typer's rich panels

@@ -191,7 +191,8 @@ def test_version_and_exit_codes_in_the_top_level_help():
     assert ("Exit codes: 0 success; 2 bad input (a spec, file, column or argument is wrong; found before anything "
             "runs); 1 a stage failed (training, merge, evaluation, an upload or download); 3 `pitlab plan`: the run "
             "does not fit the GPU memory; 130 `pitlab run` was interrupted (SIGINT or SIGTERM; status Interrupted). "
-            "(`pitlab train`, the pods' entry point, exits 2 on any error.)") in " ".join(
+            "(`pitlab train`, the pods' entry point, exits 2 on any pitlab error, a non-finite loss or an OS "
+            "error, and 1 with a traceback on anything unexpected.)") in " ".join(
         _help(["--help"]).split())
 
 
