@@ -193,12 +193,14 @@ def model_cutoffs(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) ->
 
 def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str,
                    note: StageProgress, cache_dir: Path | None = None, num_threads: int | None = None,
-                   embedded: dict | None = None, baseline: "Baseline | Future | None" = None) -> ModelOutcome:
+                   embedded: dict | None = None, baseline: "Baseline | Future | None" = None,
+                   cutoff: dt.date | None = None) -> ModelOutcome:
     """Embed the panel with one model, then its statistics on the raw target (every protocol, embargo
     robustness) and on the market-neutral one (:func:`pitlab.evaluator.targets.model_statistics`), on
     ``setup``'s shared splits and draws, decomposed against the date-only ``baseline`` (computed here if None; a
     Future of one, computed meanwhile on another thread, is awaited only for the decomposition).
-    ``embedded``: the ``info`` of an earlier :func:`embed_panel` call for this model in the same run."""
+    ``embedded``: the ``info`` of an earlier :func:`embed_panel` call for this model in the same run; ``cutoff``:
+    its knowledge cutoff (:func:`model_cutoffs`)."""
     emb = spec.embedding
     baseline = baseline or baseline_statistics(spec, setup)
     info: dict = {}
@@ -216,7 +218,6 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
     note(f"statistics:{name}", 1, 1)
     summary = target_summary(raw, setup.rule)
     edges = raw.edges
-    cutoff = model_cutoffs(spec, {name: (path, kind)})[name]
     m = next(m for m in spec.models if m.name == name)
     result = {
         "name": name, "uri": m.uri,
@@ -425,7 +426,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     note = progress or (lambda stage, done, total: None)
     check_panel(panel)
     names = _ordered_models(spec, models)
-    model_cutoffs(spec, models)  # a typed cutoff that contradicts a model card is refused before any work
+    cutoffs = model_cutoffs(spec, models)  # a cutoff contradicting a model card is refused before any work
     setup = prepare_evaluation(spec, panel, alpha_selection)
     note(f"statistics:{DATE_ONLY}", 0, 1)
     with ThreadPoolExecutor(1) as pool:
@@ -437,7 +438,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
             baseline = baseline_statistics(spec, setup)
             note(f"statistics:{DATE_ONLY}", 1, 1)
         outcomes = [evaluate_model(spec, setup, name, *models[name], note, cache_dir, num_threads,
-                                   (embedded or {}).get(name), pending or baseline) for name in names]
+                                   (embedded or {}).get(name), pending or baseline, cutoffs[name]) for name in names]
         baseline = pending.result() if pending is not None else baseline
     results = assemble_results(spec, panel, setup, names, outcomes, baseline)
     timings: dict = {"draws_s": setup.draws_s, "date_only_baseline_s": baseline.seconds,

@@ -113,12 +113,13 @@ def swap_in(tmp: Path, dest: Path) -> None:
         if had:
             os.replace(old, dest)
         raise
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
     if had:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames inside it are durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -126,4 +127,5 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["OutputExists", "aside", "check_output", "describe", "entries", "listed", "published_files", "swap_in"]
+__all__ = ["OutputExists", "aside", "check_output", "describe", "entries", "fsync_dir", "listed", "published_files",
+           "swap_in"]

@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from pitlab.storage.outdir import fsync_dir  # noqa: F401  (re-exported: the one directory fsync)
+
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via ``<path>.tmp`` + fsync + ``os.replace``."""
@@ -33,14 +35,6 @@ def write_spec(resource, path: Path) -> Path:
     write_json_atomic(path, dump_resource(resource))
     return path
 
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory so that renames inside it are durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make_readable(directory: Path) -> None:
