@@ -114,11 +114,15 @@ def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
     return draw_date_weights_stratified(strata_of(T), R, seed)
 
 
-def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES) -> dict:
-    """Point premium and every scheme's replicates of one panel, summarised as the candidates' intervals."""
+def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES, device: str = "cpu",
+              budget: int = 1 << 30) -> dict:
+    """Point premium and every scheme's replicates of one panel, summarised as the candidates' intervals.
+    ``device`` ``cpu`` (the numpy backend) or ``cuda`` (the torch backend, ``budget`` bytes of float64
+    temporaries per batch of fits)."""
     from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds
     from pitlab.evaluator.decompose import market_neutral
     from pitlab.evaluator.estimates import AlphaSelection, PanelStats
+    from pitlab.evaluator.linalg import Backend
     from pitlab.evaluator.protocols import security_folds
     from pitlab.evaluator.targets import point_estimates
 
@@ -127,12 +131,13 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     if neutral:
         y = market_neutral(y, date)
     train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3  # one date before the test block: the embargo
-    st = PanelStats.build_rows(X, y, sec, train, test, positions=date * GAP)
+    backend = Backend() if device == "cpu" else Backend("torch", device, memory_budget_bytes=budget)
+    st = PanelStats.build_rows(X, y, sec, train, test, backend=backend, positions=date * GAP)
     on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
     pf = security_folds(np.full(S, T), K)[sec][None, :]
     off, on, edges, grid, _ = point_estimates(st, pf, K, ALPHAS, on_sel, "train_mean", None, off_sel, True)
     point = float(on.r2_rows[0] - off.r2[0])
-    rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point,
+    rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
            "alpha_off": float(off.alpha[0]), "edges": bool(edges["off"][0] or edges["on"][0])}
     for name, W in draws(S, T, R, seed, sec, date).items():
         if name not in schemes:
@@ -291,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
                    help="replicate sets to draw (a later run may add schemes to the same panels in another file)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cpu: the numpy backend, one BLAS thread per worker; cuda: the torch backend, every worker "
+                        "on GPU 0 with an equal share of a quarter of its memory for batches of fits")
     p.add_argument("--minutes", type=float, default=None, help="stop submitting new panels after this long")
     p.add_argument("--out", type=Path, default=None, help="JSON lines, appended (resumable)")
     p.add_argument("--summarise", nargs="*", type=Path, default=None, metavar="JSONL")
@@ -320,14 +328,22 @@ def main(argv: list[str] | None = None) -> int:
     if a.out and a.out.exists():
         done = {(r["scenario"], r["seed"]) for r in map(json.loads, a.out.read_text().splitlines()) if r["S"] == S
                 and r["T"] == T and r["d"] == d}
-    tasks = [(sc, s, S, T, d, a.resamples, tuple(a.schemes)) for s in range(a.first_seed, a.first_seed + a.panels)
+    budget = 1 << 30
+    if a.device == "cuda":
+        import torch
+
+        budget = torch.cuda.get_device_properties(0).total_memory // (4 * a.workers)
+    tasks = [(sc, s, S, T, d, a.resamples, tuple(a.schemes), a.device, budget) for s in range(a.first_seed, a.first_seed + a.panels)
              for sc in a.scenarios if (sc, s) not in done]
     t0 = time.perf_counter()
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"
     sink = open(a.out, "a") if a.out else sys.stdout
-    with ProcessPoolExecutor(a.workers) as ex:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn" if a.device == "cuda" else None)  # CUDA does not survive a fork
+    with ProcessPoolExecutor(a.workers, mp_context=ctx) as ex:
         pending, it, n = set(), iter(tasks), 0
         while True:
             while len(pending) < 2 * a.workers and (a.minutes is None or time.perf_counter() - t0 < 60 * a.minutes):
