@@ -333,15 +333,18 @@ async def test_happy_path(cluster: Cluster) -> None:
     assert {k: v["replicas"] for k, v in job["spec"]["pytorchReplicaSpecs"].items()} == {"Master": 1, "Worker": 1}
 
     c.logs[(NS, "fomc-2016-train-master-0", "progress")] = (
-        "starting\n" + PROGRESS_PREFIX + '{"loss":2.5,"step":10,"tokensPerSecond":8150.0,"totalSteps":100}\n')
+        "starting\n" + PROGRESS_PREFIX + '{"etaSeconds":4020,"loss":2.5,"step":10,"tokensPerSecond":8150.0,'
+        '"totalSteps":100}\n')
     c.set_status(PTJ, "fomc-2016-train", {"conditions": [{"type": "Running", "status": "True",
                                                            "reason": "PyTorchJobRunning"}]})
     pit = await c.until(PIT, "fomc-2016", lambda o: (o["status"].get("progress") or {}).get("step") == 10)
-    assert pit["status"]["progress"] == {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0}
+    assert pit["status"]["progress"] == {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
+                                         "percent": 10.0, "etaSeconds": 4020, "eta": "1h07m"}
 
     c.finish_pytorchjob("fomc-2016-train")
     pit = await c.phase(PIT, "fomc-2016", "Merging")
-    assert pit["status"]["progress"]["step"] == 100
+    assert pit["status"]["progress"] == {"step": 100, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
+                                         "percent": 100.0, "etaSeconds": 0, "eta": "0s"}
     merge = c.get(JOBS, "fomc-2016-merge")
     assert merge["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "pitlab", "merge", "--checkpoint", "/pitlab/out/fomc-2016/checkpoint", "--base",

@@ -238,13 +238,20 @@ def test_malformed_progress_line_is_ignored_with_a_warning() -> None:
     # unknown fields of a newer trainer are left out, the known ones reach the status
     w.logs[("t-train-master-0", "progress")] = log + 'PITLAB_PROGRESS {"step": 6, "totalSteps": 9, "epoch": 1}\n'
     body, plan = step(w, body)
-    assert plan.warnings == [] and body["status"]["progress"] == {"step": 6, "totalSteps": 9}
+    assert plan.warnings == []
+    assert body["status"]["progress"] == {"step": 6, "totalSteps": 9, "percent": 66.6}
     assert message(body, "Trained") == "PyTorchJob t-train: Created (step 6/9)"
     # a GPU run on reference kernels: the trainer's warning is in the Trained condition's message
     w.logs[("t-train-master-0", "progress")] += 'PITLAB_PROGRESS {"step": 7, "totalSteps": 9, "kernelWarning": "slow"}\n'
     body, plan = step(w, body)
-    assert body["status"]["progress"] == {"step": 7, "totalSteps": 9}
+    assert body["status"]["progress"] == {"step": 7, "totalSteps": 9, "percent": 77.7}
     assert message(body, "Trained") == "PyTorchJob t-train: Created (step 7/9); WARNING: slow"
+    # the ETA the sidecar computed reaches the status, for people too; percent and eta are derived, not copied
+    w.logs[("t-train-master-0", "progress")] += ('PITLAB_PROGRESS {"step": 8, "totalSteps": 9, "etaSeconds": 125, '
+                                                 '"percent": 12.0, "eta": "soon"}\n')
+    body, plan = step(w, body)
+    assert plan.warnings == [] and body["status"]["progress"] == {"step": 8, "totalSteps": 9, "percent": 88.8,
+                                                                  "etaSeconds": 125, "eta": "2m05s"}
 
 
 def test_stored_spec_that_no_longer_parses_fails_naming_the_field() -> None:

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from pitlab.api import PitTraining, ResourceStatus, stages
 from pitlab.api.layout import TrainingLayout
+from pitlab.api.progress import estimate_record
 from pitlab.api.stages import Stage
 from pitlab.api.status import Progress
 from pitlab.operator import builders, naming
@@ -38,7 +39,7 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
     status.checkpoint_uri = report.checkpoint_uri
     if report.cluster:
         if status.progress is not None and status.progress.total_steps:
-            status.progress.step = status.progress.total_steps
+            status.progress = status.progress.finished()
         return f"{report.child}: {report.child_message}"
     tps = report.mean_tokens_per_second
     return (f"{report.steps} steps, loss {report.first_loss:.3f} → {report.final_loss:.3f}"
@@ -62,7 +63,8 @@ def run(run: TrainingRun, stage: Stage) -> None:
             warned[0] = True
             st.running(stage, f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
         st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
-                                      tokens_per_second=m.get("mean_tokens_per_second"))
+                                      tokens_per_second=m.get("mean_tokens_per_second"),
+                                      eta_seconds=estimate_record(m).eta_seconds)
         run.reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
                               f"loss {m.get('loss', float('nan')):.3f}")
         if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
