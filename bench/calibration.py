@@ -50,9 +50,12 @@ import numpy as np
 SCENARIOS = ("null", "date-known", "market", "date-leak", "stock-strong", "stock-weak", "stock-weak-neutral",
              "concentrated", "stock-0.02")
 ZERO_PREMIUM = ("null", "date-known", "market")
-SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack", "two-way")
+SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack", "two-way",
+           "security-jack")
 CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
-              "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t")
+              "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t")
+JACK_GROUPS = 20
+"""Security groups of the delete-a-group jackknife (``security-jack``; Kott 2001, J. Official Statistics 17(4))."""
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
 STRENGTH = {"stock-strong": 0.5, "stock-weak": 0.33, "stock-weak-neutral": 0.33, "concentrated": 2.0, "stock-0.02": 0.2}
 """Signal of the row's own return in the embedding (sd units of the noise dimension) per look-ahead scenario."""
@@ -94,7 +97,15 @@ def draws(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.ndarray) 
             "pigeonhole": row_weights(ws, wd, sec, date), "rows": wr,
             "date-strat": row_weights(ones_s, wdst, sec, date), "pigeonhole-strat": row_weights(ws, wdst, sec, date),
             "date-jack": (date[None, :] != np.arange(T)[:, None]).astype(np.float64),
+            "security-jack": (security_groups(S, seed)[sec][None, :] != np.arange(JACK_GROUPS)[:, None]).astype(
+                np.float64),
             "two-way": row_weights(*draw_weights("two-way", S, T, R, seed, strata_of(T)), sec, date)}
+
+
+def security_groups(S: int, seed: int) -> np.ndarray:
+    """The delete-a-group jackknife's group of every security int [S]: a seeded random split into
+    :data:`JACK_GROUPS` groups of equal size (±1)."""
+    return np.random.default_rng([seed, 11]).permutation(S) % JACK_GROUPS
 
 
 def strata_of(T: int) -> np.ndarray:
@@ -161,6 +172,10 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
                 vj += (rh.size - 1) / rh.size * float(((rh - rh.mean()) ** 2).sum())
             rec[name] = {"var": float(vj), "reps": reps.tolist()}
             continue
+        if name == "security-jack":  # delete-a-group jackknife: each replicate leaves one group of securities out
+            rec[name] = {"var": (JACK_GROUPS - 1) / JACK_GROUPS * float(((reps - reps.mean()) ** 2).sum()),
+                         "groups": JACK_GROUPS, "reps": reps.tolist()}
+            continue
         v = reps[np.isfinite(reps)]
         rec[name] = {"mean": float(v.mean()), "sd": float(v.std(ddof=1)), "lo": float(np.percentile(v, 2.5)),
                      "hi": float(np.percentile(v, 97.5)), "n": int(v.size)}
@@ -177,6 +192,11 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
     z = stats.norm.ppf(0.5 + confidence / 2)
     out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
                                                       "pigeonhole-strat", "two-way") if k in rec}
+    if "security-jack" in rec and "date-jack" in rec:  # two-way jackknife: the larger one-way variance
+        vs, vd = rec["security-jack"]["var"], rec["date-jack"]["var"]
+        g = rec["security-jack"]["groups"] - 1 if vs >= vd else rec["T"] - len(np.unique(strata_of(rec["T"])))
+        tg = stats.t.ppf(0.5 + confidence / 2, g)
+        out["jack2-t"] = (p - tg * max(vs, vd) ** 0.5, p + tg * max(vs, vd) ** 0.5)
     if "security" not in rec:
         return out
     vs = rec["security"]["sd"] ** 2
