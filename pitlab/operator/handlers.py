@@ -190,6 +190,34 @@ def _api_message(err: ApiException) -> str:
     return str(text)[:500]
 
 
+def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch) -> None:
+    """Write the status ``run_plan`` put in ``patch`` through the operator's own client, and take it out of
+    kopf's patch: kopf applies its patch after the handler returns, where an API error (a 409 Conflict when the
+    API server gives up its own retries, a 5xx after kopf's) would end the object's timer for good. Here it is
+    a :class:`kopf.TemporaryError`: the next attempt reconciles afresh and writes the status again (after one
+    ``reconcile_interval`` for a conflict, 5 s for another error)."""
+    status = patch.pop("status", None)
+    if not status:
+        return
+    try:
+        memo.kube.patch_status(f"{API_GROUP}/{API_VERSION}/{plural}", body.metadata.namespace, body.metadata.name,
+                               dict(status))
+    except ApiException as err:
+        delay = memo.config.reconcile_interval if err.status == 409 else 5
+        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying", delay=delay) from err
+    except HTTPError as err:
+        raise kopf.TemporaryError(f"status not written (API unreachable: {err}); retrying", delay=5) from err
+
+
+def _reconcile_and_write(kind: str, plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
+                         reconcile: Callable[..., lifecycle.Plan]) -> None:
+    """:func:`run_plan`, then :func:`write_status` (also when run_plan asks for a retry: a stalled status)."""
+    try:
+        run_plan(kind, body, memo, patch, reconcile)
+    finally:
+        write_status(plural, body, memo, patch)
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register the handlers of both kinds on ``registry`` with the reconcile interval of ``config``."""
 
@@ -197,10 +225,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 registry=registry, id="reconcile")
     def pittraining(body: kopf.Body, memo: Any, patch: kopf.Patch, **_: Any) -> None:
         """Advance a PitTraining by one step of its lifecycle."""
-        run_plan("PitTraining", body, memo, patch, lifecycle.reconcile_training)
+        _reconcile_and_write("PitTraining", "pittrainings", body, memo, patch, lifecycle.reconcile_training)
 
     @kopf.timer(API_GROUP, API_VERSION, "leakageevals", interval=config.reconcile_interval, when=needs_reconcile,
                 registry=registry, id="reconcile")
     def leakageeval(body: kopf.Body, memo: Any, patch: kopf.Patch, **_: Any) -> None:
         """Advance a LeakageEval by one step of its lifecycle."""
-        run_plan("LeakageEval", body, memo, patch, lifecycle.reconcile_eval)
+        _reconcile_and_write("LeakageEval", "leakageevals", body, memo, patch, lifecycle.reconcile_eval)

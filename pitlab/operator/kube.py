@@ -1,6 +1,8 @@
-"""The operator's own Kubernetes API calls (kopf makes the others: watching, patching its resources, events).
+"""The operator's own Kubernetes API calls (kopf makes the others: watching, patching its resources'
+finalizers and annotations, events).
 
-:class:`Kube` is the :class:`pitlab.operator.lifecycle.World` the state machines read, plus ``create``.
+:class:`Kube` is the :class:`pitlab.operator.lifecycle.World` the state machines read, plus ``create`` and
+``patch_status``.
 Every call it makes is listed in :data:`pitlab.operator.rbac.OPERATOR_RULES`, which the Helm chart's
 RBAC must equal (tested).
 """
@@ -62,6 +64,13 @@ class Kube:
                 return False
             raise
         return True
+
+    def patch_status(self, resource: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch ``status`` into the status subresource of a pitlab resource (raises ApiException)."""
+        group, version, plural = _split(resource)
+        self.custom.patch_namespaced_custom_object_status(group, version, namespace, plural, name,
+                                                          {"status": status},
+                                                          _content_type="application/merge-patch+json")
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The pods of Job ``job`` (selected by the ``batch.kubernetes.io/job-name`` label)."""
