@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 from typing import Any, AsyncIterator, Callable
 
 import jsonpatch
@@ -51,6 +52,7 @@ class Fault:
     store: bool = False
     when: Callable[[kmock.Request], bool] | None = None
     hits: list[kmock.Request] = dataclasses.field(default_factory=list)
+    at: list[float] = dataclasses.field(default_factory=list)  # time.monotonic() of each hit
 
     def matches(self, request: kmock.Request) -> bool:
         """Whether ``request`` is one this fault answers (and it has shots left)."""
@@ -131,6 +133,7 @@ class ArguingApiServer(kmock.KubernetesEmulator):
         for fault in self.faults:
             if ours and fault.matches(request):
                 fault.hits.append(request)
+                fault.at.append(time.monotonic())
                 if fault.store and request.action == kmock.action.CREATE and self._stored(request) is None:
                     await self._store(request)
                 return await self._refuse(request, fault.status, fault.reason, fault.message)

@@ -23,7 +23,7 @@ from kube_faults import ArguingApiServer, Fault
 from test_operator_e2e import (AUDIT_MESSAGE, CFG, CM, JOBS, LE, NS, PIT, PTJ, RESULTS_MESSAGE, TEST_AGENT,
                                TRAINING, Cluster, cond, conds, running_cluster)
 from test_operator_restart import (EVAL_SUCCEEDED, KINDS, PLURALS, TRAINING_SUCCEEDED, _eval_names,
-                                   _training_names, children, expected)
+                                   _training_names, children, expected, stable)
 
 T = _training_names()
 E = _eval_names(T["eval"])
@@ -57,8 +57,8 @@ def events(c: Cluster) -> list[tuple[str, str, str]]:
 
 
 def names(c: Cluster) -> dict[str, list[str]]:
-    """kind → sorted names of the owned children."""
-    return {k: sorted(v) for k, v in children(c).items()}
+    """kind → sorted names of the owned children of the PitTraining NAME (and of its LeakageEval)."""
+    return {k: sorted(n for n in v if n.startswith(f"{NAME}-")) for k, v in children(c).items()}
 
 
 async def until(check: Callable[[], Any], what: str, timeout: float = 15) -> Any:
@@ -139,3 +139,213 @@ async def test_status_patch_conflict_is_retried_and_converges(cluster: Cluster, 
                                          "pytorchJob": T["train"], "mergeJob": T["merge"],
                                          f"leakageEval.{LE_NAME}": LE_NAME}
     assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E).items() for n in ns)
+
+
+# ------------------------------------------------------------------------------ 409 on create
+@pytest.mark.parametrize("resource, child, stage", [
+    (CM, T["configMap"], "Preparing"),
+    (PTJ, T["train"], "Training"),
+    (LE, LE_NAME, "Embedding"),
+    (JOBS, E["embed"][0], "Embedding"),
+], ids=["configmap", "pytorchjob", "leakageeval", "embed-job"])
+@pytest.mark.asyncio
+async def test_create_conflict_adopts_the_child_that_exists(cluster: Cluster, resource: str, child: str,
+                                                            stage: str) -> None:
+    """A child's create is answered 409 AlreadyExists because the object exists (a previous operator instance
+    created it and died before recording it; here it is stored by the API server as it refuses the create):
+    the operator adopts that object, creates it no second time and the run succeeds."""
+    c = cluster
+    fault = c.server.inject(Fault("CREATE", resource, 409, "AlreadyExists", f'"{child}" already exists',
+                                  name=child, store=True))
+    uid: list[str] = []
+
+    async def between(now: str) -> None:
+        if now == stage:  # shown within a few reconciles of the refused create: adopted, no error backoff
+            assert len(fault.hits) == 1 and time.monotonic() - fault.at[0] < 20 * CFG.reconcile_interval
+            uid.append(c.get(resource, child)["metadata"]["uid"])
+    await run_to_success(c, between)
+    assert len(fault.hits) == 1 and creates(c, child) == [(fault.hits[0].data["kind"], child)]  # one attempt
+    assert c.get(resource, child)["metadata"]["uid"] == uid[0]  # the object that existed, adopted
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E).items() for n in ns)
+    assert [r for r, _ in c.server.refused if r.action.name == "CREATE"] == fault.hits  # no duplicate create
+    assert [e for e in events(c) if e[0] != "Normal"] == []  # no error, no warning: an ordinary adoption
+    created = sorted(m for t, r, m in events(c) if r == "Created")
+    assert created == sorted(f"created {k} {n}" for k, ns in expected("Succeeded", T, E).items() for n in ns
+                             if n != child)  # an adopted child is not announced as created
+
+
+# ------------------------------------------------------------------------------ 422 from admission
+@pytest.mark.parametrize("resource, child, stage, condition, message", [
+    (PTJ, T["train"], "Training", "Trained",
+     'admission webhook "validation.pytorchjob.kubeflow.org" denied the request: PyTorchJob.kubeflow.org '
+     '"fomc-2016-train" is invalid: spec.pytorchReplicaSpecs.Worker.replicas: Invalid value: 1: must be at least 2'),
+    (JOBS, T["merge"], "Merging", "Merged",
+     'Job.batch "fomc-2016-merge" is invalid: spec.template.spec.containers[0].resources.limits: Invalid value: '
+     '"8": must be less than or equal to nvidia.com/gpu quota of 4 (CEL rule of ValidatingAdmissionPolicy '
+     'gpu-limits)'),
+], ids=["pytorchjob-webhook", "merge-job-cel"])
+@pytest.mark.asyncio
+async def test_admission_refusal_fails_the_stage_with_the_servers_message(cluster: Cluster, resource: str,
+                                                                          child: str, stage: str, condition: str,
+                                                                          message: str) -> None:
+    """A child refused by admission (422 Invalid: a webhook or a CEL rule) fails the stage that needed it with
+    reason CreateFailed and the API server's message, once: no retry storm, nothing created after it."""
+    c = cluster
+    fault = c.server.inject(Fault("CREATE", resource, 422, "Invalid", message, name=child, times=1000))
+    for now, enter, shown in stages(c):
+        await enter()
+        if now == stage:
+            break
+        await show(c, shown)
+    pit = await c.phase(PIT, NAME, "Failed")
+    done = conds(pit)[:conds(pit).index((condition, "False", "CreateFailed"))]
+    assert all(s == "True" for _, s, _ in done) and conds(pit)[len(done):] == [
+        (condition, "False", "CreateFailed"), ("Ready", "False", "CreateFailed"),
+        ("Reconciling", "False", "CreateFailed"), ("Stalled", "True", "CreateFailed")]
+    kind = "PyTorchJob" if resource == PTJ else "Job"
+    want = f"{kind} {child} was refused: 422 Unprocessable Entity: {message}"
+    assert cond(pit, condition)["message"] == want and cond(pit, "Stalled")["message"] == want
+    await asyncio.sleep(20 * CFG.reconcile_interval)
+    assert len(fault.hits) == 1 and creates(c, child) == [(kind, child)]  # one attempt, no retry storm
+    assert c.get(resource, child) is None and c.get(PIT, NAME)["status"] == pit["status"]
+    assert [e for e in events(c) if e[0] == "Warning"] == [("Warning", "CreateFailed", want)]
+    assert names(c) == {k: [n for n in v if n != child] for k, v in expected(stage, T, None).items()}
+
+
+# ------------------------------------------------------------------------------ a watch that ends
+def _watches(c: Cluster, resource: str) -> int:
+    return sum(1 for r in c.server if r.resource == resource and r.action is not None and r.action.name == "WATCH")
+
+
+@pytest.mark.parametrize("gone", [False, True], ids=["closed", "410-gone"])
+@pytest.mark.asyncio
+async def test_watch_that_ends_mid_run_is_resumed(cluster: Cluster, gone: bool) -> None:
+    """The watch streams of both kinds end while the PitTraining trains (closed by the API server, or after
+    an ERROR 410 Gone): the operator watches again, sees the LeakageEval it creates afterwards and a
+    PitTraining applied afterwards, and both runs go on."""
+    c = cluster
+    second = {**TRAINING, "metadata": {**TRAINING["metadata"], "name": "fomc-2017", "uid": "uid-pit-2"},
+              "spec": {**TRAINING["spec"], "evaluations": []}}
+
+    async def between(stage: str) -> None:
+        if stage == "Training":
+            before = {r: _watches(c, r) for r in (PIT, LE)}
+            for r in (PIT, LE):
+                await c.server.end_watches(r, gone=gone)
+            await until(lambda: all(_watches(c, r) > before[r] for r in (PIT, LE)), "the watches to resume")
+            await c.apply(second)
+            await c.phase(PIT, "fomc-2017", "Preparing")
+    await run_to_success(c, between)
+    assert [n for n in c.names(JOBS) if n.startswith("fomc-2017")] == ["fomc-2017-prepare"]
+
+
+# ------------------------------------------------------------------------------ restarts
+async def _restart(c: Cluster) -> None:
+    """Crash the operator and start a new one; return once it watches both kinds and, unless the
+    PitTraining finished, has read its children twice."""
+    await c.stop()
+    seen = len(list(c.server))
+    c.start()
+    finished = c.get(PIT, NAME)["status"]["phase"] in ("Succeeded", "Failed")
+
+    def reconciled() -> bool:
+        new = [r for r in list(c.server)[seen:] if r.action is not None and r.headers.get("User-Agent") != TEST_AGENT
+               and r.resource is not None]
+        watching = {r.resource.plural for r in new if r.action.name == "WATCH"} >= {"pittrainings", "leakageevals"}
+        reads = [r for r in new if r.action.name == "FETCH" and r.resource.plural in PLURALS]
+        return watching and (finished or len(reads) >= 2)
+    await until(reconciled, "the restarted operator to reconcile")
+    await asyncio.sleep(5 * CFG.reconcile_interval)
+
+
+@pytest.mark.asyncio
+async def test_restart_in_every_phase_creates_no_duplicate(cluster: Cluster) -> None:
+    """The operator is restarted once the run shows each phase (Preparing, Training, Merging, Evaluating with
+    its LeakageEval Embedding then Analyzing, and Succeeded): every child is created once (no create is
+    answered 409, no object is replaced: the uids stay), the conditions do not move (their messages may: a
+    child's state is read afresh), the run succeeds."""
+    c = cluster
+    uids: dict[str, dict[str, str]] = {}
+    restarts: list[str] = []
+
+    async def between(stage: str) -> None:
+        before = children(c)
+        st = {r: stable(c.get(r, n)) for r, n in ((PIT, NAME), (LE, LE_NAME)) if c.get(r, n)}
+        await _restart(c)
+        restarts.append(stage)
+        assert children(c) == before, stage  # same names, same uids
+        assert {r: stable(c.get(r, n)) for r, n in ((PIT, NAME), (LE, LE_NAME)) if c.get(r, n)} == st, stage
+        for kind, got in before.items():
+            uids.setdefault(kind, {}).update(got)
+    await run_to_success(c, between)
+    assert restarts == ["Preparing", "Training", "Merging", "Embedding", "Analyzing", "Succeeded"]
+    assert children(c) == uids
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E).items() for n in ns)
+    assert [r for r, code in c.server.refused if r.action.name == "CREATE"] == []
+
+
+@pytest.mark.asyncio
+async def test_restart_after_failure_creates_nothing(cluster: Cluster) -> None:
+    """A run that failed (its PyTorchJob failed) stays Failed across a restart: nothing is created again."""
+    c = cluster
+    for stage, enter, shown in stages(c)[:2]:
+        await enter()
+        await show(c, shown)
+    c.finish_pytorchjob(T["train"], ok=False)
+    pit = await c.phase(PIT, NAME, "Failed")
+    before = children(c)
+    await _restart(c)
+    assert children(c) == before and c.get(PIT, NAME)["status"] == pit["status"]
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Training", T, None).items() for n in ns)
+
+
+# ------------------------------------------------------------------------------ deletion
+def _owners(c: Cluster) -> dict[str, list[tuple[str, str, str, bool, bool]]]:
+    """child name → its ownerReferences as (kind, name, uid, controller, blockOwnerDeletion)."""
+    out = {}
+    for kind, res in KINDS.items():
+        for n in c.names(res):
+            refs = c.get(res, n)["metadata"].get("ownerReferences") or []
+            out[n] = [(r["kind"], r["name"], r["uid"], r.get("controller"), r.get("blockOwnerDeletion"))
+                      for r in refs]
+    return out
+
+
+async def _delete(c: Cluster, resource: str, name: str) -> None:
+    plural = resource.split("/")[-1]
+    await c.request("DELETE", f"/apis/pitlab.io/v1alpha1/namespaces/{NS}/{plural}/{name}")
+
+
+@pytest.mark.parametrize("operator_down", [False, True], ids=["running", "operator-down"])
+@pytest.mark.asyncio
+async def test_deletion_mid_run_releases_the_finalizer_and_collects_every_child(cluster: Cluster,
+                                                                                  operator_down: bool) -> None:
+    """Every child has one controller owner reference to its parent (the LeakageEval's children to the
+    LeakageEval), so deleting the PitTraining while it evaluates deletes them all (garbage collection). The
+    operator's finalizer holds the PitTraining while the operator is down, and is released by the operator
+    (once it is back); nothing is created after the deletion."""
+    c = cluster
+    for stage, enter, shown in stages(c)[:4]:
+        await enter()
+        await show(c, shown)
+    pit, le = c.get(PIT, NAME), c.get(LE, LE_NAME)
+    owner = (("PitTraining", NAME, pit["metadata"]["uid"], True, True),
+             ("LeakageEval", LE_NAME, le["metadata"]["uid"], True, True))
+    want = {n: [owner[1] if n in (E["configMap"], *E["embed"]) else owner[0]]
+            for ns in expected("Embedding", T, E).values() for n in ns}
+    assert _owners(c) == want
+    assert pit["metadata"]["finalizers"] == ["pitlab.io/finalizer"] == le["metadata"]["finalizers"]
+    if operator_down:
+        await c.stop()
+    made = len(creates(c))
+    await _delete(c, PIT, NAME)
+    if operator_down:
+        await asyncio.sleep(10 * CFG.reconcile_interval)
+        held = c.get(PIT, NAME)
+        assert held["metadata"]["deletionTimestamp"] and held["metadata"]["finalizers"] == ["pitlab.io/finalizer"]
+        assert _owners(c) == want  # the owner is not gone yet: its children stay
+        c.start()
+    await until(lambda: c.get(PIT, NAME) is None and c.get(LE, LE_NAME) is None, "both parents to be deleted")
+    await until(lambda: not _owners(c), "the children to be collected")
+    await asyncio.sleep(10 * CFG.reconcile_interval)
+    assert _owners(c) == {} and len(creates(c)) == made
