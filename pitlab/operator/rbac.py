@@ -8,7 +8,7 @@ always granted cluster-wide; ``NAMESPACED_RULES`` are granted cluster-wide or pe
 from __future__ import annotations
 
 NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
-    # kopf watches the two kinds and patches them (finalizer, its annotations) and their status.
+    # kopf watches the two kinds and patches them (finalizer, its annotations); the handlers patch their status.
     ("pitlab.io", "pittrainings", ("get", "list", "watch", "patch")),
     ("pitlab.io", "leakageevals", ("get", "list", "watch", "patch", "create")),  # create: a PitTraining's evaluations
     ("pitlab.io", "pittrainings/status", ("patch",)),
