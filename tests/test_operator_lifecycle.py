@@ -23,10 +23,17 @@ BODY = {"apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining",
 
 
 class FakeWorld:
-    def __init__(self) -> None:
+    """The cluster view: objects by (resource, name), pods, logs, and the kinds it serves (``served``: a cluster
+    with only the legacy Kubeflow training operator unless a test says otherwise)."""
+
+    def __init__(self, served: tuple[str, ...] = (lifecycle.PYTORCHJOBS,)) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
         self.pods: list[dict] = []
         self.logs: dict[tuple[str, str], str] = {}
+        self.served = set(served)
+
+    def serves(self, resource: str) -> bool:
+        return resource in self.served
 
     def get(self, resource: str, namespace: str, name: str) -> dict | None:
         return copy.deepcopy(self.objects.get((resource, name)))
