@@ -240,6 +240,21 @@ def test_every_backend_manifest_of_an_awkward_name_is_valid(name: str) -> None:
         assert obj["metadata"]["name"] == naming.training_job(name)
 
 
+def test_the_trainjob_example_builds_a_valid_queued_trainjob() -> None:
+    import yaml
+
+    doc = yaml.safe_load((REPO / "examples" / "pittraining-trainjob.yaml").read_text())
+    doc["metadata"].update(namespace="research", uid="u-9")
+    pt = parse_resource(copy.deepcopy(doc))
+    choice = backends.choose(pt.spec.resources.backend, "auto", lambda r: False)
+    assert choice == backends.Choice(backends.TRAINJOB, "spec.resources.backend: trainjob")
+    tj = choice.backend.build(pt, OperatorConfig(), doc)
+    assert validate(tj) == [] and tj["metadata"]["name"] == "qwen35-a3b-pit-2020-tj-train"
+    assert (tj["spec"]["trainer"]["numNodes"], tj["spec"]["trainer"]["numProcPerNode"]) == (2, 8)
+    assert tj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert backends.kueue_warning(choice.backend, pt.spec.resources.queue_name) is None
+
+
 # ---------------------------------------------------------------- the runtime: the seam of the TrainJob
 def _merge_named(base: list[dict], patch: list[dict]) -> list[dict]:
     """Items merged by name, as Kubeflow Trainer applies a runtime patch (env and volumeMounts merged too)."""
