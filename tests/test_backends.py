@@ -311,7 +311,8 @@ def test_a_trainjob_on_the_charts_runtime_runs_the_pods_of_the_jobset_backend(pi
     objs = render("--set", "trainingBackend=trainjob", "--set", "storage.pvc=pitlab-data")
     (runtime,) = of_kind(objs, "ClusterTrainingRuntime")
     (dep,) = of_kind(objs, "Deployment")
-    cfg = OperatorConfig.from_env({e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]})
+    env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    cfg = OperatorConfig.from_env({e["name"]: e["value"] for e in env})
     assert validate(runtime) == []
     assert runtime["metadata"]["name"] == cfg.training_runtime == "pitlab-torch"
     assert runtime["spec"]["template"]["spec"]["failurePolicy"] == jobset_builders.failure_policy(cfg.backoff_limit)

@@ -79,7 +79,8 @@ def test_the_training_runtime_is_rendered_where_trainjobs_need_it(args: list[str
 
 
 @pytest.mark.parametrize("value, message", [
-    ("trainingBackend=trainjobs", 'trainingBackend: must be one of auto, trainjob, jobset, pytorchjob (got "trainjobs")'),
+    ("trainingBackend=trainjobs",
+     'trainingBackend: must be one of auto, trainjob, jobset, pytorchjob (got "trainjobs")'),
     ("trainingRuntime.install=maybe", 'trainingRuntime.install: must be one of auto, true, false (got "maybe")'),
 ])
 def test_bad_backend_values_are_refused_naming_the_value(value: str, message: str) -> None:

@@ -320,9 +320,9 @@ def training_step(backend: str, name: str, step: str) -> tuple[dict, dict]:
             _cond("Suspended", "False", "Resumed", "TrainJob is resumed")
         counts = {"name": "node", "active": int(step == "running"), "ready": int(step == "running"),
                   "succeeded": int(step == "succeeded"), "failed": int(step == "failed"), "suspended": int(suspend)}
+        failed = "jobset failed due to one or more job failures: Job fomc-2016-train-node-0 failed: PodFailurePolicy"
         end = {"succeeded": [_cond("Complete", "True", "JobSetCompleted", "jobset completed successfully")],
-               "failed": [_cond("Failed", "True", "JobSetFailed", "jobset failed due to one or more job failures: "
-                                                                  "Job fomc-2016-train-node-0 failed: PodFailurePolicy")]}
+               "failed": [_cond("Failed", "True", "JobSetFailed", failed)]}
         return {"suspend": suspend}, {"conditions": [held] + end.get(step, []), "jobsStatus": [counts]}
     if backend == "jobset":
         held = _cond("Suspended", "True", "SuspendedJobs", "jobset is suspended") if suspend else \

@@ -166,8 +166,8 @@ def message(body: dict, type_: str) -> str:
 
 
 # The condition each training kind's controller sets when it succeeded: (type, reason)
-TRAINED = {lifecycle.PYTORCHJOBS: ("Succeeded", "PyTorchJobSucceeded"), lifecycle.TRAINJOBS: ("Complete", "JobSetCompleted"),
-           lifecycle.JOBSETS: ("Completed", "AllJobsCompleted")}
+TRAINED = {lifecycle.PYTORCHJOBS: ("Succeeded", "PyTorchJobSucceeded"),
+           lifecycle.TRAINJOBS: ("Complete", "JobSetCompleted"), lifecycle.JOBSETS: ("Completed", "AllJobsCompleted")}
 
 
 def finish(w: FakeWorld, resource: str, name: str, ok: bool = True, container: str = "", msg: str = "") -> None:

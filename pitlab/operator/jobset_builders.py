@@ -116,9 +116,10 @@ def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, st
         pod["nodeSelector"] = dict(res.node_selector)
     if res.tolerations:
         pod["tolerations"] = [dict(t) for t in res.tolerations]
+    spec_items = [{"key": TRAINING_SPEC_FILE, "path": TRAINING_SPEC_FILE}]
     pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": cfg.pvc}},
                       {"name": "spec", "configMap": {"name": naming.training_spec_configmap(pt.metadata.name),
-                                                     "items": [{"key": TRAINING_SPEC_FILE, "path": TRAINING_SPEC_FILE}]}}]
+                                                     "items": spec_items}}]
     pod["containers"] = [{"name": NODE, "volumeMounts": [{"name": "data", "mountPath": cfg.mount_path},
                                                          {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True}]}]
     metrics = TrainingLayout(builders.training_run_dir(pt, cfg)).metrics

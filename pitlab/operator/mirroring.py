@@ -53,7 +53,8 @@ def _finished(obj: dict[str, Any], kind: str, failed: str, succeeded: str) -> Ch
 
 
 def _is_eviction(cond: dict[str, Any]) -> bool:
-    return cond.get("status") == "True" and any(str(cond.get(k) or "").startswith(_EVICTION) for k in ("type", "reason"))
+    return cond.get("status") == "True" and any(str(cond.get(k) or "").startswith(_EVICTION)
+                                                for k in ("type", "reason"))
 
 
 def held_by_kueue(obj: dict[str, Any], suspended: bool, ran: bool = False) -> ChildState | None:
