@@ -49,10 +49,27 @@ def test_names_and_printer_columns() -> None:
     assert pit["names"]["shortNames"] == ["pit", "pits"] and le["names"]["shortNames"] == ["leak", "le"]
     cols = lambda s: [(c["name"], c["jsonPath"]) for c in s["versions"][0]["additionalPrinterColumns"]]  # noqa: E731
     assert cols(pit) == [("Phase", ".status.phase"), ("Cutoff", ".spec.knowledgeCutoff"),
-                         ("Step", ".status.progress.step"), ("Loss", ".status.progress.loss"),
+                         ("Step", ".status.progress.step"), ("Done%", ".status.progress.percent"),
+                         ("ETA", ".status.progress.eta"), ("Loss", ".status.progress.loss"),
                          ("Age", ".metadata.creationTimestamp")]
     assert cols(le) == [("Phase", ".status.phase"), ("Premium", ".status.premiumSummary"),
                         ("Age", ".metadata.creationTimestamp")]
+
+
+@pytest.mark.parametrize("kind", ["PitTraining", "LeakageEval"])
+def test_printer_columns_name_schema_fields_of_their_type(kind: str) -> None:
+    """Every column's jsonPath is a field of the schema with the column's type (metadata aside), so a renamed
+    status field cannot leave an empty column behind."""
+    doc = yaml.safe_load(pitlab_crd(kind).read_text())
+    version = doc["spec"]["versions"][0]
+    for col in version["additionalPrinterColumns"]:
+        parts = col["jsonPath"].lstrip(".").split(".")
+        if parts[0] == "metadata":
+            continue
+        node = version["schema"]["openAPIV3Schema"]
+        for part in parts:
+            node = node["properties"][part]
+        assert node["type"] == col["type"] or (node.get("format") == "date" and col.get("format") == "date"), col
 
 
 def test_schema_types_enums_required_defaults_formats() -> None:

@@ -496,11 +496,12 @@ def test_calibration_benchmarks_batched_replicates_equal_the_product_path(cluste
 def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
     from rich.console import Console
 
-    import pitlab.cli as cli
+    from pitlab.cli import output
+    from pitlab.cli.results import print_results_table
 
     con = Console(record=True, width=250)
-    monkeypatch.setattr(cli, "console", con)
-    monkeypatch.setattr(cli, "_say", lambda *o, **k: con.print(*o, **k))
+    monkeypatch.setattr(output, "console", con)
+    monkeypatch.setattr(output, "say", lambda *o, **k: con.print(*o, **k))
     status = compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
                                           "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
                                           "verdict": "unreliable", "verdict_reasons": ["point estimate -0.6467 lies "
@@ -510,7 +511,7 @@ def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
                                           "date_only_premium": 0.21,
                                           "excess": {"premium": -0.8567, "ci": [-3.6, -1.7], "verdict": "unreliable"}}],
                               "reductions": []})
-    cli._print_results_table(status, "t")
+    print_results_table(status, "t")
     text = con.export_text()
     row = next(line for line in text.splitlines() if "minilm" in line)
     cells = [c.strip() for c in row.strip("│ ").split("│")]

@@ -50,6 +50,8 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     assert all(c["observedGeneration"] == 1 for c in status["conditions"])
     # 20,000 tokens / (64 × 4 × 2 ranks) = 39.06 → 40 steps
     assert status["progress"]["step"] == 40 and status["progress"]["totalSteps"] == 40
+    assert (status["progress"]["percent"], status["progress"]["etaSeconds"], status["progress"]["eta"]) == (
+        100.0, 0, "0s")
     assert status["corpusAudit"]["included"] == 159 and status["corpusAudit"]["excludedByDate"] == 76
     assert json.loads((run_dir / "corpus_audit.json").read_text())["included"] == 159
     summary = json.loads((run_dir / "train" / "summary.json").read_text())

@@ -442,12 +442,14 @@ async def _queued_then_running(c: Cluster, backend: str) -> dict:
     pit = await c.until(PIT, "fomc-2016", lambda o: ("Trained", "False", "Queued") in conds(o))
     assert conds(pit) == _training_conds(backend, ("Trained", "False", "Queued"), _kstatus("Training", "Queued"))
     assert cond(pit, "Trained")["message"].startswith(
-        f"{kind} fomc-2016-train: Queued: waiting for admission by Kueue LocalQueue gpu-queue (")
+        f"{kind} fomc-2016-train: waiting for admission by Kueue LocalQueue gpu-queue (")
     c.logs[(NS, c.progress_pod(backend), "progress")] = (
-        "starting\n" + PROGRESS_PREFIX + '{"loss":2.5,"step":10,"tokensPerSecond":8150.0,"totalSteps":100}\n')
+        "starting\n" + PROGRESS_PREFIX + '{"etaSeconds":4020,"loss":2.5,"step":10,"tokensPerSecond":8150.0,'
+        '"totalSteps":100}\n')
     c.play_training(backend, "fomc-2016-train", "running")
     pit = await c.until(PIT, "fomc-2016", lambda o: (o["status"].get("progress") or {}).get("step") == 10)
-    assert pit["status"]["progress"] == {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0}
+    assert pit["status"]["progress"] == {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
+                                         "percent": 10.0, "etaSeconds": 4020, "eta": "1h07m"}
     assert conds(pit) == _training_conds(backend, ("Trained", "False", "Training"), _kstatus("Training", "Training"))
     return pit
 
@@ -490,7 +492,8 @@ async def _happy_path(c: Cluster, backend: str) -> None:
 
     c.play_training(backend, "fomc-2016-train", "succeeded")
     pit = await c.phase(PIT, "fomc-2016", "Merging")
-    assert pit["status"]["progress"]["step"] == 100
+    assert pit["status"]["progress"] == {"step": 100, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
+                                         "percent": 100.0, "etaSeconds": 0, "eta": "0s"}
     assert cond(pit, "Trained")["reason"] == TRAINED[backend]
     merge = c.get(JOBS, "fomc-2016-merge")
     assert merge["spec"]["template"]["spec"]["containers"][0]["command"] == [
@@ -566,8 +569,8 @@ async def test_preempted_training_shows_preempted_and_carries_on_when_readmitted
         assert pit["status"]["phase"] == "Training"
         assert conds(pit) == _training_conds(backend, ("Trained", "False", "Preempted"),
                                              _kstatus("Training", "Preempted"))
-        assert cond(pit, "Trained")["message"].startswith(f"{kind} fomc-2016-train: Preempted: evicted by Kueue "
-                                                          "LocalQueue gpu-queue (")
+        assert cond(pit, "Trained")["message"].startswith(f"{kind} fomc-2016-train: evicted by Kueue LocalQueue "
+                                                          "gpu-queue (")
         assert cond(pit, "Trained")["message"].endswith("it resumes from its last checkpoint when readmitted "
                                                         "(step 10/100)")
         c.play_training(backend, "fomc-2016-train", "running")

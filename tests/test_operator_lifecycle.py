@@ -250,13 +250,20 @@ def test_malformed_progress_line_is_ignored_with_a_warning() -> None:
     # unknown fields of a newer trainer are left out, the known ones reach the status
     w.logs[("t-train-master-0", "progress")] = log + 'PITLAB_PROGRESS {"step": 6, "totalSteps": 9, "epoch": 1}\n'
     body, plan = step(w, body)
-    assert plan.warnings == [] and body["status"]["progress"] == {"step": 6, "totalSteps": 9}
+    assert plan.warnings == []
+    assert body["status"]["progress"] == {"step": 6, "totalSteps": 9, "percent": 66.6}
     assert message(body, "Trained") == "PyTorchJob t-train: Created (step 6/9)"
     # a GPU run on reference kernels: the trainer's warning is in the Trained condition's message
     w.logs[("t-train-master-0", "progress")] += 'PITLAB_PROGRESS {"step": 7, "totalSteps": 9, "kernelWarning": "slow"}\n'
     body, plan = step(w, body)
-    assert body["status"]["progress"] == {"step": 7, "totalSteps": 9}
+    assert body["status"]["progress"] == {"step": 7, "totalSteps": 9, "percent": 77.7}
     assert message(body, "Trained") == "PyTorchJob t-train: Created (step 7/9); WARNING: slow"
+    # the ETA the sidecar computed reaches the status, for people too; percent and eta are derived, not copied
+    w.logs[("t-train-master-0", "progress")] += ('PITLAB_PROGRESS {"step": 8, "totalSteps": 9, "etaSeconds": 125, '
+                                                 '"percent": 12.0, "eta": "soon"}\n')
+    body, plan = step(w, body)
+    assert plan.warnings == [] and body["status"]["progress"] == {"step": 8, "totalSteps": 9, "percent": 88.8,
+                                                                  "etaSeconds": 125, "eta": "2m05s"}
 
 
 def test_stored_spec_that_no_longer_parses_fails_naming_the_field() -> None:
@@ -445,7 +452,7 @@ def test_queued_then_preempted_training_keeps_the_phase_and_says_why() -> None:
                                     "message": "jobset is suspended"}]}
     body, _ = step(w, body)
     assert conds(body)[2] == ("Trained", "False", "Queued") and body["status"]["phase"] == "Training"
-    assert message(body, "Trained") == ("JobSet t-train: Queued: waiting for admission by Kueue LocalQueue h200 "
+    assert message(body, "Trained") == ("JobSet t-train: waiting for admission by Kueue LocalQueue h200 "
                                         "(SuspendedJobs: jobset is suspended)")
     js["status"] = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
     pod = "t-train-node-0-0-abcde"
@@ -454,15 +461,15 @@ def test_queued_then_preempted_training_keeps_the_phase_and_says_why() -> None:
     w.logs[(pod, "progress")] = 'PITLAB_PROGRESS {"step": 40, "totalSteps": 90}\n'
     body, _ = step(w, body)
     assert conds(body)[2] == ("Trained", "False", "Training") and body["status"]["progress"] == {
-        "step": 40, "totalSteps": 90}
+        "step": 40, "totalSteps": 90, "percent": 44.4}
     assert message(body, "Trained") == "JobSet t-train: Running: 1 Job(s) active, 1 ready (step 40/90)"
     js["status"] = {"conditions": [{"type": "Suspended", "status": "True", "reason": "SuspendedJobs",
                                     "message": "jobset is suspended"}]}
     body, _ = step(w, body)
     assert conds(body)[2] == ("Trained", "False", "Preempted") and body["status"]["phase"] == "Training"
     assert message(body, "Trained") == (
-        "JobSet t-train: Preempted: evicted by Kueue LocalQueue h200 (SuspendedJobs: jobset is suspended); it resumes "
-        "from its last checkpoint when readmitted (step 40/90)")
+        "JobSet t-train: evicted by Kueue LocalQueue h200 (SuspendedJobs: jobset is suspended); it resumes from its "
+        "last checkpoint when readmitted (step 40/90)")
 
 
 def test_a_finished_training_creates_nothing_after_a_spec_edit() -> None:

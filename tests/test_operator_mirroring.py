@@ -70,7 +70,9 @@ def test_an_eviction_condition_is_preempted_and_a_suspension_without_queue_is_su
            "status": {"conditions": [_c("Suspended", "True", "PyTorchJobSuspended", "PyTorchJob x is suspended.")]}}
     assert m.pytorchjob_state(ptj) == m.ChildState("Pending", "Suspended",
                                                    "PyTorchJobSuspended: PyTorchJob x is suspended.")
+    assert m.pytorchjob_state(ptj, ran=True).reason == "Suspended"  # no queue: not Kueue's eviction
     assert m.pytorchjob_state({**ptj, **QUEUED}).reason == "Queued"
+    assert m.pytorchjob_state({**ptj, **QUEUED}, ran=True).reason == "Preempted"
 
 
 def test_index_pod_is_the_newest_live_pod_of_that_index() -> None:

@@ -143,11 +143,11 @@ def test_a_stage_done_without_running_shows_skipped(monkeypatch):
 
     from rich.console import Console
 
-    import pitlab.cli as cli
+    from pitlab.cli import output
 
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=buf, width=200))
-    reporter = cli.RichReporter(None)
+    monkeypatch.setattr(output, "console", Console(file=buf, width=200))
+    reporter = output.RichReporter(None)
     reporter.done("prepare", "done before the interruption")
     reporter.stage("train")
     reporter.done("train", "trained")
@@ -157,13 +157,13 @@ def test_a_stage_done_without_running_shows_skipped(monkeypatch):
 
 
 def test_the_interrupted_message_names_the_durable_checkpoint(tmp_path):
-    from pitlab.cli import _interrupted_detail
+    from pitlab.cli.run import interrupted_detail
 
     status = tmp_path / "status.json"
     status.write_text(json.dumps({"status": {"phase": "Interrupted", "conditions": [
         {"type": "Prepared", "status": "True", "reason": "Prepared", "message": "ok"},
         {"type": "Trained", "status": "False", "reason": "Interrupted",
          "message": "interrupted by SIGINT during train; last durable checkpoint: out/x/checkpoint/step-4"}]}}))
-    assert _interrupted_detail(status) == ": interrupted by SIGINT during train; last durable checkpoint: " \
+    assert interrupted_detail(status) == ": interrupted by SIGINT during train; last durable checkpoint: " \
                                           "out/x/checkpoint/step-4"
-    assert _interrupted_detail(tmp_path / "missing.json") == ""
+    assert interrupted_detail(tmp_path / "missing.json") == ""

@@ -332,7 +332,7 @@ def test_training_reduces_loss_and_reports(trained):
     lines = [json.loads(x) for x in (trained["run"] / "train" / "metrics.jsonl").read_text().splitlines()]
     assert seen == lines
     assert [r["step"] for r in lines] == list(range(1, 31))
-    assert all(r["total_steps"] == 30 and r["tokens"] == r["step"] * 1024 for r in lines)
+    assert all(r["total_steps"] == 30 and r["tokens"] == r["step"] * 1024 and r["start_step"] == 0 for r in lines)
     assert lines[0]["loss"] == s["first_loss"] and lines[-1]["loss"] == s["final_loss"]
     assert [r["lr"] for r in lines[:3]] == pytest.approx([1e-3, 2e-3, 3e-3])  # warmup 3 of peak 3e-3
     assert lines[-1]["lr"] == pytest.approx(3e-4)  # cosine to minLearningRateRatio 0.1
@@ -531,6 +531,8 @@ def test_killed_rank_resumes_bit_identically(trained, tmp_path):
     assert [r["step"] for r in resumed] == list(range(1, 31))  # each step once: the redone ones replaced
     assert [(r["loss"], r["lr"], r["grad_norm"]) for r in resumed] == [
         (r["loss"], r["lr"], r["grad_norm"]) for r in uninterrupted]
+    # the ETA's clock: the first attempt's records start at 0, the resumed attempt's at the checkpoint
+    assert all(r["start_step"] == (0 if r["step"] <= killed_at else killed_at) for r in resumed)
     assert (ckpt_dir / "latest").read_text().strip() == "step-30"
 
 

@@ -13,6 +13,9 @@ from __future__ import annotations
 from pitlab.api.status import ResourceStatus, get_condition, set_condition, set_phase
 
 SPEC_IMMUTABLE = "SpecImmutable"
+WAITING_REASONS = ("Queued", "Preempted", "Suspended")
+"""Reasons of a stage that waits for admission (e.g. its child suspended by Kueue) while Reconciling=True: the
+shipped GitOps health checks show such a resource as Suspended, not Progressing (charts/pitlab/files/health)."""
 
 
 def is_true(status: ResourceStatus, type_: str) -> bool:

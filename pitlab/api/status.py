@@ -10,9 +10,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from pitlab.api.base import SpecModel
+from pitlab.api.progress import format_eta, percent_done
 
 Phase = Literal["Pending", "Validating", "Preparing", "Training", "Merging", "Evaluating", "Embedding", "Analyzing",
                 "Succeeded", "Failed", "Interrupted"]
@@ -30,6 +31,10 @@ class Condition(SpecModel):
 
 
 class Progress(SpecModel):
+    """How far training is (PitTraining): the latest step, loss and speed, percent done and the time left."""
+    # percent and eta are derived on every validation (from step/totalSteps and etaSeconds, pitlab.api.progress),
+    # so they never disagree with the fields they come from.
+
     model_config = ConfigDict(allow_inf_nan=True)  # a diverged run's loss is reported as it is (NaN)
 
     step: int = 0
@@ -38,6 +43,32 @@ class Progress(SpecModel):
     tokens_per_second: float | None = Field(
         None, description="mean training speed (input tokens per second, all GPUs) from the start of the "
                           "training attempt to the latest step (not the latest step's own speed)")
+    percent: float | None = Field(
+        None, ge=0, le=100, description="training steps done, in percent (step / totalSteps, floored to 0.1)")
+    eta_seconds: int | None = Field(
+        None, ge=0, description="seconds of training left at the latest step: the current attempt's mean seconds "
+                                "per step times the steps left (0 once training is done)")
+    eta: str | None = Field(None, description="etaSeconds for people (45s, 12m05s, 3h07m, 2d04h)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        pick = lambda alias, name: data[alias] if alias in data else data.get(name)  # noqa: E731
+        step, total = pick("step", "step") or 0, pick("totalSteps", "total_steps")
+        out = {k: v for k, v in data.items() if k not in ("percent", "eta")}
+        if isinstance(step, int) and (total is None or isinstance(total, int)):  # else the field errors say why
+            out["percent"] = percent_done(step, total)
+        eta_seconds = pick("etaSeconds", "eta_seconds")
+        out["eta"] = format_eta(eta_seconds) if isinstance(eta_seconds, int) else None
+        return out
+
+    def finished(self) -> "Progress":
+        """This progress at its last step (training done): step = totalSteps, 100 %, ETA 0s."""
+        total = self.total_steps if self.total_steps is not None else self.step
+        return Progress.model_validate({**self.model_dump(), "step": total, "total_steps": total,
+                                        "eta_seconds": 0})
 
 
 class CorpusAuditStatus(SpecModel):

@@ -9,6 +9,8 @@ import json
 import math
 from typing import Any
 
+from pitlab.api.progress import estimate_record
+
 PROGRESS_PREFIX = "PITLAB_PROGRESS "
 TERMINATION_LIMIT = 4096  # bytes: the kubelet truncates longer termination messages
 
@@ -77,11 +79,13 @@ def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:
 
 
 def progress_record(metrics: dict[str, Any]) -> dict[str, Any]:
-    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``, and
-    ``mean_tokens_per_second`` as ``tokensPerSecond``: the mean speed of the run so far, not the last step's)."""
+    """``status.progress`` fields of one trainer metrics record (``step``, ``total_steps``, ``loss``,
+    ``mean_tokens_per_second`` as ``tokensPerSecond``: the mean speed of the run so far, not the last step's, and
+    ``etaSeconds`` from the attempt's pace, :func:`pitlab.api.progress.estimate_record`)."""
     return {k: v for k, v in {
         "step": metrics.get("step"), "totalSteps": metrics.get("total_steps"),
         "loss": _num(metrics.get("loss")), "tokensPerSecond": _num(metrics.get("mean_tokens_per_second"), 4),
+        "etaSeconds": estimate_record(metrics).eta_seconds,
         "kernelWarning": metrics.get("kernel_warning"),  # the Trained condition's message shows it
     }.items() if v is not None}
 

@@ -59,10 +59,10 @@ def _is_eviction(cond: dict[str, Any]) -> bool:
 
 def held_by_kueue(obj: dict[str, Any], suspended: bool, ran: bool = False) -> ChildState | None:
     """Kueue's hold on a suspended training child (None when it is not suspended). ``Preempted`` when Kueue evicted
-    it: the child says so (a True condition whose type or reason starts with Preempted or Evicted), or it is
-    suspended again after it ran (``ran``: the operator saw it report progress; Kueue suspends an evicted TrainJob or
-    JobSet without a condition saying why). Else ``Queued`` when it has a ``kueue.x-k8s.io/queue-name`` label, else
-    ``Suspended``. The message names the queue and the child's own reason."""
+    it: the child says so (a True condition whose type or reason starts with Preempted or Evicted), or it is queued
+    (a ``kueue.x-k8s.io/queue-name`` label) and suspended again after it ran (``ran``: the operator saw it report
+    progress; Kueue suspends an evicted TrainJob or JobSet without a condition saying why). Else ``Queued`` when it
+    is queued, else ``Suspended``. The message names the queue and the child's own reason."""
     if not suspended:
         return None
     conds = _conditions(obj)
@@ -71,7 +71,7 @@ def held_by_kueue(obj: dict[str, Any], suspended: bool, ran: bool = False) -> Ch
     held = next((c for c in conds if _is_eviction(c)), None) or _true(conds, "Suspended") or \
         {"reason": "Suspended", "message": "spec.suspend is true"}
     why = f"{held.get('reason') or 'Suspended'}: {held.get('message', '')}".rstrip(": ")
-    if _is_eviction(held) or ran:
+    if _is_eviction(held) or (ran and queue):
         return ChildState(PENDING, PREEMPTED, f"evicted by {where} ({why}); it resumes from its last checkpoint "
                                               "when readmitted")
     if queue:

@@ -9,15 +9,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pitlab.api import PitTraining, ResourceStatus, stages
+from pitlab.api import PitTraining, ResourceStatus, conditions, stages
 from pitlab.api.layout import TrainingLayout
+from pitlab.api.progress import estimate_record
 from pitlab.api.stages import Stage
 from pitlab.api.status import Progress, get_condition
 from pitlab.operator import backends, builders, naming
 from pitlab.operator.backends import Backend
 from pitlab.operator.context import Ctx, Plan, problems
-from pitlab.operator.mirroring import FAILED, PENDING, PREEMPTED, QUEUED, SUCCEEDED, ChildState, index_pod, \
-    progress_from_log
+from pitlab.operator.mirroring import FAILED, PENDING, PREEMPTED, SUCCEEDED, ChildState, index_pod, progress_from_log
 from pitlab.pipeline.base import Report, StageStep, TrainingRun
 
 
@@ -41,7 +41,7 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
     status.checkpoint_uri = report.checkpoint_uri
     if report.cluster:
         if status.progress is not None and status.progress.total_steps:
-            status.progress.step = status.progress.total_steps
+            status.progress = status.progress.finished()
         return f"{report.child}: {report.child_message}"
     tps = report.mean_tokens_per_second
     return (f"{report.steps} steps, loss {report.first_loss:.3f} → {report.final_loss:.3f}"
@@ -65,7 +65,8 @@ def run(run: TrainingRun, stage: Stage) -> None:
             warned[0] = True
             st.running(stage, f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
         st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
-                                      tokens_per_second=m.get("mean_tokens_per_second"))
+                                      tokens_per_second=m.get("mean_tokens_per_second"),
+                                      eta_seconds=estimate_record(m).eta_seconds)
         run.reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
                               f"loss {m.get('loss', float('nan')):.3f}")
         if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
@@ -124,7 +125,7 @@ def _progress_pod(ctx: Ctx, backend: Backend) -> str | None:
 
 def _running(ctx: Ctx, stage: Stage, backend: Backend, job: Any, what: str, st: ChildState) -> None:
     """While the child has not finished: the progress sidecar's newest line goes to ``status.progress``; the stage's
-    condition has the child's state (reason Queued or Preempted while Kueue holds it)."""
+    condition has the child's state (reason Queued, Preempted or Suspended while it waits for admission)."""
     pod = _progress_pod(ctx, backend) if job else None
     log = ctx.world.pod_log(ctx.ns, pod, "progress") if pod else None
     prog = _progress(log, pod, ctx.plan) if pod else None
@@ -132,9 +133,10 @@ def _running(ctx: Ctx, stage: Stage, backend: Backend, job: Any, what: str, st: 
         ctx.status.progress = prog
     step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
     warning = kernel_warning(log)
-    detail = f": {st.message}" if st.message else ""
-    ctx.running(stage, f"{what}: {st.reason}{detail}{step}" + (f"; WARNING: {warning}" if warning else ""),
-                reason=st.reason if st.reason in (QUEUED, PREEMPTED) else None)
+    waiting = st.reason in conditions.WAITING_REASONS  # the condition's reason: not repeated in its message
+    state = st.message if waiting else st.reason + (f": {st.message}" if st.message else "")
+    ctx.running(stage, f"{what}: {state}{step}" + (f"; WARNING: {warning}" if warning else ""),
+                reason=st.reason if waiting else None)
 
 
 def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:

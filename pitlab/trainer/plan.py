@@ -86,6 +86,7 @@ from pitlab.trainer.single_device import uses_compute_copy
 
 GiB = 1024 ** 3
 RESERVE_BYTES = 2 * GiB
+REDUCE_BYTES = 4  # float32 reduce (bf16 policy) or float32 gradients (fp32), per element
 COMPONENTS = ("parameters", "gradients", "optimizer", "accumulation", "unsharded_parameters", "gradient_buffers",
               "activations", "logits", "reserve")
 
@@ -296,95 +297,147 @@ def _plan_checkpointing(spec: PitTrainingSpec, shape: ModelShape, adapter: Adapt
                  f"auto: on (without it the plan needs {off.peak_bytes / GiB:.2f} GiB)", single)
 
 
-def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
-          capacity: int | None, why: str, single: bool) -> MemoryPlan:
-    lora = spec.method == "lora"
+@dataclass(frozen=True)
+class _Regime:
+    """How the trainer runs a spec: world size, compute bytes ``c`` (2 with bf16, else 4), the single-device
+    path, gradients kept unsharded between microbatches (``nosync``), the fused optimizer step and whether it
+    leaves no float32 gradients."""
+
+    world: int
+    c: int
+    single: bool
+    nosync: bool
+    fused: bool
+    no_fp32_grads: bool
+
+
+def _regime(spec: PitTrainingSpec, single: bool) -> _Regime:
     tr = spec.training
-    world = spec.resources.nodes * spec.resources.gpus_per_node
-    c = 2 if tr.precision == "bf16" else 4
-    r = 4  # float32 reduce (bf16 policy) or float32 gradients (fp32)
-    p = shape.total
-    tokens = tr.micro_batch_size * tr.seq_len
-    saved_layer = tokens * shape.layer_activation_elems * c
-    if act_ckpt:
-        saved = shape.layers * tokens * shape.hidden * c
-        working = saved_layer + 2 * tokens * shape.hidden * c
-    else:
-        saved = shape.layers * saved_layer
-        working = 2 * tokens * shape.hidden * c
-    nosync = tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch and not single
     fused = fused_step_enabled(tr, single, cuda=True)  # a plan is of a GPU
-    # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients
-    no_fp32_grads = fused and tr.gradient_accumulation_steps == 1
+    return _Regime(
+        world=spec.resources.nodes * spec.resources.gpus_per_node, c=2 if tr.precision == "bf16" else 4,
+        single=single,
+        nosync=tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch and not single,
+        # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients
+        fused=fused, no_fp32_grads=fused and tr.gradient_accumulation_steps == 1)
+
+
+@dataclass(frozen=True)
+class _Weights:
+    """Bytes per GPU of the weights (``params``), of the compute-dtype copies in flight (``unsharded``; of them
+    ``resident``: the root's and two layers'), of the unsharded gradients (``grad_buffers``), and the count of
+    trained parameters (``trained``, scalars)."""
+
+    params: int
+    trained: int
+    unsharded: int
+    resident: int
+    grad_buffers: int
+
+
+def _weights(shape: ModelShape, adapter: AdapterShape | None, lora: bool, g: _Regime) -> _Weights:
+    c, r, p, world = g.c, REDUCE_BYTES, shape.total, g.world
     if lora:  # frozen base in the compute dtype; master weights, gradients, AdamW only for the adapter
         a = adapter.total
-        params, trained = (c * p + 4 * a) // world, a
         unsharded = c * (shape.root + adapter.root + 2 * (shape.largest_layer + adapter.largest_layer))
-        resident = unsharded
-        grad_buffers = c * adapter.root + (c + r) * adapter.largest_layer
-    elif single:  # pitlab.trainer.single_device: the bf16 copy stays; its bf16 gradients live until the cast
-        params, trained = 4 * p, p
-        resident = unsharded = c * p
-        grad_buffers = c * p
-    else:
-        params, trained = 4 * p // world, p
-        # one GPU: no reshard after forward (pitlab.trainer.fsdp.reshard_after_forward), every layer's copy stays
-        resident = c * (shape.root + 2 * shape.largest_layer)  # the root and two layers in flight
-        unsharded = resident if reshard_after_forward(world, False) else c * p
-        grad_buffers = c * shape.root + (c + r) * shape.largest_layer
-    if tr.loss == "chunked":  # pitlab.trainer.loss: the logits' gradient + one chunk's logits (+ its gradient)
+        return _Weights(params=(c * p + 4 * a) // world, trained=a, unsharded=unsharded, resident=unsharded,
+                        grad_buffers=c * adapter.root + (c + r) * adapter.largest_layer)
+    if g.single:  # pitlab.trainer.single_device: the bf16 copy stays; its bf16 gradients live until the cast
+        return _Weights(params=4 * p, trained=p, unsharded=c * p, resident=c * p, grad_buffers=c * p)
+    # one GPU: no reshard after forward (pitlab.trainer.fsdp.reshard_after_forward), every layer's copy stays
+    resident = c * (shape.root + 2 * shape.largest_layer)  # the root and two layers in flight
+    return _Weights(params=4 * p // world, trained=p,
+                    unsharded=resident if reshard_after_forward(world, False) else c * p, resident=resident,
+                    grad_buffers=c * shape.root + (c + r) * shape.largest_layer)
+
+
+def _activations(shape: ModelShape, tokens: int, c: int, act_ckpt: bool) -> tuple[int, int]:
+    """Bytes of the saved activations of every layer and of one layer's working set in backward."""
+    saved_layer = tokens * shape.layer_activation_elems * c
+    if act_ckpt:
+        return shape.layers * tokens * shape.hidden * c, saved_layer + 2 * tokens * shape.hidden * c
+    return shape.layers * saved_layer, 2 * tokens * shape.hidden * c
+
+
+def _loss_head(shape: ModelShape, tokens: int, c: int, loss: str) -> tuple[int, int]:
+    """Bytes of the loss head at its peak (``logits``) and of its gradients kept until backward."""
+    if loss == "chunked":  # pitlab.trainer.loss: the logits' gradient + one chunk's logits (+ its gradient)
         chunk = min(tokens, DEFAULT_CHUNK_TOKENS)
         logits = tokens * shape.vocab * c + chunk * shape.vocab * c * (1 if tokens <= chunk else 2)
-        loss_grads = (tokens + shape.vocab) * shape.hidden * c  # gradients of hidden states and head, kept to backward
+        return logits, (tokens + shape.vocab) * shape.hidden * c  # gradients of hidden states and head
+    return tokens * shape.vocab * (c + 12), 0
+
+
+def _peak(comp: dict[str, int], w: _Weights, saved: int, working: int, loss_grads: int, accumulating: bool,
+          single: bool) -> int:
+    """The largest of the phases' bytes: at the loss, in backward, at the float32 cast (single device)."""
+    # gradients are None until backward makes them (zero_grad(set_to_none=True)): at the loss every saved
+    # activation, the gathered parameters and the loss head's memory are live; in backward the sharded gradients
+    # grow as the activations (and, on one GPU, the kept layer copies) are freed
+    base = sum(comp[k] for k in ("parameters", "optimizer", "accumulation", "reserve"))
+    grads_at_loss = comp["gradients"] if accumulating else 0  # from the 2nd microbatch on
+    at_loss = base + w.unsharded + saved + comp["logits"] + grads_at_loss
+    if single:  # the copy stays; its bf16 gradients replace the activations in backward, then the float32 cast
+        in_backward = base + w.unsharded + max(saved, w.grad_buffers) + loss_grads + working + grads_at_loss
+        at_cast = base + w.unsharded + w.grad_buffers + comp["gradients"]
     else:
-        logits, loss_grads = tokens * shape.vocab * (c + 12), 0
+        in_backward = (base + max(w.unsharded + saved, comp["gradients"] + w.resident) + comp["gradient_buffers"]
+                       + loss_grads + working)
+        at_cast = 0
+    return max(at_loss, in_backward, at_cast)
+
+
+def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
+          capacity: int | None, why: str, single: bool) -> MemoryPlan:
+    """The plan with activation checkpointing ``act_ckpt`` (``why``: how auto chose it, or empty)."""
+    tr = spec.training
+    g = _regime(spec, single)
+    tokens = tr.micro_batch_size * tr.seq_len
+    saved, working = _activations(shape, tokens, g.c, act_ckpt)
+    w = _weights(shape, adapter, spec.method == "lora", g)
+    logits, loss_grads = _loss_head(shape, tokens, g.c, tr.loss)
     comp = {
-        "parameters": params,
-        "gradients": 0 if no_fp32_grads else 4 * trained // world,
-        "optimizer": 8 * trained // world,
-        "accumulation": r * trained if nosync else 0,
-        "unsharded_parameters": unsharded,
-        "gradient_buffers": grad_buffers,
+        "parameters": w.params,
+        "gradients": 0 if g.no_fp32_grads else 4 * w.trained // g.world,
+        "optimizer": 8 * w.trained // g.world,
+        "accumulation": REDUCE_BYTES * w.trained if g.nosync else 0,
+        "unsharded_parameters": w.unsharded,
+        "gradient_buffers": w.grad_buffers,
         "activations": saved + working,
         "logits": logits,
         "reserve": RESERVE_BYTES,
     }
-    # two phases (gradients are None until backward makes them: zero_grad(set_to_none=True)):
-    # at the loss every saved activation, the gathered parameters and the loss head's memory are live;
-    # in backward the sharded gradients grow as the activations (and, on one GPU, the kept layer copies) are freed
-    base = sum(comp[k] for k in ("parameters", "optimizer", "accumulation", "reserve"))
-    grads_at_loss = comp["gradients"] if tr.gradient_accumulation_steps > 1 else 0  # from the 2nd microbatch on
-    at_loss = base + unsharded + saved + comp["logits"] + grads_at_loss
-    if single:  # the copy stays; its bf16 gradients replace the activations in backward, then the float32 cast
-        in_backward = base + unsharded + max(saved, grad_buffers) + loss_grads + working + grads_at_loss
-        at_cast = base + unsharded + grad_buffers + comp["gradients"]
-    else:
-        in_backward = (base + max(unsharded + saved, comp["gradients"] + resident) + comp["gradient_buffers"]
-                       + loss_grads + working)
-        at_cast = 0
-    peak = max(at_loss, in_backward, at_cast)
-    notes = [f"model: {shape.model_type}, {count_text(p)} parameters ({count_text(shape.active)} active), "
-             f"world size {world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
-             f"(sync every microbatch: {'no effect without FSDP2' if single else not nosync}), "
+    peak = _peak(comp, w, saved, working, loss_grads, tr.gradient_accumulation_steps > 1, single)
+    notes = _plan_notes(spec, shape, adapter, g, w.trained, act_ckpt, why)
+    return MemoryPlan(g.world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
+                      single_device=single)
+
+
+def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, g: _Regime, trained: int,
+                act_ckpt: bool, why: str) -> list[str]:
+    """The lines under the plan's table: the model and how it runs, then what the spec should know."""
+    tr, single = spec.training, g.single
+    notes = [f"model: {shape.model_type}, {count_text(shape.total)} parameters ({count_text(shape.active)} active), "
+             f"world size {g.world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
+             f"(sync every microbatch: {'no effect without FSDP2' if single else not g.nosync}), "
              f"activation checkpointing: {act_ckpt}"
              + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
              + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
-             + (", fused optimizer step (no float32 gradients)" if no_fp32_grads else
-                ", fused optimizer step (float32 gradient sums: accumulation)" if fused else "")]
+             + (", fused optimizer step (no float32 gradients)" if g.no_fp32_grads else
+                ", fused optimizer step (float32 gradient sums: accumulation)" if g.fused else "")]
     if tr.fused_optimizer and not single:
         notes.append("fusedOptimizer: true has no effect here (the single-device path only: world size 1, "
                      "method: full, precision: bf16); torch's AdamW is used")
-    if lora:
+    if spec.method == "lora":
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
                      f"{count_text(adapter.total)} trainable adapter parameters "
-                     f"({100 * adapter.total / p:.3f}% of the base); frozen base stored in "
-                     f"{'bf16' if c == 2 else 'fp32'}")
-    if nosync:
+                     f"({100 * adapter.total / shape.total:.3f}% of the base); frozen base stored in "
+                     f"{'bf16' if g.c == 2 else 'fp32'}")
+    if g.nosync:
         notes.append(f"gradientSyncEveryMicrobatch: false keeps all {count_text(trained)} gradients unsharded on "
-                     f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {r * trained / 1e9:.1f} GB as FSDP2 "
-                     "accumulates them in float32; set it to true (the default)")
-    return MemoryPlan(world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
-                      single_device=single)
+                     f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {REDUCE_BYTES * trained / 1e9:.1f} GB as "
+                     "FSDP2 accumulates them in float32; set it to true (the default)")
+    return notes
 
 
 def count_text(n: int | float) -> str:

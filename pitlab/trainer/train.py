@@ -420,7 +420,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
             elapsed = time.perf_counter() - t_loop
             mean_tps = (step + 1 - start_step) * run.data.tokens_per_step / max(elapsed, 1e-9)
             if metrics is not None:
-                metrics.write(_metrics_record(run, step + 1, result, elapsed, mean_tps))
+                metrics.write(_metrics_record(run, step + 1, result, elapsed, mean_tps, start_step))
             checkpointer.after_step(step + 1, run.model, run.optimizer, run.scheduler, run.train_state(step + 1))
         loop_seconds = time.perf_counter() - t_loop
         last_ckpt = checkpointer.final(run.total_steps, run.model, run.optimizer, run.scheduler,
@@ -454,14 +454,17 @@ def model_card(res: PitTraining, run_dir: Path) -> dict:
                      method=res.spec.method).model_dump(by_alias=True, mode="json")
 
 
-def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float) -> dict:
-    """One metrics line (:mod:`pitlab.trainer.metrics`) after ``step`` optimizer steps."""
+def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float,
+                    start_step: int) -> dict:
+    """One metrics line (:mod:`pitlab.trainer.metrics`) after ``step`` optimizer steps of an attempt that
+    began at ``start_step``."""
     tps = run.data.tokens_per_step / max(result.seconds, 1e-9)
     record = {"step": step, "total_steps": run.total_steps, "loss": result.loss, "lr": result.lr,
               "grad_norm": result.grad_norm, "tokens": step * run.data.tokens_per_step, "tokens_per_second": tps,
               "mean_tokens_per_second": mean_tps,
               "mfu": None if run.peak_flops is None else tps * run.flops_per_token / (run.peak_flops * run.world),
-              "peak_memory_bytes": _peak_memory(run.device), "elapsed_s": elapsed}
+              "peak_memory_bytes": _peak_memory(run.device), "elapsed_s": elapsed,
+              "start_step": start_step}
     if run.kernel_warning is not None:
         record["kernel_warning"] = run.kernel_warning
     return record

@@ -13,7 +13,7 @@ One module per job:
 - ``verify``: every written tensor compared bit for bit, parameter digests, the logits probe, memory
 - ``folder``: :func:`merge_checkpoint`, local paths: written aside, reported, swapped into place
 - ``publish``: :func:`merge_uris`, any path an ``s3://`` URI (inputs verified, output published ``_COMPLETE`` last)
-- ``command``: ``pitlab merge``'s exit codes (its options are declared in :mod:`pitlab.cli` only)
+- ``command``: ``pitlab merge``'s exit codes (its options are declared in :mod:`pitlab.cli.merge` only)
 
 **Full-weight checkpoints.** The checkpoint's model tensors are read from the DCP files
 (``torch.distributed.checkpoint`` ``FileSystemReader`` metadata, then ``dcp.load`` of a *subset* of keys into

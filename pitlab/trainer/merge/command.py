@@ -1,4 +1,4 @@
-"""``pitlab merge``'s work (its options are declared once, in :mod:`pitlab.cli`): the merge with its errors turned
+"""``pitlab merge``'s work (its options are declared once, in :mod:`pitlab.cli.merge`): the merge with its errors turned
 into a message on stderr and an exit code."""
 
 from __future__ import annotations

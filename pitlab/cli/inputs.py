@@ -1,0 +1,66 @@
+"""What the commands read before they work: the spec (a bad one exits 2), ``--data-root``, s3:// arguments, and
+the notes printed about a valid spec (its corpus audit, its warnings)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from pitlab.api import DATA_ROOT_ENV, LeakageEval, SpecError, load_resource
+from pitlab.cli.errors import fail
+from pitlab.cli.output import say
+
+DataRoot = typer.Option(None, "--data-root", envvar=DATA_ROOT_ENV,
+                        help=f"Folder of the shared data sets, substituted for ${{{DATA_ROOT_ENV}}} in spec URIs.")
+
+
+def load(path: Path, data_root: Optional[Path]):
+    """The PitTraining or LeakageEval in ``path`` (``data_root`` exported for its URIs); exit 2 if invalid."""
+    if data_root is not None:
+        os.environ[DATA_ROOT_ENV] = str(data_root)
+    try:
+        return load_resource(path)
+    except SpecError as err:
+        fail(err, 2)
+
+
+def load_eval(spec: Path, data_root: Optional[Path]) -> LeakageEval:
+    """:func:`load`, refusing (exit 2) anything but a LeakageEval."""
+    res = load(spec, data_root)
+    if not isinstance(res, LeakageEval):
+        fail(f"{spec}: kind {res.kind}: this command takes a LeakageEval", 2)
+    return res
+
+
+def check_uri(field: str, value: str) -> None:
+    """Refuse (exit 2) an ``s3://`` argument that is not a valid bucket/prefix, naming ``field``."""
+    from pitlab import storage
+
+    if storage.is_s3(str(value)):
+        try:
+            storage.parse_s3(str(value))
+        except storage.StorageError as err:
+            fail(SpecError([(field, str(err))]), 2)
+
+
+def say_audit_notes(audit) -> None:
+    """Print a corpus audit's warnings and its first refused timestamps (dropped with onMissingTimestamp: drop)."""
+    for w in audit.warnings:
+        say(f"[yellow]warning:[/] {escape(w)}")
+    for x in audit.rejected_timestamp_examples:
+        say(f"  dropped row {x['row']} (id {x['id']!r}): {escape(x['error'])}")
+
+
+def say_spec_warnings(res) -> None:
+    """Print the warnings about a valid spec (a LeakageEval's, or a PitTraining's evaluations')."""
+    from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
+
+    specs = [("spec", res.spec)] if isinstance(res.spec, LeakageEvalSpec) else \
+        [(f"spec.evaluations[{i}].spec", e.spec) for i, e in enumerate(getattr(res.spec, "evaluations", []))]
+    for where, spec in specs:
+        for w in spec_warnings(spec):
+            say(f"[yellow]warning:[/] {where}.{escape(w)}")

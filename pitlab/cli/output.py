@@ -1,0 +1,61 @@
+"""What the command prints: the stderr console, message lines, and the runner's stages and progress bars."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+# not a terminal (CI logs, `| tee`, a pod's log): tables 160 columns wide, and message lines never wrapped
+# (soft wrap), so that a grep for a phrase of an error finds it
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def say(*objects, **kwargs) -> None:
+    """Print a message line: unwrapped when not on a terminal (the terminal wraps it, a log keeps it whole)."""
+    console.print(*objects, soft_wrap=not console.is_terminal, **kwargs)
+
+
+class RichReporter:
+    """Draws the runner's stages and progress bars with rich."""
+
+    def __init__(self, progress: Progress):
+        self.p = progress
+        self.tasks: dict[str, int] = {}
+        self.t0: dict[str, float] = {}
+        self.last_line: dict[str, float] = {}
+        self.deleted_paths: list[Path] = []
+
+    def deleted(self, path: Path) -> None:
+        """``--overwrite`` deleted ``path`` (after the inputs passed)."""
+        self.deleted_paths.append(path)
+        say(f"[yellow]--overwrite:[/] deleted {path}")
+
+    def stage(self, name: str, detail: str = "") -> None:
+        self.t0[name] = time.monotonic()
+        say(f"[bold cyan]▶ {name}[/] {detail}")
+
+    def progress(self, task: str, done: int, total: int, info: str = "") -> None:
+        if task not in self.tasks:
+            self.tasks[task] = self.p.add_task(task, total=total, info=info)
+        self.p.update(self.tasks[task], completed=done, total=total, info=info)
+        if not console.is_terminal:  # logs and CI: a plain line every 15 s instead of a live bar
+            now = time.monotonic()
+            if now - self.last_line.get(task, 0.0) > 15 or done == total:
+                self.last_line[task] = now
+                say(f"  {task}: {done}/{total} {info}".rstrip())
+
+    def done(self, name: str, detail: str = "") -> None:
+        t0 = self.t0.pop(name, None)  # a stage done without running (a resume skips it) has no start
+        took = "skipped" if t0 is None else f"{time.monotonic() - t0:.1f} s"
+        say(f"[green]✓ {name}[/] {detail} [dim]({took})[/]")
+
+
+def progress() -> Progress:
+    """The progress bars of a run or an embedding, drawn on :data:`console`."""
+    return Progress(TextColumn("  {task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=console, transient=False)

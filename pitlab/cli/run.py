@@ -1,0 +1,184 @@
+"""``pitlab run``: a resource on this machine, its run folders claimed first, its results printed, an s3:// output
+published; SIGINT and SIGTERM end it with status Interrupted (exit 130)."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from pitlab.api import PitTraining, SpecError
+from pitlab.api.layout import TrainingLayout
+from pitlab.cli.errors import fail
+from pitlab.cli.inputs import DataRoot, load
+from pitlab.cli.output import RichReporter, progress, say
+from pitlab.cli.results import say_results
+from pitlab.errors import InputError
+
+
+def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or LeakageEval YAML."),
+        out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                           help="Output root (default: the spec's output.uri, else ./out)."),
+        data_root: Optional[Path] = DataRoot,
+        overwrite: bool = typer.Option(False, "--overwrite",
+                                       help="Delete the run's existing folders first: out/<name>/ (checkpoints "
+                                            "included) and, for a PitTraining, each evaluation's "
+                                            "out/<evaluation name>/; each is named before it is deleted, and only "
+                                            "once the inputs passed. To continue an interrupted run instead, use "
+                                            "--resume."),
+        nproc: Optional[int] = typer.Option(None, "--nproc",
+                                            help="torchrun processes (default: spec.resources.gpusPerNode)."),
+        resume: bool = typer.Option(False, "--resume",
+                                    help="Continue the interrupted run in out/<name>/ from its first unfinished "
+                                         "stage (training from its last checkpoint); refused if the spec changed."),
+        ) -> None:
+    """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
+    evaluation alone (LeakageEval). Writes out/<name>/ (and out/<evaluation name>/ for each evaluation) with
+    status.json as the operator would. An existing run folder is refused unless --overwrite (which deletes it) or,
+    for an interrupted run of the same spec, --resume (which continues it)."""
+    from pitlab import storage
+    from pitlab.local import local_work_root
+
+    if nproc is not None and nproc < 1:
+        fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
+    if resume and overwrite:
+        fail("--resume and --overwrite exclude each other: --resume continues the run folder, --overwrite "
+             "deletes it", 2)
+    res = load(file, data_root)
+    spec_out = res.spec.output.uri if res.spec.output else "out"
+    # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>
+    remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
+    root = out or (local_work_root(remote) if remote else Path(spec_out))
+    names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
+    if remote and resume:
+        fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
+                                     "DIR, where the interrupted run is)")]), 2)
+    if remote:
+        _claim_remote(res, remote, names, overwrite)
+        shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
+    doomed: list[Path] = []
+    if not remote and not resume:
+        doomed = _claim_message(res, root, overwrite, file)
+    t0 = time.monotonic()
+    results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume)
+    _publish_runs(root, remote, names)
+    if remote:
+        say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
+    say_results(results, root)
+    say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+
+
+def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str], doomed: list[Path],
+                overwrite: bool, nproc: int | None, resume: bool) -> dict:
+    """Run ``res``'s stages under ``root`` with progress bars; return its compact results by evaluation name.
+    Exits on a failure: the input's exit code, a stage's (after publishing what was written), or 130."""
+    from pitlab.api.summary import compact_results
+    from pitlab.local import Interrupted, RunError, run_leakage_eval_local, run_pittraining_local
+
+    with _interruptible(Interrupted), progress() as p:
+        reporter = RichReporter(p)
+        try:
+            if isinstance(res, PitTraining):
+                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc, resume)
+                return status["status"].get("results") or {}
+            return {res.metadata.name: compact_results(
+                run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
+        except InputError as err:
+            _publish_runs(root, remote, names)  # bad input found after the run folder exists (status.json: Failed)
+            _say_kept(doomed, reporter.deleted_paths)
+            fail(err, err.exit_code)
+        except RunError as err:
+            _publish_runs(root, remote, names)
+            fail(f"{err.reason}: {err}\n(status: {TrainingLayout(root / res.metadata.name).status})", err.exit_code)
+        except KeyboardInterrupt as err:
+            _say_kept(doomed, reporter.deleted_paths)
+            status = TrainingLayout(root / res.metadata.name).status
+            fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
+                 f"{interrupted_detail(status)}; continue with `pitlab run --resume {file}`", 130)
+
+
+def _publish_runs(root: Path, remote: str | None, names: list[str]) -> None:
+    """Publish every run folder ``root/<name>`` that exists to ``remote/<name>`` (nothing for a local output);
+    exit 1 when an upload fails."""
+    from pitlab import storage
+    from pitlab.local import publish_run
+
+    for n in names:
+        if remote and (root / n).is_dir():
+            try:
+                publish_run(root / n, storage.join(remote, n))
+            except storage.StorageError as err:
+                fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
+
+
+def _say_kept(doomed: list[Path], deleted: list[Path]) -> None:
+    """After a refusal: say which folders --overwrite announced (``doomed``) but did not delete."""
+    left = [p for p in doomed if p not in deleted]
+    if left:
+        say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
+            f"{'is' if len(left) == 1 else 'are'} as before")
+
+
+def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
+    """Refuse (exit 2) an s3:// output whose run folders ``names`` under ``remote`` already hold files, unless
+    ``overwrite``; an unreadable output is a bad ``spec.output.uri``."""
+    from pitlab import storage
+
+    try:
+        taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
+    except storage.StorageError as err:
+        fail(SpecError([("spec.output.uri", str(err))]), 2)
+    if taken and not overwrite:
+        fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
+             "it, checkpoints included, and start again", 2)
+
+
+def _claim_message(res, root: Path, overwrite: bool, file: Path) -> list[Path]:
+    """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide; with
+    ``--overwrite``, say which folders the run will delete (and whose they are) and return them."""
+    from pitlab.api.runfolders import check_run_folders, folder_owner
+
+    try:
+        doomed = check_run_folders(res, root, overwrite, str(file))
+    except SpecError as err:
+        fail(err, 2)
+    for path in doomed:
+        say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
+            "inputs are checked")
+    return doomed
+
+
+def interrupted_detail(status_path: Path) -> str:
+    """``: <message>`` of the Interrupted condition in ``status_path`` (it names the last durable checkpoint);
+    empty when there is none."""
+    import json
+
+    try:
+        conds = json.loads(status_path.read_text(encoding="utf-8"))["status"]["conditions"]
+        msg = next(c.get("message") for c in conds if c.get("reason") == "Interrupted" and c.get("message"))
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return ""
+    return f": {msg}"
+
+
+@contextlib.contextmanager
+def _interruptible(interrupted: type[KeyboardInterrupt]):
+    """SIGINT and SIGTERM raise ``interrupted(signal name)`` in the main thread while the block runs (the run
+    then ends with status Interrupted); the previous handlers are restored afterwards."""
+    def handler(signum, frame) -> None:
+        raise interrupted(signal.Signals(signum).name)
+
+    old = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in old:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)

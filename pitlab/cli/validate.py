@@ -1,0 +1,70 @@
+"""``pitlab validate``: check a spec, its inputs and its run folders without running anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from pitlab.cli.errors import fail
+from pitlab.cli.inputs import DataRoot, load, say_audit_notes, say_spec_warnings
+from pitlab.cli.output import say
+from pitlab.errors import InputError
+
+
+def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or LeakageEval YAML."),
+             data_root: Optional[Path] = DataRoot,
+             schema_only: bool = typer.Option(False, "--schema-only",
+                                              help="Check the schema only (for cluster specs whose files live "
+                                                   "on the cluster's volume)."),
+             out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                                help="Output root `pitlab run` would use (default: the spec's "
+                                                     "output.uri, else ./out)."),
+             overwrite: bool = typer.Option(False, "--overwrite",
+                                            help="Check as `pitlab run --overwrite` would: existing run folders "
+                                                 "of other resources are then listed, not refused.")) -> None:
+    """Check a spec without running it: schema, then files, columns, corpus cutoff, models and the run folders
+    under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
+    from pitlab import storage
+    from pitlab.api.runfolders import check_run_folders, folder_owner, resumable
+    from pitlab.local import preflight
+
+    res = load(file, data_root)
+    if schema_only:
+        say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r} (schema)")
+        say_spec_warnings(res)
+        return
+    try:
+        plan = preflight(res).corpus
+        spec_out = res.spec.output.uri if res.spec.output else "out"
+        existing = [] if out is None and storage.is_s3(spec_out) else \
+            check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
+    except InputError as err:
+        fail(err, err.exit_code)
+    say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r}{_corpus_summary(plan)}")
+    if plan is not None:
+        say_audit_notes(plan.audit)
+    say_spec_warnings(res)
+    phase = resumable(res, out or Path(spec_out)) if existing else None
+    for path in existing:
+        resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
+        say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
+            f"which deletes it{resume}")
+
+
+def _corpus_summary(plan) -> str:
+    """``; corpus keeps … documents (…)`` of a PitTraining's corpus plan (with what it dropped); empty for None."""
+    from pitlab.data.corpus import local_isoformat
+
+    if plan is None:
+        return ""
+    a = plan.audit
+    msg = (f"; corpus keeps {a.included} of {a.total} documents "
+           f"(latest {local_isoformat(a.max_included_timestamp, a.timezone)}; timestamps {a.timestamp_format})")
+    if a.rejected_timestamp:
+        msg += f"; {a.rejected_timestamp} dropped for their timestamp (onMissingTimestamp: drop)"
+    if a.rejected_empty_text:
+        msg += f"; {a.rejected_empty_text} dropped for an empty text (onEmptyText: drop)"
+    return msg
