@@ -29,7 +29,7 @@ demo: $(BIN)/.installed  ## run the local example: PIT training on FOMC statemen
 
 validate: $(BIN)/.installed  ## validate the examples (local ones fully, cluster ones against the schema)
 	$(BIN)/pitlab validate examples/local-sp500-fomc.yaml
-	@for f in examples/pittraining.yaml examples/leakageeval.yaml; do $(BIN)/pitlab validate --schema-only $$f || exit 1; done
+	@for f in examples/pittraining.yaml examples/pittraining-trainjob.yaml examples/leakageeval.yaml; do $(BIN)/pitlab validate --schema-only $$f || exit 1; done
 
 test: $(BIN)/.installed $(BIN)/helm  ## run the test suite
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

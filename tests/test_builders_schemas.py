@@ -2,9 +2,11 @@
 
 ``validate(obj)``: built-in kinds with kubernetes-validate (strict: unknown fields are errors) against the
 oldest and newest Kubernetes versions pitlab supports; PyTorchJob against the Kubeflow CRD in
-``../shared/k8s`` plus the rules its admission webhook enforces; pitlab's CRs against pitlab's generated
-CRDs, CEL rules included (evaluated with the ``cel`` package). CRD schemas are made strict the way the API
-server's pruning is (an unknown field would be dropped silently: here it is an error).
+``../shared/k8s`` plus the rules its admission webhook enforces; TrainJob and ClusterTrainingRuntime (Kubeflow
+Trainer v2.3.0) and JobSet (v0.12.0) against their vendored CRDs, CEL rules included, plus the pod and Job
+templates inside them as Kubernetes validates a Job; pitlab's CRs against pitlab's generated CRDs, CEL rules
+included (evaluated with the ``cel`` package). CRD schemas are made strict the way the API server's pruning is (an
+unknown field would be dropped silently: here it is an error).
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
-KUBEFLOW_CRD = REPO.parent / "shared" / "k8s" / "kubeflow-pytorchjob-crd-v1.9.4.yaml"
+SHARED_K8S = REPO.parent / "shared" / "k8s"
+KUBEFLOW_CRD = SHARED_K8S / "kubeflow-pytorchjob-crd-v1.9.4.yaml"
+TRAINJOB_CRD = SHARED_K8S / "kubeflow-trainer-v2.3.0-trainjobs-crd.yaml"
+RUNTIME_CRD = SHARED_K8S / "kubeflow-trainer-v2.3.0-clustertrainingruntimes-crd.yaml"
+JOBSET_CRD = SHARED_K8S / "jobset-v0.12.0-crd.yaml"
 K8S_VERSIONS = ("1.29.0", "1.37.0")  # native sidecars (init containers with restartPolicy) need 1.29
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -125,6 +131,76 @@ def validate_pytorchjob(obj: dict[str, Any]) -> list[str]:
     return errors
 
 
+def validate_against_crd(obj: dict[str, Any], crd: Path) -> list[str]:
+    """Errors of a custom resource against a vendored CRD: structure (strict), then its CEL rules on the
+    defaulted object."""
+    schema = crd_schema(crd)
+    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+              for e in jsonschema.Draft7Validator(_strict(schema)).iter_errors(obj)]
+    if errors:
+        return errors
+    return cel_errors(schema, _apply_defaults(schema, copy.deepcopy(obj)))
+
+
+def _name_rules(obj: dict[str, Any], room: int) -> list[str]:
+    name = obj["metadata"]["name"]
+    if not DNS1035.match(name) or len(name) > 63 - room:
+        return [f"metadata.name: {name!r} is not a DNS-1035 label of at most {63 - room} characters"]
+    return []
+
+
+def _job_template_errors(rjob: dict[str, Any], where: str) -> list[str]:
+    """A replicated job's Job template validated as a batch/v1 Job (strict), plus the Job controller's rules on a
+    podFailurePolicy (restartPolicy Never, the containers it names exist)."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "t"}, "spec": rjob["template"]["spec"]}
+    errors = [f"{where}: {e}" for e in validate_builtin(job)]
+    pod = rjob["template"]["spec"]["template"]["spec"]
+    names = {c["name"] for c in pod.get("containers", [])}
+    rules = (rjob["template"]["spec"].get("podFailurePolicy") or {}).get("rules", [])
+    if rules and pod.get("restartPolicy") != "Never":
+        errors.append(f"{where}: a podFailurePolicy needs restartPolicy Never")
+    for rule in rules:
+        name = (rule.get("onExitCodes") or {}).get("containerName")
+        if name and name not in names:
+            errors.append(f"{where}: podFailurePolicy names container {name!r}, which the pod does not have")
+    return errors
+
+
+def validate_jobset(obj: dict[str, Any]) -> list[str]:
+    """Errors of a JobSet: the CRD (CEL rules included), every replicated job's Job template as a batch/v1 Job,
+    and its name short enough for the hostnames ``<name>-<rjob>-<job index>-<pod index>`` of its pods."""
+    errors = validate_against_crd(obj, JOBSET_CRD)
+    for rjob in obj["spec"]["replicatedJobs"]:
+        completions = rjob["template"]["spec"].get("completions", 1)
+        hostname = f"{obj['metadata']['name']}-{rjob['name']}-{rjob.get('replicas', 1) - 1}-{completions - 1}"
+        if len(hostname) > 63:
+            errors.append(f"replicatedJobs[{rjob['name']}]: pod hostname {hostname!r} is longer than 63 characters")
+        errors += _job_template_errors(rjob, f"replicatedJobs[{rjob['name']}]")
+    return errors + _name_rules(obj, 0)
+
+
+def validate_trainjob(obj: dict[str, Any]) -> list[str]:
+    """Errors of a TrainJob: the CRD (its CEL rules check the name), plus what Kubeflow Trainer's webhook refuses:
+    ``PET_*`` variables in ``trainer.env`` (the torch plugin injects them) and two patches of one manager."""
+    errors = validate_against_crd(obj, TRAINJOB_CRD)
+    for env in (obj["spec"].get("trainer") or {}).get("env", []):
+        if env["name"].startswith("PET_"):
+            errors.append(f"spec.trainer.env: {env['name']} is set by the torch plugin, not by the TrainJob")
+    managers = [p["manager"] for p in obj["spec"].get("runtimePatches", [])]
+    if len(set(managers)) != len(managers):
+        errors.append(f"spec.runtimePatches: duplicate managers {managers}")
+    return errors
+
+
+def validate_runtime(obj: dict[str, Any]) -> list[str]:
+    """Errors of a ClusterTrainingRuntime: the CRD (CEL rules included) and its JobSet template's Job templates
+    as batch/v1 Jobs."""
+    errors = validate_against_crd(obj, RUNTIME_CRD)
+    for rjob in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+        errors += _job_template_errors(rjob, f"replicatedJobs[{rjob['name']}]")
+    return errors
+
+
 def validate_builtin(obj: dict[str, Any]) -> list[str]:
     """Errors of a built-in object (kubernetes-validate, strict) for each supported Kubernetes version."""
     errors = []
@@ -142,6 +218,10 @@ def validate(obj: dict[str, Any]) -> list[str]:
         return validate_pitlab(obj)
     if obj["apiVersion"] == "kubeflow.org/v1":
         return validate_pytorchjob(obj)
+    if obj["apiVersion"] == "trainer.kubeflow.org/v1alpha1":
+        return {"TrainJob": validate_trainjob, "ClusterTrainingRuntime": validate_runtime}[obj["kind"]](obj)
+    if obj["apiVersion"] == "jobset.x-k8s.io/v1alpha2":
+        return validate_jobset(obj)
     if obj["kind"] == "CustomResourceDefinition":
         return validate_builtin(obj)
     return validate_builtin(obj)

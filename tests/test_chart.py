@@ -37,21 +37,60 @@ def of_kind(objs: list[dict], kind: str) -> list[dict]:
     return [o for o in objs if o["kind"] == kind]
 
 
+BACKENDS = ("auto", "trainjob", "jobset", "pytorchjob")
+
+
 def test_helm_lint_is_clean() -> None:
-    for extra in ([], ["--set", "watchNamespaces={research,prod}"]):
+    for extra in ([], ["--set", "watchNamespaces={research,prod}"],
+                  *(["--set", f"trainingBackend={b}"] for b in BACKENDS), ["--set", "trainingRuntime.install=true"]):
         out = subprocess.run([helm(), "lint", "--strict", str(CHART), *extra], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
         assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
 
 
-@pytest.mark.parametrize("args", [[], ["--set", "watchNamespaces={research,prod}"]])
+@pytest.mark.parametrize("args", [[], ["--set", "watchNamespaces={research,prod}"],
+                                  *(["--set", f"trainingBackend={b}"] for b in BACKENDS),
+                                  ["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"]])
 def test_every_rendered_object_validates(args: list[str]) -> None:
     objs = render(*args)
     assert {o["kind"] for o in objs} >= {"ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
                                          "Deployment", "ServiceAccount"}
     for o in objs:
         assert validate(o) == [], (o["kind"], o["metadata"]["name"])
+    env = _operator_env(objs)
+    assert env["PITLAB_TRAINING_BACKEND"] == next((a.split("=")[1] for a in args if "trainingBackend" in a), "auto")
+
+
+@pytest.mark.parametrize("args, runtimes", [
+    ([], 0),  # auto, and the cluster (helm template: none) does not serve ClusterTrainingRuntimes
+    (["--api-versions", "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime"], 1),  # helm install on Trainer v2
+    (["--set", "trainingBackend=trainjob"], 1),
+    (["--set", "trainingBackend=jobset"], 0),
+    (["--set", "trainingBackend=trainjob", "--set", "trainingRuntime.install=false"], 0),
+    (["--set", "trainingRuntime.install=true", "--set", "trainingRuntime.name=team-torch"], 1),
+])
+def test_the_training_runtime_is_rendered_where_trainjobs_need_it(args: list[str], runtimes: int) -> None:
+    objs = render(*args)
+    found = of_kind(objs, "ClusterTrainingRuntime")
+    assert len(found) == runtimes
+    if found:
+        assert found[0]["metadata"]["name"] == _operator_env(objs)["PITLAB_TRAINING_RUNTIME"]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("trainingBackend=trainjobs",
+     'trainingBackend: must be one of auto, trainjob, jobset, pytorchjob (got "trainjobs")'),
+    ("trainingRuntime.install=maybe", 'trainingRuntime.install: must be one of auto, true, false (got "maybe")'),
+])
+def test_bad_backend_values_are_refused_naming_the_value(value: str, message: str) -> None:
+    out = subprocess.run([helm(), "template", "pitlab", str(CHART), "--set", value], capture_output=True, text=True)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+
+
+def _operator_env(objs: list[dict]) -> dict[str, str]:
+    (dep,) = of_kind(objs, "Deployment")
+    return {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
 
 
 def test_chart_crds_are_the_generated_ones() -> None:

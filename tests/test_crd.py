@@ -12,7 +12,8 @@ from test_builders_schemas import REPO, cel_errors, crd_schema, pitlab_crd, vali
 
 from pitlab.api import SpecError, crd, parse_resource
 
-EXAMPLES = ["examples/pittraining.yaml", "examples/leakageeval.yaml", "examples/local-sp500-fomc.yaml",
+EXAMPLES = ["examples/pittraining.yaml", "examples/pittraining-trainjob.yaml", "examples/leakageeval.yaml",
+            "examples/local-sp500-fomc.yaml",
             "examples/local-lora-streaming.yaml"]
 
 

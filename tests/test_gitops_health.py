@@ -22,7 +22,7 @@ from test_builders_schemas import validate, validate_pitlab
 from test_chart import CHART, helm, of_kind, render
 from test_operator_lifecycle import AUDIT, BODY, CFG, LE_BODY, NOW, FakeWorld, finish, step
 
-from pitlab.api import ResourceStatus, conditions, stages
+from pitlab.api import ResourceStatus, stages
 from pitlab.api.recorder import Recorder
 from pitlab.api.summary import PROGRESS_PREFIX, progress_record
 from pitlab.operator import handlers, lifecycle
@@ -97,13 +97,20 @@ def _bumped(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _waiting(body: dict[str, Any], reason: str) -> dict[str, Any]:
-    """The training stage waiting for admission (its child suspended by Kueue), recorded with the reason the
-    health checks read (conditions.WAITING_REASONS)."""
-    status = ResourceStatus.model_validate(body["status"])
-    conditions.stage_running(status, "Trained", "Training", reason,
-                             "PyTorchJob t-train: waiting for admission in LocalQueue gpu-queue", 1, NOW)
-    return _with_status(body, status)
+def _waiting(w: FakeWorld, body: dict[str, Any], queue: str | None) -> dict[str, Any]:
+    """The operator's reconcile of a PitTraining whose PyTorchJob is suspended, as Kueue holds it (``queue``: the
+    child's LocalQueue label; None: suspended without Kueue). Queued before it ran, Preempted after (``body`` has
+    progress), Suspended without a queue: the reasons the health checks read (conditions.WAITING_REASONS)."""
+    key = (lifecycle.PYTORCHJOBS, "t-train")
+    saved = copy.deepcopy(w.objects[key])
+    job = w.objects[key]
+    if queue:
+        job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = queue
+    job["status"] = {"conditions": [{"type": "Suspended", "status": "True", "reason": "PyTorchJobSuspended",
+                                     "message": "PyTorchJob t-train is suspended."}]}
+    waiting = step(w, copy.deepcopy(body))[0]
+    w.objects[key] = saved
+    return waiting
 
 
 def _blocked(w: FakeWorld, body: dict[str, Any]) -> dict[str, Any]:
@@ -133,12 +140,13 @@ def _training_run(out: dict[str, dict]) -> FakeWorld:
     finish(w, lifecycle.JOBS, "t-prepare", container="prepare", msg=json.dumps(AUDIT))
     out["blocked"] = _blocked(w, body)
     out["training-created"] = body = step(w, body)[0]
+    out["training-queued"] = _waiting(w, body, "gpu-queue")
     w.logs[MASTER_LOG] = _metrics(120)
     w.objects[(lifecycle.PYTORCHJOBS, "t-train")]["status"] = {"conditions": [
         {"type": "Running", "status": "True", "reason": "PyTorchJobRunning"}]}
     out["training"] = body = step(w, body)[0]
-    for reason in conditions.WAITING_REASONS:
-        out[f"training-{reason.lower()}"] = _waiting(body, reason)
+    out["training-preempted"] = _waiting(w, body, "gpu-queue")
+    out["training-suspended"] = _waiting(w, body, None)
     out["training-stale"] = _bumped(body)
     finish(w, lifecycle.PYTORCHJOBS, "t-train")
     out["merging"] = body = step(w, body)[0]
@@ -207,7 +215,7 @@ def fixture(kind: str, name: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- expected health, exactly
-WAITING = "PyTorchJob t-train: waiting for admission in LocalQueue gpu-queue"
+SUSPENDED = "PyTorchJobSuspended: PyTorchJob t-train is suspended."
 BLOCKED = ("ChildKindMissing: PyTorchJob t-train cannot be created: the API server has no PyTorchJob kind (404 Not "
            "Found: ); install the Kubeflow training operator (the kubeflow.org/v1 PyTorchJob CRD). Retrying every 60 s")
 EDITED = ("SpecImmutable: spec changed after the run finished (Succeeded, generation 2); nothing is run again. The "
@@ -220,9 +228,13 @@ TRAINING = {
     "blocked": ("Degraded", BLOCKED, "Failed", "InProgress"),
     "training-created": ("Progressing", "Training: PyTorchJob t-train: Created", "InProgress", "InProgress"),
     "training": ("Progressing", "Training: step 120/1000 (12.0%), ETA 17m36s", "InProgress", "InProgress"),
-    "training-queued": ("Suspended", f"Training: Queued: {WAITING}", "InProgress", "InProgress"),
-    "training-preempted": ("Suspended", f"Training: Preempted: {WAITING}", "InProgress", "InProgress"),
-    "training-suspended": ("Suspended", f"Training: Suspended: {WAITING}", "InProgress", "InProgress"),
+    "training-queued": ("Suspended", "Training: Queued: PyTorchJob t-train: waiting for admission by Kueue "
+                        f"LocalQueue gpu-queue ({SUSPENDED})", "InProgress", "InProgress"),
+    "training-preempted": ("Suspended", "Training: Preempted: PyTorchJob t-train: evicted by Kueue LocalQueue "
+                           f"gpu-queue ({SUSPENDED}); it resumes from its last checkpoint when readmitted (step "
+                           "120/1000)", "InProgress", "InProgress"),
+    "training-suspended": ("Suspended", f"Training: Suspended: PyTorchJob t-train: {SUSPENDED} (step 120/1000)",
+                           "InProgress", "InProgress"),
     "training-stale": ("Progressing", STALE, "InProgress", "InProgress"),
     "merging": ("Progressing", "Merging: Job t-merge: Created", "InProgress", "InProgress"),
     "evaluating": ("Progressing", "Evaluating: waiting for LeakageEval t-leak (Created)", "InProgress", "InProgress"),

@@ -3,7 +3,8 @@
     PITLAB_E2E_KUBECONFIG=~/.kube/config .venv/bin/python -m pytest tests/test_operator_cluster.py
 
 It installs pitlab's CRDs, checks that the API server accepts every manifest the builders emit (server-side
-dry run: schemas, CEL rules, and the Kubeflow CRD and webhook when the training operator is installed), that
+dry run: schemas, CEL rules, and the TrainJob, JobSet and PyTorchJob CRDs and webhooks of the training
+backends the cluster serves), that
 it refuses what the CEL rules forbid, then runs the operator in process against the cluster and follows a
 PitTraining to its prepare Job. Everything is created in a fresh namespace that is deleted afterwards.
 """
@@ -55,21 +56,11 @@ def _example(ns: str) -> dict:
     return doc
 
 
-def _kubeflow_installed(client) -> bool:
-    import kubernetes
-
-    try:
-        kubernetes.client.ApiextensionsV1Api(client).read_custom_resource_definition("pytorchjobs.kubeflow.org")
-        return True
-    except kubernetes.client.ApiException:
-        return False
-
-
 def test_server_accepts_every_built_manifest(api) -> None:
     import kubernetes
 
     from pitlab.api import parse_resource
-    from pitlab.operator import builders
+    from pitlab.operator import backends, builders, naming
     from pitlab.operator.config import OperatorConfig
     from pitlab.operator.kube import Kube
 
@@ -82,9 +73,10 @@ def test_server_accepts_every_built_manifest(api) -> None:
     manifests = [builders.build_training_configmap(pit, created), builders.build_prepare_job(pit, cfg, created),
                  builders.build_merge_job(pit, cfg, created), builders.build_evaluation(pit, pit.spec.evaluations[0],
                                                                                         created)]
-    if _kubeflow_installed(client):
-        manifests.append(builders.build_pytorchjob(pit, cfg, created))
     kube = Kube(client)
+    for backend in backends.AUTO_ORDER:  # each training kind the cluster serves (a TrainJob: with the chart's runtime)
+        if kube.serves(backend.resource):
+            manifests.append(backend.build(pit, cfg, created))
     for m in manifests:
         kind = m["kind"]
         if kind == "ConfigMap":
@@ -92,8 +84,7 @@ def test_server_accepts_every_built_manifest(api) -> None:
         elif kind == "Job":
             kube.batch.create_namespaced_job(ns, m, dry_run="All")
         else:
-            group, version = m["apiVersion"].split("/")
-            plural = {"PyTorchJob": "pytorchjobs", "LeakageEval": "leakageevals"}[kind]
+            group, version, plural = naming.RESOURCE_OF_KIND[kind].split("/")
             custom.create_namespaced_custom_object(group, version, ns, plural, m, dry_run="All")
 
 
@@ -122,7 +113,8 @@ def test_operator_starts_a_run_on_the_cluster(api) -> None:
 
     client, ns = api
     registry = kopf.OperatorRegistry()
-    cfg = OperatorConfig(reconcile_interval=1.0)
+    # a named backend starts without asking the cluster (which may serve none: auto would wait for one)
+    cfg = OperatorConfig(reconcile_interval=1.0, training_backend="jobset")
     handlers.register(registry, cfg)
     settings = kopf.OperatorSettings()
     handlers.configure(settings)

@@ -1,7 +1,9 @@
 """End to end: the real kopf operator, in process, against the kmock Kubernetes emulator.
 
-The tests play the Kubeflow training operator and the Job controller by writing the children's status
-(and their pods, termination messages and logs), and assert the parents' status after each step.
+The tests play the training controllers (Kubeflow Trainer v2 for a TrainJob, the JobSet controller, the Kubeflow
+training operator for a PyTorchJob), Kueue and the Job controller by writing the children's status (and their pods,
+termination messages and logs) as those controllers report it, and assert the parents' status after each step.
+Which training kinds the API server serves is a scenario's choice: the operator discovers them.
 kmock validates nothing and collects no garbage: schemas are checked in test_builders*/test_crd*, and
 deletion is asserted through owner references.
 """
@@ -36,9 +38,12 @@ LE = "pitlab.io/v1alpha1/leakageevals"
 CM = "v1/configmaps"
 JOBS = "batch/v1/jobs"
 PTJ = "kubeflow.org/v1/pytorchjobs"
+TJ = "trainer.kubeflow.org/v1alpha1/trainjobs"
+JS = "jobset.x-k8s.io/v1alpha2/jobsets"
 PODS = "v1/pods"
 CFG = OperatorConfig(reconcile_interval=0.1, pvc="research-data", trainer_image="registry.example/pitlab-trainer:t",
                      evaluator_image="registry.example/pitlab-evaluator:t", create_retry_delay=0.2)
+WARNED = ("Warning", "True", "KueueIntegrationRequired")  # a PyTorchJob queued through Kueue gets this condition
 
 RESOURCES = {
     "v1/namespaces": dict(kind="Namespace", namespaced=False),
@@ -47,11 +52,19 @@ RESOURCES = {
     LE: dict(kind="LeakageEval", singular="leakageeval", namespaced=True, subresources={"status"}),
     CM: dict(kind="ConfigMap", singular="configmap", namespaced=True),
     JOBS: dict(kind="Job", singular="job", namespaced=True, subresources={"status"}),
-    PTJ: dict(kind="PyTorchJob", singular="pytorchjob", namespaced=True, subresources={"status"}),
     PODS: dict(kind="Pod", singular="pod", namespaced=True, subresources={"status", "log"}),
     "v1/events": dict(kind="Event", singular="event", namespaced=True),
 }
 VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
+TRAINING_KINDS = {
+    TJ: dict(kind="TrainJob", singular="trainjob", namespaced=True, subresources={"status"}),
+    JS: dict(kind="JobSet", singular="jobset", namespaced=True, subresources={"status"}),
+    PTJ: dict(kind="PyTorchJob", singular="pytorchjob", namespaced=True, subresources={"status"}),
+}
+# What the cluster of each backend's scenario serves: `auto` picks the first of TrainJob, JobSet, PyTorchJob.
+SERVED = {"trainjob": (TJ, JS, PTJ), "jobset": (JS, PTJ), "pytorchjob": (PTJ,)}
+CHILD = {"trainjob": (TJ, "TrainJob", "trainJob"), "jobset": (JS, "JobSet", "jobSet"),
+         "pytorchjob": (PTJ, "PyTorchJob", "pytorchJob")}  # resource, kind, status.children key
 
 EVAL_SPEC = {
     "models": [
@@ -125,7 +138,7 @@ class ApiServer(kmock.KubernetesEmulator):
 class Cluster:
     """kmock plus the operator running in this event loop; the test plays every other controller."""
 
-    def __init__(self, server: kmock.KubernetesEmulator):
+    def __init__(self, server: kmock.KubernetesEmulator, served: tuple[str, ...] = (PTJ,)):
         self.server = server
         self.url = str(server.url).rstrip("/")
         self.logs: dict[tuple[str, str, str], str] = {}
@@ -134,7 +147,13 @@ class Cluster:
         self.task: asyncio.Task | None = None
         for key, info in RESOURCES.items():
             server.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
+        for key in served:
+            self.install(key)
         server["get", re.compile(r"/api/v1/namespaces/[^/]+/pods/[^/]+/log")] << self._log
+
+    def install(self, resource: str) -> None:
+        """Serve a training kind (its CRD installed), from now on."""
+        self.server.resources[resource] = kmock.ResourceInfo(verbs=VERBS, **TRAINING_KINDS[resource])
 
     def _log(self, request: kmock.Request) -> bytes:
         key = (request.namespace, request.name, request.params.get("container", ""))
@@ -156,7 +175,7 @@ class Cluster:
         settings.persistence.consistency_timeout = 0.1
         settings.queueing.exit_timeout = 0.1
         api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=self.url))
-        memo = kopf.Memo(kube=Kube(api), config=CFG)
+        memo = kopf.Memo(kube=Kube(api, discovery_ttl=0.1), config=CFG)
         # kopf cancels every task created after it started, so it gets its own thread and event loop.
         self.loop = asyncio.new_event_loop()
         self.task = self.loop.create_task(kopf.operator(registry=registry, settings=settings, clusterwide=True,
@@ -224,6 +243,27 @@ class Cluster:
                  "message": "Job has reached the specified backoff limit"})
         self.set_status(JOBS, name, {"succeeded": 1 if ok else 0, "failed": 0 if ok else 3, "conditions": [cond]})
 
+    def play_training(self, backend: str, name: str, step: str) -> None:
+        """Play the training child's controller and Kueue at ``step`` (:func:`training_step`); for a TrainJob or
+        JobSet that runs, also its pod of completion index 0 (the operator reads its progress sidecar's log)."""
+        resource = CHILD[backend][0]
+        spec, status = training_step(backend, name, step)
+        self.server.objects[kmock.resource(resource), NS, name].patch({"spec": spec, "status": status})
+        if step == "running" and backend != "pytorchjob":
+            job = naming.node_job(TRAINING["metadata"]["name"])
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"{job}-0-x7k2p", "namespace": NS, "creationTimestamp": "2026-01-01T00:00:00Z",
+                                "labels": {"batch.kubernetes.io/job-name": job, "job-name": job,
+                                           "batch.kubernetes.io/job-completion-index": "0"}},
+                   "status": {"phase": "Running"}}
+            self.server.objects[kmock.resource(PODS), NS, pod["metadata"]["name"]] = pod
+
+    def progress_pod(self, backend: str) -> str:
+        """The pod whose progress sidecar the operator reads."""
+        if backend == "pytorchjob":
+            return naming.master_pod(TRAINING["metadata"]["name"])
+        return f"{naming.node_job(TRAINING['metadata']['name'])}-0-x7k2p"
+
     def finish_pytorchjob(self, name: str, ok: bool = True) -> None:
         conds = [{"type": "Created", "status": "True", "reason": "PyTorchJobCreated"},
                  {"type": "Running", "status": "False", "reason": "PyTorchJobRunning"}]
@@ -264,6 +304,61 @@ class Cluster:
         return out
 
 
+def _cond(type_: str, status: str, reason: str, message: str = "") -> dict:
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+def training_step(backend: str, name: str, step: str) -> tuple[dict, dict]:
+    """(spec patch, status) of the training child ``name`` of ``backend`` at ``step``, as Kueue (queued: it suspended
+    the child at creation; preempted: it suspended it again) and the child's controller report it: Kubeflow Trainer
+    v2.3 (TrainJob conditions Suspended/Complete/Failed, jobsStatus), JobSet v0.12 (conditions Suspended/Completed/
+    Failed, replicatedJobsStatus, restarts), the Kubeflow training operator v1.9 (PyTorchJob conditions)."""
+    suspend = step in ("queued", "preempted")
+    if backend == "trainjob":
+        held = _cond("Suspended", "True", "Suspended", "TrainJob is suspended") if suspend else \
+            _cond("Suspended", "False", "Resumed", "TrainJob is resumed")
+        counts = {"name": "node", "active": int(step == "running"), "ready": int(step == "running"),
+                  "succeeded": int(step == "succeeded"), "failed": int(step == "failed"), "suspended": int(suspend)}
+        failed = "jobset failed due to one or more job failures: Job fomc-2016-train-node-0 failed: PodFailurePolicy"
+        end = {"succeeded": [_cond("Complete", "True", "JobSetCompleted", "jobset completed successfully")],
+               "failed": [_cond("Failed", "True", "JobSetFailed", failed)]}
+        return {"suspend": suspend}, {"conditions": [held] + end.get(step, []), "jobsStatus": [counts]}
+    if backend == "jobset":
+        held = _cond("Suspended", "True", "SuspendedJobs", "jobset is suspended") if suspend else \
+            _cond("Suspended", "False", "ResumeJobs", "jobset is resumed")
+        counts = {"name": "node", "active": int(step == "running"), "ready": int(step == "running"),
+                  "succeeded": int(step == "succeeded"), "failed": int(step == "failed"), "suspended": int(suspend)}
+        end = {"succeeded": [_cond("Completed", "True", "AllJobsCompleted", "jobset completed successfully")],
+               "failed": [_cond("Failed", "True", "FailedJobs", "jobset failed due to one or more job failures")]}
+        return {"suspend": suspend}, {"conditions": [held] + end.get(step, []), "replicatedJobsStatus": [counts],
+                                      "restarts": 0, "terminalState": {"succeeded": "Completed",
+                                                                       "failed": "Failed"}.get(step)}
+    conds = [_cond("Created", "True", "PyTorchJobCreated", f"PyTorchJob {name} is created.")]
+    conds.append({"queued": _cond("Suspended", "True", "PyTorchJobSuspended", f"PyTorchJob {name} is suspended."),
+                  "preempted": _cond("Suspended", "True", "PyTorchJobSuspended", f"PyTorchJob {name} is suspended."),
+                  "running": _cond("Running", "True", "PyTorchJobRunning", f"PyTorchJob {name} is running."),
+                  "succeeded": _cond("Succeeded", "True", "PyTorchJobSucceeded",
+                                     f"PyTorchJob {name} is successfully completed."),
+                  "failed": _cond("Failed", "True", "PyTorchJobFailed",
+                                  f"PyTorchJob {name} is failed because 1 Master replica(s) failed.")}[step])
+    return {"runPolicy": {"suspend": suspend}}, {"conditions": conds}
+
+
+AUTO = "the operator's default (chart value trainingBackend): auto; the cluster serves "
+AUTO_REASON = {"trainjob": AUTO + "trainjobs.trainer.kubeflow.org",
+               "jobset": AUTO + "jobsets.jobset.x-k8s.io (not trainjobs.trainer.kubeflow.org)",
+               "pytorchjob": AUTO + "pytorchjobs.kubeflow.org (not trainjobs.trainer.kubeflow.org nor "
+                                    "jobsets.jobset.x-k8s.io)"}
+# The Trained condition once the child succeeded (its controller's reason), and the failed child's reason and message
+TRAINED = {"trainjob": "JobSetCompleted", "jobset": "AllJobsCompleted", "pytorchjob": "PyTorchJobSucceeded"}
+TRAIN_FAILED = {"trainjob": ("JobSetFailed", "TrainJob fomc-2016-train: jobset failed due to one or more job failures: "
+                                             "Job fomc-2016-train-node-0 failed: PodFailurePolicy"),
+                "jobset": ("FailedJobs", "JobSet fomc-2016-train: jobset failed due to one or more job failures"),
+                "pytorchjob": ("PyTorchJobFailed", "PyTorchJob fomc-2016-train: PyTorchJob fomc-2016-train is failed "
+                                                   "because 1 Master replica(s) failed.")}
+
+
 def conds(obj: dict) -> list[tuple[str, str, str]]:
     """(type, status, reason) of each condition, in order."""
     return [(c["type"], c["status"], c["reason"]) for c in (obj.get("status") or {}).get("conditions") or []]
@@ -275,10 +370,11 @@ def cond(obj: dict, type_: str) -> dict:
 
 
 @contextlib.asynccontextmanager
-async def running_cluster(server_class: type | None = None):
-    """The API emulator (``server_class``, default :class:`ApiServer`) and the operator started against it."""
+async def running_cluster(server_class: type | None = None, served: tuple[str, ...] = (PTJ,)):
+    """The API emulator (``server_class``, default :class:`ApiServer`) serving the training kinds ``served`` (default:
+    the PyTorchJob only), and the operator started against it."""
     async with (server_class or ApiServer)() as server, kmock.Server(server):
-        c = Cluster(server)
+        c = Cluster(server, served)
         c.start()
         yield c
         if c.task is not None:
@@ -302,16 +398,82 @@ async def _through_training(c: Cluster) -> None:
     await c.phase(PIT, "fomc-2016", "Training")
 
 
+def _training_conds(backend: str, trained: tuple[str, str, str], tail: list[tuple[str, str, str]],
+                    after: tuple[tuple[str, str, str], ...] = ()) -> list[tuple[str, str, str]]:
+    """The PitTraining's conditions in the Training phase or after it: ``trained`` (its Trained condition), the
+    conditions ``after`` it, the Warning of a PyTorchJob queued through Kueue, then the kstatus ``tail``."""
+    head = [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"), trained, *after]
+    return head + ([WARNED] if backend == "pytorchjob" else []) + tail
+
+
+def _kstatus(phase: str, reason: str) -> list[tuple[str, str, str]]:
+    if phase == "Failed":
+        return [("Ready", "False", reason), ("Reconciling", "False", reason), ("Stalled", "True", reason)]
+    return [("Ready", "False", reason), ("Reconciling", "True", reason), ("Stalled", "False", reason)]
+
+
+def _assert_training_child(c: Cluster, backend: str) -> None:
+    """The training child of ``backend``: the one child of its kind (none of the others), queued through Kueue."""
+    resource, kind, _ = CHILD[backend]
+    for other, _k, _key in CHILD.values():
+        if other != resource and other in SERVED[backend]:
+            assert c.names(other) == []
+    job = c.get(resource, "fomc-2016-train")
+    assert job["kind"] == kind and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    if backend == "trainjob":
+        assert job["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime",
+                                             "name": "pitlab-torch"}
+        assert (job["spec"]["trainer"]["numNodes"], job["spec"]["trainer"]["numProcPerNode"]) == (2, 4)
+        assert [p["manager"] for p in job["spec"]["runtimePatches"]] == ["pitlab.io/operator"]
+    elif backend == "jobset":
+        (rjob,) = job["spec"]["replicatedJobs"]
+        assert (rjob["name"], rjob["template"]["spec"]["completions"]) == ("node", 2)
+        assert job["spec"]["failurePolicy"]["maxRestarts"] == CFG.backoff_limit
+    else:
+        assert job["spec"]["nprocPerNode"] == "4" and job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+        assert {k: v["replicas"] for k, v in job["spec"]["pytorchReplicaSpecs"].items()} == {"Master": 1, "Worker": 1}
+
+
+async def _queued_then_running(c: Cluster, backend: str) -> dict:
+    """Kueue holds the child (Trained=False, reason Queued, naming the queue), then admits it and it reports
+    progress; returns the PitTraining once its status has the progress."""
+    _, kind, _ = CHILD[backend]
+    c.play_training(backend, "fomc-2016-train", "queued")
+    pit = await c.until(PIT, "fomc-2016", lambda o: ("Trained", "False", "Queued") in conds(o))
+    assert conds(pit) == _training_conds(backend, ("Trained", "False", "Queued"), _kstatus("Training", "Queued"))
+    assert cond(pit, "Trained")["message"].startswith(
+        f"{kind} fomc-2016-train: waiting for admission by Kueue LocalQueue gpu-queue (")
+    c.logs[(NS, c.progress_pod(backend), "progress")] = (
+        "starting\n" + PROGRESS_PREFIX + '{"etaSeconds":4020,"loss":2.5,"step":10,"tokensPerSecond":8150.0,'
+        '"totalSteps":100}\n')
+    c.play_training(backend, "fomc-2016-train", "running")
+    pit = await c.until(PIT, "fomc-2016", lambda o: (o["status"].get("progress") or {}).get("step") == 10)
+    assert pit["status"]["progress"] == {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
+                                         "percent": 10.0, "etaSeconds": 4020, "eta": "1h07m"}
+    assert conds(pit) == _training_conds(backend, ("Trained", "False", "Training"), _kstatus("Training", "Training"))
+    return pit
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "jobset", "pytorchjob"])
 @pytest.mark.asyncio
-async def test_happy_path(cluster: Cluster) -> None:
-    c = cluster
+async def test_happy_path(backend: str) -> None:
+    """train → merge → evaluate → Succeeded on each backend, on a cluster where `auto` picks it: TrainJob when
+    Kubeflow Trainer v2 is installed (beside JobSet and the training operator), JobSet when Kubeflow is not, the
+    PyTorchJob on a cluster with the legacy training operator only."""
+    async with running_cluster(served=SERVED[backend]) as c:
+        await _happy_path(c, backend)
+        OBSERVED_CALLS.update(c.operator_calls())
+
+
+async def _happy_path(c: Cluster, backend: str) -> None:
+    resource, kind, child_key = CHILD[backend]
     await c.apply(TRAINING)
     pit = await c.phase(PIT, "fomc-2016", "Preparing")
-    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "False", "Preparing"),
-                          ("Ready", "False", "Preparing"), ("Reconciling", "True", "Preparing"),
-                          ("Stalled", "False", "Preparing")]
+    assert conds(pit)[:2] == [("Validated", "True", "SpecValid"), ("Prepared", "False", "Preparing")]
+    assert conds(pit)[-3:] == _kstatus("Preparing", "Preparing")
     assert all(c_["observedGeneration"] == 1 for c_ in pit["status"]["conditions"])
     assert pit["status"]["observedGeneration"] == 1 and len(pit["status"]["specDigest"]) == 64
+    assert pit["status"]["backend"] == {"name": backend, "kind": kind, "reason": AUTO_REASON[backend]}
     assert c.names(CM) == ["fomc-2016-pit-spec"] and c.names(JOBS) == ["fomc-2016-prepare"]
     prepare = c.get(JOBS, "fomc-2016-prepare")
     assert prepare["metadata"]["ownerReferences"] == [
@@ -324,27 +486,15 @@ async def test_happy_path(cluster: Cluster) -> None:
     pit = await c.phase(PIT, "fomc-2016", "Training")
     assert pit["status"]["corpusAudit"] == {"excludedByDate": 76, "included": 159, "includedIdsSha256": "ab12",
                                             "maxIncludedTimestamp": "2016-12-14T14:00:00-05:00", "rejectedTimestamp": 0}
-    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                          ("Trained", "False", "Training"), ("Ready", "False", "Training"),
-                          ("Reconciling", "True", "Training"), ("Stalled", "False", "Training")]
-    job = c.get(PTJ, "fomc-2016-train")
-    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
-    assert job["spec"]["nprocPerNode"] == "4" and job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
-    assert {k: v["replicas"] for k, v in job["spec"]["pytorchReplicaSpecs"].items()} == {"Master": 1, "Worker": 1}
+    assert conds(pit) == _training_conds(backend, ("Trained", "False", "Training"), _kstatus("Training", "Training"))
+    _assert_training_child(c, backend)
+    await _queued_then_running(c, backend)
 
-    c.logs[(NS, "fomc-2016-train-master-0", "progress")] = (
-        "starting\n" + PROGRESS_PREFIX + '{"etaSeconds":4020,"loss":2.5,"step":10,"tokensPerSecond":8150.0,'
-        '"totalSteps":100}\n')
-    c.set_status(PTJ, "fomc-2016-train", {"conditions": [{"type": "Running", "status": "True",
-                                                           "reason": "PyTorchJobRunning"}]})
-    pit = await c.until(PIT, "fomc-2016", lambda o: (o["status"].get("progress") or {}).get("step") == 10)
-    assert pit["status"]["progress"] == {"step": 10, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
-                                         "percent": 10.0, "etaSeconds": 4020, "eta": "1h07m"}
-
-    c.finish_pytorchjob("fomc-2016-train")
+    c.play_training(backend, "fomc-2016-train", "succeeded")
     pit = await c.phase(PIT, "fomc-2016", "Merging")
     assert pit["status"]["progress"] == {"step": 100, "totalSteps": 100, "loss": 2.5, "tokensPerSecond": 8150.0,
                                          "percent": 100.0, "etaSeconds": 0, "eta": "0s"}
+    assert cond(pit, "Trained")["reason"] == TRAINED[backend]
     merge = c.get(JOBS, "fomc-2016-merge")
     assert merge["spec"]["template"]["spec"]["containers"][0]["command"] == [
         "pitlab", "merge", "--checkpoint", "/pitlab/out/fomc-2016/checkpoint", "--base",
@@ -375,38 +525,86 @@ async def test_happy_path(cluster: Cluster) -> None:
     assert le["status"]["results"]["reductions"][0]["reduction"] == 0.07
 
     pit = await c.phase(PIT, "fomc-2016", "Succeeded")
-    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                          ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "True", "MergeSucceeded"),
-                          ("Evaluated", "True", "EvaluationsSucceeded"), ("Ready", "True", "Succeeded"),
-                          ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
+    assert conds(pit) == _training_conds(backend, ("Trained", "True", TRAINED[backend]), [
+        ("Ready", "True", "Succeeded"), ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")],
+        after=(("Merged", "True", "MergeSucceeded"), ("Evaluated", "True", "EvaluationsSucceeded")))
     assert pit["status"]["results"] == {"fomc-2016-leakage": le["status"]["results"]}
     assert pit["status"]["children"] == {"configMap": "fomc-2016-pit-spec", "prepareJob": "fomc-2016-prepare",
-                                         "pytorchJob": "fomc-2016-train", "mergeJob": "fomc-2016-merge",
+                                         child_key: "fomc-2016-train", "mergeJob": "fomc-2016-merge",
                                          "leakageEval.fomc-2016-leakage": "fomc-2016-leakage"}
     # every child is owned (garbage-collected with its parent) and labelled
-    for res in (CM, JOBS, PTJ, LE):
+    for res in (CM, JOBS, resource, LE):
         for n in c.names(res):
             meta = c.get(res, n)["metadata"]
             assert meta["ownerReferences"][0]["controller"] is True
             assert meta["labels"][naming.MANAGED_BY_KEY] == "pitlab-operator"
-    OBSERVED_CALLS.update(c.operator_calls())
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "jobset", "pytorchjob"])
+@pytest.mark.asyncio
+async def test_training_failure_fails_the_training_with_its_reason(backend: str) -> None:
+    async with running_cluster(served=SERVED[backend]) as c:
+        await _through_training(c)
+        c.play_training(backend, "fomc-2016-train", "failed")
+        pit = await c.phase(PIT, "fomc-2016", "Failed")
+        reason, message = TRAIN_FAILED[backend]
+        assert conds(pit) == _training_conds(backend, ("Trained", "False", reason), _kstatus("Failed", reason))
+        assert cond(pit, "Stalled")["message"] == message and cond(pit, "Trained")["message"] == message
+        await asyncio.sleep(0.3)
+        assert c.names(JOBS) == ["fomc-2016-prepare"]  # no merge Job after a failed training
+        OBSERVED_CALLS.update(c.operator_calls())
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "jobset", "pytorchjob"])
+@pytest.mark.asyncio
+async def test_preempted_training_shows_preempted_and_carries_on_when_readmitted(backend: str) -> None:
+    """Kueue evicts the running child (suspends it again): Trained=False, reason Preempted, the run stays in
+    Training; readmitted, it runs on (from its last checkpoint) and the run goes to Merging."""
+    _, kind, _ = CHILD[backend]
+    async with running_cluster(served=SERVED[backend]) as c:
+        await _through_training(c)
+        await _queued_then_running(c, backend)
+        c.play_training(backend, "fomc-2016-train", "preempted")
+        pit = await c.until(PIT, "fomc-2016", lambda o: ("Trained", "False", "Preempted") in conds(o))
+        assert pit["status"]["phase"] == "Training"
+        assert conds(pit) == _training_conds(backend, ("Trained", "False", "Preempted"),
+                                             _kstatus("Training", "Preempted"))
+        assert cond(pit, "Trained")["message"].startswith(f"{kind} fomc-2016-train: evicted by Kueue LocalQueue "
+                                                          "gpu-queue (")
+        assert cond(pit, "Trained")["message"].endswith("it resumes from its last checkpoint when readmitted "
+                                                        "(step 10/100)")
+        c.play_training(backend, "fomc-2016-train", "running")
+        await c.until(PIT, "fomc-2016", lambda o: ("Trained", "False", "Training") in conds(o))
+        c.play_training(backend, "fomc-2016-train", "succeeded")
+        pit = await c.phase(PIT, "fomc-2016", "Merging")
+        assert cond(pit, "Trained")["reason"] == TRAINED[backend]
+        OBSERVED_CALLS.update(c.operator_calls())
 
 
 @pytest.mark.asyncio
-async def test_pytorchjob_failure_fails_the_training_with_its_reason(cluster: Cluster) -> None:
-    c = cluster
-    await _through_training(c)
-    c.finish_pytorchjob("fomc-2016-train", ok=False)
-    pit = await c.phase(PIT, "fomc-2016", "Failed")
-    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                          ("Trained", "False", "PyTorchJobFailed"), ("Ready", "False", "PyTorchJobFailed"),
-                          ("Reconciling", "False", "PyTorchJobFailed"), ("Stalled", "True", "PyTorchJobFailed")]
-    stalled = cond(pit, "Stalled")
-    assert stalled["message"] == ("PyTorchJob fomc-2016-train: PyTorchJob fomc-2016-train is failed because 1 "
-                                  "Master replica(s) failed.")
-    await asyncio.sleep(0.3)
-    assert c.names(JOBS) == ["fomc-2016-prepare"]  # no merge Job after a failed training
-    OBSERVED_CALLS.update(c.operator_calls())
+async def test_auto_without_a_training_backend_waits_until_one_is_installed() -> None:
+    """A cluster serving none of TrainJob, JobSet, PyTorchJob: Validated=False (NoTrainingBackend, naming what to
+    install), nothing created, retried; once JobSet is installed, the run starts on it."""
+    async with running_cluster(served=()) as c:
+        await c.apply(TRAINING)
+        pit = await c.until(PIT, "fomc-2016", lambda o: ("Stalled", "True", "NoTrainingBackend") in conds(o))
+        assert pit["status"]["phase"] == "Validating" and conds(pit) == [
+            ("Validated", "False", "NoTrainingBackend"), ("Ready", "False", "NoTrainingBackend"),
+            ("Reconciling", "True", "NoTrainingBackend"), ("Stalled", "True", "NoTrainingBackend")]
+        assert cond(pit, "Validated")["message"] == (
+            "the operator's default (chart value trainingBackend) is auto and the cluster serves none of "
+            "trainjobs.trainer.kubeflow.org, jobsets.jobset.x-k8s.io, pytorchjobs.kubeflow.org: install Kubeflow "
+            "Trainer v2 (the trainer.kubeflow.org/v1alpha1 TrainJob CRD) and the chart's ClusterTrainingRuntime, or "
+            "JobSet (the jobset.x-k8s.io/v1alpha2 JobSet CRD), or the Kubeflow training operator v1.9 (the "
+            "kubeflow.org/v1 PyTorchJob CRD)")
+        assert c.names(CM) == [] and c.names(JOBS) == [] and "specDigest" not in pit["status"]
+        c.install(JS)
+        pit = await c.phase(PIT, "fomc-2016", "Preparing")
+        assert pit["status"]["backend"] == {"name": "jobset", "kind": "JobSet", "reason": (
+            "the operator's default (chart value trainingBackend): auto; the cluster serves jobsets.jobset.x-k8s.io "
+            "(not trainjobs.trainer.kubeflow.org)")}
+        assert conds(pit)[0] == ("Validated", "True", "SpecValid") and c.names(JOBS) == ["fomc-2016-prepare"]
+        OBSERVED_CALLS.update(c.operator_calls())
 
 
 @pytest.mark.asyncio
@@ -420,7 +618,7 @@ async def test_merge_failure_carries_the_job_reason_and_log(cluster: Cluster) ->
     pit = await c.phase(PIT, "fomc-2016", "Failed")
     assert conds(pit) == [
         ("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-        ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "False", "BackoffLimitExceeded"),
+        ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "False", "BackoffLimitExceeded"), WARNED,
         ("Ready", "False", "BackoffLimitExceeded"), ("Reconciling", "False", "BackoffLimitExceeded"),
         ("Stalled", "True", "BackoffLimitExceeded")]
     assert cond(pit, "Merged")["message"] == (
@@ -483,7 +681,7 @@ async def test_fixing_an_invalid_spec_starts_the_run(cluster: Cluster) -> None:
     await c.until(PIT, "fomc-2016", lambda o: not o["metadata"].get("finalizers"))
     await c.edit_spec("pittrainings", "fomc-2016", {"output": {"uri": "out"}}, generation=2)  # the Git fix
     pit = await c.phase(PIT, "fomc-2016", "Preparing")
-    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "False", "Preparing"),
+    assert conds(pit) == [("Validated", "True", "SpecValid"), ("Prepared", "False", "Preparing"), WARNED,
                           ("Ready", "False", "Preparing"), ("Reconciling", "True", "Preparing"),
                           ("Stalled", "False", "Preparing")]
     assert pit["status"]["observedGeneration"] == 2 and c.names(JOBS) == ["fomc-2016-prepare"]
@@ -497,14 +695,14 @@ async def test_spec_edit_after_start_is_refused(cluster: Cluster) -> None:
     await c.edit_spec("pittrainings", "fomc-2016", {"tokens": 2000000}, generation=2)
     pit = await c.until(PIT, "fomc-2016", lambda o: o["status"].get("observedGeneration") == 2)
     assert pit["status"]["phase"] == "Training"
-    assert conds(pit)[3:6] == [("Ready", "False", "SpecImmutable"), ("Reconciling", "True", "Training"),
+    assert conds(pit)[3:7] == [WARNED, ("Ready", "False", "SpecImmutable"), ("Reconciling", "True", "Training"),
                                ("Stalled", "True", "SpecImmutable")]
     assert "spec changed after the run started (generation 2)" in cond(pit, "Stalled")["message"]
     job = c.get(PTJ, "fomc-2016-train")  # the run goes on with the spec it started with
     assert '"tokens": 1000000' in c.get(CM, "fomc-2016-pit-spec")["data"]["spec.yaml"] and job is not None
     await c.edit_spec("pittrainings", "fomc-2016", {"tokens": 1000000}, generation=3)  # GitOps revert
     pit = await c.until(PIT, "fomc-2016", lambda o: o["status"].get("observedGeneration") == 3)
-    assert conds(pit)[3:6] == [("Ready", "False", "Training"), ("Reconciling", "True", "Training"),
+    assert conds(pit)[3:7] == [WARNED, ("Ready", "False", "Training"), ("Reconciling", "True", "Training"),
                                ("Stalled", "False", "Training")]
     OBSERVED_CALLS.update(c.operator_calls())
 
@@ -534,7 +732,7 @@ async def test_cluster_without_kubeflow_stalls_with_a_hint_until_the_crd_appears
     pit = await c.until(PIT, "fomc-2016", lambda o: ("Stalled", "True", "ChildKindMissing") in conds(o))
     assert pit["status"]["phase"] == "Training" and conds(pit) == [
         ("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-        ("Trained", "False", "ChildKindMissing"), ("Ready", "False", "ChildKindMissing"),
+        ("Trained", "False", "ChildKindMissing"), WARNED, ("Ready", "False", "ChildKindMissing"),
         ("Reconciling", "True", "ChildKindMissing"), ("Stalled", "True", "ChildKindMissing")]
     hint = ("PyTorchJob fomc-2016-train cannot be created: the API server has no PyTorchJob kind (404 Not Found: "
             "the server could not find the requested resource); install the Kubeflow training operator (the "
@@ -546,20 +744,20 @@ async def test_cluster_without_kubeflow_stalls_with_a_hint_until_the_crd_appears
                 if r.resource == "v1/events" and r.action is not None and r.action.name == "CREATE"]
 
     deadline = time.monotonic() + 10
-    while len(events()) < 3 and time.monotonic() < deadline:
+    while len(events()) < 4 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     await asyncio.sleep(4 * CFG.create_retry_delay)  # retried meanwhile: still one Warning
     assert sorted(events()) == [
         ("Normal", "Created", "created ConfigMap fomc-2016-pit-spec"),
         ("Normal", "Created", "created Job fomc-2016-prepare"),
-        ("Warning", "ChildKindMissing", hint)]
+        ("Warning", "ChildKindMissing", hint), ("Warning", "KueueIntegrationRequired", cond(pit, "Warning")["message"])]
     assert c.names(PTJ) == []
 
     del c.server.refusals[PTJ]  # the platform team installs the Kubeflow training operator
     pit = await c.until(PIT, "fomc-2016", lambda o: ("Stalled", "False", "Training") in conds(o))
     assert pit["status"]["phase"] == "Training" and conds(pit) == [
         ("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"), ("Trained", "False", "Training"),
-        ("Ready", "False", "Training"), ("Reconciling", "True", "Training"), ("Stalled", "False", "Training")]
+        WARNED, ("Ready", "False", "Training"), ("Reconciling", "True", "Training"), ("Stalled", "False", "Training")]
     assert c.names(PTJ) == ["fomc-2016-train"]
     c.finish_pytorchjob("fomc-2016-train")
     await c.phase(PIT, "fomc-2016", "Merging")

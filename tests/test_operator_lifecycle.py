@@ -23,10 +23,17 @@ BODY = {"apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining",
 
 
 class FakeWorld:
-    def __init__(self) -> None:
+    """The cluster view: objects by (resource, name), pods, logs, and the kinds it serves (``served``: a cluster
+    with only the legacy Kubeflow training operator unless a test says otherwise)."""
+
+    def __init__(self, served: tuple[str, ...] = (lifecycle.PYTORCHJOBS,)) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
         self.pods: list[dict] = []
         self.logs: dict[tuple[str, str], str] = {}
+        self.served = set(served)
+
+    def serves(self, resource: str) -> bool:
+        return resource in self.served
 
     def get(self, resource: str, namespace: str, name: str) -> dict | None:
         return copy.deepcopy(self.objects.get((resource, name)))
@@ -158,12 +165,17 @@ def message(body: dict, type_: str) -> str:
     return next(c["message"] for c in body["status"]["conditions"] if c["type"] == type_)
 
 
+# The condition each training kind's controller sets when it succeeded: (type, reason)
+TRAINED = {lifecycle.PYTORCHJOBS: ("Succeeded", "PyTorchJobSucceeded"),
+           lifecycle.TRAINJOBS: ("Complete", "JobSetCompleted"), lifecycle.JOBSETS: ("Completed", "AllJobsCompleted")}
+
+
 def finish(w: FakeWorld, resource: str, name: str, ok: bool = True, container: str = "", msg: str = "") -> None:
     """Play the Job (or Kubeflow) controller for child ``name``; ``msg``: its pod's termination message."""
     obj = w.objects[(resource, name)]
-    if resource == lifecycle.PYTORCHJOBS:
-        obj["status"] = {"conditions": [{"type": "Succeeded", "status": "True", "reason": "PyTorchJobSucceeded",
-                                         "message": "done"}]}
+    if resource in TRAINED:
+        type_, reason = TRAINED[resource]
+        obj["status"] = {"conditions": [{"type": type_, "status": "True", "reason": reason, "message": "done"}]}
         return
     obj["status"] = {"conditions": [{"type": "Complete", "status": "True", "reason": "CompletionsReached"} if ok else
                                     {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
@@ -339,9 +351,11 @@ def test_embedding_layout_is_chosen_once_whatever_the_config_says_later() -> Non
     assert plan.creates == [] and plan.status.children == {"configMap": "e-eval-spec", "embedJob.all": "e-embed"}
 
 
-def _succeeded_training() -> tuple[FakeWorld, dict]:
-    """A PitTraining with one evaluation, run to Succeeded in a FakeWorld."""
-    w = FakeWorld()
+def _succeeded_training(served: tuple[str, ...] = (lifecycle.PYTORCHJOBS,), train: str = lifecycle.PYTORCHJOBS
+                        ) -> tuple[FakeWorld, dict]:
+    """A PitTraining with one evaluation, run to Succeeded in a FakeWorld serving ``served``, whose training child
+    is of kind ``train``."""
+    w = FakeWorld(served)
     body = copy.deepcopy(BODY)
     body["spec"]["evaluations"] = [{"name": "leak", "spec": {
         "models": [{"name": "pit", "trainingRef": {"name": "t"}}], "dataset": {"kind": "ohlcv", "uri": "p.csv"},
@@ -349,7 +363,7 @@ def _succeeded_training() -> tuple[FakeWorld, dict]:
     body, _ = step(w, body)
     finish(w, lifecycle.JOBS, "t-prepare", container="prepare", msg=json.dumps(AUDIT))
     body, _ = step(w, body)
-    finish(w, lifecycle.PYTORCHJOBS, "t-train")
+    finish(w, train, "t-train")
     body, _ = step(w, body)
     finish(w, lifecycle.JOBS, "t-merge")
     body, plan = step(w, body)
@@ -358,6 +372,104 @@ def _succeeded_training() -> tuple[FakeWorld, dict]:
     body, _ = step(w, body)
     assert body["status"]["phase"] == "Succeeded"
     return w, body
+
+
+@pytest.mark.parametrize("served, resource, kind, key, trained", [
+    ((lifecycle.TRAINJOBS, lifecycle.JOBSETS, lifecycle.PYTORCHJOBS), lifecycle.TRAINJOBS, "TrainJob", "trainJob",
+     "JobSetCompleted"),
+    ((lifecycle.JOBSETS, lifecycle.PYTORCHJOBS), lifecycle.JOBSETS, "JobSet", "jobSet", "AllJobsCompleted"),
+    ((lifecycle.PYTORCHJOBS,), lifecycle.PYTORCHJOBS, "PyTorchJob", "pytorchJob", "PyTorchJobSucceeded"),
+])
+def test_a_training_runs_to_succeeded_on_each_backend(served, resource, kind, key, trained) -> None:
+    """train → merge → evaluate → Succeeded, the training child being the kind `auto` found first."""
+    w, body = _succeeded_training(served, resource)
+    assert body["status"]["backend"]["kind"] == kind and body["status"]["children"][key] == "t-train"
+    assert sorted(r for r, n in w.objects if n == "t-train") == [resource]
+    assert conds(body) == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
+                           ("Trained", "True", trained), ("Merged", "True", "MergeSucceeded"),
+                           ("Evaluated", "True", "EvaluationsSucceeded"), ("Ready", "True", "Succeeded"),
+                           ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
+    assert message(body, "Trained") == f"{kind} t-train: done"
+
+
+@pytest.mark.parametrize("spec_backend, default, resource", [
+    ("jobset", "auto", lifecycle.JOBSETS),  # the spec wins, whatever the cluster serves (only PyTorchJob here)
+    (None, "trainjob", lifecycle.TRAINJOBS),  # the operator's default
+    ("pytorchjob", "trainjob", lifecycle.PYTORCHJOBS),
+])
+def test_a_named_backend_is_used_as_named(spec_backend, default, resource) -> None:
+    w = FakeWorld(served=(lifecycle.PYTORCHJOBS,))
+    body = copy.deepcopy(BODY)
+    if spec_backend:
+        body["spec"]["resources"]["backend"] = spec_backend
+    cfg = OperatorConfig(training_backend=default)
+    body = w.apply(lifecycle.reconcile_training(body, w, cfg, NOW), body)
+    finish(w, lifecycle.JOBS, "t-prepare", container="prepare", msg=json.dumps(AUDIT))
+    plan = lifecycle.reconcile_training(body, w, cfg, NOW)
+    assert [(lifecycle.RESOURCE_OF_KIND[m["kind"]], m["metadata"]["name"]) for m in plan.creates] == [
+        (resource, "t-train")]
+    source = "spec.resources.backend" if spec_backend else "the operator's default (chart value trainingBackend)"
+    assert plan.status.backend.reason == f"{source}: {spec_backend or default}"
+
+
+def test_auto_without_a_backend_creates_nothing_and_names_what_to_install() -> None:
+    w = FakeWorld(served=())
+    body, plan = step(w, copy.deepcopy(BODY))
+    assert plan.creates == [] and body["status"]["phase"] == "Validating" and "backend" not in body["status"]
+    assert conds(body) == [("Validated", "False", "NoTrainingBackend"), ("Ready", "False", "NoTrainingBackend"),
+                           ("Reconciling", "True", "NoTrainingBackend"), ("Stalled", "True", "NoTrainingBackend")]
+    assert plan.warnings == [("NoTrainingBackend", message(body, "Validated"))]
+    assert message(body, "Stalled").startswith("the operator's default (chart value trainingBackend) is auto and "
+                                               "the cluster serves none of trainjobs.trainer.kubeflow.org, ")
+    w.served.add(lifecycle.TRAINJOBS)  # Kubeflow Trainer installed: the next reconcile starts the run
+    body, plan = step(w, body)
+    assert [m["metadata"]["name"] for m in plan.creates] == ["t-pit-spec", "t-prepare"]
+    assert conds(body)[0] == ("Validated", "True", "SpecValid") and body["status"]["backend"]["kind"] == "TrainJob"
+
+
+@pytest.mark.parametrize("backend, warned", [("pytorchjob", True), ("trainjob", False), ("jobset", False)])
+def test_only_a_pytorchjob_queued_through_kueue_is_warned_about_kueues_integration(backend, warned) -> None:
+    w = FakeWorld()
+    body = copy.deepcopy(BODY)
+    body["spec"]["resources"].update(backend=backend, queueName="h200")
+    body, plan = step(w, body)
+    assert (("Warning", "True", "KueueIntegrationRequired") in conds(body)) is warned
+    assert [r for r, _ in plan.warnings] == (["KueueIntegrationRequired"] if warned else [])
+    if warned:
+        assert message(body, "Warning") == plan.warnings[0][1]
+        assert "kubeflow.org/pytorchjob is listed in its integrations.frameworks" in plan.warnings[0][1]
+
+
+def test_queued_then_preempted_training_keeps_the_phase_and_says_why() -> None:
+    w = FakeWorld(served=(lifecycle.JOBSETS,))
+    body = copy.deepcopy(BODY)
+    body["spec"]["resources"]["queueName"] = "h200"
+    body, _ = step(w, body)
+    finish(w, lifecycle.JOBS, "t-prepare", container="prepare", msg=json.dumps(AUDIT))
+    body, _ = step(w, body)
+    js = w.objects[(lifecycle.JOBSETS, "t-train")]
+    js["status"] = {"conditions": [{"type": "Suspended", "status": "True", "reason": "SuspendedJobs",
+                                    "message": "jobset is suspended"}]}
+    body, _ = step(w, body)
+    assert conds(body)[2] == ("Trained", "False", "Queued") and body["status"]["phase"] == "Training"
+    assert message(body, "Trained") == ("JobSet t-train: waiting for admission by Kueue LocalQueue h200 "
+                                        "(SuspendedJobs: jobset is suspended)")
+    js["status"] = {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 1}]}
+    pod = "t-train-node-0-0-abcde"
+    w.pods.append({"metadata": {"name": pod, "labels": {"batch.kubernetes.io/job-name": "t-train-node-0",
+                                                        "batch.kubernetes.io/job-completion-index": "0"}}})
+    w.logs[(pod, "progress")] = 'PITLAB_PROGRESS {"step": 40, "totalSteps": 90}\n'
+    body, _ = step(w, body)
+    assert conds(body)[2] == ("Trained", "False", "Training") and body["status"]["progress"] == {
+        "step": 40, "totalSteps": 90, "percent": 44.4}
+    assert message(body, "Trained") == "JobSet t-train: Running: 1 Job(s) active, 1 ready (step 40/90)"
+    js["status"] = {"conditions": [{"type": "Suspended", "status": "True", "reason": "SuspendedJobs",
+                                    "message": "jobset is suspended"}]}
+    body, _ = step(w, body)
+    assert conds(body)[2] == ("Trained", "False", "Preempted") and body["status"]["phase"] == "Training"
+    assert message(body, "Trained") == (
+        "JobSet t-train: evicted by Kueue LocalQueue h200 (SuspendedJobs: jobset is suspended); it resumes from its "
+        "last checkpoint when readmitted (step 40/90)")
 
 
 def test_a_finished_training_creates_nothing_after_a_spec_edit() -> None:

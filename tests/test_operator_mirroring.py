@@ -16,6 +16,76 @@ def test_pytorchjob_state() -> None:
         "Failed", "PyTorchJobFailed", "1 Master failed")
 
 
+def _c(type_: str, status: str, reason: str, message: str = "") -> dict:
+    return {"type": type_, "status": status, "reason": reason, "message": message}
+
+
+QUEUED = {"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "h200"}}}
+
+
+def test_trainjob_state_from_conditions_and_jobs_status() -> None:
+    tj = lambda *c, **st: {**QUEUED, "status": {"conditions": list(c), **st}}  # noqa: E731
+    assert m.trainjob_state({}) == m.ChildState("Pending", "Created", "")
+    assert m.trainjob_state(tj(_c("Suspended", "True", "Suspended", "TrainJob is suspended"))) == m.ChildState(
+        "Pending", "Queued", "waiting for admission by Kueue LocalQueue h200 (Suspended: TrainJob is suspended)")
+    # suspended again after it ran: Kueue evicted it
+    assert m.trainjob_state(tj(_c("Suspended", "True", "Suspended", "TrainJob is suspended")), ran=True) == \
+        m.ChildState("Pending", "Preempted", "evicted by Kueue LocalQueue h200 (Suspended: TrainJob is suspended); "
+                                             "it resumes from its last checkpoint when readmitted")
+    running = tj(_c("Suspended", "False", "Resumed"), jobsStatus=[{"name": "node", "active": 1, "ready": 1}])
+    assert m.trainjob_state(running) == m.ChildState("Running", "Running", "1 Job(s) active, 1 ready")
+    assert m.trainjob_state(tj(_c("Complete", "True", "JobSetCompleted", "done"))) == m.ChildState(
+        "Succeeded", "JobSetCompleted", "done")
+    failed = tj(_c("Suspended", "True", "Suspended"), _c("Failed", "True", "JobSetFailed", "node 0: exit 2"))
+    assert m.trainjob_state(failed) == m.ChildState("Failed", "JobSetFailed", "node 0: exit 2")  # Failed wins
+    # suspended before its controller wrote a condition, and not queued through Kueue
+    assert m.trainjob_state({"spec": {"suspend": True}}) == m.ChildState("Pending", "Suspended",
+                                                                         "Suspended: spec.suspend is true")
+
+
+def test_jobset_state_counts_restarts_of_its_budget() -> None:
+    js = lambda *c, **st: {**QUEUED, "spec": {"failurePolicy": {"maxRestarts": 2}},  # noqa: E731
+                           "status": {"conditions": list(c), **st}}
+    assert m.jobset_state(js(_c("Suspended", "True", "SuspendedJobs", "jobset is suspended"))) == m.ChildState(
+        "Pending", "Queued", "waiting for admission by Kueue LocalQueue h200 (SuspendedJobs: jobset is suspended)")
+    active = [{"name": "node", "active": 1, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}]
+    assert m.jobset_state(js(replicatedJobsStatus=active)) == m.ChildState("Running", "Running",
+                                                                          "1 Job(s) active, 0 ready")
+    assert m.jobset_state(js(replicatedJobsStatus=active, restarts=1)) == m.ChildState(
+        "Running", "Restarted", "1 Job(s) active, 0 ready; restart 1 of 2")
+    assert m.jobset_state(js(restarts=2)) == m.ChildState("Pending", "Restarting", "restart 2 of 2")
+    assert m.jobset_state(js(_c("Completed", "True", "AllJobsCompleted", "jobset completed"))).state == "Succeeded"
+    assert m.jobset_state(js(_c("Failed", "True", "ReachedMaxRestarts", "jobset failed: max restarts"))) == \
+        m.ChildState("Failed", "ReachedMaxRestarts", "jobset failed: max restarts")
+
+
+def test_an_eviction_condition_is_preempted_and_a_suspension_without_queue_is_suspended() -> None:
+    evicted = {**QUEUED, "spec": {"suspend": True}, "status": {"conditions": [
+        _c("Suspended", "True", "SuspendedJobs", "jobset is suspended"),
+        _c("Evicted", "True", "Preempted", "Preempted to accommodate a higher priority Workload")]}}
+    assert m.jobset_state(evicted) == m.ChildState(
+        "Pending", "Preempted", "evicted by Kueue LocalQueue h200 (Preempted: Preempted to accommodate a higher "
+                                "priority Workload); it resumes from its last checkpoint when readmitted")
+    ptj = {"spec": {"runPolicy": {"suspend": True}},
+           "status": {"conditions": [_c("Suspended", "True", "PyTorchJobSuspended", "PyTorchJob x is suspended.")]}}
+    assert m.pytorchjob_state(ptj) == m.ChildState("Pending", "Suspended",
+                                                   "PyTorchJobSuspended: PyTorchJob x is suspended.")
+    assert m.pytorchjob_state(ptj, ran=True).reason == "Suspended"  # no queue: not Kueue's eviction
+    assert m.pytorchjob_state({**ptj, **QUEUED}).reason == "Queued"
+    assert m.pytorchjob_state({**ptj, **QUEUED}, ran=True).reason == "Preempted"
+
+
+def test_index_pod_is_the_newest_live_pod_of_that_index() -> None:
+    pod = lambda name, index, t, gone=False: {"metadata": {  # noqa: E731
+        "name": name, "creationTimestamp": t, "labels": {"batch.kubernetes.io/job-name": "x-train-node-0",
+                                                         "batch.kubernetes.io/job-completion-index": str(index)},
+        **({"deletionTimestamp": t} if gone else {})}}
+    pods = [pod("a", 0, "2026-01-01T00:00:00Z"), pod("b", 1, "2026-01-01T00:00:09Z"),
+            pod("c", 0, "2026-01-01T00:00:05Z"), pod("d", 0, "2026-01-01T00:00:07Z", gone=True)]
+    assert m.index_pod(pods, "x-train-node-0", 0) == "c"
+    assert m.index_pod(pods, "x-train-node-0", 1) == "b" and m.index_pod(pods, "other", 0) is None
+
+
 def test_batch_job_state() -> None:
     assert m.batch_job_state({"status": {}}).state == "Pending"
     assert m.batch_job_state({"status": {"active": 1}}) == m.ChildState("Running", "Running", "1 pod(s) running")

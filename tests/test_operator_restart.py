@@ -26,10 +26,12 @@ from test_operator_e2e import (AUDIT_MESSAGE, CFG, CM, EVAL_SPEC, JOBS, LE, NS, 
 KINDS = {"ConfigMap": CM, "Job": JOBS, "PyTorchJob": PTJ, "LeakageEval": LE}
 PLURALS = {"configmaps": CM, "jobs": JOBS, "pytorchjobs": PTJ, "leakageevals": LE}
 
-# The final condition lists (the PitTraining's is the one test_operator_e2e.py::test_happy_path asserts).
+# The final condition lists (the PitTraining's is the one test_operator_e2e.py::test_happy_path asserts on the
+# PyTorchJob backend: TRAINING is queued through Kueue, hence the Warning about Kueue's PyTorchJob integration).
 TRAINING_SUCCEEDED = [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
                       ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "True", "MergeSucceeded"),
-                      ("Evaluated", "True", "EvaluationsSucceeded"), ("Ready", "True", "Succeeded"),
+                      ("Evaluated", "True", "EvaluationsSucceeded"), ("Warning", "True", "KueueIntegrationRequired"),
+                      ("Ready", "True", "Succeeded"),
                       ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
 EVAL_SUCCEEDED = [("Validated", "True", "SpecValid"), ("Embedded", "True", "EmbeddingsWritten"),
                   ("Analyzed", "True", "ResultsWritten"), ("Ready", "True", "Succeeded"),

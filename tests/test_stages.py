@@ -92,6 +92,9 @@ class World:
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None:
         return None
 
+    def serves(self, resource: str) -> bool:
+        return resource == PYTORCHJOBS  # a cluster with the legacy training operator only: auto picks PyTorchJob
+
     def reconcile(self, body: dict) -> dict:
         reconcile = lifecycle.reconcile_training if body["kind"] == "PitTraining" else lifecycle.reconcile_eval
         plan = reconcile(body, self, CFG, NOW)

@@ -210,6 +210,12 @@ class ResourcesSpec(PodScheduling):
     image: str | None = None
     cpu: str | None = None
     memory: str | None = None
+    backend: Literal["auto", "trainjob", "jobset", "pytorchjob"] | None = Field(None, description=(
+        "what runs the training stage on a cluster (the operator; `pitlab run` ignores it): trainjob (Kubeflow "
+        "Trainer v2 TrainJob on the chart's ClusterTrainingRuntime), jobset (a JobSet, no Kubeflow), pytorchjob "
+        "(the legacy Kubeflow PyTorchJob), or auto: TrainJob when the cluster serves it, else JobSet, else "
+        "PyTorchJob. Unset: the operator's default (chart value trainingBackend, default auto). The choice and "
+        "its reason are in status.backend"))
 
 
 class CheckpointSpec(SpecModel):

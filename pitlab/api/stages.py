@@ -22,8 +22,9 @@ class Stage:
 
     ``failed`` is the reason ``pitlab run`` sets when the stage fails; the operator sets the failed child's own
     reason instead (e.g. ``BackoffLimitExceeded``, ``PyTorchJobFailed``), so that ``kubectl`` shows what
-    Kubernetes said. ``done_from_child``: on a cluster the done reason is the child's own (the PyTorchJob's
-    ``PyTorchJobSucceeded``). ``empty``: the done reason when there is nothing to run.
+    Kubernetes said. ``done_from_child``: on a cluster the done reason is the child's own (a TrainJob's
+    ``JobSetCompleted``, a PyTorchJob's ``PyTorchJobSucceeded``). ``empty``: the done reason when there is nothing
+    to run. ``child``: the kind of the cluster child, in words (the train stage's is the run's backend).
     """
 
     name: str
@@ -44,7 +45,8 @@ VALIDATE = Stage("validate", "Validated", "Validating", "SpecValid", "InvalidSpe
 PREPARE = Stage("prepare", "Prepared", "Preparing", "CorpusFiltered", "PrepareFailed", ("pitlab", "prepare"), "Job",
                 consumes=("spec", "corpus", "baseModel"),
                 produces=(layout.SPEC, layout.CORPUS_AUDIT, folder(layout.BASE), layout.TOKENS))
-TRAIN = Stage("train", "Trained", "Training", "Succeeded", "TrainingFailed", ("pitlab", "train"), "PyTorchJob",
+TRAIN = Stage("train", "Trained", "Training", "Succeeded", "TrainingFailed", ("pitlab", "train"),
+              "TrainJob, JobSet or PyTorchJob",
               consumes=(layout.SPEC, folder(layout.BASE), layout.TOKENS),
               produces=(f"{layout.CHECKPOINT}/step-N/", layout.METRICS, layout.SUMMARY), done_from_child=True)
 MERGE = Stage("merge", "Merged", "Merging", "MergeSucceeded", "MergeFailed", ("pitlab", "merge"), "Job",

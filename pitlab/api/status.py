@@ -85,6 +85,14 @@ class CorpusAuditStatus(SpecModel):
                                                          "cutoff after the latest document or after today)")
 
 
+class BackendStatus(SpecModel):
+    """The training backend a PitTraining runs on (operator): chosen once, before the first child, and kept."""
+
+    name: Literal["trainjob", "jobset", "pytorchjob"]
+    kind: Literal["TrainJob", "JobSet", "PyTorchJob"]
+    reason: str = Field("", description="why this backend: the spec's or the operator's choice, or what auto found")
+
+
 class ResourceStatus(SpecModel):
     """``status`` of a PitTraining or a LeakageEval (fields a kind does not use stay unset)."""
 
@@ -97,6 +105,8 @@ class ResourceStatus(SpecModel):
     model_uri: str | None = None
     report_uri: str | None = None
     children: dict[str, str] = Field(default_factory=dict)
+    backend: BackendStatus | None = Field(None, description="PitTraining: the kind that runs its training stage, "
+                                                           "and why (operator)")
     results: dict[str, Any] | None = None
     premium_summary: str | None = Field(
         None, description="one-line leakage premium summary (model premium [CI]) for `kubectl get` (operator)")

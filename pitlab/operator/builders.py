@@ -75,7 +75,9 @@ def _resources(cpu: str | None, memory: str | None, gpus: int = 0) -> dict[str, 
     return out
 
 
-def _env(cfg: OperatorConfig, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+def env_list(cfg: OperatorConfig, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """The variables every pitlab container gets (``PITLAB_DATA_ROOT``, ``PYTHONUNBUFFERED``, ``HOME``) and
+    ``extra``, as a container's ``env`` list."""
     env = {"PITLAB_DATA_ROOT": cfg.data_root, "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
     env.update(extra or {})
     return [{"name": k, "value": v} for k, v in env.items()]
@@ -92,7 +94,7 @@ def _container(name: str, image: str, command: list[str], cfg: OperatorConfig, r
         "imagePullPolicy": cfg.image_pull_policy,
         "command": command,
         "workingDir": cfg.mount_path,  # relative spec URIs resolve on the shared volume, as in the operator
-        "env": _env(cfg, env),
+        "env": env_list(cfg, env),
         "volumeMounts": mounts,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
@@ -247,40 +249,81 @@ def nccl_env(timeout_seconds: int) -> dict[str, str]:
     }
 
 
+def training_metadata(pt: PitTraining, owner: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The training child's metadata (:func:`naming.training_job`, with the Kueue queue label when
+    ``spec.resources.queueName`` is set) and the labels of its pods (the same, without the queue label)."""
+    meta = _metadata(naming.training_job(pt.metadata.name), owner, "training",
+                     **_queue_label(pt.spec.resources.queue_name))
+    return meta, {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
+
+
+def training_image(pt: PitTraining, cfg: OperatorConfig) -> str:
+    """The trainer image: ``spec.resources.image``, else the operator's."""
+    return pt.spec.resources.image or cfg.trainer_image
+
+
+def training_resources(pt: PitTraining) -> dict[str, Any]:
+    """One node's requests and limits: ``spec.resources`` cpu, memory and ``gpusPerNode`` GPUs."""
+    res = pt.spec.resources
+    return _resources(res.cpu, res.memory, res.gpus_per_node)
+
+
+def training_env(cfg: OperatorConfig) -> dict[str, str]:
+    """The training container's own variables besides the common ones (the NCCL watchdog's bounds)."""
+    return nccl_env(cfg.nccl_timeout_seconds)
+
+
+def training_container(name: str, pt: PitTraining, cfg: OperatorConfig, argv: list[str]) -> dict[str, Any]:
+    """The container running ``argv`` (a torchrun command) on every training node, with the spec mounted."""
+    return _container(name, training_image(pt, cfg), argv, cfg, training_resources(pt), training_env(cfg),
+                      spec_file=TRAINING_SPEC_FILE)
+
+
+def progress_sidecar(pt: PitTraining, cfg: OperatorConfig) -> dict[str, Any]:
+    """The ``progress`` native sidecar (an init container with ``restartPolicy: Always``) that prints the newest
+    training metrics line for the operator to read; it mounts the shared volume read-only."""
+    side = _container("progress", training_image(pt, cfg), progress_command(TrainingLayout(training_run_dir(pt, cfg))
+                                                                            .metrics, cfg), cfg,
+                      _resources("50m", "64Mi"))
+    side["restartPolicy"] = "Always"
+    side["volumeMounts"][0]["readOnly"] = True
+    return side
+
+
+def progress_command(metrics: str, cfg: OperatorConfig) -> list[str]:
+    """The progress sidecar's command for the metrics file ``metrics``."""
+    return WORKLOAD + ["progress", "--metrics", metrics, "--interval", str(cfg.progress_interval_seconds)]
+
+
+def training_pod(pt: PitTraining, cfg: OperatorConfig, main: dict[str, Any], sidecar: bool,
+                 restart_policy: str) -> dict[str, Any]:
+    """A training node's pod spec: ``main`` (and the progress sidecar when ``sidecar``), the spec ConfigMap, the
+    shared volume, a memory-backed ``/dev/shm``, the placement of ``spec.resources`` and the storage settings."""
+    res = pt.spec.resources
+    spec = _pod_spec([main], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE,
+                     restart_policy, res.node_selector, res.tolerations, shm=True,
+                     init_containers=[progress_sidecar(pt, cfg)] if sidecar else None)
+    return _with_storage(spec, pt.spec.storage)
+
+
 def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
-    """The Kubeflow PyTorchJob: Master ×1 + Worker ×(nodes−1), ``nprocPerNode`` = gpusPerNode.
+    """The Kubeflow PyTorchJob (legacy backend): Master ×1 + Worker ×(nodes−1), ``nprocPerNode`` = gpusPerNode.
 
     Container ``pytorch`` runs ``torchrun … -m pitlab.cli train``; the master also runs the ``progress``
-    sidecar (a native sidecar: an init container with ``restartPolicy: Always``) that prints the latest
-    training metrics for the operator to read. ``cleanPodPolicy: Running`` frees the GPUs of a failed job.
+    sidecar that prints the latest training metrics for the operator to read. ``cleanPodPolicy: Running`` frees
+    the GPUs of a failed job.
     """
-    name = pt.metadata.name
     res = pt.spec.resources
     run = training_run_dir(pt, cfg)
-    image = res.image or cfg.trainer_image
-    meta = _metadata(naming.pytorchjob(name), owner, "training", **_queue_label(res.queue_name))
-    pod_labels = {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
+    meta, pod_labels = training_metadata(pt, owner)
 
     def template(role: str) -> dict[str, Any]:
-        main = _container("pytorch", image,
-                          torchrun_command(res.nodes, res.gpus_per_node, TRAINING_SPEC_PATH, run,
-                                           base_model_dir(pt, cfg)), cfg,
-                          _resources(res.cpu, res.memory, res.gpus_per_node), nccl_env(cfg.nccl_timeout_seconds),
-                          spec_file=TRAINING_SPEC_FILE)
+        main = training_container("pytorch", pt, cfg, torchrun_command(res.nodes, res.gpus_per_node,
+                                                                       TRAINING_SPEC_PATH, run,
+                                                                       base_model_dir(pt, cfg)))
         main["ports"] = [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]
-        sidecars = None
-        if role == "Master":
-            side = _container("progress", image,
-                              WORKLOAD + ["progress", "--metrics", TrainingLayout(run).metrics,
-                                          "--interval", str(cfg.progress_interval_seconds)],
-                              cfg, _resources("50m", "64Mi"))
-            side["restartPolicy"] = "Always"
-            side["volumeMounts"][0]["readOnly"] = True
-            sidecars = [side]
-        spec = _pod_spec([main], cfg, naming.training_spec_configmap(name), TRAINING_SPEC_FILE, "OnFailure",
-                         res.node_selector, res.tolerations, shm=True, init_containers=sidecars)
+        spec = training_pod(pt, cfg, main, sidecar=role == "Master", restart_policy="OnFailure")
         spec.pop("restartPolicy")  # set per replica type by the training operator
-        _with_storage(spec, pt.spec.storage)
         return {"metadata": {"labels": dict(pod_labels)}, "spec": spec}
 
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template("Master")}}

@@ -10,6 +10,7 @@ import posixpath
 SPEC_DIR = "/etc/pitlab"
 TRAINING_SPEC_FILE = "spec.yaml"
 EVAL_SPEC_FILE = "leakageeval.yaml"
+TRAINING_BACKENDS = ("auto", "trainjob", "jobset", "pytorchjob")  # spec.resources.backend, chart trainingBackend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,7 +23,11 @@ class OperatorConfig:
     environment. ``reconcile_interval`` is how often (s) a running resource's children are looked at.
     ``indexed_embed_threshold``: panels with more models than this embed in one indexed Job (decided once per
     LeakageEval). ``create_retry_delay``: seconds between attempts to create a child the API server cannot
-    take yet (kind not installed, forbidden, quota exceeded).
+    take yet (kind not installed, forbidden, quota exceeded). ``training_backend``: what runs a PitTraining's
+    training stage when its ``spec.resources.backend`` is unset (``auto``, ``trainjob``, ``jobset`` or
+    ``pytorchjob``; :mod:`pitlab.operator.backends`). ``training_runtime``: the ClusterTrainingRuntime a
+    TrainJob names (the chart ships it). ``termination_grace_seconds``: how long a TrainJob or JobSet training
+    pod may take to stop (preemption, eviction) before it is killed.
     """
 
     trainer_image: str = "ghcr.io/pitlab/pitlab-trainer:0.1.0"
@@ -45,6 +50,14 @@ class OperatorConfig:
     progress_interval_seconds: int = 15
     reconcile_interval: float = 10.0
     create_retry_delay: float = 60.0
+    training_backend: str = "auto"
+    training_runtime: str = "pitlab-torch"
+    termination_grace_seconds: int = 300
+
+    def __post_init__(self) -> None:
+        if self.training_backend not in TRAINING_BACKENDS:
+            raise ValueError(f"PITLAB_TRAINING_BACKEND (chart value trainingBackend): {self.training_backend!r} is "
+                             f"not one of {', '.join(TRAINING_BACKENDS)}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":

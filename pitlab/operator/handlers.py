@@ -29,6 +29,9 @@ REFUSALS = (400, 422)  # a create refused for good: the manifest itself is inval
 BLOCKED = {404: "ChildKindMissing", 403: "Forbidden"}  # refused until the cluster changes: retried
 WHAT_TO_DO = {
     "PyTorchJob": "install the Kubeflow training operator (the kubeflow.org/v1 PyTorchJob CRD)",
+    "TrainJob": "install Kubeflow Trainer v2 (the trainer.kubeflow.org/v1alpha1 TrainJob CRD) and the chart's "
+                "ClusterTrainingRuntime (chart value trainingRuntime.install)",
+    "JobSet": "install JobSet (the jobset.x-k8s.io/v1alpha2 JobSet CRD)",
     "LeakageEval": "install the pitlab CRDs (helm upgrade --install of charts/pitlab, or kubectl apply -f crds/)",
 }
 

@@ -10,7 +10,8 @@ RBAC must equal (tested).
 from __future__ import annotations
 
 import json
-from typing import Any
+import time
+from typing import Any, Callable
 
 import kubernetes
 from kubernetes.client import ApiClient, ApiException
@@ -24,13 +25,41 @@ def _split(resource: str) -> tuple[str, str, str]:
 
 
 class Kube:
-    """Reads and creates children in one API server (a configured ``kubernetes.client.ApiClient``)."""
+    """Reads and creates children in one API server (a configured ``kubernetes.client.ApiClient``).
 
-    def __init__(self, api_client: ApiClient):
+    ``discovery_ttl``: seconds an answer of :meth:`serves` is reused (a CRD installed meanwhile is seen after at
+    most that long); ``clock``: the time source of that cache."""
+
+    def __init__(self, api_client: ApiClient, discovery_ttl: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.client = api_client
         self.core = kubernetes.client.CoreV1Api(api_client)
         self.batch = kubernetes.client.BatchV1Api(api_client)
         self.custom = kubernetes.client.CustomObjectsApi(api_client)
+        self.discovery_ttl, self.clock = discovery_ttl, clock
+        self._served: dict[str, tuple[float, frozenset[str]]] = {}
+
+    def serves(self, resource: str) -> bool:
+        """Whether the API server serves ``resource`` (``group/version/plural``), from its discovery document
+        ``/apis/<group>/<version>`` (readable by every authenticated client; 404: the group version is not
+        served), cached for ``discovery_ttl`` seconds per group version."""
+        group, version, plural = _split(resource)
+        key = f"{group}/{version}"
+        cached = self._served.get(key)
+        if cached is None or self.clock() - cached[0] > self.discovery_ttl:
+            cached = (self.clock(), self._discover(group, version))
+            self._served[key] = cached
+        return plural in cached[1]
+
+    def _discover(self, group: str, version: str) -> frozenset[str]:
+        """The resource names of one group version (empty when it is not served)."""
+        try:
+            found = self.custom.get_api_resources(group, version, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return frozenset()
+            raise
+        return frozenset(r.get("name", "") for r in json.loads(found.data).get("resources") or [])
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         """The object, or None if it does not exist."""

@@ -1,8 +1,9 @@
 """The two state machines, as pure-ish functions: a resource body and a read-only view of the cluster in,
 the children to create and the new status out (a :class:`Plan`). The handlers execute plans.
 
-Both walk the stage tables of :mod:`pitlab.api.stages`. PitTraining: Validating → Preparing (prepare Job) →
-Training (PyTorchJob) → Merging (merge Job) → Evaluating (LeakageEval children) → Succeeded; or Failed with the
+Both walk the stage tables of :mod:`pitlab.api.stages`. PitTraining: Validating (and the training backend chosen)
+→ Preparing (prepare Job) → Training (TrainJob, JobSet or PyTorchJob) → Merging (merge Job) → Evaluating
+(LeakageEval children) → Succeeded; or Failed with the
 failing child's reason and message. LeakageEval: Validating → Embedding (one Job per model, or an indexed Job)
 → Analyzing (one Job) → Succeeded.
 
@@ -23,13 +24,17 @@ from pydantic import ValidationError
 
 from pitlab import pipeline
 from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, layout, stages
-from pitlab.api.status import TERMINAL_PHASES, ResourceStatus, get_condition
-from pitlab.operator import builders, naming, validation
+from pitlab.api.status import TERMINAL_PHASES, ResourceStatus, get_condition, set_condition
+from pitlab.operator import backends, builders, naming, validation
 from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.operator.context import (Ctx, NameConflict, Plan, World, load_status,  # noqa: F401 - re-exported
                                      owned_by, problems)
-from pitlab.operator.naming import (CONFIGMAPS, JOBS, LEAKAGEEVALS, PITTRAININGS,  # noqa: F401 - re-exported
-                                    PYTORCHJOBS, RESOURCE_OF_KIND)
+from pitlab.operator.naming import (CONFIGMAPS, JOBS, JOBSETS, LEAKAGEEVALS,  # noqa: F401 - re-exported
+                                    PITTRAININGS, PYTORCHJOBS, RESOURCE_OF_KIND, TRAINJOBS)
+
+NO_BACKEND = "NoTrainingBackend"  # Validated=False: auto found no training backend in the cluster
+WARNING = "Warning"  # a condition type: something the run works around or the user should know (True while so)
+KUEUE_INTEGRATION = "KueueIntegrationRequired"  # Warning's reason: a PyTorchJob queued through Kueue >= 0.19
 
 
 def _stored_spec(cm: dict[str, Any] | None, key: str) -> dict[str, Any] | None:
@@ -132,6 +137,8 @@ def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, 
         if begun.problems:
             ctx.failed(stages.VALIDATE, validation.message(begun.problems))
             return ctx.plan
+        if not _choose_backend(ctx, begun.current):
+            return ctx.plan
         ctx.done(stages.VALIDATE, "spec is valid")
     try:
         _advance_training(ctx, begun.current)
@@ -139,6 +146,26 @@ def reconcile_training(body: dict[str, Any], world: World, cfg: OperatorConfig, 
         ctx.fail_current("NameConflict", str(err))
     _refuse_edit(ctx)
     return ctx.plan
+
+
+def _choose_backend(ctx: Ctx, pt: PitTraining) -> bool:
+    """Before the run starts: its training backend and why (``status.backend``, :func:`backends.choose`) and, for a
+    PyTorchJob queued through Kueue, condition Warning=True (reason KueueIntegrationRequired) and a Warning event.
+    False when ``auto`` finds no backend: Validated=False and Stalled=True with reason NoTrainingBackend, naming
+    what to install; nothing is created and the operator looks again at every reconcile."""
+    choice = backends.choose(pt.spec.resources.backend, ctx.cfg.training_backend, ctx.world.serves)
+    if choice.backend is None:
+        ctx.running(stages.VALIDATE, choice.reason, reason=NO_BACKEND)
+        conditions.stage_blocked(ctx.status, stages.VALIDATE.condition, NO_BACKEND, choice.reason, ctx.gen, ctx.now)
+        ctx.plan.warnings.append((NO_BACKEND, choice.reason))
+        return False
+    ctx.status.backend = choice.backend.status(choice.reason)
+    warning = backends.kueue_warning(choice.backend, pt.spec.resources.queue_name)
+    ctx.status.conditions = [c for c in ctx.status.conditions if c.type != WARNING]
+    if warning:
+        set_condition(ctx.status, WARNING, "True", KUEUE_INTEGRATION, warning, ctx.gen, ctx.now)
+        ctx.plan.warnings.append((KUEUE_INTEGRATION, warning))
+    return True
 
 
 def _advance_training(ctx: Ctx, current: PitTraining | None) -> None:

@@ -1,5 +1,9 @@
-"""Reading the children's state: PyTorchJob and Job conditions, LeakageEval status, pod termination
-messages, progress lines. Pure functions of the objects as the API server returns them (plain dicts).
+"""Reading the children's state: TrainJob, JobSet, PyTorchJob and Job conditions, LeakageEval status, pod
+termination messages, progress lines. Pure functions of the objects as the API server returns them (plain dicts).
+
+A training child held by Kueue is not running and has not failed: while it is suspended it is ``Queued`` (waiting
+for admission by its LocalQueue) or, once Kueue evicted it, ``Preempted`` (it resumes from its last checkpoint when
+readmitted). Both are :data:`PENDING` states with that reason.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from typing import Any
 from pitlab.api.summary import parse_progress_log
 
 RUNNING, SUCCEEDED, FAILED, PENDING = "Running", "Succeeded", "Failed", "Pending"
+QUEUED, PREEMPTED = "Queued", "Preempted"  # the reasons of a training child Kueue holds
+KUEUE_QUEUE_KEY = "kueue.x-k8s.io/queue-name"
+_EVICTION = ("Preempted", "Evicted")  # a condition type or reason starting with one of these: Kueue evicted the child
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,19 +38,108 @@ def _true(conds: list[dict[str, Any]], type_: str) -> dict[str, Any] | None:
     return next((c for c in conds if c.get("type") == type_ and c.get("status") == "True"), None)
 
 
-def pytorchjob_state(job: dict[str, Any]) -> ChildState:
-    """State of a Kubeflow PyTorchJob from its conditions (Created, Running, Restarting, Succeeded, Failed,
-    Suspended)."""
-    conds = (job.get("status") or {}).get("conditions") or []
-    for type_, state in (("Failed", FAILED), ("Succeeded", SUCCEEDED)):
+def _conditions(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return (obj.get("status") or {}).get("conditions") or []
+
+
+def _finished(obj: dict[str, Any], kind: str, failed: str, succeeded: str) -> ChildState | None:
+    """Failed (condition ``failed`` True) or Succeeded (``succeeded`` True) with the child's reason and message."""
+    conds = _conditions(obj)
+    for type_, state in ((failed, FAILED), (succeeded, SUCCEEDED)):
         c = _true(conds, type_)
         if c:
-            return ChildState(state, c.get("reason") or f"PyTorchJob{type_}", c.get("message", ""))
-    for type_ in ("Restarting", "Running", "Suspended", "Created"):
+            return ChildState(state, c.get("reason") or f"{kind}{type_}", c.get("message", ""))
+    return None
+
+
+def _is_eviction(cond: dict[str, Any]) -> bool:
+    return cond.get("status") == "True" and any(str(cond.get(k) or "").startswith(_EVICTION)
+                                                for k in ("type", "reason"))
+
+
+def held_by_kueue(obj: dict[str, Any], suspended: bool, ran: bool = False) -> ChildState | None:
+    """Kueue's hold on a suspended training child (None when it is not suspended). ``Preempted`` when Kueue evicted
+    it: the child says so (a True condition whose type or reason starts with Preempted or Evicted), or it is queued
+    (a ``kueue.x-k8s.io/queue-name`` label) and suspended again after it ran (``ran``: the operator saw it report
+    progress; Kueue suspends an evicted TrainJob or JobSet without a condition saying why). Else ``Queued`` when it
+    is queued, else ``Suspended``. The message names the queue and the child's own reason."""
+    if not suspended:
+        return None
+    conds = _conditions(obj)
+    queue = ((obj.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_KEY)
+    where = f"Kueue LocalQueue {queue}" if queue else "Kueue"
+    held = next((c for c in conds if _is_eviction(c)), None) or _true(conds, "Suspended") or \
+        {"reason": "Suspended", "message": "spec.suspend is true"}
+    why = f"{held.get('reason') or 'Suspended'}: {held.get('message', '')}".rstrip(": ")
+    if _is_eviction(held) or (ran and queue):
+        return ChildState(PENDING, PREEMPTED, f"evicted by {where} ({why}); it resumes from its last checkpoint "
+                                              "when readmitted")
+    if queue:
+        return ChildState(PENDING, QUEUED, f"waiting for admission by {where} ({why})")
+    return ChildState(PENDING, "Suspended", why)
+
+
+def pytorchjob_state(job: dict[str, Any], ran: bool = False) -> ChildState:
+    """State of a Kubeflow PyTorchJob from its conditions (Created, Running, Restarting, Succeeded, Failed,
+    Suspended: Queued or Preempted, :func:`held_by_kueue`; ``ran``: it ran before)."""
+    done = _finished(job, "PyTorchJob", "Failed", "Succeeded")
+    if done is not None:
+        return done
+    conds = _conditions(job)
+    suspended = bool(_true(conds, "Suspended")) or bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+    held = held_by_kueue(job, suspended, ran)
+    if held is not None:
+        return held
+    for type_ in ("Restarting", "Running", "Created"):
         c = _true(conds, type_)
         if c:
             return ChildState(RUNNING if type_ in ("Running", "Restarting") else PENDING,
                               c.get("reason") or type_, c.get("message", ""))
+    return ChildState(PENDING, "Created", "")
+
+
+def _counts(jobs: list[dict[str, Any]]) -> dict[str, int]:
+    return {k: sum(int(j.get(k) or 0) for j in jobs) for k in ("active", "ready", "succeeded", "failed")}
+
+
+def trainjob_state(job: dict[str, Any], ran: bool = False) -> ChildState:
+    """State of a Kubeflow Trainer v2 TrainJob from its conditions (Complete, Failed, Suspended: Queued or
+    Preempted, :func:`held_by_kueue`; ``ran``: it ran before) and, while it runs, its ``jobsStatus`` (the child
+    Jobs' counts)."""
+    done = _finished(job, "TrainJob", "Failed", "Complete")
+    if done is not None:
+        return done
+    suspended = bool(_true(_conditions(job), "Suspended")) or bool((job.get("spec") or {}).get("suspend"))
+    held = held_by_kueue(job, suspended, ran)
+    if held is not None:
+        return held
+    n = _counts((job.get("status") or {}).get("jobsStatus") or [])
+    if n["active"]:
+        return ChildState(RUNNING, "Running", f"{n['active']} Job(s) active, {n['ready']} ready")
+    return ChildState(PENDING, "Created", "")
+
+
+def jobset_state(jobset: dict[str, Any], ran: bool = False) -> ChildState:
+    """State of a JobSet from its conditions (Completed, Failed, Suspended: Queued or Preempted,
+    :func:`held_by_kueue`; ``ran``: it ran before), its ``replicatedJobsStatus`` and ``restarts`` (of
+    ``failurePolicy.maxRestarts``)."""
+    done = _finished(jobset, "JobSet", "Failed", "Completed")
+    if done is not None:
+        return done
+    suspended = bool(_true(_conditions(jobset), "Suspended")) or bool((jobset.get("spec") or {}).get("suspend"))
+    held = held_by_kueue(jobset, suspended, ran)
+    if held is not None:
+        return held
+    status = jobset.get("status") or {}
+    n = _counts(status.get("replicatedJobsStatus") or [])
+    restarts = int(status.get("restarts") or 0)
+    budget = ((jobset.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts", 0)
+    again = f"; restart {restarts} of {budget}" if restarts else ""
+    if n["active"]:
+        return ChildState(RUNNING, "Restarted" if restarts else "Running",
+                          f"{n['active']} Job(s) active, {n['ready']} ready{again}")
+    if restarts:
+        return ChildState(PENDING, "Restarting", f"restart {restarts} of {budget}")
     return ChildState(PENDING, "Created", "")
 
 
@@ -86,6 +182,23 @@ def leakageeval_state(le: dict[str, Any]) -> ChildState:
     if phase == "Succeeded":
         return ChildState(SUCCEEDED, "Succeeded", "")
     return ChildState(RUNNING if phase != "Pending" else PENDING, phase, "")
+
+
+def index_pod(pods: list[dict[str, Any]], job_name: str, index: int) -> str | None:
+    """The name of the newest pod of Indexed Job ``job_name`` with completion index ``index`` (its
+    ``batch.kubernetes.io/job-completion-index`` label), None when there is none (yet)."""
+    best: tuple[str, str] | None = None
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if job_name not in (labels.get("batch.kubernetes.io/job-name"), labels.get("job-name")):
+            continue
+        if labels.get("batch.kubernetes.io/job-completion-index") != str(index) or meta.get("deletionTimestamp"):
+            continue
+        key = meta.get("creationTimestamp") or ""
+        if best is None or key >= best[0]:
+            best = (key, meta.get("name", ""))
+    return best[1] if best else None
 
 
 def termination_message(pods: list[dict[str, Any]], job_name: str, container: str) -> str | None:

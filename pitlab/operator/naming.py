@@ -29,15 +29,22 @@ KUEUE_QUEUE_KEY = "kueue.x-k8s.io/queue-name"
 CONFIGMAPS = "v1/configmaps"
 JOBS = "batch/v1/jobs"
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
 PITTRAININGS = "pitlab.io/v1alpha1/pittrainings"
 LEAKAGEEVALS = "pitlab.io/v1alpha1/leakageevals"
-RESOURCE_OF_KIND = {"ConfigMap": CONFIGMAPS, "Job": JOBS, "PyTorchJob": PYTORCHJOBS, "LeakageEval": LEAKAGEEVALS}
+RESOURCE_OF_KIND = {"ConfigMap": CONFIGMAPS, "Job": JOBS, "PyTorchJob": PYTORCHJOBS, "TrainJob": TRAINJOBS,
+                    "JobSet": JOBSETS, "LeakageEval": LEAKAGEEVALS}
 
 DNS_LABEL_MAX = LABEL_MAX
 HASH_DIGITS = 8  # 32 bits: two rewritten names that share their kept prefix collide with probability 2**-32
 # A PyTorchJob's pods and Services are named <job>-worker-<index>; keep room for indices up to 9999.
 PYTORCHJOB_ROOM = len("-worker-") + 4
 PYTORCHJOB_NAME_MAX = DNS_LABEL_MAX - PYTORCHJOB_ROOM
+# A TrainJob's or JobSet's Jobs are named <name>-node-0 and their pods' hostnames <name>-node-0-<index>: the same room.
+NODE_JOB = "node"  # the replicated job (and the TrainJob's trainer container) of both
+JOBSET_ROOM = len(f"-{NODE_JOB}-0-") + 4
+assert JOBSET_ROOM <= PYTORCHJOB_ROOM  # one training name fits all three backends
 _NOT_DNS = re.compile(r"[^a-z0-9-]+")
 
 
@@ -97,6 +104,25 @@ def pytorchjob(parent: str) -> str:
     """The PyTorchJob: a DNS-1035 label (the training operator's rule) short enough that its replicas' pods
     and Services ``<job>-master-0`` and ``<job>-worker-<i>`` (i ≤ 9999) are DNS-1035 labels too."""
     return derive(parent, "train", PYTORCHJOB_ROOM, dns1035=True)
+
+
+def training_job(parent: str) -> str:
+    """The training child, whatever its backend (PyTorchJob, TrainJob or JobSet): :func:`pytorchjob`'s name, a
+    DNS-1035 label (a TrainJob's CEL rule) short enough for the Jobs ``<name>-node-0`` and the hostnames
+    ``<name>-node-0-<i>`` (i ≤ 9999) of a TrainJob's or JobSet's pods."""
+    return pytorchjob(parent)
+
+
+def node_job(parent: str) -> str:
+    """The Job of a TrainJob's or JobSet's replicated job ``node`` (one pod per node): ``<name>-node-0``."""
+    return f"{training_job(parent)}-{NODE_JOB}-0"
+
+
+def jobset_master(parent: str) -> str:
+    """Where a JobSet's ranks meet: the pod of completion index 0, ``<name>-node-0-0.<name>`` (its hostname under
+    the JobSet's headless Service, named like the JobSet)."""
+    name = training_job(parent)
+    return f"{node_job(parent)}-0.{name}"
 
 
 def master_pod(parent: str) -> str:

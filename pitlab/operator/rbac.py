@@ -18,7 +18,9 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("pitlab.io", "leakageevals/finalizers", ("update",)),
     ("", "configmaps", ("get", "create")),
     ("batch", "jobs", ("get", "create")),
-    ("kubeflow.org", "pytorchjobs", ("get", "create")),
+    ("kubeflow.org", "pytorchjobs", ("get", "create")),  # the training backends (pitlab.operator.backends)
+    ("trainer.kubeflow.org", "trainjobs", ("get", "create")),
+    ("jobset.x-k8s.io", "jobsets", ("get", "create")),
     ("", "pods", ("list",)),  # termination messages of Job pods
     ("", "pods/log", ("get",)),  # the training master's progress sidecar
     ("", "events", ("create",)),  # kopf posts warnings and errors as events

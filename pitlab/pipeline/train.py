@@ -1,5 +1,6 @@
-"""The train stage: ``torchrun`` with every rank running ``pitlab train`` (locally), the PyTorchJob (on a
-cluster). Its report is the trainer's summary (steps, losses, throughput) and where the checkpoints are."""
+"""The train stage: ``torchrun`` with every rank running ``pitlab train`` (locally); on a cluster the child of the
+run's training backend (a TrainJob, a JobSet or a PyTorchJob: :mod:`pitlab.operator.backends`). Its report is the
+trainer's summary (steps, losses, throughput) and where the checkpoints are."""
 
 from __future__ import annotations
 
@@ -8,20 +9,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pitlab.api import PitTraining, ResourceStatus, stages
+from pitlab.api import PitTraining, ResourceStatus, conditions, stages
 from pitlab.api.layout import TrainingLayout
 from pitlab.api.progress import estimate_record
 from pitlab.api.stages import Stage
-from pitlab.api.status import Progress
-from pitlab.operator import builders, naming
+from pitlab.api.status import Progress, get_condition
+from pitlab.operator import backends, builders, naming
+from pitlab.operator.backends import Backend
 from pitlab.operator.context import Ctx, Plan, problems
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, progress_from_log, pytorchjob_state
+from pitlab.operator.mirroring import FAILED, PENDING, PREEMPTED, SUCCEEDED, ChildState, index_pod, progress_from_log
 from pitlab.pipeline.base import Report, StageStep, TrainingRun
 
 
 class TrainReport(Report):
     """Where the checkpoints are and, from ``pitlab run``, the trainer's summary; on a cluster (``cluster``) the
-    child (``PyTorchJob <name>``) and its final message."""
+    child (``<kind> <name>``: TrainJob, JobSet or PyTorchJob) and its final message."""
 
     checkpoint_uri: str
     steps: int | None = None
@@ -106,35 +108,57 @@ def _progress(log: str | None, pod: str, plan: Plan) -> Progress | None:
         return None
 
 
-def _running(ctx: Ctx, stage: Stage, job: Any, job_name: str, st: ChildState) -> None:
-    """While the PyTorchJob runs: the progress sidecar's newest line goes to ``status.progress``."""
-    pod = naming.master_pod(ctx.name)
-    log = ctx.world.pod_log(ctx.ns, pod, "progress") if job else None
-    prog = _progress(log, pod, ctx.plan) if job else None
+def _ran(ctx: Ctx, stage: Stage) -> bool:
+    """Whether the training child ran before: it reported progress, or the stage already showed it Preempted."""
+    cond = get_condition(ctx.status, stage.condition)
+    return ctx.status.progress is not None or (cond is not None and cond.reason == PREEMPTED)
+
+
+def _progress_pod(ctx: Ctx, backend: Backend) -> str | None:
+    """The pod whose progress sidecar the operator reads: the PyTorchJob's master, or the pod of completion index 0
+    of a TrainJob's or JobSet's Job ``<name>-node-0`` (its name has a random suffix: looked up by label)."""
+    if backend is backends.PYTORCHJOB:
+        return naming.master_pod(ctx.name)
+    job = naming.node_job(ctx.name)
+    return index_pod(ctx.world.job_pods(ctx.ns, job), job, 0)
+
+
+def _running(ctx: Ctx, stage: Stage, backend: Backend, job: Any, what: str, st: ChildState) -> None:
+    """While the child has not finished: the progress sidecar's newest line goes to ``status.progress``; the stage's
+    condition has the child's state (reason Queued, Preempted or Suspended while it waits for admission)."""
+    pod = _progress_pod(ctx, backend) if job else None
+    log = ctx.world.pod_log(ctx.ns, pod, "progress") if pod else None
+    prog = _progress(log, pod, ctx.plan) if pod else None
     if prog is not None:
         ctx.status.progress = prog
     step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
     warning = kernel_warning(log)
-    ctx.running(stage, f"{stage.child} {job_name}: {st.reason}{step}" + (f"; WARNING: {warning}" if warning else ""))
+    waiting = st.reason in conditions.WAITING_REASONS  # the condition's reason: not repeated in its message
+    state = st.message if waiting else st.reason + (f": {st.message}" if st.message else "")
+    ctx.running(stage, f"{what}: {state}{step}" + (f"; WARNING: {warning}" if warning else ""),
+                reason=st.reason if waiting else None)
 
 
 def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
-    """The PyTorchJob; while it runs, the progress sidecar's newest line goes to ``status.progress``."""
+    """The training child of the run's backend (``status.backend``, chosen before the run started); while it runs,
+    the progress sidecar's newest line goes to ``status.progress``; its failure's reason and message reach the
+    stage's condition."""
     if ctx.is_done(stage):
         return True
-    job = ctx.kids.ensure(builders.build_pytorchjob(pt, ctx.cfg, ctx.body))
-    job_name = naming.pytorchjob(ctx.name)
-    ctx.status.children["pytorchJob"] = job_name
-    st = pytorchjob_state(job) if job else ChildState("Pending", "Created")
+    backend = backends.chosen(ctx.status)
+    job = ctx.kids.ensure(backend.build(pt, ctx.cfg, ctx.body))
+    job_name = naming.training_job(ctx.name)
+    ctx.status.children[backend.child_key] = job_name
+    st = backend.state(job, _ran(ctx, stage)) if job else ChildState(PENDING, "Created")
     ctx.status.checkpoint_uri = builders.training_checkpoint_uri(pt, ctx.cfg)
+    what = f"{backend.kind} {job_name}"
     if st.state == FAILED:
-        ctx.failed(stage, f"{stage.child} {job_name}: {st.message}", reason=st.reason)
+        ctx.failed(stage, f"{what}: {st.message}", reason=st.reason)
         return False
     if st.state != SUCCEEDED:
-        _running(ctx, stage, job, job_name, st)
+        _running(ctx, stage, backend, job, what, st)
         return False
-    report = TrainReport(checkpoint_uri=ctx.status.checkpoint_uri, child=f"{stage.child} {job_name}",
-                         child_message=st.message, cluster=True)
+    report = TrainReport(checkpoint_uri=ctx.status.checkpoint_uri, child=what, child_message=st.message, cluster=True)
     ctx.done(stage, to_status(report, ctx.status), reason=(st.reason if stage.done_from_child else None) or stage.done)
     return True
 

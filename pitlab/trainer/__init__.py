@@ -26,6 +26,7 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``train``: ``setup_run``, ``train_step``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)
 - ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica; every rank runs
   ``pitlab train``)
+- ``torchrun``: torchrun for the cluster's pods, exiting 2 when a rank reported bad input (a podFailurePolicy reads it)
 - ``launch``: runs the torchrun command, follows metrics, returns the summary
 - ``merge``: DCP checkpoint -> verified Hugging Face model dir, local or ``s3://`` (``pitlab merge``); a package, one
   module per job (reader, layout, full, lora, verify, folder, publish, command)

@@ -56,6 +56,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
   verbs: ["get", "create"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["get", "create"]
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["get", "create"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
@@ -72,4 +78,54 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+{{- end -}}
+
+{{/* The training backend values, checked (pitlab/operator/config.py: TRAINING_BACKENDS). */}}
+{{- define "pitlab.trainingBackend" -}}
+{{- $b := toString .Values.trainingBackend -}}
+{{- if not (has $b (list "auto" "trainjob" "jobset" "pytorchjob")) -}}
+{{- fail (printf "trainingBackend: must be one of auto, trainjob, jobset, pytorchjob (got %q)" $b) -}}
+{{- end -}}
+{{- $b -}}
+{{- end -}}
+
+{{/* Whether to render the ClusterTrainingRuntime: trainingRuntime.install true; or auto when the cluster serves
+ClusterTrainingRuntimes or trainingBackend is trainjob. */}}
+{{- define "pitlab.installRuntime" -}}
+{{- $install := toString .Values.trainingRuntime.install -}}
+{{- if not (has $install (list "auto" "true" "false")) -}}
+{{- fail (printf "trainingRuntime.install: must be one of auto, true, false (got %q)" $install) -}}
+{{- end -}}
+{{- $served := .Capabilities.APIVersions.Has "trainer.kubeflow.org/v1alpha1/ClusterTrainingRuntime" -}}
+{{- if or (eq $install "true") (and (eq $install "auto") (or $served (eq (include "pitlab.trainingBackend" .) "trainjob"))) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The pod security context of every pod the operator creates (pitlab/operator/builders.py: _pod_spec). */}}
+{{- define "pitlab.workloadPodSecurity" -}}
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 1000
+fsGroup: 1000
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* The container security context of every container the operator creates (builders.py: _container). */}}
+{{- define "pitlab.workloadContainerSecurity" -}}
+allowPrivilegeEscalation: false
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* The variables every container the operator creates gets (builders.py: env_list). */}}
+{{- define "pitlab.workloadEnv" -}}
+- name: PITLAB_DATA_ROOT
+  value: {{ .Values.storage.dataRoot | quote }}
+- name: PYTHONUNBUFFERED
+  value: "1"
+- name: HOME
+  value: /tmp
 {{- end -}}
