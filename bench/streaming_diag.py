@@ -143,12 +143,12 @@ def main() -> int:
 
 
 def trainer_mode(args) -> int:
-    """The trainer's own steps with :func:`pitlab.trainer.train._clip_grad_norm` and the streamer's loss wrapped
+    """The trainer's own steps with :func:`pitlab.trainer.strategies.base.clip_grad_norm` and the streamer's loss wrapped
     to record non-finite values; JSON to ``--out``."""
     import torch.distributed as dist
 
     import pitlab.trainer.streaming as streaming_mod
-    import pitlab.trainer.train as train_mod
+    import pitlab.trainer.strategies.base as strategy_mod
     from streaming import pinned_bandwidth, resource, run_trainer
 
     cuda = torch.cuda.is_available()
@@ -159,7 +159,7 @@ def trainer_mode(args) -> int:
     if cuda and not args.no_cap:
         torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory)
     steps: list[dict] = []
-    orig_loss, orig_clip = streaming_mod.LayerStreamer.loss, train_mod._clip_grad_norm
+    orig_loss, orig_clip = streaming_mod.LayerStreamer.loss, strategy_mod.clip_grad_norm
     live_handles: list = []
     lazy: dict = {"fwd": [], "grad": []}
 
@@ -194,11 +194,11 @@ def trainer_mode(args) -> int:
                    params_nonfinite=[n for n, p in model.named_parameters()
                                      if p.requires_grad and not bool(torch.isfinite(p).all())][:12])
         norm = orig_clip(model, max_norm)
-        rec["grad_norm"] = float(norm)  # _clip_grad_norm returns the norm as a tensor (train_step reads it later)
+        rec["grad_norm"] = float(norm)  # clip_grad_norm returns the norm as a tensor (train_step reads it later)
         print(json.dumps(rec)[:2000], flush=True)
         return norm
     streaming_mod.LayerStreamer.loss = staticmethod(loss)
-    train_mod._clip_grad_norm = clip
+    strategy_mod.clip_grad_norm = clip
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29545")
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1)

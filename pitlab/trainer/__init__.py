@@ -18,11 +18,14 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``kernels``: the implementation of each block (fla's fast kernels where installed), reported; compiled layers
 - ``loss``: the LM loss: fused linear cross-entropy without float32 logits (default), or the reference
 - ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU
+- ``strategies``: FSDP2, single device and layer streaming behind one protocol (build, forward-backward,
+  optimizer step, memory plan, report)
 - ``lora``: peft LoRA and verified adapter saves
 - ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory
   (docs/design.md, "LoRA and layer streaming")
 - ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
+- ``report``: a run's metrics lines, summary, model card and parameter digests
 - ``train``: ``setup_run``, ``train_step``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)
 - ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica; every rank runs
   ``pitlab train``)

@@ -82,7 +82,6 @@ from pitlab.trainer.fsdp import reshard_after_forward
 from pitlab.trainer.fused_step import fused_step_enabled
 from pitlab.trainer.loss import DEFAULT_CHUNK_TOKENS
 from pitlab.trainer.single_device import LABEL as SINGLE_DEVICE_LABEL
-from pitlab.trainer.single_device import uses_compute_copy
 
 GiB = 1024 ** 3
 RESERVE_BYTES = 2 * GiB
@@ -256,36 +255,36 @@ def plan_memory(spec: PitTrainingSpec, shape: ModelShape | None = None,
     says which. World size 1 with ``method: full`` and ``precision: bf16``: the single-device path
     (:mod:`pitlab.trainer.single_device`), or FSDP2 when only FSDP2's plan fits (``single_device`` says which).
     With ``training.layerStreaming.enabled`` the plan is
-    :func:`pitlab.trainer.plan_streaming.plan_streaming`'s (another set of components). Raises
+    :func:`pitlab.trainer.plan_streaming.plan_streaming`'s (another set of components). The planner asks
+    the strategy :func:`pitlab.trainer.strategies.choose_strategy` picks at the spec's world size for its plan
+    (``Strategy.plan``). Raises
     :class:`SpecError` naming ``spec.lora.targetModules`` when no module of the model matches.
     """
-    if spec.training.layer_streaming.enabled:  # one GPU, frozen layers streamed from host memory
-        from pitlab.trainer.plan_streaming import plan_streaming
-        return plan_streaming(spec, shape, gpu_memory_gib=gpu_memory_gib)
-    lora = spec.method == "lora"
-    if lora and adapter is None:
+    from pitlab.trainer.strategies import choose_strategy  # the strategies plan with this module's functions
+
+    world = spec.resources.nodes * spec.resources.gpus_per_node
+    return choose_strategy(spec, world).plan(spec, shape, gpu_memory_gib, adapter)
+
+
+def plan_inputs(spec: PitTrainingSpec, shape: ModelShape | None, gpu_memory_gib: float | None,
+                adapter: AdapterShape | None) -> tuple[ModelShape, AdapterShape | None, int | None]:
+    """``(shape, adapter, capacity bytes)`` of :func:`plan_memory`'s arguments, the defaults filled in (the
+    adapter of ``method: lora`` only; capacity None when no GPU memory is known). Raises :class:`SpecError`
+    naming ``spec.lora.targetModules`` when no module of the model matches."""
+    if spec.method == "lora" and adapter is None:
         try:
             adapter = adapter_shape(spec_config(spec), spec.lora)
         except ValueError as err:
             raise SpecError([("spec.lora.targetModules", str(err).split(": ", 1)[-1])]) from None
     shape = shape or model_shape(spec_config(spec))
     gib = gpu_memory_gib if gpu_memory_gib is not None else spec.resources.gpu_memory_gib
-    capacity = None if gib is None else int(gib * GiB)
-    world = spec.resources.nodes * spec.resources.gpus_per_node
-    single = uses_compute_copy(spec, world)
-    chosen = _plan_checkpointing(spec, shape, adapter, capacity, single)
-    if single and chosen.fits is False:  # FSDP2 frees each layer's bf16 copy and gradients in backward
-        fsdp2 = _plan_checkpointing(spec, shape, adapter, capacity, False)
-        if fsdp2.fits:
-            fsdp2.notes.append(f"world size 1 on FSDP2: the single-device path (float32 masters + bf16 compute "
-                               f"copy, faster) would need {chosen.peak_bytes / GiB:.2f} GiB")
-            return fsdp2
-    return chosen
+    return shape, adapter, None if gib is None else int(gib * GiB)
 
 
-def _plan_checkpointing(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None,
-                        capacity: int | None, single: bool) -> MemoryPlan:
-    """The plan with ``training.activationCheckpointing`` as set, or (unset) off if that fits, else on."""
+def plan_checkpointing(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None,
+                       capacity: int | None, single: bool) -> MemoryPlan:
+    """The plan (FSDP2, or the single-device path when ``single``) against ``capacity`` bytes (None: unknown)
+    with ``training.activationCheckpointing`` as set, or (unset) off if that fits, else on."""
     act = spec.training.activation_checkpointing
     if act is not None:
         return _plan(spec, shape, adapter, act, capacity, "", single)

@@ -18,9 +18,9 @@ block, ``kernels``, the activation-checkpointing choice and the ``parallelism``)
 World size 1 with ``method: full`` and ``precision: bf16``: no FSDP2; float32 master weights and a bf16 compute
 copy (:mod:`pitlab.trainer.single_device`, bit-identical to FSDP2 at world size 1). Otherwise FSDP2.
 
-Structure: :func:`setup_run` (spec, data, the planner's activation-checkpointing choice, the sharded model, the
-kernels and the loss, AdamW and the schedule) returns a :class:`TrainRun`; :func:`train_step` runs one optimizer
-step of it; :class:`pitlab.trainer.checkpointer.Checkpointer` owns where and when checkpoints are written and the
+Structure: :func:`setup_run` (spec, data, the memory plan, the strategy of :mod:`pitlab.trainer.strategies` that
+builds the model and the loss, the kernels, AdamW and the schedule) returns a :class:`TrainRun`;
+:func:`train_step` runs one optimizer step of it through the strategy (forward-backward, optimizer step); :class:`pitlab.trainer.checkpointer.Checkpointer` owns where and when checkpoints are written and the
 resume; :func:`train` ties them together. ``bench/throughput.py`` times ``setup_run`` + ``train_step`` directly.
 
 ``method: lora``: the meta-device model is wrapped with peft LoRA before ``fully_shard``
@@ -51,7 +51,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 from transformers import AutoConfig
 
@@ -59,22 +58,18 @@ from pitlab.api import PitTraining, SpecError, layout, load_resource
 from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
-from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.loading import load_sharded_model
+from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
-from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
-from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
-from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled
-from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
-from pitlab.trainer.loss import install_loss
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
                                  train_flops_per_token)
 from pitlab.trainer.prepare import load_tokens
+from pitlab.trainer.report import full_parameter_sha256, metrics_record, model_card
+from pitlab.trainer.report import summary as run_summary
 from pitlab.trainer.schedule import lr_factor
-from pitlab.trainer.single_device import FSDP2_LABEL, ComputeCopy, load_single_device_model, uses_compute_copy
-from pitlab.trainer.single_device import LABEL as SINGLE_DEVICE_LABEL
+from pitlab.trainer.single_device import ComputeCopy
+from pitlab.trainer.strategies import Strategy, choose_strategy
 
 
 @dataclass(frozen=True)
@@ -122,10 +117,10 @@ def load_spec(path: Path) -> PitTraining:
 
 @dataclass
 class TrainRun:
-    """One rank's training state after :func:`setup_run`: the spec, the model (FSDP2-sharded, or the float32
-    master of a single-device run) with its optimizer and schedule, the data order, the chosen kernels and the
-    memory plan. :func:`train_step` advances it. ``compute``: the bf16 compute copy of a single-device run
-    (:mod:`pitlab.trainer.single_device`), None under FSDP2 and layer streaming."""
+    """One rank's training state after :func:`setup_run`: the spec, the model (FSDP2-sharded, the float32 master
+    of a single-device run, or the LoRA model of layer streaming) with its optimizer and schedule, the data
+    order, the chosen kernels, the memory plan and the ``strategy`` (:mod:`pitlab.trainer.strategies`) that
+    holds the model and runs its steps. :func:`train_step` advances it."""
 
     resource: PitTraining
     rank: int
@@ -150,8 +145,7 @@ class TrainRun:
     plan: MemoryPlan | None
     run_identity: dict
     t_start: float
-    streamer: object | None = None  # pitlab.trainer.streaming.LayerStreamer with training.layerStreaming
-    compute: ComputeCopy | None = None
+    strategy: Strategy
 
     @property
     def spec(self):
@@ -160,17 +154,27 @@ class TrainRun:
     @property
     def forward_model(self) -> torch.nn.Module:
         """The module forward and backward run on: the compute copy of a single-device run, else ``model``."""
-        return self.compute.model if self.compute is not None else self.model
+        return self.strategy.forward_model
+
+    @property
+    def compute(self) -> ComputeCopy | None:
+        """The bf16 compute copy of a single-device run (:mod:`pitlab.trainer.single_device`), else None."""
+        return self.strategy.compute
+
+    @property
+    def streamer(self):
+        """The :class:`pitlab.trainer.streaming.LayerStreamer` of a layer-streaming run, else None."""
+        return self.strategy.streamer
 
     @property
     def parallelism(self) -> str:
-        """How the model is held (:func:`parallelism_label`)."""
-        return parallelism_label(self.streamer, self.compute)
+        """How the model is held: the strategy's label (``"FSDP2"``, the single-device path's, or
+        ``"layer streaming (one device)"``)."""
+        return self.strategy.label
 
     def after_load(self) -> None:
-        """After the master weights were loaded from a checkpoint: cast them into the compute copy."""
-        if self.compute is not None:
-            self.compute.refresh()
+        """After the model was loaded from a checkpoint (the single-device path: the masters into the copy)."""
+        self.strategy.after_load()
 
     def train_state(self, step: int) -> dict:
         """``train_state.json`` content of a checkpoint after ``step`` optimizer steps."""
@@ -180,15 +184,9 @@ class TrainRun:
 
     def close(self) -> None:
         """Drop the model and optimizer (their memory is freed once nothing else holds them)."""
-        self.model = self.optimizer = self.scheduler = self.compute = None
+        self.model = self.optimizer = self.scheduler = None
+        self.strategy.close()
         self.trainable = []
-
-
-def parallelism_label(streamer, compute) -> str:
-    """``"layer streaming (one device)"``, the single-device path's label or ``"FSDP2"``."""
-    if streamer is not None:
-        return "layer streaming (one device)"
-    return SINGLE_DEVICE_LABEL if compute is not None else FSDP2_LABEL
 
 
 @dataclass(frozen=True)
@@ -211,17 +209,15 @@ def _device() -> torch.device:
 
 
 def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
-    """Collective (the default process group must be initialised): read the spec and the corpus, decide the
-    activation checkpointing (``auto``: the planner), load the FSDP2-sharded model (or, at world size 1, the
-    float32 master and its bf16 compute copy: :func:`pitlab.trainer.single_device.uses_compute_copy`), choose and
-    report the kernels (:func:`pitlab.trainer.kernels.select_kernels`; a loud warning for reference kernels on a
-    GPU), install the loss, compile the decoder layers (CUDA, ``spec.training.compile``; unset: full-weight runs
-    without layer streaming; the compute copy's on the single-device path) and build AdamW (the fused step of
-    :mod:`pitlab.trainer.fused_step` on the single-device path, ``spec.training.fusedOptimizer``) and the LR
-    schedule.
+    """Collective (the default process group must be initialised): read the spec and the corpus
+    (:func:`_read_inputs`), plan the memory (``activationCheckpointing`` unset: the planner decides), choose the
+    strategy (:func:`pitlab.trainer.strategies.choose_strategy`: FSDP2, the single-device float32 masters + bf16
+    compute copy, or layer streaming) and let it build the model and the loss, choose and report the kernels
+    (:func:`_kernels`), and build AdamW (the strategy's: the fused step of :mod:`pitlab.trainer.fused_step` on
+    the single-device path) and the LR schedule.
 
     Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing input
-    file, ``ValueError`` for token ids outside the vocabulary.
+    file, :class:`~pitlab.errors.CorpusError` for token ids outside the vocabulary.
     """
     t_start = time.perf_counter()
     resource = load_spec(spec_path)
@@ -230,7 +226,45 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     device = _device()
     mesh = init_device_mesh(device.type, (world,))
+    tokens, data, total_steps, config = _read_inputs(paths, spec, world, rank)
+    lora = lora_record(spec.lora) if spec.method == "lora" else None
+    shape = model_shape(config)
+    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    plan = _plan(spec, shape, config, capacity)  # the chosen strategy's plan (layerStreaming: plan_streaming's)
+    strategy = choose_strategy(spec, world, plan)
+    loss_impl = strategy.build(paths.base, paths.run_dir, spec, device, mesh, plan, lora)
+    kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank)
+    trainable = [p for p in strategy.model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
+    optimizer, kernels["optimizer"] = strategy.build_optimizer(trainable, tr, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    run_identity = {"seed": tr.seed, "seq_len": tr.seq_len, "micro_batch_size": tr.micro_batch_size,
+                    "gradient_accumulation_steps": tr.gradient_accumulation_steps, "world_size": world,
+                    "tokens": spec.tokens, "total_steps": total_steps, "n_chunks": data.n_chunks,
+                    "method": spec.method,
+                    "lora": None if lora is None else {k: v for k, v in lora.items() if k != "merge_into_base"}}
+    if rank == 0:
+        print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
+              f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
+              f"corpus_tokens={len(tokens)} chunks={data.n_chunks} "
+              f"activation_checkpointing={strategy.activation_checkpointing} "
+              f"parallelism={strategy.label!r} kernels={json.dumps(kernels)}", file=sys.stderr, flush=True)
+    return TrainRun(resource=resource, rank=rank, world=world, backend=backend, device=device, data=data,
+                    corpus_tokens=int(len(tokens)), total_steps=total_steps, model=strategy.model,
+                    optimizer=optimizer, scheduler=scheduler, trainable=trainable, lora=lora, shape=shape,
+                    flops_per_token=train_flops_per_token(shape, tr.seq_len, frozen_base=lora is not None),
+                    peak_flops=peak_flops(device_name), device_name=device_name, kernels=kernels,
+                    kernel_warning=warning, activation_checkpointing=strategy.activation_checkpointing, plan=plan,
+                    run_identity=run_identity, t_start=t_start, strategy=strategy)
 
+
+def _read_inputs(paths: RunPaths, spec, world: int, rank: int) -> tuple[np.ndarray, PackedSequences, int, object]:
+    """The corpus tokens (uint32), this rank's data order, the run's optimizer steps and the base model's
+    transformers config; seeds torch with ``training.seed`` (before the model is built). Raises
+    ``FileNotFoundError`` naming a missing token file or base ``config.json``, :class:`CorpusError` for a token
+    id outside the vocabulary."""
+    tr = spec.training
     tokens = load_tokens(paths.tokens)
     data = PackedSequences(tokens, tr.seq_len, tr.micro_batch_size, tr.gradient_accumulation_steps,
                            world, rank, tr.seed)
@@ -246,33 +280,19 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     if max_id >= vocab:
         raise CorpusError(f"{paths.tokens}: token id {max_id} is outside the base model's vocabulary "
                          f"({paths.base / 'config.json'}: vocab_size={vocab}); tokenize with the base model's tokenizer")
-    lora = lora_record(spec.lora) if spec.method == "lora" else None
-    shape = model_shape(config)
-    streamer = compute = None
-    capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    plan = _plan(spec, shape, config, capacity)  # with layerStreaming: plan_streaming's plan
-    if tr.layer_streaming.enabled:  # one GPU, LoRA: frozen layers streamed from host memory instead of FSDP2
-        from pitlab.trainer.streaming import STORE_DIR, load_streamed_model
-        act_ckpt = False  # the streamer checks its own budget and recomputes layer by layer
-        model, streamer = load_streamed_model(paths.base, spec, device, store_dir=paths.run_dir / STORE_DIR)
-        loss_impl = "chunked cross-entropy (pitlab.trainer.streaming)"
-    else:
-        act_ckpt = plan.activation_checkpointing if plan is not None else bool(tr.activation_checkpointing)
-        # one rank, full, bf16: float32 masters + a bf16 copy, no FSDP2 (LoRA keeps FSDP2), unless only FSDP2's
-        # plan fits (it frees each layer's bf16 copy and gradients in backward)
-        if uses_compute_copy(spec, world) and (plan is None or plan.world_size != world or plan.single_device):
-            model, compute = load_single_device_model(paths.base, spec, device, act_ckpt)
-            compute.model.train()
-        else:  # meta-device build + this rank's rows from the safetensors: about one model copy per node
-            model = load_sharded_model(paths.base, mesh, tr.precision, device, act_ckpt, lora=lora, seed=tr.seed)
-        loss_impl = install_loss(compute.model if compute is not None else model, tr.loss)
-    model.train()
-    forward_model = compute.model if compute is not None else model
-    kernels = select_kernels(forward_model, device, loss_impl)
-    # auto (unset): full-weight training without layer streaming, the configuration measured faster compiled
-    compile_on = tr.compile if tr.compile is not None else (streamer is None and lora is None)
+    return tokens, data, total_steps, config
+
+
+def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora: dict | None,
+             rank: int) -> tuple[dict, str | None]:
+    """The ``kernels`` report of the strategy's forward model (:func:`pitlab.trainer.kernels.select_kernels`)
+    with its decoder layers compiled on CUDA when ``tr.compile`` says so (unset: full-weight runs of a strategy
+    compiled by default, the configuration measured faster), and the reference-kernel warning (printed on rank
+    0) or None."""
+    kernels = select_kernels(strategy.forward_model, device, loss_impl)
+    compile_on = tr.compile if tr.compile is not None else (strategy.compiled_by_default and lora is None)
     if compile_on and device.type == "cuda":
-        kernels["compile"] = compile_blocks(forward_model)
+        kernels["compile"] = compile_blocks(strategy.forward_model)
     elif device.type != "cuda":
         kernels["compile"] = "off (CPU)" if compile_on else "off"
     else:
@@ -280,87 +300,27 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     warning = reference_kernel_warning(kernels, device)
     if warning is not None and rank == 0:
         print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)
-
-    trainable = [p for p in model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
-    if fused_step_enabled(tr, compute is not None, device.type == "cuda"):  # clipping, AdamW and the cast into the copy: one pass per parameter (pitlab.trainer.fused_step)
-        optimizer = MasterAdamW(trainable, compiled=device.type == "cuda", lr=tr.learning_rate,
-                                weight_decay=tr.weight_decay)
-        kernels["optimizer"] = FUSED_STEP_LABEL + ("" if device.type == "cuda" else ", eager on the CPU")
-    else:
-        optimizer = torch.optim.AdamW(trainable, lr=tr.learning_rate, weight_decay=tr.weight_decay,
-                                      fused=device.type == "cuda")
-        kernels["optimizer"] = TORCH_STEP_LABEL + (
-            " (fusedOptimizer: the single-device path only)" if tr.fused_optimizer and compute is None else "")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, total_steps, tr.warmup_steps, tr.schedule, tr.min_learning_rate_ratio))
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    run_identity = {"seed": tr.seed, "seq_len": tr.seq_len, "micro_batch_size": tr.micro_batch_size,
-                    "gradient_accumulation_steps": tr.gradient_accumulation_steps, "world_size": world,
-                    "tokens": spec.tokens, "total_steps": total_steps, "n_chunks": data.n_chunks,
-                    "method": spec.method,
-                    "lora": None if lora is None else {k: v for k, v in lora.items() if k != "merge_into_base"}}
-    if rank == 0:
-        print(f"pitlab.trainer.train: {resource.metadata.name}: world_size={world} backend={backend} "
-              f"device={device.type} steps={total_steps} tokens/step={data.tokens_per_step} "
-              f"corpus_tokens={len(tokens)} chunks={data.n_chunks} activation_checkpointing={act_ckpt} "
-              f"parallelism={parallelism_label(streamer, compute)!r} kernels={json.dumps(kernels)}",
-              file=sys.stderr, flush=True)
-    return TrainRun(resource=resource, rank=rank, world=world, backend=backend, device=device, data=data,
-                    corpus_tokens=int(len(tokens)), total_steps=total_steps, model=model, optimizer=optimizer,
-                    scheduler=scheduler, trainable=trainable, lora=lora, shape=shape,
-                    flops_per_token=train_flops_per_token(shape, tr.seq_len, frozen_base=lora is not None),
-                    peak_flops=peak_flops(device_name), device_name=device_name, kernels=kernels,
-                    kernel_warning=warning, activation_checkpointing=act_ckpt, plan=plan,
-                    run_identity=run_identity, t_start=t_start, streamer=streamer, compute=compute)
+    return kernels, warning
 
 
 def train_step(run: TrainRun, step: int) -> StepResult:
-    """Collective: optimizer step ``step`` (0-based): every microbatch's forward + backward (gradients
-    reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``; on the single-device path cast
-    into the float32 masters' gradients, inside ``step.backward``), clipping, AdamW, the LR schedule (and the
-    masters cast into the compute copy, inside ``step.optimizer``), and the loss averaged over all ranks. The
-    host waits for the device once, at the end (the loss and the gradient norm read together); the phases are
-    ``record_function`` ranges (``step.forward``, ``step.backward``, ``step.clip``, ``step.optimizer``,
-    ``step.loss_read``) for ``bench/profile_step.py``.
-    Raises ``FloatingPointError`` for a non-finite loss."""
+    """Collective: optimizer step ``step`` (0-based) through the run's strategy: every microbatch's forward +
+    backward (gradients reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``; on the
+    single-device path cast into the float32 masters' gradients, inside ``step.backward``), clipping, AdamW, the
+    LR schedule (and the masters cast into the compute copy, inside ``step.optimizer``), and the loss averaged
+    over all ranks. The host waits for the device once, at the end (the loss and the gradient norm read
+    together); the phases are ``record_function`` ranges (``step.forward``, ``step.backward``, ``step.clip``,
+    ``step.optimizer``, ``step.loss_read``) for ``bench/profile_step.py``.
+    Raises ``FloatingPointError`` for a non-finite loss or gradient norm."""
     tr = run.spec.training
     t = time.perf_counter()
     accum = tr.gradient_accumulation_steps
-    sync_every_micro = tr.gradient_sync_every_microbatch or accum == 1
     lr = run.optimizer.param_groups[0]["lr"]
     # every microbatch copied first: a copy from pageable host memory synchronises the stream, which at the
     # start of the step is idle, but between microbatches would wait for the previous backward
     batches = [tuple(t.to(run.device) for t in run.data.microbatch(step, micro)) for micro in range(accum)]
-    loss_sum = torch.zeros((), device=run.device, dtype=torch.float32)
-    model = run.forward_model
-    fused = isinstance(run.optimizer, MasterAdamW)
-    from_copy = fused and accum == 1  # the fused step reads the copy's bf16 gradients: no float32 ones made
-    for micro, (input_ids, labels) in enumerate(batches):
-        if not sync_every_micro and run.compute is None:  # FSDP2: unsharded grads kept until the last microbatch
-            run.model.set_requires_gradient_sync(micro == accum - 1)
-        with record_function("step.forward"):
-            if run.streamer is not None:  # chunked loss head: no tokens x vocab float32 logits
-                loss = run.streamer.loss(model, input_ids, labels)
-            else:
-                loss = model(input_ids=input_ids, labels=labels).loss
-        with record_function("step.backward"):
-            (loss / accum).backward()
-            if run.compute is not None and not from_copy:  # bf16 gradients into the float32 masters'
-                run.compute.accumulate_grads()  # (FSDP2's reduce of one rank)
-        loss_sum += loss.detach()
-    if fused:
-        with record_function("step.optimizer"):  # clipping, AdamW and the cast into the copy in one pass
-            grad_norm = run.compute.fused_step(run.optimizer, tr.grad_clip, from_copy)
-            run.scheduler.step()
-    else:
-        with record_function("step.clip"):
-            grad_norm = _clip_grad_norm(run.model, tr.grad_clip)
-        with record_function("step.optimizer"):
-            run.optimizer.step()
-            run.optimizer.zero_grad(set_to_none=True)
-            run.scheduler.step()
-            if run.compute is not None:  # the updated masters into the bf16 copy (FSDP2's copy-in cast)
-                run.compute.refresh()
+    loss_sum = run.strategy.forward_backward(batches, accum, tr.gradient_sync_every_microbatch or accum == 1)
+    grad_norm = run.strategy.optimizer_step(run.optimizer, run.scheduler, tr.grad_clip)
     with record_function("step.loss_read"):  # the step's one host sync, after the optimizer's launches
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         loss_total, grad_norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
@@ -420,107 +380,23 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
             elapsed = time.perf_counter() - t_loop
             mean_tps = (step + 1 - start_step) * run.data.tokens_per_step / max(elapsed, 1e-9)
             if metrics is not None:
-                metrics.write(_metrics_record(run, step + 1, result, elapsed, mean_tps, start_step))
+                metrics.write(metrics_record(run, step + 1, result, elapsed, mean_tps, start_step))
             checkpointer.after_step(step + 1, run.model, run.optimizer, run.scheduler, run.train_state(step + 1))
         loop_seconds = time.perf_counter() - t_loop
         last_ckpt = checkpointer.final(run.total_steps, run.model, run.optimizer, run.scheduler,
                                        run.train_state(run.total_steps), ran_steps=start_step < run.total_steps)
-        digests = _full_parameter_sha256(run.model, run.rank)
+        digests = full_parameter_sha256(run.model, run.rank)
         adapter = _save_adapter(run.model, paths.adapter, run.rank, paths.base) if run.lora is not None else None
     finally:
         if metrics is not None:
             metrics.close()
     if run.rank != 0:
         return None
-    summary = _summary(run, start_step, resumed_from is not None, first_loss, final_loss, loop_seconds, mean_tps,
+    summary = run_summary(run, start_step, resumed_from is not None, first_loss, final_loss, loop_seconds, mean_tps,
                        last_ckpt, adapter, digests)
     summary["model_card"] = model_card(run.resource, paths.run_dir)
     write_json_atomic(paths.summary, summary)
     return summary
-
-
-def model_card(res: PitTraining, run_dir: Path) -> dict:
-    """The card the merge writes beside the model (:class:`pitlab.api.artifacts.ModelCard`, JSON-ready): the
-    knowledge cutoff, the sha256 of ``run_dir/corpus_audit.json`` (None when absent), the PitTraining's name,
-    base model and method."""
-    import hashlib
-
-    from pitlab.api.artifacts import ModelCard
-
-    audit = Path(run_dir) / layout.CORPUS_AUDIT
-    digest = hashlib.sha256(audit.read_bytes()).hexdigest() if audit.is_file() else None
-    return ModelCard(knowledge_cutoff=res.spec.knowledge_cutoff, corpus_audit_sha256=digest,
-                     training=res.metadata.name, base_model=res.spec.base_model.uri,
-                     method=res.spec.method).model_dump(by_alias=True, mode="json")
-
-
-def _metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float,
-                    start_step: int) -> dict:
-    """One metrics line (:mod:`pitlab.trainer.metrics`) after ``step`` optimizer steps of an attempt that
-    began at ``start_step``."""
-    tps = run.data.tokens_per_step / max(result.seconds, 1e-9)
-    record = {"step": step, "total_steps": run.total_steps, "loss": result.loss, "lr": result.lr,
-              "grad_norm": result.grad_norm, "tokens": step * run.data.tokens_per_step, "tokens_per_second": tps,
-              "mean_tokens_per_second": mean_tps,
-              "mfu": None if run.peak_flops is None else tps * run.flops_per_token / (run.peak_flops * run.world),
-              "peak_memory_bytes": _peak_memory(run.device), "elapsed_s": elapsed,
-              "start_step": start_step}
-    if run.kernel_warning is not None:
-        record["kernel_warning"] = run.kernel_warning
-    return record
-
-
-def _summary(run: TrainRun, start_step: int, resumed: bool, first_loss, final_loss, loop_seconds: float,
-             mean_tps: float | None, last_ckpt, adapter, digests: dict) -> dict:
-    tr = run.spec.training
-    tokens_seen = run.total_steps * run.data.tokens_per_step
-    return {
-        "name": run.resource.metadata.name,
-        "steps": run.total_steps,
-        "tokens_seen": tokens_seen,
-        "tokens_per_step": run.data.tokens_per_step,
-        "corpus_tokens": run.corpus_tokens,
-        "epochs": tokens_seen / (run.data.n_chunks * tr.seq_len),
-        "first_loss": first_loss,
-        "final_loss": final_loss,
-        "resumed_from_step": start_step if resumed else None,
-        "mean_tokens_per_second": mean_tps,  # the last record's: the one definition of a run's speed
-        "train_seconds": loop_seconds,
-        "wall_seconds": time.perf_counter() - run.t_start,
-        "world_size": run.world,
-        "backend": run.backend,
-        "device": run.device.type,
-        "device_name": run.device_name,
-        "method": run.spec.method,
-        "parameters": run.shape.total,
-        "trainable_parameters": sum(p.numel() for p in run.trainable),
-        "active_parameters": run.shape.active,
-        "train_flops_per_token": run.flops_per_token,
-        "mfu": None if run.peak_flops is None or mean_tps is None else
-        mean_tps * run.flops_per_token / (run.peak_flops * run.world),
-        "peak_memory_bytes": _peak_memory(run.device),
-        "peak_memory_reserved_bytes": torch.cuda.max_memory_reserved(run.device) if run.device.type == "cuda" else None,
-        "planned_peak_bytes": run.plan.peak_bytes if run.plan is not None else None,
-        "activation_checkpointing": run.activation_checkpointing,
-        "parallelism": run.parallelism,
-        "kernels": run.kernels,
-        "kernel_warning": run.kernel_warning,
-        "software": _software(run.device, run.world, run.backend),
-        "precision": tr.precision,
-        "checkpoint": str(last_ckpt),
-        "adapter": adapter,
-        "param_sha256": digests,
-        "layer_streaming": None if run.streamer is None else run.streamer.report(),
-    }
-
-
-def _peak_memory(device: torch.device) -> int:
-    """Peak memory of this rank in bytes: ``torch.cuda.max_memory_allocated`` on CUDA (tensors only, not the
-    allocator's cache or the CUDA context), else the process's peak resident set size (``ru_maxrss``)."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    import resource
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def _plan(spec, shape, config, capacity_bytes: int | None) -> MemoryPlan | None:
@@ -548,46 +424,6 @@ def _save_adapter(model: torch.nn.Module, out_dir: Path, rank: int, base_dir: Pa
     if rank != 0:
         return None
     return save_adapter_verified(model, out_dir, state_dict=full, base_dir=base_dir)
-
-
-def _software(device: torch.device, world: int, backend: str) -> dict:
-    """The software stack of this run: python, torch, CUDA, transformers, peft (None if not installed)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    def ver(name: str) -> str | None:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return None
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "transformers": ver("transformers"), "peft": ver("peft"), "safetensors": ver("safetensors"),
-            "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-            or "cpu", "world_size": world, "backend": backend}
-
-
-def _clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
-    """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a 0-d tensor on the
-    gradients' device, not read here: :func:`train_step` reads it with the loss, so the host does not wait for
-    backward before launching the optimizer step)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
-    torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
-    return total
-
-
-def _full_parameter_sha256(model: torch.nn.Module, rank: int) -> dict[str, str]:
-    """Collective: sha256 of every full (unsharded) parameter, gathered one at a time; filled on rank 0 only."""
-    digests = {}
-    for name, p in model.named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        if rank == 0:
-            digests[name] = tensor_sha256(full)
-        del full
-    return digests
 
 
 @record

@@ -1,0 +1,109 @@
+"""The single-device strategy: world size 1, ``method: full``, ``precision: bf16`` without FSDP2; float32 masters
+and a bf16 compute copy (:mod:`pitlab.trainer.single_device`, bit-identical to FSDP2 at world size 1), with the
+fused clip + AdamW + cast step (:mod:`pitlab.trainer.fused_step`) where enabled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.profiler import record_function
+
+from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
+from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
+from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled
+from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
+from pitlab.trainer.single_device import LABEL, load_single_device_model
+from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
+
+
+class SingleDeviceStrategy(Strategy):
+    """``model``: the float32 master; ``forward_model``: its bf16 compute copy (``compute.model``)."""
+
+    label = LABEL
+
+    def __init__(self) -> None:
+        self.compute = None
+        self.fused = False  # the optimizer is MasterAdamW
+        self.from_copy = False  # this step's fused update reads the copy's bf16 gradients
+
+    def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
+             adapter=None) -> MemoryPlan:
+        """The single-device plan, or FSDP2's when only FSDP2's fits (it frees each layer's bf16 copy and
+        gradients in backward; ``MemoryPlan.single_device`` says which, and a note says why)."""
+        shape, adapter, capacity = plan_inputs(spec, shape, gpu_memory_gib, adapter)
+        chosen = plan_checkpointing(spec, shape, adapter, capacity, True)
+        if chosen.fits is False:
+            fsdp2 = plan_checkpointing(spec, shape, adapter, capacity, False)
+            if fsdp2.fits:
+                fsdp2.notes.append(f"world size 1 on FSDP2: the single-device path (float32 masters + bf16 compute "
+                                   f"copy, faster) would need {chosen.peak_bytes / GiB:.2f} GiB")
+                return fsdp2
+        return chosen
+
+    def build(self, base: Path, run_dir: Path, spec, device: torch.device, mesh, plan: MemoryPlan | None,
+              lora: dict | None) -> str:
+        """The master and its compute copy (:func:`pitlab.trainer.single_device.load_single_device_model`), the
+        loss installed on the copy. Returns the loss label."""
+        from pitlab.trainer.loss import install_loss
+
+        tr = spec.training
+        self.device = device
+        self.activation_checkpointing = checkpointing_choice(plan, tr)
+        self.model, self.compute = load_single_device_model(base, spec, device, self.activation_checkpointing)
+        self.compute.model.train()
+        self.forward_model = self.compute.model
+        loss_impl = install_loss(self.compute.model, tr.loss)
+        self.model.train()
+        return loss_impl
+
+    def build_optimizer(self, trainable: list, training, device: torch.device) -> tuple[torch.optim.Optimizer, str]:
+        """:class:`~pitlab.trainer.fused_step.MasterAdamW` when
+        :func:`~pitlab.trainer.fused_step.fused_step_enabled` (clipping, AdamW and the cast into the copy in one
+        pass per parameter; compiled on CUDA), else torch's AdamW."""
+        cuda = device.type == "cuda"
+        self.fused = fused_step_enabled(training, True, cuda)
+        if not self.fused:
+            optimizer = torch.optim.AdamW(trainable, lr=training.learning_rate,
+                                          weight_decay=training.weight_decay, fused=cuda)
+            return optimizer, TORCH_STEP_LABEL
+        optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
+                                weight_decay=training.weight_decay)
+        return optimizer, FUSED_STEP_LABEL + ("" if cuda else ", eager on the CPU")
+
+    def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]], accum: int,
+                         sync_every_micro: bool) -> torch.Tensor:
+        """As :meth:`Strategy.forward_backward`; with the fused step and one microbatch per step the copy's bf16
+        gradients stay for the step to read (no float32 gradient is made)."""
+        self.from_copy = self.fused and accum == 1
+        return super().forward_backward(batches, accum, sync_every_micro)
+
+    def after_backward(self, accum: int) -> None:
+        """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank), unless the
+        fused step reads them directly."""
+        if not self.from_copy:
+            self.compute.accumulate_grads()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
+        """The fused step (:meth:`~pitlab.trainer.single_device.ComputeCopy.fused_step`), or torch's clipping and
+        AdamW followed by the masters' cast into the copy. Returns the gradient norm before clipping (0-d float32
+        tensor, not read)."""
+        if not self.fused:
+            return super().optimizer_step(optimizer, scheduler, max_norm)
+        with record_function("step.optimizer"):  # clipping, AdamW and the cast into the copy in one pass
+            grad_norm = self.compute.fused_step(optimizer, max_norm, self.from_copy)
+            scheduler.step()
+        return grad_norm
+
+    def after_update(self) -> None:
+        """The updated masters cast into the bf16 copy (FSDP2's copy-in cast)."""
+        self.compute.refresh()
+
+    def after_load(self) -> None:
+        """The loaded float32 masters cast into the bf16 copy."""
+        self.compute.refresh()
+
+    def close(self) -> None:
+        """Drop the master and the compute copy."""
+        super().close()
+        self.compute = None
