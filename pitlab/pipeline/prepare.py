@@ -43,6 +43,8 @@ def to_status(report: PrepareReport, status: ResourceStatus) -> str:
     if report.cluster:
         return (f"{a.included} documents up to {report.knowledge_cutoff}, {a.excluded_by_date} after it"
                 if a is not None else "corpus filtered")
+    if a is None:  # a report without an audit (the type allows it): no counts to give
+        return f"corpus filtered; {report.tokens} tokens"
     return (f"{a.included} documents kept, {a.excluded_by_date} after the cutoff, {a.rejected_empty_text} dropped "
             f"for an empty text, {a.rejected_timestamp} rejected for their timestamp; {report.tokens} tokens")
 

@@ -44,7 +44,8 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
             status.progress = status.progress.finished()
         return f"{report.child}: {report.child_message}"
     tps = report.mean_tokens_per_second
-    return (f"{report.steps} steps, loss {report.first_loss:.3f} → {report.final_loss:.3f}"
+    losses = report.first_loss is not None and report.final_loss is not None  # None: no step's loss was kept
+    return (f"{report.steps} steps" + (f", loss {report.first_loss:.3f} → {report.final_loss:.3f}" if losses else "")
             + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
             + (f"; WARNING: {report.kernel_warning}" if report.kernel_warning else ""))
 
