@@ -1,0 +1,91 @@
+"""The analyze stage module on its own (pitlab/pipeline/analyze.py): its report in JSON, what the Analyzed status
+records, and the analyze Job's termination message read as the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+from stage_ctx import World, ctx, example
+
+from pitlab.api import ResourceStatus, stages
+from pitlab.api.status import get_condition
+from pitlab.api.summary import compact_results, premium_summary
+from pitlab.operator import builders
+from pitlab.pipeline import analyze
+from pitlab.pipeline.analyze import AnalyzeReport
+
+# an evaluator results.json, reduced to what the status summary reads
+RESULTS = compact_results({"models": [
+    {"name": "pit", "r2_off": 0.01, "r2_on": 0.0125, "premium": 0.0025, "premium_ci": [-0.001, 0.006],
+     "verdict": "not significant",
+     "market_neutral": {"premium": 0.002, "premium_ci": [-0.001, 0.006], "verdict": "not significant"}},
+    {"name": "base", "r2_off": 0.01, "r2_on": 0.14, "premium": 0.13, "premium_ci": [0.07, 0.26],
+     "verdict": "unreliable", "verdict_reasons": ["few dates"]}]})
+SUMMARY = "pit neutral +0.002 [-0.001, +0.006]; base +0.130 [+0.070, +0.260] unreliable"
+LE_EVAL = "/pitlab/out/jpx-leakage-2021/eval"
+
+
+def test_the_report_is_camel_case_json_and_ignores_unknown_keys() -> None:
+    report = AnalyzeReport(results=RESULTS, report_uri="/o/e/eval/report.md", premium_summary=SUMMARY)
+    assert json.loads(report.to_json()) == {"results": RESULTS, "reportUri": "/o/e/eval/report.md",
+                                            "premiumSummary": SUMMARY}
+    assert AnalyzeReport.model_validate({**json.loads(report.to_json()), "seconds": 12}) == report
+    assert AnalyzeReport.model_validate({"results": {}, "report_uri": "/r.md"}).premium_summary is None
+    with pytest.raises(ValidationError, match="results"):
+        AnalyzeReport.model_validate({"results": [1, 2], "reportUri": "/r.md"})
+
+
+def test_to_status_records_results_report_and_premium() -> None:
+    assert premium_summary(RESULTS) == SUMMARY
+    status = ResourceStatus(model_uri="/m")
+    report = AnalyzeReport(results=RESULTS, report_uri="/o/e/eval/report.md", premium_summary=SUMMARY)
+    assert analyze.to_status(report, status) == "report at /o/e/eval/report.md"
+    assert status == ResourceStatus(model_uri="/m", results=RESULTS, report_uri="/o/e/eval/report.md",
+                                    premium_summary=SUMMARY)
+    status = ResourceStatus(premium_summary="stale")
+    analyze.to_status(AnalyzeReport(results={}, report_uri="/r.md", premium_summary=""), status)
+    assert status == ResourceStatus(results={}, report_uri="/r.md")  # an empty summary is no summary
+
+
+def _analyzed(message: str | None) -> tuple:
+    le = example("leakageeval.yaml")
+    world = World()
+    c = ctx(le, world)
+    assert analyze.reconcile(c, stages.ANALYZE, le) is False  # the Job is created first
+    job, = c.plan.creates
+    assert job["metadata"]["name"] == "jpx-leakage-2021-analyze" == builders.build_analyze_job(
+        le, c.cfg, c.body)["metadata"]["name"]
+    world.finish_job(job, message, container="analyze")
+    c = ctx(le, world, c.status)
+    return analyze.reconcile(c, stages.ANALYZE, le), c
+
+
+def test_reconcile_reads_the_jobs_termination_message_as_the_report() -> None:
+    done, c = _analyzed(json.dumps({"results": RESULTS, "reportUri": "s3://b/e/report.md", "bytes": 10}))
+    assert done is True
+    cond = get_condition(c.status, "Analyzed")
+    assert (cond.status, cond.reason, cond.message) == ("True", "ResultsWritten", "report at s3://b/e/report.md")
+    assert (c.status.results, c.status.premium_summary) == (RESULTS, SUMMARY)
+    assert c.status.children == {"analyzeJob": "jpx-leakage-2021-analyze"} and c.plan.warnings == []
+
+
+def test_a_message_without_report_uri_points_at_the_eval_folder() -> None:
+    done, c = _analyzed(json.dumps({"results": RESULTS}))
+    assert done is True and c.status.report_uri == f"{LE_EVAL}/report.md"
+
+
+def test_a_message_without_results_fails_the_stage() -> None:
+    done, c = _analyzed(None)
+    cond = get_condition(c.status, "Analyzed")
+    assert done is False and (cond.status, cond.reason, c.status.phase) == ("False", "ResultsUnavailable", "Failed")
+    assert cond.message == (f"Job jpx-leakage-2021-analyze succeeded but its pod has no results termination message; "
+                            f"see {LE_EVAL}/results.json")
+
+
+def test_results_of_an_unexpected_shape_lose_only_the_premium_line() -> None:
+    done, c = _analyzed(json.dumps({"results": {"models": ["pit"]}, "reportUri": "/r.md"}))
+    assert done is True and c.status.premium_summary is None and c.status.results == {"models": ["pit"]}
+    assert c.plan.warnings == [("MalformedResults", "Job jpx-leakage-2021-analyze: results summary has an unexpected "
+                                                    "shape; no premium summary")]
