@@ -484,6 +484,22 @@ def test_embed_causal_lm_pooling_padding_and_order(tiny_causal_lm, tmp_path):
     assert (c1["cache_hit"], c2["cache_hit"]) == (False, True)
     np.testing.assert_array_equal(a, b)
     assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    # a hit reports the weights' source and the truncations the embedding recorded (prompts cut at 4 tokens)
+    t1: dict = {}
+    t2: dict = {}
+    cut = embed_texts(tiny_causal_lm, texts, max_length=4, cache_dir=tmp_path / "cache", info=t1)
+    embed_texts(tiny_causal_lm, texts, max_length=4, cache_dir=tmp_path / "cache", info=t2)
+    assert t1["n_truncated"] >= 3  # every prompt but "Close 1." is longer than 4 tokens
+    assert (t2["cache_hit"], t2["n_truncated"], t2["weights"]) == (True, t1["n_truncated"], t1["weights"])
+    assert t1["weights"] is not None
+    # an entry without its recorded facts (written before they were) is embedded again, not reported without them
+    for f in (tmp_path / "cache").glob("*.json"):
+        f.unlink()
+    t3: dict = {}
+    again = embed_texts(tiny_causal_lm, texts, max_length=4, cache_dir=tmp_path / "cache", info=t3)
+    assert (t3["cache_hit"], t3["n_truncated"]) == (False, t1["n_truncated"])
+    np.testing.assert_array_equal(again, cut)
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 1  # the entry embedded again has its facts back
 
 
 def test_end_to_end_with_real_minilm_encoder(tmp_path, tiny_causal_lm):

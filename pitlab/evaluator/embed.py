@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import io
 import importlib.util
 import json
 import logging
@@ -140,11 +141,18 @@ def _cache_key(digest: str, settings: dict, texts: list[str]) -> str:
 
 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    """``array`` as ``.npy`` at ``path``, written aside and renamed into place."""
+    buf = io.BytesIO()
+    np.save(buf, array)
+    _save_bytes_atomic(path, buf.getvalue())
+
+
+def _save_bytes_atomic(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, written aside and renamed into place (a reader sees the old file or the new one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
-            np.save(fh, array)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -184,8 +192,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     cache_dir : if set, embeddings are read from / written to ``cache_dir/<key>.npy`` (atomic rename).
     info : if a dict is given, it is filled with ``kind``, ``pooling``, ``layer``, ``dim``, ``digest``,
         ``n_truncated``, ``cache_hit``, ``seconds``, ``device`` ("cuda" when torch sees a GPU, which is then
-        used, else "cpu"); when embedded (not a cache hit) also ``weights`` ("checkpoint" or the random
-        source), ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
+        used, else "cpu"), ``weights`` ("checkpoint" or the random source; a cache hit reports what the cached
+        embedding recorded, as it does ``n_truncated``); when embedded (not a cache hit) also ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
         ``padded_tokens``, ``n_batches``, ``batch_tokens`` (GPU budget), ``prompts_per_s`` and ``tokens_per_s``
         (over the forward passes, tokenisation and load excluded).
 
@@ -203,9 +211,9 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     meta = {"kind": resolved, "pooling": pool, "layer": layer, "digest": model_digest(model_dir), "n_truncated": 0,
             "cache_hit": False, "device": "cuda" if torch.cuda.is_available() else "cpu"}  # GPU used when present
     cache_path = _cache_path(cache_dir, meta, max_length, dtype, texts)
-    cached = _read_cache(cache_path, len(texts))
+    cached, recorded = _read_cache(cache_path, len(texts))
     if cached is not None:
-        meta.update(cache_hit=True, dim=int(cached.shape[1]), seconds=time.perf_counter() - t_start)
+        meta.update(recorded, cache_hit=True, dim=int(cached.shape[1]), seconds=time.perf_counter() - t_start)
         if info is not None:
             info.update(meta)
         if progress:
@@ -214,7 +222,9 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     with _torch_threads(num_threads):
         out = _embed_uncached(model_dir, texts, resolved, layer, pool, batch_size, max_length, dtype, progress, meta)
     _check_finite(out, model_dir, dtype)
-    if cache_path is not None:
+    if cache_path is not None:  # the facts a cache hit must report as an embedding would, then the array
+        _save_bytes_atomic(cache_path.with_suffix(".json"),
+                           json.dumps({k: meta.get(k) for k in CACHED_FACTS}).encode())
         _save_npy_atomic(cache_path, out)
     meta.update(dim=int(out.shape[1]), seconds=time.perf_counter() - t_start)
     _log_embedded(model_dir, len(texts), meta)
@@ -254,12 +264,25 @@ def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str,
     return Path(cache_dir) / f"{_cache_key(meta['digest'], settings, texts)}.npy"
 
 
-def _read_cache(cache_path: Path | None, n_texts: int) -> np.ndarray | None:
-    """The cached float32 [n_texts, d] array at ``cache_path``, or None when there is none of that shape/dtype."""
+CACHED_FACTS = ("weights", "n_truncated")
+"""What an embedding records beside its array in the cache (``<key>.json``) and a cache hit reports: the weights'
+source and the number of truncated prompts."""
+
+
+def _read_cache(cache_path: Path | None, n_texts: int) -> tuple[np.ndarray | None, dict]:
+    """The cached float32 [n_texts, d] array at ``cache_path`` and its recorded :data:`CACHED_FACTS`, or
+    (None, {}) when there is none of that shape/dtype or its facts were not recorded (an entry written before
+    they were: embedded again rather than reported without them)."""
     if cache_path is None or not cache_path.is_file():
-        return None
+        return None, {}
+    try:
+        facts = json.loads(cache_path.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return None, {}
+    if not isinstance(facts, dict) or set(facts) != set(CACHED_FACTS):
+        return None, {}
     cached = np.load(cache_path)
-    return cached if cached.shape[0] == n_texts and cached.dtype == np.float32 else None
+    return (cached, facts) if cached.shape[0] == n_texts and cached.dtype == np.float32 else (None, {})
 
 
 @contextlib.contextmanager
