@@ -7,6 +7,10 @@ collection), with the Cluster, resources and controller playing of test_operator
 PitTraining through its whole lifecycle (prepare → train → merge → evaluate → Succeeded) with one fault in
 the way and asserts the exact outcome: the children (one of each, by uid), the create attempts, and the
 parent's conditions.
+
+Each test runs on each training backend (``backend``: trainjob, jobset, pytorchjob), on a cluster that serves the
+kinds where ``auto`` picks it (test_operator_e2e.SERVED), its training child played as its controller reports it
+(Cluster.play_training; the PyTorchJob's through Cluster.finish_pytorchjob).
 """
 
 from __future__ import annotations
@@ -20,20 +24,23 @@ import pytest
 import pytest_asyncio
 
 from kube_faults import ArguingApiServer, Fault
-from test_operator_e2e import (AUDIT_MESSAGE, CFG, CM, JOBS, LE, NS, PIT, PTJ, RESULTS_MESSAGE, TEST_AGENT,
-                               TRAINING, WARNED, Cluster, cond, conds,
-                               running_cluster)
-from test_operator_restart import (EVAL_SUCCEEDED, KINDS, PLURALS, TRAINING_SUCCEEDED, _eval_names,
-                                   _training_names, children, expected, stable)
+from test_operator_e2e import (AUDIT_MESSAGE, CFG, CHILD, CM, JOBS, LE, NS, PIT, RESULTS_MESSAGE, SERVED,
+                               TEST_AGENT, TRAIN_FAILED, TRAINING, WARNED, Cluster, _kstatus, _training_conds, cond,
+                               conds, running_cluster)
+from test_operator_restart import (BACKENDS, EVAL_SUCCEEDED, KINDS, PLURALS, _eval_names, _training_names, children,
+                                   expected, stable, training_succeeded)
 
 T = _training_names()
 E = _eval_names(T["eval"])
 NAME, LE_NAME = T["name"], E["name"]
 
 
+each_backend = pytest.mark.parametrize("backend", BACKENDS)  # every test: the cluster fixture needs ``backend``
+
+
 @pytest_asyncio.fixture()
-async def cluster():
-    async with running_cluster(ArguingApiServer) as c:
+async def cluster(backend: str):
+    async with running_cluster(ArguingApiServer, served=SERVED[backend]) as c:
         yield c
 
 
@@ -57,6 +64,24 @@ def events(c: Cluster) -> list[tuple[str, str, str]]:
             if r.resource == "v1/events" and r.action is not None and r.action.name == "CREATE"]
 
 
+def warnings(backend: str) -> list[tuple[str, str]]:
+    """(type, reason) of the warning events of an ordinary run: the PyTorchJob backend's about Kueue, else none."""
+    return [("Warning", WARNED[2])] if backend == "pytorchjob" else []
+
+
+def warned(backend: str) -> list[tuple[str, str, str]]:
+    """The Warning condition of an ordinary run: the PyTorchJob backend's about Kueue, else none."""
+    return [WARNED] if backend == "pytorchjob" else []
+
+
+def finish_training(c: Cluster, backend: str, ok: bool = True) -> None:
+    """Play the training child's controller: the child succeeded (or failed)."""
+    if backend == "pytorchjob":
+        c.finish_pytorchjob(T["train"], ok=ok)
+    else:
+        c.play_training(backend, T["train"], "succeeded" if ok else "failed")
+
+
 def names(c: Cluster) -> dict[str, list[str]]:
     """kind → sorted names of the owned children of the PitTraining NAME (and of its LeakageEval)."""
     return {k: sorted(n for n in v if n.startswith(f"{NAME}-")) for k, v in children(c).items()}
@@ -75,7 +100,7 @@ async def _sync(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
     fn(*args, **kwargs)
 
 
-def stages(c: Cluster) -> list[tuple[str, Callable[[], Any], tuple[str, ...]]]:
+def stages(c: Cluster, backend: str) -> list[tuple[str, Callable[[], Any], tuple[str, ...]]]:
     """The lifecycle as (stage, what moves the run into it, the phases PitTraining [and LeakageEval] show)."""
     async def finish_embeds() -> None:
         for j in E["embed"]:
@@ -83,7 +108,7 @@ def stages(c: Cluster) -> list[tuple[str, Callable[[], Any], tuple[str, ...]]]:
     return [
         ("Preparing", lambda: c.apply(TRAINING), ("Preparing",)),
         ("Training", lambda: _sync(c.finish_job, T["prepare"], message=AUDIT_MESSAGE), ("Training",)),
-        ("Merging", lambda: _sync(c.finish_pytorchjob, T["train"]), ("Merging",)),
+        ("Merging", lambda: _sync(finish_training, c, backend), ("Merging",)),
         ("Embedding", lambda: _sync(c.finish_job, T["merge"]), ("Evaluating", "Embedding")),
         ("Analyzing", finish_embeds, ("Evaluating", "Analyzing")),
         ("Succeeded", lambda: _sync(c.finish_job, E["analyze"], message=RESULTS_MESSAGE), ("Succeeded", "Succeeded")),
@@ -97,17 +122,18 @@ async def show(c: Cluster, shown: tuple[str, ...]) -> dict:
     return await c.phase(PIT, NAME, shown[0])
 
 
-async def run_to_success(c: Cluster, between: Callable[[str], Any] | None = None) -> dict:
-    """Drive the whole lifecycle; ``between(stage)`` is awaited once each stage shows. Returns the final
-    PitTraining after asserting the final conditions of both resources and one child of each name."""
-    for stage, enter, shown in stages(c):
+async def run_to_success(c: Cluster, backend: str, between: Callable[[str], Any] | None = None) -> dict:
+    """Drive the whole lifecycle on ``backend``; ``between(stage)`` is awaited once each stage shows. Returns the
+    final PitTraining after asserting the final conditions of both resources and one child of each name."""
+    for stage, enter, shown in stages(c, backend):
         await enter()
         await show(c, shown)
         if between is not None:
             await between(stage)
     pit, le = c.get(PIT, NAME), c.get(LE, LE_NAME)
-    assert conds(pit) == TRAINING_SUCCEEDED and conds(le) == EVAL_SUCCEEDED
-    assert names(c) == expected("Succeeded", T, E)
+    assert pit["status"]["backend"]["name"] == backend  # the scenario's cluster made ``auto`` pick it
+    assert conds(pit) == training_succeeded(backend) and conds(le) == EVAL_SUCCEEDED
+    assert names(c) == expected("Succeeded", T, E, backend)
     return pit
 
 
@@ -121,41 +147,47 @@ def _to_phase(phase: str) -> Callable[[kmock.Request], bool]:
     return lambda r: isinstance(r.data, dict) and (r.data.get("status") or {}).get("phase") == phase
 
 
+@each_backend
 @pytest.mark.parametrize("phase", ["Preparing", "Training", "Evaluating"])
 @pytest.mark.asyncio
-async def test_status_patch_conflict_is_retried_and_converges(cluster: Cluster, phase: str) -> None:
+async def test_status_patch_conflict_is_retried_and_converges(cluster: Cluster, backend: str, phase: str) -> None:
     """The API server answers the status write that moves the PitTraining into ``phase`` with 409 Conflict
     (a stale write): the write is retried, the status converges, no condition is lost and no child is created
     twice."""
     c = cluster
     fault = c.server.inject(Fault("UPDATE", PIT, 409, "Conflict", CONFLICT, name=NAME, subresource="status",
                                   when=_to_phase(phase)))
-    pit = await run_to_success(c)
+    pit = await run_to_success(c, backend)
     assert len(fault.hits) == 1
     writes = [r.data["status"]["phase"] for r in c.server if r.resource == PIT and r.subresource == "status"
               and r.headers.get("User-Agent") != TEST_AGENT]
     assert writes.count(phase) >= 2  # refused once, then written
     assert pit["status"]["corpusAudit"]["included"] == 159  # what the prepare Job reported is kept
     assert pit["status"]["children"] == {"configMap": T["configMap"], "prepareJob": T["prepare"],
-                                         "pytorchJob": T["train"], "mergeJob": T["merge"],
+                                         CHILD[backend][2]: T["train"], "mergeJob": T["merge"],
                                          f"leakageEval.{LE_NAME}": LE_NAME}
-    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E).items() for n in ns)
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E, backend).items()
+                                        for n in ns)
 
 
 # ------------------------------------------------------------------------------ 409 on create
-@pytest.mark.parametrize("resource, child, stage", [
-    (CM, T["configMap"], "Preparing"),
-    (PTJ, T["train"], "Training"),
-    (LE, LE_NAME, "Embedding"),
-    (JOBS, E["embed"][0], "Embedding"),
-], ids=["configmap", "pytorchjob", "leakageeval", "embed-job"])
+CONFLICTED = {  # which child's create is answered 409: (resource, name, the stage it is created in)
+    "configmap": lambda backend: (CM, T["configMap"], "Preparing"),
+    "training-child": lambda backend: (CHILD[backend][0], T["train"], "Training"),
+    "leakageeval": lambda backend: (LE, LE_NAME, "Embedding"),
+    "embed-job": lambda backend: (JOBS, E["embed"][0], "Embedding"),
+}
+
+
+@each_backend
+@pytest.mark.parametrize("which", list(CONFLICTED))
 @pytest.mark.asyncio
-async def test_create_conflict_adopts_the_child_that_exists(cluster: Cluster, resource: str, child: str,
-                                                            stage: str) -> None:
+async def test_create_conflict_adopts_the_child_that_exists(cluster: Cluster, backend: str, which: str) -> None:
     """A child's create is answered 409 AlreadyExists because the object exists (a previous operator instance
     created it and died before recording it; here it is stored by the API server as it refuses the create):
     the operator adopts that object, creates it no second time and the run succeeds."""
     c = cluster
+    resource, child, stage = CONFLICTED[which](backend)
     fault = c.server.inject(Fault("CREATE", resource, 409, "AlreadyExists", f'"{child}" already exists',
                                   name=child, store=True))
     uid: list[str] = []
@@ -164,37 +196,55 @@ async def test_create_conflict_adopts_the_child_that_exists(cluster: Cluster, re
         if now == stage:  # shown within a few reconciles of the refused create: adopted, no error backoff
             assert len(fault.hits) == 1 and time.monotonic() - fault.at[0] < 20 * CFG.reconcile_interval
             uid.append(c.get(resource, child)["metadata"]["uid"])
-    await run_to_success(c, between)
+    await run_to_success(c, backend, between)
     assert len(fault.hits) == 1 and creates(c, child) == [(fault.hits[0].data["kind"], child)]  # one attempt
     assert c.get(resource, child)["metadata"]["uid"] == uid[0]  # the object that existed, adopted
-    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E).items() for n in ns)
+    made = expected("Succeeded", T, E, backend)
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in made.items() for n in ns)
     assert [r for r, _ in c.server.refused if r.action.name == "CREATE"] == fault.hits  # no duplicate create
     # no error, no other warning than the PyTorchJob backend's about Kueue: an ordinary adoption
-    assert [(t, r) for t, r, _ in events(c) if t != "Normal"] == [("Warning", WARNED[2])]
+    assert [(t, r) for t, r, _ in events(c) if t != "Normal"] == warnings(backend)
     created = sorted(m for t, r, m in events(c) if r == "Created")
-    assert created == sorted(f"created {k} {n}" for k, ns in expected("Succeeded", T, E).items() for n in ns
+    assert created == sorted(f"created {k} {n}" for k, ns in made.items() for n in ns
                              if n != child)  # an adopted child is not announced as created
 
 
 # ------------------------------------------------------------------------------ 422 from admission
-@pytest.mark.parametrize("resource, child, stage, condition, message", [
-    (PTJ, T["train"], "Training", "Trained",
-     'admission webhook "validation.pytorchjob.kubeflow.org" denied the request: PyTorchJob.kubeflow.org '
-     '"fomc-2016-train" is invalid: spec.pytorchReplicaSpecs.Worker.replicas: Invalid value: 1: must be at least 2'),
-    (JOBS, T["merge"], "Merging", "Merged",
-     'Job.batch "fomc-2016-merge" is invalid: spec.template.spec.containers[0].resources.limits: Invalid value: '
-     '"8": must be less than or equal to nvidia.com/gpu quota of 4 (CEL rule of ValidatingAdmissionPolicy '
-     'gpu-limits)'),
-], ids=["pytorchjob-webhook", "merge-job-cel"])
+# What each backend's admission webhook answers for its training child (the Kubeflow Trainer's, the JobSet
+# controller's, the training operator's)
+WEBHOOK = {
+    "trainjob": 'admission webhook "validate.trainjob.trainer.kubeflow.org" denied the request: TrainJob.trainer.'
+                'kubeflow.org "fomc-2016-train" is invalid: spec.runtimeRef: Invalid value: "pitlab-torch": '
+                'ClusterTrainingRuntime.trainer.kubeflow.org "pitlab-torch" not found',
+    "jobset": 'admission webhook "vjobset.kb.io" denied the request: JobSet.jobset.x-k8s.io "fomc-2016-train" is '
+              'invalid: spec.replicatedJobs[0].template.spec.completions: Invalid value: 2: must not exceed the '
+              'cluster\'s GPU nodes (1)',
+    "pytorchjob": 'admission webhook "validation.pytorchjob.kubeflow.org" denied the request: PyTorchJob.kubeflow.org '
+                  '"fomc-2016-train" is invalid: spec.pytorchReplicaSpecs.Worker.replicas: Invalid value: 1: must be '
+                  'at least 2',
+}
+REFUSED = {  # which child admission refuses: (resource, name, its kind, the stage, its condition, the message)
+    "training-child-webhook": lambda backend: (CHILD[backend][0], T["train"], CHILD[backend][1], "Training",
+                                               "Trained", WEBHOOK[backend]),
+    "merge-job-cel": lambda backend: (
+        JOBS, T["merge"], "Job", "Merging", "Merged",
+        'Job.batch "fomc-2016-merge" is invalid: spec.template.spec.containers[0].resources.limits: Invalid value: '
+        '"8": must be less than or equal to nvidia.com/gpu quota of 4 (CEL rule of ValidatingAdmissionPolicy '
+        'gpu-limits)'),
+}
+
+
+@each_backend
+@pytest.mark.parametrize("which", list(REFUSED))
 @pytest.mark.asyncio
-async def test_admission_refusal_fails_the_stage_with_the_servers_message(cluster: Cluster, resource: str,
-                                                                          child: str, stage: str, condition: str,
-                                                                          message: str) -> None:
+async def test_admission_refusal_fails_the_stage_with_the_servers_message(cluster: Cluster, backend: str,
+                                                                          which: str) -> None:
     """A child refused by admission (422 Invalid: a webhook or a CEL rule) fails the stage that needed it with
     reason CreateFailed and the API server's message, once: no retry storm, nothing created after it."""
     c = cluster
+    resource, child, kind, stage, condition, message = REFUSED[which](backend)
     fault = c.server.inject(Fault("CREATE", resource, 422, "Invalid", message, name=child, times=1000))
-    for now, enter, shown in stages(c):
+    for now, enter, shown in stages(c, backend):
         await enter()
         if now == stage:
             break
@@ -202,17 +252,16 @@ async def test_admission_refusal_fails_the_stage_with_the_servers_message(cluste
     pit = await c.phase(PIT, NAME, "Failed")
     done = conds(pit)[:conds(pit).index((condition, "False", "CreateFailed"))]
     assert all(s == "True" for _, s, _ in done) and conds(pit)[len(done):] == [
-        (condition, "False", "CreateFailed"), WARNED, ("Ready", "False", "CreateFailed"),
+        (condition, "False", "CreateFailed"), *warned(backend), ("Ready", "False", "CreateFailed"),
         ("Reconciling", "False", "CreateFailed"), ("Stalled", "True", "CreateFailed")]
-    kind = "PyTorchJob" if resource == PTJ else "Job"
     want = f"{kind} {child} was refused: 422 Unprocessable Entity: {message}"
     assert cond(pit, condition)["message"] == want and cond(pit, "Stalled")["message"] == want
     await asyncio.sleep(20 * CFG.reconcile_interval)
     assert len(fault.hits) == 1 and creates(c, child) == [(kind, child)]  # one attempt, no retry storm
     assert c.get(resource, child) is None and c.get(PIT, NAME)["status"] == pit["status"]
-    warned = sorted(e for e in events(c) if e[0] != "Normal")
-    assert [e[:2] for e in warned] == [("Warning", "CreateFailed"), ("Warning", WARNED[2])] and warned[0][2] == want
-    assert names(c) == {k: [n for n in v if n != child] for k, v in expected(stage, T, None).items()}
+    posted = sorted(e for e in events(c) if e[0] != "Normal")
+    assert [e[:2] for e in posted] == [("Warning", "CreateFailed"), *warnings(backend)] and posted[0][2] == want
+    assert names(c) == {k: [n for n in v if n != child] for k, v in expected(stage, T, None, backend).items()}
 
 
 # ------------------------------------------------------------------------------ a watch that ends
@@ -220,9 +269,10 @@ def _watches(c: Cluster, resource: str) -> int:
     return sum(1 for r in c.server if r.resource == resource and r.action is not None and r.action.name == "WATCH")
 
 
+@each_backend
 @pytest.mark.parametrize("gone", [False, True], ids=["closed", "410-gone"])
 @pytest.mark.asyncio
-async def test_watch_that_ends_mid_run_is_resumed(cluster: Cluster, gone: bool) -> None:
+async def test_watch_that_ends_mid_run_is_resumed(cluster: Cluster, backend: str, gone: bool) -> None:
     """The watch streams of both kinds end while the PitTraining trains (closed by the API server, or after
     an ERROR 410 Gone): the operator watches again, sees the LeakageEval it creates afterwards and a
     PitTraining applied afterwards, and both runs go on."""
@@ -238,7 +288,7 @@ async def test_watch_that_ends_mid_run_is_resumed(cluster: Cluster, gone: bool) 
             await until(lambda: all(_watches(c, r) > before[r] for r in (PIT, LE)), "the watches to resume")
             await c.apply(second)
             await c.phase(PIT, "fomc-2017", "Preparing")
-    await run_to_success(c, between)
+    await run_to_success(c, backend, between)
     assert [n for n in c.names(JOBS) if n.startswith("fomc-2017")] == ["fomc-2017-prepare"]
 
 
@@ -261,8 +311,9 @@ async def _restart(c: Cluster) -> None:
     await asyncio.sleep(5 * CFG.reconcile_interval)
 
 
+@each_backend
 @pytest.mark.asyncio
-async def test_restart_in_every_phase_creates_no_duplicate(cluster: Cluster) -> None:
+async def test_restart_in_every_phase_creates_no_duplicate(cluster: Cluster, backend: str) -> None:
     """The operator is restarted once the run shows each phase (Preparing, Training, Merging, Evaluating with
     its LeakageEval Embedding then Analyzing, and Succeeded): every child is created once (no create is
     answered 409, no object is replaced: the uids stay), the conditions do not move (their messages may: a
@@ -280,26 +331,33 @@ async def test_restart_in_every_phase_creates_no_duplicate(cluster: Cluster) -> 
         assert {r: stable(c.get(r, n)) for r, n in ((PIT, NAME), (LE, LE_NAME)) if c.get(r, n)} == st, stage
         for kind, got in before.items():
             uids.setdefault(kind, {}).update(got)
-    await run_to_success(c, between)
+    await run_to_success(c, backend, between)
     assert restarts == ["Preparing", "Training", "Merging", "Embedding", "Analyzing", "Succeeded"]
     assert children(c) == uids
-    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E).items() for n in ns)
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Succeeded", T, E, backend).items()
+                                        for n in ns)
     assert [r for r, code in c.server.refused if r.action.name == "CREATE"] == []
 
 
+@each_backend
 @pytest.mark.asyncio
-async def test_restart_after_failure_creates_nothing(cluster: Cluster) -> None:
-    """A run that failed (its PyTorchJob failed) stays Failed across a restart: nothing is created again."""
+async def test_restart_after_failure_creates_nothing(cluster: Cluster, backend: str) -> None:
+    """A run whose training child failed is Failed with the child's reason and message (Trained and Stalled), and
+    stays so across a restart: nothing is created again."""
     c = cluster
-    for stage, enter, shown in stages(c)[:2]:
+    for stage, enter, shown in stages(c, backend)[:2]:
         await enter()
         await show(c, shown)
-    c.finish_pytorchjob(T["train"], ok=False)
+    finish_training(c, backend, ok=False)
     pit = await c.phase(PIT, NAME, "Failed")
+    reason, message = TRAIN_FAILED[backend]
+    assert conds(pit) == _training_conds(backend, ("Trained", "False", reason), _kstatus("Failed", reason))
+    assert cond(pit, "Trained")["message"] == message == cond(pit, "Stalled")["message"]
     before = children(c)
     await _restart(c)
     assert children(c) == before and c.get(PIT, NAME)["status"] == pit["status"]
-    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Training", T, None).items() for n in ns)
+    assert sorted(creates(c)) == sorted((k, n) for k, ns in expected("Training", T, None, backend).items()
+                                        for n in ns)
 
 
 # ------------------------------------------------------------------------------ deletion
@@ -319,23 +377,24 @@ async def _delete(c: Cluster, resource: str, name: str) -> None:
     await c.request("DELETE", f"/apis/pitlab.io/v1alpha1/namespaces/{NS}/{plural}/{name}")
 
 
+@each_backend
 @pytest.mark.parametrize("operator_down", [False, True], ids=["running", "operator-down"])
 @pytest.mark.asyncio
-async def test_deletion_mid_run_releases_the_finalizer_and_collects_every_child(cluster: Cluster,
+async def test_deletion_mid_run_releases_the_finalizer_and_collects_every_child(cluster: Cluster, backend: str,
                                                                                   operator_down: bool) -> None:
     """Every child has one controller owner reference to its parent (the LeakageEval's children to the
     LeakageEval), so deleting the PitTraining while it evaluates deletes them all (garbage collection). The
     operator's finalizer holds the PitTraining while the operator is down, and is released by the operator
     (once it is back); nothing is created after the deletion."""
     c = cluster
-    for stage, enter, shown in stages(c)[:4]:
+    for stage, enter, shown in stages(c, backend)[:4]:
         await enter()
         await show(c, shown)
     pit, le = c.get(PIT, NAME), c.get(LE, LE_NAME)
     owner = (("PitTraining", NAME, pit["metadata"]["uid"], True, True),
              ("LeakageEval", LE_NAME, le["metadata"]["uid"], True, True))
     want = {n: [owner[1] if n in (E["configMap"], *E["embed"]) else owner[0]]
-            for ns in expected("Embedding", T, E).values() for n in ns}
+            for ns in expected("Embedding", T, E, backend).values() for n in ns}
     assert _owners(c) == want
     assert pit["metadata"]["finalizers"] == ["pitlab.io/finalizer"] == le["metadata"]["finalizers"]
     if operator_down:

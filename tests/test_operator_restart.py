@@ -20,19 +20,32 @@ import pytest
 import pytest_asyncio
 
 from pitlab.operator import builders, naming, validation
-from test_operator_e2e import (AUDIT_MESSAGE, CFG, CM, EVAL_SPEC, JOBS, LE, NS, PIT, PTJ, RESULTS_MESSAGE,
-                               TEST_AGENT, TRAINING, ApiServer, Cluster, conds, running_cluster)
+from test_operator_e2e import (AUDIT_MESSAGE, CFG, CHILD, CM, EVAL_SPEC, JOBS, JS, LE, NS, PIT, PTJ,
+                               RESULTS_MESSAGE, TEST_AGENT, TJ, TRAINED, TRAINING, ApiServer, Cluster,
+                               _training_conds, conds, running_cluster)
 
-KINDS = {"ConfigMap": CM, "Job": JOBS, "PyTorchJob": PTJ, "LeakageEval": LE}
-PLURALS = {"configmaps": CM, "jobs": JOBS, "pytorchjobs": PTJ, "leakageevals": LE}
+# Every kind the operator creates, the training child of each backend included (a backend's cluster has only its own)
+KINDS = {"ConfigMap": CM, "Job": JOBS, "TrainJob": TJ, "JobSet": JS, "PyTorchJob": PTJ, "LeakageEval": LE}
+PLURALS = {"configmaps": CM, "jobs": JOBS, "trainjobs": TJ, "jobsets": JS, "pytorchjobs": PTJ, "leakageevals": LE}
+BACKENDS = ["trainjob", "jobset", "pytorchjob"]
 
-# The final condition lists (the PitTraining's is the one test_operator_e2e.py::test_happy_path asserts on the
-# PyTorchJob backend: TRAINING is queued through Kueue, hence the Warning about Kueue's PyTorchJob integration).
-TRAINING_SUCCEEDED = [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
-                      ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "True", "MergeSucceeded"),
-                      ("Evaluated", "True", "EvaluationsSucceeded"), ("Warning", "True", "KueueIntegrationRequired"),
-                      ("Ready", "True", "Succeeded"),
-                      ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
+
+def training_succeeded(backend: str) -> list[tuple[str, str, str]]:
+    """The PitTraining's final conditions on ``backend`` (those test_operator_e2e.py::test_happy_path asserts): the
+    Trained reason is the child controller's; TRAINING is queued through Kueue, so the PyTorchJob backend adds the
+    Warning about Kueue's PyTorchJob integration."""
+    return _training_conds(backend, ("Trained", "True", TRAINED[backend]), [
+        ("Ready", "True", "Succeeded"), ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")],
+        after=(("Merged", "True", "MergeSucceeded"), ("Evaluated", "True", "EvaluationsSucceeded")))
+
+
+# The final condition lists (the PitTraining's on the PyTorchJob backend, which this module's scenarios use).
+TRAINING_SUCCEEDED = training_succeeded("pytorchjob")
+assert TRAINING_SUCCEEDED == [("Validated", "True", "SpecValid"), ("Prepared", "True", "CorpusFiltered"),
+                              ("Trained", "True", "PyTorchJobSucceeded"), ("Merged", "True", "MergeSucceeded"),
+                              ("Evaluated", "True", "EvaluationsSucceeded"),
+                              ("Warning", "True", "KueueIntegrationRequired"), ("Ready", "True", "Succeeded"),
+                              ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
 EVAL_SUCCEEDED = [("Validated", "True", "SpecValid"), ("Embedded", "True", "EmbeddingsWritten"),
                   ("Analyzed", "True", "ResultsWritten"), ("Ready", "True", "Succeeded"),
                   ("Reconciling", "False", "Succeeded"), ("Stalled", "False", "Succeeded")]
@@ -72,7 +85,7 @@ def _training_names() -> dict[str, Any]:
     evals = [builders.build_evaluation(pt, tpl, TRAINING) for tpl in pt.spec.evaluations]
     assert len(evals) == 1
     return {"name": name, "configMap": naming.training_spec_configmap(name), "prepare": naming.prepare_job(name),
-            "train": naming.pytorchjob(name), "merge": naming.merge_job(name), "eval": evals[0]}
+            "train": naming.training_job(name), "merge": naming.merge_job(name), "eval": evals[0]}
 
 
 def _eval_names(le_body: dict[str, Any]) -> dict[str, Any]:
@@ -94,9 +107,10 @@ def children(c: Cluster) -> dict[str, dict[str, str]]:
     return out
 
 
-def expected(stage: str, t: dict[str, Any] | None, e: dict[str, Any] | None) -> dict[str, list[str]]:
+def expected(stage: str, t: dict[str, Any] | None, e: dict[str, Any] | None,
+             backend: str = "pytorchjob") -> dict[str, list[str]]:
     """The children (kind → sorted names) that exist once ``stage`` has begun (t: training names, e: eval
-    names; None when there is no such parent)."""
+    names; None when there is no such parent; ``backend``: the training child's)."""
     order = ["Preparing", "Training", "Merging", "Embedding", "Analyzing", "Succeeded"]
     at = order.index(stage)
     out: dict[str, list[str]] = {kind: [] for kind in KINDS}
@@ -104,7 +118,7 @@ def expected(stage: str, t: dict[str, Any] | None, e: dict[str, Any] | None) -> 
         out["ConfigMap"].append(t["configMap"])
         out["Job"].append(t["prepare"])
         if at >= order.index("Training"):
-            out["PyTorchJob"].append(t["train"])
+            out[CHILD[backend][1]].append(t["train"])
         if at >= order.index("Merging"):
             out["Job"].append(t["merge"])
         if at >= order.index("Embedding"):
