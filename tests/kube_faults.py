@@ -229,11 +229,30 @@ class ArguingApiServer(kmock.KubernetesEmulator):
         await self._buses[kmock.resource(resource)].put(event)
 
     async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
-        async for event in super()._serve_watch(request):
-            if isinstance(event, dict) and event.get("type") == CLOSE["type"]:
-                if event.get("gone"):
-                    yield {"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
-                                                       "code": 410, "reason": "Expired",
-                                                       "message": "too old resource version"}}
-                return
-            yield event
+        """The objects that exist, then every later event, none lost: kmock's own watch takes its place on the
+        event bus only after it has sent the existing objects, so a write in between (a deletion's
+        ``deletionTimestamp``, say) never reached the client; here the snapshot and the bus position are taken
+        together under the store's lock, which every write holds while it publishes its event."""
+        yield b""  # the headers: the stream has begun
+        assert request.resource is not None
+        bus = self._buses[request.resource]
+        async with self._lock:
+            objs = self._KubernetesEmulator__get_objs(request, strict=False)
+            events = [{"type": "ADDED", "object": obj.raw} for obj in objs if not obj.deleted]
+            mark = await bus.mark()
+        try:
+            for event in events:
+                yield event
+            async for event in bus.stream(since=mark):
+                if isinstance(event, dict) and event.get("type") == CLOSE["type"]:
+                    if event.get("gone"):
+                        yield {"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                                                           "code": 410, "reason": "Expired",
+                                                           "message": "too old resource version"}}
+                    return
+                meta = (event.get("object") or {}).get("metadata") or {}
+                if self._KubernetesEmulator__check(request, request.resource, meta.get("namespace"),
+                                                   meta.get("name"), strict=False):
+                    yield event
+        finally:
+            await bus.unmark(mark)

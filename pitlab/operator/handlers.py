@@ -45,12 +45,17 @@ def needs_reconcile(body: kopf.Body, **_: Any) -> bool:
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """kopf settings: our own finalizer name and annotation prefix; handler progress in annotations (the
-    CRD's status schema has no room for kopf's bookkeeping)."""
+    CRD's status schema has no room for kopf's bookkeeping); a deleted resource's timer checked for its end
+    every second."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
+    # A resource deleted while its timer's handler runs (in a thread: it cannot be cancelled) keeps its finalizer
+    # until kopf sees the handler has ended; kopf looks every 60 s by default, which held a deleted run (and the
+    # garbage collection of its children) for up to a minute. One second costs a check per second per deletion.
+    settings.background.cancellation_polling = 1.0
 
 
 def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
