@@ -182,7 +182,8 @@ class Cluster:
                                                         standalone=True, memo=memo))
 
         def run() -> None:
-            with contextlib.suppress(asyncio.CancelledError):
+            # CancelledError: kopf ended; RuntimeError: stop() halted the loop under it (a crash)
+            with contextlib.suppress(asyncio.CancelledError, RuntimeError):
                 self.loop.run_until_complete(self.task)
             self.loop.close()
 
@@ -190,10 +191,15 @@ class Cluster:
         self.thread.start()
 
     async def stop(self) -> None:
-        """Stop the operator as a crash would: at once, whatever it was doing."""
+        """Stop the operator as a crash would: at once, whatever it was doing. kopf is cancelled; if it has not
+        ended within 2 s (its exit can wait on a timer whose status write was just refused), its event loop is
+        halted under it, as a killed process's would be."""
         assert self.loop is not None and self.thread is not None and self.task is not None
         self.loop.call_soon_threadsafe(self.task.cancel)
-        await asyncio.get_running_loop().run_in_executor(None, self.thread.join, 10)
+        await asyncio.get_running_loop().run_in_executor(None, self.thread.join, 2)
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            await asyncio.get_running_loop().run_in_executor(None, self.thread.join, 10)
         assert not self.thread.is_alive()
         self.thread = self.task = self.loop = None
 
