@@ -145,6 +145,16 @@ class LayerStreamingSpec(SpecModel):
         "with a warning"))
     gpu_memory_budget_bytes: int | None = Field(None, ge=1, description=(
         "GPU bytes this run may use; refused before training when the predicted peak exceeds it"))
+    layer_major: bool = Field(True, description=(
+        "with training.gradientAccumulationSteps k > 1: each streamed layer runs forward for all k microbatches "
+        "of a step before the next layer is fetched, and backward likewise, so every layer is copied twice per "
+        "step instead of twice per microbatch (bit-identical to microbatch order); the microbatches' boundary "
+        "activations (each layer's input) live where boundaryStore says. false: one microbatch at a time"))
+    boundary_store: Literal["auto", "gpu", "host"] = Field("auto", description=(
+        "layer-major order: where each decoder layer's input for the k microbatches is kept until backward "
+        "(layers x k x microBatchSize x seqLen x hidden x 2 bytes in bf16). gpu: all on the GPU; host: all in "
+        "page-locked host memory (copied back one ahead of backward); auto: on the GPU for as many of the last "
+        "layers as the budget allows, the rest on the host"))
 
 
 class TrainingSpec(SpecModel):

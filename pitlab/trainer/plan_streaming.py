@@ -11,7 +11,13 @@ parameters), all counted on the meta-device model the trainer builds (no memory,
 - ``layer_slots``: ``buffers`` slots, each the largest decoder layer's frozen weights (the flat layout of
   :func:`pitlab.trainer.streaming.layer_layout`, offsets aligned to 512 bytes).
 - ``checkpoints``: each decoder layer's input kept for its recomputation, ``L T H c``, plus the final norm's
-  input, float32 statistics and output, ``T H (2c + 4)``.
+  input, float32 statistics and output, ``T H (2c + 4)``. Layer-major (``layerMajor`` with ``k =
+  gradientAccumulationSteps`` > 1, :mod:`pitlab.trainer.layer_major`): ``G k T H c`` for the ``G`` layers whose
+  boundary inputs stay on the GPU (``boundaryStore``; ``auto``: the largest ``G`` that fits the budget, all
+  ``L`` when no budget is known); the other ``(L - G) k T H c`` bytes are page-locked host memory.
+- ``microbatch_carry`` (layer-major only): the other ``k - 1`` microbatches' hidden states (forward) or
+  gradients (backward) between layers, ``(k - 1) T H c``, plus two host boundaries being copied back when
+  ``G < L``, ``2 T H c``.
 - ``layer_recompute``: one decoder layer recomputed in backward: its saved tensors (the planner's
   ``layer_activation_elems × T × c``, :func:`pitlab.trainer.plan.model_shape`), the adapter's float32 inputs,
   ranks and outputs (``(in + r + out) × 4 × T`` per LoRA module; peft casts the input to the adapter's dtype),
@@ -21,9 +27,9 @@ parameters), all counted on the meta-device model the trainer builds (no memory,
   ``T H c``; ``chunk`` from :func:`pitlab.trainer.streaming.logits_chunk_tokens`.
 - ``allocator_slack``: 5 % of the rest (the caching allocator's block rounding and splitting).
 
-Peak = resident + adapter_state + layer_slots + checkpoints + max(layer_recompute, logits_chunk) + slack, the
-bytes the caching allocator holds at the worst moment (compare with ``torch.cuda.max_memory_reserved``). The
-host store (``host_bytes``) is host memory and is reported beside the GPU panel; page-locked (``pinHost`` with
+Peak = resident + adapter_state + layer_slots + checkpoints + microbatch_carry + max(layer_recompute,
+logits_chunk) + slack, the bytes the caching allocator holds at the worst moment (compare with
+``torch.cuda.max_memory_reserved``). The host store (``host_bytes``) is host memory and is reported beside the GPU panel; page-locked (``pinHost`` with
 a CUDA device) it takes ``host_pinned_bytes``, each layer's allocation rounded up to a power of two by torch's
 caching host allocator (about 17 % more for an 8B Llama's 436 MB layers).
 
@@ -50,8 +56,8 @@ from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, count_text, model_s
 
 SLACK = 0.05
 CUDA_CONTEXT_BYTES = 512 * 2 ** 20
-COMPONENTS = ("resident", "adapter_state", "layer_slots", "checkpoints", "layer_recompute", "logits_chunk",
-              "allocator_slack")
+COMPONENTS = ("resident", "adapter_state", "layer_slots", "checkpoints", "microbatch_carry", "layer_recompute",
+              "logits_chunk", "allocator_slack")
 
 
 class StreamingBudgetError(InputError, ValueError):
@@ -128,7 +134,10 @@ def streaming_shape(config, lora, precision: str) -> StreamingShape:
 class StreamingPlan(MemoryPlan):
     """The layer-streaming plan: GPU ``components`` (:data:`COMPONENTS`), ``peak_bytes``, ``capacity_bytes``
     (the budget, None when none is known) and ``budget_source`` (which setting gave it), ``host_bytes`` (the
-    frozen layers' host store), ``buffers``, ``chunk_tokens`` (loss chunk) and ``tokens`` (per microbatch)."""
+    frozen layers' host store), ``buffers``, ``chunk_tokens`` (loss chunk) and ``tokens`` (per microbatch).
+    Layer-major order (``layer_major``): ``microbatches`` per layer, ``boundary_gpu_layers`` (the last layers
+    whose boundary inputs stay on the GPU), ``boundary_host_bytes`` / ``boundary_host_pinned_bytes`` (the
+    others' host buffers); ``host_to_gpu_bytes``: host→GPU bytes per optimizer step (layers and boundaries)."""
 
     host_bytes: int = 0
     host_pinned_bytes: int = 0
@@ -138,6 +147,12 @@ class StreamingPlan(MemoryPlan):
     tokens: int = 0
     budget_source: str | None = None
     advice: str = ""
+    layer_major: bool = False
+    microbatches: int = 1
+    boundary_gpu_layers: int = 0
+    boundary_host_bytes: int = 0
+    boundary_host_pinned_bytes: int = 0
+    host_to_gpu_bytes: int = 0
 
     def table(self) -> str:
         """The pre-flight panel: host store, GPU components, predicted peak and budget (GiB and GB; MiB and
@@ -153,8 +168,16 @@ class StreamingPlan(MemoryPlan):
         if self.pinned:
             rows.append(row("host store pinned", self.host_pinned_bytes,
                             "  (page-locked: power-of-two blocks, with a CUDA device)"))
+        if self.layer_major:
+            rows.append(row("boundaries on host", self.boundary_host_pinned_bytes if self.pinned else
+                            self.boundary_host_bytes, f"  ({self.shape.layers - self.boundary_gpu_layers} layers x "
+                                                      f"{self.microbatches} microbatches, host memory)"))
         for k in COMPONENTS:
+            if k == "microbatch_carry" and not self.layer_major:
+                continue
             extra = {"layer_slots": f"  ({self.buffers} slots)",
+                     "checkpoints": f"  ({self.boundary_gpu_layers} layers' boundaries on the GPU)"
+                     if self.layer_major else "",
                      "logits_chunk": f"  ({self.chunk_tokens} of {self.tokens} tokens per chunk)"}.get(k, "")
             rows.append(row(k, self.components[k], extra))
         rows.append(row("predicted peak", self.peak_bytes))
@@ -169,14 +192,16 @@ class StreamingPlan(MemoryPlan):
                 f"{bytes_text(self.capacity_bytes)} ({self.budget_source}); {self.advice}")
 
 
-def _components(s: StreamingShape, shape: ModelShape, tokens: int, c: int, buffers: int,
-                chunk: int) -> dict[str, int]:
+def _components(s: StreamingShape, shape: ModelShape, tokens: int, c: int, buffers: int, chunk: int,
+                k: int = 1, gpu_layers: int | None = None) -> dict[str, int]:
     th = tokens * shape.hidden
+    gpu_layers = shape.layers if gpu_layers is None else gpu_layers
     comp = {
         "resident": s.resident,
         "adapter_state": 12 * s.adapter,
         "layer_slots": buffers * s.slot,
-        "checkpoints": shape.layers * th * c + th * (2 * c + 4),
+        "checkpoints": gpu_layers * k * th * c + th * (2 * c + 4),
+        "microbatch_carry": 0 if k == 1 else (k - 1) * th * c + (2 * th * c if gpu_layers < shape.layers else 0),
         "layer_recompute": tokens * (shape.layer_activation_elems * c + s.lora_act_per_token) + 2 * th * c,
         "logits_chunk": chunk * shape.vocab * (c + 12) + th * c,
     }
@@ -197,6 +222,7 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
 
     ``shape``/``sshape`` default to those of :func:`pitlab.trainer.plan.spec_config`; ``budget`` ``(bytes,
     source)`` defaults to :func:`spec_budget` (``gpu_memory_gib`` overrides ``resources.gpuMemoryGiB``)."""
+    from pitlab.trainer.layer_major import boundary_gpu_layers, layer_major_advice
     from pitlab.trainer.streaming import logits_chunk_tokens
 
     tr, ls = spec.training, spec.training.layer_streaming
@@ -209,29 +235,42 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
             raise SpecError([("spec.lora.targetModules", str(err).split(": ", 1)[-1])]) from None
     c = 2 if tr.precision == "bf16" else 4
     tokens = tr.micro_batch_size * tr.seq_len
+    k = tr.gradient_accumulation_steps if ls.layer_major else 1  # microbatches through each fetched layer
+    L = shape.layers
 
-    def at(t: int) -> tuple[dict[str, int], int]:
+    def at(t: int, micro: int = k, gpu_layers: int = L) -> tuple[dict[str, int], int]:
         chunk = logits_chunk_tokens(shape.vocab, c, t)
-        comp = _components(sshape, shape, t, c, ls.buffers, chunk)
+        comp = _components(sshape, shape, t, c, ls.buffers, chunk, micro, gpu_layers)
         return comp, _peak(comp)
 
-    comp, peak = at(tokens)
     cap, source = budget if budget is not None else spec_budget(spec, gpu_memory_gib)
-    notes = [f"model: {shape.model_type}, {count_text(shape.total)} parameters, {shape.layers} decoder layers "
+    gpu = boundary_gpu_layers(ls.boundary_store, L, cap, lambda n: at(tokens, k, n)[1]) if k > 1 else L
+    comp, peak = at(tokens, k, gpu)
+    per_layer = k * tokens * shape.hidden * c  # one layer's boundary inputs for the k microbatches
+    host_b, pinned_b = ((L - gpu) * per_layer, (L - gpu) * pinned_bytes(per_layer)) if k > 1 else (0, 0)
+    h2d = bytes_per_step(sshape, L, ls.buffers, tr, host_b)
+    notes = [f"model: {shape.model_type}, {count_text(shape.total)} parameters, {L} decoder layers "
              f"streamed from host memory; LoRA r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
              f"{count_text(sshape.adapter)} adapter parameters resident with their AdamW state",
-             f"host→GPU per optimizer step: {_gb(bytes_per_step(sshape, shape.layers, ls.buffers, tr))} "
-             f"(each layer once in forward and again in backward, less the {ls.buffers} layers still in the slots at "
-             "each turn)"]
+             f"host→GPU per optimizer step: {_gb(h2d)} (each layer once in forward and again in backward"
+             + (f" for all {k} microbatches (layer-major), plus {_gb(host_b)} of boundary activations back from "
+                f"host memory" if k > 1 else "") + f", less the {ls.buffers} layers still in the slots at each turn)"]
+    if k > 1:
+        notes.append(f"layer-major: boundary activations ({_gb(per_layer)} per layer): {gpu} of {L} layers on the "
+                     f"GPU, {L - gpu} in host memory ({_gb(pinned_b if ls.pin_host else host_b)}; boundaryStore: "
+                     f"{ls.boundary_store}{', no budget known' if cap is None and ls.boundary_store == 'auto' else ''})")
     notes.append(_host_store_note(ls.host_store, sshape.host_pinned if ls.pin_host else sshape.host))
     advice = ""
     if cap is not None and peak > cap:
-        advice = _advice(at, tokens, tr, ls, cap, comp)
+        advice = (layer_major_advice(at, tokens, k, L, ls, cap, per_layer, comp) if k > 1 else None) or _advice(
+            lambda t: at(t, k, gpu), tokens, tr, ls, cap, comp)
     return StreamingPlan(world_size=1, components=comp, peak_bytes=peak, capacity_bytes=cap, shape=shape,
                          notes=notes, host_bytes=sshape.host, host_pinned_bytes=sshape.host_pinned,
                          pinned=ls.pin_host, buffers=ls.buffers,
                          chunk_tokens=logits_chunk_tokens(shape.vocab, c, tokens), tokens=tokens,
-                         budget_source=source, advice=advice)
+                         budget_source=source, advice=advice, layer_major=k > 1, microbatches=k,
+                         boundary_gpu_layers=gpu if k > 1 else 0, boundary_host_bytes=host_b,
+                         boundary_host_pinned_bytes=pinned_b, host_to_gpu_bytes=h2d)
 
 
 def _host_store_note(mode: str, host_bytes: int) -> str:
@@ -252,12 +291,16 @@ def _host_store_note(mode: str, host_bytes: int) -> str:
     return "WARNING: " + warning
 
 
-def bytes_per_step(sshape: StreamingShape, layers: int, buffers: int, tr) -> int:
-    """Host→GPU bytes of one optimizer step: per microbatch every layer's frozen weights are copied for the
-    forward and again for the backward, except the ``buffers`` layers still in their slots at each turn (the
-    first ones after a backward, the last ones after a forward): ``2 (L - buffers) × slot`` per microbatch
-    (an upper bound: the slot size is the largest layer's)."""
-    return 2 * max(0, layers - buffers) * sshape.slot * tr.gradient_accumulation_steps
+def bytes_per_step(sshape: StreamingShape, layers: int, buffers: int, tr, boundary_bytes: int = 0) -> int:
+    """Host→GPU bytes of one optimizer step: per pass every layer's frozen weights are copied for the forward
+    and again for the backward, except the ``buffers`` layers still in their slots at each turn (the first
+    ones after a backward, the last ones after a forward): ``2 (L - buffers) × slot`` per pass (an upper
+    bound: the slot size is the largest layer's). A pass is one microbatch, or all of a step's microbatches
+    in layer-major order (``layerMajor`` with ``gradientAccumulationSteps`` > 1), which also copies back the
+    ``boundary_bytes`` of boundary activations kept in host memory."""
+    k = tr.gradient_accumulation_steps
+    passes = 1 if k > 1 and tr.layer_streaming.layer_major else k
+    return 2 * max(0, layers - buffers) * sshape.slot * passes + boundary_bytes
 
 
 def _advice(at, tokens: int, tr, ls, cap: int, comp: dict[str, int]) -> str:

@@ -188,6 +188,8 @@ class LayerStreamer:
         self.bytes_copied = 0
         self.copies = 0
         self._recomputing = False
+        self.driven = False  # the layers are fetched by the caller (use); the hooks do nothing
+        self.plan = None  # the streaming plan it was checked against (load_streamed_model)
         if self.cuda:
             self.copy_stream = torch.cuda.Stream(self.device)
             self.ready = [torch.cuda.Event() for _ in range(buffers)]
@@ -244,7 +246,7 @@ class LayerStreamer:
         self._bind(i, slot)
         self.holder[s] = i
 
-    def _use(self, i: int, step: int) -> None:
+    def use(self, i: int, step: int) -> None:
         """Make layer ``i`` resident for compute and prefetch the next ``buffers - 1`` layers in direction
         ``step`` (+1 forward, -1 backward)."""
         self._fetch(i)
@@ -264,12 +266,12 @@ class LayerStreamer:
         return out.to(self.device)
 
     def _pre_forward(self, i: int, module: nn.Module, args) -> None:
-        if self._recomputing:  # transformers versions that checkpoint __call__ run hooks in the recompute
-            return
+        if self._recomputing or self.driven:  # checkpointed __call__ runs hooks in the recompute; layer-major
+            return  # order (pitlab.trainer.layer_major) fetches the layers itself
         if torch.is_grad_enabled() and not module.training:
             raise RuntimeError("layer streaming: a forward with gradients needs model.train() (each decoder "
                                "layer is recomputed in backward); use torch.no_grad() for evaluation")
-        self._use(i, +1)
+        self.use(i, +1)
 
     def _checkpoint(self, i: int, fn, *args):
         from torch.utils.checkpoint import checkpoint
@@ -279,7 +281,7 @@ class LayerStreamer:
 
     @contextlib.contextmanager
     def _recompute(self, i: int):
-        self._use(i, -1)
+        self.use(i, -1)
         self._recomputing = True
         try:
             yield
@@ -364,10 +366,14 @@ def causal_lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
 
 def streamed_loss(model: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Training loss of one microbatch under layer streaming: the backbone's final hidden states, then
-    :func:`chunked_cross_entropy` with the chunk of :func:`logits_chunk_tokens` (no ``tokens × vocab``
-    float32 tensor)."""
-    backbone, head = causal_lm_parts(model)
-    hidden = backbone(input_ids=input_ids).last_hidden_state
+    :func:`head_loss` (no ``tokens × vocab`` float32 tensor)."""
+    return head_loss(model, causal_lm_parts(model)[0](input_ids=input_ids).last_hidden_state, labels)
+
+
+def head_loss(model: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean loss (0-d float32) of the final hidden states ``hidden`` ``(B, S, H)`` against ``labels``: the head
+    in chunks of :func:`logits_chunk_tokens` tokens (:func:`chunked_cross_entropy`)."""
+    head = causal_lm_parts(model)[1]
     vocab = head.weight.shape[0] if hasattr(head, "weight") else model.config.get_text_config().vocab_size
     chunk = logits_chunk_tokens(vocab, hidden.element_size(), labels.numel())
     return chunked_cross_entropy(hidden, head, labels, chunk)
@@ -409,9 +415,9 @@ def load_streamed_model(base: Path, spec, device: torch.device,
         raise SpecError([("spec.training.layerStreaming", f"runs in one process, not {dist.get_world_size()} "
                                                           "(resources.gpusPerNode: 1)")])
     plan = check_budget(spec, config=AutoConfig.from_pretrained(base), device=device)
-    pinned = ls.pin_host and device.type == "cuda"
-    mode, warning = choose_host_store(ls.host_store, plan.host_pinned_bytes if pinned else plan.host_bytes,
-                                      store_dir=store_dir)
+    pinned = ls.pin_host and device.type == "cuda"  # the layer-major boundaries take host memory too
+    mode, warning = choose_host_store(ls.host_store, plan.host_pinned_bytes + plan.boundary_host_pinned_bytes
+                                      if pinned else plan.host_bytes + plan.boundary_host_bytes, store_dir=store_dir)
     if warning is not None:
         print(f"pitlab.trainer.streaming: WARNING: {warning}", file=sys.stderr, flush=True)
     if mode == "mmap":
@@ -423,10 +429,11 @@ def load_streamed_model(base: Path, spec, device: torch.device,
               f"({_gb(r['host_store_file_bytes'])}, "
               f"{'written in %.1f s' % r['host_store_write_seconds'] if r['host_store_written'] else 'reused'}); "
               "not pinned (pinHost does not apply to a memory-mapped store)", file=sys.stderr, flush=True)
-        return model, streamer
-    model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
-                               seed=tr.seed)
-    streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host)
+    else:
+        model = load_sharded_model(base, None, tr.precision, torch.device("cpu"), lora=lora_record(spec.lora),
+                                   seed=tr.seed)
+        streamer = LayerStreamer(model, device, buffers=ls.buffers, pin_host=ls.pin_host)
+    streamer.plan = plan
     return model, streamer
 
 
