@@ -176,3 +176,84 @@ def test_a_host_store_larger_than_the_host_memory_is_refused():
     with pytest.raises(StreamingBudgetError, match=r"the host store needs 15\.0 GB of host memory .* but 16\.0 GB "
                                                    r"are available \(MemAvailable\)"):
         check_host_memory(15_009_841_152, available=16 * 10 ** 9)
+
+
+def lm_spec(base, k: int, **streaming):
+    doc = doc8b(base, **streaming)
+    doc["spec"]["training"]["gradientAccumulationSteps"] = k
+    return PitTraining.model_validate(doc).spec
+
+
+def test_layer_major_plan_of_the_8b_llama(base8b, shapes8b):
+    """gradientAccumulationSteps 8 under 4 GiB: the planner keeps the boundary inputs of as many of the last layers
+    on the GPU as fit (8 of 32) and the rest in page-locked host memory; each layer is copied twice per step."""
+    shape, s = shapes8b
+    t, h = 2048, 4096
+    th2 = t * h * 2  # one microbatch's hidden state, bf16
+    single = plan_streaming(lm_spec(base8b, 1, gpuMemoryBudgetBytes=4 * GiB), shape, s)
+    p = plan_streaming(lm_spec(base8b, 8, gpuMemoryBudgetBytes=4 * GiB), shape, s)
+    c = p.components
+    assert p.layer_major is True and p.microbatches == 8 and p.fits is True
+    assert p.boundary_gpu_layers == 8
+    assert c["checkpoints"] == 8 * 8 * th2 + t * h * 8
+    assert c["microbatch_carry"] == 7 * th2 + 2 * th2  # the other 7 microbatches, two boundaries coming back
+    for k in ("resident", "adapter_state", "layer_slots", "layer_recompute", "logits_chunk"):
+        assert c[k] == single.components[k], k
+    assert p.peak_bytes == sum(v for k, v in c.items() if k != "logits_chunk") <= 4 * GiB
+    # one more layer on the GPU would not fit: 8 x 16.8 MB more (and its slack)
+    assert p.peak_bytes + int(1.05 * 8 * th2) > 4 * GiB
+    assert p.boundary_host_bytes == 24 * 8 * th2 == 3_221_225_472
+    assert p.boundary_host_pinned_bytes == 24 * 2 ** 27  # 8 x 16 MiB per layer: a power of two already
+    # host→GPU per step: 60 slot copies for all 8 microbatches (not 8 x 60) and the host boundaries coming back
+    assert p.host_to_gpu_bytes == 60 * s.slot + 24 * 8 * th2 == 29_394_665_472
+    assert single.host_to_gpu_bytes == 60 * s.slot and single.layer_major is False
+    assert any("8 of 32 layers on the GPU, 24 in host memory (3.22 GB; boundaryStore: auto)" in n for n in p.notes)
+    table = p.table()
+    assert "boundaries on host" in table and "(24 layers x 8 microbatches, host memory)" in table
+    assert "microbatch_carry" in table and "microbatch_carry" not in single.table()
+    # boundaryStore: host puts all 32 on the host; layerMajor: false plans microbatch order (8 x the bytes)
+    host = plan_streaming(lm_spec(base8b, 8, boundaryStore="host"), shape, s)
+    assert host.boundary_gpu_layers == 0 and host.components["checkpoints"] == t * h * 8
+    assert host.boundary_host_bytes == 32 * 8 * th2 and host.host_to_gpu_bytes == 60 * s.slot + 32 * 8 * th2
+    off = plan_streaming(lm_spec(base8b, 8, layerMajor=False), shape, s)
+    assert off.layer_major is False and off.components == single.components
+    assert off.host_to_gpu_bytes == 8 * 60 * s.slot
+    # no budget known: every boundary on the GPU
+    assert plan_streaming(lm_spec(base8b, 8), shape, s).boundary_gpu_layers == 32
+
+
+def test_layer_major_refusals_name_the_field_and_the_bytes(base8b, shapes8b):
+    from pitlab.trainer.plan_streaming import check_spec_fits
+
+    shape, s = shapes8b
+    # boundaryStore: gpu needs 32 x 8 boundaries (4 GiB) on the GPU
+    p = plan_streaming(lm_spec(base8b, 8, boundaryStore="gpu", gpuMemoryBudgetBytes=4 * GiB), shape, s)
+    assert p.fits is False and p.boundary_gpu_layers == 32
+    assert p.refusal().endswith("training.layerStreaming.boundaryStore: gpu keeps the inputs of all 32 decoder layers "
+                                "for the 8 microbatches on the GPU (4.00 GiB); set boundaryStore: auto or host "
+                                "(page-locked host memory)")
+    # 2.8 GiB: 8 microbatches do not fit even with every boundary on the host, 5 do; microbatch order does not
+    spec = lm_spec(base8b, 8, gpuMemoryBudgetBytes=int(2.8 * GiB))
+    p = plan_streaming(spec, shape, s)
+    assert p.fits is False and p.boundary_gpu_layers == 0
+    with pytest.raises(SpecError) as err:
+        check_spec_fits(spec)
+    assert err.value.problems == [("spec.training.layerStreaming", p.refusal().split(": ", 1)[1])]
+    assert (f"predicted GPU peak {p.peak_bytes / GiB:.2f} GiB exceeds the budget 2.80 GiB (training.layerStreaming."
+            "gpuMemoryBudgetBytes = 3006477107); layer-major order over training.gradientAccumulationSteps: 8 "
+            "microbatches holds the others' hidden states or gradients between layers (microbatch_carry 144.00 MiB) "
+            "and 64.00 MiB of checkpoints on the GPU: set training.gradientAccumulationSteps: 5 or less (now 8)"
+            ) in str(err.value)
+    assert plan_streaming(lm_spec(base8b, 5, gpuMemoryBudgetBytes=int(2.8 * GiB)), shape, s).fits is True
+    assert plan_streaming(lm_spec(base8b, 6, gpuMemoryBudgetBytes=int(2.8 * GiB)), shape, s).fits is False
+    # 2.9 GiB with 16 microbatches, boundaryStore: host: the advice is exact (11 fit, 12 do not)
+    p = plan_streaming(lm_spec(base8b, 16, boundaryStore="host", gpuMemoryBudgetBytes=int(2.9 * GiB)), shape, s)
+    assert p.fits is False and "set training.gradientAccumulationSteps: 11 or less (now 16)" in p.refusal()
+    for k, fits in ((11, True), (12, False)):
+        spec = lm_spec(base8b, k, boundaryStore="host", gpuMemoryBudgetBytes=int(2.9 * GiB))
+        assert plan_streaming(spec, shape, s).fits is fits
+    # 3.3 GiB and 40 microbatches: both ways out are offered, and microbatch order's predicted peak
+    p = plan_streaming(lm_spec(base8b, 40, boundaryStore="host", gpuMemoryBudgetBytes=int(3.3 * GiB)), shape, s)
+    assert p.fits is False and "set training.gradientAccumulationSteps: 35 or less (now 40)" in p.refusal()
+    assert "or set training.layerStreaming.layerMajor: false (one microbatch at a time, predicted 3.22 GiB)" in \
+        p.refusal()
