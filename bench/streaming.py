@@ -11,10 +11,14 @@ pitlab's trainer in this process (world size 1; the same ``pitlab.trainer.train.
 the pinned bandwidth and the transfer bound (bytes per step ÷ bandwidth) with the fraction of it reached.
 
     python bench/streaming.py --work /tmp/stream --out "$OUT" [--model llama8b|qwen35-moe] [--steps 12] [--baseline]
-    python bench/streaming.py --work /tmp/stream --out /tmp/out --tiny      # CPU smoke test of this script
+        [--accum K [--boundary-store auto|gpu|host] [--no-layer-major]]
+    python bench/streaming.py --work /tmp/stream --out /tmp/out --tiny [--accum 2]   # CPU smoke test of this script
 
 ``--baseline`` first runs the same steps on the resident model (FSDP2 on the one GPU, no cap) for the speed
-ratio. Check correctness on the GPU before speed: ``pytest tests/test_streaming.py -k cuda`` (streamed vs
+ratio, with the same ``--accum`` (the same tokens per optimizer step). ``--accum K`` (``gradientAccumulationSteps``)
+> 1 runs the streamed model layer-major (``training.layerStreaming.layerMajor``: every streamed layer for all K
+microbatches before the next is fetched; the planner places the boundary activations, ``--boundary-store``);
+``--no-layer-major`` runs the K microbatches one at a time instead. Check correctness on the GPU before speed: ``pytest tests/test_streaming.py -k cuda`` (streamed vs
 resident logits and gradients, ``torch.equal``). For ``qwen35-moe`` source the kit first (``../shared/gpu``:
 flash-linear-attention on Hopper).
 """
@@ -136,33 +140,36 @@ def pinned_bandwidth(device: torch.device, nbytes: int = 256 * 2 ** 20, repeats:
     return nbytes / float(np.median(times[2:]))
 
 
-def resource(base: Path, seq: int, micro: int, steps: int, budget: int | None, buffers: int):
+def resource(base: Path, seq: int, micro: int, steps: int, budget: int | None, buffers: int, accum: int = 1,
+             layer_major: bool = True, boundary_store: str = "auto"):
     from pitlab.api import PitTraining
 
     return PitTraining.model_validate({
         "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "bench-streaming"},
         "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "synthetic.jsonl", "format": "jsonl"},
-                 "knowledgeCutoff": "2020-12-31", "tokens": seq * micro * steps, "method": "lora",
+                 "knowledgeCutoff": "2020-12-31", "tokens": seq * micro * accum * steps, "method": "lora",
                  "lora": {"r": 8, "alpha": 16, "targetModules": TARGETS},
-                 "training": {"seqLen": seq, "microBatchSize": micro, "learningRate": 1e-4, "warmupSteps": 2,
-                              "precision": "bf16",
-                              "layerStreaming": {"enabled": True, "buffers": buffers, "gpuMemoryBudgetBytes": budget}},
+                 "training": {"seqLen": seq, "microBatchSize": micro, "gradientAccumulationSteps": accum,
+                              "learningRate": 1e-4, "warmupSteps": 2, "precision": "bf16",
+                              "layerStreaming": {"enabled": True, "buffers": buffers, "gpuMemoryBudgetBytes": budget,
+                                                 "layerMajor": layer_major, "boundaryStore": boundary_store}},
                  "resources": {"nodes": 1, "gpusPerNode": 1},
                  "checkpoint": {"everySteps": 0, "keep": 1}}})
 
 
-def largest_fit(base: Path, seq: int, steps: int, budget: int, buffers: int, max_micro: int = 64) -> tuple[int, int]:
+def largest_fit(base: Path, seq: int, steps: int, budget: int, buffers: int, max_micro: int = 64,
+                **order) -> tuple[int, int]:
     """``(seq, microBatchSize)`` with the most tokens per microbatch that the planner fits under ``budget``:
     the largest microbatch of ``seq``-token sequences, or, if not one fits, the longest sequence (multiple of
-    128)."""
+    128). ``order``: :func:`resource`'s ``accum``, ``layer_major`` and ``boundary_store``."""
     from pitlab.trainer.plan import model_shape, spec_config
     from pitlab.trainer.plan_streaming import plan_streaming
 
-    spec = resource(base, seq, 1, steps, budget, buffers).spec
+    spec = resource(base, seq, 1, steps, budget, buffers, **order).spec
     shape, sshape = model_shape(spec_config(spec)), _sshape(spec)  # built once (meta device)
 
     def fits(s: int, m: int) -> bool:
-        return plan_streaming(resource(base, s, m, steps, budget, buffers).spec, shape, sshape).fits
+        return plan_streaming(resource(base, s, m, steps, budget, buffers, **order).spec, shape, sshape).fits
     micro = 0
     while micro < max_micro and fits(seq, micro + 1):
         micro += 1
@@ -183,6 +190,13 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--micro", type=int, default=None, help="microbatch size (default: the largest that fits)")
     ap.add_argument("--buffers", type=int, default=2)
+    ap.add_argument("--accum", type=int, default=1,
+                    help="gradientAccumulationSteps K (microbatches per optimizer step, baseline too); K > 1 streams "
+                         "layer-major unless --no-layer-major")
+    ap.add_argument("--no-layer-major", action="store_true",
+                    help="with --accum K > 1: one microbatch at a time (training.layerStreaming.layerMajor: false)")
+    ap.add_argument("--boundary-store", choices=["auto", "gpu", "host"], default="auto",
+                    help="layer-major: where the boundary activations live (training.layerStreaming.boundaryStore)")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the steady tokens/s")
     ap.add_argument("--baseline", action="store_true",
@@ -227,10 +241,11 @@ def main() -> int:
                       memory_fraction=fraction, torch=torch.__version__)
         print(f"bench: {props.name}, pinned host→GPU {result['pinned_h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
               f"cap {args.cap_gib} GiB (fraction {fraction:.4f})", flush=True)
+    order = dict(accum=args.accum, layer_major=not args.no_layer_major, boundary_store=args.boundary_store)
     seq, micro = (args.seq, args.micro) if args.micro else largest_fit(base, args.seq, args.steps,
-                                                                       budget or 4 * GiB, args.buffers)
-    res = resource(base, seq, micro, args.steps, budget, args.buffers)
-    from pitlab.trainer.plan_streaming import bytes_per_step, check_budget, plan_streaming
+                                                                       budget or 4 * GiB, args.buffers, **order)
+    res = resource(base, seq, micro, args.steps, budget, args.buffers, **order)
+    from pitlab.trainer.plan_streaming import check_budget, plan_streaming
 
     plan = plan_streaming(res.spec)
     print(plan.table(), flush=True)
@@ -238,7 +253,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     # Zipf ids from 2 up: 0 (bos/eos) and 1 (pad, a zero embedding row in a random-initialised model) never
     # occur; a sequence starting with pad tokens overflows the gradient (bench/RESULTS.md, layer streaming)
-    tokens = np.minimum(rng.zipf(1.2, size=(seq + 1) * micro * args.steps + 1) + 1,
+    tokens = np.minimum(rng.zipf(1.2, size=(seq + 1) * micro * args.accum * args.steps + 1) + 1,
                         vocab_ids - 1).astype(np.uint32)
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -261,14 +276,22 @@ def main() -> int:
             torch.cuda.reset_peak_memory_stats(device)
             torch.cuda.set_per_process_memory_fraction(budget / torch.cuda.get_device_properties(device).total_memory,
                                                        device)
-            # what the trainer will see: the fraction read back (or the spec's budget where torch cannot say)
-            result["budget_source"] = check_budget(res.spec, device=device).budget_source
+            # what the trainer will see: the fraction read back (or the spec's budget where torch cannot say);
+            # its plan (the device's budget) decides the boundary placement
+            plan = check_budget(res.spec, device=device)
+            result["budget_source"] = plan.budget_source
         summary, metrics, tps, wall = run_trainer(res, run / "streamed", base, tokens, args.warmup)
     finally:
         dist.destroy_process_group()
-    moved = bytes_per_step(_sshape(res.spec), plan.shape.layers, args.buffers, res.spec.training)
+    moved = plan.host_to_gpu_bytes  # layers and (layer-major) boundaries coming back from host memory
+    streamed = summary["layer_streaming"]
+    boundaries = streamed.get("layer_major") or {}
+    tokens_per_step = seq * micro * args.accum
     result.update({
-        "seq_len": seq, "micro_batch_size": micro, "tokens_per_step": seq * micro, "steps": summary["steps"],
+        "seq_len": seq, "micro_batch_size": micro, "gradient_accumulation_steps": args.accum,
+        "order": streamed.get("order"), "boundary_gpu_layers": boundaries.get("boundary_gpu_layers"),
+        "boundary_host_bytes": boundaries.get("boundary_host_bytes"),
+        "tokens_per_step": tokens_per_step, "steps": summary["steps"],
         "steady_tokens_per_second": tps, "train_wall_s": wall,
         "predicted_peak_bytes": plan.peak_bytes, "plan": plan.components, "plan_table": plan.table(),
         "host_store_bytes": plan.host_bytes,
@@ -276,7 +299,8 @@ def main() -> int:
         "measured_peak_reserved_bytes": summary.get("peak_memory_reserved_bytes"),
         # planned: the steady state; measured: the run's mean (its first step finds the slots empty)
         "bytes_per_step_planned": moved,
-        "bytes_per_step_measured": summary["layer_streaming"]["bytes_copied"] / summary["steps"],
+        "bytes_per_step_measured": (streamed["bytes_copied"] + boundaries.get("boundary_h2d_bytes", 0))
+        / summary["steps"],
         "layer_streaming": summary["layer_streaming"], "first_loss": summary["first_loss"],
         "final_loss": summary["final_loss"], "software": summary["software"], "metrics": metrics,
     })
@@ -289,13 +313,33 @@ def main() -> int:
             "plan_error_vs_reserved": (plan.peak_bytes - reserved) / reserved,
             "plan_error_vs_allocated": (plan.peak_bytes - summary["peak_memory_bytes"]) / summary["peak_memory_bytes"],
             "transfer_bound_s_per_step": bound_s,
-            "transfer_bound_tokens_per_second": seq * micro / bound_s,
-            "fraction_of_transfer_bound": tps / (seq * micro / bound_s),
+            "transfer_bound_tokens_per_second": tokens_per_step / bound_s,
+            "fraction_of_transfer_bound": tps / (tokens_per_step / bound_s),
         })
     (out / "bench-streaming.json").write_text(json.dumps(result, indent=2, default=str))
     print(json.dumps({k: v for k, v in result.items() if k not in ("metrics", "plan", "plan_table", "software")},
                      indent=2, default=str))
+    print(headline(result), flush=True)
     return 0
+
+
+def headline(r: dict) -> str:
+    """One line: streamed and resident tokens/s at the same tokens per step, their ratio, the measured peak
+    (allocated, reserved) against the planner's and the cap."""
+    g = 2 ** 30
+    reserved = r.get("measured_peak_reserved_bytes")
+    line = (f"bench: {r['order']} x{r['gradient_accumulation_steps']} microbatches of {r['seq_len']} x "
+            f"{r['micro_batch_size']} tokens ({r['tokens_per_step']} per step): streamed "
+            f"{r['steady_tokens_per_second']:.0f} tokens/s")
+    if "baseline" in r:
+        line += (f", resident {r['baseline']['steady_tokens_per_second']:.0f} tokens/s, ratio "
+                 f"{r['speed_ratio_vs_resident']:.3f}")
+    line += (f"; peak {r['measured_peak_allocated_bytes'] / g:.2f} GiB allocated"
+             + (f", {reserved / g:.2f} GiB reserved" if reserved else "")
+             + f", planned {r['predicted_peak_bytes'] / g:.2f} GiB")
+    if r.get("cap_bytes"):
+        line += f", cap {r['cap_bytes'] / g:.2f} GiB"
+    return line
 
 
 def run_trainer(res, run: Path, base: Path, tokens: np.ndarray, warmup: int) -> tuple[dict, list, float, float]:

@@ -147,9 +147,9 @@ def test_the_strategy_runs_layer_major_for_several_microbatches_and_reports_it(t
         assert (strategy.layer_major is not None) is major
         losses, copied = [], []
         for step in range(2):
-            before = strategy.report()
+            before = strategy.report()["layer_streaming"]
             losses.append(strategy.forward_backward(microbatches(20 + step), K, True))
-            after = strategy.report()
+            after = strategy.report()["layer_streaming"]
             copied.append(after["bytes_copied"] - before["bytes_copied"] + (
                 after["layer_major"]["boundary_h2d_bytes"] - before["layer_major"]["boundary_h2d_bytes"]
                 if major else 0))
@@ -158,11 +158,11 @@ def test_the_strategy_runs_layer_major_for_several_microbatches_and_reports_it(t
     assert all(torch.equal(a, b) for a, b in zip(lm_losses, mm_losses))
     grads = {n: p.grad for n, p in adapter(mm.model).items()}
     assert all(torch.equal(p.grad, grads[n]) for n, p in adapter(lm.model).items())
-    report = lm.report()
-    assert report["order"] == "layer-major" and mm.report()["order"] == "microbatch-major"
-    assert mm.report()["layer_major"] is None
+    report, mm_report = lm.report()["layer_streaming"], mm.report()["layer_streaming"]
+    assert report["order"] == "layer-major" and mm_report["order"] == "microbatch-major"
+    assert mm_report["layer_major"] is None
     assert report["layer_major"]["boundary_gpu_layers"] == 0 and report["layer_major"]["boundary_host_layers"] == 4
     slot = lm.streamer.slot_bytes // 2
     # the steady step: 2 (4 layers - 2 slots) layer copies, plus every layer's input for 3 microbatches back
     assert lm_copied[1] == 2 * 2 * slot + 4 * K * BOUNDARY == report["planned_host_to_gpu_bytes_per_step"]
-    assert mm_copied[1] == K * 2 * 2 * slot == mm.report()["planned_host_to_gpu_bytes_per_step"]
+    assert mm_copied[1] == K * 2 * 2 * slot == mm_report["planned_host_to_gpu_bytes_per_step"]

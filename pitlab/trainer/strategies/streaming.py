@@ -63,7 +63,7 @@ class StreamingStrategy(Strategy):
         return self.streamer.loss(self.model, input_ids, labels)
 
     def report(self) -> dict:
-        """``layer_streaming``: the streamer's report (slots, bytes moved, host store), ``order``
+        """``layer_streaming``: the streamer's report (slots, bytes moved, host store) with ``order``
         (``layer-major`` or ``microbatch-major``), ``layer_major`` (the driver's report: boundary placement and
         bytes, or None) and ``planned_host_to_gpu_bytes_per_step`` (layers and boundaries)."""
         out = self.streamer.report()
@@ -71,4 +71,4 @@ class StreamingStrategy(Strategy):
         out["layer_major"] = None if self.layer_major is None else self.layer_major.report()
         plan = self.streamer.plan
         out["planned_host_to_gpu_bytes_per_step"] = None if plan is None else plan.host_to_gpu_bytes
-        return out
+        return {"layer_streaming": out}
