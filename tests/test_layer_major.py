@@ -117,7 +117,8 @@ def test_boundary_store_keeps_device_layers_and_round_trips_host_layers():
     for (i, m), x in xs.items():
         store.put(i, m, x)
     assert store.pin is False and store.host_bytes == 2 * 2 * 24 * 2  # layers 0, 1 on the host (not pinned: CPU)
-    assert store.take(2, 1) is xs[(2, 1)] and store.take(2, 0) is xs[(2, 0)]  # layer 2: the tensors themselves
+    assert store.take(2, 0) is xs[(2, 0)] and store.staged == {}  # layer 2: the tensors themselves
+    assert store.take(2, 1) is xs[(2, 1)] and set(store.staged) == {(1, 0)}  # the first host one is on its way
     got = store.take(1, 0)
     assert torch.equal(got, xs[(1, 0)]) and got is not xs[(1, 0)]
     assert set(store.staged) == {(1, 1)}  # the next one backward needs is already copied back

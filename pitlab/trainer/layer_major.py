@@ -149,11 +149,13 @@ class BoundaryStore:
     def take(self, i: int, m: int) -> torch.Tensor:
         """The input of layer ``i`` for microbatch ``m`` on the device (the store lets go of it); starts the
         copy of the next boundary backward needs (``(i, m + 1)``, else ``(i - 1, 0)``)."""
+        nxt = (i, m + 1) if m + 1 < self.k else (i - 1, 0)
         if i >= self.first_gpu:
+            self._stage(*nxt)  # the first host boundary starts coming back during the last device-kept one
             return self.kept.pop((i, m))
         self._stage(i, m)
         dst, event = self.staged.pop((i, m))
-        self._stage(*((i, m + 1) if m + 1 < self.k else (i - 1, 0)))
+        self._stage(*nxt)
         if event is not None:
             torch.cuda.current_stream(self.device).wait_event(event)
         return dst
