@@ -23,6 +23,8 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``lora``: peft LoRA and verified adapter saves
 - ``streaming``: single-GPU LoRA with the frozen decoder layers streamed from host memory
   (docs/design.md, "LoRA and layer streaming")
+- ``layer_major``: layer-major streaming: each streamed layer runs for all microbatches of a step before the next
+  is fetched (boundary activations on the GPU or in pinned host memory, as the streaming plan places them)
 - ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
 - ``report``: a run's metrics lines, summary, model card and parameter digests
