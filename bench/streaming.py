@@ -18,8 +18,9 @@ the pinned bandwidth and the transfer bound (bytes per step ÷ bandwidth) with t
 ratio, with the same ``--accum`` (the same tokens per optimizer step). ``--accum K`` (``gradientAccumulationSteps``)
 > 1 runs the streamed model layer-major (``training.layerStreaming.layerMajor``: every streamed layer for all K
 microbatches before the next is fetched; the planner places the boundary activations, ``--boundary-store``);
-``--no-layer-major`` runs the K microbatches one at a time instead. Check correctness on the GPU before speed: ``pytest tests/test_streaming.py -k cuda`` (streamed vs
-resident logits and gradients, ``torch.equal``). For ``qwen35-moe`` source the kit first (``../shared/gpu``:
+``--no-layer-major`` runs the K microbatches one at a time instead. Check correctness on the GPU before speed:
+``pytest tests/test_streaming.py tests/test_layer_major.py -k cuda`` (streamed and layer-major vs resident logits
+and gradients, ``torch.equal``). For ``qwen35-moe`` source the kit first (``../shared/gpu``:
 flash-linear-attention on Hopper).
 """
 

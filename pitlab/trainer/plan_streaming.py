@@ -29,9 +29,9 @@ parameters), all counted on the meta-device model the trainer builds (no memory,
 
 Peak = resident + adapter_state + layer_slots + checkpoints + microbatch_carry + max(layer_recompute,
 logits_chunk) + slack, the bytes the caching allocator holds at the worst moment (compare with
-``torch.cuda.max_memory_reserved``). The host store (``host_bytes``) is host memory and is reported beside the GPU panel; page-locked (``pinHost`` with
-a CUDA device) it takes ``host_pinned_bytes``, each layer's allocation rounded up to a power of two by torch's
-caching host allocator (about 17 % more for an 8B Llama's 436 MB layers).
+``torch.cuda.max_memory_reserved``). The host store (``host_bytes``) is host memory and is reported beside the
+GPU panel; page-locked (``pinHost`` with a CUDA device) it takes ``host_pinned_bytes``, each layer's allocation
+rounded up to a power of two by torch's caching host allocator (about 17 % more for an 8B Llama's 436 MB layers).
 
 The budget is the smallest of: ``training.layerStreaming.gpuMemoryBudgetBytes``; ``resources.gpuMemoryGiB``
 (or ``pitlab plan --gpu-memory-gib``) less :data:`CUDA_CONTEXT_BYTES` (the CUDA context lives outside the
@@ -258,7 +258,8 @@ def plan_streaming(spec, shape: ModelShape | None = None, sshape: StreamingShape
     if k > 1:
         notes.append(f"layer-major: boundary activations ({_gb(per_layer)} per layer): {gpu} of {L} layers on the "
                      f"GPU, {L - gpu} in host memory ({_gb(pinned_b if ls.pin_host else host_b)}; boundaryStore: "
-                     f"{ls.boundary_store}{', no budget known' if cap is None and ls.boundary_store == 'auto' else ''})")
+                     f"{ls.boundary_store}{', no budget known' if cap is None and ls.boundary_store == 'auto' else ''}"
+                     ")")
     notes.append(_host_store_note(ls.host_store, sshape.host_pinned if ls.pin_host else sshape.host))
     advice = ""
     if cap is not None and peak > cap:
