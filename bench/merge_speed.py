@@ -159,7 +159,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint for another run")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
-    work = args.work
+    work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     ckpt, out = work / "ckpt", work / "model"
     t0 = time.perf_counter()
@@ -175,7 +175,9 @@ def main() -> None:
            "--logits-probe", args.logits_probe]
     t1 = time.perf_counter()
     env = dict(os.environ, PYTHONPATH=args.pythonpath) if args.pythonpath else None
-    proc = subprocess.run([sys.executable, "-c", _DRIVER] + cmd, capture_output=True, text=True, env=env)
+    # `-m` puts the working directory first on sys.path: run from the work folder, or from --pythonpath's
+    proc = subprocess.run([sys.executable, "-c", _DRIVER] + cmd, capture_output=True, text=True, env=env,
+                          cwd=args.pythonpath or work)
     stdout, stderr = proc.stdout, proc.stderr
     wall = time.perf_counter() - t1
     if proc.returncode:
@@ -186,8 +188,10 @@ def main() -> None:
     shutil.rmtree(out)
     raw_after = raw_write_speed(work, ckpt_bytes)
     raw = (raw_before + raw_after) / 2
+    code = subprocess.run([sys.executable, "-c", "import pitlab; print(pitlab.__file__)"], capture_output=True,
+                          text=True, env=env, cwd=args.pythonpath or work).stdout.strip()
     result = {
-        "pythonpath": args.pythonpath, "checkpoint_bytes": ckpt_bytes, "build_seconds": round(build_s, 1),
+        "pitlab": code, "pythonpath": args.pythonpath, "checkpoint_bytes": ckpt_bytes, "build_seconds": round(build_s, 1),
         "merged_bytes": report["bytes"], "shards": report["shards"], "tensors": report["tensors"],
         "max_shard_size": args.max_shard_size, "logits_probe": report["logits_probe"],
         "digests_checked": report["summary_digests_checked"], "verified": report["verified"],

@@ -1,5 +1,7 @@
 """The full-weight merge: the checkpoint's model tensors streamed one output shard at a time, renamed to the
-Hugging Face names, written, compared back and probed."""
+Hugging Face names, written, compared back and probed. Three threads overlap: the reader (group k+1 read into
+the free one of two reused buffers and hashed), the writer (group k converted and written) and the checker (the
+file before it read back, compared, fsynced)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from safetensors.torch import save_file
 
 from pitlab.trainer.digest import tensor_sha256
@@ -23,16 +26,16 @@ from pitlab.trainer.merge.reader import (check_keys, checkpoint_tensors, load_ch
                                          load_tensors, meta_model_of)
 from pitlab.trainer.merge.verify import compare_digests, compare_file, probe_logits, reload_model, rss_bytes
 
-READ_THREADS = 4  # concurrent dcp.load calls per group: reads of the DCP shard files in parallel
+READ_THREADS = 4  # byte ranges of the DCP shard files read at once (and digests computed at once)
 _ALIGN = 64  # bytes: each tensor's offset in a group buffer
 
 
 def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str, str] | None, max_bytes: int,
                logits_probe: str, threads: int = READ_THREADS) -> dict:
     """Write the full-weight checkpoint ``ckpt`` as Hugging Face safetensors shards of at most ``max_bytes`` into
-    ``tmp`` (created), compare every tensor back and probe the logits. Group k+1 is read (``threads``
-    concurrent ``dcp.load`` calls) and hashed while group k is written, compared and fsynced; host memory for
-    tensor data is two buffers of the largest group's bytes. Returns the report's fields; raises
+    ``tmp`` (created), compare every tensor back and probe the logits. Group k+1 is read (``threads`` ranges
+    of the shard files at once) and hashed while group k is written and the file before it compared and
+    fsynced; host memory for tensor data is two buffers of the largest group's bytes. Returns the report's fields; raises
     :class:`MergeError` for any mismatch (naming the file and the tensor)."""
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
@@ -122,7 +125,8 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             "parameters": len(digests), "rss_before_tensors_bytes": rss_before, "write_seconds": write_seconds,
             "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe,
             "largest_group_bytes": max(pipe.group_bytes), "buffer_bytes": pipe.buffer_bytes,
-            "read_threads": pipe.threads, "conversion": convert.state, "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
+            "read_threads": pipe.threads, "conversion": convert.state,
+            "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
 
 
 def fsync_file(path: Path, drop: bool = False) -> None:
@@ -230,10 +234,11 @@ class GroupPipeline:
                 t0 = time.perf_counter()
                 try:
                     load_into(self.ckpt, tensors, self.threads)
-                except (OSError, RuntimeError, ValueError) as err:
+                except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps what failed
                     files = sorted(set().union(*(self.files.get(n, set()) for n in group)))
+                    cause = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
                     raise MergeError(f"{self.ckpt}: cannot read {len(group)} tensors ({group[0]}, ...) from "
-                                     f"{', '.join(files)}: {err}") from err
+                                     f"{', '.join(files)}: {cause}") from err
                 t1 = time.perf_counter()
                 names = [n for n in group if n in self.params]
                 digests = dict(zip(names, self._pool.map(lambda n: tensor_sha256(tensors[n]), names)))
@@ -297,10 +302,10 @@ class ViewConversion:
     def _views(self, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
         probe, spans, base = {}, [], 0
         for name, t in group.items():
+            if t.numel() == 0:
+                return None
             rows, width = (t.numel() // t.shape[-1], t.shape[-1]) if t.dim() >= 2 else (t.numel(), 1)
             shape = tuple(t.shape[:-1]) + (1,) if t.dim() >= 2 else tuple(t.shape)
-            if rows == 0 or width == 0:
-                return None
             probe[name] = torch.arange(base, base + rows, dtype=torch.int64).reshape(shape)
             spans.append((base, base + rows, name, width))
             base += rows
