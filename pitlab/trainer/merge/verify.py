@@ -62,7 +62,7 @@ def compare_file(path: Path, want: dict[str, torch.Tensor], source: str) -> None
                 for at in range(0, stop - start, len(buf)):
                     n = min(len(buf), stop - start - at)
                     _pread_exact(fd, buf[:n], data_start + start + at)
-                    if not torch.equal(buf[:n], flat[at:at + n]):
+                    if not _bytes_equal(buf[:n], flat[at:at + n]):
                         same = False
                         break
             if not same:
@@ -75,6 +75,15 @@ def compare_file(path: Path, want: dict[str, torch.Tensor], source: str) -> None
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
                        "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
                        "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a == b`` for two uint8 tensors of one length, compared 8 bytes at a time where both are 8-byte aligned
+    (``torch.equal`` on int64 runs about 5x faster than on bytes)."""
+    n8 = len(a) // 8 * 8
+    if n8 and a.data_ptr() % 8 == 0 and b.data_ptr() % 8 == 0:
+        return torch.equal(a[:n8].view(torch.int64), b[:n8].view(torch.int64)) and torch.equal(a[n8:], b[n8:])
+    return torch.equal(a, b)
 
 
 def _pread_exact(fd: int, out: torch.Tensor, offset: int) -> None:
