@@ -14,5 +14,6 @@ def tensor_sha256(t: torch.Tensor) -> str:
     dtype are not part of the digest. Works for every dtype, including bfloat16 and 0-d tensors.
     """
     flat = t.detach().to("cpu").contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+    # hashlib reads the tensor's memory through the buffer protocol (no copy) and releases the GIL while it hashes
+    return hashlib.sha256(memoryview(flat.view(torch.uint8).numpy())).hexdigest()
 

@@ -8,8 +8,10 @@ A separate single process with no process group (so no collective watchdog can k
 One module per job:
 
 - ``reader``: the DCP checkpoint (which step, tensor metadata, a subset of tensors, ``train_state.json``)
+- ``dcp_read``: the DCP ``StorageReader`` that reads stored chunks straight into place, several at once
 - ``layout``: the output's safetensors shards (Hugging Face names, groups of at most ``max_shard_size`` bytes)
-- ``full``: the full-weight merge; ``lora``: the LoRA merge (into the base, or an adapter folder)
+- ``full``: the full-weight merge (its read-ahead pipeline and the expert views)
+- ``lora``: the LoRA merge (into the base, or an adapter folder)
 - ``verify``: every written tensor compared bit for bit, parameter digests, the logits probe, memory
 - ``folder``: :func:`merge_checkpoint`, local paths: written aside, reported, swapped into place
 - ``publish``: :func:`merge_uris`, any path an ``s3://`` URI (inputs verified, output published ``_COMPLETE`` last)
@@ -18,14 +20,19 @@ One module per job:
 **Full-weight checkpoints.** The checkpoint's model tensors are read from the DCP files
 (``torch.distributed.checkpoint`` ``FileSystemReader`` metadata, then ``dcp.load`` of a *subset* of keys into
 preallocated tensors, no process group) one output shard at a time: groups of whole tensors, in natural name
-order, of at most ``max_shard_size`` bytes (a tensor larger than that is a shard of its own). Each group is
-renamed to the Hugging Face names ``save_pretrained`` would write (tied duplicates dropped with
-``transformers``' ``remove_tied_weights_from_state_dict``; fused MoE experts split back per expert with
-``revert_weight_conversion``) and written with ``safetensors`` as ``model-0000i-of-0000n.safetensors`` plus
-``model.safetensors.index.json`` (``metadata.total_size`` in bytes + ``weight_map``), or as one
-``model.safetensors`` when it fits one shard. Peak host memory above the libraries is about one shard plus
-one tensor (the verification reopens the written file per tensor, so its memory map holds one tensor's pages),
-not the model: 69 MB for a 328 MB checkpoint with 50 MB shards (tests/test_trainer_merge.py).
+order, of at most ``max_shard_size`` bytes (a tensor larger than that is a shard of its own). The reader
+(``dcp_read.DirectReader``, a ``FileSystemReader``) reads each stored chunk's bytes straight into its place in
+the group's buffer, several byte ranges of the shard files at once (chunks it cannot place, e.g. strided ones,
+go through DCP's own path). Each group is renamed to the Hugging Face names ``save_pretrained`` would write (tied
+duplicates dropped with ``transformers``' ``remove_tied_weights_from_state_dict``; fused MoE experts split back
+per expert with ``revert_weight_conversion``, whose row-block outputs are taken as views of the fused tensors once
+proven equal on one layer: ``full.ViewConversion``) and written with ``safetensors`` as
+``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json`` (``metadata.total_size`` in bytes +
+``weight_map``), or as one ``model.safetensors`` when it fits one shard. Three threads overlap the work: group
+k+1 is read and hashed while group k is written and the file before it is read back, compared and fsynced
+(``full.GroupPipeline``). Host memory for tensor data is two buffers of the largest group's bytes, reused:
+a 328 MB checkpoint with 50 MB shards grows the process by two groups (tests/test_trainer_merge.py); no chunk
+is read through a temporary and no expert tensor is copied.
 
 **LoRA checkpoints** (``train_state.json`` records ``lora``; the checkpoint holds only the adapter tensors):
 with ``lora.mergeIntoBase`` (or ``--merge-adapter yes``) the base model's safetensors are streamed shard by
@@ -34,12 +41,13 @@ computed in float32 and added in the base weight's dtype, as peft's ``merge(safe
 otherwise the output is the adapter directory (``adapter_model.safetensors`` + ``adapter_config.json``
 naming the base in ``base_model_name_or_path``), saved through :func:`pitlab.trainer.lora.save_adapter_verified`.
 
-**Verification**, also bounded: a second pass reloads every group from the checkpoint (and the base) and
-compares each written tensor with it bit for bit (dtype, shape, values), and checks that the index names
-exactly the expected tensors; with the training summary, every checkpoint tensor's sha256 must equal its
-``param_sha256``. The logits probe (a fixed batch through the checkpoint-loaded model and through
-``from_pretrained`` of the written folder) needs whole models in memory, so ``--logits-probe auto`` runs it
-only when the model's bytes are at most ``max_shard_size`` (the memory the merge is allowed anyway).
+**Verification**, also bounded: every written file is read back (its names through ``safe_open``, its bytes
+with ``pread`` into one 64 MiB buffer) and each tensor compared with the checkpoint's tensors as read, bit for bit
+(dtype, shape, bytes); the index must name exactly the expected tensors; with the training summary, every
+checkpoint tensor's sha256 (of the same bytes that were written) must equal its ``param_sha256``. The logits
+probe (a fixed batch through the checkpoint-loaded model and through ``from_pretrained`` of the written folder)
+needs whole models in memory, so ``--logits-probe auto`` runs it only when the model's bytes are at most
+``max_shard_size`` (the memory the merge is allowed anyway).
 
 The output appears at ``MODEL_DIR`` only after verification passed: it is written to a hidden sibling and swapped
 into place (:func:`pitlab.storage.outdir.swap_in`: an older ``MODEL_DIR`` is removed only then). On any mismatch

@@ -39,7 +39,12 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
     Returns the report (also ``out_dir/merge_report.json``): ``checkpoint``, ``base``, ``out``, ``kind``
     (``full``, ``lora-merged`` or ``lora-adapter``), ``tensors`` and ``bytes`` (in the written safetensors),
     ``shards``, ``parameters``, ``seconds``, ``bytes_per_second`` (written bytes / total seconds),
-    ``write_seconds``, ``verify_seconds``, ``rss_start_bytes`` (resident set at the call),
+    ``write_seconds`` (reading, writing and comparing every file, which overlap), ``verify_seconds`` (the logits
+    probe and the config), full-weight merges also ``largest_group_bytes``, ``buffer_bytes`` (each of the two
+    reused buffers), ``read_threads``, ``conversion`` (``views``, ``copies`` or ``unproven``, see
+    :class:`pitlab.trainer.merge.full.ViewConversion`) and ``stage_seconds`` (per stage, summed over its thread:
+    ``read``, ``hash``, ``wait`` for a group, ``convert``, ``save``, ``compare``, ``fsync``, ``check_wait``),
+    ``rss_start_bytes`` (resident set at the call),
     ``rss_before_tensors_bytes`` (after the libraries and the meta-device model are loaded, before any tensor
     data), ``peak_rss_bytes`` (the process's peak resident set, ``ru_maxrss``; all in bytes),
     ``logits_probe`` (``equal``, ``close`` with its max |diff|, or ``skipped``), ``verified`` (always True: a

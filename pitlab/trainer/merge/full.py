@@ -1,27 +1,42 @@
 """The full-weight merge: the checkpoint's model tensors streamed one output shard at a time, renamed to the
-Hugging Face names, written, compared back and probed."""
+Hugging Face names, written, compared back and probed. Three threads overlap: the reader (group k+1 read into
+the free one of two reused buffers and hashed), the writer (group k converted and written) and the checker (the
+file before it read back, compared, fsynced)."""
 
 from __future__ import annotations
 
+import os
+import queue
+import re
+import threading
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from safetensors.torch import save_file
 
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.merge.errors import MergeError
 from pitlab.trainer.merge.layout import copy_generation_config, plan_groups, shard_file_names, write_index
-from pitlab.trainer.merge.reader import (check_keys, checkpoint_tensors, load_checkpoint_model, load_tensors,
-                                         meta_model_of)
+from pitlab.trainer.merge.reader import (check_keys, checkpoint_tensors, load_checkpoint_model, load_into,
+                                         load_tensors, meta_model_of)
 from pitlab.trainer.merge.verify import compare_digests, compare_file, probe_logits, reload_model, rss_bytes
+
+READ_THREADS = 4  # byte ranges of the DCP shard files read at once (and digests computed at once)
+_ALIGN = 64  # bytes: each tensor's offset in a group buffer
 
 
 def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str, str] | None, max_bytes: int,
-               logits_probe: str) -> dict:
+               logits_probe: str, threads: int = READ_THREADS) -> dict:
     """Write the full-weight checkpoint ``ckpt`` as Hugging Face safetensors shards of at most ``max_bytes`` into
-    ``tmp`` (created), compare every tensor back and probe the logits. Returns the report's fields; raises
-    :class:`MergeError` for any mismatch."""
+    ``tmp`` (created), compare every tensor back and probe the logits. Group k+1 is read (``threads`` ranges
+    of the shard files at once) and hashed while group k is written and the file before it compared and
+    fsynced; host memory for tensor data is two buffers of the largest group's bytes. Returns the report's fields; raises
+    :class:`MergeError` for any mismatch (naming the file and the tensor)."""
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
@@ -40,13 +55,16 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     expected_hf = {k: (v.dtype, tuple(v.shape)) for k, v in revert_weight_conversion(
         meta_model, {n: torch.empty(saved[n][1], dtype=saved[n][0], device="meta") for n in kept}).items()}
 
-    def convert(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def transformers_convert(group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         try:
             out = revert_weight_conversion(meta_model, group)
         except Exception as err:  # noqa: BLE001 - transformers raises various errors for incomplete groups
             raise MergeError(f"{ckpt}: cannot convert tensors {sorted(group)[:3]}... to Hugging Face names: "
                              f"{err!r}") from None
         return {k: v.contiguous() for k, v in out.items()}
+
+    convert = ViewConversion(lambda group: revert_weight_conversion(meta_model, group), transformers_convert,
+                             expected_hf)
 
     sizes = {n: saved[n][0].itemsize * saved[n][1].numel() for n in kept}
     groups = plan_groups(sizes, max_bytes)
@@ -55,18 +73,32 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     t_write = time.perf_counter()
     weight_map, digests, total = {}, {}, 0
     tmp.mkdir(parents=True)
-    for group, fname in zip(groups, files):
-        tensors = load_tensors(ckpt, group, saved)
-        for n in group:
-            if n in param_set:
-                digests[n] = tensor_sha256(tensors[n])
-        hf = convert(tensors)
-        del tensors
-        save_file(hf, str(tmp / fname), metadata={"format": "pt"})
-        for k, v in hf.items():
-            weight_map[k] = fname
-            total += v.numel() * v.element_size()
-        del hf
+    pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
+    with warnings.catch_warnings():  # set here, for every reading thread: catch_warnings is not thread-safe
+        warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
+        with pipe, ThreadPoolExecutor(1, thread_name_prefix="merge-check") as checker:
+            checks = []
+            for fname, (tensors, group_digests) in zip(files, pipe):
+                for f in checks:  # a failed check of an earlier file ends the merge now
+                    if f.done() and f.exception() is not None:
+                        raise f.exception()
+                digests.update(group_digests)
+                t0 = time.perf_counter()
+                hf = convert(tensors)
+                del tensors
+                t1 = time.perf_counter()
+                save_file(hf, str(tmp / fname), metadata={"format": "pt"})
+                pipe.timings["convert"] += t1 - t0
+                pipe.timings["save"] += time.perf_counter() - t1
+                for k, v in hf.items():
+                    weight_map[k] = fname
+                    total += v.numel() * v.element_size()
+                checks.append(checker.submit(_check_file, pipe, tmp / fname, hf, f"checkpoint {ckpt}"))
+                del hf
+            t0 = time.perf_counter()
+            for f in checks:
+                f.result()
+            pipe.timings["check_wait"] += time.perf_counter() - t0
     # parameters tied to another one (not written) are still in the summary's digests
     for n in param_names:
         if n not in digests:
@@ -77,8 +109,6 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     write_seconds = time.perf_counter() - t_write
 
     t_verify = time.perf_counter()
-    for group, fname in zip(groups, files):
-        compare_file(tmp / fname, convert(load_tensors(ckpt, group, saved)), f"checkpoint {ckpt}")
     config.dtype = _uniform_dtype(expected_hf, config)
     config.save_pretrained(tmp)
     copy_generation_config(base_dir, tmp)
@@ -93,7 +123,220 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
         probe = "equal"
     return {"kind": "full", "tensors": len(weight_map), "bytes": total, "shards": len(files),
             "parameters": len(digests), "rss_before_tensors_bytes": rss_before, "write_seconds": write_seconds,
-            "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe}
+            "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe,
+            "largest_group_bytes": max(pipe.group_bytes), "buffer_bytes": pipe.buffer_bytes,
+            "read_threads": pipe.threads, "conversion": convert.state,
+            "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
+
+
+def fsync_file(path: Path, drop: bool = False) -> None:
+    """Flush ``path``'s written pages to the disk (``fsync``); with ``drop``, then evict them from the page cache
+    (``POSIX_FADV_DONTNEED``: a streamed model's bytes need not crowd out the rest of memory)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        if drop:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _check_file(pipe: "GroupPipeline", path: Path, hf: dict[str, torch.Tensor], source: str) -> None:
+    """The checking thread's part for one written shard: the file read back and compared bit for bit with the
+    checkpoint's tensors as read (the bytes whose sha256 the summary's digests are checked against), the group's
+    buffer released, then the file flushed to the disk while the next shard is written."""
+    try:
+        t0 = time.perf_counter()
+        compare_file(path, hf, source)
+        pipe.timings["compare"] += time.perf_counter() - t0
+    finally:
+        del hf
+        pipe.release()
+    t0 = time.perf_counter()
+    fsync_file(path, drop=True)
+    pipe.timings["fsync"] += time.perf_counter() - t0
+
+
+class GroupPipeline:
+    """The checkpoint's tensor groups, read ahead: iterating yields ``(tensors, digests)`` per group, in order,
+    where ``tensors`` is ``{name: tensor}`` (saved dtype and shape, views of one of two reusable buffers of the
+    largest group's bytes) and ``digests`` the sha256 of those in ``param_names``. A background thread reads
+    group k+1 (``threads`` concurrent ``dcp.load`` calls of about equal bytes, then the digests, also in parallel:
+    both release the GIL) while the caller writes group k; the caller calls :meth:`release` when it no longer
+    needs a group's tensors, which frees its buffer for the group after next. Use as a context manager (the
+    thread is stopped and joined on exit); an error in the reading thread is raised by the iteration."""
+
+    def __init__(self, ckpt: Path, saved: dict[str, tuple[torch.dtype, torch.Size]], groups: list[list[str]],
+                 sizes: dict[str, int], param_names: set[str], threads: int = READ_THREADS):
+        self.ckpt, self.saved, self.groups, self.sizes, self.params = ckpt, saved, groups, sizes, param_names
+        self.threads = max(1, threads)
+        self.group_bytes = [sum(sizes[n] for n in g) for g in groups]
+        self.buffer_bytes = max(sum(_aligned(sizes[n]) for n in g) for g in groups)
+        self.timings = dict.fromkeys(("read", "hash", "wait", "convert", "save", "compare", "fsync", "check_wait"), 0.0)
+        self._free: queue.Queue = queue.Queue()
+        self._ready: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="merge-read")
+        self._thread = threading.Thread(target=self._read_all, name="merge-reader", daemon=True)
+        self._held: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+        md = dcp.FileSystemReader(str(ckpt)).read_metadata()
+        self.files: dict[str, set[str]] = {}  # name -> the shard files holding its chunks, for error messages
+        for idx, info in md.storage_data.items():
+            if idx.fqn.startswith("model."):
+                self.files.setdefault(idx.fqn[len("model."):], set()).add(info.relative_path)
+
+    def __enter__(self) -> "GroupPipeline":
+        for _ in range(min(2, len(self.groups))):
+            self._free.put(torch.empty(self.buffer_bytes, dtype=torch.uint8))
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._free.put(None)  # wakes the reader if it waits for a buffer
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        self._held.clear()
+        while not self._free.empty():
+            self._free.get()
+        while not self._ready.empty():
+            self._ready.get()
+
+    def __iter__(self):
+        for _ in self.groups:
+            t0 = time.perf_counter()
+            item = self._ready.get()
+            self.timings["wait"] += time.perf_counter() - t0
+            if isinstance(item, BaseException):
+                raise item
+            buf, tensors, digests = item
+            with self._lock:
+                self._held.append(buf)
+            yield tensors, digests
+
+    def release(self) -> None:
+        """The oldest yielded group's buffer may be reused (its tensors must no longer be used); any thread."""
+        with self._lock:
+            self._free.put(self._held.pop(0))
+
+    def _read_all(self) -> None:
+        try:
+            for group in self.groups:
+                buf = self._free.get()
+                if buf is None or self._stop.is_set():
+                    return
+                tensors, offset = {}, 0
+                for n in group:  # views of the buffer, disjoint: safetensors writes them as separate tensors
+                    dtype, shape = self.saved[n]
+                    tensors[n] = buf[offset:offset + self.sizes[n]].view(dtype).view(shape)
+                    offset += _aligned(self.sizes[n])
+                t0 = time.perf_counter()
+                try:
+                    load_into(self.ckpt, tensors, self.threads)
+                except (Exception, CheckpointException) as err:  # noqa: BLE001 - DCP wraps what failed
+                    files = sorted(set().union(*(self.files.get(n, set()) for n in group)))
+                    cause = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
+                    raise MergeError(f"{self.ckpt}: cannot read {len(group)} tensors ({group[0]}, ...) from "
+                                     f"{', '.join(files)}: {cause}") from err
+                t1 = time.perf_counter()
+                names = [n for n in group if n in self.params]
+                digests = dict(zip(names, self._pool.map(lambda n: tensor_sha256(tensors[n]), names)))
+                self.timings["read"] += t1 - t0
+                self.timings["hash"] += time.perf_counter() - t1
+                self._ready.put((buf, tensors, digests))
+        except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
+            self._ready.put(err)
+
+
+class ViewConversion:
+    """The checkpoint's tensors → Hugging Face's, as ``convert`` (transformers' ``revert_weight_conversion``, which
+    copies e.g. each expert's gate and up projections out of the fused tensor), but with every output that is a
+    block of consecutive rows of one input returned as a view of that input: no copy, no memory.
+
+    Which rows: ``revert`` (the same transformation) is run on small position tensors, one int64 id per row of
+    each input (the last dimension dropped); an output whose ids are consecutive within one input, with the
+    expected shape and dtype (``expected``: ``{name: (dtype, shape)}``), is that input's row block. Proof: for the
+    first group with such outputs, ``convert`` runs too and every view must equal its output bit for bit; if one
+    does not, or the positions say anything else (a transposition, a concatenation, a position tensor the
+    conversion refuses), ``convert``'s outputs are used, for that group (and for all groups once a proof failed).
+    ``state``: ``views`` (proven and used), ``copies`` (not applicable or refused) or ``unproven`` (no group
+    had outputs to map)."""
+
+    def __init__(self, revert, convert, expected: dict[str, tuple[torch.dtype, tuple]]):
+        self.revert, self.convert, self.expected = revert, convert, expected
+        self.proven: bool | None = None
+
+    @property
+    def state(self) -> str:
+        return {True: "views", False: "copies", None: "unproven"}[self.proven]
+
+    def __call__(self, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        views = None if self.proven is False else self._views(group)
+        if views is None:
+            return self.convert(group)
+        moved = [k for k, v in views.items()
+                 if not any(v.data_ptr() == t.data_ptr() and v.shape == t.shape for t in group.values())]
+        if self.proven is None and moved:
+            self.proven = self._prove(group, views, moved[0])
+            if not self.proven:
+                return self.convert(group)
+        return views
+
+    def _prove(self, group: dict[str, torch.Tensor], views: dict[str, torch.Tensor], moved: str) -> bool:
+        """``convert`` of one layer's inputs (those sharing ``moved``'s ``...layers.<i>.`` prefix; the whole group
+        when that is not a complete set) equals ``views`` bit for bit. Memory: that layer's copies, once."""
+        m = re.match(r"(.*?\blayers\.\d+\.)", moved)
+        subset = {k: v for k, v in group.items() if m and k.startswith(m.group(1))}
+        try:
+            real = self.convert(subset) if subset else None
+        except MergeError:
+            real = None
+        if not real or not real.keys() <= views.keys() or moved not in real:
+            real = self.convert(group)
+        same = real.keys() <= views.keys() and all(
+            real[k].dtype == views[k].dtype and real[k].shape == views[k].shape and torch.equal(real[k], views[k])
+            for k in real)
+        return same and (real.keys() == views.keys() or bool(subset))
+
+    def _views(self, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        probe, spans, base = {}, [], 0
+        for name, t in group.items():
+            if t.numel() == 0:
+                return None
+            rows, width = (t.numel() // t.shape[-1], t.shape[-1]) if t.dim() >= 2 else (t.numel(), 1)
+            shape = tuple(t.shape[:-1]) + (1,) if t.dim() >= 2 else tuple(t.shape)
+            probe[name] = torch.arange(base, base + rows, dtype=torch.int64).reshape(shape)
+            spans.append((base, base + rows, name, width))
+            base += rows
+        try:
+            out = self.revert(probe)
+        except Exception:  # noqa: BLE001 - position tensors refused: the conversion's own outputs are used
+            return None
+        views = {}
+        for name, p in out.items():
+            p = p[0] if isinstance(p, list) else p
+            if name not in self.expected or not isinstance(p, torch.Tensor) or p.numel() == 0:
+                return None
+            dtype, shape = self.expected[name]
+            ids = p.reshape(-1)
+            first, n = int(ids[0]), ids.numel()
+            if not torch.equal(ids, torch.arange(first, first + n, dtype=torch.int64)):
+                return None
+            src = next((sp for sp in spans if sp[0] <= first and first + n <= sp[1]), None)
+            if src is None:
+                return None
+            lo, _, src_name, width = src
+            t = group[src_name]
+            want = tuple(shape[:-1]) + (1,) if t.dim() >= 2 else tuple(shape)
+            if t.dtype != dtype or tuple(p.shape) != want or (t.dim() >= 2 and shape[-1] != width):
+                return None
+            views[name] = t.reshape(-1)[(first - lo) * width:(first - lo + n) * width].view(shape)
+        return views
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
 def _uniform_dtype(expected: dict[str, tuple[torch.dtype, tuple]], config) -> torch.dtype:

@@ -53,6 +53,18 @@ def load_tensors(checkpoint_dir: Path, names: list[str],
     return state
 
 
+def load_into(checkpoint_dir: Path, tensors: dict[str, torch.Tensor], threads: int = 4) -> None:
+    """Read the checkpoint's tensors ``{model state-dict name: tensor}`` into the given CPU tensors, in place
+    (each of the saved dtype and full shape; disjoint views of one buffer are fine), with one ``dcp.load(...,
+    no_dist=True)`` through :class:`pitlab.trainer.merge.dcp_read.DirectReader`: only these tensors' byte ranges,
+    straight into the tensors, ``threads`` ranges at a time. The caller filters DCP's "single process" warning
+    when it calls from several threads (``warnings.catch_warnings`` is not thread-safe). Raises ``RuntimeError``
+    from DCP when a name is not in the checkpoint, ``OSError`` for a truncated shard file."""
+    from pitlab.trainer.merge.dcp_read import DirectReader
+
+    dcp.load({"model": tensors}, storage_reader=DirectReader(checkpoint_dir, threads), no_dist=True)
+
+
 def read_train_state(checkpoint_dir: Path) -> dict:
     """``train_state.json`` of a checkpoint (``{}`` when absent, e.g. a checkpoint written by hand)."""
     path = Path(checkpoint_dir) / TRAIN_STATE

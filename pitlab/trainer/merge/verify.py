@@ -3,6 +3,7 @@ process's memory, which the report records."""
 
 from __future__ import annotations
 
+import os
 import resource
 from pathlib import Path
 
@@ -29,23 +30,69 @@ def probe_logits(model: torch.nn.Module) -> torch.Tensor:
         return model(input_ids=ids).logits.float()
 
 
+COMPARE_CHUNK = 64 << 20  # bytes read back from a written file at a time
+
+
 def compare_file(path: Path, want: dict[str, torch.Tensor], source: str) -> None:
-    """Every tensor of the safetensors file ``path`` equals ``want`` (same names, dtype, shape, bits). The file
-    is reopened per tensor, so at most one tensor's pages of its memory map are resident at a time."""
+    """Every tensor of the safetensors file ``path`` equals ``want`` (same names, dtype, shape, bits). Raises
+    :class:`MergeError` naming ``path`` and the first differing tensor. The names are read with ``safe_open`` (the
+    file must open in safetensors); the data is read back from the file with ``pread`` into one reusable buffer
+    of at most ``COMPARE_CHUNK`` bytes and compared byte for byte, so the memory is that buffer (no map of the
+    file, no tensor copies)."""
+    from pitlab.trainer.loading import read_header
+
     with safe_open(str(path), framework="pt") as f:
         names = set(f.keys())
     missing, extra = sorted(want.keys() - names), sorted(names - want.keys())
     if missing or extra:
         raise MergeError(f"{path}: holds other tensors than {source}: {len(missing)} missing {missing[:5]}, "
                          f"{len(extra)} unexpected {extra[:5]}")
-    for name in sorted(names, key=natural_key):
-        with safe_open(str(path), framework="pt") as f:
-            got = f.get_tensor(name)
-        w = want[name]
-        if got.dtype != w.dtype or got.shape != w.shape or not torch.equal(got, w):
-            raise MergeError(f"{path}: tensor {name} differs from {source} (dtype {got.dtype} vs {w.dtype}, "
-                             f"shape {tuple(got.shape)} vs {tuple(w.shape)})")
-        del got
+    data_start, header = read_header(path)
+    largest = max((want[n].numel() * want[n].element_size() for n in names), default=0)
+    buf = torch.empty(min(largest, COMPARE_CHUNK), dtype=torch.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for name in sorted(names, key=natural_key):
+            w, entry = want[name], header[name]
+            dtype, shape = _SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"])
+            start, stop = entry["data_offsets"]
+            same = dtype == w.dtype and shape == tuple(w.shape) and stop - start == w.numel() * w.element_size()
+            if same and stop > start:
+                flat = w.detach().contiguous().reshape(-1).view(torch.uint8)
+                for at in range(0, stop - start, len(buf)):
+                    n = min(len(buf), stop - start - at)
+                    _pread_exact(fd, buf[:n], data_start + start + at)
+                    if not _bytes_equal(buf[:n], flat[at:at + n]):
+                        same = False
+                        break
+            if not same:
+                raise MergeError(f"{path}: tensor {name} differs from {source} (dtype {dtype} vs {w.dtype}, "
+                                 f"shape {shape} vs {tuple(w.shape)})")
+    finally:
+        os.close(fd)
+
+
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``a == b`` for two uint8 tensors of one length, compared 8 bytes at a time where both are 8-byte aligned
+    (``torch.equal`` on int64 runs about 5x faster than on bytes)."""
+    n8 = len(a) // 8 * 8
+    if n8 and a.data_ptr() % 8 == 0 and b.data_ptr() % 8 == 0:
+        return torch.equal(a[:n8].view(torch.int64), b[:n8].view(torch.int64)) and torch.equal(a[n8:], b[n8:])
+    return torch.equal(a, b)
+
+
+def _pread_exact(fd: int, out: torch.Tensor, offset: int) -> None:
+    mv, done = memoryview(out.numpy()), 0
+    while done < len(mv):
+        got = os.preadv(fd, [mv[done:]], offset + done)
+        if got <= 0:
+            raise MergeError(f"unexpected end of file at byte {offset + done}")
+        done += got
 
 
 def compare_digests(got: dict[str, str], want: dict[str, str], want_name: str, got_name: str) -> None:
