@@ -30,10 +30,11 @@ import functools
 import torch
 from torch import nn
 
+from pitlab.errors import TrainingError
 from pitlab.trainer.streaming import LayerStreamer, causal_lm_parts, head_loss
 
 
-class _Captured(Exception):
+class _Captured(TrainingError):
     """Raised by the last decoder layer's recorder: the arguments are captured, the rest is not run."""
 
 

@@ -34,6 +34,8 @@ import torch.distributed.checkpoint as dcp
 from torch.futures import Future
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
+from pitlab.errors import MergeError
+
 _STORAGE_DTYPES = {"FloatStorage": torch.float32, "DoubleStorage": torch.float64, "HalfStorage": torch.float16,
                    "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
                    "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8,
@@ -41,7 +43,7 @@ _STORAGE_DTYPES = {"FloatStorage": torch.float32, "DoubleStorage": torch.float64
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (version..sizes), file name length, extra field length
 
 
-class _Unsupported(Exception):
+class _Unsupported(MergeError):
     """This chunk is left to the stock reader."""
 
 

@@ -71,34 +71,9 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     files = shard_file_names(len(groups))
     rss_before = rss_bytes()  # libraries imported, meta model built: what follows is tensor data
     t_write = time.perf_counter()
-    weight_map, digests, total = {}, {}, 0
     tmp.mkdir(parents=True)
     pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
-    with warnings.catch_warnings():  # set here, for every reading thread: catch_warnings is not thread-safe
-        warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
-        with pipe, ThreadPoolExecutor(1, thread_name_prefix="merge-check") as checker:
-            checks = []
-            for fname, (tensors, group_digests) in zip(files, pipe):
-                for f in checks:  # a failed check of an earlier file ends the merge now
-                    if f.done() and f.exception() is not None:
-                        raise f.exception()
-                digests.update(group_digests)
-                t0 = time.perf_counter()
-                hf = convert(tensors)
-                del tensors
-                t1 = time.perf_counter()
-                save_file(hf, str(tmp / fname), metadata={"format": "pt"})
-                pipe.timings["convert"] += t1 - t0
-                pipe.timings["save"] += time.perf_counter() - t1
-                for k, v in hf.items():
-                    weight_map[k] = fname
-                    total += v.numel() * v.element_size()
-                checks.append(checker.submit(_check_file, pipe, tmp / fname, hf, f"checkpoint {ckpt}"))
-                del hf
-            t0 = time.perf_counter()
-            for f in checks:
-                f.result()
-            pipe.timings["check_wait"] += time.perf_counter() - t0
+    weight_map, digests, total = _write_groups(pipe, files, convert, tmp, ckpt)
     # parameters tied to another one (not written) are still in the summary's digests
     for n in param_names:
         if n not in digests:
@@ -127,6 +102,40 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             "largest_group_bytes": max(pipe.group_bytes), "buffer_bytes": pipe.buffer_bytes,
             "read_threads": pipe.threads, "conversion": convert.state,
             "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
+
+
+def _write_groups(pipe: GroupPipeline, files: list[str], convert, tmp: Path, ckpt: Path) -> tuple[
+        dict[str, str], dict[str, str], int]:
+    """Write each group ``pipe`` yields as the shard of the same index in ``files`` under ``tmp`` while the
+    checker thread compares the file before it back. Returns ``(weight_map, parameter sha256 digests, bytes
+    written)``; re-raises the first failed check (a :class:`MergeError`)."""
+    weight_map, digests, total = {}, {}, 0
+    with warnings.catch_warnings():  # set here, for every reading thread: catch_warnings is not thread-safe
+        warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
+        with pipe, ThreadPoolExecutor(1, thread_name_prefix="merge-check") as checker:
+            checks = []
+            for fname, (tensors, group_digests) in zip(files, pipe):
+                for f in checks:  # a failed check of an earlier file ends the merge now
+                    if f.done() and f.exception() is not None:
+                        raise f.exception()
+                digests.update(group_digests)
+                t0 = time.perf_counter()
+                hf = convert(tensors)
+                del tensors
+                t1 = time.perf_counter()
+                save_file(hf, str(tmp / fname), metadata={"format": "pt"})
+                pipe.timings["convert"] += t1 - t0
+                pipe.timings["save"] += time.perf_counter() - t1
+                for k, v in hf.items():
+                    weight_map[k] = fname
+                    total += v.numel() * v.element_size()
+                checks.append(checker.submit(_check_file, pipe, tmp / fname, hf, f"checkpoint {ckpt}"))
+                del hf
+            t0 = time.perf_counter()
+            for f in checks:
+                f.result()
+            pipe.timings["check_wait"] += time.perf_counter() - t0
+    return weight_map, digests, total
 
 
 def fsync_file(path: Path, drop: bool = False) -> None:
