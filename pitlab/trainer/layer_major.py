@@ -100,7 +100,7 @@ class BoundaryStore:
         self.k = microbatches
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.pin = pin and self.cuda
+        self.pin = pin and self.cuda and self.first_gpu > 0  # nothing to pin without a host layer
         self.kept: dict[tuple[int, int], torch.Tensor] = {}
         self.host: list[torch.Tensor | None] = [None] * self.first_gpu
         self.staged: dict[tuple[int, int], tuple[torch.Tensor, object]] = {}
