@@ -205,6 +205,9 @@ def main() -> int:
     ap.add_argument("--no-cudnn-sdp", action="store_true",
                     help="torch.backends.cuda.enable_cudnn_sdp(False) before training (bench/sdpa_nan.py)")
     args = ap.parse_args()
+    from pitlab.trainer.train import ALLOC_CONF_VARS, default_alloc_conf
+
+    os.environ.update(default_alloc_conf(os.environ))  # as the trainer runs: before the first CUDA allocation
     if args.no_cudnn_sdp:
         torch.backends.cuda.enable_cudnn_sdp(False)
     if args.tiny:
@@ -230,7 +233,8 @@ def main() -> int:
     print(f"bench: base {args.model} in {base} ({time.perf_counter() - t0:.0f} s)", flush=True)
 
     result = {"command": " ".join(sys.argv), "model": args.model, "model_type": model_type, "config": overrides,
-              "vocab": vocab, "parameters": n_params, "buffers": args.buffers, "device": str(device)}
+              "vocab": vocab, "parameters": n_params, "buffers": args.buffers, "device": str(device),
+              "alloc_conf": {v: os.environ[v] for v in ALLOC_CONF_VARS if v in os.environ}}
     budget = None
     if cuda:
         props = torch.cuda.get_device_properties(device)

@@ -561,3 +561,13 @@ def test_accumulation_without_per_microbatch_sync_matches_the_default(trained, t
     assert [r["lr"] for r in got[:3]] == [r["lr"] for r in ref]
     assert [r["loss"] for r in got[1:3]] == pytest.approx([r["loss"] for r in ref[1:3]], rel=1e-4)
     assert [r["grad_norm"] for r in got[:3]] == pytest.approx([r["grad_norm"] for r in ref], rel=1e-4)
+
+
+def test_the_trainer_defaults_to_expandable_segments_and_keeps_a_users_allocator_setting():
+    from pitlab.trainer.train import default_alloc_conf
+
+    assert default_alloc_conf({"A": "1"}) == {"A": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    mine = {"PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.5"}
+    assert default_alloc_conf(mine) == mine
+    assert default_alloc_conf({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
