@@ -96,9 +96,9 @@ def test_sigint_and_sigterm_leave_status_interrupted(tmp_path, data_root, sig):
     assert _processes_mentioning(str(run_dir)) == []
 
 
-def _small_spec(tmp_path: Path) -> Path:
+def _small_spec(tmp_path: Path, models: tuple[str, ...] | None = None) -> Path:
     """The demo spec scaled down as in test_local (40k tokens, 40 securities × 10 dates), a checkpoint every 5
-    steps."""
+    steps; ``models``: the evaluation's models kept (by name; all by default)."""
     with open(EXAMPLE) as f:
         doc = yaml.safe_load(f)
     doc["spec"]["tokens"] = 40_000
@@ -109,6 +109,8 @@ def _small_spec(tmp_path: Path) -> Path:
     ev["protocol"]["groupKFolds"] = 3
     ev["bootstrap"]["resamples"] = 40
     ev["regression"] = {"innerFolds": 3}
+    if models is not None:
+        ev["models"] = [m for m in ev["models"] if m["name"] in models]
     path = tmp_path / "pit.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -127,7 +129,7 @@ def _comparable(doc, root: str):
 
 @pytest.mark.slow
 def test_resume_after_sigint_equals_an_uninterrupted_run(tmp_path, data_root):
-    spec = _small_spec(tmp_path)
+    spec = _small_spec(tmp_path, models=("pit-2016",))  # the trained model's evaluation: what a resume can change
     env = {**os.environ, "PITLAB_DATA_ROOT": str(data_root)}
     cmd = [sys.executable, "-m", "pitlab.cli", "run", str(spec), "--nproc", "2", "--out"]
     whole = subprocess.run(cmd + [str(tmp_path / "a")], capture_output=True, text=True, env=env)
