@@ -130,3 +130,14 @@ def test_a_fused_checkpoint_resumes_bit_identically(runs):
         assert resumed["summary"]["param_sha256"] == whole["summary"]["param_sha256"], name
         assert resumed["summary"]["final_loss"] == whole["summary"]["final_loss"], name
     assert out["resume-torch"]["summary"]["kernels"]["optimizer"] == TORCH_LABEL
+
+
+def test_the_fused_step_is_opt_in_under_fsdp2_and_on_by_default_on_one_gpu():
+    from types import SimpleNamespace
+
+    from pitlab.trainer.fused_step import fused_step_enabled
+
+    unset, on, off = (SimpleNamespace(fused_optimizer=v) for v in (None, True, False))
+    assert [fused_step_enabled(unset, cuda) for cuda in (True, False)] == [True, False]
+    assert [fused_step_enabled(unset, cuda, fsdp2=True) for cuda in (True, False)] == [False, False]
+    assert fused_step_enabled(on, False, fsdp2=True) and not fused_step_enabled(off, True)

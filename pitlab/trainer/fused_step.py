@@ -42,10 +42,13 @@ SHARDED_LABEL = "fused clip + AdamW on the local shards (pitlab.trainer.fused_st
 TORCH_LABEL = "torch AdamW + clip_grad_norm_ (float32 gradients)"
 
 
-def fused_step_enabled(training, cuda: bool) -> bool:
-    """Whether a run on FSDP2 or on the single-device path uses :class:`MasterAdamW`: ``training.fusedOptimizer``
-    (a ``TrainingSpec``) if set, else on CUDA devices. Layer streaming keeps torch's AdamW."""
-    return training.fused_optimizer if training.fused_optimizer is not None else cuda
+def fused_step_enabled(training, cuda: bool, fsdp2: bool = False) -> bool:
+    """Whether a run on FSDP2 (``fsdp2``) or on the single-device path uses :class:`MasterAdamW`:
+    ``training.fusedOptimizer`` (a ``TrainingSpec``) if set, else on CUDA devices for the single-device path and
+    off for FSDP2 (its CUDA speed is not measured yet). Layer streaming keeps torch's AdamW."""
+    if training.fused_optimizer is not None:
+        return training.fused_optimizer
+    return cuda and not fsdp2
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,7 @@ class FSDP2Strategy(Strategy):
         :func:`~pitlab.trainer.fused_step.fused_step_enabled` (clipping and AdamW in one pass per local shard;
         compiled on CUDA), else torch's AdamW (:meth:`Strategy.build_optimizer`)."""
         cuda = device.type == "cuda"
-        self.fused = fused_step_enabled(training, cuda)
+        self.fused = fused_step_enabled(training, cuda, fsdp2=True)
         if not self.fused:
             return super().build_optimizer(trainable, training, device)
         optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
