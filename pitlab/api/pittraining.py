@@ -190,10 +190,12 @@ class TrainingSpec(SpecModel):
         "float32 (8 GB less at 4096 tokens of a 248k vocabulary, and faster: bench/RESULTS.md). reference: full "
         "logits and torch's float32 cross-entropy"))
     fused_optimizer: bool | None = Field(None, description=(
-        "world size 1, full bf16 training (the single-device path): clipping, AdamW and the cast of the float32 "
-        "masters into the bf16 compute copy in one pass per parameter, reading the bf16 gradients directly "
-        "(30 instead of 52 bytes of memory traffic per parameter; the same arithmetic as torch's AdamW). Unset "
-        "(auto): on for CUDA devices. false: torch's fused AdamW and clip_grad_norm_. No effect under FSDP2"))
+        "clipping and AdamW in one pass per parameter (the same arithmetic and state as torch's AdamW). World "
+        "size 1, full bf16 training (the single-device path): with the cast of the float32 masters into the bf16 "
+        "compute copy, reading the bf16 gradients directly (30 instead of 52 bytes of memory traffic per "
+        "parameter). FSDP2: over each rank's float32 shards. Unset (auto): on for CUDA devices on the single-device "
+        "path, off under FSDP2 (its CUDA speed is not measured yet: true turns it on). false: torch's fused AdamW "
+        "and clip_grad_norm_. No effect with layer streaming"))
     gradient_sync_every_microbatch: bool = Field(True, description=(
         "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "

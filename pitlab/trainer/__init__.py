@@ -10,7 +10,8 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``schedule``: learning-rate warmup and decay
 - ``fsdp``: ``fully_shard`` per decoder layer and root, mixed-precision policy
 - ``single_device``: world size 1 without FSDP2: float32 masters + a bf16 compute copy (bit-identical to FSDP2)
-- ``fused_step``: its clipping, AdamW and bf16 cast in one pass per parameter (torch AdamW's arithmetic and state)
+- ``fused_step``: its clipping, AdamW and bf16 cast in one pass per parameter (torch AdamW's arithmetic and state);
+  under FSDP2 the clipping and AdamW over each rank's local shards
 - ``loading``: meta-device build + per-rank shard reads from safetensors (about one model copy per node)
 - ``checkpoint``: atomic DCP checkpoints on local disk, ``latest`` pointer, retention, bit-identical resume
 - ``checkpoint_s3``: the same in object storage (builds on ``checkpoint``)

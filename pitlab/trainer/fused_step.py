@@ -16,9 +16,18 @@ m / (sqrt(v) / sqrt(1 - β2^t) + eps)``, Loshchilov & Hutter 2019) applied to th
 path bit for bit (tests/test_fused_step.py); compiled on an H200 it is as close to torch's fused CUDA AdamW (which
 evaluates the update in double precision) as torch's own foreach AdamW is (bench/RESULTS.md).
 
+FSDP2 (:mod:`pitlab.trainer.strategies.fsdp2`) uses the same step without the cast: the parameter group holds
+the sharded DTensor parameters, the gradients are their float32 DTensor shards, and the update runs on each rank's
+local shards (``to_local()`` of parameter, gradient and both moments, in place). The norm is
+``torch.nn.utils.get_total_norm`` over the DTensor gradients made whole with ``full_tensor()``, as
+:func:`pitlab.trainer.strategies.base.clip_grad_norm` computes it; so on the CPU the norm, the losses and the
+parameters equal FSDP2's torch AdamW after that clipping bit for bit (tests/test_fsdp2_fused_step.py, 1 and 2 gloo
+ranks). Its speed on CUDA has not been measured yet.
+
 The optimizer is a ``torch.optim.AdamW`` (same ``state`` keys: ``step`` on the CPU, ``exp_avg``,
-``exp_avg_sq``), so DCP checkpoints, their resume and ``state_dict`` are those of torch's AdamW; its ordinary
-``step()`` (which DCP's state initialisation calls) is torch's.
+``exp_avg_sq``; DTensors of the parameter's sharding under FSDP2), so DCP checkpoints, their resume and
+``state_dict`` are those of torch's AdamW; its ordinary ``step()`` (which DCP's state initialisation calls) is
+torch's.
 """
 
 from __future__ import annotations
@@ -26,17 +35,48 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 
 LABEL = "fused clip + AdamW + bf16 cast (pitlab.trainer.fused_step, one pass per parameter)"
+SHARDED_LABEL = "fused clip + AdamW on the local shards (pitlab.trainer.fused_step, one pass per parameter)"
 TORCH_LABEL = "torch AdamW + clip_grad_norm_ (float32 gradients)"
 
 
-def fused_step_enabled(training, single_device: bool, cuda: bool) -> bool:
-    """Whether a run uses :class:`MasterAdamW`: the single-device path only, ``training.fusedOptimizer`` (a
-    ``TrainingSpec``) if set, else on CUDA devices."""
-    if not single_device:
-        return False
-    return training.fused_optimizer if training.fused_optimizer is not None else cuda
+def fused_step_enabled(training, cuda: bool, fsdp2: bool = False) -> bool:
+    """Whether a run on FSDP2 (``fsdp2``) or on the single-device path uses :class:`MasterAdamW`:
+    ``training.fusedOptimizer`` (a ``TrainingSpec``) if set, else on CUDA devices for the single-device path and
+    off for FSDP2 (its CUDA speed is not measured yet). Layer streaming keeps torch's AdamW."""
+    if training.fused_optimizer is not None:
+        return training.fused_optimizer
+    return cuda and not fsdp2
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The rank's shard of a DTensor (the tensor itself under ``no_grad``: in-place updates reach the DTensor);
+    a plain tensor as it is."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.nn.utils.get_total_norm`` (L2) of ``grads``, made whole with ``full_tensor()`` when the gradients are
+    DTensors (a collective then: the norm over all shards, a plain 0-d tensor on every rank); what
+    :func:`pitlab.trainer.strategies.base.clip_grad_norm` clips with."""
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    return total.full_tensor() if isinstance(total, DTensor) else total
+
+
+def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Global L2 norm of ``grads`` (0-d float32 on their device). DTensor gradients (all or none):
+    :func:`total_norm`, bit-identical to the norm FSDP2's torch path clips with; plain ones (bf16 or float32): the
+    float32 norm of each, then the norm of those. Raises ``ValueError`` for a mix of DTensor and plain
+    gradients."""
+    sharded = [isinstance(g, DTensor) for g in grads]
+    if any(sharded):
+        if not all(sharded):
+            raise ValueError("clip_step_cast: gradients are partly DTensors, partly plain tensors")
+        return total_norm(grads)
+    norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
+    return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
 
 def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor | None,
@@ -55,7 +95,8 @@ def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, 
 
 
 class MasterAdamW(torch.optim.AdamW):
-    """``torch.optim.AdamW`` (one parameter group of float32 tensors) with :meth:`clip_step_cast`.
+    """``torch.optim.AdamW`` (one parameter group of float32 tensors, or of FSDP2's float32 DTensor parameters)
+    with :meth:`clip_step_cast`.
 
     ``compiled``: compile the per-parameter update with ``torch.compile`` (CUDA; on the CPU the tests run it
     eager). Raises ``ValueError`` for more than one parameter group, ``amsgrad`` or a non-float32 parameter.
@@ -88,6 +129,8 @@ class MasterAdamW(torch.optim.AdamW):
         """Clip the gradients ``grads`` (one per parameter of the group, in order; bf16 or float32; None: no
         gradient, the parameter is skipped as torch's AdamW skips it) to global L2 norm ``max_norm``, apply AdamW
         to the parameters, and write each updated parameter into ``copies[i]`` (bf16, same shape) when given.
+        DTensor parameters (FSDP2): ``grads`` are their float32 DTensor gradients (same sharding), ``copies`` is
+        None, and the update runs in place on the local shards (:func:`grad_norm` for the norm).
         Returns the gradient norm before clipping (0-d float32 tensor on the parameters' device, not read)."""
         group = self.param_groups[0]
         params = group["params"]
@@ -97,8 +140,9 @@ class MasterAdamW(torch.optim.AdamW):
         if not live:
             raise ValueError("clip_step_cast: no parameter has a gradient")
         device = params[live[0]].device
-        norms = torch._foreach_norm([grads[i] for i in live], 2.0, dtype=torch.float32)
-        total = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+        total = grad_norm([grads[i] for i in live])
+        if isinstance(grads[live[0]], DTensor):
+            self._check_shards(params, grads, live, copies)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         steps = []
         for i in live:
@@ -117,6 +161,16 @@ class MasterAdamW(torch.optim.AdamW):
             if step not in hypers:
                 hypers[step] = self._hyper(step, device)
             state = self.state[params[i]]
-            self._update(params[i], grads[i], state["exp_avg"], state["exp_avg_sq"],
+            self._update(_local(params[i]), _local(grads[i]), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
                          None if copies is None else copies[i], coef, hypers[step], beta1, beta2, group["eps"])
         return total
+
+    @staticmethod
+    def _check_shards(params: list, grads: list, live: list[int], copies: list | None) -> None:
+        """DTensor gradients: no copies, and each gradient's local shard has its parameter's local shape (else
+        ``ValueError``)."""
+        if copies is not None:
+            raise ValueError("clip_step_cast: no bf16 copies of DTensor parameters")
+        for i in live:
+            if not isinstance(params[i], DTensor) or _local(grads[i]).shape != _local(params[i]).shape:
+                raise ValueError(f"clip_step_cast: gradient {i} is not sharded as its parameter")

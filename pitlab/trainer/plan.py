@@ -56,7 +56,8 @@ gradients) — 20 bytes per parameter at the cast. With the fused optimizer step
 by default on a GPU: :mod:`pitlab.trainer.fused_step`) and one microbatch per step no float32 gradient exists
 (``gradients = 0``): the step reads the copy's bf16 gradients, so the phase after backward holds
 parameters + optimizer + the copy + its bf16 gradients (16 bytes per parameter); with accumulation the float32
-sums stay as above.
+sums stay as above. Under FSDP2 the fused step reads the float32 gradient shards torch's AdamW reads: its plan is
+the same.
 
 FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss:
 unsharded_parameters + saved activations + logits (+ gradients from the second microbatch on); phase in backward:
@@ -299,8 +300,9 @@ def plan_checkpointing(spec: PitTrainingSpec, shape: ModelShape, adapter: Adapte
 @dataclass(frozen=True)
 class _Regime:
     """How the trainer runs a spec: world size, compute bytes ``c`` (2 with bf16, else 4), the single-device
-    path, gradients kept unsharded between microbatches (``nosync``), the fused optimizer step and whether it
-    leaves no float32 gradients."""
+    path, gradients kept unsharded between microbatches (``nosync``), the fused optimizer step of the
+    single-device path (FSDP2's reads the same float32 gradient shards as torch's AdamW: not planned apart) and
+    whether it leaves no float32 gradients."""
 
     world: int
     c: int
@@ -312,7 +314,7 @@ class _Regime:
 
 def _regime(spec: PitTrainingSpec, single: bool) -> _Regime:
     tr = spec.training
-    fused = fused_step_enabled(tr, single, cuda=True)  # a plan is of a GPU
+    fused = single and fused_step_enabled(tr, cuda=True)  # a plan is of a GPU
     return _Regime(
         world=spec.resources.nodes * spec.resources.gpus_per_node, c=2 if tr.precision == "bf16" else 4,
         single=single,
@@ -424,9 +426,6 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
              + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
              + (", fused optimizer step (no float32 gradients)" if g.no_fp32_grads else
                 ", fused optimizer step (float32 gradient sums: accumulation)" if g.fused else "")]
-    if tr.fused_optimizer and not single:
-        notes.append("fusedOptimizer: true has no effect here (the single-device path only: world size 1, "
-                     "method: full, precision: bf16); torch's AdamW is used")
     if spec.method == "lora":
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
                      f"{count_text(adapter.total)} trainable adapter parameters "

@@ -214,7 +214,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     strategy (:func:`pitlab.trainer.strategies.choose_strategy`: FSDP2, the single-device float32 masters + bf16
     compute copy, or layer streaming) and let it build the model and the loss, choose and report the kernels
     (:func:`_kernels`), and build AdamW (the strategy's: the fused step of :mod:`pitlab.trainer.fused_step` on
-    the single-device path) and the LR schedule.
+    the single-device path and FSDP2 where enabled) and the LR schedule.
 
     Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing input
     file, :class:`~pitlab.errors.CorpusError` for token ids outside the vocabulary.

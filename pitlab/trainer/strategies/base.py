@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
 from torch.profiler import record_function
 
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
+from pitlab.trainer.fused_step import total_norm
 from pitlab.trainer.plan import MemoryPlan, ModelShape
 
 
@@ -55,12 +55,12 @@ class Strategy:
         raise NotImplementedError
 
     def build_optimizer(self, trainable: list, training, device: torch.device) -> tuple[torch.optim.Optimizer, str]:
-        """AdamW over ``trainable`` (``training``: a ``TrainingSpec``; fused kernels on CUDA) and its label for
-        the ``kernels`` report."""
+        """Torch's AdamW over ``trainable`` (``training``: a ``TrainingSpec``; fused kernels on CUDA) and its label
+        for the ``kernels`` report (layer streaming; FSDP2 and the single device override it)."""
         optimizer = torch.optim.AdamW(trainable, lr=training.learning_rate, weight_decay=training.weight_decay,
                                       fused=device.type == "cuda")
         return optimizer, TORCH_STEP_LABEL + (
-            " (fusedOptimizer: the single-device path only)" if training.fused_optimizer else "")
+            " (fusedOptimizer: FSDP2 and the single-device path only)" if training.fused_optimizer else "")
 
     def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]], accum: int,
                          sync_every_micro: bool) -> torch.Tensor:
@@ -121,10 +121,7 @@ def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     gradients' device, not read here: :func:`pitlab.trainer.train.train_step` reads it with the loss, so the
     host does not wait for backward before launching the optimizer step). DTensor gradients (FSDP2) give the
     norm over all shards."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    total = total_norm([p.grad for p in model.parameters() if p.grad is not None])
     torch.nn.utils.clip_grads_with_norm_([p for p in model.parameters() if p.grad is not None], max_norm, total)
     return total
 

@@ -1,12 +1,16 @@
 """FSDP2: every decoder layer and the root ``fully_shard``-ed over the world (:mod:`pitlab.trainer.fsdp`); every
-multi-GPU run, LoRA without layer streaming, and world size 1 when the single-device path does not apply."""
+multi-GPU run, LoRA without layer streaming, and world size 1 when the single-device path does not apply. The
+optimizer step is torch's clipping and AdamW, or the fused clip + AdamW of :mod:`pitlab.trainer.fused_step` over
+each rank's local shards where enabled."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
+from pitlab.trainer.fused_step import SHARDED_LABEL, MasterAdamW, fused_step_enabled
 from pitlab.trainer.plan import MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import FSDP2_LABEL
 from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
@@ -15,9 +19,13 @@ from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
 class FSDP2Strategy(Strategy):
     """The model built on the meta device, each rank reading its rows from the safetensors (about one model
     copy per node), sharded with FSDP2; gradients reduce-scattered per microbatch unless
-    ``gradientSyncEveryMicrobatch: false``; torch's AdamW on the float32 shards."""
+    ``gradientSyncEveryMicrobatch: false``; AdamW on the float32 shards (torch's, or
+    :class:`~pitlab.trainer.fused_step.MasterAdamW` when ``fused``)."""
 
     label = FSDP2_LABEL
+
+    def __init__(self) -> None:
+        self.fused = False  # the optimizer is MasterAdamW over the DTensor parameters
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -45,3 +53,29 @@ class FSDP2Strategy(Strategy):
         """Without per-microbatch sync: keep the unsharded gradients until the last microbatch."""
         if not sync_every_micro:
             self.model.set_requires_gradient_sync(micro == accum - 1)
+
+    def build_optimizer(self, trainable: list, training, device: torch.device) -> tuple[torch.optim.Optimizer, str]:
+        """:class:`~pitlab.trainer.fused_step.MasterAdamW` over the DTensor parameters ``trainable`` when
+        :func:`~pitlab.trainer.fused_step.fused_step_enabled` (clipping and AdamW in one pass per local shard;
+        compiled on CUDA), else torch's AdamW (:meth:`Strategy.build_optimizer`)."""
+        cuda = device.type == "cuda"
+        self.fused = fused_step_enabled(training, cuda, fsdp2=True)
+        if not self.fused:
+            return super().build_optimizer(trainable, training, device)
+        optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
+                                weight_decay=training.weight_decay)
+        return optimizer, SHARDED_LABEL + ("" if cuda else ", eager on the CPU")
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
+        """The fused step (:meth:`~pitlab.trainer.fused_step.MasterAdamW.clip_step_cast` on the float32 DTensor
+        gradients, no copies), or torch's clipping and AdamW (:meth:`Strategy.optimizer_step`); then the
+        gradients dropped and the schedule stepped. Returns the gradient norm before clipping (0-d float32 tensor,
+        the same on every rank, not read)."""
+        if not self.fused:
+            return super().optimizer_step(optimizer, scheduler, max_norm)
+        with record_function("step.optimizer"):  # clipping and AdamW in one pass per local shard
+            grads = [p.grad for p in optimizer.param_groups[0]["params"]]
+            grad_norm = optimizer.clip_step_cast(grads, None, max_norm)
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        return grad_norm

@@ -62,7 +62,7 @@ class SingleDeviceStrategy(Strategy):
         :func:`~pitlab.trainer.fused_step.fused_step_enabled` (clipping, AdamW and the cast into the copy in one
         pass per parameter; compiled on CUDA), else torch's AdamW."""
         cuda = device.type == "cuda"
-        self.fused = fused_step_enabled(training, True, cuda)
+        self.fused = fused_step_enabled(training, cuda)
         if not self.fused:
             optimizer = torch.optim.AdamW(trainable, lr=training.learning_rate,
                                           weight_decay=training.weight_decay, fused=cuda)
