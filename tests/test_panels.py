@@ -305,7 +305,7 @@ def test_supplemental_rows_that_contradict_train_files_are_refused(tmp_path):
     df.to_csv(sup, index=False)
     with pytest.raises(PanelError, match=rf"{sup}: row 2: \(Date, SecuritiesCode\) = \(2017-02-06, 1301\) is also "
                                          rf"{tmp_path / 'train_files' / 'stock_prices.csv'} row 26 with another "
-                                         rf"Close: '1.0' vs '{_p(25)}' \(1 such rows\)"):
+                                         rf"Close: '1.0' vs '{_p(25)}' \(1 such row\)"):
         load_jpx(tmp_path)
 
 
@@ -341,7 +341,7 @@ def test_a_close_that_is_not_a_price_is_refused_with_file_row_and_value(tmp_path
     df.loc[6, "close"] = value
     df.loc[9, "close"] = ""  # empty: no price that day, allowed
     df.to_csv(path, index=False)
-    with pytest.raises(PanelError, match=rf"ohlcv.csv: row 7: column 'close': {why}: {value!r} \(1 such rows"):
+    with pytest.raises(PanelError, match=rf"ohlcv.csv: row 7: column 'close': {why}: {value!r} \(1 such row"):
         load_ohlcv_long(path)
 
 

@@ -73,6 +73,11 @@ Headers = Mapping[Path, tuple[str, ...]]
 """Columns of CSV files whose header was already read (:func:`check_csv_columns`), by file path."""
 
 
+def _such_rows(n: int) -> str:
+    """``"1 such row"`` or ``"n such rows"``: how many rows of a file share the error a message names."""
+    return f"{n} such row" + ("" if n == 1 else "s")
+
+
 def check_csv_columns(path: Path, required: tuple[str, ...], header: tuple[str, ...] | None = None,
                       **kw) -> tuple[str, ...]:
     """Read only the header of a CSV (a UTF-8 byte-order mark is allowed; ``header``: the columns already read,
@@ -134,8 +139,8 @@ def _parse_dates(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
         i = _first_bad(bad)
         value = df[col].iloc[i]
         what = "empty date" if pd.isna(value) else f"unparseable date {value!r}"
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}, expected YYYY-MM-DD ({int(bad.sum())} such "
-                         f"rows)")
+        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}, expected YYYY-MM-DD "
+                         f"({_such_rows(int(bad.sum()))})")
     return parsed
 
 
@@ -151,8 +156,8 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, minimum: str | None = None)
         what = f"must be {minimum}"
     if bad.any():
         i = _first_bad(bad)
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}: {df[col].iloc[i]!r} ({int(bad.sum())} such "
-                         f"rows; leave the field empty where a value is missing)")
+        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}: {df[col].iloc[i]!r} "
+                         f"({_such_rows(int(bad.sum()))}; leave the field empty where a value is missing)")
     return vals
 
 
@@ -261,7 +266,7 @@ def _append_supplemental(base: pd.DataFrame, sup: pd.DataFrame) -> pd.DataFrame:
             raise PanelError(f"{r['_file_sup']}: row {r['_row_sup']}: (Date, SecuritiesCode) = "
                              f"({r['Date'].date()}, {r['SecuritiesCode']}) is also {r['_file']} row {r['_row']} "
                              f"with another {c}: {r[f'_{c}_sup']!r} vs {r[f'_{c}']!r} "
-                             f"({int(differ.sum())} such rows)")
+                             f"({_such_rows(int(differ.sum()))})")
     seen = pd.MultiIndex.from_frame(base[keys])
     new = ~pd.MultiIndex.from_frame(sup[keys]).isin(seen)
     return pd.concat([base, sup[new]], ignore_index=True)
