@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 PITLAB_DATA_ROOT ?= $(abspath ../shared/data)
 export PITLAB_DATA_ROOT
 PYTEST_ARGS ?=
-# test processes (pytest-xdist): 2 suits the 2-core CI machine; PYTEST_WORKERS=0 runs the suite in one process
+# test processes (pytest-xdist; an idle one takes tests from a busy one): 2 suits the 2-core CI machine;
+# PYTEST_WORKERS=0 runs the suite in one process
 PYTEST_WORKERS ?= 2
 
 .PHONY: install demo test validate clean help crds chart-lint images lock
@@ -34,7 +35,7 @@ validate: $(BIN)/.installed  ## validate the examples (local ones fully, cluster
 	@for f in examples/pittraining.yaml examples/pittraining-trainjob.yaml examples/leakageeval.yaml; do $(BIN)/pitlab validate --schema-only $$f || exit 1; done
 
 test: $(BIN)/.installed $(BIN)/helm  ## run the test suite
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 lock: $(BIN)/.installed  ## rewrite constraints.txt from .venv (from a fresh one: rm -rf .venv first; then make test)
 	@{ echo "# Tested versions of every package in the CI environment (make lock writes this from .venv)."; \
