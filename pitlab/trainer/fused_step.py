@@ -66,14 +66,10 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
 
 
 def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """Global L2 norm of ``grads`` (0-d float32 on their device). DTensor gradients (all or none):
-    :func:`total_norm`, bit-identical to the norm FSDP2's torch path clips with; plain ones (bf16 or float32): the
-    float32 norm of each, then the norm of those. Raises ``ValueError`` for a mix of DTensor and plain
-    gradients."""
-    sharded = [isinstance(g, DTensor) for g in grads]
-    if any(sharded):
-        if not all(sharded):
-            raise ValueError("clip_step_cast: gradients are partly DTensors, partly plain tensors")
+    """Global L2 norm of ``grads`` (0-d float32 on their device). DTensor gradients (FSDP2): :func:`total_norm`,
+    bit-identical to the norm FSDP2's torch path clips with; plain ones (bf16 or float32): the float32 norm of
+    each, then the norm of those."""
+    if isinstance(grads[0], DTensor):
         return total_norm(grads)
     norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
     return torch.linalg.vector_norm(torch.stack(norms), 2.0)
@@ -141,8 +137,8 @@ class MasterAdamW(torch.optim.AdamW):
             raise ValueError("clip_step_cast: no parameter has a gradient")
         device = params[live[0]].device
         total = grad_norm([grads[i] for i in live])
-        if isinstance(grads[live[0]], DTensor):
-            self._check_shards(params, grads, live, copies)
+        if copies is not None and isinstance(grads[live[0]], DTensor):
+            raise ValueError("clip_step_cast: no bf16 copies of DTensor parameters")
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         steps = []
         for i in live:
@@ -164,13 +160,3 @@ class MasterAdamW(torch.optim.AdamW):
             self._update(_local(params[i]), _local(grads[i]), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
                          None if copies is None else copies[i], coef, hypers[step], beta1, beta2, group["eps"])
         return total
-
-    @staticmethod
-    def _check_shards(params: list, grads: list, live: list[int], copies: list | None) -> None:
-        """DTensor gradients: no copies, and each gradient's local shard has its parameter's local shape (else
-        ``ValueError``)."""
-        if copies is not None:
-            raise ValueError("clip_step_cast: no bf16 copies of DTensor parameters")
-        for i in live:
-            if not isinstance(params[i], DTensor) or _local(grads[i]).shape != _local(params[i]).shape:
-                raise ValueError(f"clip_step_cast: gradient {i} is not sharded as its parameter")
