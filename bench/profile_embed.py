@@ -1,0 +1,179 @@
+"""Where the embedding forward's time goes on a MoE model, and what each change buys (issue 26, item 2).
+
+    python3 bench/profile_embed.py --out "$OUT" [--layers 8] [--experts 256] [--prompts 4096]
+        [--batch 512] [--variants pad64,pad16,pad16+kernels,pad16+kernels+compile]
+
+Builds a benchmark-only random-weights ``qwen3_5_moe_text`` model of Qwen3.5-35B-A3B's layer shape
+(``bench/eval_scale.py``'s config, ``--layers`` of its 40 layers, ``--experts`` of 256) on the GPU through the
+embedding stage's own loader (:func:`pitlab.evaluator.embed_model._load_model`), and prompts of 60-92 tokens
+(the eval benchmark's ≈ 76), length-sorted into batches of ``--batch`` prompts as the stage does. Each variant
+runs 2 warm-up batches, then every batch once, timed (CUDA-synchronised): tokens/s counts real (unpadded)
+tokens. Variants (joined by ``+``): ``padN`` right-pads each batch to a multiple of N tokens; ``kernels`` binds
+fla's short convolution and gated delta rule as the trainer does (``pitlab.trainer.kernels.select_kernels``);
+``compile`` compiles each decoder layer (``compile_blocks``, dynamic shapes); ``eager-experts`` /
+``grouped-experts`` set transformers' experts implementation. Every variant's last-token embeddings are compared
+with the first variant's (max |Δ| relative to max |x|, bf16). One batch of the first and of the last variant
+runs under ``torch.profiler``: the 15 kernels with the most GPU time and the GPU busy fraction. Writes
+``profile_embed.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def batches(n: int, size: int, vocab: int, seed: int = 0):
+    """Length-sorted (longest first) batches of random token ids, lengths 60-92: list of lists of int64 rows."""
+    rng = np.random.default_rng(seed)
+    lengths = np.sort(rng.integers(60, 93, n))[::-1]
+    rows = [rng.integers(100, vocab, int(L)) for L in lengths]
+    return [rows[i:i + size] for i in range(0, n, size)]
+
+
+def pad(rows, multiple: int, device):
+    L = -(-max(len(r) for r in rows) // multiple) * multiple
+    ids = torch.zeros((len(rows), L), dtype=torch.long)
+    mask = torch.zeros((len(rows), L), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = torch.from_numpy(r)
+        mask[i, :len(r)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def last_token(hidden, mask):
+    idx = mask.sum(1) - 1
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
+
+
+def run_variant(forward, model, name: str, data, device) -> dict:
+    parts = name.split("+")
+    multiple = next((int(p[3:]) for p in parts if p.startswith("pad")), 64)
+    out = []
+    with torch.inference_mode():
+        for rows in data[:2]:  # warm-up: autotuning, compilation
+            forward(*pad(rows, multiple, device))
+        sync(device)
+        t0 = time.perf_counter()
+        real = padded = 0
+        for rows in data:
+            ids, mask = pad(rows, multiple, device)
+            out.append(last_token(forward(ids, mask), mask).float().cpu())
+            real += int(mask.sum())
+            padded += ids.numel()
+        sync(device)
+        wall = time.perf_counter() - t0
+    return {"variant": name, "wall_s": wall, "tokens": real, "padded_tokens": padded,
+            "tokens_per_s": real / wall, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+            "_out": torch.cat(out)}
+
+
+def profile_one(forward, rows, multiple: int, device) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    ids, mask = pad(rows, multiple, device)
+    with torch.inference_mode():
+        forward(ids, mask)
+        sync(device)
+        t0 = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            forward(ids, mask)
+            sync(device)
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(e.device_time for e in kernels) / 1e6
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        s = by_name.setdefault(e.name[:120], [0.0, 0])
+        s[0] += e.device_time / 1e6
+        s[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:15]
+    return {"wall_s": wall, "kernel_s": total, "busy": total / wall, "n_kernels": len(kernels),
+            "top": [{"kernel": k, "s": v[0], "share": v[0] / total, "calls": v[1]} for k, v in top]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--variants", default="pad64,pad16,pad16+kernels,pad16+kernels+compile")
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--shape", choices=("full", "tiny"), default="full", help="tiny: CPU rehearsal")
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+
+    import eval_scale
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model
+    from pitlab.evaluator.random_weights import RandomWeights, write_random_model
+
+    device = torch.device(a.device)
+    dtype = "bfloat16" if device.type == "cuda" else "float32"
+    config = eval_scale.model_config(a.shape, a.layers, a.experts, 0)
+    folder = write_random_model(Path(tempfile.mkdtemp()) / "m", config, RandomWeights(seed=0))
+    model, n_run, n_layers, _ = _load_model(folder, "causal", dtype, a.device, -1)
+    forward = _forward_fn(model, "causal", -1, n_layers)
+    data = batches(a.prompts, a.batch, config.vocab_size)
+    results, profiles, ref = [], {}, None
+    names = a.variants.split(",")
+    for name in names:
+        parts = name.split("+")
+        if "kernels" in parts:
+            from pitlab.trainer.kernels import select_kernels
+            select_kernels(model, device, "none")
+        if "eager-experts" in parts:
+            model.set_experts_implementation("eager")
+        if "grouped-experts" in parts:
+            model.set_experts_implementation("grouped_mm")
+        if "compile" in parts:
+            from pitlab.trainer.kernels import compile_blocks
+            torch._dynamo.config.automatic_dynamic_shapes = True
+            compile_blocks(model)
+        t0 = time.perf_counter()
+        r = run_variant(forward, model, name, data, device)
+        r["variant_total_s"] = time.perf_counter() - t0
+        out = r.pop("_out")
+        if ref is None:
+            ref = out
+        r["max_rel_diff_vs_first"] = float((out - ref).abs().max() / ref.abs().max())
+        r["experts_implementation"] = str(getattr(model.config, "_experts_implementation", None))
+        results.append(r)
+        print(json.dumps(r), flush=True)
+        if device.type == "cuda" and not a.no_profile and name in (names[0], names[-1]):
+            mult = next((int(p[3:]) for p in parts if p.startswith("pad")), 64)
+            profiles[name] = profile_one(forward, data[len(data) // 2], mult, device)
+            print(json.dumps({"profile": name, **{k: v for k, v in profiles[name].items() if k != "top"}}))
+            for t in profiles[name]["top"]:
+                print(f"  {t['share']:6.1%} {t['s']*1e3:8.2f} ms {t['calls']:6d}  {t['kernel']}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    info = {"command": " ".join(sys.argv), "layers": a.layers, "experts": a.experts, "prompts": a.prompts,
+            "batch": a.batch, "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
+            "results": results, "profiles": profiles}
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    (a.out / "profile_embed.json").write_text(json.dumps(info, indent=2))
+
+
+if __name__ == "__main__":
+    main()
