@@ -108,6 +108,50 @@ def profile_one(forward, rows, multiple: int, device) -> dict:
             "top": [{"kernel": k, "s": v[0], "share": v[0] / total, "calls": v[1]} for k, v in top]}
 
 
+def bound(model) -> str:
+    """Module and name of the function the model's linear-attention layers call for the gated delta rule."""
+    from pitlab.trainer.kernels import _bound_implementation, _modeling_modules
+
+    mods = _modeling_modules(model)
+    if not mods:
+        return "none"
+    f = _bound_implementation(mods[0].torch_chunk_gated_delta_rule)
+    return f"{getattr(f, '__module__', '?')}.{getattr(f, '__name__', '?')}"
+
+
+def check(layers: int, experts: int, prompts: int, device: str) -> dict:
+    """Last-token embeddings of one float32 batch with transformers' default bindings and with gpu_kernels
+    (fla), on one model; the modeling module's bindings are restored afterwards. Returns both and their diff."""
+    import eval_scale
+    from pitlab.evaluator.embed import gpu_kernels
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model
+    from pitlab.evaluator.random_weights import RandomWeights, write_random_model
+    from pitlab.trainer.kernels import _modeling_modules
+
+    config = eval_scale.model_config("full", layers, experts, 0)
+    folder = write_random_model(Path(tempfile.mkdtemp()) / "c", config, RandomWeights(seed=0))
+    model, _, n_layers, _ = _load_model(folder, "causal", "float32", device, -1)
+    forward = _forward_fn(model, "causal", -1, n_layers)
+    mods = _modeling_modules(model)
+    saved = [(m, m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn) for m in mods]
+    rows = batches(prompts, prompts, config.vocab_size, seed=1)[0]
+    ids, mask = pad(rows, 16, torch.device(device))
+    with torch.inference_mode():
+        default = last_token(forward(ids, mask), mask).cpu()
+        first = bound(model)
+        gpu_kernels(model, device)
+        fast = last_token(forward(ids, mask), mask).cpu()
+    for m, gdr, conv in saved:
+        m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn = gdr, conv
+    rel = float((fast - default).abs().max() / default.abs().max())
+    out = {"layers": layers, "experts": experts, "prompts": prompts, "dtype": "float32",
+           "default_gated_delta_rule": first, "fast_gated_delta_rule": "gpu_kernels",
+           "max_rel_diff": rel, "max_abs": float(default.abs().max())}
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -119,12 +163,17 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--shape", choices=("full", "tiny"), default="full", help="tiny: CPU rehearsal")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--check", type=int, default=0, metavar="PROMPTS",
+                    help="first compare default and fla bindings in float32 on this many prompts")
     a = ap.parse_args()
 
     import eval_scale
     from pitlab.evaluator.embed_model import _forward_fn, _load_model
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
 
+    checked = check(a.layers, a.experts, a.check, a.device) if a.check else None
+    if checked:
+        print("check:", json.dumps(checked), flush=True)
     device = torch.device(a.device)
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     config = eval_scale.model_config(a.shape, a.layers, a.experts, 0)
@@ -137,8 +186,8 @@ def main() -> None:
     for name in names:
         parts = name.split("+")
         if "kernels" in parts:
-            from pitlab.trainer.kernels import select_kernels
-            select_kernels(model, device, "none")
+            from pitlab.evaluator.embed import gpu_kernels
+            print("kernels:", gpu_kernels(model, a.device))
         if "eager-experts" in parts:
             model.set_experts_implementation("eager")
         if "grouped-experts" in parts:
@@ -154,6 +203,7 @@ def main() -> None:
         if ref is None:
             ref = out
         r["max_rel_diff_vs_first"] = float((out - ref).abs().max() / ref.abs().max())
+        r["gated_delta_rule"] = bound(model)
         r["experts_implementation"] = str(getattr(model.config, "_experts_implementation", None))
         results.append(r)
         print(json.dumps(r), flush=True)
@@ -166,7 +216,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     info = {"command": " ".join(sys.argv), "layers": a.layers, "experts": a.experts, "prompts": a.prompts,
             "batch": a.batch, "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-            "results": results, "profiles": profiles}
+            "results": results, "profiles": profiles, "check": checked}
     try:
         import transformers
         info["transformers"] = transformers.__version__
