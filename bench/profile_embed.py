@@ -152,6 +152,42 @@ def check(layers: int, experts: int, prompts: int, device: str) -> dict:
     return out
 
 
+def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
+    """Padding invariance, float32: each prompt embedded alone (no padding) and inside one right-padded batch,
+    with transformers' default bindings and then with gpu_kernels. A correct path gives the same embedding
+    (to float32 rounding) either way. Returns max |Δ| / max |x| of each comparison."""
+    import eval_scale
+    from pitlab.evaluator.embed import gpu_kernels
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model
+    from pitlab.evaluator.random_weights import RandomWeights, write_random_model
+
+    config = eval_scale.model_config("full", layers, experts, 0)
+    folder = write_random_model(Path(tempfile.mkdtemp()) / "p", config, RandomWeights(seed=0))
+    model, _, n_layers, _ = _load_model(folder, "causal", "float32", device, -1)
+    forward = _forward_fn(model, "causal", -1, n_layers)
+    rows = batches(prompts, prompts, config.vocab_size, seed=2)[0]
+    dev = torch.device(device)
+
+    def run():
+        with torch.inference_mode():
+            ids, mask = pad(rows, 16, dev)
+            batch = last_token(forward(ids, mask), mask).cpu()
+            alone = torch.cat([last_token(forward(*pad([r], 1, dev)), pad([r], 1, dev)[1]).cpu() for r in rows])
+        return batch, alone
+
+    def rel(x, y):
+        return float((x - y).abs().max() / y.abs().max())
+
+    d_batch, d_alone = run()
+    first = bound(model)
+    gpu_kernels(model, device)
+    f_batch, f_alone = run()
+    return {"layers": layers, "experts": experts, "prompts": prompts, "default_binding": first,
+            "default_batch_vs_alone": rel(d_batch, d_alone), "fast_batch_vs_alone": rel(f_batch, f_alone),
+            "fast_alone_vs_default_alone": rel(f_alone, d_alone), "fast_batch_vs_default_alone": rel(f_batch, d_alone),
+            "default_batch_vs_default_alone": rel(d_batch, d_alone)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -163,6 +199,8 @@ def main() -> None:
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--shape", choices=("full", "tiny"), default="full", help="tiny: CPU rehearsal")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--pad-check", type=int, default=0, metavar="PROMPTS",
+                    help="only the padding-invariance check (float32) on this many prompts")
     ap.add_argument("--check", type=int, default=0, metavar="PROMPTS",
                     help="first compare default and fla bindings in float32 on this many prompts")
     a = ap.parse_args()
@@ -171,6 +209,12 @@ def main() -> None:
     from pitlab.evaluator.embed_model import _forward_fn, _load_model
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
 
+    if a.pad_check:
+        r = pad_check(a.layers, a.experts, a.pad_check, a.device)
+        print("pad-check:", json.dumps(r), flush=True)
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "pad_check.json").write_text(json.dumps(r, indent=2))
+        return
     checked = check(a.layers, a.experts, a.check, a.device) if a.check else None
     if checked:
         print("check:", json.dumps(checked), flush=True)
