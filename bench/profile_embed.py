@@ -153,39 +153,66 @@ def check(layers: int, experts: int, prompts: int, device: str) -> dict:
 
 
 def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
-    """Padding invariance, float32: each prompt embedded alone (no padding) and inside one right-padded batch,
-    with transformers' default bindings and then with gpu_kernels. A correct path gives the same embedding
-    (to float32 rounding) either way. Returns max |Δ| / max |x| of each comparison."""
+    """Which path is right: one random float32 model's last-token embeddings of ``prompts`` prompts, each
+    alone (no padding) and inside one right-padded batch, by (1) transformers' reference PyTorch kernels in
+    float64 (a float64 copy of the model, eager experts: the truth), (2) the reference kernels in float32,
+    (3) transformers' default bindings in float32, (4) gpu_kernels (fla) in float32. Returns max |Δ| / max |x|
+    of each against the truth. The modeling module's bindings are restored in between."""
+    import copy
+
     import eval_scale
     from pitlab.evaluator.embed import gpu_kernels
     from pitlab.evaluator.embed_model import _forward_fn, _load_model
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
+    from pitlab.trainer.kernels import _modeling_modules, _reference_of
 
     config = eval_scale.model_config("full", layers, experts, 0)
     folder = write_random_model(Path(tempfile.mkdtemp()) / "p", config, RandomWeights(seed=0))
     model, _, n_layers, _ = _load_model(folder, "causal", "float32", device, -1)
-    forward = _forward_fn(model, "causal", -1, n_layers)
     rows = batches(prompts, prompts, config.vocab_size, seed=2)[0]
     dev = torch.device(device)
+    mods = _modeling_modules(model)
+    saved = [(m, m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn) for m in mods]
 
-    def run():
+    def restore():
+        for m, gdr, conv in saved:
+            m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn = gdr, conv
+
+    def reference():
+        for m, gdr, conv in saved:
+            m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn = _reference_of(gdr), _reference_of(conv)
+
+    def run(net):
+        forward = _forward_fn(net, "causal", -1, n_layers)
         with torch.inference_mode():
             ids, mask = pad(rows, 16, dev)
-            batch = last_token(forward(ids, mask), mask).cpu()
-            alone = torch.cat([last_token(forward(*pad([r], 1, dev)), pad([r], 1, dev)[1]).cpu() for r in rows])
+            batch = last_token(forward(ids, mask), mask).double().cpu()
+            alone = torch.cat([last_token(forward(*pad([r], 1, dev)), pad([r], 1, dev)[1]).double().cpu()
+                               for r in rows])
         return batch, alone
 
-    def rel(x, y):
-        return float((x - y).abs().max() / y.abs().max())
-
-    d_batch, d_alone = run()
-    first = bound(model)
+    reference()
+    m64 = copy.deepcopy(model).double()
+    m64.set_experts_implementation("eager")
+    truth, truth_alone = run(m64)
+    del m64
+    torch.cuda.empty_cache()
+    ref32 = run(model)
+    restore()
+    default_binding = bound(model)
+    def32 = run(model)
     gpu_kernels(model, device)
-    f_batch, f_alone = run()
-    return {"layers": layers, "experts": experts, "prompts": prompts, "default_binding": first,
-            "default_batch_vs_alone": rel(d_batch, d_alone), "fast_batch_vs_alone": rel(f_batch, f_alone),
-            "fast_alone_vs_default_alone": rel(f_alone, d_alone), "fast_batch_vs_default_alone": rel(f_batch, d_alone),
-            "default_batch_vs_default_alone": rel(d_batch, d_alone)}
+    fast32 = run(model)
+    restore()
+
+    def rel(x):
+        return float((x - truth_alone).abs().max() / truth_alone.abs().max())
+
+    out = {"layers": layers, "experts": experts, "prompts": prompts, "default_binding": default_binding,
+           "truth_batch_vs_alone": rel(truth)}
+    for name, (b, al) in (("reference_fp32", ref32), ("default_fp32", def32), ("fla_fp32", fast32)):
+        out[f"{name}_alone"], out[f"{name}_batch"] = rel(al), rel(b)
+    return out
 
 
 def main() -> None:
