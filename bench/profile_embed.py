@@ -108,6 +108,15 @@ def profile_one(forward, rows, multiple: int, device) -> dict:
             "top": [{"kernel": k, "s": v[0], "share": v[0] / total, "calls": v[1]} for k, v in top]}
 
 
+def fast_kernels(model, device: str) -> dict:
+    """The trainer's kernel choice (:func:`pitlab.trainer.kernels.select_kernels`: fla's gated delta rule bound
+    directly, fla's Triton short convolution) applied to ``model``; the embedding stage does not do this (its
+    outputs differed from transformers' default bindings, bench/RESULTS.md). Returns the report."""
+    from pitlab.trainer.kernels import select_kernels
+
+    return select_kernels(model, torch.device(device), "n/a")
+
+
 def bound(model) -> str:
     """Module and name of the function the model's linear-attention layers call for the gated delta rule."""
     from pitlab.trainer.kernels import _bound_implementation, _modeling_modules
@@ -120,10 +129,9 @@ def bound(model) -> str:
 
 
 def check(layers: int, experts: int, prompts: int, device: str) -> dict:
-    """Last-token embeddings of one float32 batch with transformers' default bindings and with gpu_kernels
+    """Last-token embeddings of one float32 batch with transformers' default bindings and with fast_kernels
     (fla), on one model; the modeling module's bindings are restored afterwards. Returns both and their diff."""
     import eval_scale
-    from pitlab.evaluator.embed import gpu_kernels
     from pitlab.evaluator.embed_model import _forward_fn, _load_model
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
     from pitlab.trainer.kernels import _modeling_modules
@@ -139,13 +147,13 @@ def check(layers: int, experts: int, prompts: int, device: str) -> dict:
     with torch.inference_mode():
         default = last_token(forward(ids, mask), mask).cpu()
         first = bound(model)
-        gpu_kernels(model, device)
+        fast_kernels(model, device)
         fast = last_token(forward(ids, mask), mask).cpu()
     for m, gdr, conv in saved:
         m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn = gdr, conv
     rel = float((fast - default).abs().max() / default.abs().max())
     out = {"layers": layers, "experts": experts, "prompts": prompts, "dtype": "float32",
-           "default_gated_delta_rule": first, "fast_gated_delta_rule": "gpu_kernels",
+           "default_gated_delta_rule": first, "fast_gated_delta_rule": "fast_kernels",
            "max_rel_diff": rel, "max_abs": float(default.abs().max())}
     del model
     torch.cuda.empty_cache()
@@ -156,12 +164,11 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
     """Which path is right: one random float32 model's last-token embeddings of ``prompts`` prompts, each
     alone (no padding) and inside one right-padded batch, by (1) transformers' reference PyTorch kernels in
     float64 (a float64 copy of the model, eager experts: the truth), (2) the reference kernels in float32,
-    (3) transformers' default bindings in float32, (4) gpu_kernels (fla) in float32. Returns max |Δ| / max |x|
+    (3) transformers' default bindings in float32, (4) fast_kernels (fla) in float32. Returns max |Δ| / max |x|
     of each against the truth. The modeling module's bindings are restored in between."""
     import copy
 
     import eval_scale
-    from pitlab.evaluator.embed import gpu_kernels
     from pitlab.evaluator.embed_model import _forward_fn, _load_model
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
     from pitlab.trainer.kernels import _modeling_modules, _reference_of
@@ -201,7 +208,7 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
     restore()
     default_binding = bound(model)
     def32 = run(model)
-    gpu_kernels(model, device)
+    fast_kernels(model, device)
     fast32 = run(model)
     restore()
 
@@ -257,8 +264,7 @@ def main() -> None:
     for name in names:
         parts = name.split("+")
         if "kernels" in parts:
-            from pitlab.evaluator.embed import gpu_kernels
-            print("kernels:", gpu_kernels(model, a.device))
+            print("kernels:", fast_kernels(model, a.device))
         if "eager-experts" in parts:
             model.set_experts_implementation("eager")
         if "grouped-experts" in parts:
