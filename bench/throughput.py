@@ -2,7 +2,7 @@
 pitlab's trainer, on the same shape, sequence length, machine and kernels.
 
     python3 bench/throughput.py --work /tmp/tp --out "$OUT" [--shapes qwen35_reduced,qwen3_30b_slice]
-        [--steps 12] [--warmup 3] [--budget-s 570] [--runs "hf;default;{\"compile\": false}"]
+        [--steps 12] [--warmup 3] [--budget-s 570] [--runs "hf;liger;default;{\"compile\": false}"]
 
 Shapes (random init, seed 0; synthetic Zipf tokens, seq 4096, micro-batch 1):
 
@@ -18,7 +18,10 @@ loss), fused AdamW on the bf16 parameters, clipping 1.0, no activation checkpoin
 out of memory). pitlab: the trainer's own setup and step (:func:`pitlab.trainer.train.setup_run`,
 :func:`pitlab.trainer.train.train_step`) with float32 master weights and bf16 compute (on one GPU without FSDP2:
 a bf16 compute copy, :mod:`pitlab.trainer.single_device`; ``PITLAB_FORCE_FSDP2=1`` keeps FSDP2), the spec's
-defaults (chunked loss, compiled blocks, ``activationCheckpointing: auto``), no checkpoint written.
+defaults (chunked loss, compiled blocks, ``activationCheckpointing: auto``), no checkpoint written. ``liger``:
+the plain loop with liger-kernel's patch of the architecture (``apply_liger_kernel_to_qwen3_5_moe`` /
+``_qwen3_moe`` on the model: RMSNorm, experts, fused linear cross-entropy; the seed recipe's stack as axolotl
+applies it), the modeling module restored afterwards; every ratio is then reported against both loops.
 
 Tokens/s: median of the timed steps after ``--warmup`` steps (each step is synchronised by its loss read).
 MFU from pitlab's FLOP count (:func:`pitlab.trainer.plan.train_flops_per_token`) for both. Peak memory:
@@ -28,6 +31,7 @@ MFU from pitlab's FLOP count (:func:`pitlab.trainer.plan.train_flops_per_token`)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -91,8 +95,51 @@ def _peaks() -> dict:
     return {"peak_allocated": torch.cuda.max_memory_allocated(), "peak_reserved": torch.cuda.max_memory_reserved()}
 
 
+LIGER_PATCHES = {"qwen3_5_moe_text": "apply_liger_kernel_to_qwen3_5_moe", "qwen3_moe": "apply_liger_kernel_to_qwen3_moe"}
+
+
+@contextlib.contextmanager
+def restored_modeling(model_type: str):
+    """Inside: liger-kernel may patch the modeling module of ``model_type`` (its functions and its classes'
+    methods, e.g. the RMSNorm class and the causal LM's ``forward``); on exit every module attribute and every
+    class attribute of the module's classes is put back, so the runs after the Liger run use plain transformers."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    name = model_type_to_module_name(model_type.removesuffix("_text"))
+    mod = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    module_dict = dict(vars(mod))
+    classes = {c: dict(vars(c)) for c in module_dict.values() if inspect.isclass(c) and c.__module__ == mod.__name__}
+    try:
+        yield
+    finally:
+        for key in set(vars(mod)) - set(module_dict):
+            delattr(mod, key)
+        for key, value in module_dict.items():
+            setattr(mod, key, value)
+        for cls, attrs in classes.items():
+            for key in set(vars(cls)) - set(attrs):
+                delattr(cls, key)
+            for key, value in attrs.items():
+                if key not in ("__dict__", "__weakref__") and vars(cls).get(key) is not value:
+                    setattr(cls, key, value)
+
+
+def apply_liger(model, model_type: str) -> str:
+    """The seed recipe's stack as axolotl applies it: liger-kernel's patch of this architecture on ``model``
+    (RMSNorm, SwiGLU experts where liger has them, fused linear cross-entropy). Returns the report label."""
+    from importlib.metadata import version
+
+    import liger_kernel.transformers as lt
+
+    getattr(lt, LIGER_PATCHES[model_type])(model=model)
+    return f"liger-kernel {version('liger-kernel')} {LIGER_PATCHES[model_type]}"
+
+
 def hf_setup(shape: dict, loss: str | None = None, compiled: bool = False, act_ckpt: bool = False, seed: int = 0,
-             lr: float = 3e-4):
+             lr: float = 3e-4, liger: bool = False):
     """The plain loop's model, optimizer and kernel report on this process's device, and ``step(chunk)``: one
     training step on ``chunk`` (``seq + 1`` token ids on the device), returning the loss tensor (not read, so
     not synchronised). ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks (for the
@@ -112,7 +159,12 @@ def hf_setup(shape: dict, loss: str | None = None, compiled: bool = False, act_c
     label = "transformers ForCausalLMLoss (full logits)"
     if loss is not None:
         label = install_loss(model, loss)
+    liger_label = apply_liger(model, shape["model_type"]) if liger else None
+    if liger_label:
+        label = "liger fused linear cross-entropy"
     report = select_kernels(model, torch.device(DEVICE), label)
+    if liger_label:
+        report["liger"] = liger_label
     if compiled:
         report["compile"] = compile_blocks(model)
     model.train()
@@ -133,12 +185,12 @@ def hf_setup(shape: dict, loss: str | None = None, compiled: bool = False, act_c
 
 
 def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
-                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4) -> dict:
+                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4, liger: bool = False) -> dict:
     """The plain loop on one GPU (:func:`hf_setup`); returns tokens/s (median of timed steps), step times, peak
     allocated bytes, losses and the kernel report."""
     _free()
     seq = shape["seq"]
-    model, opt, report, step = hf_setup(shape, loss, compiled, act_ckpt, seed, lr)
+    model, opt, report, step = hf_setup(shape, loss, compiled, act_ckpt, seed, lr, liger)
     tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
     times, losses = [], []
     t_first = time.perf_counter()
@@ -158,13 +210,21 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     return result
 
 
-def hf_best(shape: dict, steps: int, warmup: int, lr: float = 3e-4) -> dict:
-    """The plain loop's best configuration: no activation checkpointing, or with it if that does not fit."""
+def hf_best(shape: dict, steps: int, warmup: int, lr: float = 3e-4, liger: bool = False) -> dict:
+    """The plain loop's best configuration: no activation checkpointing, or with it if that does not fit. With
+    ``liger``, the same loop with liger-kernel's patch (:func:`apply_liger`), undone afterwards."""
+    if not liger:
+        return _hf_best(shape, steps, warmup, lr, False)
+    with restored_modeling(shape["model_type"]):
+        return _hf_best(shape, steps, warmup, lr, True)
+
+
+def _hf_best(shape: dict, steps: int, warmup: int, lr: float, liger: bool) -> dict:
     try:
-        return hf_training_loop(shape, steps, warmup, act_ckpt=False, lr=lr)
+        return hf_training_loop(shape, steps, warmup, act_ckpt=False, lr=lr, liger=liger)
     except torch.OutOfMemoryError as err:
         _free()
-        res = hf_training_loop(shape, steps, warmup, act_ckpt=True, lr=lr)
+        res = hf_training_loop(shape, steps, warmup, act_ckpt=True, lr=lr, liger=liger)
         res["note"] = f"out of memory without activation checkpointing: {str(err)[:200]}"
         return res
 
@@ -280,6 +340,14 @@ def with_env(env: dict, fn):
                 os.environ[k] = v
 
 
+def pl_flops(entry: dict) -> float | None:
+    """pitlab's FLOPs per token over the GPU's peak FLOP/s (MFU per token/s), from the entry's pitlab run."""
+    pl = entry.get("pitlab", {})
+    if pl.get("flops_per_token") is None or pl.get("peak_flops") is None:
+        return None
+    return pl["flops_per_token"] / pl["peak_flops"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
@@ -293,7 +361,8 @@ def main() -> int:
     ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only): "
                     "conv, loss, gdr, model, optimizer")
     ap.add_argument("--runs", default="hf;default",
-                    help="runs per shape, in order, semicolon-separated: hf, default, or a JSON object of "
+                    help="runs per shape, in order, semicolon-separated: hf, liger (the plain loop with liger-kernel's patch, "
+                         "issue 27's standing baseline; needs the liger-kernel wheel), default, or a JSON object of "
                          "spec.training overrides for another pitlab run (e.g. {\"compile\": false}); its key \"env\" "
                          "sets environment variables for that run only (e.g. {\"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}})")
     args = ap.parse_args()
@@ -348,6 +417,8 @@ def main() -> int:
         for item in (x.strip() for x in args.runs.split(";") if x.strip()):
             if item == "hf":
                 out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup, args.lr)))
+            elif item == "liger":
+                out.append(("liger", lambda: hf_best(shape, args.steps, args.warmup, args.lr, liger=True)))
             elif item == "default":
                 out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr)))
             else:
@@ -381,7 +452,9 @@ def main() -> int:
                                            if k not in ("step_s", "plan_table", "plan_components", "traceback")},
                                           default=str), flush=True)
             save()
-        hf, pl = entry.get("hf", {}), entry.get("pitlab", {})
+        hf, pl, lg = entry.get("hf", {}), entry.get("pitlab", {}), entry.get("liger", {})
+        if "tokens_per_second" in lg and "tokens_per_second" in pl:
+            entry["ratio_pitlab_per_gpu_to_liger"] = pl["tokens_per_second_per_gpu"] / lg["tokens_per_second"]
         if "tokens_per_second" in hf and "tokens_per_second" in pl:
             entry["ratio_pitlab_per_gpu_to_hf"] = pl["tokens_per_second_per_gpu"] / hf["tokens_per_second"]
             entry["hf_mfu"] = None if pl.get("flops_per_token") is None or pl.get("peak_flops") is None else \
@@ -394,6 +467,8 @@ def main() -> int:
                 if isinstance(r, dict) and "tokens_per_second" in r:
                     per = r.get("tokens_per_second_per_gpu", r["tokens_per_second"])
                     mfu = r.get("mfu", entry.get("hf_mfu") if label == "hf" else None)
+                    if label == "liger" and pl_flops(entry):
+                        mfu = r["tokens_per_second"] * pl_flops(entry)
                     plan = r.get("planned_allocated")
                     mfu_text = "–" if mfu is None else f"{mfu * 100:.1f}%"
                     print(f"{name:<18}{label:<36}{per:>13,.0f}{mfu_text:>8}"
@@ -401,6 +476,8 @@ def main() -> int:
                           f"{str(r.get('activation_checkpointing')):>9}")
             if "ratio_pitlab_per_gpu_to_hf" in entry:
                 print(f"{name:<18}ratio pitlab / plain HF loop = {entry['ratio_pitlab_per_gpu_to_hf']:.3f}")
+            if "ratio_pitlab_per_gpu_to_liger" in entry:
+                print(f"{name:<18}ratio pitlab / HF + Liger = {entry['ratio_pitlab_per_gpu_to_liger']:.3f}")
     dist.destroy_process_group()
     return 0
 
