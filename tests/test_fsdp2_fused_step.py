@@ -33,15 +33,18 @@ GRAD_CLIP = 0.5  # under every step's gradient norm here: every step is clipped
 NO_CLIP = 100.0  # over every step's gradient norm: none is
 OPTIMIZERS = {"fused": True, "torch": False}
 CASES = [(1, GRAD_CLIP), (2, GRAD_CLIP), (1, NO_CLIP)]  # (gradient accumulation, gradClip)
+LORA_CLIP = 0.01  # LoRA's first gradients are small (B starts at zero): clipped at every step here
 
 
-def resource(base: Path, world: int, accum: int, steps: int, fused: bool, clip: float = GRAD_CLIP) -> PitTraining:
+def resource(base: Path, world: int, accum: int, steps: int, fused: bool, clip: float = GRAD_CLIP,
+             lora: bool = False) -> PitTraining:
     t = {"seqLen": SEQ, "microBatchSize": MICRO, "gradientAccumulationSteps": accum, "learningRate": 3e-3,
          "warmupSteps": 1, "weightDecay": 0.1, "gradClip": clip, "precision": "bf16", "seed": 0,
          "loss": "reference", "activationCheckpointing": False, "fusedOptimizer": fused}
     return PitTraining.model_validate({
         "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "fsdp2-fused-test"},
         "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "synthetic.jsonl", "format": "jsonl"},
+                 **({"method": "lora", "lora": {"r": 4, "alpha": 8}} if lora else {}),
                  "knowledgeCutoff": "2020-12-31", "tokens": SEQ * MICRO * accum * world * steps, "training": t,
                  "resources": {"nodes": 1, "gpusPerNode": world}, "checkpoint": {"everySteps": 2, "keep": 3}}})
 
@@ -68,6 +71,9 @@ def runs(request, tmp_path_factory):
              "run_dir": run_dir(f"{opt}-{accum}-{clip}", resource(base, world, accum, STEPS, fused, clip)),
              "params": str(root / f"{opt}-{accum}-{clip}.pt")}
             for accum, clip in CASES for opt, fused in OPTIMIZERS.items()]
+    plan += [{"name": f"lora-{opt}", "mode": "steps", "steps": STEPS, "base": str(base),
+              "run_dir": run_dir(f"lora-{opt}", resource(base, world, 2, STEPS, fused, LORA_CLIP, lora=True)),
+              "params": str(root / f"lora-{opt}.pt")} for opt, fused in OPTIMIZERS.items()]
     # a whole fused run with checkpoints at steps 2 and 4, and runs resumed from its step-2 checkpoint
     for name, fused, resume in (("train-fused", True, None), ("resume-fused", True, "train-fused"),
                                 ("resume-torch", False, "train-fused")):
@@ -98,6 +104,22 @@ def test_fused_step_equals_torch_adamw_after_clipping_bit_for_bit(runs, accum, c
     assert list(t_fused) == list(t_ref) and len(t_fused) > 3 * 10  # parameters, then both moments of each
     assert all(t.dtype == torch.float32 for t in t_fused.values())
     assert [n for n in t_fused if not torch.equal(t_fused[n], t_ref[n])] == []
+
+
+def test_lora_fused_step_equals_torch_adamw_bit_for_bit(runs):
+    """method: lora under FSDP2 (frozen base, only the adapter in the optimizer), accumulation 2, every step
+    clipped: the fused step gives torch AdamW's losses, gradient norms, adapter parameters and moments."""
+    fused, ref = runs["out"]["lora-fused"], runs["out"]["lora-torch"]
+    assert fused["optimizer_class"] == "MasterAdamW" and ref["optimizer_class"] == "AdamW"
+    assert fused["loss"] == ref["loss"] and fused["grad_norm"] == ref["grad_norm"]
+    assert len(set(fused["loss"])) == STEPS and all(n > LORA_CLIP for n in fused["grad_norm"]), fused["grad_norm"]
+    t_fused, t_ref = torch.load(runs["root"] / "lora-fused.pt"), torch.load(runs["root"] / "lora-torch.pt")
+    assert list(t_fused) == list(t_ref)
+    trained = [n.removesuffix(":exp_avg") for n in t_fused if n.endswith(":exp_avg")]
+    assert len(trained) == 2 * 4 * TINY_CONFIGS["llama"]["num_hidden_layers"]  # A and B of 4 targets per layer
+    assert all("lora_A" in n or "lora_B" in n for n in trained)
+    assert [n for n in t_fused if not torch.equal(t_fused[n], t_ref[n])] == []
+    assert all(t_fused[n].abs().max() > 0 for n in trained if "lora_B" in n)  # B left zero: the steps moved it
 
 
 def test_optimizer_state_is_torch_adamws(runs):
