@@ -7,7 +7,8 @@ Builds a benchmark-only random-weights ``qwen3_5_moe_text`` model of Qwen3.5-35B
 (``bench/eval_scale.py``'s config, ``--layers`` of its 40 layers, ``--experts`` of 256) on the GPU through the
 embedding stage's own loader (:func:`pitlab.evaluator.embed_model._load_model`), and prompts of 60-92 tokens
 (the eval benchmark's ≈ 76), length-sorted into batches of ``--batch`` prompts as the stage does. Each variant
-runs 2 warm-up batches, then every batch once, timed (CUDA-synchronised): tokens/s counts real (unpadded)
+runs every batch once untimed (autotuning and compilation of every shape), then every batch once, timed
+(CUDA-synchronised): tokens/s counts real (unpadded)
 tokens. Variants (joined by ``+``): ``padN`` right-pads each batch to a multiple of N tokens; ``kernels`` binds
 fla's short convolution and gated delta rule as the trainer does (``pitlab.trainer.kernels.select_kernels``);
 ``compile`` compiles each decoder layer (``compile_blocks``, dynamic shapes); ``eager-experts`` /
@@ -67,8 +68,8 @@ def run_variant(forward, model, name: str, data, device) -> dict:
     multiple = next((int(p[3:]) for p in parts if p.startswith("pad")), 64)
     out = []
     with torch.inference_mode():
-        for rows in data[:2]:  # warm-up: autotuning, compilation
-            forward(*pad(rows, multiple, device))
+        for rows in data:  # warm-up over every batch shape: Triton autotuning and compilation are not timed,
+            forward(*pad(rows, multiple, device))  # and an earlier variant's warm-up does not favour a later one
         sync(device)
         t0 = time.perf_counter()
         real = padded = 0

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 26 on one H200 machine, in one device call: the stages named, in order, everything under $OUT.
+# Run from the repository root with build/gpu-kit and build/whl-stats carried:
+#   bash bench/h200_issue26.sh check profile merge-shm stream-qwen
+# check:       which embedding path is right (bench/profile_embed.py --pad-check: float64 reference kernels
+#              against transformers' default bindings and the trainer's fla bindings, each prompt alone and in a
+#              right-padded batch), fla's float32 compilation included (about 2 min).
+# profile:     the embedding forward's variants, every batch shape warmed up before timing (about 3 min).
+# merge-shm:   the merge with checkpoint and output in /dev/shm (the disk taken out; about 2 min).
+# stream-qwen: 10.5 B qwen3_5_moe_text, layer-major against the resident model, 8 timed steps (about 5 min).
+set -u
+export PYTHONUNBUFFERED=1
+cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
+source build/gpu-kit/device-env.sh build/gpu-kit || exit 1
+export PYTHONPATH=$PYTHONPATH:$PWD
+git rev-parse HEAD 2>/dev/null > "$OUT/commit.txt"
+t0=$(date +%s)
+for stage in "$@"; do
+  echo "== $stage at $(( $(date +%s) - t0 )) s"
+  case $stage in
+    check) timeout 300 python3 bench/profile_embed.py --out "$OUT/check" --layers 4 --experts 16 --pad-check 8 \
+             2>&1 | grep -v Warning | tail -5 ;;
+    profile) timeout 330 python3 bench/profile_embed.py --out "$OUT/profile" --layers 8 --experts 256 \
+               --prompts 4096 --batch 512 --variants pad16,pad16+kernels 2>&1 | grep -v Warning | tail -40 ;;
+    merge-shm) timeout 300 python3 bench/merge_speed.py --work /dev/shm/merge --max-shard-size 1GB --ranks 2 \
+                 --json "$OUT/merge-speed-shm.json" > "$OUT/merge-shm.log" 2>&1; tail -8 "$OUT/merge-shm.log" ;;
+    stream-qwen) timeout 420 python3 bench/streaming.py --model qwen35-moe --work /tmp/sq --out "$OUT/sq" \
+                   --seq 2048 --micro 2 --accum 4 --steps 10 --warmup 2 --baseline > "$OUT/sq.log" 2>&1
+                 tail -2 "$OUT/sq.log" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+echo "== done at $(( $(date +%s) - t0 )) s"
