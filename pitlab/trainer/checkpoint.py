@@ -128,15 +128,22 @@ def save_checkpoint(checkpoint_dir: Path, step: int, model: torch.nn.Module, opt
     return final
 
 
+IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
+"""Optimizer param-group keys that choose an implementation, not the arithmetic: a resume keeps the live
+optimizer's (a checkpoint of the fused step, which runs with ``foreach=False, fused=False``, resumed by torch's
+AdamW keeps that AdamW's fused or foreach kernel)."""
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> dict:
     """Collective: restore a checkpoint written by :func:`save_checkpoint` into this rank's live objects.
 
     Loads the model and optimizer shards in place (DCP, resharded by ``set_state_dict``), the scheduler
     state from ``train_state.json`` and this rank's RNG states; returns the ``train_state.json`` dict
-    (``step`` = completed optimizer steps). Raises :class:`CheckpointError` naming the file when the
-    checkpoint was written with another world size (``spec.resources.gpusPerNode``: the RNG states and
-    the data order are per rank) or lacks this rank's RNG file.
+    (``step`` = completed optimizer steps). The optimizer keeps its own :data:`IMPLEMENTATION_FLAGS`. Raises
+    :class:`CheckpointError` naming the file when the checkpoint was written with another world size
+    (``spec.resources.gpusPerNode``: the RNG states and the data order are per rank) or lacks this rank's RNG
+    file.
     """
     path = Path(path)
     state = json.loads((path / TRAIN_STATE).read_text())
@@ -150,8 +157,11 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_DICT_OPTIONS)
     sd = {"model": model_sd, "optim": optim_sd}
     dcp.load(sd, checkpoint_id=path)
+    own = [{k: g[k] for k in IMPLEMENTATION_FLAGS if k in g} for g in optimizer.param_groups]
     set_state_dict(model, optimizer, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
                    options=LOAD_STATE_DICT_OPTIONS)
+    for group, flags in zip(optimizer.param_groups, own):  # how to compute is this run's choice, not the saver's
+        group.update(flags)
     if scheduler is not None:
         if "scheduler" not in state:
             raise CheckpointError(f"{path / TRAIN_STATE}: no scheduler state to resume from")
