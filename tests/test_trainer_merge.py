@@ -241,6 +241,7 @@ def _save_ranks(rank: int, world: int, ckpt: str, port: int) -> None:
     model = AutoModelForCausalLM.from_config(build_config("qwen3_moe", _QWEN3_MOE_TINY, vocab_size=64))
     shard_model(model, init_device_mesh("cpu", (world,)), "bf16")
     dcp.save({"model": get_model_state_dict(model, options=STATE_DICT_OPTIONS)}, checkpoint_id=ckpt)
+    dist.barrier()  # no rank tears gloo down while the other is still in dcp.save's last exchange (seen: SIGABRT)
     dist.destroy_process_group()
 
 
