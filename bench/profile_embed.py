@@ -63,9 +63,13 @@ def last_token(hidden, mask):
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
 
 
+def pad_multiple(name: str) -> int:
+    """The ``padN`` part of a variant name (64 without one)."""
+    return next((int(p[3:]) for p in name.split("+") if p.startswith("pad")), 64)
+
+
 def run_variant(forward, model, name: str, data, device) -> dict:
-    parts = name.split("+")
-    multiple = next((int(p[3:]) for p in parts if p.startswith("pad")), 64)
+    multiple = pad_multiple(name)
     out = []
     with torch.inference_mode():
         for rows in data:  # warm-up over every batch shape: Triton autotuning and compilation are not timed,
@@ -129,38 +133,6 @@ def bound(model) -> str:
     return f"{getattr(f, '__module__', '?')}.{getattr(f, '__name__', '?')}"
 
 
-def check(layers: int, experts: int, prompts: int, device: str) -> dict:
-    """Last-token embeddings of one float32 batch with transformers' default bindings and with fast_kernels
-    (fla), on one model; the modeling module's bindings are restored afterwards. Returns both and their diff."""
-    import eval_scale
-    from pitlab.evaluator.embed_model import _forward_fn, _load_model
-    from pitlab.evaluator.random_weights import RandomWeights, write_random_model
-    from pitlab.trainer.kernels import _modeling_modules
-
-    config = eval_scale.model_config("full", layers, experts, 0)
-    folder = write_random_model(Path(tempfile.mkdtemp()) / "c", config, RandomWeights(seed=0))
-    model, _, n_layers, _ = _load_model(folder, "causal", "float32", device, -1)
-    forward = _forward_fn(model, "causal", -1, n_layers)
-    mods = _modeling_modules(model)
-    saved = [(m, m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn) for m in mods]
-    rows = batches(prompts, prompts, config.vocab_size, seed=1)[0]
-    ids, mask = pad(rows, 16, torch.device(device))
-    with torch.inference_mode():
-        default = last_token(forward(ids, mask), mask).cpu()
-        first = bound(model)
-        fast_kernels(model, device)
-        fast = last_token(forward(ids, mask), mask).cpu()
-    for m, gdr, conv in saved:
-        m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn = gdr, conv
-    rel = float((fast - default).abs().max() / default.abs().max())
-    out = {"layers": layers, "experts": experts, "prompts": prompts, "dtype": "float32",
-           "default_gated_delta_rule": first, "fast_gated_delta_rule": "fast_kernels",
-           "max_rel_diff": rel, "max_abs": float(default.abs().max())}
-    del model
-    torch.cuda.empty_cache()
-    return out
-
-
 def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
     """Which path is right: one random float32 model's last-token embeddings of ``prompts`` prompts, each
     alone (no padding) and inside one right-padded batch, by (1) transformers' reference PyTorch kernels in
@@ -195,8 +167,8 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
         with torch.inference_mode():
             ids, mask = pad(rows, 16, dev)
             batch = last_token(forward(ids, mask), mask).double().cpu()
-            alone = torch.cat([last_token(forward(*pad([r], 1, dev)), pad([r], 1, dev)[1]).double().cpu()
-                               for r in rows])
+            alone = torch.cat([last_token(forward(i, m), m).double().cpu()
+                               for i, m in (pad([r], 1, dev) for r in rows)])
         return batch, alone
 
     reference()
@@ -236,8 +208,6 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pad-check", type=int, default=0, metavar="PROMPTS",
                     help="only the padding-invariance check (float32) on this many prompts")
-    ap.add_argument("--check", type=int, default=0, metavar="PROMPTS",
-                    help="first compare default and fla bindings in float32 on this many prompts")
     a = ap.parse_args()
 
     import eval_scale
@@ -250,9 +220,6 @@ def main() -> None:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "pad_check.json").write_text(json.dumps(r, indent=2))
         return
-    checked = check(a.layers, a.experts, a.check, a.device) if a.check else None
-    if checked:
-        print("check:", json.dumps(checked), flush=True)
     device = torch.device(a.device)
     dtype = "bfloat16" if device.type == "cuda" else "float32"
     config = eval_scale.model_config(a.shape, a.layers, a.experts, 0)
@@ -287,15 +254,14 @@ def main() -> None:
         results.append(r)
         print(json.dumps(r), flush=True)
         if device.type == "cuda" and not a.no_profile and name in (names[0], names[-1]):
-            mult = next((int(p[3:]) for p in parts if p.startswith("pad")), 64)
-            profiles[name] = profile_one(forward, data[len(data) // 2], mult, device)
+            profiles[name] = profile_one(forward, data[len(data) // 2], pad_multiple(name), device)
             print(json.dumps({"profile": name, **{k: v for k, v in profiles[name].items() if k != "top"}}))
             for t in profiles[name]["top"]:
                 print(f"  {t['share']:6.1%} {t['s']*1e3:8.2f} ms {t['calls']:6d}  {t['kernel']}")
     a.out.mkdir(parents=True, exist_ok=True)
     info = {"command": " ".join(sys.argv), "layers": a.layers, "experts": a.experts, "prompts": a.prompts,
             "batch": a.batch, "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if device.type == "cuda" else None,
-            "results": results, "profiles": profiles, "check": checked}
+            "results": results, "profiles": profiles}
     try:
         import transformers
         info["transformers"] = transformers.__version__

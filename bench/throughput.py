@@ -452,13 +452,13 @@ def main() -> int:
                                            if k not in ("step_s", "plan_table", "plan_components", "traceback")},
                                           default=str), flush=True)
             save()
-        hf, pl, lg = entry.get("hf", {}), entry.get("pitlab", {}), entry.get("liger", {})
-        if "tokens_per_second" in lg and "tokens_per_second" in pl:
-            entry["ratio_pitlab_per_gpu_to_liger"] = pl["tokens_per_second_per_gpu"] / lg["tokens_per_second"]
-        if "tokens_per_second" in hf and "tokens_per_second" in pl:
-            entry["ratio_pitlab_per_gpu_to_hf"] = pl["tokens_per_second_per_gpu"] / hf["tokens_per_second"]
-            entry["hf_mfu"] = None if pl.get("flops_per_token") is None or pl.get("peak_flops") is None else \
-                hf["tokens_per_second"] * pl["flops_per_token"] / pl["peak_flops"]
+        pl = entry.get("pitlab", {})
+        for loop in ("hf", "liger"):  # the two baselines: ratio and MFU (pitlab's FLOP count) of each
+            base = entry.get(loop, {})
+            if "tokens_per_second" in base and "tokens_per_second" in pl:
+                entry[f"ratio_pitlab_per_gpu_to_{loop}"] = pl["tokens_per_second_per_gpu"] / base["tokens_per_second"]
+                per_token = pl_flops(entry)
+                entry[f"{loop}_mfu"] = None if per_token is None else base["tokens_per_second"] * per_token
         save()
     if rank == 0:
         print(f"\n{'shape':<18}{'run':<36}{'tokens/s/GPU':>13}{'MFU':>8}{'alloc GB':>9}{'plan GB':>9}{'act-ckpt':>9}")
@@ -466,9 +466,7 @@ def main() -> int:
             for label, r in entry.items():
                 if isinstance(r, dict) and "tokens_per_second" in r:
                     per = r.get("tokens_per_second_per_gpu", r["tokens_per_second"])
-                    mfu = r.get("mfu", entry.get("hf_mfu") if label == "hf" else None)
-                    if label == "liger" and pl_flops(entry):
-                        mfu = r["tokens_per_second"] * pl_flops(entry)
+                    mfu = r.get("mfu", entry.get(f"{label}_mfu"))
                     plan = r.get("planned_allocated")
                     mfu_text = "–" if mfu is None else f"{mfu * 100:.1f}%"
                     print(f"{name:<18}{label:<36}{per:>13,.0f}{mfu_text:>8}"

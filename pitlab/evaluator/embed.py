@@ -251,15 +251,6 @@ def _check_arguments(model_dir: Path, texts, kind: str, pooling: str, dtype: str
         raise EmbeddingError(f"{model_dir}: no config.json (not a Hugging Face model folder)")
 
 
-def _dist_version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
-
-
 def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str, texts: list[str]) -> Path | None:
     """``cache_dir/<key>.npy`` for these prompts and settings (None without ``cache_dir``). The key covers the
     model digest, kind, pooling, layer, max_length, dtype and, off the CPU, the device (GPU kernels round
@@ -269,6 +260,8 @@ def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str,
     settings = {"kind": meta["kind"], "pooling": meta["pooling"], "layer": meta["layer"], "max_length": max_length,
                 "dtype": dtype}
     if meta["device"] != "cpu":
+        from pitlab.trainer.kernels import _dist_version
+
         settings["device"] = meta["device"]
         settings["fla"] = _dist_version("fla-core")  # transformers binds fla's kernels on a GPU when installed
     return Path(cache_dir) / f"{_cache_key(meta['digest'], settings, texts)}.npy"
