@@ -64,6 +64,11 @@ DATE_SD = 0.5
 GAP, EMBARGO, K, INNER = 10, 5, 5, 5
 
 
+def alpha_grid(per_decade: int = 1) -> list[float]:
+    """The study's penalty grid: ``per_decade`` values per decade from 0.1 to 1e5 (1: :data:`ALPHAS`)."""
+    return list(np.logspace(-1, 5, 6 * per_decade + 1)) if per_decade > 1 else list(ALPHAS)
+
+
 def simulate(scenario: str, S: int, T: int, d: int, seed: int):
     """One balanced panel: X float64 [S·T, d], y [S·T], security and date codes int [S·T] (date-major), and
     whether the premium is scored on the market-neutral target."""
@@ -126,10 +131,10 @@ def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
 
 
 def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES, device: str = "cpu",
-              budget: int = 1 << 30) -> dict:
+              budget: int = 1 << 30, per_decade: int = 1) -> dict:
     """Point premium and every scheme's replicates of one panel, summarised as the candidates' intervals.
     ``device`` ``cpu`` (the numpy backend) or ``cuda`` (the torch backend, ``budget`` bytes of float64
-    temporaries per batch of fits)."""
+    temporaries per batch of fits); ``per_decade``: penalty grid values per decade (:func:`alpha_grid`)."""
     from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds
     from pitlab.evaluator.decompose import market_neutral
     from pitlab.evaluator.estimates import AlphaSelection, PanelStats
@@ -146,10 +151,11 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     st = PanelStats.build_rows(X, y, sec, train, test, backend=backend, positions=date * GAP)
     on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
     pf = security_folds(np.full(S, T), K)[sec][None, :]
-    off, on, edges, grid, _ = point_estimates(st, pf, K, ALPHAS, on_sel, "train_mean", None, off_sel, True)
+    off, on, edges, grid, _ = point_estimates(st, pf, K, alpha_grid(per_decade), on_sel, "train_mean", None, off_sel, True)
     point = float(on.r2_rows[0] - off.r2[0])
     rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
-           "alpha_off": float(off.alpha[0]), "edges": bool(edges["off"][0] or edges["on"][0])}
+           "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
+           "per_decade": per_decade, "edges": bool(edges["off"][0] or edges["on"][0])}
     for name, W in draws(S, T, R, seed, sec, date).items():
         if name not in schemes:
             continue
@@ -232,8 +238,8 @@ def summarise(records: list[dict], tune_seeds: int) -> list[dict]:
     out = []
     cells: dict = {}
     for r in records:
-        cells.setdefault((r["S"], r["T"], r["d"], r["scenario"]), []).append(r)
-    for (S, T, d, sc), rs in sorted(cells.items(), key=lambda kv: (kv[0][:3], SCENARIOS.index(kv[0][3]))):
+        cells.setdefault((r["S"], r["T"], r["d"], r.get("per_decade", 1), r["scenario"]), []).append(r)
+    for (S, T, d, pd, sc), rs in sorted(cells.items(), key=lambda kv: (kv[0][:4], SCENARIOS.index(kv[0][4]))):
         for split, sub in (("tune", [r for r in rs if r["seed"] < tune_seeds]),
                            ("held-out", [r for r in rs if r["seed"] >= tune_seeds])):
             if len(sub) < 2:
@@ -250,7 +256,7 @@ def summarise(records: list[dict], tune_seeds: int) -> list[dict]:
                 width = np.median(iv[:, 1] - iv[:, 0])
                 flag = np.array([bool(r[c].get("unreliable", False)) if isinstance(r.get(c), dict) else False
                                  for r in sub])
-                out.append({"size": f"{S}x{T}x{d}", "scenario": sc, "seeds": split, "candidate": c,
+                out.append({"size": f"{S}x{T}x{d}" + (f", {pd} α per decade" if pd > 1 else ""), "scenario": sc, "seeds": split, "candidate": c,
                             "panels": len(sub), "true_premium": truth, "sd_across_panels": spread,
                             "coverage": float(cover.mean()), "rejection": float(reject.mean()),
                             "width_ratio": float(width / (3.92 * spread)) if spread > 0 else float("nan"),
@@ -312,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--panels", type=int, default=200, help="panels per scenario (seeds 0..panels-1)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=200)
+    p.add_argument("--alphas-per-decade", type=int, default=1,
+                   help="penalty grid: this many values per decade from 0.1 to 1e5 (1: the decade grid)")
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
                    help="replicate sets to draw (a later run may add schemes to the same panels in another file)")
@@ -334,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             for line in f.read_text().splitlines():
                 if line.strip():
                     r = json.loads(line)
-                    key = (r["S"], r["T"], r["d"], r["scenario"], r["seed"])
+                    key = (r["S"], r["T"], r["d"], r.get("per_decade", 1), r["scenario"], r["seed"])
                     merged.setdefault(key, {}).update(r)
         recs = list(merged.values())
         rows = summarise(recs, a.tune_seeds)
@@ -347,13 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     done = set()
     if a.out and a.out.exists():
         done = {(r["scenario"], r["seed"]) for r in map(json.loads, a.out.read_text().splitlines()) if r["S"] == S
-                and r["T"] == T and r["d"] == d}
+                and r["T"] == T and r["d"] == d and r.get("per_decade", 1) == a.alphas_per_decade}
     budget = 1 << 30
     if a.device == "cuda":
         import torch
 
         budget = torch.cuda.get_device_properties(0).total_memory // (4 * a.workers)
-    tasks = [(sc, s, S, T, d, a.resamples, tuple(a.schemes), a.device, budget) for s in range(a.first_seed, a.first_seed + a.panels)
+    tasks = [(sc, s, S, T, d, a.resamples, tuple(a.schemes), a.device, budget,
+              a.alphas_per_decade) for s in range(a.first_seed, a.first_seed + a.panels)
              for sc in a.scenarios if (sc, s) not in done]
     t0 = time.perf_counter()
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
