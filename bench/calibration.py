@@ -155,7 +155,7 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     point = float(on.r2_rows[0] - off.r2[0])
     rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
            "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
-           "per_decade": per_decade, "edges": bool(edges["off"][0] or edges["on"][0])}
+           "per_decade": per_decade, "search": "staged", "edges": bool(edges["off"][0] or edges["on"][0])}
     for name, W in draws(S, T, R, seed, sec, date).items():
         if name not in schemes:
             continue
