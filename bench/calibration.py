@@ -65,7 +65,12 @@ GAP, EMBARGO, K, INNER = 10, 5, 5, 5
 
 
 def alpha_grid(per_decade: int = 1) -> list[float]:
-    """The study's penalty grid: ``per_decade`` values per decade from 0.1 to 1e5 (1: :data:`ALPHAS`)."""
+    """The study's penalty grid: ``per_decade`` values per decade from 0.1 to 1e5 (1: :data:`ALPHAS`, the former
+    default; 4: the spec's default :data:`pitlab.api.leakageeval.DEFAULT_ALPHAS`, six significant digits)."""
+    if per_decade == 4:
+        from pitlab.api.leakageeval import DEFAULT_ALPHAS
+
+        return list(DEFAULT_ALPHAS)
     return list(np.logspace(-1, 5, 6 * per_decade + 1)) if per_decade > 1 else list(ALPHAS)
 
 
