@@ -2,7 +2,8 @@
 
 Every panel runs pitlab's own estimator (:func:`pitlab.evaluator.targets.point_estimates` and
 :func:`pitlab.evaluator.bootstrap.bootstrap_model`, row units, ``regression.selection: protocol-cv``: date blocks
-for leakage-off, GroupKFold by security for leakage-on, the penalty chosen again in every replicate) on S
+for leakage-off, GroupKFold by security for leakage-on, the penalty chosen again in every replicate on the spec's
+default grid of four values per decade unless ``--alphas-per-decade`` says otherwise) on S
 securities × T dates (T/3 test dates, the first 2T/3 train leakage-off; dates 10 sessions apart, 5 days of
 embargo). Four sets of bootstrap replicates are drawn per panel with the same seed, and every candidate interval
 is built from them:
@@ -136,7 +137,7 @@ def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
 
 
 def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES, device: str = "cpu",
-              budget: int = 1 << 30, per_decade: int = 1) -> dict:
+              budget: int = 1 << 30, per_decade: int = 4) -> dict:
     """Point premium and every scheme's replicates of one panel, summarised as the candidates' intervals.
     ``device`` ``cpu`` (the numpy backend) or ``cuda`` (the torch backend, ``budget`` bytes of float64
     temporaries per batch of fits); ``per_decade``: penalty grid values per decade (:func:`alpha_grid`)."""
@@ -323,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--panels", type=int, default=200, help="panels per scenario (seeds 0..panels-1)")
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--resamples", type=int, default=200)
-    p.add_argument("--alphas-per-decade", type=int, default=1,
-                   help="penalty grid: this many values per decade from 0.1 to 1e5 (1: the decade grid)")
+    p.add_argument("--alphas-per-decade", type=int, default=4,
+                   help="penalty grid: this many values per decade from 0.1 to 1e5 (4: the spec's default grid; "
+                        "1: the former default, one per decade)")
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
                    help="replicate sets to draw (a later run may add schemes to the same panels in another file)")
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     done = set()
     if a.out and a.out.exists():
         done = {(r["scenario"], r["seed"]) for r in map(json.loads, a.out.read_text().splitlines()) if r["S"] == S
-                and r["T"] == T and r["d"] == d and r.get("per_decade", 1) == a.alphas_per_decade}
+                and r["T"] == T and r["d"] == d and r.get("per_decade", 1) == a.alphas_per_decade}  # none: 1
     budget = 1 << 30
     if a.device == "cuda":
         import torch

@@ -7,7 +7,7 @@
 # Then the interval study's two-way cells of that size on the host CPUs with the time left (seeds FIRST_SEED ..
 # FIRST_SEED + PANELS - 1, appended to RESUME_JSONL's copy when given, so a later call goes on where it stopped).
 # CAL_DEVICE=cuda CAL_WORKERS=N: the study's statistics on the GPU (torch backend, N processes sharing it).
-# CAL_PER_DECADE=K: the study's penalty grid with K values per decade (default 1); CAL_SCENARIOS="a b": only these.
+# CAL_PER_DECADE=K: the study's penalty grid with K values per decade (default 4, the spec's); CAL_SCENARIOS="a b": only these.
 set -u
 export PYTHONUNBUFFERED=1
 total=${1:-420}; shift
@@ -40,7 +40,7 @@ for job in "$@"; do
   [ "$left" -gt 40 ] || break
   mins=$(python3 -c "print(round(($left - 30) / 60, 2))")
   OPENBLAS_NUM_THREADS=1 timeout "$left" python3 bench/calibration.py --size "$size" --panels "$panels" \
-    --first-seed "$first" --schemes two-way --workers "${CAL_WORKERS:-16}" --alphas-per-decade "${CAL_PER_DECADE:-1}" \
+    --first-seed "$first" --schemes two-way --workers "${CAL_WORKERS:-16}" --alphas-per-decade "${CAL_PER_DECADE:-4}" \
     ${CAL_SCENARIOS:+--scenarios $CAL_SCENARIOS} \
     --device "${CAL_DEVICE:-cpu}" --minutes "$mins" --out "$out" 2>&1 | tail -2
   wc -l "$out"
