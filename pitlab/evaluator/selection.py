@@ -77,7 +77,8 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
                  backend: Backend | None = None, targets: int = 1):
     """Grid position of the chosen α for B weighted unions of ``units`` (per-security statistics, m = S):
     ``w`` [B, S] multiplicities (numpy or the backend's). Returns ``(alpha_index`` int64 numpy [B],
-    ``score`` [B, A] (GCV score or pooled inner-CV SSE) on the backend``)``.
+    ``score`` [B, A]``)``: the GCV score on the backend, or the pooled inner-CV SSE as float64 numpy (NaN at
+    the α the GPU's two-stage search did not score, :func:`staged_argmin`).
 
     security-cv: inner folds by :func:`pitlab.evaluator.protocols.security_folds` on each weighting (all copies
     of a security in one fold); per inner fold the training statistics are the fitting set minus the inner
@@ -212,9 +213,9 @@ def _windows(cv: np.ndarray, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarra
 def staged_argmin(cv, anchors: np.ndarray) -> np.ndarray:
     """Grid position int64 [B] of the penalty search: the best decade anchors (:func:`decade_anchors`), then the
     best α between their neighbouring anchors (:func:`_windows`; :func:`argmin_ties_largest`, the largest α
-    among ties). Scores
-    ``cv`` [B, A] (NaN where not computed: only anchors and windows are read). Equal to the whole grid's
-    argmin whenever the score is unimodal in α; on the GPU it needs 13 solves of the default 25-value grid."""
+    among ties). Scores ``cv`` [B, A] (NaN where not computed: only anchors and windows are read). Equal to the
+    whole grid's argmin whenever the score is unimodal in α; on the GPU it needs 13 solves of the default
+    25-value grid when the rows agree on their best decade."""
     s = np.asarray(to_numpy(cv), dtype=np.float64)
     if anchors.size == s.shape[1]:
         return argmin_ties_largest(s)
