@@ -157,7 +157,8 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     st = PanelStats.build_rows(X, y, sec, train, test, backend=backend, positions=date * GAP)
     on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
     pf = security_folds(np.full(S, T), K)[sec][None, :]
-    off, on, edges, grid, _ = point_estimates(st, pf, K, alpha_grid(per_decade), on_sel, "train_mean", None, off_sel, True)
+    off, on, edges, grid, _ = point_estimates(st, pf, K, alpha_grid(per_decade), on_sel, "train_mean", None, off_sel,
+                                              True)
     point = float(on.r2_rows[0] - off.r2[0])
     rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
            "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
@@ -262,7 +263,8 @@ def summarise(records: list[dict], tune_seeds: int) -> list[dict]:
                 width = np.median(iv[:, 1] - iv[:, 0])
                 flag = np.array([bool(r[c].get("unreliable", False)) if isinstance(r.get(c), dict) else False
                                  for r in sub])
-                out.append({"size": f"{S}x{T}x{d}" + (f", {pd} α per decade" if pd > 1 else ""), "scenario": sc, "seeds": split, "candidate": c,
+                size = f"{S}x{T}x{d}" + (f", {pd} α per decade" if pd > 1 else "")
+                out.append({"size": size, "scenario": sc, "seeds": split, "candidate": c,
                             "panels": len(sub), "true_premium": truth, "sd_across_panels": spread,
                             "coverage": float(cover.mean()), "rejection": float(reject.mean()),
                             "width_ratio": float(width / (3.92 * spread)) if spread > 0 else float("nan"),
