@@ -65,7 +65,7 @@ DATE_SD = 0.5
 GAP, EMBARGO, K, INNER = 10, 5, 5, 5
 
 
-def alpha_grid(per_decade: int = 1) -> list[float]:
+def alpha_grid(per_decade: int = 4) -> list[float]:
     """The study's penalty grid: ``per_decade`` values per decade from 0.1 to 1e5 (1: :data:`ALPHAS`, the former
     default; 4: the spec's default :data:`pitlab.api.leakageeval.DEFAULT_ALPHAS`, six significant digits)."""
     if per_decade == 4:

@@ -168,10 +168,7 @@ def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Back
         cv = [np.full((B, a.size), np.nan) for _ in range(targets)]
         for c, sc in zip(cv, score(anchors)):
             c[:, anchors] = sc
-        need = np.zeros(a.size, dtype=bool)
-        for c in cv:
-            for lo, hi in zip(*_windows(c, anchors)):
-                need[lo:hi + 1] = True
+        need = np.logical_or.reduce([_window_mask(c, anchors).any(axis=0) for c in cv])
         rest = np.flatnonzero(need & np.isnan(cv[0][0]))
         if rest.size:
             for c, sc in zip(cv, score(rest)):
@@ -198,6 +195,13 @@ def decade_anchors(alphas: np.ndarray) -> np.ndarray:
     return np.asarray(out, dtype=np.int64)
 
 
+def _window_mask(cv: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    """bool [B, A]: the grid positions inside each row's refinement window (:func:`_windows`)."""
+    lo, hi = _windows(cv, anchors)
+    pos = np.arange(cv.shape[1])[None, :]
+    return (pos >= lo[:, None]) & (pos <= hi[:, None])
+
+
 def _windows(cv: np.ndarray, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """First and last grid positions int [B] of each row's refinement window: from the anchor below the first
     to the anchor above the last of its best anchors (tied within :data:`TIE_RTOL`, as
@@ -219,10 +223,7 @@ def staged_argmin(cv, anchors: np.ndarray) -> np.ndarray:
     s = np.asarray(to_numpy(cv), dtype=np.float64)
     if anchors.size == s.shape[1]:
         return argmin_ties_largest(s)
-    lo, hi = _windows(s, anchors)
-    pos = np.arange(s.shape[1])[None, :]
-    masked = np.where((pos >= lo[:, None]) & (pos <= hi[:, None]), s, np.inf)
-    return argmin_ties_largest(masked)
+    return argmin_ties_largest(np.where(_window_mask(s, anchors), s, np.inf))
 
 
 TIE_RTOL = 1e-9
