@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Issue 28 on one H200 machine, in one device call (bench/RESULTS.md). Run from the repository root with
 # build/whl-stats carried (pydantic stack, exchange_calendars and its pure-Python needs); everything lands under $OUT.
-#   bash bench/h200_issue28.sh TOTAL_SECONDS [stats] [SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]]
+#   bash bench/h200_issue28.sh TOTAL_SECONDS [stats] [SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL] ...]
 # stats: (1) the default statistics at 2,048 dims (30,000 rows, four protocols, 200 resamples, two-way interval,
 # date-only baseline and market-neutral target), alone on the machine; (2) a torch-vs-numpy check at 128 dims.
 # Then the interval study's two-way cells of that size on the host CPUs with the time left (seeds FIRST_SEED ..
 # FIRST_SEED + PANELS - 1, appended to RESUME_JSONL's copy when given, so a later call goes on where it stopped).
 # CAL_DEVICE=cuda CAL_WORKERS=N: the study's statistics on the GPU (torch backend, N processes sharing it).
 # CAL_PER_DECADE=K: the study's penalty grid with K values per decade (default 4, the spec's); CAL_SCENARIOS="a b": only these.
+# CAL_CPU_JOB=SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]: one more cell at the same time on the host CPUs (numpy backend,
+# CAL_CPU_WORKERS processes, default 11), for the whole call: the GPU cells of CAL_DEVICE=cuda leave the CPUs idle.
 set -u
 export PYTHONUNBUFFERED=1
 total=${1:-420}; shift
+if [ -n "${CAL_CPU_JOB:-}" ] && [ "${CAL_DEVICE:-cpu}" != cuda ]; then
+  echo "CAL_CPU_JOB runs beside GPU cells: set CAL_DEVICE=cuda (or pass the CPU cell as an argument)" >&2; exit 2
+fi
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   build/whl-stats/*.whl || exit 1
@@ -32,17 +37,26 @@ if [ "${1:-}" = stats ]; then
     --out "$OUT/stats-h200-128-check.json" 2>&1 | grep -v Warning | grep check | tee "$OUT/log-check.txt"
   echo "check done at $(( $(date +%s) - t0 )) s"
 fi
-for job in "$@"; do
-  IFS=: read -r size first panels resume <<< "$job"
-  out="$OUT/calibration-$size-two-way-h200${CAL_DEVICE:+-$CAL_DEVICE}${CAL_PER_DECADE:+-pd$CAL_PER_DECADE}.jsonl"
-  [ -n "${resume:-}" ] && cp "$resume" "$out"
+cell() {  # cell DEVICE WORKERS SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]
+  local device=$1 workers=$2 size first panels resume out left mins
+  IFS=: read -r size first panels resume <<< "$3"
+  out="$OUT/calibration-$size-two-way-h200-$device-pd${CAL_PER_DECADE:-4}.jsonl"
+  [ -n "${resume:-}" ] && cp "$resume" "$out" && chmod u+w "$out"
   left=$(( total - ($(date +%s) - t0) - 25 ))
-  [ "$left" -gt 40 ] || break
+  [ "$left" -gt 40 ] || return 1
   mins=$(python3 -c "print(round(($left - 30) / 60, 2))")
   OPENBLAS_NUM_THREADS=1 timeout "$left" python3 bench/calibration.py --size "$size" --panels "$panels" \
-    --first-seed "$first" --schemes two-way --workers "${CAL_WORKERS:-16}" --alphas-per-decade "${CAL_PER_DECADE:-4}" \
+    --first-seed "$first" --schemes two-way --workers "$workers" --alphas-per-decade "${CAL_PER_DECADE:-4}" \
     ${CAL_SCENARIOS:+--scenarios $CAL_SCENARIOS} \
-    --device "${CAL_DEVICE:-cpu}" --minutes "$mins" --out "$out" 2>&1 | tail -2
+    --device "$device" --minutes "$mins" --out "$out" 2>&1 | tail -2
   wc -l "$out"
+}
+if [ -n "${CAL_CPU_JOB:-}" ]; then
+  cell cpu "${CAL_CPU_WORKERS:-11}" "$CAL_CPU_JOB" > "$OUT/log-cpu-cell.txt" 2>&1 &
+fi
+for job in "$@"; do
+  cell "${CAL_DEVICE:-cpu}" "${CAL_WORKERS:-16}" "$job" || break
 done
+wait
+[ -n "${CAL_CPU_JOB:-}" ] && cat "$OUT/log-cpu-cell.txt"
 echo "all done at $(( $(date +%s) - t0 )) s"
