@@ -46,6 +46,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pitlab before an installed one
+
 import numpy as np
 
 SCENARIOS = ("null", "date-known", "market", "date-leak", "stock-strong", "stock-weak", "stock-weak-neutral",

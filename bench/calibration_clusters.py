@@ -41,8 +41,11 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's pitlab before an installed one
 
 import numpy as np
 
