@@ -16,6 +16,9 @@ is built from them:
   counted once instead of twice as in the pigeonhole draw), max(V_security, V_date) when V is not larger;
 * ``cgm-t``: the same with t(G − 1) quantiles, G = min(S, T) clusters (MacKinnon & Webb 2017);
 * ``max-t``: max(V_security, V_date) with t(G − 1) quantiles.
+* ``two-way-pct``, ``two-way-basic``, ``two-way-sum-t`` (from records that keep the quantiles of each half of the
+  two-way replicates, ``HALF_QUANTILES``): the percentile interval of the dominating half, its basic (reflected)
+  interval 2·point − quantiles (Davison & Hinkley 1997, sec. 5.2), and point ± t(G − 1)·sqrt(V_security + V_date).
 
 Scenarios (``simulate``): ``null`` (X, y independent noise), ``date-known`` (the embedding knows the date, no date
 effect), ``market`` (date effects in y, the embedding knows nothing), ``date-leak`` (date effects and an
@@ -56,7 +59,8 @@ ZERO_PREMIUM = ("null", "date-known", "market")
 SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack", "two-way",
            "security-jack")
 CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
-              "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t")
+              "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t",
+              "two-way-pct", "two-way-basic", "two-way-sum-t")
 JACK_GROUPS = 20
 """Security groups of the delete-a-group jackknife (``security-jack``; Kott 2001, J. Official Statistics 17(4))."""
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
@@ -178,6 +182,9 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
             sd, _, dim = rule.spread(reps)
             rec[name] = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
                          "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum())}
+            for half, v in zip(("security", "date"), rule.halves(reps)):  # for skew-aware candidates offline
+                rec[name][half] = {"sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
+                                   "q": [float(x) for x in np.quantile(v, HALF_QUANTILES)] if v.size else []}
             continue
         if name == "date-jack":  # delete-one-date jackknife within the split's strata (Wolter 2007, sec. 4.5)
             strata = strata_of(T)
@@ -198,6 +205,11 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     return rec
 
 
+HALF_QUANTILES = (0.025, 0.05, 0.5, 0.95, 0.975)
+"""Quantiles of each half of the two-way replicates kept in a record (``two-way.security.q``, ``two-way.date.q``):
+enough for the percentile and basic intervals of the dominating half without storing the replicates."""
+
+
 def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, float]]:
     """Every candidate's interval that one panel record allows (module docstring); a record holding only some
     replicate sets gives only the candidates built from them."""
@@ -207,6 +219,16 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
     z = stats.norm.ppf(0.5 + confidence / 2)
     out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
                                                       "pigeonhole-strat", "two-way") if k in rec}
+    tw = rec.get("two-way", {})
+    if "security" in tw and "date" in tw and confidence == 0.95:  # skew-aware variants of the two-way rule
+        dom = tw[tw["dim"]] if tw.get("dim") in ("security", "date") else None
+        if dom and len(dom["q"]) == len(HALF_QUANTILES):
+            q = dict(zip(HALF_QUANTILES, dom["q"]))
+            out["two-way-pct"] = (q[0.025], q[0.975])  # percentile interval of the dominating half
+            out["two-way-basic"] = (2 * p - q[0.975], 2 * p - q[0.025])  # basic (reflected) interval
+        g = rec["S"] if tw["dim"] == "security" else rec["T"]
+        half = stats.t.ppf(0.5 + confidence / 2, g - 1) * (tw["security"]["sd"] ** 2 + tw["date"]["sd"] ** 2) ** 0.5
+        out["two-way-sum-t"] = (p - half, p + half)  # both one-way variances added (no row-level term removed)
     if "security-jack" in rec and "date-jack" in rec:  # two-way jackknife: the larger one-way variance
         vs, vd = rec["security-jack"]["var"], rec["date-jack"]["var"]
         g = rec["security-jack"]["groups"] - 1 if vs >= vd else rec["T"] - len(np.unique(strata_of(rec["T"])))
