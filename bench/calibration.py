@@ -19,6 +19,9 @@ is built from them:
 * ``two-way-pct``, ``two-way-basic``, ``two-way-sum-t`` (from records that keep the quantiles of each half of the
   two-way replicates, ``HALF_QUANTILES``): the percentile interval of the dominating half, its basic (reflected)
   interval 2·point − quantiles (Davison & Hinkley 1997, sec. 5.2), and point ± t(G − 1)·sqrt(V_security + V_date).
+* ``two-way-strata`` (from every two-way record): the two-way rule with, when the date half dominates, its variance
+  scaled by G/(G − 1) and t(G − 1) quantiles, G the smaller of the leakage-off split's training and test date
+  counts (the stratified bootstrap's (G − 1)/G shrinkage of a stratum's variance, Rao & Wu 1988).
 
 Scenarios (``simulate``): ``null`` (X, y independent noise), ``date-known`` (the embedding knows the date, no date
 effect), ``market`` (date effects in y, the embedding knows nothing), ``date-leak`` (date effects and an
@@ -60,7 +63,7 @@ SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-s
            "security-jack")
 CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
               "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t",
-              "two-way-pct", "two-way-basic", "two-way-sum-t")
+              "two-way-pct", "two-way-basic", "two-way-sum-t", "two-way-strata")
 JACK_GROUPS = 20
 """Security groups of the delete-a-group jackknife (``security-jack``; Kott 2001, J. Official Statistics 17(4))."""
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
@@ -220,6 +223,18 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
     out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
                                                       "pigeonhole-strat", "two-way") if k in rec}
     tw = rec.get("two-way", {})
+    if tw.get("dim") in ("security", "date") and np.isfinite(tw.get("sd", float("nan"))):
+        # the date half's variance scaled by G/(G - 1) of the smaller fitted stratum (training or test dates) and
+        # t(G - 1) on its G: the stratified bootstrap's variance of a stratum of G clusters is (G - 1)/G times the
+        # unbiased one (Rao & Wu 1988, JASA 83(401):231-241); the security half as in "two-way"
+        if tw["dim"] == "date":
+            st = strata_of(rec["T"])
+            g = int(min((st == 0).sum(), (st == 2).sum()))
+            sd = tw["sd"] * (g / (g - 1)) ** 0.5
+        else:
+            g, sd = rec["S"], tw["sd"]
+        half = stats.t.ppf(0.5 + confidence / 2, g - 1) * sd
+        out["two-way-strata"] = (p - half, p + half)
     if "security" in tw and "date" in tw and confidence == 0.95:  # skew-aware variants of the two-way rule
         dom = tw[tw["dim"]] if tw.get("dim") in ("security", "date") else None
         if dom and len(dom["q"]) == len(HALF_QUANTILES):
