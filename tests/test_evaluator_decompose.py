@@ -12,7 +12,7 @@ from sklearn.linear_model import Ridge
 
 from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.data.types import Panel
-from pitlab.evaluator.decompose import date_features, empty_checks, market_neutral
+from pitlab.evaluator.decompose import date_features, empty_checks, market_neutral, rows_per_dimension_checks
 from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_on_r2, select_alpha
 from pitlab.evaluator.protocols import (LABEL_HORIZON_DAYS, ChronologicalSplit, PurgedKFoldSplit, date_block_folds,
                                         security_folds)
@@ -214,3 +214,13 @@ def test_two_targets_fitted_together_equal_two_separate_runs(backend, reselect):
                                                                         abs=1e-12)
     # the two targets are different numbers: the check compares like with like
     assert np.abs(raw.reps.r2_on - neutral.reps.r2_on).max() > 1e-3
+
+
+def test_few_rows_per_dimension_is_stated_below_45_only():
+    # 300 securities x 19 training dates: 5,700 rows; 384 dims -> 14.8 per dimension, 128 -> 44.5, 8 -> 712.5
+    checks = rows_per_dimension_checks(5700, {"big": 384, "mid": 128, "small": 8})
+    assert [c["model"] for c in checks] == ["big", "mid"]
+    assert checks[0]["check"] == "few-rows-per-dimension" and checks[0]["protocol"] == "chronological"
+    assert "5700 training rows for 384 embedding dimensions (14.8 per dimension, < 45)" in checks[0]["message"]
+    assert "(44.5 per dimension" in checks[1]["message"]
+    assert rows_per_dimension_checks(5760, {"x": 128}) == []  # exactly 45 per dimension

@@ -117,7 +117,8 @@ def test_jpx_example_end_to_end_on_generated_kaggle_files(tmp_path):
     # clean files: no warning about the data or the penalty; the only ones possible on so small a panel are the
     # checks that did nothing (results.diagnostics); the two-way interval has no bias reason for "unreliable"
     empty = {f"{d['protocol']}: {d['message']}" for d in res["diagnostics"]}
-    assert {d["check"] for d in res["diagnostics"]} >= {"embargo-removed-nothing", "few-time-clusters"}
+    assert {d["check"] for d in res["diagnostics"]} >= {"embargo-removed-nothing", "few-time-clusters",
+                                                        "few-rows-per-dimension"}  # ≤ 20 × 16 rows, 384 dims
     assert set(res["warnings"]) == empty, res["warnings"]
     assert m["verdict_reasons"] == [] and m["premium_bias"] is not None and m["verdict"] != "unreliable"
     assert m["alpha_grid_widenings"] == 0 and res["bootstrap"]["cluster"] == "two-way"

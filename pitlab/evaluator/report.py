@@ -125,7 +125,7 @@ def render_markdown(results: dict) -> str:
         lines += ["", f"Prices: {ds['adjustment']}. Price levels in the prompts: "
                       f"{', '.join(levels) if levels else 'none (returns and volume ratios only)'}."]
     if results.get("diagnostics"):
-        lines += ["", "## Checks that did nothing on this panel", ""]
+        lines += ["", "## Checks that did nothing, and limits of this panel", ""]
         lines += [f"- **{d['protocol']}** ({d['check']}): {d['message']}." for d in results["diagnostics"]]
     shown = {f"{d['protocol']}: {d['message']}" for d in results.get("diagnostics") or []}
     for w in results.get("warnings", []):
