@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pitlab.evaluator.heap import keep_freed_memory
+
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -101,6 +103,7 @@ def run_batches(fn, bounds: list[tuple[int, int]], workers: int) -> None:
     (weighted sums, eigendecompositions, solves, small stacked products) is single-threaded and the cores work
     on different bootstrap replicates, which never wait on each other (:func:`across_matrices` says why that
     matters on shared cores). A batch's numbers do not depend on the thread that computes it."""
+    keep_freed_memory()
     if workers <= 1 or len(bounds) < 2:
         for s, e in bounds:
             fn(s, e)
