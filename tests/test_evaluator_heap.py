@@ -28,7 +28,7 @@ def test_keep_freed_memory_in_force_and_off_on_request():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_statistics_bit_identical_with_and_without(tmp_path):
-    args = ["bench/bench_statistics.py", "--dim", "12", "--securities", "40", "--dates", "20", "--resamples", "6"]
+    args = ["bench/bench_statistics.py", "--dim", "12", "--securities", "40", "--dates", "20", "--resamples", "10"]
     out = {}
     for keep in ("1", "0"):
         _run([*args, "--out", str(tmp_path / f"s{keep}.json")], keep)
