@@ -195,6 +195,79 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
     return out
 
 
+def routing_check(layers: int, experts: int, prompts: int, device: str, dtype: str = "bfloat16") -> dict:
+    """Where transformers' default bindings and fast_kernels part: one random model's ``prompts`` prompts
+    (right-padded to 16) through both, with hooks on every decoder layer's token mixer (linear or full
+    attention), router and output. Per layer: the token mixer's and the layer's max |Δ| / max |x| over real
+    tokens, and the share of real tokens whose top-k expert set differs between the two runs (a routing flip:
+    top-k is discontinuous, so a rounding-level difference upstream can change which experts run). Also the
+    last-token embeddings' difference over prompts that had no flip in any layer and over the rest."""
+    import eval_scale
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model
+    from pitlab.evaluator.random_weights import RandomWeights, write_random_model
+    from pitlab.trainer.kernels import _modeling_modules
+
+    config = eval_scale.model_config("full", layers, experts, 0)
+    folder = write_random_model(Path(tempfile.mkdtemp()) / "r", config, RandomWeights(seed=0))
+    model, _, n_layers, _ = _load_model(folder, "causal", dtype, device, -1)
+    forward = _forward_fn(model, "causal", -1, n_layers)
+    rows = batches(prompts, prompts, config.vocab_size, seed=3)[0]
+    dev = torch.device(device)
+    ids, mask = pad(rows, 16, dev)
+    real = mask.bool()
+    captured: dict = {}
+    for i, layer in enumerate(model.layers):
+        mixer = getattr(layer, "linear_attn", None) or layer.self_attn
+        mixer.register_forward_hook(lambda m, a, o, i=i: captured.__setitem__(
+            ("mixer", i), (o[0] if isinstance(o, tuple) else o).float()))
+        layer.mlp.gate.register_forward_hook(lambda m, a, o, i=i: captured.__setitem__(
+            ("topk", i), o[2].sort(dim=-1).values))
+        layer.register_forward_hook(lambda m, a, o, i=i: captured.__setitem__(
+            ("layer", i), (o[0] if isinstance(o, tuple) else o).float()))
+
+    def run():
+        captured.clear()
+        with torch.inference_mode():
+            emb = last_token(forward(ids, mask), mask).float()
+        sync(dev)
+        return emb, dict(captured)
+
+    mods = _modeling_modules(model)
+    saved = [(m, m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn) for m in mods]
+    run()  # Triton autotuning of both bindings' kernels is not part of the comparison
+    default_binding = bound(model)
+    emb_a, a = run()
+    kernels = fast_kernels(model, device)
+    run()
+    emb_b, b = run()
+    for m, gdr, conv in saved:
+        m.torch_chunk_gated_delta_rule, m.causal_conv1d_fn = gdr, conv
+
+    def rel(x, y):
+        x, y = x[real], y[real]
+        return float((x - y).abs().max() / x.abs().max())
+
+    flipped_token = torch.zeros_like(real)
+    per_layer = []
+    for i in range(n_layers):
+        flips = (a[("topk", i)] != b[("topk", i)]).any(-1).reshape(real.shape) & real
+        flipped_token |= flips
+        per_layer.append({"layer": i, "type": model.config.layer_types[i],
+                          "mixer_rel_diff": rel(a[("mixer", i)], b[("mixer", i)]),
+                          "topk_flipped_share": float(flips.sum() / real.sum()),
+                          "layer_rel_diff": rel(a[("layer", i)], b[("layer", i)])})
+    any_flip = flipped_token.any(-1)
+    scale = emb_a.abs().max()
+
+    def emb_rel(sel):
+        return float((emb_a[sel] - emb_b[sel]).abs().max() / scale) if sel.any() else None
+
+    return {"layers": layers, "experts": experts, "prompts": prompts, "dtype": dtype,
+            "default_binding": default_binding, "fast_kernels": kernels, "per_layer": per_layer,
+            "prompts_without_flip": int((~any_flip).sum()), "embedding_rel_diff_all": emb_rel(any_flip | ~any_flip),
+            "embedding_rel_diff_no_flip": emb_rel(~any_flip), "embedding_rel_diff_flipped": emb_rel(any_flip)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -208,6 +281,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--pad-check", type=int, default=0, metavar="PROMPTS",
                     help="only the padding-invariance check (float32) on this many prompts")
+    ap.add_argument("--routing-check", type=int, default=0, metavar="PROMPTS",
+                    help="only the per-layer comparison of the default and the fast bindings (routing flips)")
+    ap.add_argument("--dtype", default=None, help="routing check's dtype (default bfloat16 on a GPU)")
     a = ap.parse_args()
 
     import eval_scale
@@ -219,6 +295,15 @@ def main() -> None:
         print("pad-check:", json.dumps(r), flush=True)
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "pad_check.json").write_text(json.dumps(r, indent=2))
+        return
+    if a.routing_check:
+        dt = a.dtype or ("bfloat16" if a.device == "cuda" else "float32")
+        r = routing_check(a.layers, a.experts, a.routing_check, a.device, dt)
+        for row in r["per_layer"]:
+            print(json.dumps(row), flush=True)
+        print("routing-check:", json.dumps({k: v for k, v in r.items() if k != "per_layer"}), flush=True)
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / f"routing_check_{dt}.json").write_text(json.dumps(r, indent=2))
         return
     device = torch.device(a.device)
     dtype = "bfloat16" if device.type == "cuda" else "float32"

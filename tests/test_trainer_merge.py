@@ -383,3 +383,26 @@ def test_expert_tensors_are_written_as_views_equal_to_transformers_conversion(mo
     conv = ViewConversion(lambda g: revert_weight_conversion(meta, g), scaled, expected)
     got = conv(sd)
     assert conv.state == "copies" and all(torch.equal(got[k], want[k] * 2) for k in want)
+
+
+def test_view_conversion_survives_a_conversion_that_squeezes_trailing_size_one_dimensions():
+    """transformers 5.17 (the GPU image's) squeezes a trailing dimension of size 1 when it splits fused experts:
+    position tensors of one column came back 1-D there, so every group was copied (the merge's peak RSS 4.05 GB
+    against 0.89 + 2 x 0.97 GB, bench/RESULTS.md). Two columns keep the views."""
+    from pitlab.trainer.merge.full import ViewConversion
+
+    torch.manual_seed(0)
+    fused = torch.randn(4, 6, 5)  # [experts, rows, columns]
+    norm = torch.randn(5)
+
+    def revert(group):  # per-expert tensors, each squeezed as transformers 5.17 squeezes them
+        out = {f"experts.{e}.w": group["fused"][e].squeeze(-1) for e in range(group["fused"].shape[0])}
+        return {**out, "norm": group["norm"]}
+
+    expected = {**{f"experts.{e}.w": (torch.float32, (6, 5)) for e in range(4)}, "norm": (torch.float32, (5,))}
+    conv = ViewConversion(revert, lambda g: {k: v.contiguous() for k, v in revert(g).items()}, expected)
+    got = conv({"fused": fused, "norm": norm})
+    assert conv.state == "views"
+    assert all(torch.equal(got[f"experts.{e}.w"], fused[e]) for e in range(4)) and torch.equal(got["norm"], norm)
+    assert all(got[f"experts.{e}.w"].untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+               for e in range(4))

@@ -28,6 +28,7 @@ from pitlab.trainer.merge.verify import compare_digests, compare_file, probe_log
 
 READ_THREADS = 4  # byte ranges of the DCP shard files read at once (and digests computed at once)
 _ALIGN = 64  # bytes: each tensor's offset in a group buffer
+PROBE_WIDTH = 2  # columns of the position tensors ViewConversion maps (each column holds the row's id)
 
 
 def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str, str] | None, max_bytes: int,
@@ -269,20 +270,22 @@ class ViewConversion:
     first group with such outputs, ``convert`` runs too and every view must equal its output bit for bit; if one
     does not, or the positions say anything else (a transposition, a concatenation, a position tensor the
     conversion refuses), ``convert``'s outputs are used, for that group (and for all groups once a proof failed).
-    ``state``: ``views`` (proven and used), ``copies`` (not applicable or refused) or ``unproven`` (no group
-    had outputs to map)."""
+    ``state``: ``views`` (proven and used), ``copies`` (some group copied: not applicable or refused) or
+    ``unproven`` (no group had outputs to map)."""
 
     def __init__(self, revert, convert, expected: dict[str, tuple[torch.dtype, tuple]]):
         self.revert, self.convert, self.expected = revert, convert, expected
         self.proven: bool | None = None
+        self.copied = False
 
     @property
     def state(self) -> str:
-        return {True: "views", False: "copies", None: "unproven"}[self.proven]
+        return "copies" if self.copied else {True: "views", False: "copies", None: "unproven"}[self.proven]
 
     def __call__(self, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         views = None if self.proven is False else self._views(group)
         if views is None:
+            self.copied = True
             return self.convert(group)
         moved = [k for k, v in views.items()
                  if not any(v.data_ptr() == t.data_ptr() and v.shape == t.shape for t in group.values())]
@@ -314,8 +317,10 @@ class ViewConversion:
             if t.numel() == 0:
                 return None
             rows, width = (t.numel() // t.shape[-1], t.shape[-1]) if t.dim() >= 2 else (t.numel(), 1)
-            shape = tuple(t.shape[:-1]) + (1,) if t.dim() >= 2 else tuple(t.shape)
-            probe[name] = torch.arange(base, base + rows, dtype=torch.int64).reshape(shape)
+            ids = torch.arange(base, base + rows, dtype=torch.int64)
+            # two equal columns, not one: a conversion may squeeze a trailing dimension of size 1
+            probe[name] = ids.reshape(tuple(t.shape[:-1]) + (1,)).expand(
+                tuple(t.shape[:-1]) + (PROBE_WIDTH,)).contiguous() if t.dim() >= 2 else ids.reshape(t.shape)
             spans.append((base, base + rows, name, width))
             base += rows
         try:
@@ -328,7 +333,12 @@ class ViewConversion:
             if name not in self.expected or not isinstance(p, torch.Tensor) or p.numel() == 0:
                 return None
             dtype, shape = self.expected[name]
-            ids = p.reshape(-1)
+            if len(shape) >= 2:  # the output of a tensor of two or more dimensions carries the probe columns
+                if p.shape[-1] != PROBE_WIDTH or not torch.equal(p[..., 0], p[..., -1]):
+                    return None
+                ids = p[..., 0].reshape(-1)
+            else:
+                ids = p.reshape(-1)
             first, n = int(ids[0]), ids.numel()
             if not torch.equal(ids, torch.arange(first, first + n, dtype=torch.int64)):
                 return None
@@ -337,7 +347,7 @@ class ViewConversion:
                 return None
             lo, _, src_name, width = src
             t = group[src_name]
-            want = tuple(shape[:-1]) + (1,) if t.dim() >= 2 else tuple(shape)
+            want = tuple(shape[:-1]) + (PROBE_WIDTH,) if t.dim() >= 2 else tuple(shape)
             if t.dtype != dtype or tuple(p.shape) != want or (t.dim() >= 2 and shape[-1] != width):
                 return None
             views[name] = t.reshape(-1)[(first - lo) * width:(first - lo + n) * width].view(shape)
