@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -167,9 +168,11 @@ def test_merge_memory_stays_bounded_by_the_shard_size(tmp_path):
     assert growth < 0.5 * ckpt_bytes  # bounded: whole-model loading would grow by >= 1 × the checkpoint
     # two buffers of the largest group's bytes (group k+1 read while group k is written) and nothing else of the
     # groups' size: no temporary per chunk read, no copy per converted tensor; 32 MB for the fixed rest (measured
-    # 4-20 MB: the compare buffer of one tensor here, the threads' allocator arenas)
+    # 4-20 MB: the threads' allocator arenas) and one compare buffer per reading thread
+    from pitlab.trainer.merge.verify import COMPARE_CHUNK
+
     assert report["buffer_bytes"] <= report["largest_group_bytes"] + 64 * 400 and report["largest_group_bytes"] <= 50e6
-    assert growth <= 2 * report["largest_group_bytes"] + 32e6
+    assert growth <= 2 * report["largest_group_bytes"] + report["read_threads"] * COMPARE_CHUNK + 32e6
     assert report["peak_rss_bytes"] - report["rss_start_bytes"] < 0.8 * ckpt_bytes  # even with the imports
     index = json.loads((out / INDEX).read_text())
     assert len(index["weight_map"]) == 24 * 9 + 3 and index["metadata"]["total_size"] == ckpt_bytes
@@ -406,3 +409,22 @@ def test_view_conversion_survives_a_conversion_that_squeezes_trailing_size_one_d
     assert all(torch.equal(got[f"experts.{e}.w"], fused[e]) for e in range(4)) and torch.equal(got["norm"], norm)
     assert all(got[f"experts.{e}.w"].untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
                for e in range(4))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_compare_file_finds_one_changed_byte_in_any_run_of_tensors(tmp_path, monkeypatch, threads):
+    from safetensors.torch import save_file
+
+    from pitlab.trainer.merge import verify
+
+    monkeypatch.setattr(verify, "COMPARE_CHUNK", 1000)  # several chunks per tensor
+    torch.manual_seed(1)
+    want = {f"layers.{i}.w": torch.randn(40 + i, 33) for i in range(7)}
+    want["layers.3.b"] = torch.randn(5).to(torch.bfloat16)
+    save_file(want, str(tmp_path / "m.safetensors"))
+    verify.compare_file(tmp_path / "m.safetensors", want, "the test", threads)
+    for name, pos in (("layers.0.w", 0), ("layers.6.w", -1), ("layers.3.b", 2)):
+        bad = {k: v.clone() for k, v in want.items()}
+        bad[name].view(-1).view(torch.uint8)[pos] ^= 1  # one bit of one byte
+        with pytest.raises(MergeError, match=rf"m.safetensors: tensor {re.escape(name)} differs from the test"):
+            verify.compare_file(tmp_path / "m.safetensors", bad, "the test", threads)

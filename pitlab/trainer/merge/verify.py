@@ -30,15 +30,18 @@ def probe_logits(model: torch.nn.Module) -> torch.Tensor:
         return model(input_ids=ids).logits.float()
 
 
-COMPARE_CHUNK = 64 << 20  # bytes read back from a written file at a time
+COMPARE_CHUNK = 4 << 20  # bytes read back from a written file at a time, per comparing thread
 
 
-def compare_file(path: Path, want: dict[str, torch.Tensor], source: str) -> None:
+def compare_file(path: Path, want: dict[str, torch.Tensor], source: str, threads: int = 1) -> None:
     """Every tensor of the safetensors file ``path`` equals ``want`` (same names, dtype, shape, bits). Raises
     :class:`MergeError` naming ``path`` and the first differing tensor. The names are read with ``safe_open`` (the
-    file must open in safetensors); the data is read back from the file with ``pread`` into one reusable buffer
-    of at most ``COMPARE_CHUNK`` bytes and compared byte for byte, so the memory is that buffer (no map of the
-    file, no tensor copies)."""
+    file must open in safetensors); the data is read back from the file with ``pread`` and compared byte for byte
+    by ``threads`` threads, each over a run of tensors of about equal bytes with one reusable buffer of at most
+    ``COMPARE_CHUNK`` bytes (``pread`` and the comparison release the GIL), so the memory is those buffers (no
+    map of the file, no tensor copies)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from pitlab.trainer.loading import read_header
 
     with safe_open(str(path), framework="pt") as f:
@@ -48,28 +51,46 @@ def compare_file(path: Path, want: dict[str, torch.Tensor], source: str) -> None
         raise MergeError(f"{path}: holds other tensors than {source}: {len(missing)} missing {missing[:5]}, "
                          f"{len(extra)} unexpected {extra[:5]}")
     data_start, header = read_header(path)
-    largest = max((want[n].numel() * want[n].element_size() for n in names), default=0)
-    buf = torch.empty(min(largest, COMPARE_CHUNK), dtype=torch.uint8)
+    ordered = sorted(names, key=natural_key)
+    nbytes = [want[n].numel() * want[n].element_size() for n in ordered]
+    runs, total, at = [[] for _ in range(max(1, threads))], sum(nbytes), 0
+    for name, size in zip(ordered, nbytes):  # consecutive runs of about total / threads bytes each
+        runs[min(len(runs) - 1, at * len(runs) // max(total, 1))].append(name)
+        at += size
     fd = os.open(path, os.O_RDONLY)
     try:
-        for name in sorted(names, key=natural_key):
-            w, entry = want[name], header[name]
-            dtype, shape = _SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"])
-            start, stop = entry["data_offsets"]
-            same = dtype == w.dtype and shape == tuple(w.shape) and stop - start == w.numel() * w.element_size()
-            if same and stop > start:
-                flat = w.detach().contiguous().reshape(-1).view(torch.uint8)
-                for at in range(0, stop - start, len(buf)):
-                    n = min(len(buf), stop - start - at)
-                    _pread_exact(fd, buf[:n], data_start + start + at)
-                    if not _bytes_equal(buf[:n], flat[at:at + n]):
-                        same = False
-                        break
-            if not same:
-                raise MergeError(f"{path}: tensor {name} differs from {source} (dtype {dtype} vs {w.dtype}, "
-                                 f"shape {shape} vs {tuple(w.shape)})")
+        work = [r for r in runs if r]
+        if len(work) == 1:
+            _compare_run(fd, path, work[0], want, header, data_start, source)
+        else:
+            with ThreadPoolExecutor(len(work), thread_name_prefix="merge-compare") as pool:
+                for f in [pool.submit(_compare_run, fd, path, r, want, header, data_start, source) for r in work]:
+                    f.result()
     finally:
         os.close(fd)
+
+
+def _compare_run(fd: int, path: Path, names: list[str], want: dict[str, torch.Tensor], header: dict,
+                 data_start: int, source: str) -> None:
+    """:func:`compare_file`'s part for ``names``, with its own read buffer."""
+    largest = max((want[n].numel() * want[n].element_size() for n in names), default=0)
+    buf = torch.empty(min(largest, COMPARE_CHUNK), dtype=torch.uint8)
+    for name in names:
+        w, entry = want[name], header[name]
+        dtype, shape = _SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"])
+        start, stop = entry["data_offsets"]
+        same = dtype == w.dtype and shape == tuple(w.shape) and stop - start == w.numel() * w.element_size()
+        if same and stop > start:
+            flat = w.detach().contiguous().reshape(-1).view(torch.uint8)
+            for at in range(0, stop - start, len(buf)):
+                n = min(len(buf), stop - start - at)
+                _pread_exact(fd, buf[:n], data_start + start + at)
+                if not _bytes_equal(buf[:n], flat[at:at + n]):
+                    same = False
+                    break
+        if not same:
+            raise MergeError(f"{path}: tensor {name} differs from {source} (dtype {dtype} vs {w.dtype}, "
+                             f"shape {shape} vs {tuple(w.shape)})")
 
 
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
