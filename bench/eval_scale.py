@@ -255,7 +255,8 @@ def main() -> None:
         res = json.loads(results_path.read_text())
         tm = res["timings"]
         record["timings"] = tm
-        record["results"] = [{k: m.get(k) for k in ("name", "embedding_weights", "embedding_device", "embedding_dim",
+        record["results"] = [{k: m.get(k) for k in ("name", "embedding_weights", "embedding_device", "embedding_kernels",
+                                                     "embedding_dim",
                                                      "r2_off", "r2_on", "premium", "premium_ci", "verdict")}
                              for m in res["models"]]
         rows = [("write prices", stages["write_prices_s"]), ("write model folders", stages["write_models_s"])]

@@ -8,6 +8,9 @@
 # profile:     the embedding forward's variants, every batch shape warmed up before timing (about 3 min).
 # merge-shm:   the merge with checkpoint and output in /dev/shm (the disk taken out; about 2 min).
 # stream-qwen: 10.5 B qwen3_5_moe_text, layer-major against the resident model, 8 timed steps (about 5 min).
+# eval-scale:  bench/eval_scale.py, the LeakageEval of two 35B-A3B-shape models end to end (about 6 min).
+# routing:     bench/profile_embed.py --routing-check: where transformers' default bindings and the trainer's
+#              kernels part, layer by layer, and how many tokens' top-8 experts differ (about 2 min).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -27,6 +30,10 @@ for stage in "$@"; do
     stream-qwen) timeout 420 python3 bench/streaming.py --model qwen35-moe --work /tmp/sq --out "$OUT/sq" \
                    --seq 2048 --micro 2 --accum 4 --steps 10 --warmup 2 --baseline > "$OUT/sq.log" 2>&1
                  tail -2 "$OUT/sq.log" ;;
+    eval-scale) timeout 560 python3 bench/eval_scale.py --out "$OUT/eval-scale-h200.json" --workdir /tmp/eval-scale \
+                  > "$OUT/eval-scale.log" 2>&1; grep -v Warning "$OUT/eval-scale.log" | tail -22 ;;
+    routing) timeout 240 python3 bench/profile_embed.py --out "$OUT/routing" --layers 8 --experts 256 \
+               --routing-check 256 2>&1 | grep -v Warning | tail -12 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

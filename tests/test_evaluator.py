@@ -491,7 +491,7 @@ def test_embed_causal_lm_pooling_padding_and_order(tiny_causal_lm, tmp_path):
     embed_texts(tiny_causal_lm, texts, max_length=4, cache_dir=tmp_path / "cache", info=t2)
     assert t1["n_truncated"] >= 3  # every prompt but "Close 1." is longer than 4 tokens
     assert (t2["cache_hit"], t2["n_truncated"], t2["weights"]) == (True, t1["n_truncated"], t1["weights"])
-    assert t1["weights"] is not None
+    assert t1["weights"] is not None and t1["kernels"] is None and t2["kernels"] is None  # the CPU binds nothing
     # an entry without its recorded facts (written before they were) is embedded again, not reported without them
     for f in (tmp_path / "cache").glob("*.json"):
         f.unlink()
@@ -556,3 +556,20 @@ def test_end_to_end_with_real_minilm_encoder(tmp_path, tiny_causal_lm):
                             cache_dir=tmp_path / "cache")
     assert res2["models"][0]["embedding_cache_hit"] is True
     assert [x["premium_ci"] for x in res2["models"]] == [x["premium_ci"] for x in res["models"]]
+
+
+def test_a_gpu_embedding_cache_key_names_the_kernels_bound_and_a_cpu_key_does_not(tmp_path, monkeypatch):
+    from pitlab.evaluator import embed
+
+    meta = {"kind": "causal", "pooling": "last", "layer": -1, "digest": "d" * 64, "device": "cuda"}
+    cpu = dict(meta, device="cpu")
+
+    def keys():
+        return (embed._cache_path(tmp_path, meta, 128, "bfloat16", ["a", "b"]),
+                embed._cache_path(tmp_path, cpu, 128, "bfloat16", ["a", "b"]))
+
+    gpu_trainer, cpu_1 = keys()
+    monkeypatch.setattr(embed, "KERNELS", "transformers")  # embeddings of other kernels: another entry
+    gpu_other, cpu_2 = keys()
+    assert embed.KERNELS != "trainer" and gpu_trainer != gpu_other and cpu_1 == cpu_2 != gpu_trainer
+    assert embed._select_kernels(None, "cpu") is None

@@ -12,7 +12,8 @@ At scale (a 35B-A3B MoE on one GPU): a causal model is built with only the decod
 (the rest are never read), its weights go from the safetensors shards straight to the GPU (meta-device
 construction, no host copy of the model), and the hidden state is taken from the last layer run (no
 ``output_hidden_states`` of every layer). On a GPU the batches (longest prompts first) are sized from the memory
-the first batch measured. The result equals the whole model's ``hidden_states[layer]`` bit for bit on CPU
+the first batch measured, and the linear-attention layers run the trainer's fla kernels (:data:`KERNELS`).
+The result equals the whole model's ``hidden_states[layer]`` bit for bit on CPU
 (``tests/test_embed_scale.py``). A folder with ``pitlab-random-weights.json`` instead of weights is a
 benchmark-only random model (:mod:`pitlab.evaluator.random_weights`).
 
@@ -193,7 +194,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     info : if a dict is given, it is filled with ``kind``, ``pooling``, ``layer``, ``dim``, ``digest``,
         ``n_truncated``, ``cache_hit``, ``seconds``, ``device`` ("cuda" when torch sees a GPU, which is then
         used, else "cpu"), ``weights`` ("checkpoint" or the random source; a cache hit reports what the cached
-        embedding recorded, as it does ``n_truncated``); when embedded (not a cache hit) also ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
+        embedding recorded, as it does ``n_truncated`` and ``kernels``), ``kernels`` (on a GPU the block ->
+        implementation report of the kernels bound, :data:`KERNELS`; None on the CPU); when embedded (not a cache hit) also ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
         ``padded_tokens``, ``n_batches``, ``batch_tokens`` (GPU budget), ``prompts_per_s`` and ``tokens_per_s``
         (over the forward passes, tokenisation and load excluded).
 
@@ -263,13 +265,14 @@ def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str,
         from pitlab.trainer.kernels import _dist_version
 
         settings["device"] = meta["device"]
-        settings["fla"] = _dist_version("fla-core")  # transformers binds fla's kernels on a GPU when installed
+        settings["fla"] = _dist_version("fla-core")  # the GPU kernels come from fla when it is installed
+        settings["kernels"] = KERNELS
     return Path(cache_dir) / f"{_cache_key(meta['digest'], settings, texts)}.npy"
 
 
-CACHED_FACTS = ("weights", "n_truncated")
+CACHED_FACTS = ("weights", "n_truncated", "kernels")
 """What an embedding records beside its array in the cache (``<key>.json``) and a cache hit reports: the weights'
-source and the number of truncated prompts."""
+source, the number of truncated prompts and the GPU kernels bound (None on the CPU)."""
 
 
 def _read_cache(cache_path: Path | None, n_texts: int) -> tuple[np.ndarray | None, dict]:
@@ -330,7 +333,8 @@ def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, p
         tok, ids, masks, lengths, meta["n_truncated"] = _tokenize(model_dir, texts, max_length)
         t_load = time.perf_counter()
         model, run_layers, n_layers, weights = _load_model(model_dir, kind, dtype, device, layer)
-        meta.update(weights=weights, layers_run=run_layers, load_seconds=time.perf_counter() - t_load)
+        meta.update(weights=weights, layers_run=run_layers, load_seconds=time.perf_counter() - t_load,
+                    kernels=_select_kernels(model, device))
         forward = _forward_fn(model, kind, layer, n_layers)
         order = np.argsort(-lengths, kind="stable")
         t_fwd = time.perf_counter()
@@ -346,6 +350,25 @@ def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, p
             del model, forward
             gc.collect()
             torch.cuda.empty_cache()
+
+
+KERNELS = "trainer"
+"""Which kernels a GPU embedding binds, part of its cache key: ``trainer`` is
+:func:`pitlab.trainer.kernels.select_kernels` (fla's gated delta rule bound directly and fla's Triton short
+convolution, as the trainer runs them; before, transformers' default bindings, whose embeddings are as far from a
+float64 reference but not equal: docs/evaluation-at-scale.md)."""
+
+
+def _select_kernels(model, device: str) -> dict[str, str] | None:
+    """On a GPU, bind the trainer's kernels (:data:`KERNELS`) and return its report (block -> implementation);
+    on the CPU, None (transformers' bindings, the reference kernels without fla)."""
+    if device == "cpu":
+        return None
+    import torch
+
+    from pitlab.trainer.kernels import NOT_USED, select_kernels
+
+    return select_kernels(model, torch.device(device), NOT_USED)  # no logits: the loss is not used
 
 
 def _check_finite(out: np.ndarray, model_dir: Path, dtype: str) -> None:

@@ -225,6 +225,7 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
         "training_ref": m.training_ref.model_dump(by_alias=True) if m.training_ref else None,
         "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
         "embedding_device": info.get("device"),
+        "embedding_kernels": (embedded or info).get("kernels", info.get("kernels")),
         "embedding_weights": (embedded or info).get("weights", info.get("weights")),
         "knowledge_cutoff": cutoff.isoformat() if cutoff else None,
         "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
