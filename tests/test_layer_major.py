@@ -167,3 +167,23 @@ def test_the_strategy_runs_layer_major_for_several_microbatches_and_reports_it(t
     # the steady step: 2 (4 layers - 2 slots) layer copies, plus every layer's input for 3 microbatches back
     assert lm_copied[1] == 2 * 2 * slot + 4 * K * BOUNDARY == report["planned_host_to_gpu_bytes_per_step"]
     assert mm_copied[1] == K * 2 * 2 * slot == mm_report["planned_host_to_gpu_bytes_per_step"]
+
+
+def test_auto_boundary_placement_leaves_headroom_when_it_can():
+    from pitlab.trainer.layer_major import AUTO_HEADROOM, boundary_gpu_layers
+
+    cap, per = 4 * 2 ** 30, 67_108_864  # 4 GiB; one layer's boundaries for 4 microbatches of 2 x 2,048 tokens
+    base = cap - 12 * per - 15_000_000  # 12 layers fit 15 MB under the cap (the run that later ran out of memory)
+
+    def peak(n):
+        return base + n * per
+
+    assert peak(12) <= cap < peak(13)
+    # 2 % of 4 GiB is 86 MB: two layers fewer (134 MB + 15 MB of headroom), the same as boundaryStore: host for them
+    assert boundary_gpu_layers("auto", 40, cap, peak) == 10 and cap - peak(10) >= AUTO_HEADROOM * cap
+    # when nothing fits with the headroom, the most that fit the cap itself
+    tight = peak(1) + 1_000_000
+    assert tight * (1 - AUTO_HEADROOM) < peak(0) and boundary_gpu_layers("auto", 40, tight, peak) == 1
+    assert boundary_gpu_layers("auto", 40, peak(0) - 1, peak) == 0
+    assert boundary_gpu_layers("host", 40, cap, peak) == 0 and boundary_gpu_layers("gpu", 40, 1, peak) == 40
+    assert boundary_gpu_layers("auto", 40, None, peak) == 40

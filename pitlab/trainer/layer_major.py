@@ -288,15 +288,26 @@ class LayerMajor:
 
 # ---------------------------------------------------------------------------------------------------- planning
 
+AUTO_HEADROOM = 0.02
+"""Share of the budget that ``boundaryStore: auto`` leaves free when it can: the caching allocator's fragmentation
+varies from run to run by more than the planner's error (on 2026-12-03 a layer-major 10.5 B ``qwen3_5_moe_text``
+run planned 15 MB under its 4 GiB cap ran once and ran out of memory the next time, 134 MB short)."""
+
+
 def boundary_gpu_layers(mode: str, layers: int, cap: int | None, peak) -> int:
     """How many of the last decoder layers keep their layer-major boundary inputs on the GPU:
     ``boundaryStore`` ``mode`` ``gpu``: all ``layers``; ``host``: none; ``auto``: the most whose predicted peak
-    (``peak(n)``, bytes) fits ``cap`` (0 when none does; all when ``cap`` is None)."""
+    (``peak(n)``, bytes) fits ``cap`` less :data:`AUTO_HEADROOM` of it, or, when none does, the most that fit
+    ``cap`` itself (0 when none does; all when ``cap`` is None)."""
     if mode == "host":
         return 0
     if mode == "gpu" or cap is None:
         return layers
-    return next((n for n in range(layers, -1, -1) if peak(n) <= cap), 0)
+    for limit in (cap * (1 - AUTO_HEADROOM), cap):
+        fit = next((n for n in range(layers, -1, -1) if peak(n) <= limit), None)
+        if fit is not None:
+            return fit
+    return 0
 
 
 def layer_major_advice(at, tokens: int, k: int, layers: int, ls, cap: int, per_layer: int,
