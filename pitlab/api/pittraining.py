@@ -154,7 +154,7 @@ class LayerStreamingSpec(SpecModel):
         "layer-major order: where each decoder layer's input for the k microbatches is kept until backward "
         "(layers x k x microBatchSize x seqLen x hidden x 2 bytes in bf16). gpu: all on the GPU; host: all in "
         "page-locked host memory (copied back one ahead of backward); auto: on the GPU for as many of the last "
-        "layers as the budget allows, the rest on the host"))
+        "layers as the budget allows with 2 % of it left free, the rest on the host"))
 
 
 class TrainingSpec(SpecModel):

@@ -13,7 +13,8 @@ parameters), all counted on the meta-device model the trainer builds (no memory,
 - ``checkpoints``: each decoder layer's input kept for its recomputation, ``L T H c``, plus the final norm's
   input, float32 statistics and output, ``T H (2c + 4)``. Layer-major (``layerMajor`` with ``k =
   gradientAccumulationSteps`` > 1, :mod:`pitlab.trainer.layer_major`): ``G k T H c`` for the ``G`` layers whose
-  boundary inputs stay on the GPU (``boundaryStore``; ``auto``: the largest ``G`` that fits the budget, all
+  boundary inputs stay on the GPU (``boundaryStore``; ``auto``: the largest ``G`` that fits the budget less
+  :data:`~pitlab.trainer.layer_major.AUTO_HEADROOM` of it, else the largest that fits it, all
   ``L`` when no budget is known); the other ``(L - G) k T H c`` bytes are page-locked host memory.
 - ``microbatch_carry`` (layer-major only): the other ``k - 1`` microbatches' hidden states (forward) or
   gradients (backward) between layers, ``(k - 1) T H c``, plus two host boundaries being copied back when
