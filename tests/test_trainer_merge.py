@@ -428,3 +428,26 @@ def test_compare_file_finds_one_changed_byte_in_any_run_of_tensors(tmp_path, mon
         bad[name].view(-1).view(torch.uint8)[pos] ^= 1  # one bit of one byte
         with pytest.raises(MergeError, match=rf"m.safetensors: tensor {re.escape(name)} differs from the test"):
             verify.compare_file(tmp_path / "m.safetensors", bad, "the test", threads)
+
+
+def test_the_views_are_proven_on_the_first_layer_before_the_group_buffers_exist(moe_checkpoint, tmp_path, monkeypatch):
+    from pitlab.trainer.merge import full
+
+    c = moe_checkpoint
+    events = []
+    enter, prove = full.GroupPipeline.__enter__, full.ViewConversion._prove
+
+    def entering(self):
+        events.append("buffers")
+        return enter(self)
+
+    def proving(self, group, views, moved):
+        events.append(("prove", sorted({n.split(".layers.")[1].split(".")[0] for n in group if ".layers." in n})))
+        return prove(self, group, views, moved)
+
+    monkeypatch.setattr(full.GroupPipeline, "__enter__", entering)
+    monkeypatch.setattr(full.ViewConversion, "_prove", proving)
+    report = merge_checkpoint(c["ckpt"], c["base"], tmp_path / "model", parameter_sha256(c["model"]),
+                              max_shard_size=100_000, logits_probe="never")
+    assert report["conversion"] == "views" and report["shards"] >= 3
+    assert events == [("prove", ["0"]), "buffers"]  # once, on layer 0 alone, before the pipeline's buffers

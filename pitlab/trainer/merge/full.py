@@ -71,6 +71,16 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
 
     sizes = {n: saved[n][0].itemsize * saved[n][1].numel() for n in kept}
     groups = plan_groups(sizes, max_bytes)
+    # the views' proof copies one layer: done now, before the two group buffers exist, not on top of them
+    first_layer = sorted(n for n in kept if re.search(r"\blayers\.0\.", n))
+    if first_layer:
+        try:
+            layer0 = load_tensors(ckpt, first_layer, saved)
+        except (Exception, CheckpointException):  # noqa: BLE001 - the pipeline reads these bytes again and names
+            layer0 = None                         # the file that fails
+        if layer0 is not None:
+            convert.prove_early(layer0)
+        del layer0
     files = shard_file_names(len(groups))
     rss_before = rss_bytes()  # libraries imported, meta model built: what follows is tensor data
     t_write = time.perf_counter()
@@ -283,6 +293,23 @@ class ViewConversion:
     @property
     def state(self) -> str:
         return "copies" if self.copied else {True: "views", False: "copies", None: "unproven"}[self.proven]
+
+    def prove_early(self, group: dict[str, torch.Tensor]) -> None:
+        """Prove the views on ``group`` (one layer's tensors, read for this alone) before any group is merged,
+        so that the proof's copies never add to the merge's buffers. Nothing changes when the views do not
+        apply to ``group`` or its outputs are its inputs: the first group with moved outputs is proven then."""
+        if self.proven is not None:
+            return
+        try:
+            views = self._views(group)
+        except MergeError:
+            return
+        if views is None:
+            return
+        moved = [k for k, v in views.items()
+                 if not any(v.data_ptr() == t.data_ptr() and v.shape == t.shape for t in group.values())]
+        if moved:
+            self.proven = self._prove(group, views, moved[0])
 
     def __call__(self, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         views = None if self.proven is False else self._views(group)
