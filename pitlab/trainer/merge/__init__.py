@@ -26,11 +26,12 @@ the group's buffer, several byte ranges of the shard files at once (chunks it ca
 go through DCP's own path). Each group is renamed to the Hugging Face names ``save_pretrained`` would write (tied
 duplicates dropped with ``transformers``' ``remove_tied_weights_from_state_dict``; fused MoE experts split back
 per expert with ``revert_weight_conversion``, whose row-block outputs are taken as views of the fused tensors once
-proven equal on one layer: ``full.ViewConversion``) and written with ``safetensors`` as
+proven equal on layer 0, read for this before the group buffers exist: ``full.ViewConversion``) and written with ``safetensors`` as
 ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json`` (``metadata.total_size`` in bytes +
 ``weight_map``), or as one ``model.safetensors`` when it fits one shard. Three threads overlap the work: group
 k+1 is read and hashed while group k is written and the file before it is read back, compared and fsynced
-(``full.GroupPipeline``). Host memory for tensor data is two buffers of the largest group's bytes, reused:
+(``full.GroupPipeline``). Host memory for tensor data is two buffers of the largest group's bytes, reused, and one
+4 MiB compare buffer per reading thread:
 a 328 MB checkpoint with 50 MB shards grows the process by two groups (tests/test_trainer_merge.py); no chunk
 is read through a temporary and no expert tensor is copied.
 
@@ -42,7 +43,8 @@ otherwise the output is the adapter directory (``adapter_model.safetensors`` + `
 naming the base in ``base_model_name_or_path``), saved through :func:`pitlab.trainer.lora.save_adapter_verified`.
 
 **Verification**, also bounded: every written file is read back (its names through ``safe_open``, its bytes
-with ``pread`` into one 64 MiB buffer) and each tensor compared with the checkpoint's tensors as read, bit for bit
+with ``pread``, by the reading threads, each into its own 4 MiB buffer) and each tensor compared with the
+checkpoint's tensors as read, bit for bit
 (dtype, shape, bytes); the index must name exactly the expected tensors; with the training summary, every
 checkpoint tensor's sha256 (of the same bytes that were written) must equal its ``param_sha256``. The logits
 probe (a fixed batch through the checkpoint-loaded model and through ``from_pretrained`` of the written folder)
