@@ -71,16 +71,7 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
 
     sizes = {n: saved[n][0].itemsize * saved[n][1].numel() for n in kept}
     groups = plan_groups(sizes, max_bytes)
-    # the views' proof copies one layer: done now, before the two group buffers exist, not on top of them
-    first_layer = sorted(n for n in kept if re.search(r"\blayers\.0\.", n))
-    if first_layer:
-        try:
-            layer0 = load_tensors(ckpt, first_layer, saved)
-        except (Exception, CheckpointException):  # noqa: BLE001 - the pipeline reads these bytes again and names
-            layer0 = None                         # the file that fails
-        if layer0 is not None:
-            convert.prove_early(layer0)
-        del layer0
+    _prove_on_layer0(convert, ckpt, kept, saved)  # before the two group buffers exist, not on top of them
     files = shard_file_names(len(groups))
     rss_before = rss_bytes()  # libraries imported, meta model built: what follows is tensor data
     t_write = time.perf_counter()
@@ -115,6 +106,21 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             "largest_group_bytes": max(pipe.group_bytes), "buffer_bytes": pipe.buffer_bytes,
             "read_threads": pipe.threads, "conversion": convert.state,
             "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
+
+
+def _prove_on_layer0(convert: "ViewConversion", ckpt: Path, kept: set[str],
+                     saved: dict[str, tuple[torch.dtype, torch.Size]]) -> None:
+    """Read layer 0's tensors and prove ``convert``'s views on them (:meth:`ViewConversion.prove_early`: one
+    layer's copies, freed before the merge's buffers are allocated). A read error is left to the pipeline, which
+    reads the same bytes again and names the file that fails."""
+    first_layer = sorted(n for n in kept if re.search(r"\blayers\.0\.", n))
+    if not first_layer:
+        return
+    try:
+        layer0 = load_tensors(ckpt, first_layer, saved)
+    except (Exception, CheckpointException):  # noqa: BLE001 - DCP wraps what failed
+        return
+    convert.prove_early(layer0)
 
 
 def _write_groups(pipe: GroupPipeline, files: list[str], convert, tmp: Path, ckpt: Path) -> tuple[
