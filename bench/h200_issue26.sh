@@ -7,7 +7,8 @@
 #              right-padded batch), fla's float32 compilation included (about 2 min).
 # profile:     the embedding forward's variants, every batch shape warmed up before timing (about 3 min).
 # merge-shm:   the merge with checkpoint and output in /dev/shm (the disk taken out; about 2 min).
-# stream-qwen: 10.5 B qwen3_5_moe_text, layer-major against the resident model, 8 timed steps (about 5 min).
+# stream-qwen: 10.5 B qwen3_5_moe_text, layer-major against the resident model, 8 timed steps (about 5 min);
+#              STREAM_ACCUM microbatches per step (default 4), STREAM_STEPS steps (default 10).
 # eval-scale:  bench/eval_scale.py, the LeakageEval of two 35B-A3B-shape models end to end (about 6 min).
 # routing:     bench/profile_embed.py --routing-check: where transformers' default bindings and the trainer's
 #              kernels part, layer by layer, and how many tokens' top-8 experts differ (about 2 min).
@@ -27,8 +28,8 @@ for stage in "$@"; do
                --prompts 4096 --batch 512 --variants pad16,pad16+kernels 2>&1 | grep -v Warning | tail -40 ;;
     merge-shm) timeout 300 python3 bench/merge_speed.py --work /dev/shm/merge --max-shard-size 1GB --ranks 2 \
                  --json "$OUT/merge-speed-shm.json" > "$OUT/merge-shm.log" 2>&1; tail -8 "$OUT/merge-shm.log" ;;
-    stream-qwen) timeout 420 python3 bench/streaming.py --model qwen35-moe --work /tmp/sq --out "$OUT/sq" \
-                   --seq 2048 --micro 2 --accum 4 --steps 10 --warmup 2 --baseline > "$OUT/sq.log" 2>&1
+    stream-qwen) timeout "${STREAM_TIMEOUT:-420}" python3 bench/streaming.py --model qwen35-moe --work /tmp/sq --out "$OUT/sq" \
+                   --seq 2048 --micro 2 --accum "${STREAM_ACCUM:-4}" --steps "${STREAM_STEPS:-10}" --warmup 2 --baseline > "$OUT/sq.log" 2>&1
                  tail -2 "$OUT/sq.log" ;;
     eval-scale) timeout 560 python3 bench/eval_scale.py --out "$OUT/eval-scale-h200.json" --workdir /tmp/eval-scale \
                   > "$OUT/eval-scale.log" 2>&1; grep -v Warning "$OUT/eval-scale.log" | tail -22 ;;
