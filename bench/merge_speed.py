@@ -16,7 +16,8 @@
 4. Runs ``python -m pitlab.cli merge --checkpoint ... --summary ...`` in its own process (verification on: every
    tensor compared, digests; the logits probe as ``--logits-probe`` says) and reports the merged safetensors'
    GB/s (bytes / the merge's own seconds), the wall time of the command, the peak RSS (the report's ``ru_maxrss``
-   and the parent's ``RUSAGE_CHILDREN``), and the ratio to the raw disk speed. The output is deleted afterwards;
+   and the parent's ``RUSAGE_CHILDREN``; the peaks of ``/proc/PID/status``'s RssAnon, RssFile and RssShmem, sampled
+   every 5 ms, split it into anonymous memory and mapped file or tmpfs pages), and the ratio to the raw disk speed. The output is deleted afterwards;
    the checkpoint too unless ``--keep``.
 """
 
@@ -35,13 +36,35 @@ TEXTS = [f"The Committee decided to keep the target range at {i} percent; inflat
          for i in range(60)]
 
 
-# runs the merge command as its child and adds that child's own ru_maxrss (the build's processes excluded)
+# runs the merge command as its child and adds that child's own ru_maxrss (the build's processes excluded) and
+# the peaks of its /proc status lines, sampled every 5 ms: RssAnon (heap, tensor buffers), RssFile (mapped files:
+# libraries, memory-mapped shards), RssShmem (mapped tmpfs pages) and VmRSS (their sum)
 _DRIVER = """
-import json, resource, subprocess, sys
-proc = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+import json, resource, subprocess, sys, threading
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+peaks = {"VmRSS": 0, "RssAnon": 0, "RssFile": 0, "RssShmem": 0}
+at_peak = {}
+def sample():
+    while proc.poll() is None:
+        try:
+            with open(f"/proc/{proc.pid}/status") as f:
+                now = {k: int(v.split()[0]) * 1024 for k, v in (l.split(":", 1) for l in f) if k in peaks}
+        except (OSError, ValueError):
+            break
+        for k, v in now.items():
+            peaks[k] = max(peaks[k], v)
+        if now.get("VmRSS", 0) >= peaks["VmRSS"]:
+            at_peak.update(now)
+        threading.Event().wait(0.005)
+t = threading.Thread(target=sample, daemon=True)
+t.start()
+out, err = proc.communicate()
+t.join()
 if proc.returncode:
-    sys.exit(proc.stderr)
-report = json.loads(proc.stdout)
+    sys.exit(err)
+report = json.loads(out)
+report["child_status_peaks_bytes"] = peaks
+report["child_status_at_vmrss_peak_bytes"] = at_peak
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 report["child_maxrss_bytes"] = usage.ru_maxrss * 1024
 report["child_cpu_seconds"] = {"user": round(usage.ru_utime, 1), "system": round(usage.ru_stime, 1)}
@@ -205,6 +228,8 @@ def main() -> None:
         "raw_write_GBps": round(raw / 1e9, 3), "merge_over_raw": round(report["bytes_per_second"] / raw, 3),
     }
     result["merge_cpu_seconds"] = report["child_cpu_seconds"]
+    result["status_peaks_GB"] = {k: round(v / 1e9, 3) for k, v in report["child_status_peaks_bytes"].items()}
+    result["status_at_rss_peak_GB"] = {k: round(v / 1e9, 3) for k, v in report["child_status_at_vmrss_peak_bytes"].items()}
     for k in ("largest_group_bytes", "buffer_bytes", "read_threads", "conversion", "stage_seconds"):
         if k in report:
             result[k] = report[k]
