@@ -416,3 +416,32 @@ def test_every_pod_skips_the_recursive_chown_of_the_shared_volume(pit: PitTraini
     for pod in pods:
         sc = pod["securityContext"]
         assert (sc["fsGroup"], sc["fsGroupChangePolicy"]) == (1000, "OnRootMismatch")
+
+
+def test_every_container_keeps_compiled_kernels_on_the_shared_volume(pit: PitTraining) -> None:
+    """TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR under ``kernel_cache`` on the mount, in every container of
+    every pod (PyTorchJob, JobSet, TrainJob, prepare, merge, embed, analyze); ``none`` leaves both unset."""
+    import dataclasses
+
+    from pitlab.operator import jobset_builders
+
+    le, child = eval_of(pit)
+    want = {"TRITON_CACHE_DIR": "/pitlab/.cache/kernels/triton",
+            "TORCHINDUCTOR_CACHE_DIR": "/pitlab/.cache/kernels/inductor"}
+    cfg_off = dataclasses.replace(CFG, kernel_cache="none")
+    for cfg, expected in ((CFG, want), (cfg_off, {})):
+        job = builders.build_pytorchjob(pit, cfg, PIT_BODY)
+        js = jobset_builders.build_jobset(pit, cfg, PIT_BODY)
+        pods = [builders.build_prepare_job(pit, cfg, PIT_BODY)["spec"]["template"]["spec"],
+                builders.build_merge_job(pit, cfg, PIT_BODY)["spec"]["template"]["spec"],
+                *[r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()],
+                js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
+                *[j["spec"]["template"]["spec"] for j in builders.build_embed_jobs(le, cfg, child)],
+                builders.build_analyze_job(le, cfg, child)["spec"]["template"]["spec"]]
+        envs = [{e["name"]: e["value"] for e in c["env"]}
+                for p in pods for c in p["containers"] + p.get("initContainers", [])]
+        envs.append({e["name"]: e["value"] for e in jobset_builders.build_trainjob(pit, cfg, PIT_BODY)["spec"]["trainer"]["env"]})
+        assert len(envs) >= 9
+        for env in envs:
+            assert {k: v for k, v in env.items() if k in want} == expected
+    assert dataclasses.replace(CFG, kernel_cache="/scratch/k").kernel_cache_env()["TRITON_CACHE_DIR"] == "/scratch/k/triton"

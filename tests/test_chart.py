@@ -154,3 +154,11 @@ def test_values_reach_the_operator_config() -> None:
     assert (cfg.pvc, cfg.merge_gpus, cfg.trainer_image) == ("team-a-data", 1, "reg.example/trainer:9")
     # every operator setting is set by the chart
     assert {k.removeprefix("PITLAB_").lower() for k in env} == {f for f in OperatorConfig.__dataclass_fields__}
+
+
+def test_the_kernel_cache_value_reaches_the_operator_config() -> None:
+    """``storage.kernelCache`` (default ``.cache/kernels`` under the mount; ``none`` turns it off)."""
+    for args, want in (((), "/pitlab/.cache/kernels/triton"), (("--set", "storage.kernelCache=none"), None)):
+        (dep,) = of_kind(render(*args), "Deployment")
+        env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert OperatorConfig.from_env(env).kernel_cache_env().get("TRITON_CACHE_DIR") == want

@@ -76,9 +76,9 @@ def _resources(cpu: str | None, memory: str | None, gpus: int = 0) -> dict[str, 
 
 
 def env_list(cfg: OperatorConfig, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
-    """The variables every pitlab container gets (``PITLAB_DATA_ROOT``, ``PYTHONUNBUFFERED``, ``HOME``) and
-    ``extra``, as a container's ``env`` list."""
-    env = {"PITLAB_DATA_ROOT": cfg.data_root, "PYTHONUNBUFFERED": "1", "HOME": "/tmp"}
+    """The variables every pitlab container gets (``PITLAB_DATA_ROOT``, ``PYTHONUNBUFFERED``, ``HOME``, the
+    kernel caches of :meth:`OperatorConfig.kernel_cache_env`) and ``extra``, as a container's ``env`` list."""
+    env = {"PITLAB_DATA_ROOT": cfg.data_root, "PYTHONUNBUFFERED": "1", "HOME": "/tmp", **cfg.kernel_cache_env()}
     env.update(extra or {})
     return [{"name": k, "value": v} for k, v in env.items()]
 

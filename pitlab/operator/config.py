@@ -27,7 +27,11 @@ class OperatorConfig:
     training stage when its ``spec.resources.backend`` is unset (``auto``, ``trainjob``, ``jobset`` or
     ``pytorchjob``; :mod:`pitlab.operator.backends`). ``training_runtime``: the ClusterTrainingRuntime a
     TrainJob names (the chart ships it). ``termination_grace_seconds``: how long a TrainJob or JobSet training
-    pod may take to stop (preemption, eviction) before it is killed.
+    pod may take to stop (preemption, eviction) before it is killed. ``kernel_cache``: the folder on the shared
+    volume (relative to ``mount_path``, or absolute) where every pod keeps the GPU kernels it compiles
+    (``TRITON_CACHE_DIR`` = ``<kernel_cache>/triton``, which also holds fla's autotuning results,
+    ``TORCHINDUCTOR_CACHE_DIR`` = ``<kernel_cache>/inductor``), so a later pod with the same kernels skips
+    compiling them; ``none`` leaves both in the pod's ``/tmp``.
     """
 
     trainer_image: str = "ghcr.io/pitlab/pitlab-trainer:0.1.0"
@@ -53,6 +57,7 @@ class OperatorConfig:
     training_backend: str = "auto"
     training_runtime: str = "pitlab-torch"
     termination_grace_seconds: int = 300
+    kernel_cache: str = ".cache/kernels"
 
     def __post_init__(self) -> None:
         if self.training_backend not in TRAINING_BACKENDS:
@@ -92,6 +97,15 @@ class OperatorConfig:
         if "://" in path:
             raise ValueError(f"{uri!r}: give a path on the shared volume or s3://bucket/prefix")
         return posixpath.normpath(path if path.startswith("/") else posixpath.join(self.mount_path, path))
+
+    def kernel_cache_env(self) -> dict[str, str]:
+        """``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` under ``kernel_cache`` on the shared volume, or
+        ``{}`` when ``kernel_cache`` is ``none``."""
+        if self.kernel_cache.strip().lower() in ("", "none"):
+            return {}
+        root = posixpath.normpath(posixpath.join(self.mount_path, self.kernel_cache))
+        return {"TRITON_CACHE_DIR": posixpath.join(root, "triton"),
+                "TORCHINDUCTOR_CACHE_DIR": posixpath.join(root, "inductor")}
 
     def run_dir(self, output_uri: str, name: str) -> str:
         """``RUN`` = ``<output.uri>/<name>`` on the shared volume."""

@@ -128,4 +128,12 @@ capabilities:
   value: "1"
 - name: HOME
   value: /tmp
+{{- $kc := .Values.storage.kernelCache | default "none" | toString }}
+{{- if ne (lower $kc) "none" }}
+{{- $root := clean (ternary $kc (printf "%s/%s" .Values.storage.mountPath $kc) (isAbs $kc)) }}
+- name: TRITON_CACHE_DIR
+  value: {{ printf "%s/triton" $root | quote }}
+- name: TORCHINDUCTOR_CACHE_DIR
+  value: {{ printf "%s/inductor" $root | quote }}
+{{- end }}
 {{- end -}}

@@ -306,14 +306,8 @@ class ViewConversion:
         apply to ``group`` or its outputs are its inputs: the first group with moved outputs is proven then."""
         if self.proven is not None:
             return
-        try:
-            views = self._views(group)
-        except MergeError:
-            return
-        if views is None:
-            return
-        moved = [k for k, v in views.items()
-                 if not any(v.data_ptr() == t.data_ptr() and v.shape == t.shape for t in group.values())]
+        views = self._views(group)
+        moved = [] if views is None else _moved(views, group)
         if moved:
             self.proven = self._prove(group, views, moved[0])
 
@@ -322,8 +316,7 @@ class ViewConversion:
         if views is None:
             self.copied = True
             return self.convert(group)
-        moved = [k for k, v in views.items()
-                 if not any(v.data_ptr() == t.data_ptr() and v.shape == t.shape for t in group.values())]
+        moved = _moved(views, group)
         if self.proven is None and moved:
             self.proven = self._prove(group, views, moved[0])
             if not self.proven:
@@ -387,6 +380,12 @@ class ViewConversion:
                 return None
             views[name] = t.reshape(-1)[(first - lo) * width:(first - lo + n) * width].view(shape)
         return views
+
+
+def _moved(views: dict[str, torch.Tensor], group: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the ``views`` that are not one of ``group``'s own tensors unchanged (same storage and shape)."""
+    return [k for k, v in views.items()
+            if not any(v.data_ptr() == t.data_ptr() and v.shape == t.shape for t in group.values())]
 
 
 def _aligned(n: int) -> int:
