@@ -224,6 +224,7 @@ def main() -> None:
         "command_GBps": round(report["bytes"] / wall / 1e9, 3),
         "peak_rss_GB": round(report["peak_rss_bytes"] / 1e9, 2), "child_maxrss_GB": round(child_rss / 1e9, 2),
         "rss_before_tensors_GB": round(report["rss_before_tensors_bytes"] / 1e9, 2),
+        "anon_rss_before_tensors_GB": round(report.get("anon_rss_before_tensors_bytes", 0) / 1e9, 3),
         "raw_write_GBps_before": round(raw_before / 1e9, 3), "raw_write_GBps_after": round(raw_after / 1e9, 3),
         "raw_write_GBps": round(raw / 1e9, 3), "merge_over_raw": round(report["bytes_per_second"] / raw, 3),
     }

@@ -46,7 +46,8 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
     ``read``, ``hash``, ``wait`` for a group, ``convert``, ``save``, ``compare``, ``fsync``, ``check_wait``),
     ``rss_start_bytes`` (resident set at the call),
     ``rss_before_tensors_bytes`` (after the libraries and the meta-device model are loaded, before any tensor
-    data), ``peak_rss_bytes`` (the process's peak resident set, ``ru_maxrss``; all in bytes),
+    data; a full merge adds ``anon_rss_before_tensors_bytes``, its anonymous part), ``peak_rss_bytes`` (the
+    process's peak resident set, ``ru_maxrss``; all in bytes),
     ``logits_probe`` (``equal``, ``close`` with its max |diff|, or ``skipped``), ``verified`` (always True: a
     failed check raises). Raises :class:`MergeError` for any mismatch or missing
     input, ``ValueError`` for a bad ``max_shard_size``/``logits_probe``; no complete-looking ``out_dir`` is

@@ -24,7 +24,8 @@ from pitlab.trainer.merge.errors import MergeError
 from pitlab.trainer.merge.layout import copy_generation_config, plan_groups, shard_file_names, write_index
 from pitlab.trainer.merge.reader import (check_keys, checkpoint_tensors, load_checkpoint_model, load_into,
                                          load_tensors, meta_model_of)
-from pitlab.trainer.merge.verify import compare_digests, compare_file, probe_logits, reload_model, rss_bytes
+from pitlab.trainer.merge.verify import (anon_rss_bytes, compare_digests, compare_file, probe_logits, reload_model,
+                                         rss_bytes)
 
 READ_THREADS = max(4, min(8, (os.cpu_count() or 1) // 2))
 """Byte ranges of the DCP shard files read at once, digests computed at once and byte ranges of a written shard
@@ -73,7 +74,7 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     groups = plan_groups(sizes, max_bytes)
     _prove_on_layer0(convert, ckpt, kept, saved)  # before the two group buffers exist, not on top of them
     files = shard_file_names(len(groups))
-    rss_before = rss_bytes()  # libraries imported, meta model built: what follows is tensor data
+    rss_before, anon_before = rss_bytes(), anon_rss_bytes()  # libraries and meta model: what follows is tensors
     t_write = time.perf_counter()
     tmp.mkdir(parents=True)
     pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
@@ -101,7 +102,8 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             raise MergeError(f"{tmp}: probe logits differ from the checkpoint-loaded model (max |diff| {diff:g})")
         probe = "equal"
     return {"kind": "full", "tensors": len(weight_map), "bytes": total, "shards": len(files),
-            "parameters": len(digests), "rss_before_tensors_bytes": rss_before, "write_seconds": write_seconds,
+            "parameters": len(digests), "rss_before_tensors_bytes": rss_before,
+            "anon_rss_before_tensors_bytes": anon_before, "write_seconds": write_seconds,
             "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe,
             "largest_group_bytes": max(pipe.group_bytes), "buffer_bytes": pipe.buffer_bytes,
             "read_threads": pipe.threads, "conversion": convert.state,

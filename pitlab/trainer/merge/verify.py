@@ -143,6 +143,15 @@ def rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def anon_rss_bytes() -> int:
+    """This process's anonymous resident memory now (heap and tensor buffers: the resident set less mapped file
+    and shared-memory pages), in bytes."""
+    import psutil
+
+    info = psutil.Process().memory_info()
+    return int(info.rss - getattr(info, "shared", 0))
+
+
 def peak_rss_bytes() -> int:
     """This process's peak resident set (``ru_maxrss``), in bytes."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
