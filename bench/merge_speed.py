@@ -16,9 +16,9 @@
 4. Runs ``python -m pitlab.cli merge --checkpoint ... --summary ...`` in its own process (verification on: every
    tensor compared, digests; the logits probe as ``--logits-probe`` says) and reports the merged safetensors'
    GB/s (bytes / the merge's own seconds), the wall time of the command, the peak RSS (the report's ``ru_maxrss``
-   and the parent's ``RUSAGE_CHILDREN``; the peaks of ``/proc/PID/status``'s RssAnon, RssFile and RssShmem, sampled
-   every 5 ms, split it into anonymous memory and mapped file or tmpfs pages), and the ratio to the raw disk speed. The output is deleted afterwards;
-   the checkpoint too unless ``--keep``.
+   and the parent's ``RUSAGE_CHILDREN``; the peaks of ``/proc/PID/status``'s RssAnon, RssFile and RssShmem,
+   sampled every 5 ms, split it into anonymous memory and mapped file or tmpfs pages), and the ratio to the raw
+   disk speed. The output is deleted afterwards; the checkpoint too unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -230,7 +230,8 @@ def main() -> None:
     }
     result["merge_cpu_seconds"] = report["child_cpu_seconds"]
     result["status_peaks_GB"] = {k: round(v / 1e9, 3) for k, v in report["child_status_peaks_bytes"].items()}
-    result["status_at_rss_peak_GB"] = {k: round(v / 1e9, 3) for k, v in report["child_status_at_vmrss_peak_bytes"].items()}
+    result["status_at_rss_peak_GB"] = {k: round(v / 1e9, 3)
+                                       for k, v in report["child_status_at_vmrss_peak_bytes"].items()}
     for k in ("largest_group_bytes", "buffer_bytes", "read_threads", "conversion", "stage_seconds"):
         if k in report:
             result[k] = report[k]

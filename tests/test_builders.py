@@ -440,8 +440,10 @@ def test_every_container_keeps_compiled_kernels_on_the_shared_volume(pit: PitTra
                 builders.build_analyze_job(le, cfg, child)["spec"]["template"]["spec"]]
         envs = [{e["name"]: e["value"] for e in c["env"]}
                 for p in pods for c in p["containers"] + p.get("initContainers", [])]
-        envs.append({e["name"]: e["value"] for e in jobset_builders.build_trainjob(pit, cfg, PIT_BODY)["spec"]["trainer"]["env"]})
+        trainer = jobset_builders.build_trainjob(pit, cfg, PIT_BODY)["spec"]["trainer"]
+        envs.append({e["name"]: e["value"] for e in trainer["env"]})
         assert len(envs) >= 9
         for env in envs:
             assert {k: v for k, v in env.items() if k in want} == expected
-    assert dataclasses.replace(CFG, kernel_cache="/scratch/k").kernel_cache_env()["TRITON_CACHE_DIR"] == "/scratch/k/triton"
+    absolute = dataclasses.replace(CFG, kernel_cache="/scratch/k").kernel_cache_env()
+    assert absolute["TRITON_CACHE_DIR"] == "/scratch/k/triton"
