@@ -10,6 +10,10 @@
 # stream-qwen: 10.5 B qwen3_5_moe_text, layer-major against the resident model, 8 timed steps (about 5 min);
 #              STREAM_ACCUM microbatches per step (default 4), STREAM_STEPS steps (default 10).
 # eval-scale:  bench/eval_scale.py, the LeakageEval of two 35B-A3B-shape models end to end (about 6 min).
+# kernel-cache: what the operator's storage.kernelCache saves: bench/eval_scale.py at 4 layers, 100 x 30, 20
+#              resamples, twice in fresh processes and work folders sharing one new TRITON_CACHE_DIR and
+#              TORCHINDUCTOR_CACHE_DIR (the first compiles and autotunes fla's kernels, the second finds them);
+#              compare "embed base" of the two (about 4 min).
 # routing:     bench/profile_embed.py --routing-check: where transformers' default bindings and the trainer's
 #              kernels part, layer by layer, and how many tokens' top-8 experts differ (about 2 min).
 set -u
@@ -33,6 +37,12 @@ for stage in "$@"; do
                  tail -2 "$OUT/sq.log" ;;
     eval-scale) timeout 560 python3 bench/eval_scale.py --out "$OUT/eval-scale-h200.json" --workdir /tmp/eval-scale \
                   > "$OUT/eval-scale.log" 2>&1; grep -v Warning "$OUT/eval-scale.log" | tail -22 ;;
+    kernel-cache) rm -rf /tmp/kc && for run in cold warm; do
+                    TRITON_CACHE_DIR=/tmp/kc/triton TORCHINDUCTOR_CACHE_DIR=/tmp/kc/inductor timeout 240 \
+                      python3 bench/eval_scale.py --layers 4 --panel-size 100x30 --resamples 20 \
+                      --workdir "/tmp/kc-$run" --out "$OUT/kernel-cache-$run.json" > "$OUT/kernel-cache-$run.log" 2>&1
+                    echo "$run:"; grep -E -A1 "^  embed base +[0-9.]+ s$" "$OUT/kernel-cache-$run.log"
+                  done ;;
     routing) timeout 240 python3 bench/profile_embed.py --out "$OUT/routing" --layers 8 --experts 256 \
                --routing-check 256 2>&1 | grep -v Warning | tail -12 ;;
     *) echo "unknown stage $stage" ;;
