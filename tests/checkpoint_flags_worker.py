@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from pitlab.trainer.checkpoint import load_checkpoint, save_checkpoint
 from pitlab.trainer.fused_step import MasterAdamW
+from pitlab.trainer.rank_exit import exit_rank
 
 
 def main() -> None:
@@ -39,5 +40,5 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # without interpreter finalization: pitlab.trainer.rank_exit says why
+    exit_rank(main)

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pitlab.trainer.rank_exit import exit_rank
+
 
 def _layout(value) -> list:
     """``[class, global shape, local shape, dtype]`` of a tensor (the local shape is a DTensor's shard), else
@@ -98,5 +100,5 @@ def main(plan_path: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+if __name__ == "__main__":  # without interpreter finalization: pitlab.trainer.rank_exit says why
+    exit_rank(lambda: main(sys.argv[1], sys.argv[2]))

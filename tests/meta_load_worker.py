@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.loading import load_sharded_model
+from pitlab.trainer.rank_exit import exit_rank
 
 
 def main(base: str, out: str, extra_bases: list[str]) -> None:
@@ -41,5 +42,5 @@ def main(base: str, out: str, extra_bases: list[str]) -> None:
     dist.destroy_process_group()
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+if __name__ == "__main__":  # without interpreter finalization: pitlab.trainer.rank_exit says why
+    exit_rank(lambda: main(sys.argv[1], sys.argv[2], sys.argv[3:]))
