@@ -14,6 +14,13 @@
 #              resamples, twice in fresh processes and work folders sharing one new TRITON_CACHE_DIR and
 #              TORCHINDUCTOR_CACHE_DIR (the first compiles and autotunes fla's kernels, the second finds them);
 #              compare "embed base" of the two (about 4 min).
+# autotune:    what pitlab's shipped Triton autotuning results save on a fresh machine: bench/eval_scale.py at 4
+#              layers, 1000 x 30 (the full run's batch shapes), 20 resamples, three times in fresh processes, each
+#              with a new empty Triton cache: "tune" with seeding off (Triton tunes every fla kernel; its
+#              *.autotune.json files are exported to $OUT/autotune-seeds), "seeded" with those files as seeds,
+#              "shipped" with the repository's pitlab/trainer/autotune_seeds; compare "embed base" (about 6 min).
+# stats-pair:  whether two processes' statistics share one GPU well: bench/bench_statistics.py at 2,048 dimensions,
+#              1000 x 30 rows, four protocols, 100 resamples, alone and then two processes at once (about 3 min).
 # routing:     bench/profile_embed.py --routing-check: where transformers' default bindings and the trainer's
 #              kernels part, layer by layer, and how many tokens' top-8 experts differ (about 2 min).
 set -u
@@ -43,6 +50,24 @@ for stage in "$@"; do
                       --workdir "/tmp/kc-$run" --out "$OUT/kernel-cache-$run.json" > "$OUT/kernel-cache-$run.log" 2>&1
                     echo "$run:"; grep -E -A1 "^  embed base +[0-9.]+ s$" "$OUT/kernel-cache-$run.log"
                   done ;;
+    autotune) for run in ${AUTOTUNE_RUNS:-tune seeded}; do
+                rm -rf "/tmp/at-$run" && mkdir -p "/tmp/at-$run"
+                case $run in tune) seeds=off ;; seeded) seeds="$OUT/autotune-seeds" ;; shipped) seeds= ;; esac
+                TRITON_CACHE_DIR="/tmp/at-$run/triton" PITLAB_AUTOTUNE_SEEDS="$seeds" timeout 200 \
+                  python3 bench/eval_scale.py --layers 4 --panel-size 1000x30 --resamples 20 --workdir "/tmp/at-$run/w" \
+                  --out "$OUT/autotune-$run.json" > "$OUT/autotune-$run.log" 2>&1
+                [ $run = tune ] && python3 -c "import sys; from pitlab.trainer.autotune import export_autotune_results as e
+print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" "$OUT/autotune-seeds"
+                echo "$run:"; grep -E -A1 "^  embed (base|twin) +[0-9.]+ s$" "$OUT/autotune-$run.log"
+                grep -E "^  (total|statistics)" "$OUT/autotune-$run.log"
+              done ;;
+    stats-pair) args="--dim 2048 --device cuda --securities 1000 --dates 30 --resamples 100"
+                t1=$(date +%s.%N); timeout 150 python3 bench/bench_statistics.py $args --out "$OUT/stats-alone.json" \
+                  > "$OUT/stats-alone.log" 2>&1; t2=$(date +%s.%N)
+                for i in 1 2; do timeout 250 python3 bench/bench_statistics.py $args --out "$OUT/stats-pair-$i.json" \
+                  > "$OUT/stats-pair-$i.log" 2>&1 & done; wait; t3=$(date +%s.%N)
+                python3 -c "import sys; a,b,c=map(float,sys.argv[1:]); print(f'stats alone {b-a:.1f} s, two at once {c-b:.1f} s')" $t1 $t2 $t3
+                tail -3 "$OUT/stats-alone.log" "$OUT/stats-pair-1.log" ;;
     routing) timeout 240 python3 bench/profile_embed.py --out "$OUT/routing" --layers 8 --experts 256 \
                --routing-check 256 2>&1 | grep -v Warning | tail -12 ;;
     *) echo "unknown stage $stage" ;;

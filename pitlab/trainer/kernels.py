@@ -142,8 +142,11 @@ def select_kernels(model: nn.Module, device: torch.device, loss: str) -> dict[st
     (:func:`fla_gated_delta_rule_binding`), or set back to the reference where fla refuses the GPU
     (:func:`fla_backward_refused`) and on the CPU. ``loss`` is the loss's label (see
     :func:`pitlab.trainer.loss.chunked_linear_cross_entropy`). Returns block -> implementation (:data:`BLOCKS`
-    order); a block the model does not have is ``"not used"``.
+    order); a block the model does not have is ``"not used"``. On CUDA it first copies pitlab's Triton
+    autotuning results into Triton's cache, once per process (:mod:`pitlab.trainer.autotune`).
     """
+    if device.type == "cuda":
+        _seed_once()
     config = getattr(model, "config", None)
     text = config.get_text_config() if config is not None else None
     report = {b: NOT_USED for b in BLOCKS}
@@ -175,6 +178,18 @@ def select_kernels(model: nn.Module, device: torch.device, loss: str) -> dict[st
             report["short_convolution"] = _label(conv, "causal_conv1d_fn")
     report["loss"] = loss
     return report
+
+
+_SEEDED: list[int] = []
+
+
+def _seed_once() -> None:
+    """Copy pitlab's Triton autotuning results into Triton's cache, once per process
+    (:func:`pitlab.trainer.autotune.seed_autotune_cache`), before the first fla kernel runs."""
+    if not _SEEDED:
+        from pitlab.trainer.autotune import seed_autotune_cache
+
+        _SEEDED.append(seed_autotune_cache())
 
 
 def _fla_conv_available() -> bool:
