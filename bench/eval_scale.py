@@ -267,8 +267,12 @@ def main() -> None:
                              f"{m['embed_n_batches']} batches: {m['embed_load_seconds']:.1f} s / "
                              f"{m['embed_forward_seconds']:.1f} s, {m['embed_prompts_per_s']:.0f} prompts/s, "
                              f"{m['embed_tokens_per_s']:,.0f} tokens/s", None))
-        rows.append(("statistics (protocols + bootstrap, both models)", tm["statistics_s"]))
-        rest = stages["pitlab_evaluate_s"] - tm["embed_s"] - tm["statistics_s"]
+        stats_wall = tm.get("statistics_wall_s", tm["statistics_s"])
+        rows.append((f"statistics (protocols + bootstrap, both models; {tm.get('statistics_processes', 1)} "
+                     "process(es))", stats_wall))
+        for name, m in tm["models"].items():
+            rows.append((f"  statistics of {name}: {m['statistics_s']:.1f} s", None))
+        rest = stages["pitlab_evaluate_s"] - tm["embed_s"] - stats_wall
         rows.append(("pitlab evaluate: start-up, panel, report", rest))
         rows.append(("pitlab evaluate", stages["pitlab_evaluate_s"]))
         rows.append(("total", stages["total_s"]))

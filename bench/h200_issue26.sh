@@ -9,7 +9,8 @@
 # merge-shm:   the merge with checkpoint and output in /dev/shm (the disk taken out; about 2 min).
 # stream-qwen: 10.5 B qwen3_5_moe_text, layer-major against the resident model, 8 timed steps (about 5 min);
 #              STREAM_ACCUM microbatches per step (default 4), STREAM_STEPS steps (default 10).
-# eval-scale:  bench/eval_scale.py, the LeakageEval of two 35B-A3B-shape models end to end (about 6 min).
+# eval-scale:  bench/eval_scale.py, the LeakageEval of two 35B-A3B-shape models end to end (about 6 min), with an
+#              empty Triton cache (/tmp/eval-scale-triton) seeded from EVAL_SEEDS (default: pitlab's own seeds).
 # kernel-cache: what the operator's storage.kernelCache saves: bench/eval_scale.py at 4 layers, 100 x 30, 20
 #              resamples, twice in fresh processes and work folders sharing one new TRITON_CACHE_DIR and
 #              TORCHINDUCTOR_CACHE_DIR (the first compiles and autotunes fla's kernels, the second finds them);
@@ -17,7 +18,8 @@
 # autotune:    what pitlab's shipped Triton autotuning results save on a fresh machine: bench/eval_scale.py at 4
 #              layers, 1000 x 30 (the full run's batch shapes), 20 resamples, three times in fresh processes, each
 #              with a new empty Triton cache: "tune" with seeding off (Triton tunes every fla kernel; its
-#              *.autotune.json files are exported to $OUT/autotune-seeds), "seeded" with those files as seeds,
+#              *.autotune.json files are exported to /tmp/autotune-seeds and $OUT/autotune-seeds.tgz), "seeded" with those
+#              files as seeds,
 #              "shipped" with the repository's pitlab/trainer/autotune_seeds; compare "embed base" (about 6 min).
 # stats-pair:  whether two processes' statistics share one GPU well: bench/bench_statistics.py at 2,048 dimensions,
 #              1000 x 30 rows, four protocols, 100 resamples, alone and then two processes at once (about 3 min).
@@ -42,7 +44,7 @@ for stage in "$@"; do
     stream-qwen) timeout "${STREAM_TIMEOUT:-420}" python3 bench/streaming.py --model qwen35-moe --work /tmp/sq --out "$OUT/sq" \
                    --seq 2048 --micro 2 --accum "${STREAM_ACCUM:-4}" --steps "${STREAM_STEPS:-10}" --warmup 2 --baseline > "$OUT/sq.log" 2>&1
                  tail -2 "$OUT/sq.log" ;;
-    eval-scale) timeout 560 python3 bench/eval_scale.py --out "$OUT/eval-scale-h200.json" --workdir /tmp/eval-scale \
+    eval-scale) rm -rf /tmp/eval-scale-triton; TRITON_CACHE_DIR=/tmp/eval-scale-triton PITLAB_AUTOTUNE_SEEDS="${EVAL_SEEDS-}" timeout 560 python3 bench/eval_scale.py --out "$OUT/eval-scale-h200.json" --workdir /tmp/eval-scale \
                   > "$OUT/eval-scale.log" 2>&1; grep -v Warning "$OUT/eval-scale.log" | tail -22 ;;
     kernel-cache) rm -rf /tmp/kc && for run in cold warm; do
                     TRITON_CACHE_DIR=/tmp/kc/triton TORCHINDUCTOR_CACHE_DIR=/tmp/kc/inductor timeout 240 \
@@ -52,12 +54,13 @@ for stage in "$@"; do
                   done ;;
     autotune) for run in ${AUTOTUNE_RUNS:-tune seeded}; do
                 rm -rf "/tmp/at-$run" && mkdir -p "/tmp/at-$run"
-                case $run in tune) seeds=off ;; seeded) seeds="$OUT/autotune-seeds" ;; shipped) seeds= ;; esac
+                case $run in tune) seeds=off ;; seeded) seeds=/tmp/autotune-seeds ;; shipped) seeds= ;; esac
                 TRITON_CACHE_DIR="/tmp/at-$run/triton" PITLAB_AUTOTUNE_SEEDS="$seeds" timeout 200 \
                   python3 bench/eval_scale.py --layers 4 --panel-size 1000x30 --resamples 20 --workdir "/tmp/at-$run/w" \
                   --out "$OUT/autotune-$run.json" > "$OUT/autotune-$run.log" 2>&1
                 [ $run = tune ] && python3 -c "import sys; from pitlab.trainer.autotune import export_autotune_results as e
-print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" "$OUT/autotune-seeds"
+print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" /tmp/autotune-seeds \
+                  && tar -czf "$OUT/autotune-seeds.tgz" -C /tmp autotune-seeds
                 echo "$run:"; grep -E -A1 "^  embed (base|twin) +[0-9.]+ s$" "$OUT/autotune-$run.log"
                 grep -E "^  (total|statistics)" "$OUT/autotune-$run.log"
               done ;;

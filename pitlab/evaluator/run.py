@@ -8,7 +8,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +16,14 @@ import numpy as np
 from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
-from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, interval, judge, paired_reductions
-from pitlab.evaluator.decompose import (DATE_ONLY, date_features, empty_checks, excess, mechanical_sentence,
-                                        rows_per_dimension_checks)
+from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, paired_reductions
+from pitlab.evaluator.decompose import DATE_ONLY, date_features, empty_checks, rows_per_dimension_checks
 from pitlab.evaluator.embed import embed_texts
 from pitlab.evaluator.estimates import AlphaSelection
 from pitlab.evaluator.linalg import Backend
+from pitlab.evaluator.outcome import (EMBED_RATES, HEADLINE, Baseline, ModelEmbedding,  # noqa: F401 (re-exported)
+                                      ModelOutcome, model_outcome, target_summary)
+from pitlab.evaluator.parallel import StatisticsPool, result_of, statistics_processes
 from pitlab.evaluator.protocols import ChronologicalSplit
 from pitlab.evaluator.provenance import TARGET, device_record, panel_summary, versions  # noqa: F401
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
@@ -81,11 +83,6 @@ CLUSTER_TEXT = {
                          "multiplicities (pigeonhole bootstrap, Owen 2007; Davezies, D'Haultfœuille & Guyonvarch "
                          "2021)"}
 
-EMBED_RATES = ("load_seconds", "forward_seconds", "layers_run", "n_tokens", "n_batches", "prompts_per_s",
-               "tokens_per_s")
-"""Keys of the embedding stage's info copied into ``timings.models.<name>`` as ``embed_<key>`` (None on a cache hit)."""
-
-
 def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind: str = "auto", *,
                 cache_dir: Path | None = None, num_threads: int | None = None, info: dict | None = None,
                 progress: Callable[[int, int], None] | None = None) -> np.ndarray:
@@ -100,30 +97,6 @@ def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind
                        num_threads=num_threads, cache_dir=cache_dir, info=info)
 
 
-@dataclass
-class ModelOutcome:
-    """One model's part of the results: its ``results.json`` entry, its bootstrap replicates (the premium, R²
-    off and on, each extra protocol's premium: float [B]), the grid-edge phrases its verdicts carry, the
-    warnings it adds and its timings (seconds)."""
-
-    result: dict
-    premium_reps: np.ndarray
-    replicates: dict[str, np.ndarray]
-    protocol_reps: dict[str, np.ndarray]
-    edges: list[str]
-    warnings: list[str]
-    timings: dict
-
-
-@dataclass
-class Baseline:
-    """The date-only baseline (:mod:`pitlab.evaluator.decompose`) on the raw and the market-neutral target."""
-
-    raw: TargetStats
-    neutral: TargetStats
-    seconds: float
-
-
 def baseline_statistics(spec: LeakageEvalSpec, setup: EvalSetup) -> Baseline:
     """The date-only baseline through every protocol of ``spec`` on ``setup``'s draws (market-neutral: leakage-off
     and leakage-on only)."""
@@ -133,48 +106,6 @@ def baseline_statistics(spec: LeakageEvalSpec, setup: EvalSetup) -> Baseline:
     codes = setup.date_codes
     return Baseline(target_statistics(spec, cpu, X, setup.y, True, codes),
                     target_statistics(spec, cpu, X, setup.y_neutral, False, codes), time.perf_counter() - t0)
-
-
-def target_summary(ts: TargetStats, confidence: "IntervalRule | float") -> dict:
-    """JSON-ready numbers of one target: R²(off), R²(on) on all rows and on the leakage-off test rows, the
-    same-row premium with its interval, p-value, bias, sd and verdict (:func:`judge`), the chosen penalties."""
-    edges = ts.edge_text["off"] + ts.edge_text["on"]
-    pj = judge(ts.premium, ts.reps.premium, confidence, edges)
-    return {"r2_off": float(ts.off.r2[0]), "r2_on": float(ts.on.r2[0]), "r2_on_test_rows": ts.r2_on_rows,
-            "premium": ts.premium, "premium_all_rows": float(ts.on.r2[0] - ts.off.r2[0]),
-            "premium_ci": pj["ci"], "premium_p_value": pj["p_value"], "premium_bias": pj["bias"],
-            "premium_sd": pj["sd"], "verdict": pj["verdict"], "verdict_reasons": pj["reasons"],
-            "r2_off_ci": interval(float(ts.off.r2[0]), ts.reps.r2_off, confidence),
-            "r2_on_ci": interval(float(ts.on.r2[0]), ts.reps.r2_on, confidence),
-            "r2_on_test_rows_ci": interval(ts.r2_on_rows, ts.reps.r2_on_rows, confidence),
-            "alpha_off": float(ts.off.alpha[0]), "alpha_on": [float(a) for a in ts.on.alpha[0]],
-            "n_valid_replicates": int(np.isfinite(ts.reps.premium).sum())}
-
-
-HEADLINE = "market_neutral"
-"""The figure that heads the table and gives the verdict: the market-neutral premium (docs/statistics.md says why)."""
-
-
-def _decomposition(name: str, raw: TargetStats, neutral: TargetStats, baseline: Baseline,
-                   conf: "IntervalRule | float") -> dict:
-    """The keys of a model's entry that split its premium: market-neutral, date-only, excess, headline, sentence."""
-    mn = target_summary(neutral, conf)
-    ex = excess(raw.premium, raw.reps.premium, baseline.raw.premium, baseline.raw.reps.premium, conf,
-                raw.edge_text["off"] + raw.edge_text["on"])
-    return {"market_neutral": mn, "date_only_premium": baseline.raw.premium, "excess": ex,
-            "headline": {"figure": HEADLINE, "premium": mn["premium"], "ci": mn["premium_ci"],
-                         "p_value": mn["premium_p_value"], "verdict": mn["verdict"]},
-            "mechanical": mechanical_sentence(name, raw.premium, baseline.raw.premium, ex, mn)}
-
-
-def _penalty_selection(setup: EvalSetup, raw: TargetStats) -> dict:
-    """Which inner scheme each protocol used and the α it chose per fold (point estimate)."""
-    out = {"leakage_off": {"scheme": setup.time_selection.describe(), "alpha_per_fold": [float(raw.off.alpha[0])]},
-           "leakage_on": {"scheme": setup.selection.describe(),
-                          "alpha_per_fold": [float(a) for a in raw.on.alpha[0]]}}
-    for p, r in raw.protocols.items():
-        out[p] = {"scheme": setup.time_selection.describe(), "alpha_per_fold": r["alpha_per_fold"]}
-    return out
 
 
 def model_cutoffs(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) -> dict:
@@ -192,6 +123,22 @@ def model_cutoffs(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) ->
     return out
 
 
+def embed_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str, note: StageProgress,
+                cache_dir: Path | None = None, num_threads: int | None = None,
+                embedded: dict | None = None) -> ModelEmbedding:
+    """Embed the panel with one model (a cache hit when an earlier stage of this run embedded it: ``embedded``
+    is that stage's ``info``, whose cache hit and seconds are reported)."""
+    info: dict = {}
+    t = time.perf_counter()
+    X = embed_panel(spec, setup.prompts, path, kind, cache_dir=cache_dir, num_threads=num_threads, info=info,
+                    progress=lambda d, t: note(f"embed:{name}", d, t))
+    seconds = time.perf_counter() - t
+    if embedded is not None:  # embedded by an earlier stage of this run: report that stage
+        info["cache_hit"] = bool(embedded.get("cache_hit", info["cache_hit"]))
+        seconds = float(embedded.get("seconds", seconds))
+    return ModelEmbedding(X, info, embedded, seconds)
+
+
 def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str,
                    note: StageProgress, cache_dir: Path | None = None, num_threads: int | None = None,
                    embedded: dict | None = None, baseline: "Baseline | Future | None" = None,
@@ -202,75 +149,14 @@ def evaluate_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Pat
     Future of one, computed meanwhile on another thread, is awaited only for the decomposition).
     ``embedded``: the ``info`` of an earlier :func:`embed_panel` call for this model in the same run; ``cutoff``:
     its knowledge cutoff (:func:`model_cutoffs`)."""
-    emb = spec.embedding
     baseline = baseline or baseline_statistics(spec, setup)
-    info: dict = {}
-    t_emb = time.perf_counter()
-    X = embed_panel(spec, setup.prompts, path, kind, cache_dir=cache_dir, num_threads=num_threads, info=info,
-                    progress=lambda d, t: note(f"embed:{name}", d, t))
-    t_stat = time.perf_counter()
-    embed_s = t_stat - t_emb
-    if embedded is not None:  # embedded by an earlier stage of this run: report that stage
-        info["cache_hit"] = bool(embedded.get("cache_hit", info["cache_hit"]))
-        embed_s = float(embedded.get("seconds", embed_s))
+    emb = embed_model(spec, setup, name, path, kind, note, cache_dir, num_threads, embedded)
     note(f"statistics:{name}", 0, 1)
-    raw, neutral = model_statistics(spec, setup, X, setup.y, setup.y_neutral)
-    t_end = time.perf_counter()
+    t = time.perf_counter()
+    raw, neutral = model_statistics(spec, setup, emb.X, setup.y, setup.y_neutral)
+    seconds = time.perf_counter() - t
     note(f"statistics:{name}", 1, 1)
-    summary = target_summary(raw, setup.rule)
-    edges = raw.edges
-    m = next(m for m in spec.models if m.name == name)
-    result = {
-        "name": name, "uri": m.uri,
-        "training_ref": m.training_ref.model_dump(by_alias=True) if m.training_ref else None,
-        "model_dir": str(path), "kind": info["kind"], "digest": info["digest"],
-        "embedding_device": info.get("device"),
-        "embedding_kernels": (embedded or info).get("kernels", info.get("kernels")),
-        "embedding_weights": (embedded or info).get("weights", info.get("weights")),
-        "knowledge_cutoff": cutoff.isoformat() if cutoff else None,
-        "embedding_dim": int(X.shape[1]), "pooling": info["pooling"], "layer": emb.layer,
-        "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
-        **summary,
-        "premium_rows": "leakage-off test rows (R²(on) and R²(off) on the same rows)",
-        **_decomposition(name, raw, neutral, baseline.result() if isinstance(baseline, Future) else baseline,
-                         setup.rule),
-        "protocols": raw.protocols,
-        "embargo_robustness": raw.robustness,
-        "n_train": setup.split.n_train, "n_test": setup.split.n_test,
-        "n_embargoed": setup.split.n_embargoed, "alphas": [float(a) for a in raw.grid],
-        "alpha_grid_widenings": raw.widenings,
-        "penalty_selection": _penalty_selection(setup, raw),
-        "df_off": float(raw.off.df[0]), "df_on": [float(x) for x in raw.on.df[0]],
-        "alpha_at_grid_edge": "lower" if any(e[1] for e in edges.values()) else
-        ("upper" if any(e[2] for e in edges.values()) else None),
-    }
-    grid_note = (f" (regression.alphas widened {raw.widenings} time(s), {WIDEN_DECADES} decades each, to "
-                 f"[{', '.join(f'{a:g}' for a in raw.grid)}])" if raw.widenings else "")
-    notes = _model_warnings(name, setup.time_selection.method, edges, raw.widenings, grid_note,
-                            summary["verdict_reasons"])
-    timings = {"embed_s": embed_s, 
-               "statistics_s": t_end - t_stat, **{f"embed_{k}": (embedded or info).get(k) for k in EMBED_RATES}}
-    model_edges = raw.edge_text["off"] + raw.edge_text["on"]
-    return ModelOutcome(result, raw.reps.premium, {"r2_off": raw.reps.r2_off, "r2_on": raw.reps.r2_on,
-                                                   "r2_on_test_rows": raw.reps.r2_on_rows,
-                                                   "premium_market_neutral": neutral.reps.premium},
-                        raw.protocol_reps, model_edges, notes, timings)
-
-
-def _model_warnings(name: str, method: str, edges: dict, widenings: int, grid_note: str,
-                    reasons: list[str]) -> list[str]:
-    """The run warnings one model adds: a penalty selection still at a grid edge; an unreliable premium."""
-    notes = []
-    if any(e[0] for e in edges.values()):
-        notes.append(
-            f"model {name}: the penalty selection ({method}) still ends at an edge of the α grid "
-            f"after {widenings} widening(s): {'; '.join(sum((e[0] for e in edges.values()), []))}{grid_note}. "
-            "Its optimum lies outside the grid, and the two protocols, whose training sets differ in size, "
-            "then over- or underfit by different amounts, which shifts the premium even for an "
-            "uninformative embedding.")
-    if reasons:
-        notes.append(f"model {name}: the premium is unreliable: {'; '.join(reasons)}.")
-    return notes
+    return model_outcome(spec, setup, name, path, emb, (raw, neutral, seconds), baseline, cutoff)
 
 
 def _protocol_section(spec: LeakageEvalSpec, setup: EvalSetup, n_rows: int) -> dict:
@@ -402,6 +288,35 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
     }
 
 
+def _evaluate_models(spec: LeakageEvalSpec, setup: EvalSetup, names: list[str], models: dict, note: StageProgress,
+                     cache_dir: Path | None, num_threads: int | None, embedded: dict, baseline: "Baseline | Future",
+                     cutoffs: dict) -> tuple[list[ModelOutcome], int, float]:
+    """Every model's outcome, in ``names`` order: one after the other (:func:`evaluate_model`), or, where
+    :func:`pitlab.evaluator.parallel.statistics_processes` says more than one process, every model embedded
+    here first and their statistics computed in that many processes at once (the same numbers). Returns the
+    outcomes, the number of processes and the wall seconds of the models' statistics."""
+    processes = statistics_processes(setup.backend.device, len(names))
+    if processes == 1:
+        outcomes = [evaluate_model(spec, setup, name, *models[name], note, cache_dir, num_threads,
+                                   embedded.get(name), baseline, cutoffs[name]) for name in names]
+        return outcomes, 1, sum(o.timings["statistics_s"] for o in outcomes)
+    embs = {name: embed_model(spec, setup, name, *models[name], note, cache_dir, num_threads, embedded.get(name))
+            for name in names}
+    t = time.perf_counter()
+    with StatisticsPool(processes) as pool:
+        futures = {}
+        for name in names:
+            note(f"statistics:{name}", 0, 1)
+            futures[name] = pool.submit(spec, setup, embs[name].X)
+        outcomes = []
+        for name in names:
+            stats = result_of(futures[name], name)
+            note(f"statistics:{name}", 1, 1)
+            outcomes.append(model_outcome(spec, setup, name, models[name][0], embs[name], stats, baseline,
+                                          cutoffs[name]))
+    return outcomes, processes, time.perf_counter() - t
+
+
 def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tuple[Path, str]], out_dir: Path,
                      progress: StageProgress | None = None, cache_dir: Path | None = None, *,
                      num_threads: int | None = None, alpha_selection: AlphaSelection | str | None = None,
@@ -442,8 +357,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         else:
             baseline = baseline_statistics(spec, setup)
             note(f"statistics:{DATE_ONLY}", 1, 1)
-        outcomes = [evaluate_model(spec, setup, name, *models[name], note, cache_dir, num_threads,
-                                   (embedded or {}).get(name), pending or baseline, cutoffs[name]) for name in names]
+        outcomes, processes, models_wall = _evaluate_models(spec, setup, names, models, note, cache_dir, num_threads, embedded or {},
+                                    pending or baseline, cutoffs)
         baseline = pending.result() if pending is not None else baseline
     results = assemble_results(spec, panel, setup, names, outcomes, baseline)
     timings: dict = {"draws_s": setup.draws_s, "date_only_baseline_s": baseline.seconds,
@@ -451,6 +366,9 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
                      "models": {o.result["name"]: o.timings for o in outcomes}}
     timings["statistics_s"] = (timings["draws_s"] + (0.0 if pending is not None else baseline.seconds)
                                + sum(m["statistics_s"] for m in timings["models"].values()))
+    timings["statistics_processes"] = processes  # the models' statistics, in that many processes at once
+    timings["statistics_wall_s"] = (timings["draws_s"] + (0.0 if pending is not None else baseline.seconds)
+                                    + models_wall)
     timings["embed_s"] = sum(m["embed_s"] for m in timings["models"].values())
     results["timings"] = timings
     note("report", 0, 1)
