@@ -272,11 +272,7 @@ def main() -> None:
                      "process(es))", stats_wall))
         for name, m in tm["models"].items():
             rows.append((f"  statistics of {name}: {m['statistics_s']:.1f} s", None))
-        after = tm.get("statistics_wall_after_embedding_s", stats_wall)
-        if tm.get("statistics_started_while_embedding"):
-            rows.append((f"  started while the next model embedded; {after:.1f} s of it after the embed stage",
-                         None))
-        rest = stages["pitlab_evaluate_s"] - tm["embed_s"] - after
+        rest = stages["pitlab_evaluate_s"] - tm["embed_s"] - stats_wall
         rows.append(("pitlab evaluate: start-up, panel, report", rest))
         rows.append(("pitlab evaluate", stages["pitlab_evaluate_s"]))
         rows.append(("total", stages["total_s"]))

@@ -206,10 +206,7 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
     st = StatusWriter(EvaluationLayout(run_dir).status, res)
     st.done(stages.VALIDATE, "spec is valid")
     run = EvalRun(res, run_dir, st, reporter, checked, model_dirs, out_root / ".cache" / layout.EMBEDDINGS)
-    try:
-        _walk(stages.LEAKAGEEVAL[1:], run, st)
-    finally:
-        run.close()
+    _walk(stages.LEAKAGEEVAL[1:], run, st)
     st.succeeded(st.status.premium_summary or "evaluation complete")
     return run.results
 

@@ -74,34 +74,3 @@ def test_a_worker_computes_what_this_process_computes(fake_models):  # noqa: F81
         assert a.premium == b.premium and a.grid == b.grid
     r3, _n3, _s = timed_statistics(spec, setup, X)
     np.testing.assert_array_equal(r3.reps.premium, raw.reps.premium)
-
-
-def test_statistics_started_in_the_embed_stage_give_the_same_results(tmp_path, fake_models, monkeypatch):  # noqa: F811
-    """``pitlab run`` with two statistics processes starts each model's statistics as soon as the embed stage
-    has its embeddings; results.json equals the one-process run's, and the pool is closed afterwards."""
-    import pitlab.local as local
-    from pitlab.api import LeakageEval
-    from pitlab.evaluator.inputs import ModelInput
-    from pitlab.pipeline.base import EvalRun
-
-    add, _ = fake_models
-    spec, panel, models = _two_models(add, seed=5)
-    res = LeakageEval.model_validate({"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval",
-                                      "metadata": {"name": "e"}, "spec": spec.model_dump(mode="json", by_alias=True)})
-    closed = []
-    real_close = EvalRun.close
-    monkeypatch.setattr(EvalRun, "close", lambda self: (closed.append(self.ahead), real_close(self)))
-    out = {}
-    for n in (1, 2):
-        monkeypatch.setenv(ENV, str(n))
-        checked = local.CheckedEvaluation(panel, [ModelInput(i, name, "auto", path=models[name][0])
-                                                  for i, name in enumerate(models)])
-        out[n] = local.run_leakage_eval_local(res, tmp_path / f"run{n}", checked=checked)
-    assert out[1]["models"] == out[2]["models"] and out[1]["reductions"] == out[2]["reductions"]
-    assert out[1]["models"][0]["premium"] != out[1]["models"][1]["premium"]
-    assert out[1]["timings"]["statistics_started_while_embedding"] is False
-    assert out[2]["timings"]["statistics_started_while_embedding"] is True
-    assert out[2]["timings"]["statistics_processes"] == 2
-    assert closed[0] is None and closed[1] is not None and closed[1]._pool is None
-    with pytest.raises(RuntimeError, match="closed"):
-        closed[1].submit(spec, "dates", np.zeros((1, 1), np.float32))

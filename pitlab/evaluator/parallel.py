@@ -87,52 +87,6 @@ class StatisticsPool:
         return self._pool.submit(timed_statistics, spec, setup, X)
 
 
-class StatisticsAhead:
-    """Models' statistics started while later models are still being embedded: ``pitlab run``'s embed stage
-    submits each model's as soon as its embeddings exist (:meth:`submit`), the analyze stage collects them
-    (:func:`pitlab.evaluator.run.run_leakage_eval` with ``ahead``), on the same ``setup`` (splits and draws), so
-    the numbers are those of the sequential path. Owns a :class:`StatisticsPool`; :meth:`close` ends it."""
-
-    def __init__(self, setup, processes: int):
-        self.setup, self.processes = setup, processes
-        self.futures: dict[str, Future] = {}
-        self.started: float | None = None  # perf_counter of the first submission
-        self._pool: StatisticsPool | None = StatisticsPool(processes).__enter__()
-
-    @property
-    def pool(self) -> StatisticsPool:
-        """The pool (RuntimeError once closed)."""
-        if self._pool is None:
-            raise RuntimeError("StatisticsAhead is closed")
-        return self._pool
-
-    def submit(self, spec, name: str, X: np.ndarray) -> None:
-        """Start the statistics of model ``name`` (embeddings ``X``, float32 [n_rows, dim])."""
-        if self.started is None:
-            self.started = time.perf_counter()
-        self.futures[name] = self.pool.submit(spec, self.setup, X)
-
-    def close(self) -> None:
-        """End the pool: statistics not started are cancelled, running ones are not waited for."""
-        if self._pool is not None and self._pool._pool is not None:
-            self._pool._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = None
-
-
-def statistics_ahead(spec, panel, n_models: int) -> StatisticsAhead | None:
-    """A :class:`StatisticsAhead` on :func:`pitlab.evaluator.setup.prepare_evaluation`'s setup of ``spec`` and
-    ``panel`` when :func:`statistics_processes` gives more than one process for ``n_models`` on the spec's
-    regression device, else None (the statistics then run in the analyze stage, one model after the other).
-    Raises what ``prepare_evaluation`` raises for a spec the panel cannot serve."""
-    from pitlab.evaluator.linalg import Backend
-    from pitlab.evaluator.setup import prepare_evaluation
-
-    if statistics_processes(Backend.resolve(spec.regression.device).device, n_models) == 1:
-        return None
-    setup = prepare_evaluation(spec, panel)
-    return StatisticsAhead(setup, statistics_processes(setup.backend.device, n_models))
-
-
 def result_of(future: Future, name: str) -> tuple:
     """``future.result()``; a worker that died (killed for memory, a crash) is reported as a RuntimeError
     naming the model and how to run the models one after the other."""

@@ -8,7 +8,6 @@ import hashlib
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from pitlab.evaluator.estimates import AlphaSelection
 from pitlab.evaluator.linalg import Backend
 from pitlab.evaluator.outcome import (EMBED_RATES, HEADLINE, Baseline, ModelEmbedding,  # noqa: F401 (re-exported)
                                       ModelOutcome, model_outcome, target_summary)
-from pitlab.evaluator.parallel import StatisticsAhead, StatisticsPool, result_of, statistics_processes
+from pitlab.evaluator.parallel import StatisticsPool, result_of, statistics_processes
 from pitlab.evaluator.protocols import ChronologicalSplit
 from pitlab.evaluator.provenance import TARGET, device_record, panel_summary, versions  # noqa: F401
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
@@ -291,44 +290,37 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
 
 def _evaluate_models(spec: LeakageEvalSpec, setup: EvalSetup, names: list[str], models: dict, note: StageProgress,
                      cache_dir: Path | None, num_threads: int | None, embedded: dict, baseline: "Baseline | Future",
-                     cutoffs: dict, ahead: StatisticsAhead | None = None) -> tuple[list[ModelOutcome], int, float,
-                                                                                   float]:
+                     cutoffs: dict) -> tuple[list[ModelOutcome], int, float]:
     """Every model's outcome, in ``names`` order: one after the other (:func:`evaluate_model`), or, where
-    :func:`pitlab.evaluator.parallel.statistics_processes` says more than one process (or ``ahead`` started
-    some models' statistics during the embed stage), every model embedded here first (cache hits after an
-    embed stage) and their statistics computed in that many processes at once (the same numbers). Returns the
-    outcomes, the number of processes, the wall seconds of the models' statistics (from the first one started)
-    and those of them after this call's embeddings (all of them here unless started ahead)."""
-    processes = ahead.processes if ahead is not None else statistics_processes(setup.backend.device, len(names))
+    :func:`pitlab.evaluator.parallel.statistics_processes` says more than one process, every model embedded
+    here first and their statistics computed in that many processes at once (the same numbers). Returns the
+    outcomes, the number of processes and the wall seconds of the models' statistics."""
+    processes = statistics_processes(setup.backend.device, len(names))
     if processes == 1:
         outcomes = [evaluate_model(spec, setup, name, *models[name], note, cache_dir, num_threads,
                                    embedded.get(name), baseline, cutoffs[name]) for name in names]
-        wall = sum(o.timings["statistics_s"] for o in outcomes)
-        return outcomes, 1, wall, wall
+        return outcomes, 1, sum(o.timings["statistics_s"] for o in outcomes)
     embs = {name: embed_model(spec, setup, name, *models[name], note, cache_dir, num_threads, embedded.get(name))
             for name in names}
     t = time.perf_counter()
-    with nullcontext(ahead.pool) if ahead is not None else StatisticsPool(processes) as pool:
-        futures = dict(ahead.futures) if ahead is not None else {}
+    with StatisticsPool(processes) as pool:
+        futures = {}
         for name in names:
             note(f"statistics:{name}", 0, 1)
-            if name not in futures:
-                futures[name] = pool.submit(spec, setup, embs[name].X)
+            futures[name] = pool.submit(spec, setup, embs[name].X)
         outcomes = []
         for name in names:
             stats = result_of(futures[name], name)
             note(f"statistics:{name}", 1, 1)
             outcomes.append(model_outcome(spec, setup, name, models[name][0], embs[name], stats, baseline,
                                           cutoffs[name]))
-    start = ahead.started if ahead is not None and ahead.started is not None else t
-    end = time.perf_counter()
-    return outcomes, processes, end - start, end - t
+    return outcomes, processes, time.perf_counter() - t
 
 
 def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tuple[Path, str]], out_dir: Path,
                      progress: StageProgress | None = None, cache_dir: Path | None = None, *,
                      num_threads: int | None = None, alpha_selection: AlphaSelection | str | None = None,
-                     embedded: dict[str, dict] | None = None, ahead: StatisticsAhead | None = None) -> dict:
+                     embedded: dict[str, dict] | None = None) -> dict:
     """Measure the leakage premium of every model of ``spec`` on ``panel`` and write the outputs to ``out_dir``.
 
     ``models``: spec model name → (local model folder, kind "auto" | "causal" | "encoder"); the names must be
@@ -340,9 +332,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     ``"security-cv"`` or an :class:`AlphaSelection` override it, see
     :class:`pitlab.evaluator.estimates.AlphaSelection`. ``embedded``: model name → the ``info`` dict of an
     earlier :func:`embed_panel` call in the same run (the local runner embeds as its own stage), so that
-    results.json reports that stage's cache hit and seconds rather than this call's cache lookup. ``ahead``:
-    the models' statistics the embed stage started (:func:`pitlab.evaluator.parallel.statistics_ahead`), on its
-    setup (ValueError with an ``alpha_selection`` override).
+    results.json reports that stage's cache hit and seconds rather than this call's cache lookup.
     Trading days (embargo, purge) are sessions of ``spec.dataset.calendar``
     (:func:`pitlab.evaluator.protocols.trading_calendar`); the statistics run on ``spec.regression.device``
     (:class:`pitlab.evaluator.linalg.Backend`, float64); ``spec.bootstrap.reselectPenalty`` decides whether
@@ -357,9 +347,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     check_panel(panel)
     names = _ordered_models(spec, models)
     cutoffs = model_cutoffs(spec, models)  # a cutoff contradicting a model card is refused before any work
-    if ahead is not None and alpha_selection is not None:
-        raise ValueError("alpha_selection cannot override the selection of statistics started ahead")
-    setup = ahead.setup if ahead is not None else prepare_evaluation(spec, panel, alpha_selection)
+    setup = prepare_evaluation(spec, panel, alpha_selection)
     note(f"statistics:{DATE_ONLY}", 0, 1)
     with ThreadPoolExecutor(1) as pool:
         pending = None
@@ -369,9 +357,9 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
         else:
             baseline = baseline_statistics(spec, setup)
             note(f"statistics:{DATE_ONLY}", 1, 1)
-        outcomes, processes, models_wall, models_after = _evaluate_models(spec, setup, names, models, note, cache_dir,
+        outcomes, processes, models_wall = _evaluate_models(spec, setup, names, models, note, cache_dir,
                                                             num_threads, embedded or {}, pending or baseline,
-                                                            cutoffs, ahead)
+                                                            cutoffs)
         baseline = pending.result() if pending is not None else baseline
     results = assemble_results(spec, panel, setup, names, outcomes, baseline)
     timings: dict = {"draws_s": setup.draws_s, "date_only_baseline_s": baseline.seconds,
@@ -380,9 +368,6 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     timings["statistics_s"] = (timings["draws_s"] + (0.0 if pending is not None else baseline.seconds)
                                + sum(m["statistics_s"] for m in timings["models"].values()))
     timings["statistics_processes"] = processes  # the models' statistics, in that many processes at once
-    timings["statistics_started_while_embedding"] = bool(ahead is not None and ahead.futures)
-    timings["statistics_wall_after_embedding_s"] = (timings["draws_s"] + (0.0 if pending is not None else
-                                                                          baseline.seconds) + models_after)
     timings["statistics_wall_s"] = (timings["draws_s"] + (0.0 if pending is not None else baseline.seconds)
                                     + models_wall)
     timings["embed_s"] = sum(m["embed_s"] for m in timings["models"].values())

@@ -51,7 +51,7 @@ def run(run: EvalRun, stage: Stage) -> None:
 
     out = EvaluationLayout(run.run_dir)
     run.results = run_leakage_eval(spec, run.checked.panel, models, out.eval_dir, progress=progress,
-                                   cache_dir=run.cache, embedded=run.embedded, ahead=run.ahead)
+                                   cache_dir=run.cache, embedded=run.embedded)
     run.reporter.done("analyze", str(out.eval_dir))
     results = compact_results(run.results)
     report = AnalyzeReport(results=results, report_uri=str(out.outputs.report),

@@ -61,12 +61,6 @@ class EvalRun:
     models: dict[str, tuple[Path, str]] = field(default_factory=dict)
     embedded: dict[str, dict] = field(default_factory=dict)
     results: dict = field(default_factory=dict)
-    ahead: Any = None  # pitlab.evaluator.parallel.StatisticsAhead: statistics the embed stage started
-
-    def close(self) -> None:
-        """End what the stages left running (the statistics processes started ahead)."""
-        if self.ahead is not None:
-            self.ahead.close()
 
 
 @dataclass

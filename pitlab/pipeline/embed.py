@@ -25,10 +25,7 @@ def to_status(report: EmbedReport, status: ResourceStatus) -> str:
 
 
 def run(run: EvalRun, stage: Stage) -> None:
-    """Embed the panel's prompts with every model (cached by model digest, settings and prompts). Where the
-    statistics run in several processes (a CUDA device, :mod:`pitlab.evaluator.parallel`), each model's start
-    as soon as its embeddings exist, beside the next model's embedding; the analyze stage collects them."""
-    from pitlab.evaluator.parallel import statistics_ahead
+    """Embed the panel's prompts with every model (cached by model digest, settings and prompts)."""
     from pitlab.evaluator.run import embed_panel
 
     run.models = fetch_models(run.checked.models, run.model_dirs)  # located by the preflight; s3:// downloaded now
@@ -38,15 +35,12 @@ def run(run: EvalRun, stage: Stage) -> None:
     run.reporter.done("panel", f"{len(rows):,} rows ({rows.security.nunique()} securities × {rows.date.nunique()} "
                                f"dates), dropped {run.checked.panel.dropped}")
     prompts = rows["prompt"].astype(str).tolist()
-    run.ahead = statistics_ahead(run.res.spec, run.checked.panel, len(run.models))
     for name, (path, kind) in run.models.items():
         run.reporter.stage(f"embed {name}", str(path))
         info: dict = {}
         run.embedded[name] = info
         X = embed_panel(run.res.spec, prompts, path, kind, cache_dir=run.cache, info=info,
                         progress=lambda d, t, n=name: run.reporter.progress(f"embed {n}", d, t))
-        if run.ahead is not None:
-            run.ahead.submit(run.res.spec, name, X)
         run.reporter.done(f"embed {name}", f"{X.shape[1]}-dim {info.get('kind', kind)} embeddings"
                                            f"{' (cached)' if info.get('cache_hit') else ''}")
     run.st.done(stage, to_status(EmbedReport(models=list(run.models)), run.st.status))
