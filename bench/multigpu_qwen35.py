@@ -19,6 +19,9 @@ shared expert 512, top-8 routing, vocabulary 248,320) with **8 instead of 40 dec
 5. ``resume``: the base run's final checkpoint is removed, ``latest`` pointed at step ``steps - 5``, and the
    run started again on the same world size; its final parameter digests are compared with the
    uninterrupted run's.
+6. ``repeat``: the base run again from the start in another folder, its losses and gradient norms compared
+   with the base run's step by step (as the resume's are): whether two uninterrupted runs on this machine are
+   bit-identical, which tells a resume's drift from the GPU's own run-to-run differences.
 
 Per stage: the trainer summary (rank 0's ``max_memory_allocated`` / ``max_memory_reserved``), the planner's
 prediction for that spec, and each GPU's peak ``memory.used`` sampled with nvidia-smi every 0.5 s (the
@@ -119,7 +122,7 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=REDUCED["num_experts"],
                     help="routed experts per layer (the real model has 256; top-8 routing either way, so the "
                          "active parameters and FLOPs per token do not depend on it; default %(default)s)")
-    ap.add_argument("--stages", default="base,accum_sync,accum_nosync,merge,resume",
+    ap.add_argument("--stages", default="base,accum_sync,accum_nosync,merge,resume",  # and repeat
                     help="comma-separated subset to run (resume and merge need base)")
     args = ap.parse_args()
     t_begin = time.perf_counter()
@@ -250,6 +253,7 @@ def main() -> int:
                                      keep=1 if args.final_checkpoint_only else keep)
         state["summary"] = summary
         (run_base / "uninterrupted_summary.json").write_text(json.dumps(summary))
+        shutil.copyfile(run_base / "train" / "metrics.jsonl", run_base / "uninterrupted_metrics.jsonl")
         stage["checkpoint_bytes"] = du(run_base / "checkpoint" / f"step-{args.steps}")
         return stage
 
@@ -293,6 +297,39 @@ def main() -> int:
 
     guarded("merge", 30 if args.tiny else 120, merge_stage)
 
+    def step_records(path: Path) -> dict[int, dict]:
+        return {m["step"]: m for m in (json.loads(x) for x in path.read_text().splitlines())}
+
+    def compare_steps(run: Path) -> dict:
+        """Each step's loss and gradient norm of ``run`` against the base run's: the first step that differs
+        in either, and the largest relative differences."""
+        mine = step_records(run / "train" / "metrics.jsonl")
+        ref = step_records(run_base / "uninterrupted_metrics.jsonl")
+        steps = sorted(set(mine) & set(ref))
+        differ = [k for k in steps if (mine[k]["loss"], mine[k].get("grad_norm")) != (ref[k]["loss"], ref[k].get("grad_norm"))]
+        rel = {f: max((abs(mine[k][f] - ref[k][f]) / abs(ref[k][f]) for k in steps if ref[k].get(f)), default=0.0)
+               for f in ("loss", "grad_norm")}
+        return {"steps_compared": steps, "first_step_differing": differ[0] if differ else None,
+                "steps_differing": len(differ), "max_relative_difference": rel,
+                "per_step": {k: {"loss": [ref[k]["loss"], mine[k]["loss"]],
+                                 "grad_norm": [ref[k].get("grad_norm"), mine[k].get("grad_norm")]} for k in steps}}
+
+    def repeat_stage():
+        run = work / "run-repeat"
+        stage, summary = train_stage("repeat", run, args.steps, every=0, keep=1)
+        want = state["summary"]["param_sha256"]
+        stage["params_bit_identical_to_base"] = sum(summary["param_sha256"][k] == want.get(k)
+                                                    for k in summary["param_sha256"])
+        stage["params_total"] = len(summary["param_sha256"])
+        stage["against_base"] = compare_steps(run)
+        shutil.rmtree(run / "checkpoint", ignore_errors=True)  # disk
+        return stage
+
+    if "summary" in state:
+        guarded("repeat", overhead + per_step * args.steps + 30, repeat_stage)
+    else:
+        results["skipped"]["repeat"] = "the base run did not finish"
+
     def resume_stage():
         ckpt_dir = run_base / "checkpoint"
         shutil.rmtree(ckpt_dir / f"step-{args.steps}")
@@ -304,6 +341,7 @@ def main() -> int:
         stage["params_bit_identical_to_uninterrupted"] = sum(got[k] == want.get(k) for k in got)
         stage["params_total"] = len(got)
         stage["final_loss_uninterrupted"] = state["summary"]["final_loss"]
+        stage["against_base"] = compare_steps(run_base)
         return stage
 
     if args.final_checkpoint_only:
