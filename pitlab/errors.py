@@ -19,6 +19,9 @@ This module is the bottom layer: it imports nothing of pitlab, and every layer m
 
 from __future__ import annotations
 
+import difflib
+import re
+import typing
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -82,12 +85,52 @@ class SpecError(InputError, ValueError):
         super().__init__("\n".join(f"{prefix}{path}: {msg}" if path else f"{prefix}{msg}" for path, msg in problems))
 
     @classmethod
-    def from_validation_error(cls, err: ValidationError, source: str | None = None, root: str = "") -> "SpecError":
-        """Convert a pydantic ``ValidationError`` into field-path messages (aliases, dotted, ``[i]`` for lists)."""
-        return cls([_problem(e, root) for e in err.errors()], source)
+    def from_validation_error(cls, err: ValidationError, source: str | None = None, root: str = "",
+                              model: type | None = None) -> "SpecError":
+        """Convert a pydantic ``ValidationError`` into field-path messages (aliases, dotted, ``[i]`` for lists).
+        ``model``: the pydantic class validated, whose field names let an unknown field's message suggest the
+        nearest known one (``did you mean 'embargoDays'?``)."""
+        return cls([_problem(e, root, model) for e in err.errors()], source)
 
 
-def _problem(e: dict, root: str) -> tuple[str, str]:
+def _fields_at(model: type | None, loc: tuple) -> list[str]:
+    """The YAML names of the fields of the pydantic model reached from ``model`` along ``loc`` (list indices and
+    pydantic's internal steps skipped); [] when the path leaves the models."""
+    cls = model
+    for part in loc:
+        if isinstance(part, int) or part in ("function-after", "function-before") or "[" in str(part):
+            continue
+        fields = getattr(cls, "model_fields", None)
+        if not fields:
+            return []
+        field = next((f for n, f in fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return []
+        cls = _model_in(field.annotation)
+    fields = getattr(cls, "model_fields", None) or {}
+    return [f.alias or n for n, f in fields.items()]
+
+
+def _model_in(tp) -> type | None:
+    """The pydantic model class inside a type annotation (``X``, ``X | None``, ``list[X]``, ``Annotated[X, …]``)."""
+    if isinstance(tp, type) and hasattr(tp, "model_fields"):
+        return tp
+    for arg in typing.get_args(tp):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _suggestion(name: str, known: list[str]) -> str:
+    """``; did you mean 'x'?`` for the known field nearest ``name`` (its camelCase spelling, else difflib's
+    closest at ratio ≥ 0.6), or ``""``."""
+    camel = re.sub(r"_([a-z0-9])", lambda m: m.group(1).upper(), name)
+    close = [camel] if camel != name and camel in known else difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _problem(e: dict, root: str, model: type | None = None) -> tuple[str, str]:
     """One pydantic error entry as ``(field path as written in YAML, message)``."""
     parts: list[str] = [root] if root else []
     for loc in e["loc"]:
@@ -106,7 +149,8 @@ def _problem(e: dict, root: str) -> tuple[str, str]:
         parts.append(cause.field)
         msg = cause.message
     if e["type"] == "extra_forbidden":
-        msg = "unknown field (check the spelling; fields are camelCase)"
+        msg = ("unknown field (check the spelling; fields are camelCase)"
+               + _suggestion(str(e["loc"][-1]), _fields_at(model, tuple(e["loc"][:-1]))))
     elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):
         msg = f"{msg} (got {e['input']!r})"
     return ".".join(parts), msg

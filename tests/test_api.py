@@ -34,7 +34,26 @@ def test_unknown_field_names_the_path(doc):
     doc["spec"]["training"]["seqLength"] = 128
     with pytest.raises(SpecError) as e:
         parse_resource(doc, "x.yaml")
-    assert str(e.value) == "x.yaml: spec.training.seqLength: unknown field (check the spelling; fields are camelCase)"
+    assert str(e.value) == ("x.yaml: spec.training.seqLength: unknown field (check the spelling; fields are camelCase)"
+                            "; did you mean 'seqLen'?")
+
+
+@pytest.mark.parametrize("path, name, suggested", [
+    (("spec",), "knowledge_cutoff", "knowledgeCutoff"),  # snake_case: its camelCase spelling
+    (("spec", "training"), "learningrate", "learningRate"),
+    (("spec", "evaluations", 0, "spec", "protocol"), "embargoDay", "embargoDays"),  # through a list
+    (("spec",), "zzzz", None),  # nothing near: no guess
+])
+def test_unknown_field_suggests_the_nearest_known_one(doc, path, name, suggested):
+    at = doc
+    for k in path:
+        at = at[k]
+    at[name] = 1
+    with pytest.raises(SpecError) as e:
+        parse_resource(doc, "x.yaml")
+    msg = str(e.value)
+    assert f"{name}: unknown field" in msg
+    assert msg.endswith(f"; did you mean {suggested!r}?" if suggested else "fields are camelCase)")
 
 
 @pytest.mark.parametrize("path, value, message", [
@@ -150,3 +169,18 @@ def test_unquoted_impossible_date_is_a_clear_error(tmp_path):
     bad.write_text(open(EXAMPLE).read().replace('knowledgeCutoff: "2016-12-31"', "knowledgeCutoff: 2016-13-01"))
     with pytest.raises(SpecError, match=r"bad.yaml: invalid value in YAML \(month must be in 1..12\)"):
         load_resource(bad)
+
+
+def test_a_missing_data_file_names_the_nearest_file_or_the_missing_folder(tmp_path, monkeypatch):
+    from pitlab.api.load import DATA_ROOT_ENV, resolve_local_path
+
+    (tmp_path / "sp500").mkdir()
+    (tmp_path / "sp500" / "ohlcv_long.csv.gz").write_bytes(b"")
+    monkeypatch.setenv(DATA_ROOT_ENV, str(tmp_path))
+    with pytest.raises(SpecError) as e:
+        resolve_local_path(f"${{{DATA_ROOT_ENV}}}/sp500/ohlcv_lnog.csv.gz", "spec.dataset.uri")
+    assert str(e.value).endswith(f"{tmp_path / 'sp500'} holds no 'ohlcv_lnog.csv.gz'; did you mean "
+                                 "'ohlcv_long.csv.gz'?)")
+    with pytest.raises(SpecError) as e:
+        resolve_local_path(f"${{{DATA_ROOT_ENV}}}/jpx/prices.csv", "spec.dataset.uri")
+    assert str(e.value).endswith(f"{tmp_path} holds no 'jpx')")

@@ -516,5 +516,27 @@ def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
     row = next(line for line in text.splitlines() if "minilm" in line)
     cells = [c.strip() for c in row.strip("│ ").split("│")]
     assert cells == ["minilm", "+0.0012 [-0.0020, +0.0040]", "not significant", "-0.6467 [-3.4638, -1.5984]",
-                     "-1.8900", "+0.2100", "-0.8567 [-3.6000, -1.7000] unreliable", "unreliable",
+                     "unreliable", "+0.2100", "-0.8567 [-3.6000, -1.7000]", "unreliable", "-1.8900",
                      "point estimate -0.6467 lies outside its interval"]
+    header = next(line for line in text.splitlines() if "raw verdict" in line)
+    assert [c.strip() for c in header.strip("┃ ").split("┃")] == [
+        "model", "market-neutral [CI]", "verdict", "raw premium [CI]", "raw verdict", "date-only", "excess [CI]",
+        "excess verdict", "bias", "reason"]
+    status["models"]["minilm"]["reasons"] = []  # no reason anywhere: no reason column
+    con2 = Console(record=True, width=250)
+    monkeypatch.setattr(output, "console", con2)
+    print_results_table(status, "t")
+    assert "reason" not in next(line for line in con2.export_text().splitlines() if "raw verdict" in line)
+
+
+def test_premium_png_heads_with_the_market_neutral_premium():
+    from pitlab.evaluator.plots import premium_panels
+
+    raw_only = {"models": [{"name": "a", "premium": 0.2, "premium_ci": [0.1, 0.3], "verdict": "significant"}]}
+    assert [t for t, _ in premium_panels(raw_only)] == ["raw premium R²(on) − R²(off)"]
+    both = {"models": [{**raw_only["models"][0], "market_neutral": {"premium": 0.001, "premium_ci": [-0.01, 0.012],
+                                                                     "verdict": "not significant"}}]}
+    panels = premium_panels(both)
+    assert [t for t, _ in panels] == ["market-neutral premium (the headline)", "raw premium R²(on) − R²(off)"]
+    assert panels[0][1] == [(0.001, [-0.01, 0.012], "not significant")]
+    assert panels[1][1] == [(0.2, [0.1, 0.3], "significant")]

@@ -97,7 +97,7 @@ def parse_resource(doc: object, source: str | None = None) -> Resource:
         return KINDS[kind].model_validate_json(json.dumps(doc, default=_json_scalar), strict=True, by_alias=True,
                                                by_name=False)
     except ValidationError as err:
-        raise SpecError.from_validation_error(err, source) from None
+        raise SpecError.from_validation_error(err, source, model=KINDS[kind]) from None
 
 
 def load_resource(path: str | os.PathLike) -> Resource:
@@ -144,6 +144,20 @@ def expand_uri(uri: str, field: str, env: dict[str, str] | None = None) -> str:
     return _VAR.sub(sub, uri)
 
 
+def _missing_file_hint(p: Path) -> str:
+    """Where ``p`` is missing: the nearest name its folder holds (difflib), or the folder that is missing."""
+    import difflib
+
+    parent = next((a for a in p.parents if a.is_dir()), None)
+    if parent is None:
+        return f"{p.parent} does not exist"
+    if parent != p.parent:
+        return f"{parent} holds no {p.relative_to(parent).parts[0]!r}"
+    close = difflib.get_close_matches(p.name, sorted(x.name for x in parent.iterdir()), n=1, cutoff=0.6)
+    return (f"{parent} holds no {p.name!r}" + (f"; did you mean {close[0]!r}?" if close else
+                                                "; a data set pitlab does not ship goes there as downloaded"))
+
+
 def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[str, str] | None = None) -> Path:
     """Expand variables in ``uri`` and return it as a local path; raises :class:`SpecError` naming ``field``
     if it does not exist (when ``must_exist``) or is an unsupported scheme."""
@@ -159,8 +173,7 @@ def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[
         if DATA_ROOT_ENV in uri:
             root = (env or os.environ).get(DATA_ROOT_ENV)
             if root and Path(root).expanduser().is_dir():  # the root is right; this data set is not in it
-                hint = (f" ({DATA_ROOT_ENV}={root!r} exists but holds no {p.name!r}: a data set pitlab does not "
-                        "ship goes there as downloaded; the example's header says what it needs)")
+                hint = f" ({DATA_ROOT_ENV}={root!r} exists; {_missing_file_hint(p)})"
             else:
                 hint = f" (is {DATA_ROOT_ENV}={root!r} the shared data folder?)"
         raise SpecError([(field, f"{s!r} does not exist{hint}")])

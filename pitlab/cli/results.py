@@ -19,23 +19,27 @@ def _est(p, ci) -> str:
 
 
 def print_results_table(results: dict, title: str) -> None:
-    """One row per model (premiums with their intervals, verdicts, reasons), then one line per reduction."""
+    """One row per model (each premium beside its own verdict, the date-only part, the raw premium's bootstrap
+    bias, reasons when any model has one), a legend, then one line per reduction."""
+    models = results.get("models", {})
+    reasons = any(r.get("reasons") for r in models.values())
     table = Table(title=title)
-    for col in ("model", "market-neutral premium [CI]", "verdict", "raw premium [CI]", "bias", "date-only part",
-                "excess over date-only [CI]", "raw verdict", "reason"):
-        table.add_column(col, justify="left" if col in ("model", "verdict", "raw verdict", "reason") else "right")
-    for name, r in results.get("models", {}).items():
-        table.add_row(name, _est(r.get("marketNeutralPremium"), r.get("marketNeutralCI")),
-                      r.get("marketNeutralVerdict") or "", _est(r["premium"], r.get("premiumCI")),
-                      "" if r.get("premiumBias") is None else f"{r['premiumBias']:+.4f}",
-                      "" if r.get("dateOnlyPremium") is None else f"{r['dateOnlyPremium']:+.4f}",
-                      _est(r.get("excessPremium"), r.get("excessCI")) + (f" {r['excessVerdict']}"
-                                                                          if r.get("excessVerdict") else ""),
-                      r.get("verdict") or "", "; ".join(r.get("reasons") or []))
+    cols = ["model", "market-neutral [CI]", "verdict", "raw premium [CI]", "raw verdict", "date-only",
+            "excess [CI]", "excess verdict", "bias"] + (["reason"] if reasons else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col == "model" or "verdict" in col or col == "reason" else "right")
+    for name, r in models.items():
+        row = [name, _est(r.get("marketNeutralPremium"), r.get("marketNeutralCI")), r.get("marketNeutralVerdict") or "",
+               _est(r["premium"], r.get("premiumCI")), r.get("verdict") or "",
+               "" if r.get("dateOnlyPremium") is None else f"{r['dateOnlyPremium']:+.4f}",
+               _est(r.get("excessPremium"), r.get("excessCI")), r.get("excessVerdict") or "",
+               "" if r.get("premiumBias") is None else f"{r['premiumBias']:+.4f}"]
+        table.add_row(*row, *(["; ".join(r.get("reasons") or [])] if reasons else []))
     output.console.print(table)
-    output.say("  premiums: R²(on) − R²(off) on the same rows (the leakage-off test dates); market-neutral = target "
-               "minus its date's cross-sectional mean; date-only part = the premium of features that identify the "
-               "date only")
+    output.say("  premiums: R²(on) − R²(off) on the same rows (the leakage-off test dates). market-neutral (the "
+               "headline): target minus its date's cross-sectional mean; date-only: the raw premium of features "
+               "that identify the date only; excess: raw − date-only on the same bootstrap draws; bias: the raw "
+               "premium's bootstrap bias (mean of the replicates − the point estimate)")
     for x in results.get("reductions", []):
         lo, hi = x.get("ci") or [float("nan")] * 2
         bias = "" if x.get("bias") is None else f" bias {x['bias']:+.4f}"

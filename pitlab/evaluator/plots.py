@@ -83,37 +83,57 @@ VERDICT_STYLE = {"significant": ("tab:red", "o"), "not significant": ("tab:blue"
 """Colour and marker of each verdict in premium.png."""
 
 
-def plot_premium(results: dict, path: Path) -> None:
-    """Forest plot: one row per model, point premium and its interval, vertical line at 0 (PNG, Agg)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
+def premium_panels(results: dict) -> list[tuple[str, list[tuple[float | None, list, str]]]]:
+    """The forest plot's panels: (title, one (premium, [lo, hi], verdict) per model). The market-neutral
+    premium (the headline) first when every model has one, then the raw premium."""
     models = results["models"]
-    pct = f"{100 * results['bootstrap']['confidence']:g}%"
-    fig = Figure(figsize=(7.0, 1.9 + 0.55 * len(models)))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ys = np.arange(len(models))[::-1]
-    for y, m in zip(ys, models):
-        lo, hi = (np.nan if v is None else v for v in m["premium_ci"])
-        p = np.nan if m["premium"] is None else m["premium"]
-        color, marker = VERDICT_STYLE.get(m["verdict"], VERDICT_STYLE["not significant"])
+    raw = ("raw premium R²(on) − R²(off)", [(m["premium"], m["premium_ci"], m["verdict"]) for m in models])
+    if not models or not all(isinstance(m.get("market_neutral"), dict) for m in models):
+        return [raw]
+    neutral = [(m["market_neutral"]["premium"], m["market_neutral"]["premium_ci"], m["market_neutral"]["verdict"])
+               for m in models]
+    return [("market-neutral premium (the headline)", neutral), raw]
+
+
+def _forest(ax, ys: np.ndarray, rows: list) -> None:
+    for y, (point, ci, verdict) in zip(ys, rows):
+        lo, hi = (np.nan if v is None else v for v in (ci or [None, None]))
+        p = np.nan if point is None else point
+        color, marker = VERDICT_STYLE.get(verdict, VERDICT_STYLE["not significant"])
         if np.isfinite(lo) and np.isfinite(hi):
-            ax.plot([lo, hi], [y, y], color=color, linewidth=2, linestyle=":" if m["verdict"] == "unreliable" else "-")
+            ax.plot([lo, hi], [y, y], color=color, linewidth=2, linestyle=":" if verdict == "unreliable" else "-")
         ax.plot([p], [y], marker=marker, color=color, markersize=9 if marker == "X" else 7, linestyle="none")
     ax.axvline(0.0, color="black", linestyle="--", linewidth=1)
+
+
+def plot_premium(results: dict, path: Path) -> None:
+    """Forest plot (PNG, Agg): one row per model, the point premium and its interval coloured by its verdict,
+    a vertical line at 0; one panel per figure of :func:`premium_panels` (market-neutral, then raw)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    ax.legend(handles=[Line2D([], [], color=VERDICT_STYLE[v][0], marker=VERDICT_STYLE[v][1], label=label)
-                       for v, label in (("significant", "significant (CI excludes 0)"),
-                                        ("not significant", "not significant"),
-                                        ("unreliable", "unreliable (see report)"))],
-              loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=3, fontsize="small", frameon=False)
-    ax.set_yticks(ys, [m["name"] for m in models])
-    ax.set_ylim(-0.7, len(models) - 0.3)
-    ax.set_xlabel(f"leakage premium R²(on) − R²(off), {pct} CI")
-    ax.set_ylabel("model")
-    ax.set_title(f"Leakage premium ({results['bootstrap']['resamples']} bootstrap resamples clustered by "
-                 f"{results['bootstrap'].get('cluster', 'security').replace('-', ' ')})")
-    fig.tight_layout()
+    models = results["models"]
+    boot = results["bootstrap"]
+    pct = f"{100 * boot['confidence']:g}%"
+    panels = premium_panels(results)
+    fig = Figure(figsize=(5.2 * len(panels) + 1.8, 1.9 + 0.55 * len(models)))
+    FigureCanvasAgg(fig)
+    ys = np.arange(len(models))[::-1]
+    for i, (title, rows) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), i + 1)
+        _forest(ax, ys, rows)
+        ax.set_yticks(ys, [m["name"] for m in models] if i == 0 else [""] * len(models))
+        ax.set_ylim(-0.7, len(models) - 0.3)
+        ax.set_xlabel(f"{title}, {pct} CI")
+        if i == 0:
+            ax.set_ylabel("model")
+    fig.legend(handles=[Line2D([], [], color=VERDICT_STYLE[v][0], marker=VERDICT_STYLE[v][1], label=label)
+                        for v, label in (("significant", "significant (CI excludes 0)"),
+                                         ("not significant", "not significant"),
+                                         ("unreliable", "unreliable (see report)"))],
+               loc="lower center", ncol=3, fontsize="small", frameon=False)
+    fig.suptitle(f"Leakage premium ({boot['resamples']} bootstrap resamples, "
+                 f"{boot.get('cluster', 'security')} clusters)")
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, format="png", dpi=120, bbox_inches="tight")

@@ -86,7 +86,10 @@ def render_markdown(results: dict) -> str:
          + ("when its point estimate lies outside its interval, its bootstrap bias (mean of the replicates − point "
             f"estimate) exceeds {boot.get('bias_limit_sd', 0.5):g} × the bootstrap sd, or "
             if boot.get("cluster") != "two-way" else "when ")
-         + "a penalty selection of its point estimate ends at an edge of the α grid."),
+         + "a penalty selection of its point estimate ends at an edge of the α grid (the grid is first widened; "
+           "the largest penalty counts as an edge only while the fit keeps at least one effective parameter "
+           "besides the intercept: a fit shrunk below that says \"no signal\", which more shrinkage would not "
+           "change)."),
         "",
     ]
     if _decomposed(results):
