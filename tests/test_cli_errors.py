@@ -180,7 +180,11 @@ def test_help_texts_flow_as_paragraphs():
             "status.json as the operator would.") in flat
     assert not any(line.rstrip().endswith("or the") for line in out.splitlines()), out  # the docstring's break
     top = _help(["--help"], columns=120)
-    assert "\n  run       Run a resource on this machine: corpus filter → train → merge" in top  # click's summary
+    commands = top.split("Commands:")[1].split("Exit codes")[0]
+    assert "Run a PitTraining (filter → train → merge → evaluate) or a LeakageEval on this machine." in " ".join(
+        commands.split())
+    assert "..." not in commands, commands  # found by a new user: click cut long first sentences off with "..."
+    assert len(re.findall(r"\n  [a-z]+ +\S", commands)) == 12
 
 
 def test_version_and_exit_codes_in_the_top_level_help():

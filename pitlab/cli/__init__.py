@@ -47,10 +47,27 @@ def _main(version: bool = typer.Option(False, "--version", callback=_print_versi
     pass
 
 
+SHORT_HELP = {
+    "validate": "Check a spec without running it: schema, files, columns, corpus, models, run folders.",
+    "run": "Run a PitTraining (filter → train → merge → evaluate) or a LeakageEval on this machine.",
+    "prepare": "Filter the corpus, train the tokenizer, write the base model and packed tokens.",
+    "analyze": "Protocols, clustered bootstrap and report from OUT/embeddings/ (the analyze Job).",
+    "merge": "Merge a DCP checkpoint into a Hugging Face model folder (the merge Job), streaming.",
+    "push": "Publish a folder: upload every file, then MANIFEST.json (sha256) and _COMPLETE.",
+    "evaluate": "Run one LeakageEval here: embed every model, then analyze (as `pitlab run` does).",
+    "embed": "Embed the panel's prompts with one model (the embedding Job's entry point).",
+    "plan": "Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names.",
+    "report": "Rebuild report.md, report.html and the plots of an evaluation folder from its results.json.",
+    "train": "Training entry point, run by torchrun in every rank (the PyTorchJob's command).",
+    "pull": "Download a published folder, verifying every file's sha256 against its manifest.",
+}
+"""What `pitlab --help` lists for each command: click wraps these to the terminal, where it cuts a docstring's
+first sentence off with "..." at the terminal's width."""
+
 # the order of `pitlab --help`
 for _command in (validate.validate, run.run, evaluate.evaluate, train.prepare, evaluate.embed, evaluate.analyze,
                  train.plan, evaluate.report, train.train, merge.merge, publish.push, publish.pull):
-    app.command()(_command)
+    app.command(short_help=SHORT_HELP[_command.__name__])(_command)
 del _command
 
 __all__ = ["app", "EXIT_CODES"]
