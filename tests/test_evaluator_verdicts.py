@@ -540,3 +540,32 @@ def test_premium_png_heads_with_the_market_neutral_premium():
     assert [t for t, _ in panels] == ["market-neutral premium (the headline)", "raw premium R²(on) − R²(off)"]
     assert panels[0][1] == [(0.001, [-0.01, 0.012], "not significant")]
     assert panels[1][1] == [(0.2, [0.1, 0.3], "significant")]
+
+
+def test_cli_results_on_a_narrow_console_print_one_block_per_model(monkeypatch):
+    from rich.console import Console
+
+    from pitlab.cli import output
+    from pitlab.cli.results import print_results_table
+
+    con = Console(record=True, width=80)
+    monkeypatch.setattr(output, "console", con)
+    monkeypatch.setattr(output, "say", lambda *o, **k: con.print(*o, **k))
+    status = compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
+                                          "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
+                                          "verdict": "unreliable", "verdict_reasons": ["point estimate outside"],
+                                          "market_neutral": {"premium": 0.0012, "premium_ci": [-0.002, 0.004],
+                                                             "verdict": "not significant"},
+                                          "date_only_premium": 0.21,
+                                          "excess": {"premium": -0.8567, "ci": [-3.6, -1.7], "verdict": "unreliable"}}],
+                              "reductions": []})
+    print_results_table(status, "t")
+    lines = con.export_text().splitlines()
+    i = lines.index("minilm")
+    assert lines[i + 1:i + 7] == ["  market-neutral   +0.0012 [-0.0020, +0.0040]  not significant",
+                                  "  raw premium      -0.6467 [-3.4638, -1.5984]  unreliable",
+                                  "  date-only part                      +0.2100",
+                                  "  excess           -0.8567 [-3.6000, -1.7000]  unreliable",
+                                  "  bias                                -1.8900",
+                                  "  reason: point estimate outside"]
+    assert max(len(line) for line in lines[i:i + 7]) <= 80

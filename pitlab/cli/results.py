@@ -18,24 +18,52 @@ def _est(p, ci) -> str:
     return f"{p:+.4f} [{lo:+.4f}, {hi:+.4f}]"
 
 
+TABLE_WIDTH = 180
+"""Columns the premium table needs without cutting a verdict; a narrower console gets one block per model."""
+
+
+def _figures(r: dict) -> list[tuple[str, str, str]]:
+    """A model's figures as (label, value [CI], verdict), the headline first."""
+    return [("market-neutral", _est(r.get("marketNeutralPremium"), r.get("marketNeutralCI")),
+             r.get("marketNeutralVerdict") or ""),
+            ("raw premium", _est(r["premium"], r.get("premiumCI")), r.get("verdict") or ""),
+            ("date-only part", "" if r.get("dateOnlyPremium") is None else f"{r['dateOnlyPremium']:+.4f}", ""),
+            ("excess", _est(r.get("excessPremium"), r.get("excessCI")), r.get("excessVerdict") or ""),
+            ("bias", "" if r.get("premiumBias") is None else f"{r['premiumBias']:+.4f}", "")]
+
+
+def _print_blocks(models: dict) -> None:
+    """One block per model, a figure per line: what a console narrower than :data:`TABLE_WIDTH` shows."""
+    for name, r in models.items():
+        output.say(name)
+        for label, value, verdict in _figures(r):
+            if value:
+                output.say(f"  {label:<15} {value:>27}  {verdict}".rstrip())
+        if r.get("reasons"):
+            output.say(f"  reason: {'; '.join(r['reasons'])}")
+
+
 def print_results_table(results: dict, title: str) -> None:
     """One row per model (each premium beside its own verdict, the date-only part, the raw premium's bootstrap
-    bias, reasons when any model has one), a legend, then one line per reduction."""
+    bias, reasons when any model has one), or one block per model on a console narrower than
+    :data:`TABLE_WIDTH`; a legend, then one line per reduction."""
     models = results.get("models", {})
-    reasons = any(r.get("reasons") for r in models.values())
-    table = Table(title=title)
-    cols = ["model", "market-neutral [CI]", "verdict", "raw premium [CI]", "raw verdict", "date-only",
-            "excess [CI]", "excess verdict", "bias"] + (["reason"] if reasons else [])
-    for col in cols:
-        table.add_column(col, justify="left" if col == "model" or "verdict" in col or col == "reason" else "right")
-    for name, r in models.items():
-        row = [name, _est(r.get("marketNeutralPremium"), r.get("marketNeutralCI")), r.get("marketNeutralVerdict") or "",
-               _est(r["premium"], r.get("premiumCI")), r.get("verdict") or "",
-               "" if r.get("dateOnlyPremium") is None else f"{r['dateOnlyPremium']:+.4f}",
-               _est(r.get("excessPremium"), r.get("excessCI")), r.get("excessVerdict") or "",
-               "" if r.get("premiumBias") is None else f"{r['premiumBias']:+.4f}"]
-        table.add_row(*row, *(["; ".join(r.get("reasons") or [])] if reasons else []))
-    output.console.print(table)
+    if output.console.width < TABLE_WIDTH:
+        output.say(title)
+        _print_blocks(models)
+    else:
+        reasons = any(r.get("reasons") for r in models.values())
+        table = Table(title=title)
+        cols = ["model", "market-neutral [CI]", "verdict", "raw premium [CI]", "raw verdict", "date-only",
+                "excess [CI]", "excess verdict", "bias"] + (["reason"] if reasons else [])
+        for col in cols:  # intervals never wrap inside a number
+            table.add_column(col, justify="left" if col == "model" or "verdict" in col or col == "reason" else
+                             "right", no_wrap=col != "reason")
+        for name, r in models.items():
+            (mn, mnv), (raw, rawv), (date, _), (ex, exv), (bias, _) = [(v, w) for _, v, w in _figures(r)]
+            table.add_row(name, mn, mnv, raw, rawv, date, ex, exv, bias,
+                          *(["; ".join(r.get("reasons") or [])] if reasons else []))
+        output.console.print(table)
     output.say("  premiums: R²(on) − R²(off) on the same rows (the leakage-off test dates). market-neutral (the "
                "headline): target minus its date's cross-sectional mean; date-only: the raw premium of features "
                "that identify the date only; excess: raw − date-only on the same bootstrap draws; bias: the raw "
