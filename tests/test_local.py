@@ -88,6 +88,8 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     report = (ev_dir / "eval" / "report.md").read_text()
     assert "| model | market-neutral premium [95% CI] | verdict | raw premium [95% CI] | date-only part |" in report
     assert "| model | r2_off | r2_on (test rows) | premium [95% CI] | verdict | p |" in report
+    # the last line names the evaluation's folder too (found by a new user: only the training's was named)
+    assert out.rstrip().endswith(f"→ {tmp_path / 'out' / 'sp500-fomc-demo'} (evaluation: {ev_dir})"), out[-300:]
 
 
 def test_failed_training_leaves_a_failed_status_and_no_results(tmp_path, data_root, monkeypatch):

@@ -71,7 +71,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if remote:
         say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
     say_results(results, root)
-    say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}")
+    evaluations = [str(root / n) for n in names[1:]]
+    say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}"
+        + (f" (evaluation{'s' if len(evaluations) > 1 else ''}: {', '.join(evaluations)})" if evaluations else ""))
 
 
 def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str], doomed: list[Path],
