@@ -227,3 +227,16 @@ def test_plan_refuses_a_gpu_smaller_than_the_cuda_context():
                                 env={"COLUMNS": "400"})
     assert result.exit_code == 2
     assert "--gpu-memory-gib: 0.4 GiB: must exceed the 0.5 GiB a CUDA context takes" in result.output
+
+
+def test_an_input_error_found_after_the_schema_names_the_spec_file(tmp_path, spec, data_root):
+    """Found by a new user: a schema error began with the spec's file name, a missing data file's did not."""
+    spec["spec"]["evaluations"][0]["spec"]["dataset"]["uri"] = "${PITLAB_DATA_ROOT}/sp500_5yr/sp500_5y_ohlcv.csv.gz"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = CliRunner().invoke(app, ["validate", str(path), "--data-root", str(data_root)], env={"COLUMNS": "400"})
+    assert r.exit_code == 2
+    line = next(x for x in r.output.splitlines() if x.startswith("error:"))
+    assert line.startswith(f"error: {path}: spec.evaluations[0].spec.dataset.uri: "), line
+    assert line.endswith(f"{data_root / 'sp500_5yr'} holds no 'sp500_5y_ohlcv.csv.gz'; did you mean "
+                         "'sp500_5yr_ohlcv_long.csv.gz'?)"), line

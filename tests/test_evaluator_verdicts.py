@@ -540,6 +540,10 @@ def test_premium_png_heads_with_the_market_neutral_premium():
     assert [t for t, _ in panels] == ["market-neutral premium (the headline)", "raw premium R²(on) − R²(off)"]
     assert panels[0][1] == [(0.001, [-0.01, 0.012], "not significant")]
     assert panels[1][1] == [(0.2, [0.1, 0.3], "significant")]
+    both["models"][0]["excess"] = {"premium": -0.04, "ci": [-0.07, -0.01], "verdict": "significant"}
+    panels = premium_panels(both)
+    assert [t for t, _ in panels][2] == "excess over the date-only baseline"
+    assert panels[2][1] == [(-0.04, [-0.07, -0.01], "significant")]
 
 
 def test_cli_results_on_a_narrow_console_print_one_block_per_model(monkeypatch):

@@ -18,3 +18,13 @@ def fail(err: BaseException | str, code: int = 1) -> None:
     """Print ``error: <err>`` and exit with ``code`` (raises ``typer.Exit``)."""
     say(f"[bold red]error:[/] {escape(str(err))}")
     raise typer.Exit(code)
+
+
+def from_file(err: BaseException, file) -> BaseException:
+    """``err``, or for a :class:`pitlab.errors.SpecError` that names no file, the same problems prefixed with
+    ``file`` (the spec the command read), as the schema's errors are."""
+    from pitlab.errors import SpecError
+
+    if isinstance(err, SpecError) and not err.source:
+        return SpecError(err.problems, str(file))
+    return err

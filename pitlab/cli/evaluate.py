@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from pitlab.api.layout import EvalOutputs, EvaluationLayout
-from pitlab.cli.errors import fail
+from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load_eval
 from pitlab.cli.output import progress, say
 from pitlab.cli.results import print_results_table
@@ -45,7 +45,7 @@ def embed(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or JS
         path, kind = resolve_models(res.spec)[model]
         panel = load_panel(res.spec)
     except InputError as err:
-        fail(err, err.exit_code)
+        fail(from_file(err, spec), err.exit_code)
     info: dict = {}
     with progress() as p:
         task = p.add_task(f"embed {model}", total=len(panel.rows), info="")
@@ -70,7 +70,7 @@ def analyze(spec: Path = typer.Option(..., "--spec", help="LeakageEval (YAML or 
         models = resolve_models(res.spec)
         panel = load_panel(res.spec)
     except InputError as err:
-        fail(err, err.exit_code)
+        fail(from_file(err, spec), err.exit_code)
     results = run_leakage_eval(res.spec, panel, models, out, cache_dir=EvalOutputs(out).embeddings)
     print_results_table(compact_results(results), f"Leakage evaluation {res.metadata.name}")
     say(f"  report: {EvalOutputs(out).report}   plot: {EvalOutputs(out).plot}")

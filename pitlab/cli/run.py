@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from pitlab.api import PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
-from pitlab.cli.errors import fail
+from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load
 from pitlab.cli.output import RichReporter, progress, say
 from pitlab.cli.results import say_results
@@ -94,7 +94,7 @@ def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str
         except InputError as err:
             _publish_runs(root, remote, names)  # bad input found after the run folder exists (status.json: Failed)
             _say_kept(doomed, reporter.deleted_paths)
-            fail(err, err.exit_code)
+            fail(from_file(err, file), err.exit_code)
         except RunError as err:
             _publish_runs(root, remote, names)
             fail(f"{err.reason}: {err}\n(status: {TrainingLayout(root / res.metadata.name).status})", err.exit_code)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from pitlab.cli.errors import fail
+from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load, say_audit_notes, say_spec_warnings
 from pitlab.cli.output import say
 from pitlab.errors import InputError
@@ -42,7 +42,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         existing = [] if out is None and storage.is_s3(spec_out) else \
             check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
     except InputError as err:
-        fail(err, err.exit_code)
+        fail(from_file(err, file), err.exit_code)
     say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r}{_corpus_summary(plan)}")
     if plan is not None:
         say_audit_notes(plan.audit)

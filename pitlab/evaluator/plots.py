@@ -84,15 +84,20 @@ VERDICT_STYLE = {"significant": ("tab:red", "o"), "not significant": ("tab:blue"
 
 
 def premium_panels(results: dict) -> list[tuple[str, list[tuple[float | None, list, str]]]]:
-    """The forest plot's panels: (title, one (premium, [lo, hi], verdict) per model). The market-neutral
-    premium (the headline) first when every model has one, then the raw premium."""
+    """The forest plot's panels: (title, one (premium, [lo, hi], verdict) per model). When every model has
+    them: the market-neutral premium (the headline) first, then the raw premium, then the excess over the
+    date-only baseline; else the raw premium alone."""
     models = results["models"]
     raw = ("raw premium R²(on) − R²(off)", [(m["premium"], m["premium_ci"], m["verdict"]) for m in models])
     if not models or not all(isinstance(m.get("market_neutral"), dict) for m in models):
         return [raw]
-    neutral = [(m["market_neutral"]["premium"], m["market_neutral"]["premium_ci"], m["market_neutral"]["verdict"])
-               for m in models]
-    return [("market-neutral premium (the headline)", neutral), raw]
+    panels = [("market-neutral premium (the headline)",
+               [(m["market_neutral"]["premium"], m["market_neutral"]["premium_ci"], m["market_neutral"]["verdict"])
+                for m in models]), raw]
+    if all(isinstance(m.get("excess"), dict) for m in models):
+        panels.append(("excess over the date-only baseline",
+                       [(m["excess"]["premium"], m["excess"]["ci"], m["excess"]["verdict"]) for m in models]))
+    return panels
 
 
 def _forest(ax, ys: np.ndarray, rows: list) -> None:
@@ -120,18 +125,24 @@ def plot_premium(results: dict, path: Path) -> None:
     fig = Figure(figsize=(5.2 * len(panels) + 1.8, 1.9 + 0.55 * len(models)))
     FigureCanvasAgg(fig)
     ys = np.arange(len(models))[::-1]
+    date_only = ((results.get("date_only_baseline") or {}).get("raw") or {}).get("premium")
     for i, (title, rows) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         _forest(ax, ys, rows)
+        if title.startswith("raw") and date_only is not None and len(panels) > 1:
+            ax.axvline(date_only, color="gray", linestyle=":", linewidth=1.5)
+            ax.annotate(f"date-only baseline {date_only:+.3f}", (date_only, len(models) - 0.45), fontsize="small",
+                        color="gray", ha="right", xytext=(-3, 0), textcoords="offset points")
         ax.set_yticks(ys, [m["name"] for m in models] if i == 0 else [""] * len(models))
         ax.set_ylim(-0.7, len(models) - 0.3)
         ax.set_xlabel(f"{title}, {pct} CI")
         if i == 0:
             ax.set_ylabel("model")
+    shown = {verdict for _, rows in panels for _, _, verdict in rows}
     fig.legend(handles=[Line2D([], [], color=VERDICT_STYLE[v][0], marker=VERDICT_STYLE[v][1], label=label)
                         for v, label in (("significant", "significant (CI excludes 0)"),
                                          ("not significant", "not significant"),
-                                         ("unreliable", "unreliable (see report)"))],
+                                         ("unreliable", "unreliable (see report)")) if v in shown],
                loc="lower center", ncol=3, fontsize="small", frameon=False)
     fig.suptitle(f"Leakage premium ({boot['resamples']} bootstrap resamples, "
                  f"{boot.get('cluster', 'security')} clusters)")
