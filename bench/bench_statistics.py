@@ -31,6 +31,7 @@ difference; passes at ≤ 1e-10, with the same α and verdicts). The H200 comman
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -242,6 +243,10 @@ def main() -> None:
     ap.add_argument("--microbench", action="store_true", help="time the Cholesky variants and eigh at --dim first")
     ap.add_argument("--check", action="append", default=[], metavar="REF:DIM:RESAMPLES",
                     help="compare with REF (numpy or eigh) at DIM dims, RESAMPLES resamples (repeatable)")
+    ap.add_argument("--profile", type=Path, default=None, metavar="FILE",
+                    help="profile the last timed run with torch.profiler (CPU, and CUDA kernels on a GPU): FILE gets "
+                         "the top operators by self device time and by self CPU time, and the share of the wall "
+                         "time the GPU ran kernels (what a second process sharing the GPU could use)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     if a.cholesky_block is None:
@@ -280,13 +285,59 @@ def main() -> None:
             write(a, rows, report)
         _use_backend(run_mod, a.penalty_path, a.cholesky_block, a.torch_cpu)
         for i in range(a.repeat):
-            res, wall, _ = _run(run_mod, spec, rows, cal, X, Path(tmp), f"out{i}")
+            with _profiled(a.profile if i == a.repeat - 1 else None) as prof:
+                res, wall, _ = _run(run_mod, spec, rows, cal, X, Path(tmp), f"out{i}")
+            if prof is not None:
+                prof.write(a.profile, wall)
             report["walls"].append(wall)
             report["load"].append(os.getloadavg())
             report["results"].append(json.dumps({k: v for k, v in res.items() if k not in ("created", "timings")},
                                                 sort_keys=True))
             report["res"] = res
             write(a, rows, report)
+
+
+class _Profile:
+    """A torch.profiler session over one run, and what :meth:`write` reports of it."""
+
+    def __init__(self):
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.cuda = torch.cuda.is_available()
+        self.prof = profile(activities=acts)
+
+    def write(self, path: Path, wall: float) -> None:
+        """FILE: the top-25 operators by self device time (on a GPU) and by self CPU time, and the GPU's
+        kernel time over the wall time (the union of kernel intervals, so overlapping streams count once)."""
+        avgs = self.prof.key_averages()
+        parts = []
+        if self.cuda:
+            spans = sorted((e.time_range.start, e.time_range.end) for e in self.prof.events()
+                           if e.device_type.name == "CUDA")
+            busy, end = 0.0, float("-inf")
+            for lo, hi in spans:  # microseconds
+                if hi > end:
+                    busy += hi - max(lo, end)
+                    end = hi
+            parts.append(f"GPU kernel time {busy / 1e6:.2f} s of {wall:.2f} s wall ({100 * busy / 1e6 / wall:.1f} %)")
+            parts.append(avgs.table(sort_by="self_device_time_total", row_limit=25))
+        parts.append(avgs.table(sort_by="self_cpu_time_total", row_limit=25))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n\n".join(parts) + "\n")
+        print(parts[0] if self.cuda else f"profile written to {path}", flush=True)
+
+
+@contextlib.contextmanager
+def _profiled(path: Path | None):
+    """A :class:`_Profile` running inside the block when ``path`` is given, else None."""
+    if path is None:
+        yield None
+        return
+    prof = _Profile()
+    with prof.prof:
+        yield prof
 
 
 def write(a, rows, report: dict) -> None:
