@@ -48,7 +48,7 @@ def timed_statistics(spec, setup, X: np.ndarray) -> tuple:
     t = time.perf_counter()
     raw, neutral = model_statistics(spec, setup, X, setup.y, setup.y_neutral)
     seconds = time.perf_counter() - t
-    _release_gpu_cache()  # an idle worker keeps no cached GPU memory from the embedding or the next worker
+    _release_gpu_cache()  # an idle worker holds no cached GPU memory the other worker could use
     return raw, neutral, seconds
 
 
