@@ -93,12 +93,17 @@ class SpecError(InputError, ValueError):
         return cls([_problem(e, root, model) for e in err.errors()], source)
 
 
+def _internal(loc) -> bool:
+    """Whether a pydantic error location step is pydantic's own (validators, tagged unions), not a field."""
+    return loc in ("function-after", "function-before") or "[" in str(loc)
+
+
 def _fields_at(model: type | None, loc: tuple) -> list[str]:
     """The YAML names of the fields of the pydantic model reached from ``model`` along ``loc`` (list indices and
     pydantic's internal steps skipped); [] when the path leaves the models."""
     cls = model
     for part in loc:
-        if isinstance(part, int) or part in ("function-after", "function-before") or "[" in str(part):
+        if isinstance(part, int) or _internal(part):
             continue
         fields = getattr(cls, "model_fields", None)
         if not fields:
@@ -139,8 +144,8 @@ def _problem(e: dict, root: str, model: type | None = None) -> tuple[str, str]:
                 parts[-1] = f"{parts[-1]}[{loc}]"
             else:
                 parts.append(f"[{loc}]")
-        elif loc in ("function-after", "function-before") or "[" in str(loc):
-            continue  # pydantic internals for validators and tagged unions
+        elif _internal(loc):
+            continue
         else:
             parts.append(str(loc))
     msg = e["msg"].removeprefix("Value error, ")

@@ -493,24 +493,35 @@ def test_calibration_benchmarks_batched_replicates_equal_the_product_path(cluste
     assert np.ptp(ref.premium) > 0.01  # the replicates differ: the comparison is not vacuous
 
 
-def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
+def _recording_console(monkeypatch, width: int):
+    """pitlab.cli.output's console and ``say`` replaced by one recording console of ``width`` columns."""
     from rich.console import Console
 
     from pitlab.cli import output
-    from pitlab.cli.results import print_results_table
 
-    con = Console(record=True, width=250)
+    con = Console(record=True, width=width)
     monkeypatch.setattr(output, "console", con)
     monkeypatch.setattr(output, "say", lambda *o, **k: con.print(*o, **k))
-    status = compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
-                                          "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
-                                          "verdict": "unreliable", "verdict_reasons": ["point estimate -0.6467 lies "
-                                                                                       "outside its interval"],
-                                          "market_neutral": {"premium": 0.0012, "premium_ci": [-0.002, 0.004],
-                                                             "verdict": "not significant"},
-                                          "date_only_premium": 0.21,
-                                          "excess": {"premium": -0.8567, "ci": [-3.6, -1.7], "verdict": "unreliable"}}],
-                              "reductions": []})
+    return con
+
+
+def _unreliable_minilm(reason: str) -> dict:
+    """Compact results of one unreliable model (the GCV case of the JPX files) with its decomposition."""
+    return compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
+                                        "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
+                                        "verdict": "unreliable", "verdict_reasons": [reason],
+                                        "market_neutral": {"premium": 0.0012, "premium_ci": [-0.002, 0.004],
+                                                           "verdict": "not significant"},
+                                        "date_only_premium": 0.21,
+                                        "excess": {"premium": -0.8567, "ci": [-3.6, -1.7], "verdict": "unreliable"}}],
+                            "reductions": []})
+
+
+def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
+    from pitlab.cli.results import print_results_table
+
+    con = _recording_console(monkeypatch, 250)
+    status = _unreliable_minilm("point estimate -0.6467 lies outside its interval")
     print_results_table(status, "t")
     text = con.export_text()
     row = next(line for line in text.splitlines() if "minilm" in line)
@@ -523,8 +534,7 @@ def test_cli_results_table_shows_bias_verdict_and_reason(monkeypatch):
         "model", "market-neutral [CI]", "verdict", "raw premium [CI]", "raw verdict", "date-only", "excess [CI]",
         "excess verdict", "bias", "reason"]
     status["models"]["minilm"]["reasons"] = []  # no reason anywhere: no reason column
-    con2 = Console(record=True, width=250)
-    monkeypatch.setattr(output, "console", con2)
+    con2 = _recording_console(monkeypatch, 250)
     print_results_table(status, "t")
     assert "reason" not in next(line for line in con2.export_text().splitlines() if "raw verdict" in line)
 
@@ -547,23 +557,10 @@ def test_premium_png_heads_with_the_market_neutral_premium():
 
 
 def test_cli_results_on_a_narrow_console_print_one_block_per_model(monkeypatch):
-    from rich.console import Console
-
-    from pitlab.cli import output
     from pitlab.cli.results import print_results_table
 
-    con = Console(record=True, width=80)
-    monkeypatch.setattr(output, "console", con)
-    monkeypatch.setattr(output, "say", lambda *o, **k: con.print(*o, **k))
-    status = compact_results({"models": [{"name": "minilm", "r2_off": -0.1130, "r2_on": -0.7596, "premium": -0.6467,
-                                          "premium_ci": [-3.4638, -1.5984], "premium_bias": -1.89,
-                                          "verdict": "unreliable", "verdict_reasons": ["point estimate outside"],
-                                          "market_neutral": {"premium": 0.0012, "premium_ci": [-0.002, 0.004],
-                                                             "verdict": "not significant"},
-                                          "date_only_premium": 0.21,
-                                          "excess": {"premium": -0.8567, "ci": [-3.6, -1.7], "verdict": "unreliable"}}],
-                              "reductions": []})
-    print_results_table(status, "t")
+    con = _recording_console(monkeypatch, 80)
+    print_results_table(_unreliable_minilm("point estimate outside"), "t")
     lines = con.export_text().splitlines()
     i = lines.index("minilm")
     assert lines[i + 1:i + 7] == ["  market-neutral   +0.0012 [-0.0020, +0.0040]  not significant",

@@ -83,12 +83,16 @@ VERDICT_STYLE = {"significant": ("tab:red", "o"), "not significant": ("tab:blue"
 """Colour and marker of each verdict in premium.png."""
 
 
+RAW_PANEL = "raw premium R²(on) − R²(off)"
+"""The title of premium.png's raw-premium panel (the one that marks the date-only baseline)."""
+
+
 def premium_panels(results: dict) -> list[tuple[str, list[tuple[float | None, list, str]]]]:
     """The forest plot's panels: (title, one (premium, [lo, hi], verdict) per model). When every model has
     them: the market-neutral premium (the headline) first, then the raw premium, then the excess over the
     date-only baseline; else the raw premium alone."""
     models = results["models"]
-    raw = ("raw premium R²(on) − R²(off)", [(m["premium"], m["premium_ci"], m["verdict"]) for m in models])
+    raw = (RAW_PANEL, [(m["premium"], m["premium_ci"], m["verdict"]) for m in models])
     if not models or not all(isinstance(m.get("market_neutral"), dict) for m in models):
         return [raw]
     panels = [("market-neutral premium (the headline)",
@@ -129,7 +133,7 @@ def plot_premium(results: dict, path: Path) -> None:
     for i, (title, rows) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), i + 1)
         _forest(ax, ys, rows)
-        if title.startswith("raw") and date_only is not None and len(panels) > 1:
+        if title == RAW_PANEL and date_only is not None and len(panels) > 1:
             ax.axvline(date_only, color="gray", linestyle=":", linewidth=1.5)
             ax.annotate(f"date-only baseline {date_only:+.3f}", (date_only, len(models) - 0.45), fontsize="small",
                         color="gray", ha="right", xytext=(-3, 0), textcoords="offset points")
