@@ -155,7 +155,7 @@ def eval_spec(name: str, prices: Path, models: dict[str, Path], a, start: str, e
                          "protocols": ["chronological", "group-kfold", "walk-forward", "purged-kfold"]},
             "bootstrap": {"resamples": a.resamples, "seed": 0},
             "embedding": {"layer": a.layer, "pooling": "last", "batchSize": a.batch_size,
-                          "maxLength": a.max_length, "dtype": a.dtype},
+                          "maxLength": a.max_length, "dtype": a.dtype, "compile": not a.no_compile},
         }}
 
 
@@ -186,6 +186,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64,
                     help="embedding.batchSize (GPU: the first batch; later ones are sized from free memory).")
     ap.add_argument("--max-length", type=int, default=128)
+    ap.add_argument("--no-compile", action="store_true",
+                    help="embedding.compile: false (eager decoder layers, the stage before 2026-12-04).")
     ap.add_argument("--perturb", type=float, default=0.05,
                     help="the twin's weight noise, in units of initializer_range (default 0.05).")
     ap.add_argument("--train-end", default="2016-12-31")

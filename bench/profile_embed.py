@@ -137,12 +137,13 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
     """Which path is right: one random float32 model's last-token embeddings of ``prompts`` prompts, each
     alone (no padding) and inside one right-padded batch, by (1) transformers' reference PyTorch kernels in
     float64 (a float64 copy of the model, eager experts: the truth), (2) the reference kernels in float32,
-    (3) transformers' default bindings in float32, (4) fast_kernels (fla) in float32. Returns max |Δ| / max |x|
+    (3) transformers' default bindings in float32, (4) fast_kernels (fla) in float32, (5) the same with the decoder
+    layers compiled (the stage's GPU default). Returns max |Δ| / max |x|
     of each against the truth. The modeling module's bindings are restored in between."""
     import copy
 
     import eval_scale
-    from pitlab.evaluator.embed_model import _forward_fn, _load_model
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
     from pitlab.trainer.kernels import _modeling_modules, _reference_of
 
@@ -183,6 +184,8 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
     def32 = run(model)
     fast_kernels(model, device)
     fast32 = run(model)
+    compile_decoder_layers(model)  # the stage's default on a GPU: fla bindings + compiled decoder layers
+    compiled32 = run(model)
     restore()
 
     def rel(x):
@@ -190,7 +193,8 @@ def pad_check(layers: int, experts: int, prompts: int, device: str) -> dict:
 
     out = {"layers": layers, "experts": experts, "prompts": prompts, "default_binding": default_binding,
            "truth_batch_vs_alone": rel(truth)}
-    for name, (b, al) in (("reference_fp32", ref32), ("default_fp32", def32), ("fla_fp32", fast32)):
+    for name, (b, al) in (("reference_fp32", ref32), ("default_fp32", def32), ("fla_fp32", fast32),
+                          ("fla_compiled_fp32", compiled32)):
         out[f"{name}_alone"], out[f"{name}_batch"] = rel(al), rel(b)
     return out
 
@@ -287,7 +291,7 @@ def main() -> None:
     a = ap.parse_args()
 
     import eval_scale
-    from pitlab.evaluator.embed_model import _forward_fn, _load_model
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers
     from pitlab.evaluator.random_weights import RandomWeights, write_random_model
 
     if a.pad_check:
@@ -322,11 +326,8 @@ def main() -> None:
             model.set_experts_implementation("eager")
         if "grouped-experts" in parts:
             model.set_experts_implementation("grouped_mm")
-        if "compile" in parts:
-            torch._dynamo.config.automatic_dynamic_shapes = True
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 4 * len(model.layers))
-            for layer in model.layers:  # the base model's decoder layers (compile_blocks expects a causal LM)
-                layer.forward = torch.compile(layer.forward)
+        if "compile" in parts:  # as the stage does on a GPU (embedding.compile)
+            print("compiled:", compile_decoder_layers(model))
         t0 = time.perf_counter()
         r = run_variant(forward, model, name, data, device)
         r["variant_total_s"] = time.perf_counter() - t0

@@ -202,3 +202,39 @@ def test_gpu_batch_budget_from_measured_memory():
     assert batch_token_budget(100_000, 2 * 2**30, 4096) == 10_737
     # less than the first batch needed: never below what already ran
     assert batch_token_budget(1_000_000, 2**30, 4096) == 4096
+
+
+@pytest.mark.parametrize("arch,layer", [("qwen", 2), ("qwen", -1), ("llama", -1)])
+def test_compiled_decoder_layers_embed_as_eager(checkpoints, arch, layer):
+    """The GPU default (``embedding.compile``) wired on the CPU with torch.compile's ``aot_eager`` backend (the
+    same aten ops, no inductor codegen): batches of two shapes (the second recompiles with dynamic shapes), the
+    mid-stack hook of layer 2 included, give bit-identical embeddings to the eager layers."""
+    from pitlab.evaluator.embed import _embed_batches, _tokenize
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers
+
+    tok, ids, masks, lengths, _ = _tokenize(checkpoints[arch], TEXTS, 128)
+    order = np.argsort(-lengths, kind="stable")
+    outs = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        model, n_run, n_layers, _ = _load_model(checkpoints[arch], "causal", "float32", "cpu", layer)
+        label = compile_decoder_layers(model, backend="aot_eager") if compiled else None
+        out, batching = _embed_batches(_forward_fn(model, "causal", layer, n_layers), tok, ids, masks, lengths,
+                                       order, "last", 4, "cpu", None)
+        assert batching["n_batches"] == 2
+        outs.append(out)
+        if compiled:
+            assert label == f"torch.compile per decoder layer ({n_run} layers)"
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_compiled_embeddings_have_their_own_gpu_cache_entries(tmp_path):
+    """``compile`` changes the cache key off the CPU only (on the CPU the layers always run eagerly)."""
+    from pitlab.evaluator.embed import _cache_path
+
+    meta = {"kind": "causal", "pooling": "last", "layer": -1, "digest": "d", "device": "cpu"}
+    assert _cache_path(tmp_path, meta, 128, "bfloat16", TEXTS, True) == _cache_path(tmp_path, meta, 128,
+                                                                                     "bfloat16", TEXTS, False)
+    gpu = dict(meta, device="cuda")
+    eager, compiled = (_cache_path(tmp_path, gpu, 128, "bfloat16", TEXTS, c) for c in (False, True))
+    assert eager != compiled and eager != _cache_path(tmp_path, meta, 128, "bfloat16", TEXTS)

@@ -187,13 +187,17 @@ class Bootstrap(SpecModel):
 
 class Embedding(SpecModel):
     """Hidden-state embedding: ``layer`` indexes hidden_states (-1 = last), ``pooling`` last|mean
-    (encoders always use mean pooling), ``maxLength`` in tokens."""
+    (encoders always use mean pooling), ``maxLength`` in tokens. ``compile``: on a GPU, ``torch.compile`` each
+    decoder layer of a causal model (dynamic shapes; ignored on the CPU and for encoders)."""
 
     layer: int = -1
     pooling: Literal["last", "mean"] = "last"
     batch_size: int = Field(64, ge=1)
     max_length: int = Field(128, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    compile: bool = Field(True, description=(
+        "On a GPU, torch.compile each decoder layer of a causal model (dynamic shapes): 1.7x the eager forward "
+        "on a 35B-A3B MoE. Ignored on the CPU and for encoders. Part of the embedding cache key."))
 
 
 GCV_REFUSAL = ("selection: gcv leaves out rows, not securities: it rewards fitting what the rows of one "

@@ -39,7 +39,8 @@ from typing import Literal
 import numpy as np
 
 from pitlab.evaluator.embed_model import (EmbeddingError, Kind, _forward_fn,  # noqa: F401  (re-exported)
-                                          _load_model, _load_tokenizer, layers_to_run, truncated_config)
+                                          _load_model, _load_tokenizer, compile_decoder_layers, layers_to_run,
+                                          truncated_config)
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
                 layer: int = -1, pooling: Literal["last", "mean"] = "last", batch_size: int = 64,
                 max_length: int = 128, dtype: str = "float32", progress: Progress | None = None, *,
                 num_threads: int | None = None, cache_dir: Path | None = None,
-                info: dict | None = None) -> np.ndarray:
+                info: dict | None = None, compile: bool = True) -> np.ndarray:
     """Embed ``texts`` with the model in ``model_dir``: float32 array [len(texts), hidden_size], row i for texts[i].
 
     Parameters
@@ -191,6 +192,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     progress : called as ``progress(done, total)`` after each batch.
     num_threads : torch CPU threads during the call (restored afterwards); None keeps torch's setting.
     cache_dir : if set, embeddings are read from / written to ``cache_dir/<key>.npy`` (atomic rename).
+    compile : on a GPU, ``torch.compile`` each decoder layer of a causal model (:data:`COMPILED`; part of the
+        cache key and of ``kernels``); ignored on the CPU and for encoders.
     info : if a dict is given, it is filled with ``kind``, ``pooling``, ``layer``, ``dim``, ``digest``,
         ``n_truncated``, ``cache_hit``, ``seconds``, ``device`` ("cuda" when torch sees a GPU, which is then
         used, else "cpu"), ``weights`` ("checkpoint" or the random source; a cache hit reports what the cached
@@ -212,7 +215,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
     pool = "mean" if resolved == "encoder" else pooling
     meta = {"kind": resolved, "pooling": pool, "layer": layer, "digest": model_digest(model_dir), "n_truncated": 0,
             "cache_hit": False, "device": "cuda" if torch.cuda.is_available() else "cpu"}  # GPU used when present
-    cache_path = _cache_path(cache_dir, meta, max_length, dtype, texts)
+    compiled = compile and resolved == "causal" and meta["device"] != "cpu"
+    cache_path = _cache_path(cache_dir, meta, max_length, dtype, texts, compiled)
     cached, recorded = _read_cache(cache_path, len(texts))
     if cached is not None:
         meta.update(recorded, cache_hit=True, dim=int(cached.shape[1]), seconds=time.perf_counter() - t_start)
@@ -222,7 +226,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
             progress(len(texts), len(texts))
         return cached
     with _torch_threads(num_threads):
-        out = _embed_uncached(model_dir, texts, resolved, layer, pool, batch_size, max_length, dtype, progress, meta)
+        out = _embed_uncached(model_dir, texts, resolved, layer, pool, batch_size, max_length, dtype, progress, meta,
+                              compiled)
     _check_finite(out, model_dir, dtype)
     if cache_path is not None:  # the facts a cache hit must report as an embedding would, then the array
         _save_bytes_atomic(cache_path.with_suffix(".json"),
@@ -253,10 +258,11 @@ def _check_arguments(model_dir: Path, texts, kind: str, pooling: str, dtype: str
         raise EmbeddingError(f"{model_dir}: no config.json (not a Hugging Face model folder)")
 
 
-def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str, texts: list[str]) -> Path | None:
+def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str, texts: list[str],
+                compiled: bool = False) -> Path | None:
     """``cache_dir/<key>.npy`` for these prompts and settings (None without ``cache_dir``). The key covers the
-    model digest, kind, pooling, layer, max_length, dtype and, off the CPU, the device (GPU kernels round
-    differently, so their embeddings get their own entries)."""
+    model digest, kind, pooling, layer, max_length, dtype and, off the CPU, the device and kernels (GPU kernels
+    round differently, so their embeddings get their own entries; ``compiled`` adds :data:`COMPILED`)."""
     if not cache_dir:
         return None
     settings = {"kind": meta["kind"], "pooling": meta["pooling"], "layer": meta["layer"], "max_length": max_length,
@@ -267,6 +273,8 @@ def _cache_path(cache_dir: Path | None, meta: dict, max_length: int, dtype: str,
         settings["device"] = meta["device"]
         settings["fla"] = _dist_version("fla-core")  # the GPU kernels come from fla when it is installed
         settings["kernels"] = KERNELS
+        if compiled:
+            settings["layers"] = COMPILED
     return Path(cache_dir) / f"{_cache_key(meta['digest'], settings, texts)}.npy"
 
 
@@ -321,10 +329,12 @@ def _tokenize(model_dir: Path, texts: list[str], max_length: int):
 
 
 def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, pool: str, batch_size: int,
-                    max_length: int, dtype: str, progress: Progress | None, meta: dict) -> np.ndarray:
+                    max_length: int, dtype: str, progress: Progress | None, meta: dict,
+                    compiled: bool = False) -> np.ndarray:
     """Tokenise, load the model on ``meta["device"]``, run the batches (longest prompts first): float32
-    [len(texts), d] in the order of ``texts``. Records truncation, load and forward timings and the batching in
-    ``meta``. The model's GPU memory is handed back before returning or raising (the next model loads next)."""
+    [len(texts), d] in the order of ``texts``; ``compiled``: decoder layers under ``torch.compile``. Records
+    truncation, load and forward timings and the batching in ``meta``. The model's GPU memory is handed back
+    before returning or raising (the next model loads next)."""
     import torch
 
     device = meta["device"]
@@ -335,6 +345,8 @@ def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, p
         model, run_layers, n_layers, weights = _load_model(model_dir, kind, dtype, device, layer)
         meta.update(weights=weights, layers_run=run_layers, load_seconds=time.perf_counter() - t_load,
                     kernels=_select_kernels(model, device))
+        if compiled and meta["kernels"] is not None:
+            meta["kernels"]["decoder_layers"] = compile_decoder_layers(model) or "eager (no decoder stack found)"
         forward = _forward_fn(model, kind, layer, n_layers)
         order = np.argsort(-lengths, kind="stable")
         t_fwd = time.perf_counter()
@@ -357,6 +369,10 @@ KERNELS = "trainer"
 :func:`pitlab.trainer.kernels.select_kernels` (fla's gated delta rule bound directly and fla's Triton short
 convolution, as the trainer runs them; before, transformers' default bindings, whose embeddings are as far from a
 float64 reference but not equal: docs/evaluation-at-scale.md)."""
+COMPILED = "torch.compile per decoder layer"
+"""The cache key's entry for embeddings whose decoder layers ran under ``torch.compile`` (``compile=True`` on a
+GPU): inductor's fused kernels round differently from the eager ones, so compiled and eager GPU embeddings never
+share a cache entry (docs/evaluation-at-scale.md, "Compiled decoder layers")."""
 
 
 def _select_kernels(model, device: str) -> dict[str, str] | None:

@@ -133,6 +133,26 @@ def _load_model(model_dir: Path, kind: Kind, dtype: str, device: str, layer: int
     return model, int(n_run or 0), int(n_layers or 0), weights
 
 
+def decoder_stack(model):
+    """The ``ModuleList`` of a causal model's ``config.num_hidden_layers`` decoder layers (the first such list in
+    module order), or None when the model has none."""
+    import torch
+
+    n_run = getattr(model.config, "num_hidden_layers", None)
+    return next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_run), None)
+
+
+def compile_decoder_layers(model, backend: str = "inductor") -> str | None:
+    """``torch.compile`` of each decoder layer's ``forward`` (:func:`pitlab.trainer.kernels.compile_blocks` on
+    :func:`decoder_stack`; dynamic shapes after the first batch shape, so the length-sorted batches of varying
+    size compile once per layer kind). Forward hooks still run. Returns the report label, None when the model
+    has no decoder stack (nothing compiled)."""
+    from pitlab.trainer.kernels import compile_blocks
+
+    stack = decoder_stack(model)
+    return None if stack is None else compile_blocks(model, backend, layers=stack)
+
+
 def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
     """``f(input_ids, attention_mask) -> hidden [b, L, d]`` equal to ``hidden_states[layer]`` of the whole
     ``n_layers``-layer model, ``model`` being that model or its first layers (:func:`_load_model`).
@@ -151,12 +171,12 @@ def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
         return lambda i, a: model(input_ids=i, attention_mask=a, use_cache=False,
                                   output_hidden_states=True).hidden_states[0]
     n_run = model.config.num_hidden_layers
-    stacks = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n_run]
-    if not stacks or n_run != k:
+    stack = decoder_stack(model)
+    if stack is None or n_run != k:
         raise EmbeddingError(f"{model.config.model_type}: no list of {k} decoder layers found to take "
                              f"hidden_states[{layer}] from")
     captured: list = []
-    stacks[0][k - 1].register_forward_hook(
+    stack[k - 1].register_forward_hook(
         lambda mod, args, output: captured.append(output[0] if isinstance(output, tuple) else output))
 
     def forward(input_ids, attn):

@@ -94,7 +94,7 @@ def embed_panel(spec: LeakageEvalSpec, prompts: list[str], model_dir: Path, kind
     emb = spec.embedding
     return embed_texts(Path(model_dir), prompts, kind=kind, layer=emb.layer, pooling=emb.pooling,
                        batch_size=emb.batch_size, max_length=emb.max_length, dtype=emb.dtype, progress=progress,
-                       num_threads=num_threads, cache_dir=cache_dir, info=info)
+                       num_threads=num_threads, cache_dir=cache_dir, info=info, compile=emb.compile)
 
 
 def baseline_statistics(spec: LeakageEvalSpec, setup: EvalSetup) -> Baseline:

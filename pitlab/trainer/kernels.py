@@ -215,15 +215,16 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
             f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
 
 
-def compile_blocks(model: nn.Module, backend: str = "inductor") -> str:
+def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.ModuleList | None = None) -> str:
     """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
     names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
     the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
     compile time grows with the number of distinct layer kinds, not with depth. ``backend``: torch.compile's
-    (the tests use ``aot_eager`` on the CPU)."""
+    (the tests use ``aot_eager`` on the CPU). ``layers``: the decoder layers (default: those of the causal LM
+    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`)."""
     from pitlab.trainer.fsdp import decoder_layers
 
-    layers = decoder_layers(model)
+    layers = decoder_layers(model) if layers is None else layers
     import torch._dynamo
     for knob in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
         if hasattr(torch._dynamo.config, knob):
