@@ -207,8 +207,8 @@ def test_gpu_batch_budget_from_measured_memory():
 @pytest.mark.parametrize("arch,layer", [("qwen", 2), ("qwen", -1), ("llama", -1)])
 def test_compiled_decoder_layers_embed_as_eager(checkpoints, arch, layer):
     """The GPU default (``embedding.compile``) wired on the CPU with torch.compile's ``aot_eager`` backend (the
-    same aten ops, no inductor codegen): batches of two shapes through one dynamic-shape compilation per layer
-    kind, the mid-stack hook of layer 2 included, give bit-identical embeddings to the eager layers."""
+    same aten ops, no inductor codegen): batches of two shapes (the second recompiles with dynamic shapes), the
+    mid-stack hook of layer 2 included, give bit-identical embeddings to the eager layers."""
     from pitlab.evaluator.embed import _embed_batches, _tokenize
     from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers
 

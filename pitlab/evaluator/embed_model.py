@@ -144,13 +144,13 @@ def decoder_stack(model):
 
 def compile_decoder_layers(model, backend: str = "inductor") -> str | None:
     """``torch.compile`` of each decoder layer's ``forward`` (:func:`pitlab.trainer.kernels.compile_blocks` on
-    :func:`decoder_stack`) with dynamic shapes from the first call, so the length-sorted batches of varying
-    size compile once per layer kind. Forward hooks still run. Returns the report label, None when the model
+    :func:`decoder_stack`; dynamic shapes after the first batch shape, so the length-sorted batches of varying
+    size compile once per layer kind). Forward hooks still run. Returns the report label, None when the model
     has no decoder stack (nothing compiled)."""
     from pitlab.trainer.kernels import compile_blocks
 
     stack = decoder_stack(model)
-    return None if stack is None else compile_blocks(model, backend, layers=stack, dynamic=True)
+    return None if stack is None else compile_blocks(model, backend, layers=stack)
 
 
 def _forward_fn(model, kind: Kind, layer: int, n_layers: int):

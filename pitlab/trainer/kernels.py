@@ -215,15 +215,13 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
             f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
 
 
-def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.ModuleList | None = None,
-                   dynamic: bool | None = None) -> str:
+def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.ModuleList | None = None) -> str:
     """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
     names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
     the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
     compile time grows with the number of distinct layer kinds, not with depth. ``backend``: torch.compile's
     (the tests use ``aot_eager`` on the CPU). ``layers``: the decoder layers (default: those of the causal LM
-    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`). ``dynamic``: torch.compile's (None: static first,
-    dynamic after a shape changes; True: dynamic from the first call, one compilation per layer kind)."""
+    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`)."""
     from pitlab.trainer.fsdp import decoder_layers
 
     layers = decoder_layers(model) if layers is None else layers
@@ -232,5 +230,5 @@ def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.Modul
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, backend=backend, dynamic=dynamic)
+        layer.forward = torch.compile(layer.forward, backend=backend)
     return f"torch.compile per decoder layer ({len(layers)} layers)"
