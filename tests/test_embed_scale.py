@@ -238,3 +238,19 @@ def test_compiled_embeddings_have_their_own_gpu_cache_entries(tmp_path):
     gpu = dict(meta, device="cuda")
     eager, compiled = (_cache_path(tmp_path, gpu, 128, "bfloat16", TEXTS, c) for c in (False, True))
     assert eager != compiled and eager != _cache_path(tmp_path, meta, 128, "bfloat16", TEXTS)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor's compiled layers on a GPU")
+def test_compiled_gpu_embeddings_match_eager_within_float32_rounding(checkpoints):
+    """On a GPU, ``compile=True`` (inductor) against ``compile=False`` for a dense model (no routing to flip):
+    float32 embeddings within 1e-4 of the largest value (fused kernels reorder sums), the compiled path recorded
+    in ``kernels``."""
+    from pitlab.evaluator.embed import embed_texts
+
+    got = {}
+    for compiled in (False, True):
+        info: dict = {}
+        got[compiled] = embed_texts(checkpoints["llama"], TEXTS, kind="causal", batch_size=4, dtype="float32",
+                                    info=info, compile=compiled)
+        assert ("decoder_layers" in info["kernels"]) is compiled
+    assert np.abs(got[True] - got[False]).max() <= 1e-4 * np.abs(got[False]).max()
