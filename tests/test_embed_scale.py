@@ -254,3 +254,47 @@ def test_compiled_gpu_embeddings_match_eager_within_float32_rounding(checkpoints
                                     info=info, compile=compiled)
         assert ("decoder_layers" in info["kernels"]) is compiled
     assert np.abs(got[True] - got[False]).max() <= 1e-4 * np.abs(got[False]).max()
+
+
+def test_failed_compilation_falls_back_to_the_eager_layers(checkpoints, tmp_path):
+    """A backend that cannot compile (as inductor without a working compiler): the batch runs again with the
+    eager layers, bit-identical to never compiling, with a warning naming the folder and the fallback recorded."""
+    from pitlab.evaluator.embed import _eager_if_compile_fails, _embed_batches, _tokenize
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers
+
+    def broken(gm, example_inputs):
+        raise RuntimeError("no C compiler")
+
+    folder = checkpoints["qwen"]
+    tok, ids, masks, lengths, _ = _tokenize(folder, TEXTS, 128)
+    order = np.argsort(-lengths, kind="stable")
+    torch._dynamo.reset()
+    model, _, n_layers, _ = _load_model(folder, "causal", "float32", "cpu", -1)
+    eager, _ = _embed_batches(_forward_fn(model, "causal", -1, n_layers), tok, ids, masks, lengths, order, "last",
+                              4, "cpu", None)
+    meta = {"kernels": {"decoder_layers": compile_decoder_layers(model, backend=broken)}}
+    forward = _eager_if_compile_fails(_forward_fn(model, "causal", -1, n_layers), model, folder, meta)
+    with pytest.warns(UserWarning, match=rf"{folder}: torch.compile of the decoder layers failed \("
+                                         r"BackendCompilerFailed from RuntimeError: no C compiler\); embedding "
+                                         r"with the eager layers"):
+        got, _ = _embed_batches(forward, tok, ids, masks, lengths, order, "last", 4, "cpu", None)
+    assert np.array_equal(got, eager)
+    assert meta == {"kernels": {"decoder_layers": "eager (torch.compile failed: BackendCompilerFailed)"},
+                    "compile_failed": True}
+    assert all("forward" not in layer.__dict__ for layer in model.layers)
+
+
+def test_embeddings_after_a_failed_compilation_are_not_cached(checkpoints, tmp_path, monkeypatch):
+    """Eager embeddings from the compiled path's fallback never land under a cache key: nothing is written."""
+    import pitlab.evaluator.embed as embed
+
+    def fell_back(*args):
+        args[-2]["compile_failed"] = True  # meta, as _eager_if_compile_fails leaves it
+        return np.ones((len(TEXTS), 64), dtype=np.float32)
+
+    monkeypatch.setattr(embed, "_embed_uncached", fell_back)
+    monkeypatch.setattr(embed, "_log_embedded", lambda *a: None)
+    info: dict = {}
+    out = embed.embed_texts(checkpoints["llama"], TEXTS, cache_dir=tmp_path / "c", info=info)
+    assert out.shape == (len(TEXTS), 64) and info["compile_failed"] is True
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())

@@ -153,6 +153,37 @@ def compile_decoder_layers(model, backend: str = "inductor") -> str | None:
     return None if stack is None else compile_blocks(model, backend, layers=stack)
 
 
+def uncompile_decoder_layers(model) -> bool:
+    """Undo :func:`compile_decoder_layers`: drop the compiled ``forward`` set on each decoder layer instance, so
+    the class's eager ``forward`` runs again. Returns whether any layer was compiled."""
+    stack = decoder_stack(model)
+    undone = False
+    for layer in stack if stack is not None else []:
+        undone |= layer.__dict__.pop("forward", None) is not None
+    return undone
+
+
+COMPILE_FAILURES: tuple[type[BaseException], ...] = ()
+"""Exceptions that mean torch.compile could not build the layers' code (not an error of the model or input)."""
+
+
+def compile_failures() -> tuple[type[BaseException], ...]:
+    """:data:`COMPILE_FAILURES`, filled on first use: dynamo's ``BackendCompilerFailed`` and
+    ``InternalTorchDynamoError`` and inductor's ``InductorError`` where this torch has them."""
+    global COMPILE_FAILURES
+    if not COMPILE_FAILURES:
+        import torch._dynamo.exc as dynamo_exc
+
+        found = [getattr(dynamo_exc, n, None) for n in ("BackendCompilerFailed", "InternalTorchDynamoError")]
+        try:
+            from torch._inductor.exc import InductorError
+            found.append(InductorError)
+        except ImportError:
+            pass
+        COMPILE_FAILURES = tuple(c for c in found if isinstance(c, type))
+    return COMPILE_FAILURES
+
+
 def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
     """``f(input_ids, attention_mask) -> hidden [b, L, d]`` equal to ``hidden_states[layer]`` of the whole
     ``n_layers``-layer model, ``model`` being that model or its first layers (:func:`_load_model`).
