@@ -196,8 +196,8 @@ class Embedding(SpecModel):
     max_length: int = Field(128, ge=8)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     compile: bool = Field(True, description=(
-        "On a GPU, torch.compile each decoder layer of a causal model (dynamic shapes): 1.7x the eager forward "
-        "on a 35B-A3B MoE. Ignored on the CPU and for encoders. Part of the embedding cache key."))
+        "On a GPU, torch.compile each decoder layer of a causal model (dynamic shapes; eager again, with a "
+        "warning, if compiling fails). Ignored on the CPU and for encoders. Part of the embedding cache key."))
 
 
 GCV_REFUSAL = ("selection: gcv leaves out rows, not securities: it rewards fitting what the rows of one "

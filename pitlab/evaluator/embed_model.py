@@ -4,6 +4,7 @@ layer's hidden states."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -163,25 +164,20 @@ def uncompile_decoder_layers(model) -> bool:
     return undone
 
 
-COMPILE_FAILURES: tuple[type[BaseException], ...] = ()
-"""Exceptions that mean torch.compile could not build the layers' code (not an error of the model or input)."""
-
-
+@functools.cache
 def compile_failures() -> tuple[type[BaseException], ...]:
-    """:data:`COMPILE_FAILURES`, filled on first use: dynamo's ``BackendCompilerFailed`` and
-    ``InternalTorchDynamoError`` and inductor's ``InductorError`` where this torch has them."""
-    global COMPILE_FAILURES
-    if not COMPILE_FAILURES:
-        import torch._dynamo.exc as dynamo_exc
+    """Exceptions that mean torch.compile could not build the layers' code, not an error of the model or input:
+    dynamo's ``BackendCompilerFailed`` and ``InternalTorchDynamoError`` and inductor's ``InductorError`` where
+    this torch has them."""
+    import torch._dynamo.exc as dynamo_exc
 
-        found = [getattr(dynamo_exc, n, None) for n in ("BackendCompilerFailed", "InternalTorchDynamoError")]
-        try:
-            from torch._inductor.exc import InductorError
-            found.append(InductorError)
-        except ImportError:
-            pass
-        COMPILE_FAILURES = tuple(c for c in found if isinstance(c, type))
-    return COMPILE_FAILURES
+    found = [getattr(dynamo_exc, n, None) for n in ("BackendCompilerFailed", "InternalTorchDynamoError")]
+    try:
+        from torch._inductor.exc import InductorError
+        found.append(InductorError)
+    except ImportError:
+        pass
+    return tuple(c for c in found if isinstance(c, type))
 
 
 def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
@@ -191,8 +187,6 @@ def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
     Encoders: ``output_hidden_states`` (small models). Causal: the last hidden state when every layer runs;
     for layer 0 the first entry of ``hidden_states`` of the one-layer model; otherwise the output of the
     truncated model's last decoder layer, taken by a forward hook (no ``output_hidden_states``)."""
-    import torch
-
     if kind == "encoder":
         return lambda i, a: model(input_ids=i, attention_mask=a, output_hidden_states=True).hidden_states[layer]
     k = layer if layer >= 0 else n_layers + 1 + layer
