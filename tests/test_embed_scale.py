@@ -259,8 +259,8 @@ def test_compiled_gpu_embeddings_match_eager_within_float32_rounding(checkpoints
 def test_failed_compilation_falls_back_to_the_eager_layers(checkpoints, tmp_path):
     """A backend that cannot compile (as inductor without a working compiler): the batch runs again with the
     eager layers, bit-identical to never compiling, with a warning naming the folder and the fallback recorded."""
-    from pitlab.evaluator.embed import _eager_if_compile_fails, _embed_batches, _tokenize
-    from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers
+    from pitlab.evaluator.embed import _embed_batches, _tokenize
+    from pitlab.evaluator.embed_model import _forward_fn, _load_model, compile_decoder_layers, eager_if_compile_fails
 
     def broken(gm, example_inputs):
         raise RuntimeError("no C compiler")
@@ -273,7 +273,7 @@ def test_failed_compilation_falls_back_to_the_eager_layers(checkpoints, tmp_path
     eager, _ = _embed_batches(_forward_fn(model, "causal", -1, n_layers), tok, ids, masks, lengths, order, "last",
                               4, "cpu", None)
     meta = {"kernels": {"decoder_layers": compile_decoder_layers(model, backend=broken)}}
-    forward = _eager_if_compile_fails(_forward_fn(model, "causal", -1, n_layers), model, folder, meta)
+    forward = eager_if_compile_fails(_forward_fn(model, "causal", -1, n_layers), model, folder, meta)
     with pytest.warns(UserWarning, match=rf"{folder}: torch.compile of the decoder layers failed \("
                                          r"BackendCompilerFailed from RuntimeError: no C compiler\); embedding "
                                          r"with the eager layers"):
@@ -289,7 +289,7 @@ def test_embeddings_after_a_failed_compilation_are_not_cached(checkpoints, tmp_p
     import pitlab.evaluator.embed as embed
 
     def fell_back(*args):
-        args[-2]["compile_failed"] = True  # meta, as _eager_if_compile_fails leaves it
+        args[-2]["compile_failed"] = True  # meta, as eager_if_compile_fails leaves it
         return np.ones((len(TEXTS), 64), dtype=np.float32)
 
     monkeypatch.setattr(embed, "_embed_uncached", fell_back)

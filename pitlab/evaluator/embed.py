@@ -39,8 +39,8 @@ from typing import Literal
 import numpy as np
 
 from pitlab.evaluator.embed_model import (EmbeddingError, Kind, _forward_fn,  # noqa: F401  (re-exported)
-                                          _load_model, _load_tokenizer, compile_decoder_layers, layers_to_run,
-                                          truncated_config)
+                                          _load_model, _load_tokenizer, compile_decoder_layers,
+                                          eager_if_compile_fails, layers_to_run, truncated_config)
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, p
             meta["kernels"]["decoder_layers"] = compile_decoder_layers(model) or "eager (no decoder stack found)"
         forward = _forward_fn(model, kind, layer, n_layers)
         if compiled:
-            forward = _eager_if_compile_fails(forward, model, model_dir, meta)
+            forward = eager_if_compile_fails(forward, model, model_dir, meta)
         order = np.argsort(-lengths, kind="stable")
         t_fwd = time.perf_counter()
         out, batching = _embed_batches(forward, tok, ids, masks, lengths, order, pool, batch_size, device, progress)
@@ -390,37 +390,6 @@ def _select_kernels(model, device: str) -> dict[str, str] | None:
     from pitlab.trainer.kernels import NOT_USED, select_kernels
 
     return select_kernels(model, torch.device(device), NOT_USED)  # no logits: the loss is not used
-
-
-def _eager_if_compile_fails(forward, model, model_dir: Path, meta: dict):
-    """``forward`` that, when torch.compile cannot build the decoder layers' code
-    (:func:`~pitlab.evaluator.embed_model.compile_failures`), puts the eager layers back, warns (``UserWarning``
-    and a log line naming the folder and the error), records ``kernels["decoder_layers"] = "eager (torch.compile
-    failed: ...)"`` and ``meta["compile_failed"]`` (such embeddings are not cached under the compiled key) and
-    runs the batch again eagerly. Other errors (out of memory included) pass through."""
-    import warnings
-
-    from pitlab.evaluator.embed_model import compile_failures, uncompile_decoder_layers
-
-    def run(input_ids, attn):
-        try:
-            return forward(input_ids, attn)
-        except compile_failures() as err:
-            if not uncompile_decoder_layers(model):
-                raise
-            root = err
-            while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
-                root = inner  # dynamo wraps the backend's own error
-            first = (str(root).strip().splitlines() or [""])[0][:200]
-            why = type(err).__name__ + (f" from {type(root).__name__}" if root is not err else "")
-            msg = (f"{model_dir}: torch.compile of the decoder layers failed ({why}: {first}); "
-                   f"embedding with the eager layers (embedding.compile: false skips compiling)")
-            warnings.warn(msg, stacklevel=2)
-            log.warning(msg)
-            meta["kernels"]["decoder_layers"] = f"eager (torch.compile failed: {type(err).__name__})"
-            meta["compile_failed"] = True
-            return forward(input_ids, attn)
-    return run
 
 
 def _check_finite(out: np.ndarray, model_dir: Path, dtype: str) -> None:

@@ -180,6 +180,35 @@ def compile_failures() -> tuple[type[BaseException], ...]:
     return tuple(c for c in found if isinstance(c, type))
 
 
+def eager_if_compile_fails(forward, model, model_dir: Path, meta: dict):
+    """``forward`` that, when torch.compile cannot build the decoder layers' code
+    (:func:`compile_failures`), puts the eager layers back, warns (``UserWarning``
+    and a log line naming the folder and the error), records ``kernels["decoder_layers"] = "eager (torch.compile
+    failed: ...)"`` and ``meta["compile_failed"]`` (such embeddings are not cached under the compiled key) and
+    runs the batch again eagerly. Other errors (out of memory included) pass through."""
+    import warnings
+
+    def run(input_ids, attn):
+        try:
+            return forward(input_ids, attn)
+        except compile_failures() as err:
+            if not uncompile_decoder_layers(model):
+                raise
+            root = err
+            while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+                root = inner  # dynamo wraps the backend's own error
+            first = (str(root).strip().splitlines() or [""])[0][:200]
+            why = type(err).__name__ + (f" from {type(root).__name__}" if root is not err else "")
+            msg = (f"{model_dir}: torch.compile of the decoder layers failed ({why}: {first}); "
+                   f"embedding with the eager layers (embedding.compile: false skips compiling)")
+            warnings.warn(msg, stacklevel=2)
+            log.warning(msg)
+            meta["kernels"]["decoder_layers"] = f"eager (torch.compile failed: {type(err).__name__})"
+            meta["compile_failed"] = True
+            return forward(input_ids, attn)
+    return run
+
+
 def _forward_fn(model, kind: Kind, layer: int, n_layers: int):
     """``f(input_ids, attention_mask) -> hidden [b, L, d]`` equal to ``hidden_states[layer]`` of the whole
     ``n_layers``-layer model, ``model`` being that model or its first layers (:func:`_load_model`).
