@@ -200,7 +200,8 @@ def embed_texts(model_dir: Path, texts: list[str], kind: Literal["causal", "enco
         embedding recorded, as it does ``n_truncated`` and ``kernels``), ``kernels`` (on a GPU the block ->
         implementation report of the kernels bound, :data:`KERNELS`; None on the CPU); when embedded (not a cache hit) also ``layers_run``, ``load_seconds``, ``forward_seconds``, ``n_tokens`` (real tokens),
         ``padded_tokens``, ``n_batches``, ``batch_tokens`` (GPU budget), ``prompts_per_s`` and ``tokens_per_s``
-        (over the forward passes, tokenisation and load excluded).
+        (over the forward passes, tokenisation and load excluded), and ``compile_failed`` (True) when the compiled
+        layers fell back to eager ones.
 
     Raises TypeError / ValueError for a bad argument, :class:`EmbeddingError` for a folder that is no model, a
     prompt with no tokens or a non-finite embedding.
@@ -348,7 +349,7 @@ def _embed_uncached(model_dir: Path, texts: list[str], kind: Kind, layer: int, p
         model, run_layers, n_layers, weights = _load_model(model_dir, kind, dtype, device, layer)
         meta.update(weights=weights, layers_run=run_layers, load_seconds=time.perf_counter() - t_load,
                     kernels=_select_kernels(model, device))
-        if compiled and meta["kernels"] is not None:
+        if compiled:  # only on a GPU, where kernels is the report of the kernels bound
             meta["kernels"]["decoder_layers"] = compile_decoder_layers(model) or "eager (no decoder stack found)"
         forward = _forward_fn(model, kind, layer, n_layers)
         if compiled:
