@@ -27,6 +27,8 @@
 #              sharing the GPU contend for (about 2 min, not yet run to the end).
 # stats-pair:  whether two processes' statistics share one GPU well: bench/bench_statistics.py at 2,048 dimensions,
 #              1000 x 30 rows, four protocols, 100 resamples, alone and then two processes at once (about 3 min).
+# cuda-tests:  the CUDA-only tests of the compiled embedding (tests/test_embed_scale.py -k gpu; pytest carried
+#              in build/whl-stats; about 1 min).
 # routing:     bench/profile_embed.py --routing-check: where transformers' default bindings and the trainer's
 #              kernels part, layer by layer, and how many tokens' top-8 experts differ (about 2 min).
 set -u
@@ -78,6 +80,8 @@ print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" /tmp/autot
                   > "$OUT/stats-pair-$i.log" 2>&1 & done; wait; t3=$(date +%s.%N)
                 python3 -c "import sys; a,b,c=map(float,sys.argv[1:]); print(f'stats alone {b-a:.1f} s, two at once {c-b:.1f} s')" $t1 $t2 $t3
                 tail -3 "$OUT/stats-alone.log" "$OUT/stats-pair-1.log" ;;
+    cuda-tests) timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_embed_scale.py -k gpu -rs \
+                  > "$OUT/cuda-tests.log" 2>&1; tail -5 "$OUT/cuda-tests.log" ;;
     routing) timeout 240 python3 bench/profile_embed.py --out "$OUT/routing" --layers 8 --experts 256 \
                --routing-check 256 2>&1 | grep -v Warning | tail -12 ;;
     *) echo "unknown stage $stage" ;;

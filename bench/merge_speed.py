@@ -232,9 +232,13 @@ def main() -> None:
     result["status_peaks_GB"] = {k: round(v / 1e9, 3) for k, v in report["child_status_peaks_bytes"].items()}
     result["status_at_rss_peak_GB"] = {k: round(v / 1e9, 3)
                                        for k, v in report["child_status_at_vmrss_peak_bytes"].items()}
-    for k in ("largest_group_bytes", "buffer_bytes", "read_threads", "conversion", "stage_seconds"):
+    for k in ("largest_group_bytes", "buffers", "buffer_bytes", "writer", "read_threads", "conversion",
+              "stage_seconds"):
         if k in report:
             result[k] = report[k]
+    if "largest_group_bytes" in report:  # the measure: the tensor phase's growth over the largest group
+        result["peak_over_largest_group"] = round(
+            (report["peak_rss_bytes"] - report["rss_before_tensors_bytes"]) / report["largest_group_bytes"], 3)
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

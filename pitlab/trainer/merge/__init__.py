@@ -26,14 +26,17 @@ the group's buffer, several byte ranges of the shard files at once (chunks it ca
 go through DCP's own path). Each group is renamed to the Hugging Face names ``save_pretrained`` would write (tied
 duplicates dropped with ``transformers``' ``remove_tied_weights_from_state_dict``; fused MoE experts split back
 per expert with ``revert_weight_conversion``, whose row-block outputs are taken as views of the fused tensors once
-proven equal on layer 0, read for this before the group buffers exist: ``full.ViewConversion``) and written with
-``safetensors`` as ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``
-(``metadata.total_size`` in bytes + ``weight_map``), or as one ``model.safetensors`` when it fits one shard. Three
-threads overlap the work: group k+1 is read and hashed while group k is written and the file before it is read
-back, compared and fsynced (``full.GroupPipeline``). Host memory for tensor data is two buffers of the largest
-group's bytes, reused, and one 4 MiB compare buffer per reading thread: a 328 MB checkpoint with 50 MB shards
-grows the process by two groups (tests/test_trainer_merge.py); no chunk is read through a temporary and no expert
-tensor is copied.
+proven equal on layer 0, read for this before any buffer exists: ``full.ViewConversion``) and written as
+``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json`` (``metadata.total_size`` in bytes +
+``weight_map``), or as one ``model.safetensors`` when it fits one shard. When every output is such a view (or
+an input unchanged), each shard's header is planned from shapes alone and the shard is streamed
+(``stream_write``): its tensors are read in slices of about a quarter of the largest group (at least the largest
+tensor) into three reused buffers (two when a tensor is nearly a group), each slice written while the next is
+read and the one before is read back from the file and compared; host memory for tensor data is those buffers
+(0.75 × the largest group) and one 4 MiB compare buffer per reading thread. Otherwise (transformers' copies)
+each whole group is converted and written with ``safetensors``, from two buffers of the largest group's bytes
+(``full.GroupPipeline``). Either way every written tensor is compared with the checkpoint's bytes, every file
+opens in safetensors with exactly the planned names and is fsynced; no chunk is read through a temporary.
 
 **LoRA checkpoints** (``train_state.json`` records ``lora``; the checkpoint holds only the adapter tensors):
 with ``lora.mergeIntoBase`` (or ``--merge-adapter yes``) the base model's safetensors are streamed shard by

@@ -40,8 +40,8 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
     (``full``, ``lora-merged`` or ``lora-adapter``), ``tensors`` and ``bytes`` (in the written safetensors),
     ``shards``, ``parameters``, ``seconds``, ``bytes_per_second`` (written bytes / total seconds),
     ``write_seconds`` (reading, writing and comparing every file, which overlap), ``verify_seconds`` (the logits
-    probe and the config), full-weight merges also ``largest_group_bytes``, ``buffer_bytes`` (each of the two
-    reused buffers), ``read_threads``, ``conversion`` (``views``, ``copies`` or ``unproven``, see
+    probe and the config), full-weight merges also ``largest_group_bytes``, ``buffers`` and ``buffer_bytes`` (how
+    many reused buffers, and the bytes of each), ``writer`` (``streamed`` or ``whole-group``), ``read_threads``, ``conversion`` (``views``, ``copies`` or ``unproven``, see
     :class:`pitlab.trainer.merge.full.ViewConversion`) and ``stage_seconds`` (per stage, summed over its thread:
     ``read``, ``hash``, ``wait`` for a group, ``convert``, ``save``, ``compare``, ``fsync``, ``check_wait``),
     ``rss_start_bytes`` (resident set at the call),

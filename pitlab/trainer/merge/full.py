@@ -1,10 +1,12 @@
 """The full-weight merge: the checkpoint's model tensors streamed one output shard at a time, renamed to the
-Hugging Face names, written, compared back and probed. Three threads overlap: the reader (group k+1 read into
-the free one of two reused buffers and hashed), the writer (group k converted and written) and the checker (the
-file before it read back, compared, fsynced)."""
+Hugging Face names, written, compared back and probed. Three threads overlap: the reader (the next slice or
+group read into a free reused buffer and hashed), the writer (written) and the checker (read back, compared,
+fsynced). Shards whose outputs are views of the inputs are streamed in slices (``stream_write``); otherwise a
+whole group is converted by transformers and written with safetensors."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -22,6 +24,7 @@ from safetensors.torch import save_file
 from pitlab.trainer.digest import tensor_sha256
 from pitlab.trainer.merge.errors import MergeError
 from pitlab.trainer.merge.layout import copy_generation_config, plan_groups, shard_file_names, write_index
+from pitlab.trainer.merge.stream_write import buffers_for, fsync_file, plan_streamed, write_streamed
 from pitlab.trainer.merge.reader import (check_keys, checkpoint_tensors, load_checkpoint_model, load_into,
                                          load_tensors, meta_model_of)
 from pitlab.trainer.merge.verify import (anon_rss_bytes, compare_digests, compare_file, probe_logits, reload_model,
@@ -37,9 +40,10 @@ PROBE_WIDTH = 2  # columns of the position tensors ViewConversion maps (each col
 def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str, str] | None, max_bytes: int,
                logits_probe: str, threads: int = READ_THREADS) -> dict:
     """Write the full-weight checkpoint ``ckpt`` as Hugging Face safetensors shards of at most ``max_bytes`` into
-    ``tmp`` (created), compare every tensor back and probe the logits. Group k+1 is read (``threads`` ranges
-    of the shard files at once) and hashed while group k is written and the file before it compared and
-    fsynced; host memory for tensor data is two buffers of the largest group's bytes. Returns the report's fields; raises
+    ``tmp`` (created), compare every tensor back and probe the logits. The next slice (or group) is read
+    (``threads`` ranges of the shard files at once) and hashed while one is written and the one before compared;
+    host memory for tensor data is three buffers of about a quarter of the largest group's bytes when the shards
+    stream, else two buffers of the largest group's bytes. Returns the report's fields; raises
     :class:`MergeError` for any mismatch (naming the file and the tensor)."""
     from transformers.core_model_loading import revert_weight_conversion
     from transformers.modeling_utils import remove_tied_weights_from_state_dict
@@ -74,11 +78,21 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     groups = plan_groups(sizes, max_bytes)
     _prove_on_layer0(convert, ckpt, kept, saved)  # before the two group buffers exist, not on top of them
     files = shard_file_names(len(groups))
+    streamed = _streamed_plan(convert, groups, saved, sizes, files)
     rss_before, anon_before = rss_bytes(), anon_rss_bytes()  # libraries and meta model: what follows is tensors
     t_write = time.perf_counter()
     tmp.mkdir(parents=True)
-    pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
-    weight_map, digests, total = _write_groups(pipe, files, convert, tmp, ckpt)
+    if streamed is not None:
+        shards, slice_bytes = streamed
+        slices = [s for shard in shards for s in shard.slices]
+        pipe = GroupPipeline(ckpt, saved, slices, sizes, param_set, threads,
+                             buffers=buffers_for(slice_bytes, max(sum(sizes[n] for n in g) for g in groups)))
+        with _quiet_single_process():
+            with pipe:
+                weight_map, digests, total = write_streamed(pipe, shards, tmp, f"checkpoint {ckpt}")
+    else:
+        pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
+        weight_map, digests, total = _write_groups(pipe, files, convert, tmp, ckpt)
     # parameters tied to another one (not written) are still in the summary's digests
     for n in param_names:
         if n not in digests:
@@ -105,9 +119,35 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             "parameters": len(digests), "rss_before_tensors_bytes": rss_before,
             "anon_rss_before_tensors_bytes": anon_before, "write_seconds": write_seconds,
             "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe,
-            "largest_group_bytes": max(pipe.group_bytes), "buffer_bytes": pipe.buffer_bytes,
+            "largest_group_bytes": max(sum(sizes[n] for n in g) for g in groups), "buffer_bytes": pipe.buffer_bytes,
+            "buffers": pipe.buffers, "writer": "streamed" if streamed is not None else "whole-group",
             "read_threads": pipe.threads, "conversion": convert.state,
             "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
+
+
+def _streamed_plan(convert: "ViewConversion", groups: list[list[str]], saved: dict, sizes: dict[str, int],
+                   files: list[str]):
+    """:func:`plan_streamed`'s shards when the views apply to every group and are proven (or no output moves),
+    else None: the whole-group writer then runs ``convert`` on each group."""
+    if convert.proven is False:
+        return None
+    plan = plan_streamed(convert.spans, groups, saved, sizes, files)
+    if plan is None:
+        return None
+    moved = any(o.first != 0 or o.elements != saved[o.src][1].numel() or o.shape != tuple(saved[o.src][1])
+                for shard in plan[0] for o in shard.outputs)
+    if moved and not convert.proven:
+        return None
+    return plan
+
+
+@contextlib.contextmanager
+def _quiet_single_process():
+    """DCP's "single process" warning filtered for every reading thread (``catch_warnings`` is not thread-safe,
+    so it is set once around the whole pipeline)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
+        yield
 
 
 def _prove_on_layer0(convert: "ViewConversion", ckpt: Path, kept: set[str],
@@ -159,18 +199,6 @@ def _write_groups(pipe: GroupPipeline, files: list[str], convert, tmp: Path, ckp
     return weight_map, digests, total
 
 
-def fsync_file(path: Path, drop: bool = False) -> None:
-    """Flush ``path``'s written pages to the disk (``fsync``); with ``drop``, then evict them from the page cache
-    (``POSIX_FADV_DONTNEED``: a streamed model's bytes need not crowd out the rest of memory)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        if drop:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _check_file(pipe: "GroupPipeline", path: Path, hf: dict[str, torch.Tensor], source: str) -> None:
     """The checking thread's part for one written shard: the file read back and compared bit for bit with the
     checkpoint's tensors as read (the bytes whose sha256 the summary's digests are checked against), the group's
@@ -189,16 +217,18 @@ def _check_file(pipe: "GroupPipeline", path: Path, hf: dict[str, torch.Tensor], 
 
 class GroupPipeline:
     """The checkpoint's tensor groups, read ahead: iterating yields ``(tensors, digests)`` per group, in order,
-    where ``tensors`` is ``{name: tensor}`` (saved dtype and shape, views of one of two reusable buffers of the
-    largest group's bytes) and ``digests`` the sha256 of those in ``param_names``. A background thread reads
-    group k+1 (``threads`` concurrent ``dcp.load`` calls of about equal bytes, then the digests, also in parallel:
-    both release the GIL) while the caller writes group k; the caller calls :meth:`release` when it no longer
-    needs a group's tensors, which frees its buffer for the group after next. Use as a context manager (the
-    thread is stopped and joined on exit); an error in the reading thread is raised by the iteration."""
+    where ``tensors`` is ``{name: tensor}`` (saved dtype and shape, views of one of ``buffers`` reusable buffers
+    of the largest group's bytes) and ``digests`` the sha256 of those in ``param_names``. A background thread
+    reads the next groups (``threads`` concurrent ``dcp.load`` calls of about equal bytes, then the digests, also
+    in parallel: both release the GIL) into free buffers while the caller writes group k; the caller calls
+    :meth:`release` when it no longer needs the oldest held group's tensors, which frees its buffer. Use as a
+    context manager (the thread is stopped and joined on exit); an error in the reading thread is raised by the
+    iteration."""
 
     def __init__(self, ckpt: Path, saved: dict[str, tuple[torch.dtype, torch.Size]], groups: list[list[str]],
-                 sizes: dict[str, int], param_names: set[str], threads: int = READ_THREADS):
+                 sizes: dict[str, int], param_names: set[str], threads: int = READ_THREADS, buffers: int = 2):
         self.ckpt, self.saved, self.groups, self.sizes, self.params = ckpt, saved, groups, sizes, param_names
+        self.buffers = max(1, buffers)
         self.threads = max(1, threads)
         self.group_bytes = [sum(sizes[n] for n in g) for g in groups]
         self.buffer_bytes = max(sum(_aligned(sizes[n]) for n in g) for g in groups)
@@ -217,7 +247,7 @@ class GroupPipeline:
                 self.files.setdefault(idx.fqn[len("model."):], set()).add(info.relative_path)
 
     def __enter__(self) -> "GroupPipeline":
-        for _ in range(min(2, len(self.groups))):
+        for _ in range(min(self.buffers, len(self.groups))):
             self._free.put(torch.empty(self.buffer_bytes, dtype=torch.uint8))
         self._thread.start()
         return self
@@ -342,7 +372,18 @@ class ViewConversion:
         return same and (real.keys() == views.keys() or bool(subset))
 
     def _views(self, group: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-        probe, spans, base = {}, [], 0
+        spans = self.spans(group)
+        if spans is None:
+            return None
+        return {name: group[src].reshape(-1)[first:first + n].view(shape)
+                for name, (src, first, n, shape) in spans.items()}
+
+    def spans(self, group: dict[str, torch.Tensor]) -> dict[str, tuple[str, int, int, tuple]] | None:
+        """Where each Hugging Face output of ``group`` lies in its input, if every output is a block of
+        consecutive rows of one input: ``{output name: (input name, first element, elements, shape)}`` (elements
+        counted in the input's flattened order), else None. Reads only shapes and dtypes, so ``group`` may hold
+        meta tensors; whether the outputs equal the conversion's is what the proof checks."""
+        probe, ranges, base = {}, [], 0
         for name, t in group.items():
             if t.numel() == 0:
                 return None
@@ -351,13 +392,13 @@ class ViewConversion:
             # two equal columns, not one: a conversion may squeeze a trailing dimension of size 1
             probe[name] = ids.reshape(tuple(t.shape[:-1]) + (1,)).expand(
                 tuple(t.shape[:-1]) + (PROBE_WIDTH,)).contiguous() if t.dim() >= 2 else ids.reshape(t.shape)
-            spans.append((base, base + rows, name, width))
+            ranges.append((base, base + rows, name, width))
             base += rows
         try:
             out = self.revert(probe)
         except Exception:  # noqa: BLE001 - position tensors refused: the conversion's own outputs are used
             return None
-        views = {}
+        spans = {}
         for name, p in out.items():
             p = p[0] if isinstance(p, list) else p
             if name not in self.expected or not isinstance(p, torch.Tensor) or p.numel() == 0:
@@ -372,7 +413,7 @@ class ViewConversion:
             first, n = int(ids[0]), ids.numel()
             if not torch.equal(ids, torch.arange(first, first + n, dtype=torch.int64)):
                 return None
-            src = next((sp for sp in spans if sp[0] <= first and first + n <= sp[1]), None)
+            src = next((r for r in ranges if r[0] <= first and first + n <= r[1]), None)
             if src is None:
                 return None
             lo, _, src_name, width = src
@@ -380,8 +421,8 @@ class ViewConversion:
             want = tuple(shape[:-1]) + (PROBE_WIDTH,) if t.dim() >= 2 else tuple(shape)
             if t.dtype != dtype or tuple(p.shape) != want or (t.dim() >= 2 and shape[-1] != width):
                 return None
-            views[name] = t.reshape(-1)[(first - lo) * width:(first - lo + n) * width].view(shape)
-        return views
+            spans[name] = (src_name, (first - lo) * width, n * width, tuple(shape))
+        return spans
 
 
 def _moved(views: dict[str, torch.Tensor], group: dict[str, torch.Tensor]) -> list[str]:

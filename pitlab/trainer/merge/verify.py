@@ -40,8 +40,6 @@ def compare_file(path: Path, want: dict[str, torch.Tensor], source: str, threads
     by ``threads`` threads, each over a run of tensors of about equal bytes with one reusable buffer of at most
     ``COMPARE_CHUNK`` bytes (``pread`` and the comparison release the GIL), so the memory is those buffers (no
     map of the file, no tensor copies)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from pitlab.trainer.loading import read_header
 
     with safe_open(str(path), framework="pt") as f:
@@ -51,23 +49,34 @@ def compare_file(path: Path, want: dict[str, torch.Tensor], source: str, threads
         raise MergeError(f"{path}: holds other tensors than {source}: {len(missing)} missing {missing[:5]}, "
                          f"{len(extra)} unexpected {extra[:5]}")
     data_start, header = read_header(path)
-    ordered = sorted(names, key=natural_key)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        compare_tensors(fd, path, want, header, data_start, source, threads)
+    finally:
+        os.close(fd)
+
+
+def compare_tensors(fd: int, path: Path, want: dict[str, torch.Tensor], header: dict, data_start: int, source: str,
+                    threads: int = 1) -> None:
+    """The tensors ``want`` equal the bytes the safetensors ``header`` (``{name: {"dtype", "shape",
+    "data_offsets"}}``, offsets from ``data_start``) places them at in the open file ``fd`` (``path``, for
+    messages), dtype and shape included; ``threads`` threads over runs of about equal bytes, each with one reused
+    buffer of at most ``COMPARE_CHUNK`` bytes. Raises :class:`MergeError` naming the first differing tensor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ordered = sorted(want, key=natural_key)
     nbytes = [want[n].numel() * want[n].element_size() for n in ordered]
     runs, total, at = [[] for _ in range(max(1, threads))], sum(nbytes), 0
     for name, size in zip(ordered, nbytes):  # consecutive runs of about total / threads bytes each
         runs[min(len(runs) - 1, at * len(runs) // max(total, 1))].append(name)
         at += size
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        work = [r for r in runs if r]
-        if len(work) == 1:
-            _compare_run(fd, path, work[0], want, header, data_start, source)
-        else:
-            with ThreadPoolExecutor(len(work), thread_name_prefix="merge-compare") as pool:
-                for f in [pool.submit(_compare_run, fd, path, r, want, header, data_start, source) for r in work]:
-                    f.result()
-    finally:
-        os.close(fd)
+    work = [r for r in runs if r]
+    if len(work) == 1:
+        _compare_run(fd, path, work[0], want, header, data_start, source)
+    elif work:
+        with ThreadPoolExecutor(len(work), thread_name_prefix="merge-compare") as pool:
+            for f in [pool.submit(_compare_run, fd, path, r, want, header, data_start, source) for r in work]:
+                f.result()
 
 
 def _compare_run(fd: int, path: Path, names: list[str], want: dict[str, torch.Tensor], header: dict,
@@ -76,7 +85,9 @@ def _compare_run(fd: int, path: Path, names: list[str], want: dict[str, torch.Te
     largest = max((want[n].numel() * want[n].element_size() for n in names), default=0)
     buf = torch.empty(min(largest, COMPARE_CHUNK), dtype=torch.uint8)
     for name in names:
-        w, entry = want[name], header[name]
+        w, entry = want[name], header.get(name)
+        if entry is None:
+            raise MergeError(f"{path}: tensor {name} of {source} is missing from the file's header")
         dtype, shape = _SAFETENSORS_DTYPES.get(entry["dtype"]), tuple(entry["shape"])
         start, stop = entry["data_offsets"]
         same = dtype == w.dtype and shape == tuple(w.shape) and stop - start == w.numel() * w.element_size()
