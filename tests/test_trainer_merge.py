@@ -496,7 +496,8 @@ def test_the_streamed_plan_lays_out_each_shard_contiguously_in_slices(moe_checkp
     groups = plan_groups(sizes, 300_000)
     shards, slice_bytes = plan_streamed(conv.spans, groups, saved, sizes, shard_file_names(len(groups)))
     largest = max(sum(sizes[n] for n in g) for g in groups)
-    assert slice_bytes == max(max(sizes.values()), -(-largest // 4)) and buffers_for(slice_bytes, largest) == 3
+    assert slice_bytes == max(max(sizes.values()), -(-largest // 4))
+    assert (buffers_for(25, 100), buffers_for(50, 100), buffers_for(51, 100), buffers_for(100, 100)) == (3, 3, 2, 2)
     names = [o.name for s in shards for o in s.outputs]
     assert sorted(names) == sorted(expected) and len(names) == 56
     for shard, group in zip(shards, groups):
