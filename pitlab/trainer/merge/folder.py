@@ -43,7 +43,8 @@ def merge_checkpoint(checkpoint_dir: Path, base_dir: Path, out_dir: Path,
     probe and the config), full-weight merges also ``largest_group_bytes``, ``buffers`` and ``buffer_bytes`` (how
     many reused buffers, and the bytes of each), ``writer`` (``streamed`` or ``whole-group``), ``read_threads``, ``conversion`` (``views``, ``copies`` or ``unproven``, see
     :class:`pitlab.trainer.merge.full.ViewConversion`) and ``stage_seconds`` (per stage, summed over its thread:
-    ``read``, ``hash``, ``wait`` for a group, ``convert``, ``save``, ``compare``, ``fsync``, ``check_wait``),
+    ``read``, ``hash`` (summed over the hashing threads), ``wait`` for a group, ``convert``, ``save``, ``compare``,
+    ``fsync``, ``check_wait``),
     ``rss_start_bytes`` (resident set at the call),
     ``rss_before_tensors_bytes`` (after the libraries and the meta-device model are loaded, before any tensor
     data; a full merge adds ``anon_rss_before_tensors_bytes``, its anonymous part), ``peak_rss_bytes`` (the

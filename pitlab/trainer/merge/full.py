@@ -13,7 +13,7 @@ import re
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import torch
@@ -170,16 +170,15 @@ def _write_groups(pipe: GroupPipeline, files: list[str], convert, tmp: Path, ckp
     """Write each group ``pipe`` yields as the shard of the same index in ``files`` under ``tmp`` while the
     checker thread compares the file before it back. Returns ``(weight_map, parameter sha256 digests, bytes
     written)``; re-raises the first failed check (a :class:`MergeError`)."""
-    weight_map, digests, total = {}, {}, 0
+    weight_map, total = {}, 0
     with warnings.catch_warnings():  # set here, for every reading thread: catch_warnings is not thread-safe
         warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
         with pipe, ThreadPoolExecutor(1, thread_name_prefix="merge-check") as checker:
             checks = []
-            for fname, (tensors, group_digests) in zip(files, pipe):
+            for fname, tensors in zip(files, pipe):
                 for f in checks:  # a failed check of an earlier file ends the merge now
                     if f.done() and f.exception() is not None:
                         raise f.exception()
-                digests.update(group_digests)
                 t0 = time.perf_counter()
                 hf = convert(tensors)
                 del tensors
@@ -196,7 +195,7 @@ def _write_groups(pipe: GroupPipeline, files: list[str], convert, tmp: Path, ckp
             for f in checks:
                 f.result()
             pipe.timings["check_wait"] += time.perf_counter() - t0
-    return weight_map, digests, total
+    return weight_map, pipe.digests(), total
 
 
 def _check_file(pipe: "GroupPipeline", path: Path, hf: dict[str, torch.Tensor], source: str) -> None:
@@ -216,14 +215,13 @@ def _check_file(pipe: "GroupPipeline", path: Path, hf: dict[str, torch.Tensor], 
 
 
 class GroupPipeline:
-    """The checkpoint's tensor groups, read ahead: iterating yields ``(tensors, digests)`` per group, in order,
-    where ``tensors`` is ``{name: tensor}`` (saved dtype and shape, views of one of ``buffers`` reusable buffers
-    of the largest group's bytes) and ``digests`` the sha256 of those in ``param_names``. A background thread
-    reads the next groups (``threads`` concurrent ``dcp.load`` calls of about equal bytes, then the digests, also
-    in parallel: both release the GIL) into free buffers while the caller writes group k; the caller calls
-    :meth:`release` when it no longer needs the oldest held group's tensors, which frees its buffer. Use as a
-    context manager (the thread is stopped and joined on exit); an error in the reading thread is raised by the
-    iteration."""
+    """The checkpoint's tensor groups, read ahead: iterating yields each group's ``{name: tensor}`` in order
+    (saved dtype and shape, views of one of ``buffers`` reusable buffers of the largest group's bytes). A
+    background thread reads the next groups (``threads`` concurrent ``dcp.load`` calls of about equal bytes) into
+    free buffers while the caller writes group k; a pool of ``threads`` hashes the tensors in ``param_names``
+    meanwhile (sha256 releases the GIL; :meth:`digests`). The caller calls :meth:`release` when it no longer needs
+    the oldest held group's tensors, which frees its buffer once its hashes are done. Use as a context manager
+    (the thread is stopped and joined on exit); an error in the reading thread is raised by the iteration."""
 
     def __init__(self, ckpt: Path, saved: dict[str, tuple[torch.dtype, torch.Size]], groups: list[list[str]],
                  sizes: dict[str, int], param_names: set[str], threads: int = READ_THREADS, buffers: int = 2):
@@ -238,7 +236,8 @@ class GroupPipeline:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="merge-read")
         self._thread = threading.Thread(target=self._read_all, name="merge-reader", daemon=True)
-        self._held: list[torch.Tensor] = []
+        self._held: list[tuple[torch.Tensor, list]] = []
+        self._digests: dict = {}  # name -> Future of its sha256
         self._lock = threading.Lock()
         md = dcp.FileSystemReader(str(ckpt)).read_metadata()
         self.files: dict[str, set[str]] = {}  # name -> the shard files holding its chunks, for error messages
@@ -270,15 +269,29 @@ class GroupPipeline:
             self.timings["wait"] += time.perf_counter() - t0
             if isinstance(item, BaseException):
                 raise item
-            buf, tensors, digests = item
+            buf, tensors, futures = item
             with self._lock:
-                self._held.append(buf)
-            yield tensors, digests
+                self._held.append((buf, futures))
+            yield tensors
 
     def release(self) -> None:
         """The oldest yielded group's buffer may be reused (its tensors must no longer be used); any thread."""
         with self._lock:
-            self._free.put(self._held.pop(0))
+            buf, futures = self._held.pop(0)
+        wait(futures)  # its digests are computed from the buffer: done before it is reused
+        self._free.put(buf)
+
+    def digests(self) -> dict[str, str]:
+        """The sha256 (hex) of every tensor in ``param_names`` of the groups yielded so far (waits for them);
+        raises what hashing raised."""
+        return {n: f.result() for n, f in self._digests.items()}
+
+    def _hash(self, t: torch.Tensor) -> str:
+        t0 = time.perf_counter()
+        digest = tensor_sha256(t)
+        with self._lock:
+            self.timings["hash"] += time.perf_counter() - t0
+        return digest
 
     def _read_all(self) -> None:
         try:
@@ -299,12 +312,11 @@ class GroupPipeline:
                     cause = str(err).strip().splitlines()[-1] if str(err).strip() else repr(err)
                     raise MergeError(f"{self.ckpt}: cannot read {len(group)} tensors ({group[0]}, ...) from "
                                      f"{', '.join(files)}: {cause}") from err
-                t1 = time.perf_counter()
-                names = [n for n in group if n in self.params]
-                digests = dict(zip(names, self._pool.map(lambda n: tensor_sha256(tensors[n]), names)))
-                self.timings["read"] += t1 - t0
-                self.timings["hash"] += time.perf_counter() - t1
-                self._ready.put((buf, tensors, digests))
+                self.timings["read"] += time.perf_counter() - t0
+                # hashed by the pool while the next group is read and this one written (sha256 releases the GIL)
+                futures = [self._pool.submit(self._hash, tensors[n]) for n in group if n in self.params]
+                self._digests.update({n: f for n, f in zip([n for n in group if n in self.params], futures)})
+                self._ready.put((buf, tensors, futures))
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
             self._ready.put(err)
 

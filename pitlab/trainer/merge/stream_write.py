@@ -103,7 +103,7 @@ def write_streamed(pipe, shards: list[ShardPlan], tmp: Path, source: str) -> tup
     compares it bit for bit (then frees its buffer), and, after a shard's last slice, opens the file with
     safetensors, checks its names and header against the plan and fsyncs it. Returns ``(weight_map, parameter
     sha256 digests, bytes written)``; re-raises the first failed check (a :class:`MergeError`)."""
-    weight_map, digests, total = {}, {}, 0
+    weight_map, total = {}, 0
     slices = iter(pipe)
     with ThreadPoolExecutor(1, thread_name_prefix="merge-check") as checker:
         checks = []
@@ -116,8 +116,7 @@ def write_streamed(pipe, shards: list[ShardPlan], tmp: Path, source: str) -> tup
                     for f in checks:  # a failed check of an earlier slice ends the merge now
                         if f.done() and f.exception() is not None:
                             raise f.exception()
-                    tensors, group_digests = next(slices)
-                    digests.update(group_digests)
+                    tensors = next(slices)
                     members = set(names)
                     want = {o.name: tensors[o.src].reshape(-1)[o.first:o.first + o.elements].view(o.shape)
                             for o in shard.outputs if o.src in members}
@@ -136,7 +135,7 @@ def write_streamed(pipe, shards: list[ShardPlan], tmp: Path, source: str) -> tup
         for f in checks:
             f.result()
         pipe.timings["check_wait"] += time.perf_counter() - t0
-    return weight_map, digests, total
+    return weight_map, pipe.digests(), total
 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:
