@@ -21,13 +21,10 @@
 #              *.autotune.json files are exported to /tmp/autotune-seeds and $OUT/autotune-seeds.tgz), "seeded" with those
 #              files as seeds,
 #              "shipped" with the repository's pitlab/trainer/autotune_seeds; compare "embed base" (about 6 min).
-# stats-profile: one model's statistics at eval_scale's shape (2,048 dimensions, 1,000 × 30; 20 resamples: with 200
-#              the profiled run did not finish in 300 s on 2026-12-04) under torch.profiler: the GPU's kernel share
-#              of the wall time and the top operators (bench_statistics --profile), to see what two processes
-#              sharing the GPU contend for (about 2 min, not yet run to the end).
 # stats-cprofile: one model's statistics at eval_scale's shape with 20 resamples, timed, then again under cProfile
 #              with CUDA_LAUNCH_BLOCKING=1 (every kernel waited for, so a function's cumulative time includes its
-#              GPU work): which Python functions the GPU time goes to (about 2 min).
+#              GPU work): which Python functions the GPU time goes to (about 2 min; torch.profiler over the
+#              same run did not finish in 300 s, twice).
 # stats-pair:  whether two processes' statistics share one GPU well: bench/bench_statistics.py at 2,048 dimensions,
 #              1000 x 30 rows, four protocols, 100 resamples, alone and then two processes at once (about 3 min).
 # cuda-tests:  the CUDA-only tests of the compiled embedding (tests/test_embed_scale.py -k gpu; pytest carried
@@ -73,9 +70,6 @@ print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" /tmp/autot
                 echo "$run:"; grep -E -A1 "^  embed (base|twin) +[0-9.]+ s$" "$OUT/autotune-$run.log"
                 grep -E "^  (total|statistics)" "$OUT/autotune-$run.log"
               done ;;
-    stats-profile) timeout 300 python3 bench/bench_statistics.py --dim 2048 --device cuda --securities 1000 --dates 30 \
-                     --resamples 20 --profile "$OUT/stats-profile.txt" --out "$OUT/stats-profile.json" \
-                     > "$OUT/stats-profile.log" 2>&1; head -3 "$OUT/stats-profile.txt" ;;
     stats-cprofile) args="--dim 2048 --device cuda --securities 1000 --dates 30 --resamples 20"
                     timeout 200 python3 bench/bench_statistics.py $args --out "$OUT/stats-20.json" > "$OUT/stats-20.log" 2>&1
                     CUDA_LAUNCH_BLOCKING=1 timeout 250 python3 -m cProfile -o "$OUT/stats-cprofile.prof" \
