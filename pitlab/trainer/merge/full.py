@@ -82,17 +82,8 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     rss_before, anon_before = rss_bytes(), anon_rss_bytes()  # libraries and meta model: what follows is tensors
     t_write = time.perf_counter()
     tmp.mkdir(parents=True)
-    if streamed is not None:
-        shards, slice_bytes = streamed
-        slices = [s for shard in shards for s in shard.slices]
-        pipe = GroupPipeline(ckpt, saved, slices, sizes, param_set, threads,
-                             buffers=buffers_for(slice_bytes, max(sum(sizes[n] for n in g) for g in groups)))
-        with _quiet_single_process():
-            with pipe:
-                weight_map, digests, total = write_streamed(pipe, shards, tmp, f"checkpoint {ckpt}")
-    else:
-        pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
-        weight_map, digests, total = _write_groups(pipe, files, convert, tmp, ckpt)
+    pipe, (weight_map, digests, total) = _write_shards(ckpt, saved, groups, sizes, param_set, threads, streamed,
+                                                        files, convert, tmp)
     # parameters tied to another one (not written) are still in the summary's digests
     for n in param_names:
         if n not in digests:
@@ -123,6 +114,21 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             "buffers": pipe.buffers, "writer": "streamed" if streamed is not None else "whole-group",
             "read_threads": pipe.threads, "conversion": convert.state,
             "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
+
+
+def _write_shards(ckpt: Path, saved: dict, groups: list[list[str]], sizes: dict[str, int], param_set: set[str],
+                  threads: int, streamed, files: list[str], convert: "ViewConversion", tmp: Path):
+    """Write every shard into ``tmp``: streamed in slices when ``streamed`` (:func:`_streamed_plan`'s result) is
+    a plan, else whole groups converted by ``convert``. Returns ``(pipeline, (weight_map, digests, bytes))``."""
+    if streamed is None:
+        pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
+        return pipe, _write_groups(pipe, files, convert, tmp, ckpt)
+    shards, slice_bytes = streamed
+    slices = [s for shard in shards for s in shard.slices]
+    pipe = GroupPipeline(ckpt, saved, slices, sizes, param_set, threads,
+                         buffers=buffers_for(slice_bytes, max(sum(sizes[n] for n in g) for g in groups)))
+    with _quiet_single_process(), pipe:
+        return pipe, write_streamed(pipe, shards, tmp, f"checkpoint {ckpt}")
 
 
 def _streamed_plan(convert: "ViewConversion", groups: list[list[str]], saved: dict, sizes: dict[str, int],
