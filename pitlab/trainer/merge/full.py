@@ -76,7 +76,7 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
 
     sizes = {n: saved[n][0].itemsize * saved[n][1].numel() for n in kept}
     groups = plan_groups(sizes, max_bytes)
-    _prove_on_layer0(convert, ckpt, kept, saved)  # before the two group buffers exist, not on top of them
+    _prove_on_layer0(convert, ckpt, kept, saved)  # before any buffer exists, not on top of them
     files = shard_file_names(len(groups))
     streamed = _streamed_plan(convert, groups, saved, sizes, files)
     rss_before, anon_before = rss_bytes(), anon_rss_bytes()  # libraries and meta model: what follows is tensors
