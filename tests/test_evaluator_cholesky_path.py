@@ -72,6 +72,51 @@ def test_cholesky_sse_path_equals_eigendecomposition_path_and_falls_back_on_inde
 
 
 
+def test_the_window_pass_solves_only_the_sets_that_read_each_alpha_with_the_same_choice(monkeypatch):
+    """``_scored`` on the Cholesky path against the whole grid solved for every inner set: the same grid position
+    for every fitting set and, at every position a set's window reads, the same pooled SSE up to rounding (the
+    batches hold other sets, so BLAS may order sums differently: 2e-16 relative here); an inner set with
+    an empty test set is never factorised (it scores exactly 0), and each window α is solved only for the sets
+    whose window holds it."""
+    import pitlab.evaluator.ridge as ridge_mod
+    from pitlab.evaluator.selection import _scored, _window_mask, decade_anchors, staged_argmin
+
+    rng = np.random.default_rng(7)
+    n_units, B, k, d = 24, 6, 3, 9
+    g = np.repeat(np.arange(n_units), 10)
+    X = rng.standard_normal((len(g), d)) + 1.0
+    y = X[:, 0] * np.linspace(0.0, 1.5, len(g)) + rng.standard_normal(len(g))  # signal strength varies by unit
+    units = SuffStats.from_rows(torch.tensor(X), torch.tensor(y), g, n_units)
+    w = torch.tensor(draw_cluster_weights(n_units, B, seed=4), dtype=torch.float64)
+    w[0, torch.arange(n_units) % k == 0] = 0.0  # set 0's first inner test set is empty
+    w[1] = torch.where(torch.arange(n_units) < 6, 0.0, 3.0)  # a set that sees mostly strong-signal units
+    masks = torch.stack([(torch.arange(n_units) % k == j).double() for j in range(k)])
+    inner_test = units.weighted((w[:, None, :] * masks[None]).reshape(B * k, n_units))
+    inner_train = units.weighted(w).take(np.repeat(np.arange(B), k)) - inner_test
+    alphas = np.geomspace(1e-2, 1e4, 4 * 6 + 1)  # four per decade, like the default grid
+    anchors = decade_anchors(alphas)
+    full = cholesky_path_test_sse(inner_train, inner_test, alphas, block=4).reshape(B, k, -1).sum(axis=1).numpy()
+    solved = []
+    real = ridge_mod.cholesky_solve_batched
+
+    def counting(A, b, block=128, leaf=128):
+        solved.append(int(A.shape[0]))
+        return real(A, b, block, leaf)
+
+    monkeypatch.setattr(ridge_mod, "cholesky_solve_batched", counting)
+    ks, cv = _scored(inner_train, inner_test, alphas, CHOL, B, k, torch)
+    np.testing.assert_array_equal(ks, staged_argmin(full, anchors))
+    reads = _window_mask(full, anchors)
+    reads[:, anchors] = True
+    np.testing.assert_allclose(cv[reads], full[reads], rtol=1e-13, atol=0)  # where the search reads
+    assert np.isnan(cv[~reads]).all()  # and nothing else was solved
+    assert float(inner_test.n[0]) == 0.0 and len(np.unique(ks)) >= 2
+    n_anchor = len(anchors) * (B * k - 1)  # every anchor, every set with a test set
+    assert sum(solved[:len(anchors)]) == n_anchor
+    assert sum(solved) == n_anchor + sum(int(reads[b, p]) * (k - (b == 0)) for b in range(B)
+                                         for p in range(len(alphas)) if p not in anchors)
+
+
 def test_cholesky_path_chooses_the_same_penalty_in_every_fold_and_replicate():
     """All four protocols' folds, point estimate + 16 replicates, security-cv with 3 inner folds, reselected."""
     X, y, sec, date = _panel()

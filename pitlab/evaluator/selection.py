@@ -161,23 +161,49 @@ def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Back
     a = np.asarray(alphas, dtype=np.float64)
     anchors = decade_anchors(a)
     if backend is not None and backend.cholesky_path:  # one solve per α scored: the anchors, then each window
-        def score(pos: np.ndarray) -> list:
-            return [to_numpy(s.reshape(B, k, -1).sum(axis=1))
-                    for s in cholesky_path_test_sse(trains, tests, a[pos], backend.cholesky_block)]
-
         cv = [np.full((B, a.size), np.nan) for _ in range(targets)]
-        for c, sc in zip(cv, score(anchors)):
-            c[:, anchors] = sc
-        need = np.logical_or.reduce([_window_mask(c, anchors).any(axis=0) for c in cv])
-        rest = np.flatnonzero(need & np.isnan(cv[0][0]))
-        if rest.size:
-            for c, sc in zip(cv, score(rest)):
-                c[:, rest] = sc
+        score = _cholesky_scorer(trains, tests, a, backend, B, k, cv)
+        score(anchors, np.ones(B, dtype=bool))
+        need = np.logical_or.reduce([_window_mask(c, anchors) for c in cv])  # [B, A]: what each row reads
+        need &= np.isnan(cv[0])
+        by_rows: dict[bytes, list[int]] = {}  # grid positions grouped by the rows that read them
+        for p in np.flatnonzero(need.any(axis=0)):
+            by_rows.setdefault(need[:, p].tobytes(), []).append(int(p))
+        for rows, pos in by_rows.items():
+            score(np.asarray(pos, dtype=np.int64), np.frombuffer(rows, dtype=bool))
     else:  # one eigendecomposition serves every α: the whole grid is scored
         cv = [to_numpy(path_test_sse(p, te).reshape(B, k, -1).sum(axis=1))
               for p, te in zip(ridge_paths(trains, a), tests)]
     ks = [staged_argmin(c, anchors) for c in cv]
     return (ks, cv) if targets > 1 else (ks[0], cv[0])
+
+
+def _cholesky_scorer(trains: list, tests: list, a: np.ndarray, backend: Backend, B: int, k: int, cv: list):
+    """``score(pos, rows)``: fill ``cv[t][rows][:, pos]`` (pooled inner SSE of each target t) by batched Cholesky
+    solves of only the inner sets of the fitting sets ``rows`` (bool [B]) whose test set is not empty; an empty
+    inner test set scores exactly 0 at every α (as computing it gives), so it is not factorised. The pooled sum
+    runs over the full [B·k] layout as before, so a row's scores do not depend on which other rows were solved."""
+    import torch
+
+    nonempty = (to_numpy(tests[0].n) > 0).reshape(B, k)
+    device = tests[0].n.device
+
+    def score(pos: np.ndarray, rows: np.ndarray) -> None:
+        sets = np.flatnonzero((rows[:, None] & nonempty).reshape(-1))
+        full = [torch.zeros((B * k, pos.size), dtype=torch.float64, device=device) for _ in cv]
+        if sets.size == B * k:
+            sses = cholesky_path_test_sse(trains, tests, a[pos], backend.cholesky_block)
+            full = sses
+        elif sets.size:
+            sses = cholesky_path_test_sse([tr.take(sets) for tr in trains], [te.take(sets) for te in tests], a[pos],
+                                          backend.cholesky_block)
+            at = torch.as_tensor(sets, device=device)
+            for f, s in zip(full, sses):
+                f[at] = s
+        for c, f in zip(cv, full):
+            c[np.ix_(rows, pos)] = to_numpy(f.reshape(B, k, -1).sum(axis=1))[rows]
+
+    return score
 
 
 def decade_anchors(alphas: np.ndarray) -> np.ndarray:
