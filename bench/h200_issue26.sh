@@ -25,6 +25,9 @@
 #              with CUDA_LAUNCH_BLOCKING=1 (every kernel waited for, so a function's cumulative time includes its
 #              GPU work): which Python functions the GPU time goes to (about 2 min; torch.profiler over the
 #              same run did not finish in 300 s, twice).
+# stats-ab:    the statistics at eval_scale's shape (AB_RESAMPLES, default 100) with the evaluator of build/old-src
+#              (a copy of an earlier tree's pitlab/ and bench/, carried) and then this tree's: wall times and
+#              which reported numbers differ (about 3 min).
 # stats-pair:  whether two processes' statistics share one GPU well: bench/bench_statistics.py at 2,048 dimensions,
 #              1000 x 30 rows, four protocols, 100 resamples, alone and then two processes at once (about 3 min).
 # cuda-tests:  the CUDA-only tests of the compiled embedding (tests/test_embed_scale.py -k gpu; pytest carried
@@ -76,6 +79,17 @@ print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" /tmp/autot
                       bench/bench_statistics.py $args --out "$OUT/stats-cprofile.json" > "$OUT/stats-cprofile.log" 2>&1
                     python3 -c "import pstats,sys; pstats.Stats(sys.argv[1]).sort_stats('cumulative').print_stats(45)" \
                       "$OUT/stats-cprofile.prof" > "$OUT/stats-cprofile.txt" 2>&1; grep -E "wall|\"s\"" "$OUT/stats-20.log" | head -3 ;;
+    stats-ab) args="--dim 2048 --device cuda --securities 1000 --dates 30 --resamples ${AB_RESAMPLES:-100}"
+              for side in old new; do
+                script=bench/bench_statistics.py; [ $side = old ] && script=build/old-src/bench/bench_statistics.py
+                timeout 150 python3 $script $args --out "$OUT/stats-ab-$side.json" > "$OUT/stats-ab-$side.log" 2>&1
+              done
+              python3 -c "
+import json, sys
+a, b = (json.load(open(f'{sys.argv[1]}/stats-ab-{s}.json')) for s in ('old', 'new'))
+skip = {'wall_s', 'load_average_1_5_15', 'timings', 'machine', 'versions', 'device'}
+diff = [k for k in a if k not in skip and a[k] != b.get(k)]
+print('old', a['wall_s'], 'new', b['wall_s'], 'differing keys', diff)" "$OUT" ;;
     stats-pair) args="--dim 2048 --device cuda --securities 1000 --dates 30 --resamples 100"
                 t1=$(date +%s.%N); timeout 150 python3 bench/bench_statistics.py $args --out "$OUT/stats-alone.json" \
                   > "$OUT/stats-alone.log" 2>&1; t2=$(date +%s.%N)
