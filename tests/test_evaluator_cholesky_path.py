@@ -117,6 +117,45 @@ def test_the_window_pass_solves_only_the_sets_that_read_each_alpha_with_the_same
                                          for p in range(len(alphas)) if p not in anchors)
 
 
+def test_remembered_scores_solve_each_set_and_alpha_once_across_a_widened_grid(monkeypatch):
+    """Inside ``remembered_scores`` a second search of the same inner sets on a grid widened by two decades (as
+    the point estimates do) solves only the new α; the choices equal a search without the memo and the scores
+    agree up to rounding (an α solved beside other α may differ in the last bit); another set is not taken for a
+    known one."""
+    import pitlab.evaluator.ridge as ridge_mod
+    from pitlab.evaluator.selection import _scored, remembered_scores
+
+    rng = np.random.default_rng(3)
+    n_units, B, k, d = 18, 1, 3, 8
+    g = np.repeat(np.arange(n_units), 8)
+    X = rng.standard_normal((len(g), d))
+    units = SuffStats.from_rows(torch.tensor(X), torch.tensor(X[:, 1] + rng.standard_normal(len(g))), g, n_units)
+    masks = torch.stack([(torch.arange(n_units) % k == j).double() for j in range(k)])
+    inner_test = units.weighted(masks)
+    inner_train = units.weighted(torch.ones(1, n_units)).take(np.zeros(k, dtype=np.int64)) - inner_test
+    grid = list(np.geomspace(1e-1, 1e3, 17))
+    wider = grid + [grid[-1] * 10.0, grid[-1] * 100.0]
+    solved = []
+    real = ridge_mod.cholesky_solve_batched
+    monkeypatch.setattr(ridge_mod, "cholesky_solve_batched",
+                        lambda A, b, block=128, leaf=128: solved.append(int(A.shape[0])) or real(A, b, block, leaf))
+    plain = [_scored(inner_train, inner_test, a, CHOL, B, k, torch) for a in (grid, wider)]
+    n_plain = len(solved)
+    solved.clear()
+    with remembered_scores():
+        kept = [_scored(inner_train, inner_test, a, CHOL, B, k, torch) for a in (grid, wider)]
+        first = len(solved) - 2  # the wider search's two new α, nothing else
+        other = units.weighted(2 * masks)  # other test sets: not taken for the known ones
+        _scored(units.weighted(2 * torch.ones(1, n_units)).take(np.zeros(k, dtype=np.int64)) - other, other, wider,
+                CHOL, B, k, torch)
+    for (k1, c1), (k2, c2) in zip(plain, kept):
+        np.testing.assert_array_equal(k1, k2)
+        np.testing.assert_array_equal(np.isnan(c1), np.isnan(c2))
+        np.testing.assert_allclose(c1[~np.isnan(c1)], c2[~np.isnan(c2)], rtol=1e-13, atol=0)
+    assert solved[first:first + 2] == [k, k] and n_plain == 2 * first + 2  # the plain wider search: 2 more
+    assert len(solved) - first - 2 == n_plain - first  # the other sets solved in full
+
+
 def test_cholesky_path_chooses_the_same_penalty_in_every_fold_and_replicate():
     """All four protocols' folds, point estimate + 16 replicates, security-cv with 3 inner folds, reselected."""
     X, y, sec, date = _panel()

@@ -4,6 +4,8 @@ folds by eigendecompositions or, on a GPU, batched Cholesky solves (:mod:`pitlab
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,32 +180,97 @@ def _scored(inner_train: SuffStats, inner_test: SuffStats, alphas, backend: Back
     return (ks, cv) if targets > 1 else (ks[0], cv[0])
 
 
+_REMEMBERED = threading.local()
+
+
+@contextlib.contextmanager
+def remembered_scores():
+    """Within the block, this thread's GPU penalty searches reuse an inner set's SSE at an α already solved in
+    the block instead of factorising it again (the point estimates score the same folds again after each
+    widening of the α grid). A set is recognised by the exact bits of a fingerprint of its training and test
+    statistics (counts, sums and two random projections of the Gram and cross products)."""
+    prev = getattr(_REMEMBERED, "scores", None)
+    _REMEMBERED.scores = {} if prev is None else prev
+    try:
+        yield
+    finally:
+        _REMEMBERED.scores = prev
+
+
+def _fingerprints(trains: list, tests: list) -> list[bytes]:
+    """One bytes key per inner set [N]: its training and test statistics (every target) projected on fixed
+    random vectors, float64 bits (identical inputs computed the same way give identical keys)."""
+    import torch
+
+    d = trains[0].d
+    r = torch.randn(d, generator=torch.Generator().manual_seed(20261204), dtype=torch.float64)
+    r = r.to(trains[0].sxx.device)
+    cols = []
+    for st in [trains[0], tests[0]] + trains[1:] + tests[1:]:
+        cols += [st.n, st.sy, st.syy, st.sx @ r, st.sxy @ r, (st.sxx @ r) @ r]
+    fp = to_numpy(torch.stack([c.reshape(-1).to(torch.float64) for c in cols], dim=1))
+    return [row.tobytes() for row in fp]
+
+
 def _cholesky_scorer(trains: list, tests: list, a: np.ndarray, backend: Backend, B: int, k: int, cv: list):
     """``score(pos, rows)``: fill ``cv[t][rows][:, pos]`` (pooled inner SSE of each target t) by batched Cholesky
     solves of only the inner sets of the fitting sets ``rows`` (bool [B]) whose test set is not empty; an empty
-    inner test set scores exactly 0 at every α (as computing it gives), so it is not factorised. The pooled sum
-    runs over the full [B·k] layout as before, so a row's scores do not depend on which other rows were solved."""
+    inner test set scores exactly 0 at every α (as computing it gives), so it is not factorised. Inside
+    :func:`remembered_scores` a set's SSE at an α solved before is taken from there. The pooled sum runs over the
+    full [B·k] layout as before, so a row's scores do not depend on which other rows were solved."""
     import torch
 
     nonempty = (to_numpy(tests[0].n) > 0).reshape(B, k)
     device = tests[0].n.device
+    memo = getattr(_REMEMBERED, "scores", None)
+    keys = _fingerprints(trains, tests) if memo is not None else None
+
+    def solve(sets: np.ndarray, pos: np.ndarray) -> list:
+        if sets.size == B * k:
+            return cholesky_path_test_sse(trains, tests, a[pos], backend.cholesky_block)
+        return cholesky_path_test_sse([tr.take(sets) for tr in trains], [te.take(sets) for te in tests], a[pos],
+                                      backend.cholesky_block)
 
     def score(pos: np.ndarray, rows: np.ndarray) -> None:
         sets = np.flatnonzero((rows[:, None] & nonempty).reshape(-1))
-        full = [torch.zeros((B * k, pos.size), dtype=torch.float64, device=device) for _ in cv]
-        if sets.size == B * k:
-            sses = cholesky_path_test_sse(trains, tests, a[pos], backend.cholesky_block)
-            full = sses
-        elif sets.size:
-            sses = cholesky_path_test_sse([tr.take(sets) for tr in trains], [te.take(sets) for te in tests], a[pos],
-                                          backend.cholesky_block)
-            at = torch.as_tensor(sets, device=device)
-            for f, s in zip(full, sses):
-                f[at] = s
+        if memo is not None:
+            full = _remembered(memo, keys, sets, pos, a, solve, len(cv), B * k)
+            full = [torch.as_tensor(f, device=device) for f in full]
+        else:
+            full = [torch.zeros((B * k, pos.size), dtype=torch.float64, device=device) for _ in cv]
+            if sets.size:
+                sses = solve(sets, pos)
+                at = torch.as_tensor(sets, device=device)
+                for f, s in zip(full, sses):
+                    f[at] = s
         for c, f in zip(cv, full):
             c[np.ix_(rows, pos)] = to_numpy(f.reshape(B, k, -1).sum(axis=1))[rows]
 
     return score
+
+
+def _remembered(memo: dict, keys: list[bytes], sets: np.ndarray, pos: np.ndarray, a: np.ndarray, solve, T: int,
+                n: int) -> list[np.ndarray]:
+    """SSE [n, len(pos)] per target of the inner ``sets`` at the grid positions ``pos`` (0 elsewhere): from
+    ``memo`` (``{(key, α): [SSE per target]}``) where there, else solved (``solve(sets, pos)``, one call per
+    group of positions missing the same sets) and remembered."""
+    missing: dict[tuple, list[int]] = {}
+    for j, p in enumerate(pos):
+        todo = tuple(int(i) for i in sets if (keys[i], float(a[p])) not in memo)
+        if todo:
+            missing.setdefault(todo, []).append(j)
+    for todo, js in missing.items():
+        sses = [to_numpy(s) for s in solve(np.asarray(todo, dtype=np.int64), pos[js])]
+        for r, i in enumerate(todo):
+            for c, j in enumerate(js):
+                memo[(keys[i], float(a[pos[j]]))] = [float(s[r, c]) for s in sses]
+    full = [np.zeros((n, pos.size)) for _ in range(T)]
+    for i in sets:
+        for j, p in enumerate(pos):
+            got = memo[(keys[i], float(a[p]))]
+            for t in range(T):
+                full[t][i, j] = got[t]
+    return full
 
 
 def decade_anchors(alphas: np.ndarray) -> np.ndarray:

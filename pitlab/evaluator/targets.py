@@ -10,6 +10,7 @@ import numpy as np
 
 from pitlab.evaluator.bootstrap import PremiumReplicates, bootstrap_model, interval, judge
 from pitlab.evaluator.estimates import AlphaSelection, Fold, FoldsR2, PanelStats, leakage_off_r2, leakage_on_r2
+from pitlab.evaluator.selection import remembered_scores
 
 
 WIDEN_STEPS = 3
@@ -70,6 +71,14 @@ def point_estimates(stats: PanelStats, point_folds: np.ndarray, n_splits: int, a
     final grid and the number of widenings. ``extra_points`` (a dict, filled in): each ``extra_folds`` protocol's
     :class:`pitlab.evaluator.estimates.FoldsR2` on the final grid (B = 1, with degrees of freedom), so that its
     bootstrap need not fit the point estimate again."""
+    with remembered_scores():  # a widened grid scores the same folds again: each (set, α) is solved once
+        return _widening_points(stats, point_folds, n_splits, alphas, selection, benchmark, extra_folds,
+                                time_selection, same_rows, extra_points)
+
+
+def _widening_points(stats, point_folds, n_splits, alphas, selection, benchmark, extra_folds, time_selection,
+                     same_rows, extra_points) -> tuple:
+    """:func:`point_estimates`' loop."""
     ones = np.ones((1, stats.n_securities))
     grid, widenings = list(alphas), 0
     while True:
