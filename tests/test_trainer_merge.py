@@ -534,3 +534,22 @@ def test_an_unproven_conversion_writes_whole_groups_with_transformers_copies(moe
 
     a, b = tensors(tmp_path / "a"), tensors(tmp_path / "b")
     assert a.keys() == b.keys() and len(a) == 56 and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_streamed_plan_refuses_a_layout_that_would_leave_a_tensor_unaligned():
+    """bfloat16 of an odd element count before a float32 tensor (input order): the float32 data would start at a
+    2-byte offset, so the plan returns None and the merge writes that model with whole groups; one dtype or an
+    even count plans."""
+    from pitlab.trainer.merge.stream_write import plan_streamed
+
+    def identity(group):
+        return {n: (n, 0, t.numel(), tuple(t.shape)) for n, t in group.items()}
+
+    def plan(first_elems):
+        saved = {"a": (torch.bfloat16, torch.Size([first_elems])), "b": (torch.float32, torch.Size([4]))}
+        sizes = {n: d.itemsize * s.numel() for n, (d, s) in saved.items()}
+        return plan_streamed(identity, [["a", "b"]], saved, sizes, ["model.safetensors"])
+
+    assert plan(3) is None
+    shards, _ = plan(4)
+    assert [(o.name, o.start, o.stop) for o in shards[0].outputs] == [("a", 0, 8), ("b", 8, 24)]

@@ -63,8 +63,8 @@ def plan_streamed(spans_of, groups: list[list[str]], saved: dict[str, tuple[torc
                   sizes: dict[str, int], files: list[str]) -> tuple[list[ShardPlan], int] | None:
     """The shards of ``groups`` (checkpoint names, one group per file of ``files``) as :class:`ShardPlan` s and the
     slice size in bytes, or None when a group cannot be streamed: ``spans_of(meta group)`` (see
-    :meth:`pitlab.trainer.merge.full.ViewConversion.spans`) returned None for it, or a dtype has no safetensors
-    name. Pure: reads shapes and dtypes only. Outputs are ordered by their input (and position in it), so each
+    :meth:`pitlab.trainer.merge.full.ViewConversion.spans`) returned None for it, a dtype has no safetensors
+    name, or in input order a tensor would start at an offset that is not a multiple of its element size. Pure: reads shapes and dtypes only. Outputs are ordered by their input (and position in it), so each
     slice's outputs fill one contiguous range of the file."""
     slice_bytes = max(max(sizes.values()), -(-max(sum(sizes[n] for n in g) for g in groups) // SLICES_PER_GROUP))
     shards = []
@@ -80,6 +80,8 @@ def plan_streamed(spans_of, groups: list[list[str]], saved: dict[str, tuple[torc
             nbytes = n * dtype.itemsize
             outputs.append(Output(name, src, first, n, tuple(shape), dtype, at, at + nbytes))
             at += nbytes
+        if any(o.start % o.dtype.itemsize for o in outputs):  # mixed dtypes that would leave a tensor unaligned:
+            return None  # the whole-group writer (safetensors orders tensors by dtype) is used instead
         header = {o.name: {"dtype": _DTYPE_NAMES[o.dtype], "shape": list(o.shape), "data_offsets": [o.start, o.stop]}
                   for o in outputs}
         text = json.dumps({"__metadata__": {"format": "pt"}, **header}, separators=(",", ":")).encode()
