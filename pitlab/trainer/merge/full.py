@@ -78,12 +78,13 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
     groups = plan_groups(sizes, max_bytes)
     _prove_on_layer0(convert, ckpt, kept, saved)  # before any buffer exists, not on top of them
     files = shard_file_names(len(groups))
+    largest = max(sum(sizes[n] for n in g) for g in groups)
     streamed = _streamed_plan(convert, groups, saved, sizes, files)
     rss_before, anon_before = rss_bytes(), anon_rss_bytes()  # libraries and meta model: what follows is tensors
     t_write = time.perf_counter()
     tmp.mkdir(parents=True)
     pipe, (weight_map, digests, total) = _write_shards(ckpt, saved, groups, sizes, param_set, threads, streamed,
-                                                        files, convert, tmp)
+                                                        files, convert, tmp, largest)
     # parameters tied to another one (not written) are still in the summary's digests
     for n in param_names:
         if n not in digests:
@@ -110,23 +111,24 @@ def merge_full(ckpt: Path, base_dir: Path, tmp: Path, expected_sha256: dict[str,
             "parameters": len(digests), "rss_before_tensors_bytes": rss_before,
             "anon_rss_before_tensors_bytes": anon_before, "write_seconds": write_seconds,
             "verify_seconds": time.perf_counter() - t_verify, "logits_probe": probe,
-            "largest_group_bytes": max(sum(sizes[n] for n in g) for g in groups), "buffer_bytes": pipe.buffer_bytes,
+            "largest_group_bytes": largest, "buffer_bytes": pipe.buffer_bytes,
             "buffers": pipe.buffers, "writer": "streamed" if streamed is not None else "whole-group",
             "read_threads": pipe.threads, "conversion": convert.state,
             "stage_seconds": {k: round(v, 3) for k, v in pipe.timings.items()}}
 
 
 def _write_shards(ckpt: Path, saved: dict, groups: list[list[str]], sizes: dict[str, int], param_set: set[str],
-                  threads: int, streamed, files: list[str], convert: "ViewConversion", tmp: Path):
+                  threads: int, streamed, files: list[str], convert: "ViewConversion", tmp: Path, largest: int):
     """Write every shard into ``tmp``: streamed in slices when ``streamed`` (:func:`_streamed_plan`'s result) is
-    a plan, else whole groups converted by ``convert``. Returns ``(pipeline, (weight_map, digests, bytes))``."""
+    a plan, else whole groups converted by ``convert``; ``largest``: the largest group's bytes. Returns
+    ``(pipeline, (weight_map, digests, bytes))``."""
     if streamed is None:
         pipe = GroupPipeline(ckpt, saved, groups, sizes, param_set, threads)
         return pipe, _write_groups(pipe, files, convert, tmp, ckpt)
     shards, slice_bytes = streamed
     slices = [s for shard in shards for s in shard.slices]
     pipe = GroupPipeline(ckpt, saved, slices, sizes, param_set, threads,
-                         buffers=buffers_for(slice_bytes, max(sum(sizes[n] for n in g) for g in groups)))
+                         buffers=buffers_for(slice_bytes, largest))
     with _quiet_single_process(), pipe:
         return pipe, write_streamed(pipe, shards, tmp, f"checkpoint {ckpt}")
 
@@ -177,8 +179,7 @@ def _write_groups(pipe: GroupPipeline, files: list[str], convert, tmp: Path, ckp
     checker thread compares the file before it back. Returns ``(weight_map, parameter sha256 digests, bytes
     written)``; re-raises the first failed check (a :class:`MergeError`)."""
     weight_map, total = {}, 0
-    with warnings.catch_warnings():  # set here, for every reading thread: catch_warnings is not thread-safe
-        warnings.filterwarnings("ignore", message=".*single process.*", category=UserWarning)
+    with _quiet_single_process():
         with pipe, ThreadPoolExecutor(1, thread_name_prefix="merge-check") as checker:
             checks = []
             for fname, tensors in zip(files, pipe):
@@ -320,9 +321,9 @@ class GroupPipeline:
                                      f"{', '.join(files)}: {cause}") from err
                 self.timings["read"] += time.perf_counter() - t0
                 # hashed by the pool while the next group is read and this one written (sha256 releases the GIL)
-                futures = [self._pool.submit(self._hash, tensors[n]) for n in group if n in self.params]
-                self._digests.update({n: f for n, f in zip([n for n in group if n in self.params], futures)})
-                self._ready.put((buf, tensors, futures))
+                futures = {n: self._pool.submit(self._hash, tensors[n]) for n in group if n in self.params}
+                self._digests.update(futures)
+                self._ready.put((buf, tensors, list(futures.values())))
         except BaseException as err:  # noqa: BLE001 - handed to the consuming thread, which raises it
             self._ready.put(err)
 
