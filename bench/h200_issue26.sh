@@ -88,8 +88,18 @@ print('exported', e(sys.argv[1], sys.argv[2]))" "/tmp/at-$run/triton" /tmp/autot
 import json, sys
 a, b = (json.load(open(f'{sys.argv[1]}/stats-ab-{s}.json')) for s in ('old', 'new'))
 skip = {'wall_s', 'load_average_1_5_15', 'timings', 'machine', 'versions', 'device'}
+def leaves(x, path=''):
+    if isinstance(x, dict):
+        for k, v in x.items(): yield from leaves(v, f'{path}.{k}')
+    elif isinstance(x, list):
+        for i, v in enumerate(x): yield from leaves(v, f'{path}[{i}]')
+    else: yield path, x
 diff = [k for k in a if k not in skip and a[k] != b.get(k)]
-print('old', a['wall_s'], 'new', b['wall_s'], 'differing keys', diff)" "$OUT" ;;
+la, lb = dict(leaves({k: a[k] for k in diff})), dict(leaves({k: b.get(k) for k in diff}))
+num = [abs(la[p] - lb[p]) for p in la if isinstance(la[p], float) and isinstance(lb.get(p), float)]
+other = [p for p in la if not (isinstance(la[p], float) and isinstance(lb.get(p), float)) and la[p] != lb.get(p)]
+print('old', a['wall_s'], 'new', b['wall_s'], 'differing keys', diff, 'differing numbers', len(num),
+      'max abs difference', max(num, default=0.0), 'other differences', other[:10])" "$OUT" ;;
     stats-pair) args="--dim 2048 --device cuda --securities 1000 --dates 30 --resamples 100"
                 t1=$(date +%s.%N); timeout 150 python3 bench/bench_statistics.py $args --out "$OUT/stats-alone.json" \
                   > "$OUT/stats-alone.log" 2>&1; t2=$(date +%s.%N)

@@ -72,6 +72,36 @@ def test_cholesky_sse_path_equals_eigendecomposition_path_and_falls_back_on_inde
 
 
 
+@pytest.mark.parametrize("per", [1, 2, 4, 6])
+def test_several_alphas_per_batched_solve_give_the_per_alpha_numbers(monkeypatch, per):
+    """``batch_bytes`` sized for ``per`` α per solve (set-major batches): the number of solves is ⌈A / per⌉, each
+    of B·per matrices but the last, and the SSE of every set and α equals the one-α-per-solve path to 1e-13
+    relative (the same arithmetic per matrix; the batch size may change BLAS's summation order), both targets
+    of a two-target call included."""
+    import pitlab.evaluator.ridge as ridge_mod
+
+    rng = np.random.default_rng(11)
+    X, g = rng.standard_normal((150, 9)) + 1.0, np.repeat(np.arange(15), 10)
+    Y = np.column_stack([X[:, 2] + rng.standard_normal(150), rng.standard_normal(150)])
+    units = SuffStats.from_rows(torch.tensor(np.column_stack([X, Y[:, 1]])), torch.tensor(Y[:, 0]), g, 15)
+    w = torch.tensor(draw_cluster_weights(15, 5, seed=1), dtype=torch.float64)
+    test = units.weighted(w * (torch.arange(15) % 3 == 0))
+    train = units.weighted(w) - test
+    trains, tests = [train.target(t, 9) for t in range(2)], [test.target(t, 9) for t in range(2)]
+    one = cholesky_path_test_sse(trains, tests, ALPHAS, block=4, batch_bytes=1)
+    solved = []
+    real = ridge_mod.cholesky_solve_batched
+    monkeypatch.setattr(ridge_mod, "cholesky_solve_batched",
+                        lambda A, b, block=128, leaf=128: solved.append(int(A.shape[0])) or real(A, b, block, leaf))
+    got = cholesky_path_test_sse(trains, tests, ALPHAS, block=4, batch_bytes=per * 5 * 9 * 9 * 8)
+    n_solves = -(-len(ALPHAS) // per)
+    assert len(solved) == n_solves and solved[:-1] == [5 * per] * (n_solves - 1)
+    assert sum(solved) == 5 * len(ALPHAS)
+    for a, b in zip(one, got):
+        assert a.shape == (5, len(ALPHAS))
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-13, atol=0)
+
+
 def test_the_window_pass_solves_only_the_sets_that_read_each_alpha_with_the_same_choice(monkeypatch):
     """``_scored`` on the Cholesky path against the whole grid solved for every inner set: the same grid position
     for every fitting set and, at every position a set's window reads, the same pooled SSE up to rounding (the
@@ -112,7 +142,7 @@ def test_the_window_pass_solves_only_the_sets_that_read_each_alpha_with_the_same
     assert np.isnan(cv[~reads]).all()  # and nothing else was solved
     assert float(inner_test.n[0]) == 0.0 and len(np.unique(ks)) >= 2
     n_anchor = len(anchors) * (B * k - 1)  # every anchor, every set with a test set
-    assert sum(solved[:len(anchors)]) == n_anchor
+    assert solved[0] == n_anchor  # the coarse pass: every anchor in one batched solve
     assert sum(solved) == n_anchor + sum(int(reads[b, p]) * (k - (b == 0)) for b in range(B)
                                          for p in range(len(alphas)) if p not in anchors)
 
@@ -139,12 +169,14 @@ def test_remembered_scores_solve_each_set_and_alpha_once_across_a_widened_grid(m
     real = ridge_mod.cholesky_solve_batched
     monkeypatch.setattr(ridge_mod, "cholesky_solve_batched",
                         lambda A, b, block=128, leaf=128: solved.append(int(A.shape[0])) or real(A, b, block, leaf))
-    plain = [_scored(inner_train, inner_test, a, CHOL, B, k, torch) for a in (grid, wider)]
-    n_plain = len(solved)
+    plain = [_scored(inner_train, inner_test, grid, CHOL, B, k, torch)]  # matrices factorised: sum(solved)
+    n_grid = sum(solved)
+    plain.append(_scored(inner_train, inner_test, wider, CHOL, B, k, torch))
+    n_plain = sum(solved)
     solved.clear()
     with remembered_scores():
         kept = [_scored(inner_train, inner_test, a, CHOL, B, k, torch) for a in (grid, wider)]
-        first = len(solved) - 2  # the wider search's two new α, nothing else
+        n_kept = sum(solved)
         other = units.weighted(2 * masks)  # other test sets: not taken for the known ones
         _scored(units.weighted(2 * torch.ones(1, n_units)).take(np.zeros(k, dtype=np.int64)) - other, other, wider,
                 CHOL, B, k, torch)
@@ -152,8 +184,9 @@ def test_remembered_scores_solve_each_set_and_alpha_once_across_a_widened_grid(m
         np.testing.assert_array_equal(k1, k2)
         np.testing.assert_array_equal(np.isnan(c1), np.isnan(c2))
         np.testing.assert_allclose(c1[~np.isnan(c1)], c2[~np.isnan(c2)], rtol=1e-13, atol=0)
-    assert solved[first:first + 2] == [k, k] and n_plain == 2 * first + 2  # the plain wider search: 2 more
-    assert len(solved) - first - 2 == n_plain - first  # the other sets solved in full
+    assert n_kept == n_grid + 2 * k  # the wider search's two new α for the k inner sets, nothing else
+    assert n_plain == 2 * n_grid + 2 * k  # without the memo the wider search solves everything again
+    assert sum(solved) - n_kept == n_plain - n_grid  # the other sets solved in full
 
 
 def test_cholesky_path_chooses_the_same_penalty_in_every_fold_and_replicate():

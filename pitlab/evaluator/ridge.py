@@ -255,20 +255,29 @@ def _betas_test_sse(B, x_mean, y_mean, test: SuffStats):
     return m.clip(sse, 0.0, None)
 
 
-def cholesky_path_test_sse(train, test, alphas, block: int = CHOLESKY_BLOCK):
+CHOLESKY_BATCH_BYTES = 2 << 30
+"""Bytes of [d, d] float64 matrices :func:`cholesky_path_test_sse` factorises in one batch: when a call's sets are
+few (a point estimate's 5 inner sets), several α share one batched solve, so the search costs one launch
+sequence per pass instead of one per α (a small batch is launch-bound on a GPU: about 34 ms per solve of 5
+matrices of order 2,048 on an H200, bench/RESULTS.md); a bootstrap batch, already this large, keeps one α per
+solve."""
+
+
+def cholesky_path_test_sse(train, test, alphas, block: int = CHOLESKY_BLOCK,
+                           batch_bytes: int = CHOLESKY_BATCH_BYTES):
     """The ridge fits of every training set at every α of the grid, scored on its test set: SSE [B, A], the
     numbers of ``path_test_sse(ridge_path(train, alphas), test)`` up to rounding, without eigendecompositions.
 
     ``train``, ``test``: SuffStats of B sets each (torch float64, any device), or equal-length lists of them: the
     targets of the same sets (:meth:`SuffStats.target` views sharing ``n``, ``sx`` and ``sxx``), solved together
-    (one factorisation per set and α for all targets; returns a list of SSE, one per target). Per α, one batched
-    Cholesky solve ``(Sxx + αI) β = Sxy`` of all B centred training sets
-    (:func:`pitlab.evaluator.linalg.cholesky_solve_batched`, ``block`` columns per step); SSE on the test
-    statistics as :func:`path_test_sse`. Cost: A·d³/3 flops per set, all in batched matrix products (an
-    eigendecomposition costs about 9d³, half of them in BLAS-2 steps that a GPU runs far below its matrix rate).
-    A set whose factorisation meets a non-positive pivot (α far below the rounding of Sxx) is scored through
-    :func:`ridge_path` instead (eigenvalues clipped at 0). Memory: two [B, d, d] temporaries besides the centred
-    Gram matrices."""
+    (one factorisation per set and α for all targets; returns a list of SSE, one per target). The centred systems
+    ``(Sxx + αI) β = Sxy`` of all B sets are solved by batched Cholesky
+    (:func:`pitlab.evaluator.linalg.cholesky_solve_batched`, ``block`` columns per step), as many α per batch as
+    fit in ``batch_bytes`` (at least one); SSE on the test statistics as :func:`path_test_sse`. Cost: A·d³/3
+    flops per set, all in batched matrix products (an eigendecomposition costs about 9d³, half of them in BLAS-2
+    steps that a GPU runs far below its matrix rate). A set whose factorisation meets a non-positive pivot (α far
+    below the rounding of Sxx) is scored through :func:`ridge_path` instead (eigenvalues clipped at 0). Memory:
+    the centred Gram matrices, one batch of ``batch_bytes`` (or B matrices) and its block temporaries."""
     import torch
 
     many = isinstance(train, (list, tuple))
@@ -279,17 +288,28 @@ def cholesky_path_test_sse(train, test, alphas, block: int = CHOLESKY_BLOCK):
     xm, _, sxx_c, _, _ = centred(trains[0])
     ys = [_centred_target(tr, xm) for tr in trains]
     rhs = torch.stack([y[1] for y in ys], dim=2)  # [B, d, T]
-    ok = torch.ones(sxx_c.shape[0], dtype=torch.bool, device=sxx_c.device)
+    n_sets, d = int(sxx_c.shape[0]), int(sxx_c.shape[-1])
+    per = max(1, int(batch_bytes) // max(1, n_sets * d * d * 8))  # α per batched solve
+    ok = torch.ones(n_sets, dtype=torch.bool, device=sxx_c.device)
     betas = []
-    for i, alpha in enumerate(a):
-        M = sxx_c if i == len(a) - 1 else sxx_c.clone()  # the last α factorises the centred matrices in place
-        M.diagonal(dim1=1, dim2=2).add_(float(alpha))
-        beta, ok_a = cholesky_solve_batched(M, rhs, block)
+    for s in range(0, len(a), per):
+        chunk = a[s:s + per]
+        c = len(chunk)
+        if c == 1:  # the last α factorises the centred matrices in place
+            M = sxx_c if s + 1 == len(a) else sxx_c.clone()
+            M.diagonal(dim1=1, dim2=2).add_(float(chunk[0]))
+            R = rhs
+        else:  # set-major: matrix i·c + j is set i at α chunk[j]
+            M = sxx_c.repeat_interleave(c, dim=0)
+            shift = torch.as_tensor(chunk, dtype=M.dtype, device=M.device).repeat(n_sets)
+            M.diagonal(dim1=1, dim2=2).add_(shift[:, None])
+            R = rhs.repeat_interleave(c, dim=0)
+        beta, ok_a = cholesky_solve_batched(M, R, block)
         del M
-        betas.append(beta)
-        ok &= ok_a
+        betas.append(beta.reshape(n_sets, c, d, -1))
+        ok &= ok_a.reshape(n_sets, c).all(dim=1)
     del sxx_c
-    B = torch.stack(betas, 1)  # [B, A, d, T]
+    B = torch.cat(betas, 1)  # [B, A, d, T]
     sses = [_betas_test_sse(B[..., t], xm, ys[t][0], te) for t, te in enumerate(tests)]
     if not bool(ok.all()):
         bad = torch.nonzero(~ok)[:, 0]
