@@ -278,8 +278,10 @@ def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = 
 
 
 def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
-               lr: float = 3e-4) -> dict:
-    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels."""
+               lr: float = 3e-4, profile_steps: int = 0) -> dict:
+    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels.
+    ``profile_steps`` > 0: that many more steps after the timed ones under ``torch.profiler``
+    (:func:`profiled_steps`), in ``result["profile"]``."""
     import torch.distributed as dist
 
     from pitlab.trainer.train import RunPaths, setup_run, train_step
@@ -291,7 +293,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     seq = shape["seq"]
     n_steps = steps + warmup
     calls_before = dict(KERNEL_CALLS)
-    spec_path = pitlab_spec(shape, work, n_steps, overrides, lr)
+    total_steps = n_steps + max(0, profile_steps)
+    spec_path = pitlab_spec(shape, work, total_steps, overrides, lr)
     _free()
     t0 = time.perf_counter()
     ctx = setup_run(spec_path, RunPaths(spec_path.parent, spec_path.parent / "base"))
@@ -320,10 +323,45 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     if result["planned_allocated"] and result["peak_allocated"]:
         result["plan_error_vs_allocated"] = ((result["planned_allocated"] - result["peak_allocated"])
                                              / result["peak_allocated"])
+    if profile_steps > 0:
+        result["profile"] = profiled_steps(lambda s: train_step(ctx, s), range(n_steps, total_steps))
     ctx.close()
     del ctx
     _free()
     return result
+
+
+def profiled_steps(step, indices) -> dict:
+    """``step(i)`` for each i of ``indices`` under ``torch.profiler`` (CPU, and CUDA on a GPU): wall seconds per
+    step (synchronised), device-busy seconds per step (the sum of every kernel's own device time: below the wall
+    time when the GPU waits for the host, or above it when kernels overlap), host operator calls per step
+    (``aten::`` operators, launches on CUDA), and the top operators by own device time and by call count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    idx = list(indices)
+    with profile(activities=acts) as prof:
+        if CUDA:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for i in idx:
+            step(i)
+        if CUDA:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    ev = prof.key_averages()
+    dev = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))  # noqa: E731
+    n = max(1, len(idx))
+    busy = sum(dev(e) for e in ev) / 1e6 / n
+    aten = sum(e.count for e in ev if e.key.startswith("aten::")) / n
+    launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    top_dev = sorted(ev, key=dev, reverse=True)[:25]
+    top_calls = sorted((e for e in ev if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:25]
+    return {"steps": n, "wall_s_per_step": wall / n, "device_busy_s_per_step": busy if CUDA else None,
+            "device_busy_fraction": busy / (wall / n) if CUDA and wall else None, "aten_calls_per_step": aten,
+            "kernel_launches_per_step": launches / n if CUDA else None,
+            "top_device_time": [(e.key, round(dev(e) / 1e3 / n, 3), e.count // n) for e in top_dev],
+            "top_calls": [(e.key, e.count // n, round(e.self_cpu_time_total / 1e3 / n, 3)) for e in top_calls]}
 
 
 def with_env(env: dict, fn):
@@ -358,6 +396,9 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=570)
     ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both loops (speed does not "
                     "depend on it; the 48-layer random-init slice diverges at 3e-4)")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="after each pitlab run's timed steps, this many more under torch.profiler: wall vs "
+                         "device-busy time per step, host calls, the top operators (\"profile\" in the run's entry)")
     ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only): "
                     "conv, loss, gdr, model, optimizer")
     ap.add_argument("--runs", default="hf;default",
@@ -420,13 +461,14 @@ def main() -> int:
             elif item == "liger":
                 out.append(("liger", lambda: hf_best(shape, args.steps, args.warmup, args.lr, liger=True)))
             elif item == "default":
-                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr)))
+                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr,
+                                                         profile_steps=args.profile_steps)))
             else:
                 v = json.loads(item)
                 env = v.pop("env", {})
                 label = "pitlab " + ",".join([f"{k}={v[k]}" for k in sorted(v)] + [f"{k}={env[k]}" for k in sorted(env)])
                 out.append((label, lambda v=v, env=env: with_env(env, lambda: pitlab_run(
-                    shape, args.work, args.steps, args.warmup, v, args.lr))))
+                    shape, args.work, args.steps, args.warmup, v, args.lr, args.profile_steps))))
         return out
 
     for name in args.shapes.split(","):
@@ -449,7 +491,7 @@ def main() -> int:
                 print(traceback.format_exc(), flush=True)
             entry[label]["wall_s"] = time.perf_counter() - t
             print(name, label, json.dumps({k: v for k, v in entry[label].items()
-                                           if k not in ("step_s", "plan_table", "plan_components", "traceback")},
+                                           if k not in ("step_s", "plan_table", "plan_components", "traceback", "profile")},
                                           default=str), flush=True)
             save()
         pl = entry.get("pitlab", {})

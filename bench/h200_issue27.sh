@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 27 on one H200 machine, in one device call: the stages named, in order, everything under $OUT.
+# Run from the repository root with build/gpu-kit and build/whl-stats (liger-kernel, pydantic) carried:
+#   bash bench/h200_issue27.sh profile
+# profile:    the reduced Qwen3.5-35B-A3B shape, pitlab's single-device path and FSDP2 forced at world size 1 with
+#             the fused step, 6 timed steps each, then 2 steps under torch.profiler: wall vs device-busy time per
+#             step, host calls, the top kernels (where FSDP2's 0.72 x goes; about 5 min).
+# throughput: the acceptance command (plain loop, Liger, pitlab, FSDP2 fused) on the reduced shape (about 9 min;
+#             THROUGHPUT_SHAPES=qwen3_30b_slice for the other shape in its own call).
+# repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
+#             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
+#             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
+#             2026-12-04, so the repeat did not fit one call; about 6 min).
+set -u
+export PYTHONUNBUFFERED=1
+cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
+source build/gpu-kit/device-env.sh build/gpu-kit || exit 1
+export PYTHONPATH=$PYTHONPATH:$PWD
+t0=$(date +%s)
+FSDP2_FUSED='{"fusedOptimizer": true, "env": {"PITLAB_FORCE_FSDP2": "1"}}'
+for stage in "$@"; do
+  echo "== $stage at $(( $(date +%s) - t0 )) s"
+  case $stage in
+    profile) timeout 540 python3 bench/throughput.py --work /tmp/tp --out "$OUT/profile" --shapes qwen35_reduced \
+               --checks "" --steps 6 --warmup 3 --profile-steps 2 --budget-s 520 --runs "default;$FSDP2_FUSED" \
+               > "$OUT/profile.log" 2>&1
+             python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['shapes']['qwen35_reduced']
+for k, v in r.items():
+    p = v.get('profile') if isinstance(v, dict) else None
+    if p:
+        print(k, round(v['tokens_per_second']), {a: b for a, b in p.items() if not a.startswith('top')})
+        print('  top device time (ms/step, calls/step):', p['top_device_time'][:12])" "$OUT/profile/throughput.json" ;;
+    throughput) timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
+                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s 545 \
+                  --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/throughput.log" 2>&1; tail -8 "$OUT/throughput.log" ;;
+    repeat) rm -rf /tmp/mg; PITLAB_FORCE_FSDP2=1 timeout 560 python3 bench/multigpu_qwen35.py --work /tmp/mg \
+              --out "$OUT/repeat" --layers 4 --experts 16 --stages base,repeat --steps 12 \
+              --final-checkpoint-only --budget-s 540 \
+              > "$OUT/repeat.log" 2>&1
+            python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+st = r.get('stages', {})
+print('skipped', r.get('skipped'))
+print({k: st.get('repeat', {}).get('against_base', {}).get(k) for k in ('first_step_differing', 'steps_differing', 'max_relative_difference')})" "$OUT/repeat/multigpu.json" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+echo "== done at $(( $(date +%s) - t0 )) s"
