@@ -74,7 +74,7 @@ def test_cholesky_path_scores_anchors_and_windows_only_and_chooses_what_the_eige
     real = selection_mod.cholesky_path_test_sse
     real_scored = selection_mod._scored
     monkeypatch.setattr(selection_mod, "cholesky_path_test_sse",
-                        lambda tr, te, alphas, block: scored.append(len(alphas)) or real(tr, te, alphas, block))
+                        lambda tr, te, alphas, *args: scored.append(len(alphas)) or real(tr, te, alphas, *args))
     monkeypatch.setattr(selection_mod, "_scored",
                         lambda *a, **kw: scored.append("search") or real_scored(*a, **kw))
     res = {}

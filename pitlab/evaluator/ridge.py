@@ -259,8 +259,8 @@ CHOLESKY_BATCH_BYTES = 2 << 30
 """Bytes of [d, d] float64 matrices :func:`cholesky_path_test_sse` factorises in one batch: when a call's sets are
 few (a point estimate's 5 inner sets), several α share one batched solve, so the search costs one launch
 sequence per pass instead of one per α (a small batch is launch-bound on a GPU: about 34 ms per solve of 5
-matrices of order 2,048 on an H200, bench/RESULTS.md); a bootstrap batch, already this large, keeps one α per
-solve."""
+matrices of order 2,048 under blocking launches on an H200, bench/RESULTS.md); a bootstrap batch, already this
+large, keeps one α per solve. The penalty search passes at most a quarter of the backend's memory budget."""
 
 
 def cholesky_path_test_sse(train, test, alphas, block: int = CHOLESKY_BLOCK,

@@ -12,8 +12,8 @@ import numpy as np
 
 from pitlab.evaluator.linalg import Backend, to_numpy, xp
 from pitlab.evaluator.protocols import date_block_folds, security_folds_batch
-from pitlab.evaluator.ridge import (RidgeFit, RowStats, SuffStats, _like, cholesky_path_test_sse, fit_ridge_at,
-                                   fit_ridge_gcv, gcv_scores, path_test_sse, ridge_paths)
+from pitlab.evaluator.ridge import (CHOLESKY_BATCH_BYTES, RidgeFit, RowStats, SuffStats, _like, cholesky_path_test_sse,
+                                   fit_ridge_at, fit_ridge_gcv, gcv_scores, path_test_sse, ridge_paths)
 
 ALPHA_SELECTIONS = ("gcv", "security-cv", "date-blocked")
 
@@ -225,11 +225,13 @@ def _cholesky_scorer(trains: list, tests: list, a: np.ndarray, backend: Backend,
     memo = getattr(_REMEMBERED, "scores", None)
     keys = _fingerprints(trains, tests) if memo is not None else None
 
+    batch = min(CHOLESKY_BATCH_BYTES, backend.memory_budget_bytes // 4)  # α sharing one solve: within the budget
+
     def solve(sets: np.ndarray, pos: np.ndarray) -> list:
         if sets.size == B * k:
-            return cholesky_path_test_sse(trains, tests, a[pos], backend.cholesky_block)
+            return cholesky_path_test_sse(trains, tests, a[pos], backend.cholesky_block, batch)
         return cholesky_path_test_sse([tr.take(sets) for tr in trains], [te.take(sets) for te in tests], a[pos],
-                                      backend.cholesky_block)
+                                      backend.cholesky_block, batch)
 
     def score(pos: np.ndarray, rows: np.ndarray) -> None:
         sets = np.flatnonzero((rows[:, None] & nonempty).reshape(-1))
