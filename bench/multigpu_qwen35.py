@@ -215,8 +215,13 @@ def main() -> int:
             "mfu": None if steady[0]["mfu"] is None else float(np.median([m["mfu"] for m in steady])),
             "peak_allocated_rank0": measured, "peak_reserved_rank0": summary["peak_memory_reserved_bytes"],
             "nvidia_smi_peak_mib_per_gpu": dict(sorted(sampler.peak.items())),
-            "planned_peak": plan.peak_bytes, "plan_components": plan.components, "plan_table": plan.table(),
-            "plan_error_vs_allocated": (plan.peak_bytes - measured) / measured,
+            "planned_peak": plan.peak_bytes, "planned_allocated": plan.allocated_bytes,
+            "plan_components": plan.components, "plan_table": plan.table(),
+            # like with like: the planned allocated bytes against torch's allocated peak, the planned peak (with
+            # the allocator's reserve) against the reserved peak
+            "plan_error_vs_allocated": (plan.allocated_bytes - measured) / measured,
+            "plan_error_vs_reserved": ((plan.peak_bytes - summary["peak_memory_reserved_bytes"])
+                                       / summary["peak_memory_reserved_bytes"]),
             "loss": [new[0]["loss"], new[-1]["loss"]],
             "summary": {k: v for k, v in summary.items() if k != "param_sha256"},
         }
