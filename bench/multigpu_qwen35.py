@@ -219,8 +219,9 @@ def main() -> int:
             "plan_components": plan.components, "plan_table": plan.table(),
             # like with like: the planned allocated bytes against torch's allocated peak, the planned peak (with
             # the allocator's reserve) against the reserved peak
-            "plan_error_vs_allocated": (plan.allocated_bytes - measured) / measured,
-            "plan_error_vs_reserved": ((plan.peak_bytes - summary["peak_memory_reserved_bytes"])
+            "plan_error_vs_allocated": (plan.allocated_bytes - measured) / measured if measured else None,
+            "plan_error_vs_reserved": (None if not summary["peak_memory_reserved_bytes"] else
+                                       (plan.peak_bytes - summary["peak_memory_reserved_bytes"])
                                        / summary["peak_memory_reserved_bytes"]),
             "loss": [new[0]["loss"], new[-1]["loss"]],
             "summary": {k: v for k, v in summary.items() if k != "param_sha256"},
