@@ -570,3 +570,25 @@ def test_cli_results_on_a_narrow_console_print_one_block_per_model(monkeypatch):
                                   "  bias                                -1.8900",
                                   "  reason: point estimate outside"]
     assert max(len(line) for line in lines[i:i + 7]) <= 80
+
+
+def test_cli_results_name_every_recorded_check_before_the_report_path(monkeypatch, tmp_path):
+    """``say_results`` reads the evaluation's results.json and names each diagnostic (protocol: check (model)) on
+    one line above the report's path; none recorded: no such line."""
+    from pitlab.api.layout import EvaluationLayout
+    from pitlab.cli.results import diagnostics_line, say_results
+
+    diags = [{"check": "embargo-removed-nothing", "protocol": "chronological", "message": "m1"},
+             {"check": "few-rows-per-dimension", "protocol": "chronological", "model": "minilm", "message": "m2"}]
+    assert diagnostics_line({"diagnostics": diags}) == (
+        "  checks (2, each explained in the report): chronological: embargo-removed-nothing; "
+        "chronological: few-rows-per-dimension (minilm)")
+    assert diagnostics_line({"diagnostics": []}) is None and diagnostics_line({}) is None
+    out = EvaluationLayout(tmp_path / "ev").outputs
+    Path(out.results).parent.mkdir(parents=True)
+    Path(out.results).write_text(json.dumps({"diagnostics": diags}))
+    con = _recording_console(monkeypatch, 250)
+    say_results({"ev": _unreliable_minilm("x")}, tmp_path)
+    lines = con.export_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith("  report: "))
+    assert lines[i - 1] == diagnostics_line({"diagnostics": diags})

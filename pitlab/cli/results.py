@@ -76,9 +76,28 @@ def print_results_table(results: dict, title: str) -> None:
                    f"{bias} {x.get('verdict') or ''}{why}")
 
 
+def diagnostics_line(full: dict) -> str | None:
+    """One line naming every check of ``full["diagnostics"]`` (a results.json's list of ``{"check", "protocol",
+    "model"?, "message"}``) as ``protocol: check (model)``, or None when there is none: the report says more."""
+    items = full.get("diagnostics") or []
+    if not items:
+        return None
+    named = [f"{d.get('protocol')}: {d.get('check')}" + (f" ({d['model']})" if d.get("model") else "") for d in items]
+    return f"  checks ({len(named)}, each explained in the report): " + "; ".join(named)
+
+
 def say_results(results: dict, root: Path) -> None:
-    """The premium table of every evaluation in ``results`` (name → compact results) and where its report is."""
+    """The premium table of every evaluation in ``results`` (name → compact results), the checks its results.json
+    records (:func:`diagnostics_line`) and where its report is."""
+    import json
+
     for name, r in results.items():
         print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         out = EvaluationLayout(root / name).outputs
+        try:
+            line = diagnostics_line(json.loads(Path(out.results).read_text()))
+        except (OSError, ValueError, TypeError):  # a remote or unreadable results.json: the report still has them
+            line = None
+        if line:
+            output.say(line)
         output.say(f"  report: {out.report}   plot: {out.plot}")
