@@ -1,0 +1,63 @@
+"""What the penalty reselection adds to the bootstrap's spread (issue 28): for panels of one scenario of
+bench/calibration.py at 300 × 30 × 8, the point premium and the sd of R = 100 security-resampled replicates with
+the penalty chosen again in every replicate (pitlab's default) and held at the point estimate's choice
+(``bootstrap.reselectPenalty: false``), one JSON line per panel on stdout.
+
+    .venv/bin/python bench/calibration_selection.py SCENARIO FIRST_SEED END_SEED > out.jsonl
+    .venv/bin/python bench/calibration_selection.py --summarise out-*.jsonl
+
+Compare each median sd with the sd of the point premium across the panels (the spread an interval should match).
+"""
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
+import numpy as np
+from calibration import simulate, alpha_grid, GAP, EMBARGO, K, INNER
+from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds, draw_weights, row_weights
+from pitlab.evaluator.estimates import AlphaSelection, PanelStats
+from pitlab.evaluator.protocols import security_folds
+from pitlab.evaluator.targets import point_estimates
+S, T, d, R = 300, 30, 8, 100
+
+
+def summarise(paths: list[str]) -> None:
+    """Per scenario (the records' ``scenario``, else the file): panels, the point premium's sd across them, each
+    median bootstrap sd and its ratio to it."""
+    groups: dict[str, list[dict]] = {}
+    for path in paths:
+        for line in open(path):
+            x = json.loads(line)
+            groups.setdefault(x.get("scenario", path), []).append(x)
+    for name, r in groups.items():
+        p = np.array([x["point"] for x in r])
+        sd = p.std(ddof=1)
+        med = {k: float(np.median([x[k] for x in r])) for k in ("sd_reselect", "sd_fixed")}
+        print(f"{name}: {len(r)} panels, sd across panels {sd:.5f}; median sd reselected {med['sd_reselect']:.5f} "
+              f"({med['sd_reselect'] / sd:.2f} x), held {med['sd_fixed']:.5f} ({med['sd_fixed'] / sd:.2f} x)")
+
+
+if sys.argv[1] == "--summarise":
+    summarise(sys.argv[2:])
+    sys.exit(0)
+scen = sys.argv[1]; seeds = range(int(sys.argv[2]), int(sys.argv[3]))
+out = []
+for seed in seeds:
+    X, y, sec, date, _ = simulate(scen, S, T, d, seed)
+    train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
+    st = PanelStats.build_rows(X, y, sec, train, test, positions=date * GAP)
+    on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
+    pf = security_folds(np.full(S, T), K)[sec][None, :]
+    off, on, edges, grid, _ = point_estimates(st, pf, K, alpha_grid(4), on_sel, "train_mean", None, off_sel, True)
+    point = float(on.r2_rows[0] - off.r2[0])
+    ws, wd = draw_weights("security-and-date", S, T, R, seed)
+    W = row_weights(ws, np.ones_like(wd), sec, date)
+    folds = replicate_row_folds(sec, S, W, K)
+    re = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", None, off_sel, same_rows=True).premium
+    fixed = (off.alpha_index, on.alpha_index)
+    fx = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", fixed, off_sel, same_rows=True).premium
+    out.append({"scenario": scen, "seed": seed, "point": point, "sd_reselect": float(np.nanstd(re, ddof=1)), "sd_fixed": float(np.nanstd(fx, ddof=1)),
+                "alpha_off": float(off.alpha[0])})
+    print(json.dumps(out[-1]), flush=True)
