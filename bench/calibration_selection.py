@@ -5,6 +5,10 @@ the penalty chosen again in every replicate (pitlab's default) and held at the p
 
     .venv/bin/python bench/calibration_selection.py SCENARIO FIRST_SEED END_SEED > out.jsonl
     .venv/bin/python bench/calibration_selection.py --summarise out-*.jsonl
+    .venv/bin/python bench/calibration_selection.py --alphas SCENARIO FIRST_SEED END_SEED
+
+``--alphas``: leakage-off's chosen grid position in each panel's point estimate and in its R replicates (the
+share at the largest penalty and the medians), whether the replicates choose other penalties than the panels.
 
 Compare each median sd with the sd of the point premium across the panels (the spread an interval should match).
 """
@@ -39,6 +43,30 @@ def summarise(paths: list[str]) -> None:
               f"({med['sd_reselect'] / sd:.2f} x), held {med['sd_fixed']:.5f} ({med['sd_fixed'] / sd:.2f} x)")
 
 
+def alpha_choices(scen: str, seeds: range) -> None:
+    """Print leakage-off's grid position per panel (point, replicate counts) and the shares at the largest α."""
+    from pitlab.evaluator.estimates import leakage_off_r2
+
+    grid = alpha_grid(4)
+    pts, reps = [], []
+    for seed in seeds:
+        X, y, sec, date, _ = simulate(scen, S, T, d, seed)
+        train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
+        st = PanelStats.build_rows(X, y, sec, train, test, positions=date * GAP)
+        off_sel = AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
+        ws, wd = draw_weights("security-and-date", S, T, R, seed)
+        pts.append(int(leakage_off_r2(st, np.ones((1, S * T)), grid, off_sel).alpha_index[0]))
+        r = leakage_off_r2(st, row_weights(ws, np.ones_like(wd), sec, date), grid, off_sel).alpha_index
+        reps += [int(a) for a in r]
+        print(seed, pts[-1], np.bincount(r, minlength=len(grid)).tolist(), flush=True)
+    top = len(grid) - 1
+    print(f"largest alpha: points {np.mean(np.array(pts) == top):.3f}, replicates {np.mean(np.array(reps) == top):.3f}; "
+          f"median position: points {np.median(pts)}, replicates {np.median(reps)}")
+
+
+if sys.argv[1] == "--alphas":
+    alpha_choices(sys.argv[2], range(int(sys.argv[3]), int(sys.argv[4])))
+    sys.exit(0)
 if sys.argv[1] == "--summarise":
     summarise(sys.argv[2:])
     sys.exit(0)
