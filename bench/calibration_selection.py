@@ -6,6 +6,12 @@ the penalty chosen again in every replicate (pitlab's default) and held at the p
     .venv/bin/python bench/calibration_selection.py SCENARIO FIRST_SEED END_SEED > out.jsonl
     .venv/bin/python bench/calibration_selection.py --summarise out-*.jsonl
     .venv/bin/python bench/calibration_selection.py --alphas SCENARIO FIRST_SEED END_SEED
+    .venv/bin/python bench/calibration_selection.py --distinct SCENARIO FIRST_SEED END_SEED > out.jsonl
+
+Each record also has the sd with only leakage-on's penalty reselected (``sd_on_reselected``: the reselected run's
+leakage-on replicates against the held run's leakage-off ones, the same draws) and only leakage-off's.
+``--distinct``: every replicate chooses its penalties on its distinct securities (weights clipped at 1) and refits
+with the multiplicities.
 
 ``--alphas``: leakage-off's chosen grid position in each panel's point estimate and in its R replicates (the
 share at the largest penalty and the medians), whether the replicates choose other penalties than the panels.
@@ -64,6 +70,21 @@ def alpha_choices(scen: str, seeds: range) -> None:
           f"median position: points {np.median(pts)}, replicates {np.median(reps)}")
 
 
+def choose_on_distinct_units() -> None:
+    """From here on, every penalty selection of :mod:`pitlab.evaluator.estimates` sees the weights clipped at 1."""
+    import pitlab.evaluator.estimates as est
+
+    real = est.select_alpha
+
+    def distinct(units, w, alphas, selection, fitting=None, backend=None, targets=1):
+        return real(units, np.minimum(w, 1.0), alphas, selection, None, backend, targets)
+
+    est.select_alpha = distinct
+
+
+if sys.argv[1] == "--distinct":
+    choose_on_distinct_units()
+    sys.argv = sys.argv[1:]
 if sys.argv[1] == "--alphas":
     alpha_choices(sys.argv[2], range(int(sys.argv[3]), int(sys.argv[4])))
     sys.exit(0)
@@ -83,9 +104,13 @@ for seed in seeds:
     ws, wd = draw_weights("security-and-date", S, T, R, seed)
     W = row_weights(ws, np.ones_like(wd), sec, date)
     folds = replicate_row_folds(sec, S, W, K)
-    re = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", None, off_sel, same_rows=True).premium
+    reb = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", None, off_sel, same_rows=True)
+    re = reb.premium
     fixed = (off.alpha_index, on.alpha_index)
-    fx = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", fixed, off_sel, same_rows=True).premium
+    fxb = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", fixed, off_sel, same_rows=True)
+    fx = fxb.premium
     out.append({"scenario": scen, "seed": seed, "point": point, "sd_reselect": float(np.nanstd(re, ddof=1)), "sd_fixed": float(np.nanstd(fx, ddof=1)),
+                "sd_on_reselected": float(np.nanstd(reb.r2_on_rows - fxb.r2_off, ddof=1)),
+                "sd_off_reselected": float(np.nanstd(fxb.r2_on_rows - reb.r2_off, ddof=1)),
                 "alpha_off": float(off.alpha[0])})
     print(json.dumps(out[-1]), flush=True)
