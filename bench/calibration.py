@@ -19,6 +19,8 @@ is built from them:
 * ``two-way-pct``, ``two-way-basic``, ``two-way-sum-t`` (from records that keep the quantiles of each half of the
   two-way replicates, ``HALF_QUANTILES``): the percentile interval of the dominating half, its basic (reflected)
   interval 2·point − quantiles (Davison & Hinkley 1997, sec. 5.2), and point ± t(G − 1)·sqrt(V_security + V_date).
+* ``two-way-held`` (``--schemes two-way-held``): the two-way draws and rule with every replicate refitted at the
+  point estimate's penalties instead of choosing its own (``bootstrap.reselectPenalty: false``).
 * ``two-way-strata`` (from every two-way record): the two-way rule with, when the date half dominates, its variance
   scaled by G/(G − 1) and t(G − 1) quantiles, G the smaller of the leakage-off split's training and test date
   counts (the stratified bootstrap's (G − 1)/G shrinkage of a stratum's variance, Rao & Wu 1988).
@@ -61,9 +63,12 @@ SCENARIOS = ("null", "date-known", "market", "date-leak", "stock-strong", "stock
 ZERO_PREMIUM = ("null", "date-known", "market")
 SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack", "two-way",
            "security-jack")
+OPTIONAL_SCHEMES = ("two-way-held",)
+"""Drawn only when asked (``--schemes``): ``two-way-held``, the two-way draws with every replicate refitted at the
+point estimate's penalties (``bootstrap.reselectPenalty: false``), scored by the same rule as ``two-way``."""
 CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
               "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t",
-              "two-way-pct", "two-way-basic", "two-way-sum-t", "two-way-strata")
+              "two-way-pct", "two-way-basic", "two-way-sum-t", "two-way-strata", "two-way-held")
 JACK_GROUPS = 20
 """Security groups of the delete-a-group jackknife (``security-jack``; Kott 2001, J. Official Statistics 17(4))."""
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
@@ -172,12 +177,15 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     rec = {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
            "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
            "per_decade": per_decade, "search": "staged", "edges": bool(edges["off"][0] or edges["on"][0])}
-    for name, W in draws(S, T, R, seed, sec, date).items():
+    sets = draws(S, T, R, seed, sec, date)
+    sets["two-way-held"] = sets["two-way"]  # the same draws, refitted at the point estimate's penalties
+    for name, W in sets.items():
         if name not in schemes:
             continue
-        reps = bootstrap_model(st, W, replicate_row_folds(sec, S, W, K), K, grid, on_sel, "train_mean", None,
+        held = (off.alpha_index, on.alpha_index) if name == "two-way-held" else None
+        reps = bootstrap_model(st, W, replicate_row_folds(sec, S, W, K), K, grid, on_sel, "train_mean", held,
                                off_sel, same_rows=True).premium
-        if name == "two-way":  # the product's default: pitlab's own draws and IntervalRule
+        if name in ("two-way", "two-way-held"):  # the product's default rule on pitlab's own draws
             from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
 
             rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
@@ -221,7 +229,7 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
     p = rec["premium"]
     z = stats.norm.ppf(0.5 + confidence / 2)
     out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
-                                                      "pigeonhole-strat", "two-way") if k in rec}
+                                                      "pigeonhole-strat", "two-way", "two-way-held") if k in rec}
     tw = rec.get("two-way", {})
     if tw.get("dim") in ("security", "date") and np.isfinite(tw.get("sd", float("nan"))):
         # the date half's variance scaled by G/(G - 1) of the smaller fitted stratum (training or test dates) and
@@ -369,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="penalty grid: this many values per decade from 0.1 to 1e5 (4: the spec's default grid; "
                         "1: the former default, one per decade)")
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
-    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES,
+    p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES + OPTIONAL_SCHEMES,
                    help="replicate sets to draw (a later run may add schemes to the same panels in another file)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
