@@ -150,27 +150,37 @@ def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
     return draw_date_weights_stratified(strata_of(T), R, seed)
 
 
+def panel_stats(scenario: str, seed: int, S: int, T: int, d: int, backend=None) -> tuple:
+    """One simulated panel (:func:`simulate`; the market-neutral target where the scenario scores it) ready for
+    pitlab's estimator: ``(stats, sec, date, on_sel, off_sel, point_folds)``: row units with calendar positions on
+    ``backend`` (default numpy), the leakage-off split (the first 2T/3 dates less one embargo date train, the last
+    T/3 test), security-cv for leakage-on, date blocks purged by :data:`EMBARGO` for leakage-off, and the point
+    estimate's GroupKFold of every row."""
+    from pitlab.evaluator.decompose import market_neutral
+    from pitlab.evaluator.estimates import AlphaSelection, PanelStats
+    from pitlab.evaluator.protocols import security_folds
+
+    X, y, sec, date, neutral = simulate(scenario, S, T, d, seed)
+    if neutral:
+        y = market_neutral(y, date)
+    train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3  # one date before the test block: the embargo
+    st = PanelStats.build_rows(X, y, sec, train, test, backend=backend, positions=date * GAP)
+    on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
+    return st, sec, date, on_sel, off_sel, security_folds(np.full(S, T), K)[sec][None, :]
+
+
 def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES, device: str = "cpu",
               budget: int = 1 << 30, per_decade: int = 4) -> dict:
     """Point premium and every scheme's replicates of one panel, summarised as the candidates' intervals.
     ``device`` ``cpu`` (the numpy backend) or ``cuda`` (the torch backend, ``budget`` bytes of float64
     temporaries per batch of fits); ``per_decade``: penalty grid values per decade (:func:`alpha_grid`)."""
     from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds
-    from pitlab.evaluator.decompose import market_neutral
-    from pitlab.evaluator.estimates import AlphaSelection, PanelStats
     from pitlab.evaluator.linalg import Backend
-    from pitlab.evaluator.protocols import security_folds
     from pitlab.evaluator.targets import point_estimates
 
     t0 = time.perf_counter()
-    X, y, sec, date, neutral = simulate(scenario, S, T, d, seed)
-    if neutral:
-        y = market_neutral(y, date)
-    train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3  # one date before the test block: the embargo
     backend = Backend() if device == "cpu" else Backend("torch", device, memory_budget_bytes=budget)
-    st = PanelStats.build_rows(X, y, sec, train, test, backend=backend, positions=date * GAP)
-    on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
-    pf = security_folds(np.full(S, T), K)[sec][None, :]
+    st, sec, date, on_sel, off_sel, pf = panel_stats(scenario, seed, S, T, d, backend)
     off, on, edges, grid, _ = point_estimates(st, pf, K, alpha_grid(per_decade), on_sel, "train_mean", None, off_sel,
                                               True)
     point = float(on.r2_rows[0] - off.r2[0])

@@ -23,14 +23,43 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
-import numpy as np
-from calibration import simulate, alpha_grid, GAP, EMBARGO, K, INNER
-from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds, draw_weights, row_weights
-from pitlab.evaluator.estimates import AlphaSelection, PanelStats
-from pitlab.evaluator.protocols import security_folds
-from pitlab.evaluator.targets import point_estimates
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import numpy as np  # noqa: E402
+
+from calibration import K, alpha_grid, panel_stats  # noqa: E402
+
 S, T, d, R = 300, 30, 8, 100
+
+
+def security_weights(seed: int, sec: np.ndarray, date: np.ndarray) -> np.ndarray:
+    """Row weights [R, S·T] of R security-resampled replicates (calibration.py's ``security`` scheme, its seed)."""
+    from pitlab.evaluator.bootstrap import draw_weights, row_weights
+
+    ws, wd = draw_weights("security-and-date", S, T, R, seed)
+    return row_weights(ws, np.ones_like(wd), sec, date)
+
+
+def panel_record(scen: str, seed: int) -> dict:
+    """One panel: the point premium, the replicates' sd reselected, held, and reselected on one side only."""
+    from pitlab.evaluator.bootstrap import bootstrap_model, replicate_row_folds
+    from pitlab.evaluator.targets import point_estimates
+
+    st, sec, date, on_sel, off_sel, pf = panel_stats(scen, seed, S, T, d)
+    off, on, _, grid, _ = point_estimates(st, pf, K, alpha_grid(4), on_sel, "train_mean", None, off_sel, True)
+    W = security_weights(seed, sec, date)
+    folds = replicate_row_folds(sec, S, W, K)
+    re = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", None, off_sel, same_rows=True)
+    fx = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", (off.alpha_index, on.alpha_index), off_sel,
+                         same_rows=True)
+
+    def sd(v: np.ndarray) -> float:
+        return float(np.nanstd(v, ddof=1))
+
+    return {"scenario": scen, "seed": seed, "point": float(on.r2_rows[0] - off.r2[0]), "sd_reselect": sd(re.premium),
+            "sd_fixed": sd(fx.premium), "sd_on_reselected": sd(re.r2_on_rows - fx.r2_off),
+            "sd_off_reselected": sd(fx.r2_on_rows - re.r2_off), "alpha_off": float(off.alpha[0])}
 
 
 def summarise(paths: list[str]) -> None:
@@ -56,13 +85,9 @@ def alpha_choices(scen: str, seeds: range) -> None:
     grid = alpha_grid(4)
     pts, reps = [], []
     for seed in seeds:
-        X, y, sec, date, _ = simulate(scen, S, T, d, seed)
-        train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
-        st = PanelStats.build_rows(X, y, sec, train, test, positions=date * GAP)
-        off_sel = AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
-        ws, wd = draw_weights("security-and-date", S, T, R, seed)
+        st, sec, date, _, off_sel, _ = panel_stats(scen, seed, S, T, d)
         pts.append(int(leakage_off_r2(st, np.ones((1, S * T)), grid, off_sel).alpha_index[0]))
-        r = leakage_off_r2(st, row_weights(ws, np.ones_like(wd), sec, date), grid, off_sel).alpha_index
+        r = leakage_off_r2(st, security_weights(seed, sec, date), grid, off_sel).alpha_index
         reps += [int(a) for a in r]
         print(seed, pts[-1], np.bincount(r, minlength=len(grid)).tolist(), flush=True)
     top = len(grid) - 1
@@ -82,35 +107,20 @@ def choose_on_distinct_units() -> None:
     est.select_alpha = distinct
 
 
-if sys.argv[1] == "--distinct":
-    choose_on_distinct_units()
-    sys.argv = sys.argv[1:]
-if sys.argv[1] == "--alphas":
-    alpha_choices(sys.argv[2], range(int(sys.argv[3]), int(sys.argv[4])))
-    sys.exit(0)
-if sys.argv[1] == "--summarise":
-    summarise(sys.argv[2:])
-    sys.exit(0)
-scen = sys.argv[1]; seeds = range(int(sys.argv[2]), int(sys.argv[3]))
-out = []
-for seed in seeds:
-    X, y, sec, date, _ = simulate(scen, S, T, d, seed)
-    train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
-    st = PanelStats.build_rows(X, y, sec, train, test, positions=date * GAP)
-    on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
-    pf = security_folds(np.full(S, T), K)[sec][None, :]
-    off, on, edges, grid, _ = point_estimates(st, pf, K, alpha_grid(4), on_sel, "train_mean", None, off_sel, True)
-    point = float(on.r2_rows[0] - off.r2[0])
-    ws, wd = draw_weights("security-and-date", S, T, R, seed)
-    W = row_weights(ws, np.ones_like(wd), sec, date)
-    folds = replicate_row_folds(sec, S, W, K)
-    reb = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", None, off_sel, same_rows=True)
-    re = reb.premium
-    fixed = (off.alpha_index, on.alpha_index)
-    fxb = bootstrap_model(st, W, folds, K, grid, on_sel, "train_mean", fixed, off_sel, same_rows=True)
-    fx = fxb.premium
-    out.append({"scenario": scen, "seed": seed, "point": point, "sd_reselect": float(np.nanstd(re, ddof=1)), "sd_fixed": float(np.nanstd(fx, ddof=1)),
-                "sd_on_reselected": float(np.nanstd(reb.r2_on_rows - fxb.r2_off, ddof=1)),
-                "sd_off_reselected": float(np.nanstd(fxb.r2_on_rows - reb.r2_off, ddof=1)),
-                "alpha_off": float(off.alpha[0])})
-    print(json.dumps(out[-1]), flush=True)
+def main(argv: list[str]) -> int:
+    if argv[0] == "--summarise":
+        summarise(argv[1:])
+        return 0
+    if argv[0] == "--alphas":
+        alpha_choices(argv[1], range(int(argv[2]), int(argv[3])))
+        return 0
+    if argv[0] == "--distinct":
+        choose_on_distinct_units()
+        argv = argv[1:]
+    for seed in range(int(argv[1]), int(argv[2])):
+        print(json.dumps(panel_record(argv[0], seed)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -333,9 +333,10 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
 
 def profiled_steps(step, indices) -> dict:
     """``step(i)`` for each i of ``indices`` under ``torch.profiler`` (CPU, and CUDA on a GPU): wall seconds per
-    step (synchronised), device-busy seconds per step (the sum of every kernel's own device time: below the wall
+    step (synchronised), device-busy seconds per step (the sum of the kernels' device time: below the wall
     time when the GPU waits for the host, or above it when kernels overlap), host operator calls per step
     (``aten::`` operators, launches on CUDA), and the top operators by own device time and by call count."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
@@ -352,7 +353,8 @@ def profiled_steps(step, indices) -> dict:
     ev = prof.key_averages()
     dev = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))  # noqa: E731
     n = max(1, len(idx))
-    busy = sum(dev(e) for e in ev) / 1e6 / n
+    # kernels only: an operator's own device time repeats the kernels it launched, which are listed too
+    busy = sum(dev(e) for e in ev if e.device_type == DeviceType.CUDA) / 1e6 / n
     aten = sum(e.count for e in ev if e.key.startswith("aten::")) / n
     launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     top_dev = sorted(ev, key=dev, reverse=True)[:25]

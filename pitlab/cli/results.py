@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.table import Table
@@ -89,8 +90,6 @@ def diagnostics_line(full: dict) -> str | None:
 def say_results(results: dict, root: Path) -> None:
     """The premium table of every evaluation in ``results`` (name → compact results), the checks its results.json
     records (:func:`diagnostics_line`) and where its report is."""
-    import json
-
     for name, r in results.items():
         print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         out = EvaluationLayout(root / name).outputs
