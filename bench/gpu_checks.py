@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import sys
 import time
 import traceback
@@ -243,13 +242,12 @@ def optimizer_check(res: dict, timing: bool = True) -> None:
     ref = [p.clone() for p in ps]
     o_ref = torch.optim.AdamW(ref, fused=True, **hp)
     variants = {}  # name -> (params, optimizer, copies or None)
-    for name in ("pitlab_compiled", "pitlab_compiled_per_parameter", "pitlab_eager", "torch_foreach"):
+    for name in ("pitlab_compiled", "pitlab_eager", "torch_foreach"):
         q = [p.clone() for p in ps]
         if name == "torch_foreach":
             variants[name] = (q, torch.optim.AdamW(q, foreach=True, **hp), None)
         else:
-            variants[name] = (q, MasterAdamW(q, compiled=name != "pitlab_eager", batched=not name.endswith("parameter"),
-                                             **hp),
+            variants[name] = (q, MasterAdamW(q, compiled=name == "pitlab_compiled", **hp),
                               [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes])
     out: dict = {"shapes": shapes, "steps": []}
     for step in range(3):
@@ -279,8 +277,6 @@ def optimizer_check(res: dict, timing: bool = True) -> None:
                                           for a, b in zip(ref, q)),
                 "copy_equals_masters_cast": None if copies is None else
                 all(torch.equal(c, p.to(torch.bfloat16)) for c, p in zip(copies, q))}
-        row["batched_equals_per_parameter"] = all(
-            torch.equal(a, b) for a, b in zip(variants["pitlab_compiled"][0], variants["pitlab_compiled_per_parameter"][0]))
         out["steps"].append(row)
         print("optimizer step", step + 1, json.dumps(row), flush=True)
     out["parameters"] = sum(p.numel() for p in ps)
@@ -297,43 +293,6 @@ def optimizer_check(res: dict, timing: bool = True) -> None:
         out["ms_torch_path_incl_cast"] = timed(torch_path)
         out["ms_fused"] = timed(lambda: opt.clip_step_cast(g16, copies, 1.0))
     res["optimizer"] = out
-
-
-def optimizer_model_timing(res: dict) -> None:
-    """Median milliseconds of one fused optimizer step over the reduced 35B-A3B model's own parameters (their
-    shapes from the model built on the meta device; float32 masters, bf16 gradients and copies): one compiled call
-    for all parameters (``batched``, the default) against one call per parameter, side by side; the parameters of
-    the two after the same 3 steps compared bit for bit."""
-    from throughput import QWEN35_REDUCED, shape_config
-    from transformers import AutoModelForCausalLM
-
-    from pitlab.trainer.fused_step import MasterAdamW
-
-    with torch.device("meta"):
-        shapes = [tuple(p.shape) for p in AutoModelForCausalLM.from_config(shape_config(QWEN35_REDUCED)).parameters()]
-    gen = torch.Generator(device="cuda").manual_seed(12)
-    out: dict = {"parameters": sum(math.prod(s) for s in shapes), "tensors": len(shapes)}
-    finals = {}
-    for batched in (True, False):
-        ps = [torch.randn(s, device="cuda", generator=torch.Generator(device="cuda").manual_seed(i)) * 0.02
-              for i, s in enumerate(shapes)]
-        copies = [torch.empty(s, device="cuda", dtype=torch.bfloat16) for s in shapes]
-        opt = MasterAdamW(ps, compiled=True, batched=batched, lr=3e-4, weight_decay=0.1)
-        g16 = [(torch.randn(s, device="cuda", generator=gen.manual_seed(i)) * 0.01).to(torch.bfloat16)
-               for i, s in enumerate(shapes)]
-        t = time.perf_counter()
-        for _ in range(3):
-            opt.clip_step_cast(g16, copies, 1.0)
-        torch.cuda.synchronize()
-        key = "batched" if batched else "per_parameter"
-        out[f"first_3_steps_s_{key}"] = round(time.perf_counter() - t, 2)
-        finals[key] = [p.clone() for p in ps[:40]]
-        out[f"ms_{key}"] = timed(lambda: opt.clip_step_cast(g16, copies, 1.0))
-        del ps, copies, opt, g16
-        torch.cuda.empty_cache()
-    out["speedup"] = out["ms_per_parameter"] / out["ms_batched"]
-    out["first_40_equal_after_3_steps"] = all(torch.equal(a, b) for a, b in zip(finals["batched"], finals["per_parameter"]))
-    res["optimizer_model"] = out
 
 
 def loop_timings(res: dict, budget_end: float, steps: int = 6) -> None:

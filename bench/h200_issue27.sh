@@ -6,9 +6,7 @@
 #             the fused step, 6 timed steps each, then 2 steps under torch.profiler: wall vs device-busy time per
 #             step, host calls, the top kernels (where FSDP2's 0.72 x goes; about 5 min).
 # throughput: the acceptance command (plain loop, Liger, pitlab, FSDP2 fused) on the reduced shape (about 9 min;
-#             THROUGHPUT_SHAPES=qwen3_30b_slice for the other shape in its own call), after the fused optimizer's
-#             checks (THROUGHPUT_CHECKS, default optimizer,optimizer_model: against torch's AdamW, and batched vs
-#             one call per parameter on the model's own parameters; THROUGHPUT_CHECKS= for none).
+#             THROUGHPUT_SHAPES=qwen3_30b_slice for the other shape in its own call).
 # repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
@@ -34,9 +32,8 @@ for k, v in r.items():
     if p:
         print(k, round(v['tokens_per_second']), {a: b for a, b in p.items() if not a.startswith('top')})
         print('  top device time (ms/step, calls/step):', p['top_device_time'][:12])" "$OUT/profile/throughput.json" ;;
-    throughput) timeout 585 python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
-                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "${THROUGHPUT_CHECKS-optimizer,optimizer_model}" \
-                  --budget-s 565 \
+    throughput) timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
+                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s 545 \
                   --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/throughput.log" 2>&1; tail -8 "$OUT/throughput.log" ;;
     repeat) rm -rf /tmp/mg; PITLAB_FORCE_FSDP2=1 timeout 560 python3 bench/multigpu_qwen35.py --work /tmp/mg \
               --out "$OUT/repeat" --layers 4 --experts 16 --stages base,repeat --steps 12 \

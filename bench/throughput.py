@@ -402,8 +402,7 @@ def main() -> int:
                     help="after each pitlab run's timed steps, this many more under torch.profiler: wall vs "
                          "device-busy time per step, host calls, the top operators (\"profile\" in the run's entry)")
     ap.add_argument("--checks", default="conv,loss", help="gpu_checks.py sections to run first (CUDA only): "
-                    "conv, loss, gdr, model, optimizer, optimizer_model (the fused step batched vs per parameter "
-                         "on the reduced 35B-A3B model's parameters)")
+                    "conv, loss, gdr, model, optimizer")
     ap.add_argument("--runs", default="hf;default",
                     help="runs per shape, in order, semicolon-separated: hf, liger (the plain loop with liger-kernel's patch, "
                          "issue 27's standing baseline; needs the liger-kernel wheel), default, or a JSON object of "
@@ -446,8 +445,7 @@ def main() -> int:
                 {"conv": lambda: gpu_checks.conv_check(checks, ref_conv), "loss": lambda: gpu_checks.loss_check(checks),
                  "gdr": lambda: gpu_checks.gdr_check(checks),
                  "model": lambda: gpu_checks.model_check(checks, ref_conv),
-                 "optimizer": lambda: gpu_checks.optimizer_check(checks),
-                 "optimizer_model": lambda: gpu_checks.optimizer_model_timing(checks)}[name]()
+                 "optimizer": lambda: gpu_checks.optimizer_check(checks)}[name]()
             except Exception as err:  # noqa: BLE001
                 checks[name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
             print(f"check {name} ({time.perf_counter() - t:.1f} s):", json.dumps(checks.get(name), default=str)[:1500],

@@ -90,35 +90,22 @@ def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, 
         c.copy_(p)
 
 
-def _update_all(ps: list[torch.Tensor], gs: list[torch.Tensor], ms: list[torch.Tensor], vs: list[torch.Tensor],
-                cs: list[torch.Tensor] | None, coef: torch.Tensor, hyper: torch.Tensor, beta1: float, beta2: float,
-                eps: float) -> None:
-    """:func:`_update` for every parameter of the lists (equal lengths; ``cs`` None: no copies). Compiled, it is
-    one call from the host for all parameters (one kernel each) instead of one call per parameter."""
-    for j in range(len(ps)):
-        _update(ps[j], gs[j], ms[j], vs[j], None if cs is None else cs[j], coef, hyper, beta1, beta2, eps)
-
-
 class MasterAdamW(torch.optim.AdamW):
     """``torch.optim.AdamW`` (one parameter group of float32 tensors, or of FSDP2's float32 DTensor parameters)
     with :meth:`clip_step_cast`.
 
-    ``compiled``: compile the update with ``torch.compile`` (CUDA; on the CPU the tests run it eager);
-    ``batched``: one compiled call updates every parameter (:func:`_update_all`), else one call per parameter
-    (the host's cost of ~141 compiled calls per step on the reduced 35B-A3B shape; the same kernels). Raises
-    ``ValueError`` for more than one parameter group, ``amsgrad`` or a non-float32 parameter.
+    ``compiled``: compile the per-parameter update with ``torch.compile`` (CUDA; on the CPU the tests run it
+    eager). Raises ``ValueError`` for more than one parameter group, ``amsgrad`` or a non-float32 parameter.
     """
 
-    def __init__(self, params, *, compiled: bool, batched: bool = True, **kwargs):
+    def __init__(self, params, *, compiled: bool, **kwargs):
         super().__init__(params, foreach=False, fused=False, **kwargs)
         if len(self.param_groups) != 1 or self.param_groups[0]["amsgrad"]:
             raise ValueError("MasterAdamW: one parameter group without amsgrad")
         bad = [i for i, p in enumerate(self.param_groups[0]["params"]) if p.dtype != torch.float32]
         if bad:
             raise ValueError(f"MasterAdamW: parameter {bad[0]} is not float32")
-        self.batched = batched
-        fn = _update_all if batched else _update
-        self._update = torch.compile(fn, dynamic=True, fullgraph=True) if compiled else fn
+        self._update = torch.compile(_update, dynamic=True, fullgraph=True) if compiled else _update
 
     def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
         group = self.param_groups[0]
@@ -163,20 +150,13 @@ class MasterAdamW(torch.optim.AdamW):
             steps.append(state["step"])
         torch._foreach_add_(steps, 1.0)
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
+        hypers: dict[float, torch.Tensor] = {}  # by step count (equal for all unless some had no gradient)
         beta1, beta2 = group["betas"]
-        by_step: dict[float, list[int]] = {}  # equal for all unless some parameter had no gradient at some step
         for i, step_t in zip(live, steps):
-            by_step.setdefault(float(step_t), []).append(i)  # on the CPU (as torch's non-fused AdamW): no device read
-        for step, idx in by_step.items():
-            hyper = self._hyper(step, device)
-            args = ([_local(params[i]) for i in idx], [_local(grads[i]) for i in idx],
-                    [_local(self.state[params[i]]["exp_avg"]) for i in idx],
-                    [_local(self.state[params[i]]["exp_avg_sq"]) for i in idx],
-                    None if copies is None else [copies[i] for i in idx])
-            if self.batched:
-                self._update(*args, coef, hyper, beta1, beta2, group["eps"])
-                continue
-            for p, g, m, v, j in zip(*args[:4], range(len(idx))):
-                self._update(p, g, m, v, None if args[4] is None else args[4][j], coef, hyper, beta1, beta2,
-                             group["eps"])
+            step = float(step_t)  # on the CPU (torch's non-fused AdamW keeps it there): no device read
+            if step not in hypers:
+                hypers[step] = self._hyper(step, device)
+            state = self.state[params[i]]
+            self._update(_local(params[i]), _local(grads[i]), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
+                         None if copies is None else copies[i], coef, hypers[step], beta1, beta2, group["eps"])
         return total
