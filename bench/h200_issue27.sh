@@ -10,7 +10,9 @@
 # repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
-#             2026-12-04, so the repeat did not fit one call; about 6 min).
+#             2026-12-04, so the repeat did not fit one call; about 5 min).
+# determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
+#             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -45,6 +47,10 @@ r = json.load(open(sys.argv[1]))
 st = r.get('stages', {})
 print('skipped', r.get('skipped'))
 print({k: st.get('repeat', {}).get('against_base', {}).get(k) for k in ('first_step_differing', 'steps_differing', 'max_relative_difference')})" "$OUT/repeat/multigpu.json" ;;
+    determinism) for flag in "" --deterministic; do
+                   timeout 270 python3 bench/determinism.py --out "$OUT/determinism${flag}.json" $flag 2>&1 \
+                     | grep -v Warn | tail -30
+                 done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
