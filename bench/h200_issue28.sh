@@ -7,6 +7,8 @@
 # Then the interval study's two-way cells of that size on the host CPUs with the time left (seeds FIRST_SEED ..
 # FIRST_SEED + PANELS - 1, appended to RESUME_JSONL's copy when given, so a later call goes on where it stopped).
 # CAL_DEVICE=cuda CAL_WORKERS=N: the study's statistics on the GPU (torch backend, N processes sharing it).
+# CAL_SCHEMES="two-way-held": the replicate sets to draw (default two-way; two-way-held with the two-way records of
+# the same seeds gives the candidate two-way-adaptive, bench/calibration.py --summarise both files).
 # CAL_PER_DECADE=K: the study's penalty grid with K values per decade (default 4, the spec's); CAL_SCENARIOS="a b": only these.
 # CAL_CPU_JOB=SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]: one more cell at the same time on the host CPUs (numpy backend,
 # CAL_CPU_WORKERS processes, default 11), for the whole call: the GPU cells of CAL_DEVICE=cuda leave the CPUs idle.
@@ -40,13 +42,13 @@ fi
 cell() {  # cell DEVICE WORKERS SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]
   local device=$1 workers=$2 size first panels resume out left mins
   IFS=: read -r size first panels resume <<< "$3"
-  out="$OUT/calibration-$size-two-way-h200-$device-pd${CAL_PER_DECADE:-4}.jsonl"
+  out="$OUT/calibration-$size-${CAL_SCHEMES:-two-way}-h200-$device-pd${CAL_PER_DECADE:-4}.jsonl"
   [ -n "${resume:-}" ] && cp "$resume" "$out" && chmod u+w "$out"
   left=$(( total - ($(date +%s) - t0) - 25 ))
   [ "$left" -gt 40 ] || return 1
   mins=$(python3 -c "print(round(($left - 30) / 60, 2))")
   OPENBLAS_NUM_THREADS=1 timeout "$left" python3 bench/calibration.py --size "$size" --panels "$panels" \
-    --first-seed "$first" --schemes two-way --workers "$workers" --alphas-per-decade "${CAL_PER_DECADE:-4}" \
+    --first-seed "$first" --schemes ${CAL_SCHEMES:-two-way} --workers "$workers" --alphas-per-decade "${CAL_PER_DECADE:-4}" \
     ${CAL_SCENARIOS:+--scenarios $CAL_SCENARIOS} \
     --device "$device" --minutes "$mins" --out "$out" 2>&1 | tail -2
   wc -l "$out"
