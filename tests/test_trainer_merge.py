@@ -189,12 +189,13 @@ def test_merge_memory_stays_bounded_by_the_shard_size(tmp_path):
     assert growth < 0.5 * ckpt_bytes  # bounded: whole-model loading would grow by >= 1 × the checkpoint
     # streamed: three slice buffers of a quarter group each (one read ahead, one written, one compared back) and
     # nothing else of the groups' size: no temporary per chunk read, no copy per converted tensor; one compare
-    # buffer per reading thread and 40 MB for the fixed rest (measured 23-34 MB: the threads' allocator arenas)
+    # buffer per reading thread and 48 MB for the fixed rest (the threads' allocator arenas: 23-34 MB measured on
+    # a quiet 2-core machine, 26-43 MB with two other busy processes beside the test, 2026-12-04)
     from pitlab.trainer.merge.verify import COMPARE_CHUNK
 
     assert report["writer"] == "streamed" and report["buffers"] == 3 and report["largest_group_bytes"] <= 100e6
     assert report["buffer_bytes"] <= report["largest_group_bytes"] / 4 + 64 * 100
-    assert growth <= 3 * report["buffer_bytes"] + report["read_threads"] * COMPARE_CHUNK + 40e6
+    assert growth <= 3 * report["buffer_bytes"] + report["read_threads"] * COMPARE_CHUNK + 48e6
     assert growth <= 2 * report["largest_group_bytes"]
     assert report["peak_rss_bytes"] - report["rss_start_bytes"] < 0.8 * ckpt_bytes  # even with the imports
     index = json.loads((out / INDEX).read_text())
