@@ -353,8 +353,10 @@ def profiled_steps(step, indices) -> dict:
     ev = prof.key_averages()
     dev = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))  # noqa: E731
     n = max(1, len(idx))
-    # kernels only: an operator's own device time repeats the kernels it launched, which are listed too
-    busy = sum(dev(e) for e in ev if e.device_type == DeviceType.CUDA) / 1e6 / n
+    # kernels only: an operator's own device time repeats the kernels it launched, which are listed too, and a
+    # record_function range (step.forward, step.optimizer) shows on the device as a span over its kernels
+    busy = sum(dev(e) for e in ev if e.device_type == DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)) / 1e6 / n
     aten = sum(e.count for e in ev if e.key.startswith("aten::")) / n
     launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     top_dev = sorted(ev, key=dev, reverse=True)[:25]
