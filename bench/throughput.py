@@ -242,6 +242,11 @@ def init_single_process_group() -> None:
     dist.init_process_group("nccl" if CUDA else "gloo")
 
 
+def accumulation(overrides: dict | None) -> int:
+    """Microbatches per optimizer step of a pitlab run (``gradientAccumulationSteps`` in its overrides, else 1)."""
+    return int((overrides or {}).get("gradientAccumulationSteps", 1))
+
+
 def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = None, lr: float = 3e-4) -> Path:
     """Collective: the run directory of pitlab's trainer for ``shape`` under ``work`` (a random-init base model,
     saved once and reused; ``n_steps`` optimizer steps of synthetic tokens for every rank) and its resolved
@@ -266,10 +271,11 @@ def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = 
         del model
         dist.barrier()
     seq = shape["seq"]
-    tokens = synthetic_tokens((seq + 1) * n_steps * world + 1, shape["vocab"])
+    micro = n_steps * accumulation(overrides) * world  # microbatches of seq tokens in all
+    tokens = synthetic_tokens((seq + 1) * micro + 1, shape["vocab"])
     (run / "data").mkdir(parents=True, exist_ok=True)
     np.save(run / "data" / "tokens.npy", tokens)
-    res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * n_steps * world, world,
+    res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * micro, world,
                             checkpointing=None)
     spec = res.model_dump(mode="json", by_alias=True)
     for key, value in dict({"learningRate": lr}, **(overrides or {})).items():
@@ -306,8 +312,9 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
         times.append(time.perf_counter() - t)
         losses.append(out.loss)
     timed = times[warmup:]
-    tps = seq * world / float(np.median(timed))
-    result = {"tokens_per_second": tps, "tokens_per_second_per_gpu": tps / world, "step_s": timed,
+    tokens_per_step = seq * accumulation(overrides) * world
+    tps = tokens_per_step / float(np.median(timed))
+    result = {"tokens_per_second": tps, "tokens_per_step": tokens_per_step, "tokens_per_second_per_gpu": tps / world, "step_s": timed,
               "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
               "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
               "planned_allocated": ctx.plan.allocated_bytes if ctx.plan is not None else None,
