@@ -11,8 +11,8 @@
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
 #             2026-12-04, so the repeat did not fit one call; about 5 min).
-# accumulation: the reduced shape at 4 microbatches of 4,096 tokens per optimizer step: the single-device path, then
-#             FSDP2 forced at world size 1 with the fused step, reduce-scattering once per step and after every
+# accumulation: the reduced shape at 1, then 4 microbatches of 4,096 tokens per optimizer step: the single-device
+#             path, then FSDP2 forced at world size 1 with the fused step, reduce-scattering once per step and after every
 #             microbatch (whether FSDP2's fixed cost per step, about 44 ms of copies at 4,096 tokens, amortises;
 #             about 8 min).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
@@ -44,7 +44,7 @@ for k, v in r.items():
     accumulation) K4='"gradientAccumulationSteps": 4'
                   timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accumulation" \
                     --shapes qwen35_reduced --checks "" --budget-s 545 --steps 8 --warmup 2 \
-                    --runs "{$K4};{$K4, \"fusedOptimizer\": true, \"gradientSyncEveryMicrobatch\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};{$K4, \"fusedOptimizer\": true, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}}" \
+                    --runs "default;$FSDP2_FUSED;{$K4};{$K4, \"fusedOptimizer\": true, \"gradientSyncEveryMicrobatch\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};{$K4, \"fusedOptimizer\": true, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}}" \
                     > "$OUT/accumulation.log" 2>&1; tail -8 "$OUT/accumulation.log" ;;
     repeat) rm -rf /tmp/mg; PITLAB_FORCE_FSDP2=1 timeout 560 python3 bench/multigpu_qwen35.py --work /tmp/mg \
               --out "$OUT/repeat" --layers 4 --experts 16 --stages base,repeat --steps 12 \

@@ -30,19 +30,34 @@ def steps_run(item: dict) -> dict:
     from pitlab.trainer.fsdp import decoder_layers
     from pitlab.trainer.train import RunPaths, setup_run, train_step
 
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
+
     run = Path(item["run_dir"])
     ctx = setup_run(run / "spec.json", RunPaths(run, Path(item["base"])))
+    # FSDP2's gathers: a parameter group made unsharded (torch skips the collective at world size 1, not this)
+    gathers = [0]
+    to_unsharded = fsdp_group.FSDPParamGroup._to_unsharded
+
+    def counted(self):
+        gathers[0] += 1
+        return to_unsharded(self)
+
+    fsdp_group.FSDPParamGroup._to_unsharded = counted
     calls = [0]
     # inside the layer: transformers checkpoints the layer's forward, so a hook on the layer itself runs once
     norm = decoder_layers(ctx.forward_model)[0].input_layernorm
     norm.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
-    steps = [train_step(ctx, s) for s in range(item["steps"])]
+    try:
+        steps = [train_step(ctx, s) for s in range(item["steps"])]
+    finally:
+        fsdp_group.FSDPParamGroup._to_unsharded = to_unsharded
     params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
               for n, p in ctx.model.named_parameters()}
     torch.save(params, item["params"])
     record = {"loss": [s.loss for s in steps], "grad_norm": [s.grad_norm for s in steps],
               "parallelism": ctx.parallelism, "kernels": ctx.kernels,
-              "first_layer_norm_calls": calls[0], "activation_checkpointing": ctx.activation_checkpointing,
+              "first_layer_norm_calls": calls[0], "all_gathers": gathers[0],
+              "layers": len(decoder_layers(ctx.forward_model)), "activation_checkpointing": ctx.activation_checkpointing,
               "master_dtypes": sorted({str(p.dtype) for p in ctx.model.parameters()}),
               "dtensor": any(isinstance(p, DTensor) for p in ctx.model.parameters())}
     if ctx.compute is not None:

@@ -124,6 +124,10 @@ def test_single_device_path_equals_fsdp2_bit_for_bit(runs, model_type, accum, sy
     per_micro = 2 if MODELS[model_type]["activationCheckpointing"] else 1
     assert single["first_layer_norm_calls"] == fsdp2["first_layer_norm_calls"] == per_micro * accum * STEPS
     assert single["kernels"] == fsdp2["kernels"]
+    # FSDP2 at world size 1 gathers each parameter group (every decoder layer and the root) once per step, not
+    # once per microbatch: the gathered parameters stay between a step's microbatches; the other path never gathers
+    assert fsdp2["all_gathers"] == (fsdp2["layers"] + 1) * STEPS and fsdp2["layers"] >= 2
+    assert single["all_gathers"] == 0
     assert {k: v for k, v in fused["kernels"].items() if k != "optimizer"} == \
         {k: v for k, v in single["kernels"].items() if k != "optimizer"}
 

@@ -40,6 +40,14 @@ def reshard_after_forward(world_size: int, lora: bool) -> bool:
     return world_size > 1 or lora
 
 
+def keep_gathered_between_microbatches(world_size: int, lora: bool) -> bool:
+    """Whether the gathered compute-dtype parameters stay gathered from one microbatch's backward to the next
+    microbatch's forward (FSDP2's ``set_reshard_after_backward(False)`` on every microbatch but the last): where
+    the layers keep them through forward anyway (:func:`reshard_after_forward` is False), so that the step's peak
+    memory is unchanged and only the first microbatch of a step all-gathers (and casts) the parameters."""
+    return not reshard_after_forward(world_size, lora)
+
+
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str, lora: bool = False) -> nn.Module:
     """Apply FSDP2 ``fully_shard`` to each decoder layer, then to the root module; returns ``model``.
 

@@ -399,7 +399,9 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
     logits, loss_grads = _loss_head(shape, tokens, g.c, tr.loss)
     comp = {
         "parameters": w.params,
-        "gradients": 0 if g.no_fp32_grads else 4 * w.trained // g.world,
+        # without per-microbatch sync the float32 gradient shards appear in the last backward as each layer's
+        # unsharded sums are reduce-scattered and freed: inside "accumulation", not beside it
+        "gradients": 0 if g.no_fp32_grads or g.nosync else 4 * w.trained // g.world,
         "optimizer": 8 * w.trained // g.world,
         "accumulation": REDUCE_BYTES * w.trained if g.nosync else 0,
         "unsharded_parameters": w.unsharded,

@@ -26,6 +26,7 @@ class FSDP2Strategy(Strategy):
 
     def __init__(self) -> None:
         self.fused = False  # the optimizer is MasterAdamW over the DTensor parameters
+        self.keep_gathered = False  # the parameters stay gathered between a step's microbatches
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -37,11 +38,13 @@ class FSDP2Strategy(Strategy):
               lora: dict | None) -> str:
         """:func:`pitlab.trainer.loading.load_sharded_model` over ``mesh``, then the loss
         (:func:`pitlab.trainer.loss.install_loss`). Returns the loss label."""
+        from pitlab.trainer.fsdp import keep_gathered_between_microbatches
         from pitlab.trainer.loading import load_sharded_model
         from pitlab.trainer.loss import install_loss
 
         tr = spec.training
         self.device = device
+        self.keep_gathered = keep_gathered_between_microbatches(mesh.size(), lora is not None)
         self.activation_checkpointing = checkpointing_choice(plan, tr)
         self.model = self.forward_model = load_sharded_model(base, mesh, tr.precision, device,
                                                              self.activation_checkpointing, lora=lora, seed=tr.seed)
@@ -50,9 +53,15 @@ class FSDP2Strategy(Strategy):
         return loss_impl
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
-        """Without per-microbatch sync: keep the unsharded gradients until the last microbatch."""
+        """Without per-microbatch sync: keep the unsharded gradients until the last microbatch. Where the layers
+        keep their gathered parameters through forward (one GPU, full weights:
+        :func:`pitlab.trainer.fsdp.keep_gathered_between_microbatches`), also keep them after every backward but
+        the last, so that a step all-gathers its parameters once, not once per microbatch."""
+        last = micro == accum - 1
         if not sync_every_micro:
-            self.model.set_requires_gradient_sync(micro == accum - 1)
+            self.model.set_requires_gradient_sync(last)
+        if self.keep_gathered and accum > 1:
+            self.model.set_reshard_after_backward(last)
 
     def build_optimizer(self, trainable: list, training, device: torch.device) -> tuple[torch.optim.Optimizer, str]:
         """:class:`~pitlab.trainer.fused_step.MasterAdamW` over the DTensor parameters ``trainable`` when
