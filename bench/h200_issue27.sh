@@ -11,12 +11,13 @@
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
 #             2026-12-04, so the repeat did not fit one call; about 5 min).
-# accumulation: the reduced shape at 1, then 4 microbatches of 4,096 tokens per optimizer step: the single-device
+# accumulation: the reduced shape at 4, then 1 microbatch of 4,096 tokens per optimizer step: the single-device
 #             path, then FSDP2 forced at world size 1 with the fused step, reduce-scattering once per step and after every
 #             microbatch (whether FSDP2's fixed cost per step, about 44 ms of copies at 4,096 tokens, amortises;
 #             about 8 min).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
-#             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min).
+#             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
+# determinism-on: the --deterministic half alone (about 3 min).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -44,7 +45,7 @@ for k, v in r.items():
     accumulation) K4='"gradientAccumulationSteps": 4'
                   timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accumulation" \
                     --shapes qwen35_reduced --checks "" --budget-s 545 --steps 8 --warmup 2 \
-                    --runs "default;$FSDP2_FUSED;{$K4};{$K4, \"fusedOptimizer\": true, \"gradientSyncEveryMicrobatch\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};{$K4, \"fusedOptimizer\": true, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}}" \
+                    --runs "{$K4};{$K4, \"fusedOptimizer\": true, \"gradientSyncEveryMicrobatch\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};{$K4, \"fusedOptimizer\": true, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};default;$FSDP2_FUSED" \
                     > "$OUT/accumulation.log" 2>&1; tail -8 "$OUT/accumulation.log" ;;
     repeat) rm -rf /tmp/mg; PITLAB_FORCE_FSDP2=1 timeout 560 python3 bench/multigpu_qwen35.py --work /tmp/mg \
               --out "$OUT/repeat" --layers 4 --experts 16 --stages base,repeat --steps 12 \
@@ -56,6 +57,8 @@ r = json.load(open(sys.argv[1]))
 st = r.get('stages', {})
 print('skipped', r.get('skipped'))
 print({k: st.get('repeat', {}).get('against_base', {}).get(k) for k in ('first_step_differing', 'steps_differing', 'max_relative_difference')})" "$OUT/repeat/multigpu.json" ;;
+    determinism-on) timeout 200 python3 bench/determinism.py --out "$OUT/determinism--deterministic.json" \
+                      --deterministic 2>&1 | grep -v Warn | tail -30 ;;
     determinism) for flag in "" --deterministic; do
                    timeout 270 python3 bench/determinism.py --out "$OUT/determinism${flag}.json" $flag 2>&1 \
                      | grep -v Warn | tail -30

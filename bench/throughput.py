@@ -419,6 +419,10 @@ def main() -> int:
                          "sets environment variables for that run only (e.g. {\"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}})")
     args = ap.parse_args()
     t_begin = time.perf_counter()
+    import torch._dynamo
+    # several runs in one process: the fused optimizer's update is compiled once per parameter rank, dtype and
+    # run kind, more variants together than one run has (the trainer allows 4 per decoder layer)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     args.out.mkdir(parents=True, exist_ok=True)
     init_single_process_group()
     import torch.distributed as dist
