@@ -43,6 +43,14 @@ def steps_run(item: dict) -> dict:
         return to_unsharded(self)
 
     fsdp_group.FSDPParamGroup._to_unsharded = counted
+    reduces = [0]  # FSDP2's reduce-scatters (one per parameter group each time it reduces)
+    foreach_reduce = fsdp_group.foreach_reduce
+
+    def counted_reduce(*args, **kwargs):
+        reduces[0] += 1
+        return foreach_reduce(*args, **kwargs)
+
+    fsdp_group.foreach_reduce = counted_reduce
     calls = [0]
     # inside the layer: transformers checkpoints the layer's forward, so a hook on the layer itself runs once
     norm = decoder_layers(ctx.forward_model)[0].input_layernorm
@@ -51,12 +59,13 @@ def steps_run(item: dict) -> dict:
         steps = [train_step(ctx, s) for s in range(item["steps"])]
     finally:
         fsdp_group.FSDPParamGroup._to_unsharded = to_unsharded
+        fsdp_group.foreach_reduce = foreach_reduce
     params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
               for n, p in ctx.model.named_parameters()}
     torch.save(params, item["params"])
     record = {"loss": [s.loss for s in steps], "grad_norm": [s.grad_norm for s in steps],
               "parallelism": ctx.parallelism, "kernels": ctx.kernels,
-              "first_layer_norm_calls": calls[0], "all_gathers": gathers[0],
+              "first_layer_norm_calls": calls[0], "all_gathers": gathers[0], "reduce_scatters": reduces[0],
               "layers": len(decoder_layers(ctx.forward_model)), "activation_checkpointing": ctx.activation_checkpointing,
               "master_dtypes": sorted({str(p.dtype) for p in ctx.model.parameters()}),
               "dtensor": any(isinstance(p, DTensor) for p in ctx.model.parameters())}

@@ -65,6 +65,41 @@ def test_float32_gradients_and_a_parameter_without_a_gradient():
     assert float(o_fused.state[fused[1]]["step"]) == 2.0 and float(o_fused.state[fused[0]]["step"]) == 3.0
 
 
+def test_compiled_update_compiles_per_gradient_dtype_not_per_shape_and_updates_in_place():
+    """Compiled (``backend="eager"``: dynamo's graphs with torch's kernels), the update sees every parameter as a
+    1-D view: ranks 1-3, a size-1 dimension and a square matrix share two graphs per gradient dtype here (four
+    without the views; a tiny Qwen3.5-MoE config needed 12, over torch's recompile limit of 8, a hard failure with
+    ``fullgraph=True``, and needs 3), and the
+    in-place writes reach the parameters and copies: torch's AdamW values within 1e-6 (each step moves a parameter
+    by about the learning rate, 1e-2; the traced graph's float constants round a few elements 1 ulp apart)."""
+    from torch._dynamo.utils import counters
+
+    shapes = SHAPES + [(16, 1, 4), (8, 8)]
+    gen = torch.Generator().manual_seed(3)
+    ps = [torch.randn(s, generator=gen) for s in shapes]
+    ref = [p.clone().requires_grad_() for p in ps]
+    fused = [p.clone().requires_grad_() for p in ps]
+    o_ref = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1)
+    torch._dynamo.reset()
+    counters.clear()
+    o_fused = MasterAdamW(fused, compiled=True, backend="eager", lr=1e-2, weight_decay=0.1)
+    copies = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+    for step in range(3):
+        g16 = [(torch.randn(s, generator=gen) * (3.0 if step % 2 else 0.01)).to(torch.bfloat16) for s in shapes]
+        for p, g in zip(ref, g16):
+            p.grad = g.float()
+        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        o_ref.step()
+        assert torch.equal(o_fused.clip_step_cast(g16, copies, 1.0), n_ref)
+        assert max(float((a - b).abs().max()) for a, b in zip(ref, fused)) < 1e-6, step
+        assert all(torch.equal(c, p.detach().to(torch.bfloat16)) for c, p in zip(copies, fused))
+    assert min(float((a - b).abs().max()) for a, b in zip(fused, ps)) > 1e-2  # three steps of about lr each
+    bf16_graphs = counters["stats"]["unique_graphs"]
+    # float32 gradients (accumulation) and no copies (FSDP2's local shards): one more graph each
+    o_fused.clip_step_cast([torch.randn(s, generator=gen) for s in shapes], None, 1.0)
+    assert (bf16_graphs, counters["stats"]["unique_graphs"]) == (2, 4)
+
+
 def test_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="parameter 0 is not float32"):
         MasterAdamW([torch.zeros(3, dtype=torch.bfloat16, requires_grad=True)], compiled=False)

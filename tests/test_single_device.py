@@ -127,7 +127,10 @@ def test_single_device_path_equals_fsdp2_bit_for_bit(runs, model_type, accum, sy
     # FSDP2 at world size 1 gathers each parameter group (every decoder layer and the root) once per step, not
     # once per microbatch: the gathered parameters stay between a step's microbatches; the other path never gathers
     assert fsdp2["all_gathers"] == (fsdp2["layers"] + 1) * STEPS and fsdp2["layers"] >= 2
-    assert single["all_gathers"] == 0
+    # and reduce-scatters once per step whatever gradientSyncEveryMicrobatch says: in a world of one rank the
+    # unsharded float32 sums are the sharded gradients
+    assert fsdp2["reduce_scatters"] == (fsdp2["layers"] + 1) * STEPS
+    assert single["all_gathers"] == single["reduce_scatters"] == 0
     assert {k: v for k, v in fused["kernels"].items() if k != "optimizer"} == \
         {k: v for k, v in single["kernels"].items() if k != "optimizer"}
 

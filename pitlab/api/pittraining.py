@@ -199,7 +199,8 @@ class TrainingSpec(SpecModel):
     gradient_sync_every_microbatch: bool = Field(True, description=(
         "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "
-        "the full unsharded gradients (parameters x 2 bytes in bf16) between microbatches; see pitlab plan"))
+        "the full unsharded gradients (parameters x 4 bytes: FSDP2 sums them in float32) between microbatches; "
+        "see pitlab plan. With one rank FSDP2 reduces once per step either way (the same bits)"))
     precision: Literal["fp32", "bf16"] = "bf16"
     seed: int = Field(0, ge=0, le=SEED_MAX)
     layer_streaming: LayerStreamingSpec = LayerStreamingSpec()

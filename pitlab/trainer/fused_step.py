@@ -7,7 +7,8 @@ the bf16 gradient cast into a float32 one (read 2, write 4), the clipping norm (
 the copy (read 4, write 2). :class:`MasterAdamW` reads the copy's bf16 gradient once for the norm (2) and once
 for an update that also writes the bf16 copy (read 2 + 12, write 12 + 2): 30 bytes per parameter, and no float32
 gradient is ever stored (4 bytes per parameter less at the peak). The update of one parameter is one
-``torch.compile``-d function (``dynamic=True``: one compilation serves every shape), i.e. one kernel.
+``torch.compile``-d function (``dynamic=True`` over 1-D views: one compilation per gradient dtype serves every
+shape), i.e. one kernel.
 
 The arithmetic is torch's AdamW (``torch.optim.AdamW`` with ``foreach=False``, ``fused=False``: decoupled weight
 decay ``p *= 1 - lr·wd``; ``m = lerp(m, g, 1 - β1)``; ``v = β2 v + (1 - β2) g²``; ``p += -(lr / (1 - β1^t)) ·
@@ -57,6 +58,14 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A 1-D view of ``t`` (:func:`_local` first): every parameter then reaches the compiled update with the same
+    rank, so it compiles once per gradient dtype instead of once per rank, size-1 dimension and pair of equal
+    sizes (a tiny Qwen3.5-MoE config: 3 graphs instead of 12; torch's recompile limit is 8). ``view`` refuses a non-contiguous tensor
+    (``RuntimeError``) rather than updating a copy."""
+    return None if t is None else _local(t).view(-1)
+
+
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """``torch.nn.utils.get_total_norm`` (L2) of ``grads``, made whole with ``full_tensor()`` when the gradients are
     DTensors (a collective then: the norm over all shards, a plain 0-d tensor on every rank); what
@@ -95,17 +104,18 @@ class MasterAdamW(torch.optim.AdamW):
     with :meth:`clip_step_cast`.
 
     ``compiled``: compile the per-parameter update with ``torch.compile`` (CUDA; on the CPU the tests run it
-    eager). Raises ``ValueError`` for more than one parameter group, ``amsgrad`` or a non-float32 parameter.
+    eager, or compiled with ``backend="eager"``: the same graphs, torch's own kernels). Raises ``ValueError`` for
+    more than one parameter group, ``amsgrad`` or a non-float32 parameter.
     """
 
-    def __init__(self, params, *, compiled: bool, **kwargs):
+    def __init__(self, params, *, compiled: bool, backend: str = "inductor", **kwargs):
         super().__init__(params, foreach=False, fused=False, **kwargs)
         if len(self.param_groups) != 1 or self.param_groups[0]["amsgrad"]:
             raise ValueError("MasterAdamW: one parameter group without amsgrad")
         bad = [i for i, p in enumerate(self.param_groups[0]["params"]) if p.dtype != torch.float32]
         if bad:
             raise ValueError(f"MasterAdamW: parameter {bad[0]} is not float32")
-        self._update = torch.compile(_update, dynamic=True, fullgraph=True) if compiled else _update
+        self._update = torch.compile(_update, dynamic=True, fullgraph=True, backend=backend) if compiled else _update
 
     def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
         group = self.param_groups[0]
@@ -157,6 +167,6 @@ class MasterAdamW(torch.optim.AdamW):
             if step not in hypers:
                 hypers[step] = self._hyper(step, device)
             state = self.state[params[i]]
-            self._update(_local(params[i]), _local(grads[i]), _local(state["exp_avg"]), _local(state["exp_avg_sq"]),
-                         None if copies is None else copies[i], coef, hypers[step], beta1, beta2, group["eps"])
+            self._update(_flat(params[i]), _flat(grads[i]), _flat(state["exp_avg"]), _flat(state["exp_avg_sq"]),
+                         None if copies is None else _flat(copies[i]), coef, hypers[step], beta1, beta2, group["eps"])
         return total

@@ -26,6 +26,7 @@ class FSDP2Strategy(Strategy):
 
     def __init__(self) -> None:
         self.fused = False  # the optimizer is MasterAdamW over the DTensor parameters
+        self.one_rank = False  # a world of one: nothing to reduce between microbatches
         self.keep_gathered = False  # the parameters stay gathered between a step's microbatches
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
@@ -45,6 +46,7 @@ class FSDP2Strategy(Strategy):
         tr = spec.training
         self.device = device
         self.keep_gathered = keep_gathered_between_microbatches(mesh.size(), lora is not None)
+        self.one_rank = mesh.size() == 1
         self.activation_checkpointing = checkpointing_choice(plan, tr)
         self.model = self.forward_model = load_sharded_model(base, mesh, tr.precision, device,
                                                              self.activation_checkpointing, lora=lora, seed=tr.seed)
@@ -53,12 +55,13 @@ class FSDP2Strategy(Strategy):
         return loss_impl
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
-        """Without per-microbatch sync: keep the unsharded gradients until the last microbatch. Where the layers
-        keep their gathered parameters through forward (one GPU, full weights:
-        :func:`pitlab.trainer.fsdp.keep_gathered_between_microbatches`), also keep them after every backward but
-        the last, so that a step all-gathers its parameters once, not once per microbatch."""
+        """Without per-microbatch sync, and always in a world of one rank (where the float32 sums of the unsharded
+        gradients are the sharded gradients' size and bits: tests/test_single_device.py): keep the unsharded
+        gradients until the last microbatch. Where the layers keep their gathered parameters through forward (one
+        GPU, full weights: :func:`pitlab.trainer.fsdp.keep_gathered_between_microbatches`), also keep them after
+        every backward but the last, so that a step all-gathers its parameters once, not once per microbatch."""
         last = micro == accum - 1
-        if not sync_every_micro:
+        if not sync_every_micro or self.one_rank:
             self.model.set_requires_gradient_sync(last)
         if self.keep_gathered and accum > 1:
             self.model.set_reshard_after_backward(last)
