@@ -41,7 +41,7 @@ def one_se_scored(inner_train, inner_test, alphas, backend, B: int, k: int, m, t
     inner set) with the one-standard-error rule: grid positions int64 [B] (lists of ``targets``) and the pooled
     SSE [B, A]. Raises ``ValueError`` on the GPU's Cholesky path (not probed)."""
     if backend is not None and backend.cholesky_path:
-        raise ValueError("calibration_onese: CPU path only (--device cpu)")
+        raise ValueError("calibration_probes.py --probe one-se: CPU path only (--device cpu)")
     d = inner_train.d - targets + 1
     trains = [inner_train.target(t, d) for t in range(targets)] if targets > 1 else [inner_train]
     tests = [inner_test.target(t, d) for t in range(targets)] if targets > 1 else [inner_test]

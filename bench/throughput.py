@@ -314,7 +314,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     timed = times[warmup:]
     tokens_per_step = seq * accumulation(overrides) * world
     tps = tokens_per_step / float(np.median(timed))
-    result = {"tokens_per_second": tps, "tokens_per_step": tokens_per_step, "tokens_per_second_per_gpu": tps / world, "step_s": timed,
+    result = {"tokens_per_second": tps, "tokens_per_step": tokens_per_step, "tokens_per_second_per_gpu": tps / world,
+              "step_s": timed,
               "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
               "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
               "planned_allocated": ctx.plan.allocated_bytes if ctx.plan is not None else None,

@@ -66,7 +66,8 @@ def steps_run(item: dict) -> dict:
     record = {"loss": [s.loss for s in steps], "grad_norm": [s.grad_norm for s in steps],
               "parallelism": ctx.parallelism, "kernels": ctx.kernels,
               "first_layer_norm_calls": calls[0], "all_gathers": gathers[0], "reduce_scatters": reduces[0],
-              "layers": len(decoder_layers(ctx.forward_model)), "activation_checkpointing": ctx.activation_checkpointing,
+              "layers": len(decoder_layers(ctx.forward_model)),
+              "activation_checkpointing": ctx.activation_checkpointing,
               "master_dtypes": sorted({str(p.dtype) for p in ctx.model.parameters()}),
               "dtensor": any(isinstance(p, DTensor) for p in ctx.model.parameters())}
     if ctx.compute is not None:

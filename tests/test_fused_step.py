@@ -11,13 +11,27 @@ from pitlab.trainer.fused_step import MasterAdamW
 SHAPES = [(64, 32), (32,), (7, 5, 3), (1000,)]
 
 
-def _pair(weight_decay: float = 0.1, lr: float = 1e-2):
-    gen = torch.Generator().manual_seed(0)
-    ps = [torch.randn(s, generator=gen) for s in SHAPES]
+def _pair(weight_decay: float = 0.1, lr: float = 1e-2, shapes=SHAPES, gen: torch.Generator | None = None,
+          **fused_kwargs):
+    """Equal float32 parameters of ``shapes`` for torch's AdamW and for :class:`MasterAdamW` (eager unless
+    ``fused_kwargs`` say otherwise), drawn from ``gen`` (default: seed 0)."""
+    gen = torch.Generator().manual_seed(0) if gen is None else gen
+    ps = [torch.randn(s, generator=gen) for s in shapes]
     ref = [p.clone().requires_grad_() for p in ps]
     fused = [p.clone().requires_grad_() for p in ps]
     return (ref, torch.optim.AdamW(ref, lr=lr, weight_decay=weight_decay),
-            fused, MasterAdamW(fused, compiled=False, lr=lr, weight_decay=weight_decay))
+            fused, MasterAdamW(fused, **{"compiled": False, **fused_kwargs}, lr=lr, weight_decay=weight_decay))
+
+
+def _reference_step(ref, o_ref, shapes, gen: torch.Generator, step: int):
+    """bf16 gradients of ``shapes`` (far under the clip norm 1 on even steps, far over on odd ones) set on ``ref``
+    as float32, clipped and stepped by torch's ``o_ref``; returns the bf16 gradients and the norm."""
+    g16 = [(torch.randn(s, generator=gen) * (3.0 if step % 2 else 0.01)).to(torch.bfloat16) for s in shapes]
+    for p, g in zip(ref, g16):
+        p.grad = g.float()
+    n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+    o_ref.step()
+    return g16, n_ref
 
 
 def test_equals_torch_adamw_after_clipping_bit_for_bit():
@@ -28,11 +42,7 @@ def test_equals_torch_adamw_after_clipping_bit_for_bit():
     gen = torch.Generator().manual_seed(1)
     norms = []
     for step in range(5):
-        g16 = [(torch.randn(s, generator=gen) * (3.0 if step % 2 else 0.01)).to(torch.bfloat16) for s in SHAPES]
-        for p, g in zip(ref, g16):
-            p.grad = g.float()
-        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
-        o_ref.step()
+        g16, n_ref = _reference_step(ref, o_ref, SHAPES, gen, step)
         n_fused = o_fused.clip_step_cast(g16, copies, 1.0)
         norms.append(float(n_fused))
         assert torch.equal(n_fused, n_ref)
@@ -69,27 +79,19 @@ def test_compiled_update_compiles_per_gradient_dtype_not_per_shape_and_updates_i
     """Compiled (``backend="eager"``: dynamo's graphs with torch's kernels), the update sees every parameter as a
     1-D view: ranks 1-3, a size-1 dimension and a square matrix share two graphs per gradient dtype here (four
     without the views; a tiny Qwen3.5-MoE config needed 12, over torch's recompile limit of 8, a hard failure with
-    ``fullgraph=True``, and needs 3), and the
-    in-place writes reach the parameters and copies: torch's AdamW values within 1e-6 (each step moves a parameter
+    ``fullgraph=True``, and needs 3), and the in-place writes reach the parameters and copies: torch's AdamW values within 1e-6 (each step moves a parameter
     by about the learning rate, 1e-2; the traced graph's float constants round a few elements 1 ulp apart)."""
     from torch._dynamo.utils import counters
 
     shapes = SHAPES + [(16, 1, 4), (8, 8)]
     gen = torch.Generator().manual_seed(3)
-    ps = [torch.randn(s, generator=gen) for s in shapes]
-    ref = [p.clone().requires_grad_() for p in ps]
-    fused = [p.clone().requires_grad_() for p in ps]
-    o_ref = torch.optim.AdamW(ref, lr=1e-2, weight_decay=0.1)
     torch._dynamo.reset()
     counters.clear()
-    o_fused = MasterAdamW(fused, compiled=True, backend="eager", lr=1e-2, weight_decay=0.1)
+    ref, o_ref, fused, o_fused = _pair(shapes=shapes, gen=gen, compiled=True, backend="eager")
+    ps = [p.detach().clone() for p in fused]
     copies = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
     for step in range(3):
-        g16 = [(torch.randn(s, generator=gen) * (3.0 if step % 2 else 0.01)).to(torch.bfloat16) for s in shapes]
-        for p, g in zip(ref, g16):
-            p.grad = g.float()
-        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
-        o_ref.step()
+        g16, n_ref = _reference_step(ref, o_ref, shapes, gen, step)
         assert torch.equal(o_fused.clip_step_cast(g16, copies, 1.0), n_ref)
         assert max(float((a - b).abs().max()) for a, b in zip(ref, fused)) < 1e-6, step
         assert all(torch.equal(c, p.detach().to(torch.bfloat16)) for c, p in zip(copies, fused))

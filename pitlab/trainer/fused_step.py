@@ -61,8 +61,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
     """A 1-D view of ``t`` (:func:`_local` first): every parameter then reaches the compiled update with the same
     rank, so it compiles once per gradient dtype instead of once per rank, size-1 dimension and pair of equal
-    sizes (a tiny Qwen3.5-MoE config: 3 graphs instead of 12; torch's recompile limit is 8). ``view`` refuses a non-contiguous tensor
-    (``RuntimeError``) rather than updating a copy."""
+    sizes (a tiny Qwen3.5-MoE config: 3 graphs instead of 12; torch's recompile limit is 8). ``view`` refuses a
+    non-contiguous tensor (``RuntimeError``) rather than updating a copy."""
     return None if t is None else _local(t).view(-1)
 
 

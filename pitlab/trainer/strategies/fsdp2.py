@@ -60,10 +60,12 @@ class FSDP2Strategy(Strategy):
         gradients until the last microbatch. Where the layers keep their gathered parameters through forward (one
         GPU, full weights: :func:`pitlab.trainer.fsdp.keep_gathered_between_microbatches`), also keep them after
         every backward but the last, so that a step all-gathers its parameters once, not once per microbatch."""
+        if accum == 1:  # FSDP2's defaults: sync and reshard after the one backward
+            return
         last = micro == accum - 1
         if not sync_every_micro or self.one_rank:
             self.model.set_requires_gradient_sync(last)
-        if self.keep_gathered and accum > 1:
+        if self.keep_gathered:
             self.model.set_reshard_after_backward(last)
 
     def build_optimizer(self, trainable: list, training, device: torch.device) -> tuple[torch.optim.Optimizer, str]:
