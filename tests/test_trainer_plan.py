@@ -97,6 +97,11 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
     assert fsdp2.peak_bytes == (16 * P_35B + RESERVE_BYTES + 2 * (shape35.root + 2 * shape35.largest_layer)
                                 + fsdp2.components["gradient_buffers"] + (2048 + 248_320) * 2048 * 2
                                 + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
+    # one rank: FSDP2 reduce-scatters once per step whatever gradientSyncEveryMicrobatch says, at one peak
+    one_rank = [plan(base35, shape35, gpus=1, accum=4, sync=s, loss="chunked") for s in (True, False)]
+    assert one_rank[0].peak_bytes == one_rank[1].peak_bytes
+    assert all("(sync every microbatch: no effect with one rank: one reduce-scatter per step)" in q.notes[0]
+               for q in one_rank)
     monkeypatch.delenv("PITLAB_FORCE_FSDP2")
     # a GPU on which only FSDP2's plan fits gets FSDP2, and the plan says what the faster path would need
     spec = PitTraining.model_validate(published(base35, 1, 1, loss="chunked", fusedOptimizer=False)).spec

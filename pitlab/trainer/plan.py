@@ -315,10 +315,12 @@ class _Regime:
 def _regime(spec: PitTrainingSpec, single: bool) -> _Regime:
     tr = spec.training
     fused = single and fused_step_enabled(tr, cuda=True)  # a plan is of a GPU
+    world = spec.resources.nodes * spec.resources.gpus_per_node
     return _Regime(
-        world=spec.resources.nodes * spec.resources.gpus_per_node, c=2 if tr.precision == "bf16" else 4,
-        single=single,
-        nosync=tr.gradient_accumulation_steps > 1 and not tr.gradient_sync_every_microbatch and not single,
+        world=world, c=2 if tr.precision == "bf16" else 4, single=single,
+        # one FSDP2 rank keeps its unsharded gradients until the last microbatch whatever the spec says
+        nosync=tr.gradient_accumulation_steps > 1 and not single and (not tr.gradient_sync_every_microbatch
+                                                                      or world == 1),
         # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients
         fused=fused, no_fp32_grads=fused and tr.gradient_accumulation_steps == 1)
 
@@ -422,7 +424,7 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
     tr, single = spec.training, g.single
     notes = [f"model: {shape.model_type}, {count_text(shape.total)} parameters ({count_text(shape.active)} active), "
              f"world size {g.world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
-             f"(sync every microbatch: {'no effect without FSDP2' if single else not g.nosync}), "
+             f"(sync every microbatch: {_sync_text(g, tr.gradient_accumulation_steps)}), "
              f"activation checkpointing: {act_ckpt}"
              + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
              + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
@@ -433,11 +435,20 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
                      f"{count_text(adapter.total)} trainable adapter parameters "
                      f"({100 * adapter.total / shape.total:.3f}% of the base); frozen base stored in "
                      f"{'bf16' if g.c == 2 else 'fp32'}")
-    if g.nosync:
+    if g.nosync and g.world > 1:
         notes.append(f"gradientSyncEveryMicrobatch: false keeps all {count_text(trained)} gradients unsharded on "
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {REDUCE_BYTES * trained / 1e9:.1f} GB as "
                      "FSDP2 accumulates them in float32; set it to true (the default)")
     return notes
+
+
+def _sync_text(g: _Regime, accum: int) -> str:
+    """What ``gradientSyncEveryMicrobatch`` does in regime ``g`` at ``accum`` microbatches per step."""
+    if g.single:
+        return "no effect without FSDP2"
+    if g.world == 1 and accum > 1:
+        return "no effect with one rank: one reduce-scatter per step"
+    return str(not g.nosync)
 
 
 def count_text(n: int | float) -> str:
