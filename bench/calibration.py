@@ -380,6 +380,33 @@ def pivot(rows: list[dict], candidates: list[str], split: str) -> str:
     return "\n".join(lines)
 
 
+def read_records(path: Path) -> list[dict]:
+    """The JSON-line records of ``path``, gzip-compressed when its name ends in ``.gz`` (an appended ``.gz`` holds
+    several gzip members, which :func:`gzip.open` reads as one stream)."""
+    import gzip
+
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as f:
+            text = f.read()
+    else:
+        text = path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def append_record(path: Path | None, rec: dict) -> None:
+    """Append one record to ``path`` (stdout when None): a line of its own, and under ``.gz`` a gzip member of its
+    own, so that a run stopped at any point leaves a file that reads and resumes."""
+    import gzip
+
+    line = json.dumps(rec) + "\n"
+    if path is None:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        return
+    with (gzip.open(path, "at") if path.suffix == ".gz" else open(path, "a")) as f:
+        f.write(line)
+
+
 def _work(task):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     return one_panel(*task)
@@ -402,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="cpu: the numpy backend, one BLAS thread per worker; cuda: the torch backend, every worker "
                         "on GPU 0 with an equal share of a quarter of its memory for batches of fits")
     p.add_argument("--minutes", type=float, default=None, help="stop submitting new panels after this long")
-    p.add_argument("--out", type=Path, default=None, help="JSON lines, appended (resumable)")
+    p.add_argument("--out", type=Path, default=None, help="JSON lines, appended (resumable; gzip when it ends in .gz)")
     p.add_argument("--summarise", nargs="*", type=Path, default=None, metavar="JSONL")
     p.add_argument("--tune-seeds", type=int, default=50, help="seeds below this choose; the rest are held out")
     p.add_argument("--markdown", action="store_true")
@@ -413,11 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.summarise is not None:
         merged: dict = {}
         for f in a.summarise:  # files holding other schemes of the same panels are merged by panel
-            for line in f.read_text().splitlines():
-                if line.strip():
-                    r = json.loads(line)
-                    key = (r["S"], r["T"], r["d"], r.get("per_decade", 1), r["scenario"], r["seed"])
-                    merged.setdefault(key, {}).update(r)
+            for r in read_records(f):
+                key = (r["S"], r["T"], r["d"], r.get("per_decade", 1), r["scenario"], r["seed"])
+                merged.setdefault(key, {}).update(r)
         recs = list(merged.values())
         rows = summarise(recs, a.tune_seeds)
         if a.pivot:
@@ -428,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     S, T, d = (int(x) for x in a.size.split("x"))
     done = set()
     if a.out and a.out.exists():
-        done = {(r["scenario"], r["seed"]) for r in map(json.loads, a.out.read_text().splitlines()) if r["S"] == S
+        done = {(r["scenario"], r["seed"]) for r in read_records(a.out) if r["S"] == S
                 and r["T"] == T and r["d"] == d and r.get("per_decade", 1) == a.alphas_per_decade}  # none: 1
     budget = 1 << 30
     if a.device == "cuda":
@@ -442,7 +467,6 @@ def main(argv: list[str] | None = None) -> int:
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = "1"
-    sink = open(a.out, "a") if a.out else sys.stdout
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn" if a.device == "cuda" else None)  # CUDA does not survive a fork
@@ -458,8 +482,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
             for f in finished:
-                sink.write(json.dumps(f.result()) + "\n")
-                sink.flush()
+                append_record(a.out, f.result())
                 n += 1
         print(f"{n} panels in {time.perf_counter() - t0:.0f} s ({len(tasks) - n} not run)", file=sys.stderr)
     return 0

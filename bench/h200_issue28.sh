@@ -43,6 +43,7 @@ cell() {  # cell DEVICE WORKERS SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]
   local device=$1 workers=$2 size first panels resume out left mins
   IFS=: read -r size first panels resume <<< "$3"
   out="$OUT/calibration-$size-${CAL_SCHEMES:-two-way}-h200-$device-pd${CAL_PER_DECADE:-4}.jsonl"
+  case "${resume:-}" in *.gz) out="$out.gz" ;; esac  # a gzip record file goes on as gzip (calibration.py reads both)
   [ -n "${resume:-}" ] && cp "$resume" "$out" && chmod u+w "$out"
   left=$(( total - ($(date +%s) - t0) - 25 ))
   [ "$left" -gt 40 ] || return 1
@@ -51,7 +52,8 @@ cell() {  # cell DEVICE WORKERS SxTxD:FIRST_SEED:PANELS[:RESUME_JSONL]
     --first-seed "$first" --schemes ${CAL_SCHEMES:-two-way} --workers "$workers" --alphas-per-decade "${CAL_PER_DECADE:-4}" \
     ${CAL_SCENARIOS:+--scenarios $CAL_SCENARIOS} \
     --device "$device" --minutes "$mins" --out "$out" 2>&1 | tail -2
-  wc -l "$out"
+  python3 -c 'import sys; sys.path.insert(0, "bench"); from pathlib import Path; from calibration import read_records
+print(len(read_records(Path(sys.argv[1]))), "records in", sys.argv[1])' "$out"
 }
 if [ -n "${CAL_CPU_JOB:-}" ]; then
   cell cpu "${CAL_CPU_WORKERS:-11}" "$CAL_CPU_JOB" > "$OUT/log-cpu-cell.txt" 2>&1 &

@@ -4,6 +4,7 @@ else the reselected one, built from one panel's merged records."""
 from __future__ import annotations
 
 import sys
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -25,3 +26,21 @@ def test_adaptive_takes_the_held_interval_when_it_contains_zero_else_the_reselec
     del one["two-way-held"]
     assert "two-way-adaptive" not in calibration.intervals(one)
     assert "two-way-adaptive" in calibration.CANDIDATES
+
+
+def test_records_append_and_read_back_plain_and_gzip(tmp_path: Path) -> None:
+    recs = [{"scenario": "null", "seed": s, "premium": 0.001 * s} for s in range(3)]
+    for name in ("a.jsonl", "a.jsonl.gz"):
+        path = tmp_path / name
+        for r in recs:
+            calibration.append_record(path, r)
+        assert calibration.read_records(path) == recs
+    raw, members = (tmp_path / "a.jsonl.gz").read_bytes(), 0
+    while raw:  # one complete gzip member per record: a run stopped between records leaves a readable file
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        d.decompress(raw)
+        assert d.eof
+        raw, members = d.unused_data, members + 1
+    assert members == 3
+    calibration.append_record(tmp_path / "a.jsonl.gz", {"scenario": "market", "seed": 7, "premium": -0.5})
+    assert [r["seed"] for r in calibration.read_records(tmp_path / "a.jsonl.gz")] == [0, 1, 2, 7]
