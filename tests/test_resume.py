@@ -167,3 +167,32 @@ def test_the_interrupted_message_names_the_durable_checkpoint(tmp_path):
     assert interrupted_detail(status) == ": interrupted by SIGINT during train; last durable checkpoint: " \
                                           "out/x/checkpoint/step-4"
     assert interrupted_detail(tmp_path / "missing.json") == ""
+
+
+def test_the_resume_advice_keeps_out_and_a_finished_run_is_not_resumed(pt, tmp_path):
+    res = load_resource(pt)
+    root = tmp_path / "elsewhere"
+    run_dir = _interrupted_run(res, root)
+    code, out = _invoke("run", pt, "--out", root)
+    assert code == 2 and f"continue it with `pitlab run --resume {pt} --out {root}`" in out
+    doc = json.loads((run_dir / "status.json").read_text())
+    doc["status"]["phase"] = "Succeeded"
+    (run_dir / "status.json").write_text(json.dumps(doc))
+    before = (run_dir / "status.json").read_bytes()
+    code, out = _invoke("run", pt, "--out", root, "--resume")
+    assert code == 0, out
+    assert f"--resume: nothing to resume: {run_dir} had already succeeded" in out and "Succeeded in" not in out
+    assert (run_dir / "status.json").read_bytes() == before
+
+
+def test_an_interrupted_run_names_the_command_that_resumes_it(pt, tmp_path, monkeypatch):
+    import pitlab.local as local
+
+    def interrupted(*args, **kwargs):
+        raise local.Interrupted("SIGTERM")
+
+    monkeypatch.setattr(local, "run_pittraining_local", interrupted)
+    code, out = _invoke("run", pt, "--out", tmp_path / "o", "--nproc", 2)
+    assert code == 130
+    assert "interrupted by SIGTERM; status Interrupted" in out
+    assert f"continue with `pitlab run --resume {pt} --out {tmp_path / 'o'} --nproc 2`" in out

@@ -127,7 +127,7 @@ def _empty_dir(path: Path) -> bool:
 
 
 def check_run_folders(res, root: Path, overwrite: bool = False, source: str | None = None,
-                      earlier_runs_ok: bool = False) -> list[Path]:
+                      earlier_runs_ok: bool = False, resume_command: str | None = None) -> list[Path]:
     """Check the run folders of ``res`` under ``root`` before anything is written.
 
     Returns the existing folders (the ones ``--overwrite`` deletes; an empty folder counts as free). Raises
@@ -135,6 +135,7 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     that is a file or a folder holding an input of the spec (whatever ``overwrite``), and, without ``overwrite``,
     every existing folder (an unfinished run of ``res`` with the advice to ``--resume`` it); with
     ``earlier_runs_ok`` (``pitlab validate``) only the folders another resource (or no pitlab run) wrote.
+    ``resume_command``: the command the advice names (default ``pitlab run --resume <source>``).
     """
     folders = run_folders(res, root)
     problems: list[tuple[str, str]] = []
@@ -163,9 +164,9 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
             continue
         if phase and owner == (f.kind, f.name, f.training):
             problems.append((f.field, f"{f.path} holds an unfinished run of {f.describe()} (status {phase} in "
-                                      f"{folders[0].path / layout.STATUS}): continue it with `pitlab run --resume "
-                                      f"{source or 'FILE'}`, or pass --overwrite to delete it (checkpoints included) "
-                                      "and start again"))
+                                      f"{folders[0].path / layout.STATUS}): continue it with `"
+                                      f"{resume_command or 'pitlab run --resume ' + (source or 'FILE')}`, or pass "
+                                      "--overwrite to delete it (checkpoints included) and start again"))
             continue
         problems.append((f.field, f"{f.path} already exists, written by {words}; the run of {f.describe()} "
                                   "would replace it: pass --overwrite to delete it (checkpoints included), or "

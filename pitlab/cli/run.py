@@ -56,6 +56,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
     root = out or (local_work_root(remote) if remote else Path(spec_out))
     names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
+    again = " ".join(["pitlab run --resume", str(file)] + (["--out", str(out)] if out else [])
+                     + (["--data-root", str(data_root)] if data_root else [])
+                     + (["--nproc", str(nproc)] if nproc else []))  # the command that continues this run
     if remote and resume:
         fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
                                      "DIR, where the interrupted run is)")]), 2)
@@ -64,22 +67,28 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
     doomed: list[Path] = []
     if not remote and not resume:
-        doomed = _claim_message(res, root, overwrite, file)
+        doomed = _claim_message(res, root, overwrite, file, again)
     t0 = time.monotonic()
-    results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume)
+    finished = resume and _phase(TrainingLayout(root / res.metadata.name).status) == "Succeeded"
+    results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
     _publish_runs(root, remote, names)
     if remote:
         say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
     say_results(results, root)
     evaluations = [str(root / n) for n in names[1:]]
+    if finished:
+        say(f"[yellow]--resume:[/] nothing to resume: {root / res.metadata.name} had already succeeded (its "
+            "results above); --overwrite starts it again")
+        return
     say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}"
         + (f" (evaluation{'s' if len(evaluations) > 1 else ''}: {', '.join(evaluations)})" if evaluations else ""))
 
 
 def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str], doomed: list[Path],
-                overwrite: bool, nproc: int | None, resume: bool) -> dict:
+                overwrite: bool, nproc: int | None, resume: bool, again: str) -> dict:
     """Run ``res``'s stages under ``root`` with progress bars; return its compact results by evaluation name.
-    Exits on a failure: the input's exit code, a stage's (after publishing what was written), or 130."""
+    Exits on a failure: the input's exit code, a stage's (after publishing what was written), or 130 with
+    ``again``, the command that resumes the run."""
     from pitlab.api.summary import compact_results
     from pitlab.local import Interrupted, RunError, run_leakage_eval_local, run_pittraining_local
 
@@ -102,7 +111,7 @@ def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str
             _say_kept(doomed, reporter.deleted_paths)
             status = TrainingLayout(root / res.metadata.name).status
             fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
-                 f"{interrupted_detail(status)}; continue with `pitlab run --resume {file}`", 130)
+                 f"{interrupted_detail(status)}; continue with `{again}`", 130)
 
 
 def _publish_runs(root: Path, remote: str | None, names: list[str]) -> None:
@@ -141,19 +150,30 @@ def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
              "it, checkpoints included, and start again", 2)
 
 
-def _claim_message(res, root: Path, overwrite: bool, file: Path) -> list[Path]:
-    """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide; with
-    ``--overwrite``, say which folders the run will delete (and whose they are) and return them."""
+def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> list[Path]:
+    """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide (an
+    unfinished run with the advice ``again``); with ``--overwrite``, say which folders the run will delete (and
+    whose they are) and return them."""
     from pitlab.api.runfolders import check_run_folders, folder_owner
 
     try:
-        doomed = check_run_folders(res, root, overwrite, str(file))
+        doomed = check_run_folders(res, root, overwrite, str(file), resume_command=again)
     except SpecError as err:
         fail(err, 2)
     for path in doomed:
         say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
             "inputs are checked")
     return doomed
+
+
+def _phase(status_path: Path) -> str | None:
+    """The phase written in ``status_path``; None when it is missing or unreadable."""
+    import json
+
+    try:
+        return json.loads(status_path.read_text(encoding="utf-8"))["status"]["phase"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def interrupted_detail(status_path: Path) -> str:
