@@ -130,6 +130,11 @@ def _set(path: str, value):
     return change
 
 
+def _holiday_row(df: pd.DataFrame) -> None:
+    """AAA's row of 2016-11-25 dated on Thanksgiving, 2016-11-24 (no NYSE session)."""
+    df.loc[(df["date"] == "2016-11-25") & (df["Name"] == "AAA"), "date"] = "2016-11-24"
+
+
 def _csv_edit(name: str, edit: Callable[[pd.DataFrame], object]):
     """A change rewriting the CSV ``name`` under the case folder (read as text, empty fields kept)."""
     def change(doc, tmp):
@@ -278,6 +283,9 @@ CASES = [
          "panel.csv: row 12: column 'close': must be > 0: '0'"),
     Case("panel-volume-negative", "pt", _csv_edit("panel.csv", _cell(3, "volume", "-5")),
          "panel.csv: row 3: column 'volume': must be >= 0: '-5'"),
+    Case("panel-price-on-a-holiday", "pt", _csv_edit("panel.csv", _holiday_row),
+         "panel.csv: the row dated 2016-11-24 for AAA has close 138, but 2016-11-24 is not a XNYS session; a price "
+         "on a day the exchange did not trade cannot be placed in time"),
     Case("panel-date-day-first", "pt", _csv_edit("panel.csv", _cell(5, "date", "07/10/2016")),
          "panel.csv: row 5: column 'date': unparseable date '07/10/2016', expected YYYY-MM-DD"),
     Case("panel-date-empty", "pt", _csv_edit("panel.csv", _cell(11, "date", "")),
@@ -297,11 +305,11 @@ CASES = [
          "spec.evaluations[0].spec.dataset.universeSize: 10 securities requested but only 4"),
     Case("calendar-unknown", "pt", _set("ev.dataset.calendar", "NOPE"),
          "spec.evaluations[0].spec.dataset.calendar: 'NOPE' is not an exchange_calendars calendar"),
-    Case("calendar-misses-panel-days", "pt",  # 2016-11-23, an XNYS session, is a Tokyo holiday
+    Case("calendar-misses-panel-days", "pt",  # XNYS sessions that are Tokyo holidays (2016-10-10, ...)
          _all(_set("ev.dataset.calendar", "XTKS"),
               _set("ev.dataset.dates", {"count": 2, "start": "2016-11-22", "end": "2016-11-24"})),
-         "spec.evaluations[0].spec.dataset.calendar: panel date 2016-11-23 is not a trading day of the XTKS "
-         "calendar"),
+         "panel.csv: the row dated 2016-10-10 for AAA has close 105, but 2016-10-10 is not a XTKS session (nor are "
+         "6 more days with prices); a price on a day the exchange did not trade cannot be placed in time"),
     Case("test-start-after-the-panel", "pt", _all(_set("ev.protocol.trainEnd", "2017-06-30"),
                                                   _set("ev.protocol.testStart", "2017-07-03")),
          "spec.evaluations[0].spec.protocol.testStart (2017-07-03) is after the last trading day of the panel "

@@ -174,8 +174,37 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec", dataset: Check
         dataset = CheckedDataset(resolve_input(ds.uri, f"{field_prefix}.dataset.uri"), {})
     load = load_ohlcv_long if ds.kind == "ohlcv" else load_jpx
     prices = load(dataset.path, dataset.headers)
+    check_price_days(prices, ds.calendar, ds.kind)
     return build_panel(prices, ds.universe_size, ds.dates.count, ds.seed, ds.dates.start, ds.dates.end,
                        ds.prompt_template, ds.universe, ds.price_levels)
+
+
+def check_price_days(prices, setting: str, kind: str) -> None:
+    """Refuse a price on a day that is not a session of the exchange calendar (``dataset.calendar``): targets
+    and features count the price file's days, so such a row would move a return across a day the exchange did
+    not trade. Days without any price (the TSE's 2020-10-01 in the JPX files) stay, listed in results.json. An
+    unknown calendar name is left to :func:`check_protocol`. Raises :class:`PanelError` naming the file, the
+    day, a security and its close."""
+    from pitlab.evaluator.protocols import ProtocolError, trading_calendar
+
+    try:
+        sessions = trading_calendar(setting, kind, prices.calendar)
+    except ProtocolError:
+        return
+    if sessions.name == "panel":
+        return
+    odd = prices.close.index.difference(sessions)
+    priced = prices.close.loc[odd].notna()
+    bad = priced.index[priced.any(axis=1)]
+    if len(bad):
+        day = bad[0]
+        sec = priced.columns[priced.loc[day].to_numpy().argmax()]
+        more = f" (nor are {len(bad) - 1} more days with prices)" if len(bad) > 1 else ""
+        raise PanelError(f"{prices.source}: the row dated {day.date()} for {prices.names.get(sec, sec)} has close "
+                         f"{prices.close.at[day, sec]:g}, but {day.date()} is not a {sessions.name} session{more}; "
+                         "a price on a day the exchange did not trade cannot be placed in time: correct the date, "
+                         "drop the row, or set dataset.calendar to the exchange the file follows ('panel': the "
+                         "file's own days)")
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:
