@@ -355,7 +355,8 @@ CASES = [
     # --- what only `run` can see ---
     Case("output-exists", "le", _write("out/jpx-bad-inputs/notes.txt", "mine"),
          "metadata.name: {tmp}/out/jpx-bad-inputs already exists, written by no pitlab run (no status.json; 1 "
-         "entries); the run of LeakageEval 'jpx-bad-inputs' would replace it: pass --overwrite"),
+         "entries); the run of LeakageEval 'jpx-bad-inputs' would replace it: pass --overwrite",
+         ("validate", "run", "evaluate")),  # evaluate, too, writes under the spec's output.uri
 ]
 
 

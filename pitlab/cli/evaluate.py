@@ -18,7 +18,8 @@ from pitlab.errors import InputError
 
 
 def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval YAML."),
-             out: Path = typer.Option(Path("out"), "--out", "-o", help="Output root."),
+             out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                                help="Output root (default: the spec's output.uri, else ./out)."),
              data_root: Optional[Path] = DataRoot,
              overwrite: bool = typer.Option(False, "--overwrite",
                                             help="Delete an existing out/<name>/ folder first (named before it is "
