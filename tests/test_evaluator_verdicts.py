@@ -29,6 +29,7 @@ from pitlab.evaluator.protocols import security_folds, trading_calendar
 from pitlab.evaluator.report import render_html, render_markdown
 from pitlab.evaluator.ridge import RowStats, SuffStats
 from pitlab.evaluator.run import fold_edges, run_leakage_eval, widen_grid
+from pitlab.evaluator.targets import grid_note
 from pitlab.api.summary import compact_results, premium_summary
 
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0]
@@ -79,6 +80,15 @@ def test_fold_edges_and_grid_widening():
     assert (lower, upper) == (False, True)
     assert phrases == ["leakage-off chose the largest penalty 1000 of the grid yet fits 2.5 effective parameters"]
     assert fold_edges("x", np.array([0]), np.array([5.0]), [1.0]) == ([], False, False)
+    # folds at one edge are named together, once
+    phrases, lower, upper = fold_edges("leakage-on", np.array([0, 0, 0, 0, 4, 2, 4]),
+                                       np.array([9.0, 9.0, 9.0, 9.0, 3.5, 2.0, 2.2]), ALPHAS)
+    assert (lower, upper) == (True, True)
+    assert phrases == ["leakage-on folds 1–4 chose the smallest penalty 0.1 of the grid",
+                       "leakage-on folds 5, 7 chose the largest penalty 1000 of the grid yet fit 1.2–2.5 effective "
+                       "parameters"]
+    assert grid_note([1e-7, 1e-6, 0.1, 1e5], 3) == (" (regression.alphas widened 3 times, 2 decades each, to "
+                                                    "1e-07 … 100000: 4 values)") and grid_note(ALPHAS, 0) == ""
     assert widen_grid(ALPHAS, True, False) == pytest.approx([0.001, 0.01] + ALPHAS)
     assert widen_grid(ALPHAS, False, True) == pytest.approx(ALPHAS + [1e4, 1e5])
     assert widen_grid([10.0, 1.0], True, True) == pytest.approx([0.01, 0.1, 1.0, 10.0, 100.0, 1000.0])

@@ -14,7 +14,7 @@ from pitlab.api.leakageeval import LeakageEvalSpec
 from pitlab.evaluator.bootstrap import IntervalRule, interval, judge
 from pitlab.evaluator.decompose import excess, mechanical_sentence
 from pitlab.evaluator.setup import EvalSetup
-from pitlab.evaluator.targets import WIDEN_DECADES, TargetStats
+from pitlab.evaluator.targets import TargetStats, grid_note
 
 
 EMBED_RATES = ("load_seconds", "forward_seconds", "layers_run", "n_tokens", "n_batches", "prompts_per_s",
@@ -133,10 +133,8 @@ def model_outcome(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path
         "alpha_at_grid_edge": "lower" if any(e[1] for e in edges.values()) else
         ("upper" if any(e[2] for e in edges.values()) else None),
     }
-    grid_note = (f" (regression.alphas widened {raw.widenings} time(s), {WIDEN_DECADES} decades each, to "
-                 f"[{', '.join(f'{a:g}' for a in raw.grid)}])" if raw.widenings else "")
-    notes = _model_warnings(name, setup.time_selection.method, edges, raw.widenings, grid_note,
-                            summary["verdict_reasons"])
+    notes = _model_warnings(name, setup.time_selection.method, edges, raw.widenings,
+                            grid_note(raw.grid, raw.widenings), summary["verdict_reasons"])
     timings = {"embed_s": emb.seconds, "statistics_s": stats_s,
                **{f"embed_{k}": (earlier or info).get(k) for k in EMBED_RATES}}
     model_edges = raw.edge_text["off"] + raw.edge_text["on"]
@@ -146,14 +144,14 @@ def model_outcome(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path
                         raw.protocol_reps, model_edges, notes, timings)
 
 
-def _model_warnings(name: str, method: str, edges: dict, widenings: int, grid_note: str,
+def _model_warnings(name: str, method: str, edges: dict, widenings: int, note: str,
                     reasons: list[str]) -> list[str]:
     """The run warnings one model adds: a penalty selection still at a grid edge; an unreliable premium."""
     notes = []
     if any(e[0] for e in edges.values()):
         notes.append(
             f"model {name}: the penalty selection ({method}) still ends at an edge of the α grid "
-            f"after {widenings} widening(s): {'; '.join(sum((e[0] for e in edges.values()), []))}{grid_note}. "
+            f"after {widenings} widening(s): {'; '.join(sum((e[0] for e in edges.values()), []))}{note}. "
             "Its optimum lies outside the grid, and the two protocols, whose training sets differ in size, "
             "then over- or underfit by different amounts, which shifts the premium even for an "
             "uninformative embedding.")

@@ -31,18 +31,39 @@ def fold_edges(label: str, alpha_index, df, alphas: list[float]) -> tuple[list[s
     a = np.asarray(alphas, dtype=np.float64)
     if len(np.unique(a)) < 2:
         return [], False, False
-    out, lower, upper = [], False, False
     idx, dfs = np.atleast_1d(np.asarray(alpha_index)), np.atleast_1d(np.asarray(df, dtype=np.float64))
+    low, high = {}, {}  # penalty → [(fold number, effective parameters)]: folds at one edge are named together
     for i, (k, f) in enumerate(zip(idx, dfs)):
-        where = label if len(idx) == 1 else f"{label} fold {i + 1}"
         if a[k] <= a.min():
-            lower = True
-            out.append(f"{where} chose the smallest penalty {a[k]:g} of the grid")
+            low.setdefault(float(a[k]), []).append((i + 1, f))
         elif a[k] >= a.max() and np.isfinite(f) and f - 1.0 >= 1.0:
-            upper = True
-            out.append(f"{where} chose the largest penalty {a[k]:g} of the grid yet fits {f - 1.0:.1f} "
-                       "effective parameters")
-    return out, lower, upper
+            high.setdefault(float(a[k]), []).append((i + 1, f))
+
+    def where(folds) -> str:
+        return label if len(idx) == 1 else f"{label} fold{'s' if len(folds) > 1 else ''} {fold_list(folds)}"
+
+    out = [f"{where(v)} chose the smallest penalty {k:g} of the grid" for k, v in low.items()]
+    for k, v in high.items():
+        fits = sorted(f - 1.0 for _, f in v)
+        fit = f"{fits[0]:.1f}" if len(v) == 1 else f"{fits[0]:.1f}–{fits[-1]:.1f}"
+        out.append(f"{where(v)} chose the largest penalty {k:g} of the grid yet fit{'s' if len(v) == 1 else ''} "
+                   f"{fit} effective parameters")
+    return out, bool(low), bool(high)
+
+
+def fold_list(folds: list[tuple[int, float]]) -> str:
+    """Fold numbers as people write them: ``1``, ``1, 3``, ``1–4``."""
+    n = [i for i, _ in folds]
+    return f"{n[0]}–{n[-1]}" if len(n) > 2 and n == list(range(n[0], n[-1] + 1)) else ", ".join(map(str, n))
+
+
+def grid_note(grid, widenings: int) -> str:
+    """`` (regression.alphas widened N time(s), 2 decades each, to 1e-07 … 100000: 31 values)``, empty when the
+    grid was not widened."""
+    if not widenings:
+        return ""
+    return (f" (regression.alphas widened {widenings} time{'s' if widenings > 1 else ''}, {WIDEN_DECADES} decades "
+            f"each, to {min(grid):g} … {max(grid):g}: {len(grid)} values)")
 
 
 def widen_grid(alphas: list[float], lower: bool, upper: bool) -> list[float]:
@@ -232,9 +253,8 @@ def _points(spec, setup, stats: PanelStats, full: bool) -> _Points:
     points: dict = {}
     off, on, edges, grid, widenings = point_estimates(stats, setup.point_folds, K, setup.alphas, setup.selection,
                                                       setup.benchmark, pfolds, setup.time_selection, True, points)
-    grid_note = (f" (regression.alphas widened {widenings} time(s), {WIDEN_DECADES} decades each, to "
-                 f"[{', '.join(f'{a:g}' for a in grid)}])" if widenings else "")
-    edge_text = {k: [f"{e}{grid_note}" for e in v[0]] for k, v in edges.items()}
+    note = grid_note(grid, widenings)  # once per protocol's phrases, after the last
+    edge_text = {k: [e + (note if i == len(v[0]) - 1 else "") for i, e in enumerate(v[0])] for k, v in edges.items()}
     fixed = None if setup.reselect else (off.alpha_index, on.alpha_index)
     return _Points(off, on, edges, grid, widenings, edge_text, pfolds, points, fixed)
 
