@@ -167,7 +167,8 @@ def test_dates_must_be_iso(doc, value):
 def test_unquoted_impossible_date_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(open(EXAMPLE).read().replace('knowledgeCutoff: "2016-12-31"', "knowledgeCutoff: 2016-13-01"))
-    with pytest.raises(SpecError, match=r"bad.yaml: invalid value in YAML \(month must be in 1..12\)"):
+    with pytest.raises(SpecError, match=r"bad.yaml: spec.knowledgeCutoff: expected a date as YYYY-MM-DD \(month "
+                                        r"must be in 1..12\) \(got '2016-13-01'\)"):
         load_resource(bad)
 
 

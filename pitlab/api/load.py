@@ -58,6 +58,18 @@ def _mapping(loader: _Loader, node: yaml.MappingNode):
 _Loader.add_constructor("tag:yaml.org,2002:map", _mapping)
 
 
+def _timestamp(loader: _Loader, node: yaml.ScalarNode):
+    """YAML's date constructor; an impossible date (``2016-02-30`` unquoted) stays the string it is written as,
+    so that the schema refuses it naming its field, as it does the quoted one."""
+    try:
+        return yaml.SafeLoader.construct_yaml_timestamp(loader, node)
+    except ValueError:
+        return loader.construct_scalar(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp)
+
+
 _Loader.add_implicit_resolver("tag:yaml.org,2002:float",
                               re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
                               list("-+0123456789."))
@@ -118,8 +130,8 @@ def load_resource(path: str | os.PathLike) -> Resource:
         raise SpecError([("", str(err))], str(p)) from None
     except yaml.YAMLError as err:
         raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
-    except ValueError as err:  # e.g. an unquoted impossible date (2016-13-01) fails in YAML's date constructor
-        raise SpecError([("", f"invalid value in YAML ({err}); dates are YYYY-MM-DD")], str(p)) from None
+    except ValueError as err:  # a scalar PyYAML cannot construct (dates are left to the schema: _timestamp)
+        raise SpecError([("", f"invalid value in YAML ({err})")], str(p)) from None
     if len(docs) != 1:
         raise SpecError([("", f"expected exactly one YAML document, found {len(docs)}")], str(p))
     return parse_resource(docs[0], str(p))
