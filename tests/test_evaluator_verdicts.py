@@ -589,10 +589,11 @@ def test_cli_results_name_every_recorded_check_before_the_report_path(monkeypatc
     from pitlab.cli.results import diagnostics_line, say_results
 
     diags = [{"check": "embargo-removed-nothing", "protocol": "chronological", "message": "m1"},
-             {"check": "few-rows-per-dimension", "protocol": "chronological", "model": "minilm", "message": "m2"}]
+             {"check": "few-rows-per-dimension", "protocol": "chronological", "model": "minilm", "message": "m2"},
+             {"check": "few-time-clusters", "protocol": "chronological", "detail": "test: 7 dates", "message": "m3"}]
     assert diagnostics_line({"diagnostics": diags}) == (
-        "  checks (2, each explained in the report): chronological: embargo-removed-nothing; "
-        "chronological: few-rows-per-dimension (minilm)")
+        "  checks (3, each explained in the report): chronological: embargo-removed-nothing; "
+        "chronological: few-rows-per-dimension (minilm); chronological: few-time-clusters (test: 7 dates)")
     assert diagnostics_line({"diagnostics": []}) is None and diagnostics_line({}) is None
     out = EvaluationLayout(tmp_path / "ev").outputs
     Path(out.results).parent.mkdir(parents=True)

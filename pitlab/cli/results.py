@@ -79,11 +79,15 @@ def print_results_table(results: dict, title: str) -> None:
 
 def diagnostics_line(full: dict) -> str | None:
     """One line naming every check of ``full["diagnostics"]`` (a results.json's list of ``{"check", "protocol",
-    "model"?, "message"}``) as ``protocol: check (model)``, or None when there is none: the report says more."""
+    "detail"?, "model"?, "message"}``) as ``protocol: check (detail, model)``, or None when there is none: the
+    report says more."""
     items = full.get("diagnostics") or []
     if not items:
         return None
-    named = [f"{d.get('protocol')}: {d.get('check')}" + (f" ({d['model']})" if d.get("model") else "") for d in items]
+    named = []
+    for d in items:
+        more = [x for x in (d.get("detail"), d.get("model")) if x]
+        named.append(f"{d.get('protocol')}: {d.get('check')}" + (f" ({', '.join(more)})" if more else ""))
     return f"  checks ({len(named)}, each explained in the report): " + "; ".join(named)
 
 

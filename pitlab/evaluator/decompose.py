@@ -90,7 +90,7 @@ def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray
     for side, mask in (("training", split.train_mask), ("test", split.test_mask)):
         n = int(d[mask].nunique())
         if n < MIN_TIME_CLUSTERS:
-            out.append({"check": "few-time-clusters", "protocol": "chronological",
+            out.append({"check": "few-time-clusters", "protocol": "chronological", "detail": f"{side}: {n} dates",
                         "message": f"the leakage-off {side} side has {n} distinct dates (< {MIN_TIME_CLUSTERS} time "
                                    "clusters): its R² rests on few independent market days"})
     for pname, sp in extra.items():
@@ -103,6 +103,7 @@ def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray
         small = [k + 1 for k, te in enumerate(sp.fold_test) if d[te].nunique() < MIN_TIME_CLUSTERS]
         if small:
             out.append({"check": "few-time-clusters", "protocol": pname,
+                        "detail": f"test fold{'s' if len(small) > 1 else ''} {', '.join(map(str, small))}",
                         "message": f"fold(s) {small} of {sp.get_n_splits()} test fewer than {MIN_TIME_CLUSTERS} "
                                    "distinct dates each"})
     for r in embargo_rows:

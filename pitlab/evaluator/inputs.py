@@ -95,12 +95,25 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
         with warnings.catch_warnings():  # the evaluation issues (and reports) the splits' warnings itself
             warnings.simplefilter("ignore")
             calendar = trading_calendar(spec.dataset.calendar, spec.dataset.kind, panel.calendar)
-            for splitter in protocol_splitters(p, calendar).values():
-                splitter.apply(dates)
+            splits = {name: splitter.apply(dates) for name, splitter in protocol_splitters(p, calendar).items()}
     except ProtocolError as err:  # "protocol.x ...", "dataset.calendar: ..." or "panel date ... (calendar)"
         named = re.match(r"(protocol|dataset)\.[A-Za-z]+", str(err))
         raise SpecError([("", f"{field_prefix}.{err}") if named else
                          (f"{field_prefix}.dataset.calendar", str(err))]) from None
+    chrono = splits["chronological"]
+    for side, mask in (("training", chrono.train_mask), ("test", chrono.test_mask)):
+        n = len(np.unique(dates[mask]))
+        if n < MIN_SIDE_DATES:
+            raise SpecError([(f"{field_prefix}.dataset.dates",
+                              f"the leakage-off split of the {len(np.unique(dates))} sampled dates has {n} {side} "
+                              f"date{'s' if n != 1 else ''} (protocol.trainEnd {p.train_end}, testStart "
+                              f"{p.test_start}); a premium needs at least {MIN_SIDE_DATES} dates on each side (10 "
+                              "or more for an interval to mean much): sample more dates or move the split")])
+
+
+MIN_SIDE_DATES = 2
+"""Fewest distinct dates a side of the leakage-off split may have: with one, its R² is one market day's and
+the date half of the interval resamples a single date."""
 
 
 @dataclass(frozen=True)
