@@ -345,6 +345,21 @@ CASES = [
     Case("jpx-universe0-without-column", "le", _set("spec.dataset.universe", "universe0"),
          "spec.dataset.universe: universe0 needs a Universe0 column in stock_list.csv"),
     # --- models ---
+    Case("model-weights-truncated", "le",  # the header says 4,000 bytes of tensor data; the file holds 100
+         _all(_set("spec.models.0.uri", "${TMP}/cut"), _set("spec.models.0.kind", "causal"),
+              _write("cut/config.json", "{}"),
+              _write("cut/model.safetensors", (lambda h: len(h).to_bytes(8, "little") + h + bytes(100))(
+                  b'{"w":{"dtype":"F32","shape":[1000],"data_offsets":[0,4000]}}'))),
+         "spec.models[0].uri: {tmp}/cut/model.safetensors: not a readable safetensors file (Error while "
+         "deserializing header: incomplete metadata, file not fully covered); copy the model again"),
+    Case("model-shard-missing", "le",
+         _all(_set("spec.models.0.uri", "${TMP}/sharded"), _set("spec.models.0.kind", "causal"),
+              _write("sharded/config.json", "{}"),
+              _write("sharded/model.safetensors.index.json",
+                     '{"weight_map": {"a": "model-00001-of-00002.safetensors", '
+                     '"b": "model-00002-of-00002.safetensors"}}')),
+         "spec.models[0].uri: {tmp}/sharded/model.safetensors.index.json names 2 shard(s) the folder lacks, first "
+         "model-00001-of-00002.safetensors"),
     Case("model-folder-without-config", "le", _all(_set("spec.models.0.uri", "${TMP}/empty"),
                                                     lambda d, t: (t / "empty").mkdir()),
          "spec.models[0].uri: '{tmp}/empty' is not a Hugging Face model folder (no config.json)"),

@@ -160,11 +160,37 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
             if not (path / "config.json").is_file():
                 raise SpecError([(f"{f}.uri", f"{str(path)!r} is not a Hugging Face model folder (no config.json); "
                                   "Hub ids cannot be downloaded here: give a local folder")])
+            check_weight_files(path, f"{f}.uri")
             card = read_model_card(path)  # a pitlab model states its cutoff: a contradicting one is refused now
             resolve_cutoff(m.knowledge_cutoff, card.knowledge_cutoff if card else None, f"{f}.knowledgeCutoff",
                            f"the model card {path / MODEL_CARD}")
         located.append(ModelInput(i, m.name, m.kind, path, uri))
     return located
+
+
+def check_weight_files(path: Path, field: str) -> None:
+    """The safetensors files of a model folder are whole: every shard an index names exists, and each file's
+    header reads and its tensors lie inside the file (headers only, milliseconds for any size), so that a
+    truncated copy is refused before other models are embedded. Raises SpecError naming ``field`` and the file."""
+    import json
+
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as err:
+            raise SpecError([(field, f"{index}: not a safetensors index ({err})")]) from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise SpecError([(field, f"{index} names {len(missing)} shard(s) the folder lacks, first {missing[0]}")])
+    for w in files:
+        try:
+            with safe_open(str(w), "np"):
+                pass
+        except Exception as err:  # safetensors' SafetensorError and OSError: the file is not whole
+            raise SpecError([(field, f"{w}: not a readable safetensors file ({err}); copy the model again")]) from None
 
 
 def check_remote_model(uri: str, field: str) -> None:
