@@ -90,3 +90,19 @@ def test_a_native_abort_in_a_rank_heads_the_launch_error(tmp_path) -> None:
         "terminate called without an active exception",
         "Fatal Python error: Aborted",
         "command: torchrun"]
+
+
+def test_a_reported_rank_error_is_the_whole_launch_error(tmp_path) -> None:
+    """The trainer's own error line (a NaN loss, a spec field) is the message, with the log's path: torchrun's
+    ChildFailedError traceback after it is left in the log."""
+    from pitlab.trainer.launch import ERROR_PREFIX, _failure_message
+
+    log = tmp_path / "stderr.log"
+    log.write_text(f"{ERROR_PREFIX}: step 2: loss is nan; lower spec.training.learningRate\n" * 2
+                   + "Traceback (most recent call last):\n  File \"run.py\", line 9\n"
+                   "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n" + "=\n" * 40)
+    msg = _failure_message("training failed (exit code 1)", ["torchrun"], log)
+    assert msg.splitlines() == [
+        "training failed (exit code 1):",
+        f"{ERROR_PREFIX}: step 2: loss is nan; lower spec.training.learningRate",
+        f"(torchrun's output: {log})"]

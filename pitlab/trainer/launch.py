@@ -103,14 +103,17 @@ _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:)?[A-Za-z_][\w.]*(?:Error|Excepti
 
 
 def _failure_message(headline: str, cmd: list[str], stderr_path: Path) -> str:
-    """``headline``, the errors the ranks reported (deduplicated), the command and the end of stderr."""
+    """``headline`` and the errors the ranks reported (deduplicated) with the log's path; for a failure no rank
+    explained (an uncaught exception, a native abort), also the command and the end of stderr."""
     with open(stderr_path, "r", encoding="utf-8", errors="replace") as f:
         lines = f.readlines()
     reported = list(dict.fromkeys(line.rstrip() for line in lines if line.startswith(ERROR_PREFIX)))
-    if not reported:  # an uncaught exception or a native abort in a rank, not torchrun's own ChildFailedError
-        reported = list(dict.fromkeys(
-            line.rstrip() for line in lines
-            if (_EXCEPTION_LINE.match(line) and "ChildFailedError" not in line) or _FATAL_LINE.match(line)))[-3:]
+    if reported:  # the trainer said why (a spec field, a NaN loss): torchrun's traceback after it is noise
+        return "\n".join([headline + ":"] + reported + [f"(torchrun's output: {stderr_path})"])
+    # an uncaught exception or a native abort in a rank, not torchrun's own ChildFailedError
+    reported = list(dict.fromkeys(
+        line.rstrip() for line in lines
+        if (_EXCEPTION_LINE.match(line) and "ChildFailedError" not in line) or _FATAL_LINE.match(line)))[-3:]
     parts = [headline + (":" if reported else "")] + reported
     parts.append(f"command: {' '.join(cmd)}")
     parts.append(f"last {STDERR_TAIL_LINES} lines of {stderr_path}:")
