@@ -196,3 +196,11 @@ def test_an_interrupted_run_names_the_command_that_resumes_it(pt, tmp_path, monk
     assert code == 130
     assert "interrupted by SIGTERM; status Interrupted" in out
     assert f"continue with `pitlab run --resume {pt} --out {tmp_path / 'o'} --nproc 2`" in out
+
+
+def test_report_on_a_training_folder_points_at_its_evaluations(pt, tmp_path):
+    run_dir = _interrupted_run(load_resource(pt), tmp_path / "out")
+    code, out = _invoke("report", run_dir)
+    assert code == 2
+    assert (f"no results.json here nor in {run_dir}/eval (No such file or directory); it is the run folder of "
+            f"PitTraining 'sp500-fomc-demo', whose evaluation is in {tmp_path}/out/sp500-leakage") in out

@@ -88,8 +88,26 @@ def report(out: Path = typer.Argument(..., metavar="OUT",
     try:
         written = rebuild_report(out)
     except FileNotFoundError as err:
-        fail(ValueError(f"{out}: no {RESULTS_FILE} here nor in {EvaluationLayout(out).eval_dir} ({err.strerror})"), 2)
+        fail(ValueError(f"{out}: no {RESULTS_FILE} here nor in {EvaluationLayout(out).eval_dir} ({err.strerror})"
+                        + _evaluations_of(out)), 2)
     except (ValueError, KeyError) as err:
         fail(ValueError(f"{EvalOutputs(out).results} cannot be rendered: {err}"), 2)
     for p in written:
         say(f"  wrote {p}")
+
+
+def _evaluations_of(folder: Path) -> str:
+    """``; it is PitTraining x's run folder: its evaluations are in A, B`` when ``folder`` holds a PitTraining's
+    status.json naming evaluations, else empty."""
+    import json
+
+    try:
+        doc = json.loads((Path(folder) / "status.json").read_text(encoding="utf-8"))
+        names = [e["name"] for e in doc["spec"].get("evaluations") or []]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    if doc.get("kind") != "PitTraining" or not names:
+        return ""
+    where = ", ".join(str(Path(folder).parent / n) for n in names)
+    return (f"; it is the run folder of PitTraining {doc.get('metadata', {}).get('name')!r}, whose "
+            f"evaluation{'s are' if len(names) > 1 else ' is'} in {where} (by default; --out moves them)")
