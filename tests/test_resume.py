@@ -204,3 +204,20 @@ def test_report_on_a_training_folder_points_at_its_evaluations(pt, tmp_path):
     assert code == 2
     assert (f"no results.json here nor in {run_dir}/eval (No such file or directory); it is the run folder of "
             f"PitTraining 'sp500-fomc-demo', whose evaluation is in {tmp_path}/out/sp500-leakage") in out
+
+
+def test_a_token_budget_below_one_step_is_named_at_validate(pt):
+    doc = yaml.safe_load(pt.read_text())
+    doc["spec"]["tokens"] = 10
+    pt.write_text(yaml.safe_dump(doc))
+    code, out = _invoke("validate", pt)
+    t = doc["spec"]["training"]
+    step = t["seqLen"] * t.get("microBatchSize", 1) * t.get("gradientAccumulationSteps", 1) * \
+        doc["spec"]["resources"]["gpusPerNode"] * doc["spec"]["resources"].get("nodes", 1)
+    assert code == 0 and (f"warning: spec.tokens: 10 tokens round up to 1 optimizer step of {step:,} tokens "
+                          f"(seqLen × microBatchSize × gradientAccumulationSteps × ") in out
+    assert f"the run trains {step:,} tokens" in out
+    doc["spec"]["tokens"] = 1000 * step + 1  # one step more than asked: under 10 %, no word
+    pt.write_text(yaml.safe_dump(doc))
+    code, out = _invoke("validate", pt)
+    assert code == 0 and "spec.tokens" not in out

@@ -64,3 +64,21 @@ def say_spec_warnings(res) -> None:
     for where, spec in specs:
         for w in spec_warnings(spec):
             say(f"[yellow]warning:[/] {where}.{escape(w)}")
+    if hasattr(res.spec, "tokens"):
+        w = token_budget_warning(res.spec)
+        if w:
+            say(f"[yellow]warning:[/] {escape(w)}")
+
+
+def token_budget_warning(spec) -> str | None:
+    """A PitTraining whose ``tokens`` the whole optimizer steps exceed by 10 % or more (a budget below one
+    step: ``tokens: 10`` trains 2,048): what the run will train instead; None otherwise."""
+    tr, r = spec.training, spec.resources
+    world = r.nodes * r.gpus_per_node
+    step = tr.seq_len * tr.micro_batch_size * tr.gradient_accumulation_steps * world
+    steps = -(-spec.tokens // step)  # pitlab.trainer.data.steps_for_budget's ceiling
+    if steps * step < 1.1 * spec.tokens:
+        return None
+    return (f"spec.tokens: {spec.tokens:,} tokens round up to {steps:,} optimizer step{'s' if steps > 1 else ''} of "
+            f"{step:,} tokens (seqLen × microBatchSize × gradientAccumulationSteps × {world} GPU"
+            f"{'s' if world > 1 else ''}): the run trains {steps * step:,} tokens")
