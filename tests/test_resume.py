@@ -192,10 +192,13 @@ def test_an_interrupted_run_names_the_command_that_resumes_it(pt, tmp_path, monk
         raise local.Interrupted("SIGTERM")
 
     monkeypatch.setattr(local, "run_pittraining_local", interrupted)
+    monkeypatch.setenv("PITLAB_DATA_ROOT", str(tmp_path))  # restored after the test (pitlab run exports its own)
     code, out = _invoke("run", pt, "--out", tmp_path / "o", "--nproc", 2)
     assert code == 130
     assert "interrupted by SIGTERM; status Interrupted" in out
-    assert f"continue with `pitlab run --resume {pt} --out {tmp_path / 'o'} --nproc 2`" in out
+    assert f"continue with `pitlab run --resume {pt} --out {tmp_path / 'o'} --nproc 2`" in out  # root from the env
+    code, out = _invoke("run", pt, "--data-root", tmp_path / "data", "--nproc", 2)
+    assert code == 130 and f"continue with `pitlab run --resume {pt} --data-root {tmp_path / 'data'} --nproc 2`" in out
 
 
 def test_report_on_a_training_folder_points_at_its_evaluations(pt, tmp_path):

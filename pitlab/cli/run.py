@@ -4,6 +4,7 @@ published; SIGINT and SIGTERM end it with status Interrupted (exit 130)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import time
@@ -13,7 +14,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from pitlab.api import PitTraining, SpecError
+from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
 from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load
@@ -45,6 +46,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     from pitlab import storage
     from pitlab.local import local_work_root
 
+    # --data-root belongs in a resume advice only when given on the command line (not read from the environment)
+    root_flag = data_root if data_root is not None and os.environ.get(DATA_ROOT_ENV) != str(data_root) else None
     if nproc is not None and nproc < 1:
         fail(SpecError([("--nproc", f"{nproc}: give at least 1 torchrun process")]), 2)
     if resume and overwrite:
@@ -57,7 +60,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     root = out or (local_work_root(remote) if remote else Path(spec_out))
     names = [res.metadata.name] + [e.name for e in getattr(res.spec, "evaluations", [])]
     again = " ".join(["pitlab run --resume", str(file)] + (["--out", str(out)] if out else [])
-                     + (["--data-root", str(data_root)] if data_root else [])
+                     + (["--data-root", str(root_flag)] if root_flag else [])
                      + (["--nproc", str(nproc)] if nproc else []))  # the command that continues this run
     if remote and resume:
         fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
