@@ -79,3 +79,23 @@ def test_this_environment_runs_the_pinned_versions():
         if got.split("+")[0] != version:
             wrong[name] = (version, got)
     assert not wrong, f"pinned vs installed: {wrong}"
+
+
+def test_the_operator_runs_with_only_what_its_image_installs():
+    """The operator image installs pitlab without dependencies plus pydantic, pyyaml, kopf and kubernetes: its
+    lifecycle and kmock end-to-end tests pass in a process where every other package pitlab uses is unimportable
+    (tests/image_deps_guard.py). The import chain operator → pipeline → evaluator once pulled numpy into it."""
+    import subprocess
+    import sys
+
+    from image_deps_guard import MISSING_FROM_OPERATOR_IMAGE
+
+    installed = re.search(r"pip install -c constraints\.txt ([^&\\\n]+)", (ROOT / "images/operator/Dockerfile")
+                          .read_text()).group(1).split()
+    assert installed == ["pydantic", "pyyaml", "kopf", "kubernetes"]
+    assert not set(installed) & set(MISSING_FROM_OPERATOR_IMAGE)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "image_deps_guard", "-p", "no:cacheprovider",
+                        "test_operator_lifecycle.py", "test_operator_e2e.py"], cwd=ROOT / "tests",
+                       capture_output=True, text=True, timeout=900)
+    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
+    assert r.returncode == 0 and re.search(r"\d+ passed", tail) and "error" not in tail, r.stdout[-4000:]

@@ -108,7 +108,7 @@ class Dataset(SpecModel):
     @model_validator(mode="after")
     def _template(self) -> "Dataset":
         if self.prompt_template is not None:
-            from pitlab.data.sampling import check_prompt_template
+            from pitlab.data.prompts import check_prompt_template
 
             try:
                 check_prompt_template(self.prompt_template, self.kind, self.price_levels)

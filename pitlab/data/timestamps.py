@@ -24,7 +24,6 @@ import re
 import zoneinfo
 from decimal import ROUND_FLOOR, Decimal
 
-import pandas as pd
 
 from pitlab.errors import InputError
 
@@ -159,6 +158,8 @@ def _matches(s: str, fmt: str) -> bool:
 
 
 def _parse_iso(s: str) -> pd.Timestamp:
+    import pandas as pd  # here: checking a format (the operator's image) needs no pandas
+
     m = _ISO.fullmatch(s)
     if m is None:
         raise _refusal(s, ISO8601)
@@ -221,6 +222,8 @@ def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
     """``s`` read with the strftime pattern ``fmt``, accepted only when writing the value back with ``fmt``
     gives ``s`` again: a field shorter than its width (``2017411`` for ``%Y%m%d``), a weekday that is not the
     date's, or any field strptime reads and then ignores or overrides is refused, not guessed."""
+    import pandas as pd  # here: checking a format (the operator's image) needs no pandas
+
     try:
         stamp = dt.datetime.strptime(s, fmt)
     except ValueError as err:  # strptime's own "time data ... does not match format ..." says nothing more
@@ -237,6 +240,8 @@ def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
 
 
 def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:
+    import pandas as pd  # here: checking a format (the operator's image) needs no pandas
+
     if isinstance(value, bool):
         raise TimestampError(f"timestamp {value!r} is a bool, expected {describe_format(fmt)}")
     if isinstance(value, int):

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from pitlab.api import LeakageEval, ResourceStatus, stages
 from pitlab.api.stages import Stage
-from pitlab.evaluator.inputs import fetch_models
 from pitlab.operator import builders, naming
 from pitlab.operator.context import Ctx, World
 from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, jobs_state
 from pitlab.operator.naming import JOBS
 from pitlab.pipeline.base import EvalRun, Report, StageStep
+
+
+def fetch_models(*args, **kwargs):
+    """:func:`pitlab.evaluator.inputs.fetch_models`, imported when a local run calls it: the operator, which
+    imports this module, has no numpy or pandas."""
+    from pitlab.evaluator.inputs import fetch_models as fetch
+
+    return fetch(*args, **kwargs)
 
 
 class EmbedReport(Report):

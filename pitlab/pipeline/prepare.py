@@ -13,7 +13,14 @@ from pitlab.api.status import CorpusAuditStatus
 from pitlab.operator import builders
 from pitlab.operator.context import Ctx, Plan, job_stage, problems
 from pitlab.pipeline.base import Report, StageStep, TrainingRun
-from pitlab.trainer.inputs import prepare_run
+
+
+def prepare_run(*args, **kwargs):
+    """:func:`pitlab.trainer.inputs.prepare_run`, imported when a local run calls it: the operator, which
+    imports this module, has no torch, numpy or pandas."""
+    from pitlab.trainer.inputs import prepare_run as prepare
+
+    return prepare(*args, **kwargs)
 
 
 class PrepareReport(Report):
