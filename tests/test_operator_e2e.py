@@ -40,6 +40,7 @@ JOBS = "batch/v1/jobs"
 PTJ = "kubeflow.org/v1/pytorchjobs"
 TJ = "trainer.kubeflow.org/v1alpha1/trainjobs"
 JS = "jobset.x-k8s.io/v1alpha2/jobsets"
+RUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
 PODS = "v1/pods"
 CFG = OperatorConfig(reconcile_interval=0.1, pvc="research-data", trainer_image="registry.example/pitlab-trainer:t",
                      evaluator_image="registry.example/pitlab-evaluator:t", create_retry_delay=0.2)
@@ -152,8 +153,15 @@ class Cluster:
         server["get", re.compile(r"/api/v1/namespaces/[^/]+/pods/[^/]+/log")] << self._log
 
     def install(self, resource: str) -> None:
-        """Serve a training kind (its CRD installed), from now on."""
+        """Serve a training kind (its CRD installed), from now on; Kubeflow Trainer with the chart's
+        ClusterTrainingRuntime."""
         self.server.resources[resource] = kmock.ResourceInfo(verbs=VERBS, **TRAINING_KINDS[resource])
+        if resource == TJ:
+            self.server.resources[RUNTIMES] = kmock.ResourceInfo(verbs=VERBS, kind="ClusterTrainingRuntime",
+                                                                 singular="clustertrainingruntime", namespaced=False)
+            self.server.objects[kmock.resource(RUNTIMES), None, CFG.training_runtime] = {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+                "metadata": {"name": CFG.training_runtime}}
 
     def _log(self, request: kmock.Request) -> bytes:
         key = (request.namespace, request.name, request.params.get("container", ""))

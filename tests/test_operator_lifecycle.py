@@ -31,11 +31,15 @@ class FakeWorld:
         self.pods: list[dict] = []
         self.logs: dict[tuple[str, str], str] = {}
         self.served = set(served)
+        self.runtime = True  # Kubeflow Trainer's clusters have the chart's ClusterTrainingRuntime unless a test says
 
     def serves(self, resource: str) -> bool:
         return resource in self.served
 
-    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+    def get(self, resource: str, namespace: str | None, name: str) -> dict | None:
+        if resource == naming.CLUSTERTRAININGRUNTIMES:
+            ok = self.runtime and lifecycle.TRAINJOBS in self.served and name == CFG.training_runtime
+            return {"kind": "ClusterTrainingRuntime", "metadata": {"name": name}} if ok else None
         return copy.deepcopy(self.objects.get((resource, name)))
 
     def job_pods(self, namespace: str, job: str) -> list[dict]:
@@ -425,6 +429,24 @@ def test_auto_without_a_backend_creates_nothing_and_names_what_to_install() -> N
     body, plan = step(w, body)
     assert [m["metadata"]["name"] for m in plan.creates] == ["t-pit-spec", "t-prepare"]
     assert conds(body)[0] == ("Validated", "True", "SpecValid") and body["status"]["backend"]["kind"] == "TrainJob"
+
+
+def test_auto_skips_a_trainjob_whose_runtime_is_missing() -> None:
+    """Trainer's webhook refuses a TrainJob created before its ClusterTrainingRuntime (the chart renders it only
+    where Helm saw Trainer's API): auto then takes the next kind served, before anything is created."""
+    w = FakeWorld(served=(lifecycle.TRAINJOBS, lifecycle.JOBSETS))
+    w.runtime = False
+    body, plan = step(w, copy.deepcopy(BODY))
+    assert [m["metadata"]["name"] for m in plan.creates] == ["t-pit-spec", "t-prepare"]
+    assert body["status"]["backend"]["kind"] == "JobSet"
+    assert body["status"]["backend"]["reason"] == (
+        "the operator's default (chart value trainingBackend): auto; the cluster serves jobsets.jobset.x-k8s.io "
+        "(not trainjobs.trainer.kubeflow.org with the ClusterTrainingRuntime pitlab-torch (absent: install it with "
+        "the chart, trainingRuntime.install=true))")
+    w = FakeWorld(served=(lifecycle.TRAINJOBS,))
+    w.runtime = False
+    body, plan = step(w, copy.deepcopy(BODY))
+    assert plan.creates == [] and "ClusterTrainingRuntime pitlab-torch (absent" in message(body, "Stalled")
 
 
 @pytest.mark.parametrize("backend, warned", [("pytorchjob", True), ("trainjob", False), ("jobset", False)])

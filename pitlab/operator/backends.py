@@ -71,10 +71,13 @@ class Choice:
     reason: str
 
 
-def choose(spec_backend: str | None, default: str, serves: Callable[[str], bool]) -> Choice:
+def choose(spec_backend: str | None, default: str, serves: Callable[[str], bool],
+           runtime: Callable[[], bool] | None = None, runtime_name: str = "") -> Choice:
     """The backend of a run: ``spec_backend`` (``spec.resources.backend``), else ``default`` (the operator's). A named
     backend is taken as it is (its kind missing is reported when its child is created). ``auto`` asks ``serves``
-    (resource key → whether the API server serves it) for TrainJob, JobSet, PyTorchJob in that order; with none
+    (resource key → whether the API server serves it) for TrainJob, JobSet, PyTorchJob in that order, a TrainJob
+    only where ``runtime()`` says its ClusterTrainingRuntime ``runtime_name`` exists (Trainer's webhook refuses a
+    TrainJob created before its runtime; the chart renders it only where Helm saw Trainer's API); with none
     served, no backend and a reason naming what to install."""
     requested, source = (spec_backend, SPEC_SOURCE) if spec_backend else (default, DEFAULT_SOURCE)
     if requested != "auto":
@@ -82,6 +85,10 @@ def choose(spec_backend: str | None, default: str, serves: Callable[[str], bool]
     missing: list[str] = []
     for backend in AUTO_ORDER:
         if serves(backend.resource):
+            if backend is TRAINJOB and runtime is not None and not runtime():
+                missing.append(f"{backend.crd} with the ClusterTrainingRuntime {runtime_name} (absent: install it "
+                               "with the chart, trainingRuntime.install=true)")
+                continue
             passed = f" (not {' nor '.join(missing)})" if missing else ""
             return Choice(backend, f"{source}: auto; the cluster serves {backend.crd}{passed}")
         missing.append(backend.crd)

@@ -61,14 +61,16 @@ class Kube:
             raise
         return frozenset(r.get("name", "") for r in json.loads(found.data).get("resources") or [])
 
-    def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """The object, or None if it does not exist."""
+    def get(self, resource: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object (``namespace`` None: a cluster-scoped one), or None if it does not exist."""
         group, version, plural = _split(resource)
         try:
             if resource == naming.CONFIGMAPS:
                 obj = self.core.read_namespaced_config_map(name, namespace, _preload_content=False)
             elif resource == naming.JOBS:
                 obj = self.batch.read_namespaced_job(name, namespace, _preload_content=False)
+            elif namespace is None:  # a cluster-scoped object (the ClusterTrainingRuntime)
+                return self.custom.get_cluster_custom_object(group, version, plural, name)
             else:
                 return self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
         except ApiException as err:

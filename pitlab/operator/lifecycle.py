@@ -153,7 +153,10 @@ def _choose_backend(ctx: Ctx, pt: PitTraining) -> bool:
     PyTorchJob queued through Kueue, condition Warning=True (reason KueueIntegrationRequired) and a Warning event.
     False when ``auto`` finds no backend: Validated=False and Stalled=True with reason NoTrainingBackend, naming
     what to install; nothing is created and the operator looks again at every reconcile."""
-    choice = backends.choose(pt.spec.resources.backend, ctx.cfg.training_backend, ctx.world.serves)
+    runtime = ctx.cfg.training_runtime
+    choice = backends.choose(pt.spec.resources.backend, ctx.cfg.training_backend, ctx.world.serves,
+                             lambda: ctx.world.get(naming.CLUSTERTRAININGRUNTIMES, None, runtime) is not None,
+                             runtime)
     if choice.backend is None:
         ctx.running(stages.VALIDATE, choice.reason, reason=NO_BACKEND)
         conditions.stage_blocked(ctx.status, stages.VALIDATE.condition, NO_BACKEND, choice.reason, ctx.gen, ctx.now)

@@ -31,6 +31,7 @@ JOBS = "batch/v1/jobs"
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 JOBSETS = "jobset.x-k8s.io/v1alpha2/jobsets"
+CLUSTERTRAININGRUNTIMES = "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"  # cluster-scoped: read only
 PITTRAININGS = "pitlab.io/v1alpha1/pittrainings"
 LEAKAGEEVALS = "pitlab.io/v1alpha1/leakageevals"
 RESOURCE_OF_KIND = {"ConfigMap": CONFIGMAPS, "Job": JOBS, "PyTorchJob": PYTORCHJOBS, "TrainJob": TRAINJOBS,

@@ -28,6 +28,8 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
 
 CLUSTER_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),  # kopf's resource discovery
+    # backend auto: a TrainJob only where its ClusterTrainingRuntime exists (pitlab.operator.backends.choose)
+    ("trainer.kubeflow.org", "clustertrainingruntimes", ("get",)),
 ]
 
 # Checked by the API server when children are created, never requested by the operator itself.

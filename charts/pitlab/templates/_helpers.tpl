@@ -78,6 +78,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["clustertrainingruntimes"]
+  verbs: ["get"]
 {{- end -}}
 
 {{/* The training backend values, checked (pitlab/operator/config.py: TRAINING_BACKENDS). */}}
