@@ -185,3 +185,26 @@ def test_a_missing_data_file_names_the_nearest_file_or_the_missing_folder(tmp_pa
     with pytest.raises(SpecError) as e:
         resolve_local_path(f"${{{DATA_ROOT_ENV}}}/jpx/prices.csv", "spec.dataset.uri")
     assert str(e.value).endswith(f"{tmp_path} holds no 'jpx')")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("cpu", "sixty", "spec.resources.cpu: not a Kubernetes quantity (a number with an optional suffix: 500m, 64, "
+                     "256Gi, 900G; GB, MB and spaces are not suffixes) (got 'sixty')"),
+    ("memory", "900GB", "spec.resources.memory: not a Kubernetes quantity"),
+    ("queueName", "GPU Queue!", "spec.resources.queueName: cannot be a Kubernetes label value (the "
+                                "kueue.x-k8s.io/queue-name label): at most 63 characters"),
+    ("queueName", "q" * 64, "spec.resources.queueName: cannot be a Kubernetes label value"),
+])
+def test_resource_quantities_and_queue_names_are_checked_when_read(doc, field, value, message):
+    """Refused with the spec, not by the API server after the run's first Jobs exist."""
+    doc["spec"]["resources"][field] = value
+    with pytest.raises(SpecError) as err:
+        parse_resource(doc)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [("cpu", "500m"), ("cpu", "64"), ("memory", "900Gi"), ("memory", "1e9"),
+                                          ("memory", "512M"), ("queueName", "gpu-queue.team_a"), ("queueName", "q" * 63)])
+def test_good_quantities_and_queue_names_pass(doc, field, value):
+    doc["spec"]["resources"][field] = value
+    assert getattr(parse_resource(doc).spec.resources, {"queueName": "queue_name"}.get(field, field)) == value

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pitlab.api.base import GROUP_VERSION, FieldError, SpecModel
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.names import LABEL_RULE, label_problem
-from pitlab.api.scheduling import PodScheduling
+from pitlab.api.scheduling import PodScheduling, Quantity
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec, check_location
 
@@ -268,8 +268,8 @@ class EvalResources(PodScheduling):
     Job (CPU) takes only ``image``."""
 
     gpus: int = Field(0, ge=0)
-    cpu: str | None = None
-    memory: str | None = None
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
     image: str | None = None
 
 

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pitlab.api.base import GROUP_VERSION, FieldError, ISODate, SpecModel
 from pitlab.api.leakageeval import SEED_MAX, LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
-from pitlab.api.scheduling import PodScheduling
+from pitlab.api.scheduling import PodScheduling, Quantity
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec, check_location
 
@@ -221,8 +221,8 @@ class ResourcesSpec(PodScheduling):
         "memory of one GPU in GiB (e.g. 80 for an H100 80GB, 141 for an H200); `pitlab plan` refuses a run "
         "whose predicted per-GPU peak exceeds it"))
     image: str | None = None
-    cpu: str | None = None
-    memory: str | None = None
+    cpu: Quantity | None = None
+    memory: Quantity | None = None
     backend: Literal["auto", "trainjob", "jobset", "pytorchjob"] | None = Field(None, description=(
         "what runs the training stage on a cluster (the operator; `pitlab run` ignores it): trainjob (Kubeflow "
         "Trainer v2 TrainJob on the chart's ClusterTrainingRuntime), jobset (a JobSet, no Kubeflow), pytorchjob "

@@ -6,11 +6,38 @@ Which Jobs of each kind receive them is written in the field descriptions below.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from pitlab.api.base import SpecModel
+
+_QUANTITY = re.compile(r"\+?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+
+
+def check_quantity(value: str | None) -> str | None:
+    """A Kubernetes resource quantity (``64``, ``500m``, ``900Gi``, ``1e3``), else ValueError: the API server
+    would refuse the child that carries it only after the run's first Jobs exist."""
+    if value is not None and not _QUANTITY.fullmatch(value):
+        raise ValueError("not a Kubernetes quantity (a number with an optional suffix: 500m, 64, "
+                         "256Gi, 900G; GB, MB and spaces are not suffixes)")
+    return value
+
+
+def check_label_value(value: str | None) -> str | None:
+    """A value the ``kueue.x-k8s.io/queue-name`` label can hold (at most 63 characters, alphanumerics with ``-``,
+    ``_`` and ``.`` inside), else ValueError."""
+    if value is not None and (len(value) > 63 or not _LABEL_VALUE.fullmatch(value)):
+        raise ValueError("cannot be a Kubernetes label value (the kueue.x-k8s.io/queue-name label): at "
+                         "most 63 characters, letters, digits, '-', '_' and '.', starting and ending with a letter "
+                         "or digit; a LocalQueue's name")
+    return value
+
+
+Quantity = Annotated[str, AfterValidator(check_quantity)]
+"""``cpu`` and ``memory`` of a resources block: checked as Kubernetes quantities when the spec is read."""
 
 
 class PodScheduling(SpecModel):
@@ -27,7 +54,7 @@ class PodScheduling(SpecModel):
         "pod tolerations (Kubernetes Toleration objects, e.g. {key: nvidia.com/gpu, operator: Exists, "
         "effect: NoSchedule}); given to the same Jobs as nodeSelector, and inherited by an evaluation the "
         "same way (an explicit [] opts out)"))
-    queue_name: str | None = Field(None, description=(
+    queue_name: Annotated[str, AfterValidator(check_label_value)] | None = Field(None, description=(
         "Kueue LocalQueue: set as the kueue.x-k8s.io/queue-name label on the training child (TrainJob, JobSet or "
         "PyTorchJob), on the merge Job when it requests GPUs, and on a LeakageEval's embedding Jobs (object "
         "metadata only, not the pods; Kueue suspends the Job at creation and admits it against the queue's "
