@@ -4,6 +4,7 @@ rendered object validates, the RBAC is exactly what the operator calls, the Depl
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -162,3 +163,27 @@ def test_the_kernel_cache_value_reaches_the_operator_config() -> None:
         (dep,) = of_kind(render(*args), "Deployment")
         env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert OperatorConfig.from_env(env).kernel_cache_env().get("TRITON_CACHE_DIR") == want
+
+
+@pytest.mark.parametrize("value, message", [
+    ("defaults.backoffLimit=two", "at '/defaults/backoffLimit': got string, want integer"),  # the operator's int()
+    ("storage.pvcc=typo", "at '/storage': additional properties 'pvcc' not allowed"),
+    ("defaults.backofLimit=5", "at '/defaults': additional properties 'backofLimit' not allowed"),
+    ("defaults.mergeMemory=900GB", "at '/defaults/mergeMemory': '900GB' does not match pattern"),
+    ("kueue.queueName=gpu", "additional properties 'kueue' not allowed"),  # queues are per run: spec.resources
+])
+def test_values_schema_refuses_typos_and_wrong_types(value: str, message: str) -> None:
+    """charts/pitlab/values.schema.json: a misspelt or mistyped value fails at helm template/install instead of
+    being ignored or crash-looping the operator."""
+    out = subprocess.run([helm(), "template", "pitlab", str(CHART), "--set", value], capture_output=True, text=True)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+
+
+def test_every_default_value_is_in_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(schema["properties"])
+    for key, sub in values.items():
+        props = schema["properties"][key].get("properties")
+        if isinstance(sub, dict) and props is not None:
+            assert set(sub) <= set(props), key
