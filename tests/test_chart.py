@@ -187,3 +187,13 @@ def test_every_default_value_is_in_the_schema() -> None:
         props = schema["properties"][key].get("properties")
         if isinstance(sub, dict) and props is not None:
             assert set(sub) <= set(props), key
+
+
+def test_an_existing_service_account_must_be_named() -> None:
+    out = subprocess.run([helm(), "template", "pitlab", str(CHART), "--set", "serviceAccount.create=false"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "serviceAccount.name: with serviceAccount.create=false, name the existing" in \
+        out.stderr, out.stderr
+    objs = render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops-pitlab")
+    (binding,) = of_kind(objs, "ClusterRoleBinding")
+    assert binding["subjects"][0]["name"] == "ops-pitlab" and of_kind(objs, "ServiceAccount") == []

@@ -29,7 +29,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if .Values.serviceAccount.create -}}
 {{- default (include "pitlab.fullname" .) .Values.serviceAccount.name -}}
 {{- else -}}
-{{- default "default" .Values.serviceAccount.name -}}
+{{- required "serviceAccount.name: with serviceAccount.create=false, name the existing ServiceAccount the operator runs as (the chart binds its ClusterRole to it; it would otherwise bind the namespace's default account)" .Values.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
 
