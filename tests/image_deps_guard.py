@@ -20,4 +20,6 @@ class _Missing(importlib.abc.MetaPathFinder):
         return None
 
 
-sys.meta_path.insert(0, _Missing())
+def pytest_configure(config) -> None:
+    """Installed only when loaded as a plugin (``-p image_deps_guard``), never by importing the module."""
+    sys.meta_path.insert(0, _Missing())
