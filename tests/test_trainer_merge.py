@@ -252,8 +252,17 @@ def test_the_merge_writes_the_model_card_of_the_training_summary(moe_checkpoint,
 # --- the merge's reading pipeline: direct DCP reads, read-ahead, expert views ---------------------------------------
 
 def _save_ranks(rank: int, world: int, ckpt: str, port: int) -> None:
-    """Rank ``rank`` of ``world`` gloo processes: a small qwen3_moe model sharded with the trainer's FSDP2 wrapping,
-    saved as the trainer saves it (each tensor split on dim 0 across the ranks' files)."""
+    """Rank ``rank`` of ``world`` gloo processes (:func:`_save_rank`), ended without interpreter finalization as the
+    trainer's ranks are (:func:`pitlab.trainer.rank_exit.exit_rank`: a gloo thread freeing tensors during
+    finalization aborted rank 1 with "terminate called without an active exception" in CI)."""
+    from pitlab.trainer.rank_exit import exit_rank
+
+    exit_rank(lambda: _save_rank(rank, world, ckpt, port))
+
+
+def _save_rank(rank: int, world: int, ckpt: str, port: int) -> None:
+    """A small qwen3_moe model sharded with the trainer's FSDP2 wrapping, saved as the trainer saves it (each
+    tensor split on dim 0 across the ranks' files)."""
     import os
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
