@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
+from pitlab.api.runfolders import folder_phase
 from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load
 from pitlab.cli.output import RichReporter, progress, say
@@ -72,7 +73,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if not remote and not resume:
         doomed = _claim_message(res, root, overwrite, file, again)
     t0 = time.monotonic()
-    finished = resume and _phase(TrainingLayout(root / res.metadata.name).status) == "Succeeded"
+    finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
     results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
     _publish_runs(root, remote, names)
     if remote:
@@ -167,16 +168,6 @@ def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> 
         say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
             "inputs are checked")
     return doomed
-
-
-def _phase(status_path: Path) -> str | None:
-    """The phase written in ``status_path``; None when it is missing or unreadable."""
-    import json
-
-    try:
-        return json.loads(status_path.read_text(encoding="utf-8"))["status"]["phase"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def interrupted_detail(status_path: Path) -> str:

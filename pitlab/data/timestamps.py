@@ -23,9 +23,12 @@ import math
 import re
 import zoneinfo
 from decimal import ROUND_FLOOR, Decimal
-
+from typing import TYPE_CHECKING
 
 from pitlab.errors import InputError
+
+if TYPE_CHECKING:  # annotations only: pandas is imported where a timestamp is parsed
+    import pandas as pd
 
 ISO8601 = "iso8601"
 EPOCH_NS = {"epoch_s": 10**9, "epoch_ms": 10**6, "epoch_us": 10**3}  # nanoseconds per unit
@@ -158,7 +161,7 @@ def _matches(s: str, fmt: str) -> bool:
 
 
 def _parse_iso(s: str) -> pd.Timestamp:
-    import pandas as pd  # here: checking a format (the operator's image) needs no pandas
+    import pandas as pd  # not at the top: check_format runs in the operator, which has no pandas
 
     m = _ISO.fullmatch(s)
     if m is None:
@@ -222,7 +225,7 @@ def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
     """``s`` read with the strftime pattern ``fmt``, accepted only when writing the value back with ``fmt``
     gives ``s`` again: a field shorter than its width (``2017411`` for ``%Y%m%d``), a weekday that is not the
     date's, or any field strptime reads and then ignores or overrides is refused, not guessed."""
-    import pandas as pd  # here: checking a format (the operator's image) needs no pandas
+    import pandas as pd  # not at the top: check_format runs in the operator, which has no pandas
 
     try:
         stamp = dt.datetime.strptime(s, fmt)
@@ -240,7 +243,7 @@ def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
 
 
 def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:
-    import pandas as pd  # here: checking a format (the operator's image) needs no pandas
+    import pandas as pd  # not at the top: check_format runs in the operator, which has no pandas
 
     if isinstance(value, bool):
         raise TimestampError(f"timestamp {value!r} is a bool, expected {describe_format(fmt)}")

@@ -168,7 +168,7 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
 
 def check_weight_files(path: Path, field: str) -> None:
     """The safetensors files of a model folder are whole: every shard an index names exists, and each file's
-    header reads and its tensors lie inside the file (headers only, milliseconds for any size), so that a
+    header reads and its tensors lie inside the file (only the headers are read), so that a
     truncated copy is refused before other models are embedded. Raises SpecError naming ``field`` and the file."""
     import json
 

@@ -40,6 +40,13 @@ def reshard_after_forward(world_size: int, lora: bool) -> bool:
     return world_size > 1 or lora
 
 
+def reduces_every_microbatch(world_size: int, sync_every_microbatch: bool) -> bool:
+    """Whether FSDP2 reduce-scatters after every microbatch of a step (``gradientSyncEveryMicrobatch``): never with
+    one rank, whose float32 sums of the unsharded gradients are the sharded gradients' size and bits; otherwise as
+    the spec says. Else the unsharded gradients are kept until the last microbatch."""
+    return sync_every_microbatch and world_size > 1
+
+
 def keep_gathered_between_microbatches(world_size: int, lora: bool) -> bool:
     """Whether the gathered compute-dtype parameters stay gathered from one microbatch's backward to the next
     microbatch's forward (FSDP2's ``set_reshard_after_backward(False)`` on every microbatch but the last): where

@@ -79,7 +79,7 @@ import torch
 from torch import nn
 
 from pitlab.api import PitTrainingSpec, SpecError
-from pitlab.trainer.fsdp import reshard_after_forward
+from pitlab.trainer.fsdp import reduces_every_microbatch, reshard_after_forward
 from pitlab.trainer.fused_step import fused_step_enabled
 from pitlab.trainer.loss import DEFAULT_CHUNK_TOKENS
 from pitlab.trainer.single_device import LABEL as SINGLE_DEVICE_LABEL
@@ -318,9 +318,8 @@ def _regime(spec: PitTrainingSpec, single: bool) -> _Regime:
     world = spec.resources.nodes * spec.resources.gpus_per_node
     return _Regime(
         world=world, c=2 if tr.precision == "bf16" else 4, single=single,
-        # one FSDP2 rank keeps its unsharded gradients until the last microbatch whatever the spec says
-        nosync=tr.gradient_accumulation_steps > 1 and not single and (not tr.gradient_sync_every_microbatch
-                                                                      or world == 1),
+        nosync=(tr.gradient_accumulation_steps > 1 and not single
+                and not reduces_every_microbatch(world, tr.gradient_sync_every_microbatch)),
         # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients
         fused=fused, no_fp32_grads=fused and tr.gradient_accumulation_steps == 1)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
+from pitlab.trainer.fsdp import keep_gathered_between_microbatches, reduces_every_microbatch
 from pitlab.trainer.fused_step import SHARDED_LABEL, MasterAdamW, fused_step_enabled
 from pitlab.trainer.plan import MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import FSDP2_LABEL
@@ -26,7 +27,7 @@ class FSDP2Strategy(Strategy):
 
     def __init__(self) -> None:
         self.fused = False  # the optimizer is MasterAdamW over the DTensor parameters
-        self.one_rank = False  # a world of one: nothing to reduce between microbatches
+        self.world = 1
         self.keep_gathered = False  # the parameters stay gathered between a step's microbatches
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
@@ -39,14 +40,13 @@ class FSDP2Strategy(Strategy):
               lora: dict | None) -> str:
         """:func:`pitlab.trainer.loading.load_sharded_model` over ``mesh``, then the loss
         (:func:`pitlab.trainer.loss.install_loss`). Returns the loss label."""
-        from pitlab.trainer.fsdp import keep_gathered_between_microbatches
         from pitlab.trainer.loading import load_sharded_model
         from pitlab.trainer.loss import install_loss
 
         tr = spec.training
         self.device = device
         self.keep_gathered = keep_gathered_between_microbatches(mesh.size(), lora is not None)
-        self.one_rank = mesh.size() == 1
+        self.world = mesh.size()
         self.activation_checkpointing = checkpointing_choice(plan, tr)
         self.model = self.forward_model = load_sharded_model(base, mesh, tr.precision, device,
                                                              self.activation_checkpointing, lora=lora, seed=tr.seed)
@@ -55,15 +55,15 @@ class FSDP2Strategy(Strategy):
         return loss_impl
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
-        """Without per-microbatch sync, and always in a world of one rank (where the float32 sums of the unsharded
-        gradients are the sharded gradients' size and bits: tests/test_single_device.py): keep the unsharded
-        gradients until the last microbatch. Where the layers keep their gathered parameters through forward (one
-        GPU, full weights: :func:`pitlab.trainer.fsdp.keep_gathered_between_microbatches`), also keep them after
-        every backward but the last, so that a step all-gathers its parameters once, not once per microbatch."""
+        """Unless FSDP2 reduces every microbatch (:func:`pitlab.trainer.fsdp.reduces_every_microbatch`: never with
+        one rank, tests/test_single_device.py), keep the unsharded gradients until the last microbatch. Where the
+        layers keep their gathered parameters through forward (one GPU, full weights:
+        :func:`pitlab.trainer.fsdp.keep_gathered_between_microbatches`), also keep them after every backward but
+        the last, so that a step all-gathers its parameters once, not once per microbatch."""
         if accum == 1:  # FSDP2's defaults: sync and reshard after the one backward
             return
         last = micro == accum - 1
-        if not sync_every_micro or self.one_rank:
+        if not reduces_every_microbatch(self.world, sync_every_micro):
             self.model.set_requires_gradient_sync(last)
         if self.keep_gathered:
             self.model.set_reshard_after_backward(last)
