@@ -18,6 +18,7 @@ import torch
 import torch._dynamo
 
 import pitlab.trainer.fused_step as fs
+from hostload import host_load
 
 SHAPES = [(248320, 2048), (64, 1024, 2048), (64, 2048, 512), (2048,), (8192, 2048), (2048, 4096), (4, 8192)]
 
@@ -35,22 +36,6 @@ def timed(fn, warmup: int = 3, iters: int = 10) -> float:
         torch.cuda.synchronize()
         out.append(a.elapsed_time(b))
     return sorted(out)[len(out) // 2]
-
-
-def host_load() -> dict:
-    """The host's load average, CPU count and the host time of one small kernel launch (microseconds, mean of
-    5,000 ``add_`` calls on a 1-element tensor, not synchronised in between): how busy the shared host is."""
-    import os
-    x = torch.zeros(1, device="cuda")
-    for _ in range(500):
-        x.add_(1)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(5000):
-        x.add_(1)
-    launch_us = (time.perf_counter() - t0) / 5000 * 1e6
-    torch.cuda.synchronize()
-    return {"loadavg": os.getloadavg(), "cpus": os.cpu_count(), "launch_us": launch_us}
 
 
 def main() -> int:

@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from h200_qwen35 import CONFIG as QWEN35_SMALL  # noqa: E402
+from hostload import host_load  # noqa: E402
 
 SEQ = 4096
 QWEN35_REDUCED = {"name": "qwen35_reduced", "model_type": "qwen3_5_moe_text", "vocab": 248320, "seq": SEQ,
@@ -435,7 +436,7 @@ def main() -> int:
         triton = None
     results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if CUDA else "cpu",
                      "torch": torch.__version__, "triton": getattr(triton, "__version__", None),
-                     "transformers": transformers.__version__, "shapes": {}}
+                     "transformers": transformers.__version__, "host_at_start": host_load(), "shapes": {}}
     try:
         import fla
         results["fla"] = fla.__version__
@@ -506,6 +507,7 @@ def main() -> int:
                 entry[label] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-4000:]}
                 print(traceback.format_exc(), flush=True)
             entry[label]["wall_s"] = time.perf_counter() - t
+            entry[label]["host_after"] = host_load()
             print(name, label, json.dumps({k: v for k, v in entry[label].items()
                                            if k not in ("step_s", "plan_table", "plan_components", "traceback", "profile")},
                                           default=str), flush=True)
