@@ -15,6 +15,11 @@
 #             path, then FSDP2 forced at world size 1 with the fused step, reduce-scattering once per step and after every
 #             microbatch (whether FSDP2's fixed cost per step, about 44 ms of copies at 4,096 tokens, amortises;
 #             about 8 min).
+# fsdp2-ab:   the single-device path and FSDP2 forced at world size 1 (fused step), first from an older tree, then
+#             from this one, each in its own process on the same machine (whether a commit slowed FSDP2: 0.68-0.77 x
+#             the single-device path in four calls of 2026-12-03/04, 0.51-0.60 x in two of 2026-12-05). The older
+#             tree is carried as OLD_TREE (default build/wt-5dc8285: `git archive 5dc8285 pitlab bench/throughput.py
+#             bench/gpu_checks.py bench/h200_qwen35.py | tar -x -C build/wt-5dc8285`; about 7 min).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -47,6 +52,12 @@ for k, v in r.items():
                     --shapes qwen35_reduced --checks "" --budget-s 545 --steps 8 --warmup 2 \
                     --runs "{$K4};{$K4, \"fusedOptimizer\": true, \"gradientSyncEveryMicrobatch\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};{$K4, \"fusedOptimizer\": true, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};default;$FSDP2_FUSED" \
                     > "$OUT/accumulation.log" 2>&1; tail -8 "$OUT/accumulation.log" ;;
+    fsdp2-ab) for tree in "${OLD_TREE:-build/wt-5dc8285}" .; do
+                tag=$(basename "$(cd "$tree" && pwd)")
+                (cd "$tree" && PYTHONPATH=$PYTHONPATH:$PWD timeout 280 python3 bench/throughput.py --work /tmp/tp-$tag \
+                   --out "$OUT/fsdp2-ab-$tag" --shapes qwen35_reduced --checks "" --budget-s 260 --steps 10 --warmup 3 \
+                   --runs "default;$FSDP2_FUSED" > "$OUT/fsdp2-ab-$tag.log" 2>&1; tail -4 "$OUT/fsdp2-ab-$tag.log")
+              done ;;
     repeat) rm -rf /tmp/mg; PITLAB_FORCE_FSDP2=1 timeout 560 python3 bench/multigpu_qwen35.py --work /tmp/mg \
               --out "$OUT/repeat" --layers 4 --experts 16 --stages base,repeat --steps 12 \
               --final-checkpoint-only --budget-s 540 \
