@@ -470,6 +470,16 @@ def test_batched_security_folds_equal_sklearn_groupkfold():
         np.testing.assert_array_equal(got[r], security_folds(rows, 4, W[r]))
     with pytest.raises(ProtocolError, match="inner=5 exceeds the number of distinct securities \\(4\\)"):
         security_folds_batch(rows[None, :] * W[5:6], 5, field="inner")
+    # a replicate's penalty selection (min_present): 4 securities in 5 folds are 4 folds of one security each and
+    # an empty fifth, which a pooled score ignores: the same folds as 4-fold GroupKFold
+    few = rows[None, :] * W[5:6]
+    np.testing.assert_array_equal(security_folds_batch(few, 5, min_present=2), security_folds_batch(few, 4))
+    assert sorted(security_folds_batch(few, 5, min_present=2)[0, 36:]) == [0, 1, 2, 3]
+    one = np.zeros_like(few)
+    one[0, 7] = 3
+    with pytest.raises(ProtocolError, match="regression.innerFolds: a fitting set of a resampled replicate has 1 "
+                                            "distinct security; 2 are needed"):
+        security_folds_batch(one, 5, field="regression.innerFolds", min_present=2)
 
 
 @pytest.mark.parametrize("cluster", ["security", "date", "security-and-date"])

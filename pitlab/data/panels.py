@@ -107,18 +107,66 @@ def check_csv_columns(path: Path, required: tuple[str, ...], header: tuple[str, 
     return header
 
 
+def _record_lines(path: Path, n_fields: int) -> np.ndarray:
+    """The line (1-based, of the file as text) on which each data record of a CSV starts, in order, blank lines
+    skipped as the reader skips them; int64 [records]. Raises :class:`PanelError` naming the record and its line
+    when its field count is not the header's ``n_fields`` (a reader keeping only some columns would otherwise
+    read such a row shifted: a decimal comma in one field moves the next field's value into the Name column)."""
+    import csv
+
+    from pandas.io.common import get_handle
+
+    lines: list[int] = []
+    with get_handle(path, "r", encoding=CSV_OPTIONS["encoding"], compression="infer") as h:
+        reader = csv.reader(h.handle)
+        try:
+            next(reader, None)  # the header, checked by check_csv_columns
+            start = reader.line_num + 1
+            for values in reader:
+                if values:
+                    if len(values) != n_fields:
+                        raise PanelError(f"{path}: row {len(lines) + 1} (line {start}): {len(values)} fields, the "
+                                         f"header has {n_fields}: {','.join(values)!r}; a field with a comma must be "
+                                         "quoted, and a decimal comma is not a number here")
+                    lines.append(start)
+                start = reader.line_num + 1
+        except csv.Error as err:
+            raise PanelError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
+    return np.asarray(lines, dtype=np.int64)
+
+
+def _where(df: pd.DataFrame, i: int) -> str:
+    """``"row i+1 (line L)"`` for the ``i``-th data row of a frame read by :func:`_read_csv` (``"row i+1"``
+    when its line numbers are not known)."""
+    return f"row {i + 1}" + (f" (line {int(df['_line'].iloc[i])})" if "_line" in df.columns else "")
+
+
 def _read_csv(path: Path, required: tuple[str, ...], used: tuple[str, ...] | None = None,
               headers: Headers | None = None) -> pd.DataFrame:
     """The columns ``used`` (default: ``required``) of a CSV whose header has every ``required`` column (the
-    header read here unless ``headers`` has it)."""
-    check_csv_columns(path, required, (headers or {}).get(path))
+    header read here unless ``headers`` has it), with each row's line in the file in column ``_line``.
+    Raises :class:`PanelError` for a row whose field count is not the header's (:func:`_record_lines`) and for
+    a file with a header but no data row."""
+    header = check_csv_columns(path, required, (headers or {}).get(path))
     keep = set(used or required)
     try:
-        return pd.read_csv(path, usecols=lambda c: c in keep, **CSV_OPTIONS)
+        lines = _record_lines(path, len(header))  # its PanelError (a ValueError) names the row as it is
+    except UnicodeDecodeError:
+        raise PanelError(_decode_problem(path)) from None
+    except (OSError, EOFError) as err:
+        raise PanelError(f"{path}: cannot read as CSV ({err})") from None
+    try:
+        df = pd.read_csv(path, usecols=lambda c: c in keep, **CSV_OPTIONS)
     except UnicodeDecodeError:
         raise PanelError(_decode_problem(path)) from None
     except (ValueError, pd.errors.ParserError, OSError, EOFError) as err:
         raise PanelError(f"{path}: cannot read as CSV ({err})") from None
+    if df.empty:
+        raise PanelError(f"{path}: a header but no data row")
+    if len(lines) != len(df):  # the two readers disagree on where records end: refuse rather than guess
+        raise PanelError(f"{path}: {len(df)} rows read by pandas but {len(lines)} CSV records; check its quoting")
+    df["_line"] = lines
+    return df
 
 
 def _decode_problem(path: Path) -> str:
@@ -133,13 +181,15 @@ def _first_bad(mask: pd.Series) -> int:
 
 
 def _parse_dates(df: pd.DataFrame, col: str, path: Path) -> pd.Series:
+    """Column ``col`` as datetime64: every value exactly YYYY-MM-DD (``2016-10-3`` is refused too, as a date
+    written some other way than the file's others), else :class:`PanelError` naming the row, line and value."""
     parsed = pd.to_datetime(df[col], format="%Y-%m-%d", errors="coerce")
-    bad = parsed.isna()
+    bad = parsed.isna() | ~df[col].str.fullmatch(r"\d{4}-\d{2}-\d{2}", na=False)
     if bad.any():
         i = _first_bad(bad)
         value = df[col].iloc[i]
         what = "empty date" if pd.isna(value) else f"unparseable date {value!r}"
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}, expected YYYY-MM-DD "
+        raise PanelError(f"{path}: {_where(df, i)}: column {col!r}: {what}, expected YYYY-MM-DD "
                          f"({_such_rows(int(bad.sum()))})")
     return parsed
 
@@ -156,17 +206,40 @@ def _numeric(df: pd.DataFrame, col: str, path: Path, minimum: str | None = None)
         what = f"must be {minimum}"
     if bad.any():
         i = _first_bad(bad)
-        raise PanelError(f"{path}: row {i + 1}: column {col!r}: {what}: {df[col].iloc[i]!r} "
+        raise PanelError(f"{path}: {_where(df, i)}: column {col!r}: {what}: {df[col].iloc[i]!r} "
                          f"({_such_rows(int(bad.sum()))}; leave the field empty where a value is missing)")
     return vals
+
+
+def _check_ids(df: pd.DataFrame, col: str, path: Path) -> None:
+    """Refuse security ids that a reader could take for one another: one with leading or trailing whitespace,
+    or two that differ only in letter case (``GE`` and ``ge``): each would be a security of its own, and the
+    rows of one security would split between two. Raises :class:`PanelError` naming the row, line and value."""
+    ids = df[col]
+    padded = ids.str.strip() != ids
+    if padded.any():
+        i = _first_bad(padded)
+        raise PanelError(f"{path}: {_where(df, i)}: column {col!r}: {ids.iloc[i]!r} has leading or trailing "
+                         f"whitespace ({_such_rows(int(padded.sum()))}); the same security written with and without "
+                         "it would be two securities")
+    distinct = pd.Series(ids.unique())
+    folded = distinct.str.casefold()
+    clash = folded.duplicated(keep=False)
+    if clash.any():
+        same = sorted(distinct[folded == folded[clash].iloc[0]])
+        i = _first_bad(ids == same[1])
+        raise PanelError(f"{path}: {_where(df, i)}: column {col!r}: {same[1]!r} differs from {same[0]!r} only in "
+                         "letter case; write each security one way")
 
 
 def _check_unique(df: pd.DataFrame, keys: list[str], path: Path) -> None:
     dup = df.duplicated(keys, keep=False)
     if dup.any():
-        rows = (np.flatnonzero(dup.to_numpy())[:2] + 1).tolist()
+        first = np.flatnonzero(dup.to_numpy())[:2]
+        at = f" (lines {', '.join(str(int(df['_line'].iloc[i])) for i in first)})" if "_line" in df.columns else ""
         key = tuple(str(x.date()) if isinstance(x, pd.Timestamp) else x for x in df.loc[dup, keys].iloc[0])
-        raise PanelError(f"{path}: rows {rows}: duplicate ({', '.join(keys)}) = {key if len(key) > 1 else key[0]!r}")
+        raise PanelError(f"{path}: rows {(first + 1).tolist()}{at}: duplicate ({', '.join(keys)}) = "
+                         f"{key if len(key) > 1 else key[0]!r}")
 
 
 def load_ohlcv_long(path: str | Path, headers: Headers | None = None) -> Prices:
@@ -184,7 +257,8 @@ def load_ohlcv_long(path: str | Path, headers: Headers | None = None) -> Prices:
     df["close"] = _numeric(df, "close", p, "> 0")
     df["volume"] = _numeric(df, "volume", p, ">= 0")
     if df["Name"].isna().any():
-        raise PanelError(f"{p}: row {_first_bad(df['Name'].isna()) + 1}: column 'Name' is empty")
+        raise PanelError(f"{p}: {_where(df, _first_bad(df['Name'].isna()))}: column 'Name' is empty")
+    _check_ids(df, "Name", p)
     _check_unique(df, ["date", "Name"], p)
     close = df.pivot(index="date", columns="Name", values="close").sort_index()
     volume = df.pivot(index="date", columns="Name", values="volume").reindex(close.index)
@@ -245,8 +319,9 @@ def _read_jpx_prices(path: Path, headers: Headers | None = None) -> pd.DataFrame
     df["Volume"] = _numeric(df, "Volume", path, ">= 0")
     df["AdjustmentFactor"] = _numeric(df, "AdjustmentFactor", path, "> 0")
     if df["SecuritiesCode"].isna().any():
-        raise PanelError(f"{path}: row {_first_bad(df['SecuritiesCode'].isna()) + 1}: column 'SecuritiesCode' "
+        raise PanelError(f"{path}: {_where(df, _first_bad(df['SecuritiesCode'].isna()))}: column 'SecuritiesCode' "
                          f"is empty")
+    _check_ids(df, "SecuritiesCode", path)
     _check_unique(df, ["Date", "SecuritiesCode"], path)
     df["_file"], df["_row"] = str(path), np.arange(1, len(df) + 1)
     return df
@@ -286,6 +361,7 @@ def load_jpx(folder: str | Path, headers: Headers | None = None) -> Prices:
     """
     files, list_path = jpx_files(folder)
     stock_list = _read_csv(list_path, JPX_LIST_COLUMNS, JPX_LIST_COLUMNS + ("Universe0",), headers)
+    _check_ids(stock_list, "SecuritiesCode", list_path)
     _check_unique(stock_list, ["SecuritiesCode"], list_path)
     df = _read_jpx_prices(files[0], headers)
     for extra in files[1:]:
@@ -295,10 +371,24 @@ def load_jpx(folder: str | Path, headers: Headers | None = None) -> Prices:
     factor = (df.pivot(index="Date", columns="SecuritiesCode", values="AdjustmentFactor")
               .reindex(close.index).fillna(1.0))
     names = dict(zip(stock_list["SecuritiesCode"].astype(str), stock_list["Name"].astype(str)))
-    names = {s: names.get(s, s) for s in close.columns}
+    unlisted = df["SecuritiesCode"][~df["SecuritiesCode"].isin(set(names))]
+    if len(unlisted):
+        codes = list(dict.fromkeys(unlisted))
+        row = df.loc[unlisted.index[0]]
+        raise PanelError(f"{row['_file']}: row {row['_row']}: SecuritiesCode {codes[0]!r} is not in {list_path} "
+                         f"({len(codes)} code(s) of the prices are not, e.g. {codes[:5]}); its prompts would show "
+                         "the bare code instead of the company name: list every code (a code written '1300.0' "
+                         "in one file and '1300' in the other is two codes)")
     universe0 = None
     if "Universe0" in stock_list.columns:
-        flag = stock_list["Universe0"].astype(str).str.strip().str.lower().isin(["true", "1", "1.0"])
+        text = stock_list["Universe0"].str.strip().str.lower()
+        odd = text.notna() & ~text.isin(["true", "false", "1", "0", "1.0", "0.0"])
+        if odd.any():
+            i = _first_bad(odd)
+            raise PanelError(f"{list_path}: {_where(stock_list, i)}: column 'Universe0': "
+                             f"{stock_list['Universe0'].iloc[i]!r} is not a boolean (True/False, 1/0; "
+                             f"{_such_rows(int(odd.sum()))})")
+        flag = text.isin(["true", "1", "1.0"])
         universe0 = frozenset(stock_list.loc[flag, "SecuritiesCode"].astype(str))
     source = str(files[0]) if len(files) == 1 else " + ".join(map(str, files))
     return Prices(close=close, volume=volume, names=names, calendar=pd.DatetimeIndex(close.index),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import date, datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -216,14 +217,24 @@ def load_panel(spec: LeakageEvalSpec, field_prefix: str = "spec", dataset: Check
                        ds.prompt_template, ds.universe, ds.price_levels)
 
 
-def check_price_days(prices, setting: str, kind: str) -> None:
-    """Refuse a price on a day that is not a session of the exchange calendar (``dataset.calendar``): targets
-    and features count the price file's days, so such a row would move a return across a day the exchange did
-    not trade. Days without any price (the TSE's 2020-10-01 in the JPX files) stay, listed in results.json. An
-    unknown calendar name is left to :func:`check_protocol`. Raises :class:`PanelError` naming the file, the
-    day, a security and its close."""
+def check_price_days(prices, setting: str, kind: str, today: date | None = None) -> None:
+    """Refuse a price file whose days are not the exchange's: a day after ``today`` (UTC; a mistyped year), a
+    price on a day that is not a session of the exchange calendar (``dataset.calendar``), or a session between
+    the file's first and last days with no row at all. Targets and features count the price file's days, so
+    either of the last two would make a one-day return span two sessions, or none. Days without any price (the
+    TSE's 2020-10-01 in the JPX files) stay, listed in results.json. An unknown calendar name is left to
+    :func:`check_protocol`. Raises :class:`PanelError` naming the file and the day (and, for a priced
+    non-session, a security and its close)."""
+    import pandas as pd
+
     from pitlab.evaluator.protocols import ProtocolError, trading_calendar
 
+    today = today or datetime.now(timezone.utc).date()
+    late = prices.calendar[prices.calendar > pd.Timestamp(today)]
+    if len(late):
+        more = f" ({len(late)} days after today in all)" if len(late) > 1 else ""
+        raise PanelError(f"{prices.source}: a row is dated {late[0].date()}, after today ({today}){more}: no price "
+                         "of a day yet to come can be in the file; correct the date or drop the row")
     try:
         sessions = trading_calendar(setting, kind, prices.calendar)
     except ProtocolError:
@@ -242,6 +253,16 @@ def check_price_days(prices, setting: str, kind: str) -> None:
                          "a price on a day the exchange did not trade cannot be placed in time: correct the date, "
                          "drop the row, or set dataset.calendar to the exchange the file follows ('panel': the "
                          "file's own days)")
+    inside = sessions[(sessions >= prices.calendar[0]) & (sessions <= prices.calendar[-1])]
+    absent = inside.difference(prices.close.index)
+    if len(absent):
+        shown = ", ".join(str(d.date()) for d in absent[:5]) + (f" and {len(absent) - 5} more" if len(absent) > 5
+                                                                else "")
+        raise PanelError(f"{prices.source}: no row for {len(absent)} {sessions.name} session(s) between its first "
+                         f"({prices.calendar[0].date()}) and last ({prices.calendar[-1].date()}) days: {shown}; "
+                         "returns and targets across a missing session would span two sessions under a one-session "
+                         "label: add the day's rows (an empty close where a security did not trade), or set "
+                         "dataset.calendar to 'panel' to take the file's own days as the trading days")
 
 
 def resolve_models(spec: LeakageEvalSpec, model_dirs: dict[str, Path] | None = None) -> dict[str, tuple[Path, str]]:

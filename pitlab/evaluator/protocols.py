@@ -209,7 +209,8 @@ def security_folds(rows_per_security: np.ndarray, n_splits: int, multiplicity: n
     return folds
 
 
-def security_folds_batch(sizes: np.ndarray, n_splits: int, field: str = "protocol.groupKFolds") -> np.ndarray:
+def security_folds_batch(sizes: np.ndarray, n_splits: int, field: str = "protocol.groupKFolds",
+                         min_present: int | None = None) -> np.ndarray:
     """:func:`security_folds` for B weightings at once: ``sizes`` int [B, S] (rows of each security in each
     weighting, multiplicities included) → int64 [B, S] folds (-1 where the size is 0).
 
@@ -217,13 +218,20 @@ def security_folds_batch(sizes: np.ndarray, n_splits: int, field: str = "protoco
     descending order of size (a stable argsort of the sizes, reversed), each to the fold with the fewest rows so
     far (the first such fold on ties); absent securities (size 0) sort last and change no other assignment.
     Vectorised over the B weightings: one Python step per security instead of one GroupKFold call per weighting.
-    Raises :class:`ProtocolError` when a weighting has fewer securities than folds."""
+    Raises :class:`ProtocolError` when a weighting has fewer securities than folds, or, with ``min_present``,
+    fewer than ``min_present``: a weighting with fewer securities than folds then puts each security in a fold
+    of its own (leave-one-security-out) and leaves the other folds empty, which a score pooled over the folds
+    ignores (the penalty selection in a security-resampled replicate that drew few distinct securities)."""
     z = np.asarray(sizes, dtype=np.int64)
     if z.ndim != 2:
         raise ValueError(f"sizes must be [B, S], got shape {z.shape}")
     B, S = z.shape
     present = (z > 0).sum(axis=1)
-    if B and present.min() < n_splits:
+    if B and min_present is not None and present.min() < min_present:
+        raise ProtocolError(f"{field}: a fitting set of a resampled replicate has {int(present.min())} distinct "
+                            f"securit{'y' if present.min() == 1 else 'ies'}; {min_present} are needed to split it "
+                            "by security (raise dataset.universeSize)")
+    if B and min_present is None and present.min() < n_splits:
         raise ProtocolError(f"{field}={n_splits} exceeds the number of distinct securities "
                             f"({int(present.min())}) in the data set")
     order = np.argsort(z, axis=1, kind="stable")[:, ::-1]

@@ -106,7 +106,7 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
         ks = [to_numpy(m.argmin(sc, axis=1)).astype(np.int64) for sc in scores]
         return (ks, scores) if targets > 1 else (ks[0], scores[0])
     k = selection.inner_folds
-    field_ = "inner folds of the penalty selection"
+    field_ = "regression.innerFolds"
     if selection.method == "date-blocked":
         pos = getattr(units, "unit_pos", None)
         if pos is None:
@@ -123,12 +123,12 @@ def select_alpha(units: SuffStats, w, alphas, selection: AlphaSelection, fitting
     unit_sec = getattr(units, "unit_security", None)
     wi = np.rint(to_numpy(w_b)).astype(np.int64)
     if unit_sec is None:  # units are securities
-        inner = security_folds_batch(rows[None, :] * wi, k, field=field_)  # [B, S]
+        inner = security_folds_batch(rows[None, :] * wi, k, field=field_, min_present=2)  # [B, S]
     else:  # units are rows: inner GroupKFold by their securities (sizes = weighted rows per security)
         n_sec = int(unit_sec.max()) + 1
         sizes = np.stack([np.bincount(unit_sec, weights=r, minlength=n_sec) for r in wi * rows[None, :]])
         sizes = np.rint(sizes).astype(np.int64)
-        inner = security_folds_batch(sizes, k, field=field_)[:, unit_sec]  # [B, m]
+        inner = security_folds_batch(sizes, k, field=field_, min_present=2)[:, unit_sec]  # [B, m]
     inner_test = _fold_stats(units, w_b, inner[:, None, :] == np.arange(k)[None, :, None])
     inner_train = fitting.take(np.repeat(np.arange(w_b.shape[0]), k)) - inner_test
     return _scored(inner_train, inner_test, alphas, backend, w_b.shape[0], k, m, targets)
