@@ -6,7 +6,8 @@ import pytest
 
 from pitlab.data import PanelError, build_panel, compute_target, load_jpx, load_ohlcv_long
 from pitlab.data.panels import JPX_PRICE_COLUMNS, compute_features, jpx_adjusted_close, target_close
-from pitlab.data.sampling import DEFAULT_PROMPT_TEMPLATE, DEFAULT_PROMPT_TEMPLATE_NO_LEVELS, check_prompt_template
+from pitlab.data.sampling import (DEFAULT_PROMPT_TEMPLATE, DEFAULT_PROMPT_TEMPLATE_NO_LEVELS, check_prompt_template,
+                                  dropped_note)
 
 
 def _ohlcv(tmp_path, n_days=40, names=("AAA", "BBB", "CCC"), drop=()):
@@ -75,6 +76,14 @@ def test_sp500_panel(data_root):
     assert panel.rows.date.nunique() == 30 and panel.rows.security.nunique() == 300
     assert len(panel.rows) + sum(panel.dropped.values()) == 9000
     assert panel.rows.target.notna().all()
+    lost = sum(panel.dropped.values())
+    assert lost > 0  # 300 of 505 S&P names over five years: some join late or leave early
+    note = dropped_note({**panel.dropped, "kept": len(panel.rows)})
+    assert note.startswith(f"; {lost:,} of 9,000 sampled rows dropped: ")
+    assert dropped_note({"missing_features": 0, "missing_target": 0, "kept": 9000}) == ""
+    assert dropped_note({"missing_features": 7, "missing_target": 1, "kept": 232}) == (
+        "; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed, delisted or "
+        "halted), 1 without a target (no close at t+1 or t+2)")
     assert not panel.rows.duplicated(["date", "security"]).any()
 
 
@@ -341,7 +350,7 @@ def test_a_close_that_is_not_a_price_is_refused_with_file_row_and_value(tmp_path
     df.loc[6, "close"] = value
     df.loc[9, "close"] = ""  # empty: no price that day, allowed
     df.to_csv(path, index=False)
-    with pytest.raises(PanelError, match=rf"ohlcv.csv: row 7: column 'close': {why}: {value!r} \(1 such row"):
+    with pytest.raises(PanelError, match=rf"ohlcv.csv: row 7 \(line 8\): column 'close': {why}: {value!r} \(1 such row"):
         load_ohlcv_long(path)
 
 
@@ -359,9 +368,9 @@ def test_jpx_nonnumeric_values_are_refused(tmp_path):
     df = pd.read_csv(f, dtype=str, keep_default_na=False)
     df.loc[4, "AdjustmentFactor"] = "0"
     df.to_csv(f, index=False)
-    with pytest.raises(PanelError, match=r"stock_prices.csv: row 5: column 'AdjustmentFactor': must be > 0: '0'"):
+    with pytest.raises(PanelError, match=r"stock_prices.csv: row 5 \(line 6\): column 'AdjustmentFactor': must be > 0: '0'"):
         load_jpx(tmp_path)
     df.loc[4, "AdjustmentFactor"], df.loc[11, "Volume"] = "1.0", "n/a"
     df.to_csv(f, index=False)
-    with pytest.raises(PanelError, match=r"stock_prices.csv: row 12: column 'Volume': not a finite number: 'n/a'"):
+    with pytest.raises(PanelError, match=r"stock_prices.csv: row 12 \(line 13\): column 'Volume': not a finite number: 'n/a'"):
         load_jpx(tmp_path)

@@ -136,3 +136,20 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     dataset = {**prices.info, "price_levels_in_prompts": printed, "prompt_template": template}
     return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped,
                  warnings=panel_warnings, dataset=dataset)
+
+
+def dropped_note(dropped: dict[str, int]) -> str:
+    """What ``Panel.dropped`` says in words, for the console and the report: ``""`` when no row was dropped, else
+    e.g. ``"; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed,
+    delisted or halted), 1 without a target (no close at t+1 or t+2)"``. The sampled count is the kept rows
+    plus the dropped, so the caller passes ``dropped`` with ``"kept"`` added."""
+    lost = dropped.get("missing_features", 0) + dropped.get("missing_target", 0)
+    if not lost:
+        return ""
+    parts = []
+    if dropped.get("missing_features"):
+        parts.append(f"{dropped['missing_features']:,} without features (price history missing: not yet listed, "
+                     "delisted or halted)")
+    if dropped.get("missing_target"):
+        parts.append(f"{dropped['missing_target']:,} without a target (no close at t+1 or t+2)")
+    return f"; {lost:,} of {dropped.get('kept', 0) + lost:,} sampled rows dropped: {', '.join(parts)}"

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from pitlab.api import layout
+from pitlab.data.sampling import dropped_note
 from pitlab.evaluator.plots import (VERDICT_STYLE, _ci, _f, plot_premium,  # noqa: F401  (re-exported)
                                     plot_premium_vs_cutoff, plot_r2_by_fold)
 
@@ -120,8 +121,8 @@ def render_markdown(results: dict) -> str:
                   "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", f"Panel: {panel['n_rows']} rows, {panel['n_securities']} securities, {panel['n_dates']} dates "
-              f"({panel['first_date']} .. {panel['last_date']}), source `{panel['source']}`. "
-              f"Target: {panel['target']}."]
+              f"({panel['first_date']} .. {panel['last_date']}), source `{panel['source']}`"
+              f"{dropped_note({**panel.get('dropped', {}), 'kept': panel['n_rows']})}. Target: {panel['target']}."]
     if results.get("dataset", {}).get("adjustment"):
         ds = results["dataset"]
         levels = ds.get("price_levels_in_prompts") or []
@@ -325,7 +326,7 @@ and protocol.</p>
 {% for img, alt in plots %}<p><img src="{{ img }}" alt="{{ alt }}" style="max-width:100%"></p>{% endfor %}
 {% for w in r.warnings %}<p class="warn"><b>Warning:</b> {{ w }}</p>{% endfor %}
 <p>Panel: {{ r.panel.n_rows }} rows, {{ r.panel.n_securities }} securities, {{ r.panel.n_dates }} dates
-({{ r.panel.first_date }} .. {{ r.panel.last_date }}). Seed {{ r.get('seed') }}.</p>
+({{ r.panel.first_date }} .. {{ r.panel.last_date }}){{ dropped }}. Seed {{ r.get('seed') }}.</p>
 <p>Versions: {{ versions }}.</p>
 <p>Device: {{ device }}.</p>
 </body></html>
@@ -351,7 +352,9 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
                                          resampled=_resampled(results["bootstrap"]),
                                          interval=_interval_text(results["bootstrap"]),
                                          versions=_plain(results.get("versions", {})),
-                                         device=_plain(results.get("device", {})))
+                                         device=_plain(results.get("device", {})),
+                                         dropped=dropped_note({**results["panel"].get("dropped", {}),
+                                                               "kept": results["panel"]["n_rows"]}))
 
 
 def _plain(value) -> str:

@@ -33,14 +33,16 @@ def to_status(report: EmbedReport, status: ResourceStatus) -> str:
 
 def run(run: EvalRun, stage: Stage) -> None:
     """Embed the panel's prompts with every model (cached by model digest, settings and prompts)."""
+    from pitlab.data.sampling import dropped_note
     from pitlab.evaluator.run import embed_panel
 
     run.models = fetch_models(run.checked.models, run.model_dirs)  # located by the preflight; s3:// downloaded now
     run.st.running(stage, f"embedding the panel's prompts with {len(run.models)} models")
     rows = run.checked.panel.rows
     run.reporter.stage("panel", f"{run.res.spec.dataset.kind} panel")
-    run.reporter.done("panel", f"{len(rows):,} rows ({rows.security.nunique()} securities × {rows.date.nunique()} "
-                               f"dates), dropped {run.checked.panel.dropped}")
+    note = dropped_note({**run.checked.panel.dropped, "kept": len(rows)})
+    run.reporter.done("panel", f"{len(rows):,} rows ({rows.security.nunique()} securities, {rows.date.nunique()} "
+                               f"dates){note}")
     prompts = rows["prompt"].astype(str).tolist()
     for name, (path, kind) in run.models.items():
         run.reporter.stage(f"embed {name}", str(path))
