@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pitlab.data import CorpusError, cutoff_instant, filter_corpus, read_corpus
+from pitlab.data import CorpusError, PanelError, cutoff_instant, filter_corpus, read_corpus
 from pitlab.data.corpus import parse_timestamp
 from pitlab.data.types import Document
 
@@ -186,6 +186,22 @@ def test_warnings_for_a_cutoff_after_the_latest_document_or_today(tmp_path):
                                  "documents added to the corpus later, up to the cutoff, would be kept")
 
 
+def test_warnings_for_documents_after_today_and_repeated_documents(tmp_path):
+    """Found by a quant's trial: a document dated 2099 and an exact copy of another were accepted without a word."""
+    f = tmp_path / "c.csv"
+    f.write_text("id,date,text\na,2016-01-05,one\nb,2016-01-06,two\nc,2099-01-05,three\nd,2016-01-05,one\n"
+                 "e,2016-01-07,one\n")
+    docs = read_corpus(f, "csv", "text", "date", "UTC", id_field="id")
+    kept, audit = filter_corpus(docs, dt.date(2016, 12, 31), "UTC", today=dt.date(2026, 12, 5))
+    assert [d.id for d in kept] == ["a", "b", "d", "e"]  # the copy is kept (and counted): a warning, not a drop
+    assert audit.warnings == [
+        "1 document(s) dated after today (2026-12-05, UTC; first: row 3, id 'c', 2099-01-05T00:00:00+00:00): no "
+        "document can be published in the future, so the dates may be wrong (e.g. a mistyped year); dated after the "
+        "cutoff, they are left out",
+        "1 document(s) repeat the text and timestamp of an earlier one (first: row 4, id 'd' repeats row 1, id 'a'): "
+        "each copy is trained on"]
+
+
 def test_fomc_demo_corpus_has_no_warnings(data_root):
     src = data_root / "fomc_statements" / "fomc_statements_1994_2026.csv"
     docs = read_corpus(src, "csv", "text", "date", "America/New_York")
@@ -210,3 +226,18 @@ def test_a_refused_timestamp_format_names_the_field(tmp_path):
     f.write_text("date,text\n2016-01-05,a\n")
     with pytest.raises(CorpusError, match=r"spec.corpus.timestampFormat: '%d/%m/%y': %y \(two-digit year\)"):
         read_corpus(f, "csv", "text", "date", "UTC", timestamp_format="%d/%m/%y")
+
+
+def test_a_semicolon_separated_file_is_named_as_such(tmp_path):
+    """Found by a quant's trial: a ';'-separated corpus or panel was refused without a word about the separator."""
+    from pitlab.data.panels import load_ohlcv_long
+
+    f = tmp_path / "c.csv"
+    f.write_text("id;date;text\na;2016-01-05;one\n")
+    with pytest.raises(CorpusError, match=r"fields present: \['id;date;text'\]; the header is one field holding "
+                                          r"';': pitlab reads comma-separated files"):
+        read_corpus(f, "csv", "text", "date", "UTC")
+    p = tmp_path / "p.csv"
+    p.write_text("date\topen\thigh\tlow\tclose\tvolume\tName\n2016-01-05\t1\t1\t1\t1\t1\tA\n")
+    with pytest.raises(PanelError, match="the header is one field holding tabs: pitlab reads comma-separated files"):
+        load_ohlcv_long(p)

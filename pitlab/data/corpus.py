@@ -21,7 +21,7 @@ from typing import Iterator, Literal
 
 import pandas as pd
 
-from pitlab.data.encoding import decode_problem
+from pitlab.data.encoding import decode_problem, separator_hint
 from pitlab.data.timestamps import EPOCH_NS, TimestampError, check_format, parse_timestamp
 from pitlab.data.types import Document
 from pitlab.errors import CorpusError
@@ -123,7 +123,8 @@ def _iter_csv(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
                     continue  # csv.DictReader's rule: a blank line is no record
                 if len(values) != len(header):
                     raise CorpusError(f"{path}: row {i} (line {reader.line_num}): {len(values)} fields, the header "
-                                      f"has {len(header)}; a field with a comma or a line break must be quoted")
+                                      f"has {len(header)}; a field with a comma or a line break must be quoted"
+                                      f"{separator_hint(header)}")
                 yield i, dict(zip(header, values))
         except csv.Error as err:
             raise CorpusError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
@@ -170,7 +171,7 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
             if field is not None and field not in rec:
                 where = "header" if fmt == "csv" else f"line {row}"
                 raise CorpusError(f"{p}: {where}: no field {field!r} (spec.corpus.{role}); "
-                                  f"fields present: {sorted(rec)}")
+                                  f"fields present: {sorted(rec)}{separator_hint(list(rec)) if fmt == 'csv' else ''}")
         doc_id = str(rec[id_field]) if id_field else f"row-{row}"
         if doc_id in seen:
             raise CorpusError(f"{p}: row {row}: duplicate id {doc_id!r} (first seen at row {seen[doc_id]})")
@@ -263,10 +264,11 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
 
 def corpus_warnings(docs: list[Document], cutoff: dt.date, timezone: str, fmt: str, excluded_by_date: int,
                     today: dt.date | None = None) -> list[str]:
-    """What looks wrong about a cutoff without being an error, in words: a cutoff after the latest dated
-    document (nothing was excluded, so the corpus, not the cutoff, ends the model's knowledge), a cutoff
-    after ``today`` (default: today in ``timezone``), epoch timestamps that decode to before 1980 (a unit
-    mistake such as ``epoch_ms`` for seconds reads every document as January 1970 and keeps it)."""
+    """What looks wrong about a cutoff or the documents without being an error, in words: a cutoff after the
+    latest dated document (nothing was excluded, so the corpus, not the cutoff, ends the model's knowledge), a
+    cutoff after ``today`` (default: today in ``timezone``), documents dated after today, documents that repeat
+    an earlier one's text and timestamp, epoch timestamps that decode to before 1980 (a unit mistake such as
+    ``epoch_ms`` for seconds reads every document as January 1970 and keeps it)."""
     tz = zoneinfo.ZoneInfo(timezone)
     stamps = [d.timestamp for d in docs if d.timestamp is not None]
     out = []
@@ -278,6 +280,25 @@ def corpus_warnings(docs: list[Document], cutoff: dt.date, timezone: str, fmt: s
     if cutoff > today:
         out.append(f"knowledge cutoff {cutoff} is after today ({today}, {timezone}): documents added to the corpus "
                    "later, up to the cutoff, would be kept")
+    future = [d for d in docs if d.timestamp is not None and d.timestamp.tz_convert(tz).date() > today]
+    if future:
+        d = future[0]
+        out.append(f"{len(future)} document(s) dated after today ({today}, {timezone}; first: row {d.row}, id "
+                   f"{d.id!r}, {local_isoformat(d.timestamp, timezone)}): no document can be published in the "
+                   "future, so the dates may be wrong (e.g. a mistyped year); dated after the cutoff, they are "
+                   "left out")
+    seen: dict[tuple, Document] = {}
+    repeats = []
+    for d in docs:
+        key = (d.timestamp, hashlib.sha256(d.text.encode("utf-8")).digest())
+        if key in seen:
+            repeats.append((d, seen[key]))
+        else:
+            seen[key] = d
+    if repeats:
+        d, first = repeats[0]
+        out.append(f"{len(repeats)} document(s) repeat the text and timestamp of an earlier one (first: row {d.row}, "
+                   f"id {d.id!r} repeats row {first.row}, id {first.id!r}): each copy is trained on")
     if fmt in EPOCH_NS:
         early = [t for t in stamps if t < EPOCH_PLAUSIBLE_FROM]
         if early:

@@ -41,3 +41,12 @@ def decode_problem(path: Path, encoding: str, field: str | None = None) -> str:
         "; convert the file to UTF-8"
     return (f"{path}: line {line}, byte offset {start}: byte(s) {bad.hex(' ')} are not valid {encoding} "
             f"({reason}){hint}{how}")
+
+
+def separator_hint(header) -> str:
+    """``"; ..."``: a hint when a CSV header read as one field holds another separator (``;``, a tab, ``|``),
+    as a file written with a decimal-comma locale's separator is; else ``""``."""
+    if len(header) != 1:
+        return ""
+    seps = [name for sep, name in ((";", "';'"), ("\t", "tabs"), ("|", "'|'")) if sep in header[0]]
+    return f"; the header is one field holding {seps[0]}: pitlab reads comma-separated files" if seps else ""

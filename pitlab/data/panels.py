@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pitlab.data.encoding import decode_problem
+from pitlab.data.encoding import decode_problem, separator_hint
 from pitlab.errors import PanelError
 
 OHLCV_COLUMNS = ("date", "open", "high", "low", "close", "volume", "Name")
@@ -103,7 +103,7 @@ def check_csv_columns(path: Path, required: tuple[str, ...], header: tuple[str, 
                              "them silently: rename or remove the other")
     missing = [c for c in required if c not in header]
     if missing:
-        raise PanelError(f"{path}: missing column(s) {missing}; found {list(header)}")
+        raise PanelError(f"{path}: missing column(s) {missing}; found {list(header)}{separator_hint(header)}")
     return header
 
 
