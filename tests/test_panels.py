@@ -374,3 +374,21 @@ def test_jpx_nonnumeric_values_are_refused(tmp_path):
     df.to_csv(f, index=False)
     with pytest.raises(PanelError, match=r"stock_prices.csv: row 12 \(line 13\): column 'Volume': not a finite number: 'n/a'"):
         load_jpx(tmp_path)
+
+
+def test_a_knowledge_cutoff_in_the_test_period_is_a_warning_on_the_console_and_in_the_report():
+    """Found by a quant's trial: a model whose cutoff lay after protocol.testStart was evaluated without a word."""
+    import datetime as dt
+
+    from pitlab.cli.results import other_warnings
+    from pitlab.evaluator.run import cutoff_warnings
+
+    start = dt.date(2017, 1, 1)
+    got = cutoff_warnings({"pit": dt.date(2016, 12, 31), "late": dt.date(2017, 1, 1), "none": None}, start)
+    assert got == ["model late: knowledge cutoff 2017-01-01 is on or after protocol.testStart 2017-01-01: the model "
+                   "may have read about the test period, so its leakage-off R² is not free of look-ahead, and a "
+                   "premium near 0 does not show that it is point-in-time"]
+    full = {"warnings": ["chronological: only 6 training dates", got[0]],
+            "diagnostics": [{"protocol": "chronological", "check": "few-time-clusters",
+                             "message": "only 6 training dates"}]}
+    assert other_warnings(full) == got  # the check's message is named on the checks line, not twice

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from pitlab.api.layout import EvaluationLayout
@@ -91,16 +92,28 @@ def diagnostics_line(full: dict) -> str | None:
     return f"  checks ({len(named)}, each explained in the report): " + "; ".join(named)
 
 
+def other_warnings(full: dict) -> list[str]:
+    """The warnings of a results.json (``full["warnings"]``) that are not its checks' messages (those are named by
+    :func:`diagnostics_line`): e.g. a model whose knowledge cutoff lies in the test period, prompt levels not
+    known at t, an unreliable reduction."""
+    checks = {f"{d.get('protocol')}: {d.get('message')}" for d in full.get("diagnostics") or []}
+    return [w for w in full.get("warnings") or [] if w not in checks]
+
+
 def say_results(results: dict, root: Path) -> None:
-    """The premium table of every evaluation in ``results`` (name → compact results), the checks its results.json
-    records (:func:`diagnostics_line`) and where its report is."""
+    """The premium table of every evaluation in ``results`` (name → compact results), the checks and the other
+    warnings its results.json records (:func:`diagnostics_line`, :func:`other_warnings`) and where its report
+    is."""
     for name, r in results.items():
         print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         out = EvaluationLayout(root / name).outputs
         try:
-            line = diagnostics_line(json.loads(Path(out.results).read_text()))
+            full = json.loads(Path(out.results).read_text())
         except (OSError, ValueError, TypeError):  # a remote or unreadable results.json: the report still has them
-            line = None
+            full = {}
+        line = diagnostics_line(full)
         if line:
             output.say(line)
+        for w in other_warnings(full):
+            output.say(f"  [yellow]warning:[/yellow] {escape(w)}")
         output.say(f"  report: {out.report}   plot: {out.plot}")

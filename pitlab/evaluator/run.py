@@ -123,6 +123,16 @@ def model_cutoffs(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) ->
     return out
 
 
+def cutoff_warnings(cutoffs: dict, test_start: dt.date) -> list[str]:
+    """One warning per model whose knowledge cutoff (``cutoffs``: model → ``datetime.date`` or None) is on or
+    after the leakage-off test start ``test_start`` (``protocol.testStart``): such a model may have read about
+    the test period, so its leakage-off R² is not free of look-ahead."""
+    return [f"model {name}: knowledge cutoff {c} is on or after protocol.testStart {test_start}: the model may have "
+            "read about the test period, so its leakage-off R² is not free of look-ahead, and a premium near 0 "
+            "does not show that it is point-in-time"
+            for name, c in cutoffs.items() if c is not None and c >= test_start]
+
+
 def embed_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str, note: StageProgress,
                 cache_dir: Path | None = None, num_threads: int | None = None,
                 embedded: dict | None = None) -> ModelEmbedding:
@@ -241,6 +251,7 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
                                                 model_edges) for p in setup.extra}
     cutoffs = {o.result["name"]: dt.date.fromisoformat(o.result["knowledge_cutoff"])
                if o.result["knowledge_cutoff"] else None for o in outcomes}  # typed or from the model card
+    run_warnings += cutoff_warnings(cutoffs, spec.protocol.test_start)
     benchmark = setup.benchmark
     baseline = baseline or baseline_statistics(spec, setup)
     neutral_reductions = paired_reductions(
