@@ -727,6 +727,9 @@ CASES += [
     Case("panel-decimal-comma-extra-field", "pt",  # AAA's 2016-10-05 close 102.0 written as 102,0
          _panel_bytes(b"2016-10-05,102.0,103.0,101.0,102.0,1006,AAA", b"2016-10-05,102.0,103.0,101.0,102,0,1006,AAA"),
          "panel.csv: row 3 (line 4): 8 fields, the header has 7: '2016-10-05,102.0,103.0,101.0,102,0,1006,AAA'"),
+    Case("panel-row-short", "pt", _panel_bytes(b"2016-10-05,102.0,103.0,101.0,102.0,1006,AAA", b"2016-10-05,102.0,AAA"),
+         "panel.csv: row 3 (line 4): 3 fields, the header has 7: '2016-10-05,102.0,AAA'; give every field (empty "
+         "where a value is missing)"),
     Case("panel-missing-session", "pt", _csv_edit("panel.csv", lambda df: df[df.date != "2016-11-15"]),
          "panel.csv: no row for 1 XNYS session(s) between its first (2016-10-03) and last (2017-04-07) days: "
          "2016-11-15; returns and targets across a missing session would span two sessions"),

@@ -125,9 +125,10 @@ def _record_lines(path: Path, n_fields: int) -> np.ndarray:
             for values in reader:
                 if values:
                     if len(values) != n_fields:
+                        why = ("a field with a comma must be quoted, and a decimal comma is not a number here"
+                               if len(values) > n_fields else "give every field (empty where a value is missing)")
                         raise PanelError(f"{path}: row {len(lines) + 1} (line {start}): {len(values)} fields, the "
-                                         f"header has {n_fields}: {','.join(values)!r}; a field with a comma must be "
-                                         "quoted, and a decimal comma is not a number here")
+                                         f"header has {n_fields}: {','.join(values)!r}; {why}")
                     lines.append(start)
                 start = reader.line_num + 1
         except csv.Error as err:
