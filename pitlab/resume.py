@@ -70,13 +70,22 @@ def resumable_status(res, root: Path, source: str | None = None) -> ResourceStat
 
 def check_same_corpus(res: PitTraining, status: ResourceStatus, audit, source: str | None = None) -> None:
     """Refuse a resume whose corpus filter keeps other documents than the interrupted run's (the sha256 of the
-    included ids in the status differs from the preflight's)."""
+    included ids in the status differs from the preflight's), or the same ids with another text or timestamp
+    (the kept documents' sha256 differs; a status written before it was recorded is not compared)."""
     before = status.corpus_audit.included_ids_sha256 if status.corpus_audit else None
     if before is not None and before != audit.included_ids_sha256:
         raise SpecError([("spec.corpus.uri", f"the documents kept at the cutoff changed since the run started "
                                              f"(included ids sha256 {before[:12]}… then, "
                                              f"{audit.included_ids_sha256[:12]}… now); a resume trains on the same "
                                              "corpus: restore it, or run with --overwrite to start again")], source)
+    then = status.corpus_audit.included_sha256 if status.corpus_audit else None
+    now = getattr(audit, "included_sha256", None)
+    if then and now and then != now:
+        raise SpecError([("spec.corpus.uri", f"a document kept at the cutoff changed since the run started (the "
+                                             f"same ids, but the kept documents' sha256 was {then[:12]}… then and "
+                                             f"is {now[:12]}… now: a text or timestamp was edited); a resume "
+                                             "trains on the same corpus: restore it, or run with --overwrite to "
+                                             "start again")], source)
 
 
 def base_folder(res: PitTraining, run_dir: Path) -> Path:

@@ -241,3 +241,44 @@ def test_a_semicolon_separated_file_is_named_as_such(tmp_path):
     p.write_text("date\topen\thigh\tlow\tclose\tvolume\tName\n2016-01-05\t1\t1\t1\t1\t1\tA\n")
     with pytest.raises(PanelError, match="the header is one field holding tabs: pitlab reads comma-separated files"):
         load_ohlcv_long(p)
+
+
+@pytest.mark.parametrize("body, message", [
+    # an unclosed quote swallowing the next row: its 2020 text would train under the 2010 date
+    ('a,2010-01-01,"Doc A about rates\nb,2020-03-15,Doc B dated 2020"\nc,2011-01-01,fine\n',
+     r"row 1 \(lines 2-3\): a quoted field runs over line 3, which reads as a row of its own "
+     r"\('b,2020-03-15,Doc B dated 2020\"'\): an unclosed quote would train on that row's text under this row's date"),
+    ('q1,2010-01-01,"he said "hi" there"\n', r"line 2: not valid CSV \(',' expected after '\"'\)"),
+    ('q1,2010-01-01,ok\nq2,2010-01-02,"unclosed\n', r"line 3: not valid CSV \(unexpected end of data\)"),
+    (',2010-01-01,a\n', r"row 1: empty id \(field 'id', spec.corpus.idField\): every document needs one"),
+])
+def test_csv_quotes_and_ids_that_cannot_be_read_unambiguously_are_refused(tmp_path, body, message):
+    """Found by a trial: a CSV read leniently (csv's strict=False) let one row swallow the next."""
+    f = tmp_path / "c.csv"
+    f.write_text("id,date,text\n" + body)
+    with pytest.raises(CorpusError, match=message):
+        read_corpus(f, "csv", "text", "date", "UTC", id_field="id")
+
+
+def test_a_quoted_text_over_several_lines_is_read_whole(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text('id,date,text\nm,2010-01-01,"line one\nline two, with a comma\n2015 was a year"\n')
+    docs = read_corpus(f, "csv", "text", "date", "UTC", id_field="id")
+    assert [d.text for d in docs] == ["line one\nline two, with a comma\n2015 was a year"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"id": "x", "date": "2010-01-01", "text": 12345}', r"line 1 \(id 'x'\): field 'text' is a JSON int, not a "
+                                                           r"string: '12345'"),
+    ('{"id": "x", "date": "2010-01-01", "text": ["a", "b"]}', "field 'text' is a JSON list, not a string"),
+    ('{"id": null, "date": "2010-01-01", "text": "a"}', r"line 1: empty id \(field 'id'"),
+    ('{"id": 1.5, "date": "2010-01-01", "text": "a"}', "id 1.5 is a JSON float: an id is a string or an integer"),
+    ('{"id": "x", "date": "2010-01-01", "text": "a\\ud800b"}', r"holds '\\ud800' at character 1, an unpaired "
+                                                                "surrogate"),
+])
+def test_jsonl_values_of_another_type_are_refused(tmp_path, line, message):
+    """Found by a trial: a number, a list or a dict as the text was trained on as its Python str()."""
+    f = tmp_path / "c.jsonl"
+    f.write_text(line + "\n")
+    with pytest.raises(CorpusError, match=message):
+        read_corpus(f, "jsonl", "text", "date", "UTC", id_field="id")

@@ -95,6 +95,30 @@ def test_a_changed_corpus_is_refused(pt, tmp_path):
         check_same_corpus(res, status, Now())
 
 
+def test_an_edited_kept_document_is_refused(pt, tmp_path):
+    """Found by a trial: a kept document's text edited between the interruption and --resume went unnoticed (the
+    kept ids were the same). The digest covers id, timestamp and text of every kept document."""
+    import datetime as dt
+
+    from pitlab.data import filter_corpus, read_corpus
+
+    f = tmp_path / "c.csv"
+    f.write_text("id,date,text\na,2010-01-01,one\nb,2010-01-02,two\n")
+    _, before = filter_corpus(read_corpus(f, "csv", "text", "date", "UTC", id_field="id"), dt.date(2016, 12, 31), "UTC")
+    f.write_text("id,date,text\na,2010-01-01,one EDITED\nb,2010-01-02,two\n")
+    _, after = filter_corpus(read_corpus(f, "csv", "text", "date", "UTC", id_field="id"), dt.date(2016, 12, 31), "UTC")
+    assert before.included_ids_sha256 == after.included_ids_sha256 and before.included_sha256 != after.included_sha256
+    status = ResourceStatus(corpus_audit=CorpusAuditStatus(
+        included=2, excluded_by_date=0, rejected_timestamp=0, max_included_timestamp=None,
+        included_ids_sha256=before.included_ids_sha256, included_sha256=before.included_sha256))
+    check_same_corpus(load_resource(pt), status, before)  # unchanged: no error
+    with pytest.raises(SpecError, match=rf"spec.corpus.uri: a document kept at the cutoff changed since the run "
+                                        rf"started \(the same ids, but the kept documents' sha256 was "
+                                        rf"{before.included_sha256[:12]}… then and is {after.included_sha256[:12]}… "
+                                        rf"now: a text or timestamp was edited\)"):
+        check_same_corpus(load_resource(pt), status, after)
+
+
 def test_resume_and_overwrite_exclude_each_other(pt):
     code, out = _invoke("run", pt, "--resume", "--overwrite")
     assert code == 2 and "error: --resume and --overwrite exclude each other: --resume continues" in out

@@ -79,6 +79,8 @@ class CorpusAuditStatus(SpecModel):
                                                               "(onEmptyText: drop)")
     max_included_timestamp: str | None
     included_ids_sha256: str
+    included_sha256: str | None = Field(None, description="sha256 of the kept documents themselves (id, timestamp "
+                                                          "and text, in file order)")
     timestamp_format: str | None = Field(None, description="format the timestamps were read with (iso8601, a "
                                                            "strftime pattern or epoch_s/epoch_ms/epoch_us)")
     warnings: list[str] | None = Field(None, description="what looks wrong without being an error (a knowledge "

@@ -14,6 +14,7 @@ import csv
 import datetime as dt
 import hashlib
 import json
+import re
 import zoneinfo
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,8 @@ class CorpusAudit:
     the format the timestamps were read with (``iso8601``, a strftime pattern or ``epoch_*``);
     ``rejected_timestamp_examples`` the first few refused timestamps (``row``, ``id``, ``value``, ``error``);
     ``warnings`` what looks wrong without being an error (a cutoff after every document or after today).
+    ``included_sha256`` is the sha256 of the included documents themselves (:func:`documents_sha256`: id,
+    timestamp and text, in file order), so a resume notices a kept document whose text changed.
     """
 
     source: str
@@ -57,6 +60,7 @@ class CorpusAudit:
     timestamp_format: str = "iso8601"
     rejected_timestamp_examples: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    included_sha256: str = ""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,21 +97,52 @@ def _no_duplicates(path: Path, line: int):
     return hook
 
 
-def _iter_records(path: Path, fmt: Literal["csv", "jsonl"], encoding: str = "utf-8") -> Iterator[tuple[int, dict]]:
+def _iter_records(path: Path, fmt: Literal["csv", "jsonl"], encoding: str = "utf-8",
+                  timestamp_field: str | None = None) -> Iterator[tuple[int, dict]]:
     """Yield (1-based data row, record). CSV rows are numbered after the header; JSONL by line. Raises
     :class:`CorpusError` naming the file and line for text that is not ``encoding`` (with the byte offset), a
-    header naming a column twice, a CSV row with more or fewer fields than the header, a JSON key given twice."""
+    header naming a column twice, a CSV row with more or fewer fields than the header, a stray or unclosed quote,
+    a quoted CSV field that runs over a line reading as a row of its own (``timestamp_field``'s column holding a
+    timestamp), a JSON key given twice."""
     enc = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding  # a byte-order mark is no name
     try:
-        yield from (_iter_csv(path, enc) if fmt == "csv" else _iter_jsonl(path, enc))
+        yield from (_iter_csv(path, enc, timestamp_field) if fmt == "csv" else _iter_jsonl(path, enc))
     except UnicodeDecodeError:
         raise CorpusError(decode_problem(path, encoding, "spec.corpus.encoding")) from None
 
 
-def _iter_csv(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
+_RECORD_START = re.compile(r"\d{4}-\d{2}-\d{2}|\d{9,19}", re.ASCII)
+"""A field that begins like a corpus timestamp (ISO 8601 date, or an epoch number)."""
+
+
+def _swallowed_line(lines: list[str], header: list[str], stamp_col: int | None) -> int | None:
+    """Index (in ``lines``, the record's raw lines) of a line after the first that parses as a whole record of
+    its own: the header's field count and a timestamp in column ``stamp_col``; None if there is none. A quoted
+    text spanning such a line is most likely an unclosed quote that swallowed the next row (its text, dated
+    later, would be trained on under the earlier row's date)."""
+    if stamp_col is None:
+        return None
+    for k, line in enumerate(lines[1:], start=1):
+        try:
+            fields = next(csv.reader([line.rstrip("\r\n")]), [])
+        except csv.Error:
+            continue
+        if len(fields) == len(header) and _RECORD_START.match(fields[stamp_col].strip()):
+            return k
+    return None
+
+
+def _iter_csv(path: Path, encoding: str, timestamp_field: str | None = None) -> Iterator[tuple[int, dict]]:
     csv.field_size_limit(1 << 30)
     with path.open(newline="", encoding=encoding) as f:
-        reader = csv.reader(f)
+        raw: list[str] = []
+
+        def lines():
+            for line in f:
+                raw.append(line)
+                yield line
+
+        reader = csv.reader(lines(), strict=True)  # a stray or unclosed quote is an error, not a guess
         try:
             header = next(reader, None)
             if header is None:
@@ -118,13 +153,24 @@ def _iter_csv(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
                 raise CorpusError(f"{path}: header: column name(s) given twice: "
                                   + "; ".join(f"{c!r} (columns {', '.join(map(str, n))})" for c, n in cols.items())
                                   + "; a reader would keep one of them silently: rename or remove the other")
+            stamp_col = header.index(timestamp_field) if timestamp_field in header else None
+            raw.clear()
             for i, values in enumerate(reader, start=1):
+                record, first = list(raw), reader.line_num - len(raw) + 1
+                raw.clear()
                 if not values:
                     continue  # csv.DictReader's rule: a blank line is no record
                 if len(values) != len(header):
                     raise CorpusError(f"{path}: row {i} (line {reader.line_num}): {len(values)} fields, the header "
                                       f"has {len(header)}; a field with a comma or a line break must be quoted"
                                       f"{separator_hint(header)}")
+                k = _swallowed_line(record, header, stamp_col) if len(record) > 1 else None
+                if k is not None:
+                    raise CorpusError(f"{path}: row {i} (lines {first}-{reader.line_num}): a quoted field runs over "
+                                      f"line {first + k}, which reads as a row of its own "
+                                      f"({record[k].strip()[:80]!r}): an unclosed quote would train on that row's "
+                                      "text under this row's date; close the quote, or, if the line break belongs "
+                                      "to the text, start the continued line otherwise")
                 yield i, dict(zip(header, values))
         except csv.Error as err:
             raise CorpusError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
@@ -165,18 +211,37 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
         raise CorpusError(f"{p}: corpus file not found")
     docs: list[Document] = []
     seen: dict[str, int] = {}
-    for row, rec in _iter_records(p, fmt, encoding):
+    for row, rec in _iter_records(p, fmt, encoding, timestamp_field):
         for field, role in ((text_field, "textField"), (timestamp_field, "timestampField"),
                             (id_field, "idField")):
             if field is not None and field not in rec:
                 where = "header" if fmt == "csv" else f"line {row}"
                 raise CorpusError(f"{p}: {where}: no field {field!r} (spec.corpus.{role}); "
                                   f"fields present: {sorted(rec)}{separator_hint(list(rec)) if fmt == 'csv' else ''}")
+        where = f"row {row}" if fmt == "csv" else f"line {row}"
+        if id_field:
+            raw_id = rec[id_field]
+            if raw_id is None or (isinstance(raw_id, str) and not raw_id.strip()):
+                raise CorpusError(f"{p}: {where}: empty id (field {id_field!r}, spec.corpus.idField): every document "
+                                  "needs one")
+            if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool):
+                raise CorpusError(f"{p}: {where}: id {raw_id!r} is a JSON {type(raw_id).__name__}: an id is a string "
+                                  "or an integer")
         doc_id = str(rec[id_field]) if id_field else f"row-{row}"
+        text = rec[text_field]
+        if text is not None and not isinstance(text, str):
+            raise CorpusError(f"{p}: {where} (id {doc_id!r}): field {text_field!r} is a JSON {type(text).__name__}, "
+                              f"not a string: {str(text)[:60]!r}; a document's text is a string")
+        if text is not None:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise CorpusError(f"{p}: {where} (id {doc_id!r}): field {text_field!r} holds "
+                                  f"{text[err.start:err.end]!r} at character {err.start}, an unpaired surrogate "
+                                  "(not a Unicode character; a JSON escape such as \\ud800 without its pair)") from None
         if doc_id in seen:
             raise CorpusError(f"{p}: row {row}: duplicate id {doc_id!r} (first seen at row {seen[doc_id]})")
         seen[doc_id] = row
-        text = rec[text_field]
         value = rec[timestamp_field]
         try:
             ts, error = parse_timestamp(value, timezone, timestamp_format), None
@@ -258,8 +323,21 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
         rejected_timestamp_examples=[{"row": d.row, "id": d.id, "value": d.timestamp_value, "error": d.timestamp_error}
                                      for d in refused[:REJECTED_EXAMPLES]],
         warnings=corpus_warnings(docs, cutoff, timezone, fmt, by_date, today),
+        included_sha256=documents_sha256(kept),
     )
     return kept, audit
+
+
+def documents_sha256(docs: list[Document]) -> str:
+    """sha256 hex digest of ``docs`` in order: each document's id, UTC timestamp (ISO 8601) and UTF-8 text,
+    length-prefixed (so no two different lists share a byte stream)."""
+    h = hashlib.sha256()
+    for d in docs:
+        for part in (d.id, d.timestamp.isoformat() if d.timestamp is not None else "", d.text):
+            b = part.encode("utf-8")
+            h.update(len(b).to_bytes(8, "little"))
+            h.update(b)
+    return h.hexdigest()
 
 
 def corpus_warnings(docs: list[Document], cutoff: dt.date, timezone: str, fmt: str, excluded_by_date: int,

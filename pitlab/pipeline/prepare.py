@@ -38,7 +38,9 @@ def audit_status(audit: Any) -> CorpusAuditStatus:
     return CorpusAuditStatus(included=audit.included, excluded_by_date=audit.excluded_by_date,
                              rejected_timestamp=audit.rejected_timestamp, rejected_empty_text=audit.rejected_empty_text,
                              max_included_timestamp=audit.max_included_timestamp,
-                             included_ids_sha256=audit.included_ids_sha256, timestamp_format=audit.timestamp_format,
+                             included_ids_sha256=audit.included_ids_sha256,
+                             included_sha256=getattr(audit, "included_sha256", None) or None,
+                             timestamp_format=audit.timestamp_format,
                              warnings=audit.warnings or None)
 
 
