@@ -19,10 +19,10 @@ from pitlab.pipeline.prepare import PrepareReport
 
 AUDIT = CorpusAuditStatus(included=2, excluded_by_date=1, rejected_timestamp=4, rejected_empty_text=3,
                           max_included_timestamp="2020-12-30T17:00:00+00:00", included_ids_sha256="ab12",
-                          timestamp_format="iso8601", warnings=["late cutoff"])
+                          included_sha256="cd34", timestamp_format="iso8601", warnings=["late cutoff"])
 AUDIT_JSON = {"included": 2, "excludedByDate": 1, "rejectedTimestamp": 4, "rejectedEmptyText": 3,
               "maxIncludedTimestamp": "2020-12-30T17:00:00+00:00", "includedIdsSha256": "ab12",
-              "timestampFormat": "iso8601", "warnings": ["late cutoff"]}
+              "includedSha256": "cd34", "timestampFormat": "iso8601", "warnings": ["late cutoff"]}
 
 
 def test_the_report_is_camel_case_json_and_ignores_unknown_keys() -> None:
@@ -67,7 +67,7 @@ def _corpus_audit(warnings: list[str]) -> CorpusAudit:
     return CorpusAudit(source="c.csv", source_sha256="f0", knowledge_cutoff="2020-12-31", timezone="UTC",
                        cutoff_instant_utc="2021-01-01T00:00:00+00:00", total=10, included=2, excluded_by_date=1,
                        rejected_timestamp=4, rejected_empty_text=3, max_included_timestamp="2020-12-30T17:00:00+00:00",
-                       min_included_timestamp="2020-01-02T17:00:00+00:00", included_ids_sha256="ab12",
+                       min_included_timestamp="2020-01-02T17:00:00+00:00", included_ids_sha256="ab12", included_sha256="cd34",
                        warnings=warnings, rejected_timestamp_examples=[{"row": 3, "value": "x"}])
 
 
