@@ -12,6 +12,7 @@ No input of the spec may lie inside a run folder (the run would replace it), wha
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,3 +175,49 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     if problems:
         raise SpecError(problems, source)
     return [f.path for f in existing]
+
+
+def lock_run_folders(root: Path, names: list[str], lock_dir: Path | None = None) -> list:
+    """Hold an exclusive advisory lock (``fcntl.flock``) for every run folder ``root/<name>``, for as long as the
+    returned open files live (the process, in ``pitlab run``): a second ``pitlab run`` on one of the folders is
+    refused instead of writing into it beside the first (a resume took the first run's checkpoints while it
+    trained, and the first failed on the metrics file the second rewrote). The lock files live in ``lock_dir``
+    (default: ``$XDG_CACHE_HOME/pitlab/locks``, else ``~/.cache/pitlab/locks``), named by the sha256 of the
+    folder's absolute path, so nothing is written into the output folder before the inputs pass; each holds
+    its owner's pid. Raises :class:`pitlab.api.base.SpecError` at ``spec.output.uri`` naming the folder and the
+    pid holding it. Where ``fcntl`` does not exist (Windows) nothing is locked."""
+    import hashlib
+
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return []
+    if lock_dir is None:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        lock_dir = Path(cache) / "pitlab" / "locks"
+    try:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable cache (a read-only home): run unlocked, as before
+        return []
+    held = []
+    for name in names:
+        folder = (root / name).resolve()
+        path = lock_dir / f"{hashlib.sha256(str(folder).encode()).hexdigest()[:24]}.lock"
+        f = open(path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            owner = f.read().split()[:1] or ["unknown"]
+            f.close()
+            for g in held:
+                g.close()
+            raise SpecError([("spec.output.uri", f"{folder} is in use by another pitlab process (pid {owner[0]}, "
+                                                 f"lock {path}): wait for it to end or stop it; two runs in one "
+                                                 "folder would overwrite each other's checkpoints and metrics")])
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()} {folder}\n")
+        f.flush()
+        held.append(f)
+    return held

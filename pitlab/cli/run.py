@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
-from pitlab.api.runfolders import folder_phase
+from pitlab.api.runfolders import folder_phase, lock_run_folders
 from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load
 from pitlab.cli.output import RichReporter, progress, say
@@ -69,6 +69,10 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if remote:
         _claim_remote(res, remote, names, overwrite)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
+    try:  # held until this process ends: one pitlab run per run folder
+        _locks = lock_run_folders(root, names)  # noqa: F841
+    except SpecError as err:
+        fail(err, 2)
     doomed: list[Path] = []
     if not remote and not resume:
         doomed = _claim_message(res, root, overwrite, file, again)
