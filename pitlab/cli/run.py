@@ -69,27 +69,31 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if remote:
         _claim_remote(res, remote, names, overwrite)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
-    try:  # held until this process ends: one pitlab run per run folder
-        _locks = lock_run_folders(root, names)  # noqa: F841
+    try:  # one pitlab run per run folder, until this command returns
+        locks = lock_run_folders(root, names)
     except SpecError as err:
         fail(err, 2)
-    doomed: list[Path] = []
-    if not remote and not resume:
-        doomed = _claim_message(res, root, overwrite, file, again)
-    t0 = time.monotonic()
-    finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
-    results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
-    _publish_runs(root, remote, names)
-    if remote:
-        say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
-    say_results(results, root)
-    evaluations = [str(root / n) for n in names[1:]]
-    if finished:
-        say(f"[yellow]--resume:[/] nothing to resume: {root / res.metadata.name} had already succeeded (its "
-            "results above); --overwrite starts it again")
-        return
-    say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}"
-        + (f" (evaluation{'s' if len(evaluations) > 1 else ''}: {', '.join(evaluations)})" if evaluations else ""))
+    try:
+        doomed: list[Path] = []
+        if not remote and not resume:
+            doomed = _claim_message(res, root, overwrite, file, again)
+        t0 = time.monotonic()
+        finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
+        results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
+        _publish_runs(root, remote, names)
+        if remote:
+            say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
+        say_results(results, root)
+        evaluations = [str(root / n) for n in names[1:]]
+        if finished:
+            say(f"[yellow]--resume:[/] nothing to resume: {root / res.metadata.name} had already succeeded (its "
+                "results above); --overwrite starts it again")
+            return
+        listed = f" (evaluation{'s' if len(evaluations) > 1 else ''}: {', '.join(evaluations)})" if evaluations else ""
+        say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}{listed}")
+    finally:  # closed here, not when the frame is collected: a caught SystemExit keeps the frame alive
+        for f in locks:
+            f.close()
 
 
 def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str], doomed: list[Path],
