@@ -18,24 +18,10 @@ import torch
 import torch._dynamo
 
 import pitlab.trainer.fused_step as fs
+from gpu_checks import timed
 from hostload import host_load
 
 SHAPES = [(248320, 2048), (64, 1024, 2048), (64, 2048, 512), (2048,), (8192, 2048), (2048, 4096), (4, 8192)]
-
-
-def timed(fn, warmup: int = 3, iters: int = 10) -> float:
-    """Median milliseconds of ``fn()`` over ``iters`` calls after ``warmup`` calls (CUDA events)."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return sorted(out)[len(out) // 2]
 
 
 def main() -> int:
@@ -63,7 +49,7 @@ def main() -> int:
             opt.clip_step_cast(g, copies, 1.0)
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
-            ms = timed(lambda: opt.clip_step_cast(g, copies, 1.0))
+            ms = timed(lambda: opt.clip_step_cast(g, copies, 1.0), warmup=3)
             finals[(views, grads)] = [p.clone() for p in q]
             res[f"{views} {grads}"] = {"ms": ms, "first_call_s": first}
             print(views, grads, res[f"{views} {grads}"], flush=True)
@@ -79,7 +65,7 @@ def main() -> int:
         o.step()
         torch._foreach_copy_(copies, ref)
 
-    res["torch fused AdamW + cast"] = {"ms": timed(torch_path)}
+    res["torch fused AdamW + cast"] = {"ms": timed(torch_path, warmup=3)}
     print("torch", res["torch fused AdamW + cast"], flush=True)
     for grads in ("bf16+copy", "fp32"):
         res[f"1-d equals shaped, {grads}"] = all(torch.equal(a, b) for a, b in

@@ -78,10 +78,10 @@ def test_sp500_panel(data_root):
     assert panel.rows.target.notna().all()
     lost = sum(panel.dropped.values())
     assert lost > 0  # 300 of 505 S&P names over five years: some join late or leave early
-    note = dropped_note({**panel.dropped, "kept": len(panel.rows)})
+    note = dropped_note(panel.dropped, len(panel.rows))
     assert note.startswith(f"; {lost:,} of 9,000 sampled rows dropped: ")
-    assert dropped_note({"missing_features": 0, "missing_target": 0, "kept": 9000}) == ""
-    assert dropped_note({"missing_features": 7, "missing_target": 1, "kept": 232}) == (
+    assert dropped_note({"missing_features": 0, "missing_target": 0}, 9000) == ""
+    assert dropped_note({"missing_features": 7, "missing_target": 1}, 232) == (
         "; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed, delisted or "
         "halted), 1 without a target (no close at t+1 or t+2)")
     assert not panel.rows.duplicated(["date", "security"]).any()

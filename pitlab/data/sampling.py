@@ -138,11 +138,11 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
                  warnings=panel_warnings, dataset=dataset)
 
 
-def dropped_note(dropped: dict[str, int]) -> str:
+def dropped_note(dropped: dict[str, int], kept: int) -> str:
     """What ``Panel.dropped`` says in words, for the console and the report: ``""`` when no row was dropped, else
     e.g. ``"; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed,
-    delisted or halted), 1 without a target (no close at t+1 or t+2)"``. The sampled count is the kept rows
-    plus the dropped, so the caller passes ``dropped`` with ``"kept"`` added."""
+    delisted or halted), 1 without a target (no close at t+1 or t+2)"``; ``kept``: the panel's rows (the
+    sampled count is they plus the dropped)."""
     lost = dropped.get("missing_features", 0) + dropped.get("missing_target", 0)
     if not lost:
         return ""
@@ -152,4 +152,4 @@ def dropped_note(dropped: dict[str, int]) -> str:
                      "delisted or halted)")
     if dropped.get("missing_target"):
         parts.append(f"{dropped['missing_target']:,} without a target (no close at t+1 or t+2)")
-    return f"; {lost:,} of {dropped.get('kept', 0) + lost:,} sampled rows dropped: {', '.join(parts)}"
+    return f"; {lost:,} of {kept + lost:,} sampled rows dropped: {', '.join(parts)}"

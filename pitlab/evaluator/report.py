@@ -122,7 +122,7 @@ def render_markdown(results: dict) -> str:
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", f"Panel: {panel['n_rows']} rows, {panel['n_securities']} securities, {panel['n_dates']} dates "
               f"({panel['first_date']} .. {panel['last_date']}), source `{panel['source']}`"
-              f"{dropped_note({**panel.get('dropped', {}), 'kept': panel['n_rows']})}. Target: {panel['target']}."]
+              f"{dropped_note(panel.get('dropped', {}), panel['n_rows'])}. Target: {panel['target']}."]
     if results.get("dataset", {}).get("adjustment"):
         ds = results["dataset"]
         levels = ds.get("price_levels_in_prompts") or []
@@ -353,8 +353,8 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
                                          interval=_interval_text(results["bootstrap"]),
                                          versions=_plain(results.get("versions", {})),
                                          device=_plain(results.get("device", {})),
-                                         dropped=dropped_note({**results["panel"].get("dropped", {}),
-                                                               "kept": results["panel"]["n_rows"]}))
+                                         dropped=dropped_note(results["panel"].get("dropped", {}),
+                                                              results["panel"]["n_rows"]))
 
 
 def _plain(value) -> str:
