@@ -23,6 +23,14 @@
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
+# fsdp2-step: FSDP2 forced at world size 1 with torch's clipping + AdamW (FSDP2's default optimizer) and with the
+#             fused step, beside the single-device path, 10 timed steps each in one process (whether the fused step
+#             should become FSDP2's default on CUDA; about 5 min).
+# autotune-ab: the single-device path in three processes on one machine, each with empty Triton and inductor
+#             caches (every kernel compiled and autotuned again), then once more from the fastest process's caches
+#             and once from the slowest's: whether the 1.4 x spread of its step time between machines (103-148 ms
+#             in three calls of 2026-12-05, the plain loop 134-160 ms) follows the kernels the autotuner picks
+#             (about 8 min).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -68,6 +76,31 @@ r = json.load(open(sys.argv[1]))
 st = r.get('stages', {})
 print('skipped', r.get('skipped'))
 print({k: st.get('repeat', {}).get('against_base', {}).get(k) for k in ('first_step_differing', 'steps_differing', 'max_relative_difference')})" "$OUT/repeat/multigpu.json" ;;
+    fsdp2-step) timeout 330 python3 bench/throughput.py --work /tmp/tp --out "$OUT/fsdp2-step" --shapes qwen35_reduced \
+                  --checks "" --budget-s 310 --steps 10 --warmup 3 \
+                  --runs "default;{\"fusedOptimizer\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};$FSDP2_FUSED" \
+                  > "$OUT/fsdp2-step.log" 2>&1; tail -6 "$OUT/fsdp2-step.log" ;;
+    autotune-ab) ab() {  # ab TAG TRITON_CACHE INDUCTOR_CACHE
+                   TRITON_CACHE_DIR=$2 TORCHINDUCTOR_CACHE_DIR=$3 timeout 150 python3 bench/throughput.py --work /tmp/tp \
+                     --out "$OUT/autotune-ab-$1" --shapes qwen35_reduced --checks "" --budget-s 140 --steps 10 \
+                     --warmup 3 --runs default > "$OUT/autotune-ab-$1.log" 2>&1
+                   python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['shapes']['qwen35_reduced']['pitlab']
+print(sys.argv[2], round(r['tokens_per_second']), [round(1000 * s) for s in r['step_s']], round(r['warmup_s']))" \
+                     "$OUT/autotune-ab-$1/throughput.json" "$1" | tee -a "$OUT/autotune-ab.txt"; }
+                 for i in 1 2 3; do ab fresh$i /tmp/ab/tc$i /tmp/ab/ic$i; done
+                 read -r fast slow < <(python3 -c "
+import json
+r = {i: json.load(open(f'$OUT/autotune-ab-fresh{i}/throughput.json'))['shapes']['qwen35_reduced']['pitlab']['tokens_per_second'] for i in (1, 2, 3)}
+print(max(r, key=r.get), min(r, key=r.get))")
+                 for i in $fast $slow; do
+                   rm -rf /tmp/ab/tc-again$i /tmp/ab/ic-again$i
+                   cp -r /tmp/ab/tc$i /tmp/ab/tc-again$i; cp -r /tmp/ab/ic$i /tmp/ab/ic-again$i
+                   ab again$i /tmp/ab/tc-again$i /tmp/ab/ic-again$i
+                 done
+                 mkdir -p "$OUT/autotune-ab-choices"
+                 for i in 1 2 3; do (cd /tmp/ab/tc$i && find . -name '*.autotune.json' | tar -czf "$OUT/autotune-ab-choices/tc$i.tgz" -T -); done ;;
     determinism-on) timeout 200 python3 bench/determinism.py --out "$OUT/determinism--deterministic.json" \
                       --deterministic 2>&1 | grep -v Warn | tail -30 ;;
     determinism) for flag in "" --deterministic; do

@@ -262,7 +262,9 @@ CASES = [
     Case("corpus-timestamp-format-mismatch", "pt", _set("spec.corpus.timestampFormat", "%d/%m/%Y"),
          "corpus.csv: row 1 (id 'row-1'): timestamp '2015-01-05' does not match strftime pattern '%d/%m/%Y' "
          "(spec.corpus.timestampFormat)"),
-    Case("corpus-shorter-than-one-sequence", "pt", _set("spec.training.seqLen", 16384),
+    Case("corpus-shorter-than-one-sequence", "pt",
+         _all(_set("spec.training.seqLen", 16384),
+              _set("spec.baseModel.randomInit.config.max_position_embeddings", 16384)),
          "spec.training.seqLen: the filtered corpus has at most 11340 tokens (its 25 documents hold 11315 UTF-8 "
          "bytes, one eos each), fewer than one packed sequence of seqLen + 1 = 16385 tokens"),
     Case("corpus-nothing-before-cutoff", "pt", _set("spec.knowledgeCutoff", "1990-01-01"),

@@ -151,7 +151,8 @@ def test_prepare_and_merge_jobs(pit: PitTraining) -> None:
     assert train["template"]["spec"]["containers"][0]["command"][-2:] == [
         "--base", "/pitlab/models/Qwen3.5-35B-A3B-Base"]
     random_init = copy.deepcopy(PIT_BODY)
-    random_init["spec"]["baseModel"] = {"randomInit": {"modelType": "llama"}}
+    random_init["spec"]["baseModel"] = {"randomInit": {"modelType": "llama",
+                                                       "config": {"max_position_embeddings": 4096}}}
     assert builders.base_model_dir(parse_resource(random_init), CFG) == "/pitlab/out/qwen-2020/base"
     assert "nvidia.com/gpu" not in json.dumps(m["containers"][0]["resources"])  # no GPUs unless asked
     assert "nodeSelector" not in m and m["restartPolicy"] == "Never"

@@ -4,6 +4,7 @@ import datetime as dt
 import json
 import zoneinfo
 
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +23,7 @@ from pitlab.data.timestamps import TimestampError, check_format, parse_timestamp
     ("2017-04-01T09:30:00+09:00", "UTC", "2017-04-01T00:30:00+00:00"),
     ("2017-04-01T09:30:00-0530", "UTC", "2017-04-01T15:00:00+00:00"),
     ("2017-04-01T09:30+01", "UTC", "2017-04-01T08:30:00+00:00"),
-    ("  2016-12-31  ", "America/New_York", "2016-12-31T05:00:00+00:00"),
+    ("2016-12-31", "America/New_York", "2016-12-31T05:00:00+00:00"),  # white space around it is refused (below)
 ])
 def test_iso_forms_accepted(value, tz, expected):
     assert parse_timestamp(value, tz).isoformat() == expected
@@ -272,3 +273,162 @@ def test_strftime_values_read_by_a_guess_are_refused(value, fmt, reads, writes):
         parse_timestamp(value, "UTC", fmt)
     assert f"timestamp {value!r} is not exactly strftime pattern {fmt!r} (spec.corpus.timestampFormat): strptime " \
            f"reads it as {reads}, which the pattern writes {writes!r}" in str(err.value)
+
+
+# ------------------------------------------------------------------ read exactly as written, or refused
+ISO_EXPECTED = ("ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH")
+
+
+@pytest.mark.parametrize("value,fmt,tz,expected", [
+    # iso8601, every documented form
+    ("2017-04-01", None, "Asia/Tokyo", "2017-03-31T15:00:00Z"),
+    ("2017-04-01T09:30", None, "UTC", "2017-04-01T09:30:00Z"),
+    ("2017-04-01 09:30", None, "UTC", "2017-04-01T09:30:00Z"),
+    ("2017-04-01T09:30:15", None, "America/New_York", "2017-04-01T13:30:15Z"),
+    ("2017-04-01T09:30:15.1", None, "UTC", "2017-04-01T09:30:15.1Z"),
+    ("2017-04-01T09:30:15,123456", None, "UTC", "2017-04-01T09:30:15.123456Z"),
+    ("2017-04-01T09:30:15.123456789", None, "Asia/Tokyo", "2017-04-01T00:30:15.123456789Z"),
+    ("2017-04-01T09:30:15.000000001Z", None, "UTC", "2017-04-01T09:30:15.000000001Z"),
+    ("2017-04-01 09:30:15.987654321+09:00", None, "UTC", "2017-04-01T00:30:15.987654321Z"),
+    ("2017-04-01T09:30Z", None, "Asia/Tokyo", "2017-04-01T09:30:00Z"),
+    ("2017-04-01T09:30-05:30", None, "UTC", "2017-04-01T15:00:00Z"),
+    ("2017-04-01T09:30+0530", None, "UTC", "2017-04-01T04:00:00Z"),
+    ("2017-04-01T09:30-03", None, "UTC", "2017-04-01T12:30:00Z"),
+    # the ends of the range pitlab reads (pandas' nanosecond timestamps)
+    ("1677-09-21T00:12:43.145224193Z", None, "UTC", "1677-09-21T00:12:43.145224193Z"),
+    ("2262-04-11T23:47:16.854775807Z", None, "UTC", "2262-04-11T23:47:16.854775807Z"),
+    ("2262-04-12T08:47:16.854775807+09:00", None, "UTC", "2262-04-11T23:47:16.854775807Z"),
+    # strftime patterns (non-ASCII literals are fine: only the digits must be ASCII)
+    ("15/03/2017", "%d/%m/%Y", "Europe/London", "2017-03-15T00:00:00Z"),
+    ("2017年04月01日 09時30分", "%Y年%m月%d日 %H時%M分", "Asia/Tokyo", "2017-04-01T00:30:00Z"),
+    ("2017-04-01T15:04:05.123456+0900", "%Y-%m-%dT%H:%M:%S.%f%z", "UTC", "2017-04-01T06:04:05.123456Z"),
+    # epoch numbers, down to the nanosecond
+    (1609426799, "epoch_s", "Asia/Tokyo", "2020-12-31T14:59:59Z"),
+    ("1609426799.123456789", "epoch_s", "UTC", "2020-12-31T14:59:59.123456789Z"),
+    ("1609426799000.000001", "epoch_ms", "UTC", "2020-12-31T14:59:59.000000001Z"),
+    ("1609426799000000.001", "epoch_us", "UTC", "2020-12-31T14:59:59.000000001Z"),
+    (1609426799000, "epoch_ms", "UTC", "2020-12-31T14:59:59Z"),
+])
+def test_documented_forms_parse_to_the_exact_timestamp(value, fmt, tz, expected):
+    got = parse_timestamp(value, tz, fmt)
+    want = pd.Timestamp(expected)
+    assert got == want and got.value == want.value  # to the nanosecond
+    assert str(got.tz) == "UTC" and got.unit == "ns"  # one unit for every document, whatever the format
+
+
+@pytest.mark.parametrize("value,fmt,expected", [
+    (" 2020-01-02", None, ISO_EXPECTED),
+    ("2020-01-02 ", None, ISO_EXPECTED),
+    ("\t2020-01-02T09:30Z", None, ISO_EXPECTED),
+    ("2020-01-02\n", None, ISO_EXPECTED),
+    ("2020-01-02\u3000", None, ISO_EXPECTED),  # ideographic space
+    ("\xa02020-01-02", None, ISO_EXPECTED),  # no-break space
+    (" 15/03/2017", "%d/%m/%Y", "strftime pattern '%d/%m/%Y' (spec.corpus.timestampFormat)"),
+    ("1609426799 ", "epoch_s", "epoch_s: a number of seconds since 1970-01-01T00:00:00Z"),
+])
+def test_white_space_around_a_value_is_refused_not_trimmed(value, fmt, expected):
+    with pytest.raises(TimestampError) as err:
+        parse_timestamp(value, "UTC", fmt)
+    assert str(err.value) == (f"timestamp {value!r} starts or ends with white space: a value is read exactly as "
+                              f"written, not trimmed (expected {expected})")
+
+
+@pytest.mark.parametrize("value,fmt,at,char,name", [
+    ("２０２０-01-02", None, 1, "２", "FULLWIDTH DIGIT TWO, U+FF12"),
+    ("2020-01-０２", None, 9, "０", "FULLWIDTH DIGIT ZERO, U+FF10"),
+    ("2020-01-02T0９:30Z", None, 13, "９", "FULLWIDTH DIGIT NINE, U+FF19"),
+    ("٢٠٢٠-01-02", None, 1, "٢", "ARABIC-INDIC DIGIT TWO, U+0662"),
+    ("２０２０/01/02", "%Y/%m/%d", 1, "２", "FULLWIDTH DIGIT TWO, U+FF12"),
+    ("2020年０1月02日", "%Y年%m月%d日", 6, "０", "FULLWIDTH DIGIT ZERO, U+FF10"),
+    ("１６０９４２６７９９", "epoch_s", 1, "１", "FULLWIDTH DIGIT ONE, U+FF11"),
+    ("1609426799.５", "epoch_s", 12, "５", "FULLWIDTH DIGIT FIVE, U+FF15"),
+])
+def test_digits_other_than_ascii_are_refused(value, fmt, at, char, name):
+    with pytest.raises(TimestampError) as err:
+        parse_timestamp(value, "UTC", fmt)
+    assert str(err.value).startswith(f"timestamp {value!r}: character {at} is {char!r} ({name}), not an ASCII digit: "
+                                     "timestamps are written with the digits 0-9 (expected ")
+
+
+@pytest.mark.parametrize("value,fmt,message", [
+    ("2020-01-02T03:04:05.1234567891Z", None,
+     "timestamp '2020-01-02T03:04:05.1234567891Z' gives the second to 10 decimal places; pitlab reads time to the "
+     "nanosecond (at most 9 digits), and rounding would be a guess"),
+    ("2020-01-02 03:04:05,123456789012", None,
+     "timestamp '2020-01-02 03:04:05,123456789012' gives the second to 12 decimal places; pitlab reads time to the "
+     "nanosecond (at most 9 digits), and rounding would be a guess"),
+    ("1609426799.1234567891", "epoch_s",
+     "timestamp '1609426799.1234567891' as seconds since 1970 is not a whole number of nanoseconds; pitlab reads "
+     "time to the nanosecond, and rounding would be a guess"),
+    ("1609426799.12345678900000000001", "epoch_s",  # past Decimal's default 28 digits: still not rounded away
+     "timestamp '1609426799.12345678900000000001' as seconds since 1970 is not a whole number of nanoseconds; "
+     "pitlab reads time to the nanosecond, and rounding would be a guess"),
+    ("1609426799000.0000001", "epoch_ms",
+     "timestamp '1609426799000.0000001' as milliseconds since 1970 is not a whole number of nanoseconds; pitlab "
+     "reads time to the nanosecond, and rounding would be a guess"),
+])
+def test_a_fraction_finer_than_a_nanosecond_is_refused(value, fmt, message):
+    with pytest.raises(TimestampError) as err:
+        parse_timestamp(value, "UTC", fmt)
+    assert str(err.value) == message
+
+
+RANGE = ("is outside the instants pitlab reads, 1677-09-21T00:12:43.145224193Z .. 2262-04-11T23:47:16.854775807Z "
+         "(pandas' nanosecond timestamps); a placeholder such as 0001-01-01 or 9999-12-31 is no publication date: "
+         "leave the value empty for a missing timestamp")
+
+
+@pytest.mark.parametrize("value,fmt,tz,where", [
+    ("0001-01-01T00:00:00+01:00", None, "UTC", ""),  # was a year-0 Timestamp that crashed later
+    ("0001-01-01", None, "UTC", ""),  # was kept as a document from year 1
+    ("0000-01-01", None, "UTC", ""),
+    ("9999-12-31T23:59:59-01:00", None, "UTC", ""),
+    ("9999-12-31", None, "Asia/Tokyo", ""),
+    ("1600-06-30T12:00Z", None, "UTC", ""),
+    ("1677-09-21T00:12:43.145224192Z", None, "UTC", ""),  # one nanosecond before the first
+    ("2262-04-11T23:47:16.854775808Z", None, "UTC", ""),  # one nanosecond after the last
+    ("2262-04-11T23:47:16", None, "America/New_York", " read in America/New_York"),  # 2262-04-12 03:47 UTC
+    ("0001-01-01", "%Y-%m-%d", "UTC", ""),
+    ("0001-01-01T00:00+0100", "%Y-%m-%dT%H:%M%z", "UTC", ""),
+    ("31/12/9999", "%d/%m/%Y", "UTC", ""),
+])
+def test_an_instant_outside_the_pandas_range_is_refused_with_the_value(value, fmt, tz, where):
+    with pytest.raises(TimestampError) as err:
+        parse_timestamp(value, tz, fmt)
+    assert str(err.value) == f"timestamp {value!r}{where} {RANGE}"
+
+
+# one row per case above, read from a file: the error names the file, row (or line), id and value, never a traceback
+CORPUS_CASES = [
+    ("0001-01-01T00:00:00+01:00", f"timestamp '0001-01-01T00:00:00+01:00' {RANGE}"),
+    (" 2017-01-02", "timestamp ' 2017-01-02' starts or ends with white space: a value is read exactly as written, "
+                    f"not trimmed (expected {ISO_EXPECTED})"),
+    ("２０１７-01-02", "timestamp '２０１７-01-02': character 1 is '２' (FULLWIDTH DIGIT TWO, U+FF12), not an ASCII "
+                       f"digit: timestamps are written with the digits 0-9 (expected {ISO_EXPECTED})"),
+    ("2017-01-02T03:04:05.1234567891", "timestamp '2017-01-02T03:04:05.1234567891' gives the second to 10 decimal "
+                                       "places; pitlab reads time to the nanosecond (at most 9 digits), and "
+                                       "rounding would be a guess"),
+]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+@pytest.mark.parametrize("value,error", CORPUS_CASES)
+def test_a_corpus_row_with_such_a_timestamp_is_refused_with_file_row_id_and_value(tmp_path, fmt, value, error):
+    f = tmp_path / f"c.{fmt}"
+    rows = [{"id": "a", "ts": "2017-01-01T09:00:00.123456789", "text": "first"},
+            {"id": "b", "ts": value, "text": "second"}]
+    if fmt == "csv":
+        f.write_text("id,ts,text\n" + "".join(f"{r['id']},{r['ts']},{r['text']}\n" for r in rows), encoding="utf-8")
+    else:
+        f.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    docs = read_corpus(f, fmt, "text", "ts", "Asia/Tokyo", "id")
+    assert docs[0].timestamp == pd.Timestamp("2017-01-01T00:00:00.123456789Z")
+    assert (docs[1].timestamp, docs[1].timestamp_error, docs[1].timestamp_value) == (None, error, value)
+    with pytest.raises(CorpusError) as err:
+        filter_corpus(docs, dt.date(2017, 12, 31), "Asia/Tokyo", source=str(f))
+    assert str(err.value) == (f"{f}: row 2 (id 'b'): {error}; fix the row, or set spec.corpus.onMissingTimestamp: "
+                              "drop to count and skip it")
+    kept, audit = filter_corpus(docs, dt.date(2017, 12, 31), "Asia/Tokyo", "drop", source=str(f),
+                                today=dt.date(2018, 1, 1))
+    assert [d.id for d in kept] == ["a"]
+    assert audit.rejected_timestamp_examples == [{"row": 2, "id": "b", "value": value, "error": error}]

@@ -51,14 +51,16 @@ def fomc_texts(cutoff: str = "2005-12-31") -> list[str]:
         return [r["text"] for r in csv.DictReader(f) if r["date"] <= cutoff]
 
 
-def make_spec(model_type: str = "qwen3_5_moe_text", tokens: int = 30 * 1024, **training) -> PitTraining:
+def make_spec(model_type: str = "qwen3_5_moe_text", tokens: int = 30 * 1024, config: dict | None = None,
+              **training) -> PitTraining:
     t = {"seqLen": 64, "microBatchSize": 4, "gradientAccumulationSteps": 2, "learningRate": 3e-3,
          "warmupSteps": 3, "schedule": "cosine", "precision": "fp32", "seed": 0}
     t.update(training)
     return PitTraining.model_validate({
         "apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "trainer-test"},
         "spec": {
-            "baseModel": {"randomInit": {"modelType": model_type, "config": TINY_CONFIGS[model_type], "seed": 0},
+            "baseModel": {"randomInit": {"modelType": model_type,
+                                         "config": {**TINY_CONFIGS[model_type], **(config or {})}, "seed": 0},
                           "tokenizer": {"vocabSize": VOCAB}},
             "corpus": {"uri": str(FOMC_CSV), "format": "csv", "timezone": "America/New_York"},
             "knowledgeCutoff": "2005-12-31",
@@ -461,7 +463,8 @@ def test_training_error_names_the_field(trained, tmp_path):
     run = tmp_path / "bad"
     (run / "data").mkdir(parents=True)
     shutil.copy(trained["run"] / "data" / "tokens.npy", run / "data" / "tokens.npy")
-    spec_path = write_spec(make_spec(seqLen=trained["n_tokens"] + 10), run / "spec.json")
+    spec_path = write_spec(make_spec(seqLen=trained["n_tokens"] + 10,
+                                     config={"max_position_embeddings": trained["n_tokens"] + 10}), run / "spec.json")
     with pytest.raises(TrainingError) as err:
         run_training(spec_path, run, nproc=1, base=trained["base"])
     msg = str(err.value)

@@ -11,6 +11,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pitlab.api.base import GROUP_VERSION, FieldError, ISODate, SpecModel
 from pitlab.api.leakageeval import SEED_MAX, LeakageEvalTemplate
 from pitlab.api.meta import ObjectMeta
+from pitlab.api.model_config import check_random_init, check_random_init_positions
 from pitlab.api.scheduling import PodScheduling, Quantity
 from pitlab.api.status import ResourceStatus
 from pitlab.api.storage import StorageSpec, check_location
@@ -29,6 +30,14 @@ class RandomInit(SpecModel):
     model_type: Literal["qwen3_5_moe_text", "qwen3_moe", "llama"]
     config: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0, le=SEED_MAX)
+
+    @model_validator(mode="after")
+    def _consistent_config(self) -> "RandomInit":
+        """Refuse a config that transformers would refuse or fail on once training starts (sizes, heads,
+        experts, layer types: :func:`pitlab.api.model_config.check_random_init`); FieldError naming
+        ``config.<key>``."""
+        check_random_init(self.model_type, self.config)
+        return self
 
 
 class TokenizerSpec(SpecModel):
@@ -336,6 +345,16 @@ class PitTraining(SpecModel):
                 raise FieldError(f"spec.evaluations[{i}].name", f"duplicate evaluation name {name!r} (also "
                                  f"spec.evaluations[{names.index(name)}].name); each evaluation writes its own run "
                                  f"folder <out>/{name}")
+        return self
+
+    @model_validator(mode="after")
+    def _context_length(self) -> "PitTraining":
+        """A ``randomInit`` model is built for ``max_position_embeddings`` tokens (given or the architecture's
+        default): refused (FieldError naming it, with ``spec.training.seqLen``) when that is less than
+        ``spec.training.seqLen``. A ``baseModel.uri``'s config.json is checked by ``pitlab validate``."""
+        ri = self.spec.base_model.random_init
+        if ri is not None:
+            check_random_init_positions(ri.model_type, ri.config, self.spec.training.seq_len)
         return self
 
     @model_validator(mode="after")

@@ -1,9 +1,10 @@
 """Strict document timestamps: ISO 8601 by default, else the one format the spec names; nothing is guessed.
 
 Formats (``spec.corpus.timestampFormat``):
-  - ``iso8601`` (the default): ``YYYY-MM-DD``, or ``YYYY-MM-DDTHH:MM[:SS[.fraction]]`` (``T`` or one space)
-    with an optional ``Z`` or ``±HH:MM`` / ``±HHMM`` / ``±HH`` offset. Nothing else: no ``20170401``, no
-    ``01/04/2017``, no ``Dec 31, 2016``, no week or ordinal dates, no zone abbreviations.
+  - ``iso8601`` (the default): ``YYYY-MM-DD``, or ``YYYY-MM-DDTHH:MM[:SS[.fraction]]`` (``T`` or one space;
+    the fraction 1 to 9 digits after ``.`` or ``,``, i.e. down to the nanosecond) with an optional ``Z`` or
+    ``±HH:MM`` / ``±HHMM`` / ``±HH`` offset. Nothing else: no ``20170401``, no ``01/04/2017``, no
+    ``Dec 31, 2016``, no week or ordinal dates, no zone abbreviations, no fraction finer than a nanosecond.
   - a strftime pattern (``%d/%m/%Y``, ``%Y%m%d %H:%M%z``), matched in full by ``datetime.strptime`` and
     accepted only when the value written back with the pattern is the input again (the date's own weekday,
     six-digit ``%f``; ``%z`` as +HHMM, +HH:MM or Z), up to letter case and, where no two numeric fields touch,
@@ -14,6 +15,10 @@ Formats (``spec.corpus.timestampFormat``):
     milliseconds or microseconds since 1970-01-01T00:00:00Z.
 Values without an offset are read in the corpus time zone (an ambiguous local time in a DST fall-back
 takes the first, DST, reading; a local time in a spring-forward gap moves to the gap's end).
+In every format a value is read exactly as written: white space before or after it and digits other than ASCII
+``0``-``9`` (``２０２０-01-02``) are refused, not trimmed or translated, and so is an instant outside pandas'
+nanosecond range (``1677-09-21T00:12:43.145224193Z`` .. ``2262-04-11T23:47:16.854775807Z``;
+a placeholder such as ``0001-01-01`` or ``9999-12-31`` is no date).
 """
 
 from __future__ import annotations
@@ -21,8 +26,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+import unicodedata
 import zoneinfo
-from decimal import ROUND_FLOOR, Decimal
+from decimal import Decimal, localcontext
 from typing import TYPE_CHECKING
 
 from pitlab.errors import InputError
@@ -35,9 +41,14 @@ EPOCH_NS = {"epoch_s": 10**9, "epoch_ms": 10**6, "epoch_us": 10**3}  # nanosecon
 EPOCH_UNITS = {"epoch_s": "seconds", "epoch_ms": "milliseconds", "epoch_us": "microseconds"}
 ISO_DESCRIPTION = "ISO 8601: YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH"
 
-_ISO = re.compile(r"(\d{4})-(\d{2})-(\d{2})"
-                  r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{1,9}))?)?(Z|[+-]\d{2}(?::?\d{2})?)?)?")
-_DECIMAL = re.compile(r"[+-]?\d+(?:\.\d+)?")
+# re.ASCII: without it \d is any Unicode decimal digit, and int() reads '２０２０' (full width) as 2020
+_ISO_TEMPLATE = (r"(\d{4})-(\d{2})-(\d{2})"
+                 r"(?:[T ](\d{2}):(\d{2})(?::(\d{2})(?:[.,](\d{FRACTION}))?)?(Z|[+-]\d{2}(?::?\d{2})?)?)?")
+_ISO = re.compile(_ISO_TEMPLATE.replace("FRACTION", "1,9"), re.ASCII)
+_ISO_SUBNANOSECOND = re.compile(_ISO_TEMPLATE.replace("FRACTION", "10,"), re.ASCII)  # only to say why it is refused
+_DECIMAL = re.compile(r"[+-]?\d+(?:\.\d+)?", re.ASCII)
+# the instants a pandas nanosecond Timestamp holds (pd.Timestamp.min / .max), written in UTC
+FIRST, LAST = "1677-09-21T00:12:43.145224193Z", "2262-04-11T23:47:16.854775807Z"
 _ZONE_ABBREVIATION = re.compile(r"(?<=[\d\s])([A-Za-z]{2,5})$")
 # strptime directives a pattern may use: calendar fields, clock fields, %z offsets, %% (a literal %)
 _ALLOWED_DIRECTIVES = set("YmdbBjHIpMSfzaA%")
@@ -61,8 +72,8 @@ def check_format(fmt: str | None) -> str:
         raise ValueError(f"{fmt!r} is neither {ISO8601}, epoch_s, epoch_ms, epoch_us nor a strftime pattern "
                          "(%Y, %m, ...)")
     if fmt != fmt.strip():
-        raise ValueError(f"{fmt!r}: a pattern may not start or end with white space (values are read with the white "
-                         "space around them removed)")
+        raise ValueError(f"{fmt!r}: a pattern may not start or end with white space (a value with white space "
+                         "around it is refused)")
     directives = re.findall(r"%(.?)", fmt.replace("%%", ""))
     if "" in directives:
         raise ValueError(f"{fmt!r}: a % ends the pattern; write %% for a literal %")
@@ -130,14 +141,47 @@ def parse_timestamp(value: object, timezone: str, fmt: str | None = None) -> pd.
         hint = " (for epoch numbers set spec.corpus.timestampFormat: epoch_s, epoch_ms or epoch_us)" if number else ""
         kind = f"a number ({type(value).__name__})" if number else f"a {type(value).__name__}"
         raise TimestampError(f"timestamp {value!r} is {kind}, expected {describe_format(fmt)}{hint}")
-    s = str(value).strip()
+    import pandas as pd  # not at the top: check_format runs in the operator, which has no pandas
+
+    s = str(value)
+    _check_characters(s, fmt)
     ts = _parse_iso(s) if fmt == ISO8601 else _parse_pattern(s, fmt)
     if ts.tzinfo is None:
         try:
             ts = ts.tz_localize(zoneinfo.ZoneInfo(timezone), ambiguous=True, nonexistent="shift_forward")
-        except (ValueError, OverflowError) as err:
+        except (pd.errors.OutOfBoundsDatetime, OverflowError):
+            raise _out_of_range(s, f" read in {timezone}") from None
+        except ValueError as err:
             raise TimestampError(f"timestamp {s!r} cannot be placed in {timezone} ({err})") from None
-    return ts.tz_convert("UTC")
+    try:  # one unit for every document: nanoseconds (a fraction may give them; ns also bounds the range)
+        return ts.tz_convert("UTC").as_unit("ns")
+    except (pd.errors.OutOfBoundsDatetime, OverflowError, ValueError):
+        raise _out_of_range(s) from None
+
+
+def _check_characters(s: str, fmt: str) -> None:
+    """Refuse what a reader would otherwise trim or translate: white space around the value (``str.strip``) and
+    digits other than ASCII 0-9 (``re``'s ``\\d``, ``int``, ``strptime`` and ``Decimal`` all read ``'２'`` as 2)."""
+    if s != s.strip():
+        raise TimestampError(f"timestamp {s!r} starts or ends with white space: a value is read exactly as written, "
+                             f"not trimmed (expected {describe_format(fmt)})")
+    for i, ch in enumerate(s):
+        if not ch.isascii() and unicodedata.decimal(ch, None) is not None:
+            name = unicodedata.name(ch, "a digit")
+            raise TimestampError(f"timestamp {s!r}: character {i + 1} is {ch!r} ({name}, U+{ord(ch):04X}), not an "
+                                 "ASCII digit: timestamps are written with the digits 0-9 (expected "
+                                 f"{describe_format(fmt)})")
+
+
+def _out_of_range(s: str, where: str = "") -> TimestampError:
+    return TimestampError(f"timestamp {s!r}{where} is outside the instants pitlab reads, {FIRST} .. {LAST} (pandas' "
+                          "nanosecond timestamps); a placeholder such as 0001-01-01 or 9999-12-31 is no publication "
+                          "date: leave the value empty for a missing timestamp")
+
+
+def _in_year_range(year: int) -> bool:
+    """Whether ``year`` can hold an instant of the pandas range (the exact bounds are checked on the result)."""
+    return int(FIRST[:4]) <= year <= int(LAST[:4])
 
 
 def _refusal(s: str, fmt: str, detail: str = "") -> TimestampError:
@@ -165,8 +209,14 @@ def _parse_iso(s: str) -> pd.Timestamp:
 
     m = _ISO.fullmatch(s)
     if m is None:
+        long = _ISO_SUBNANOSECOND.fullmatch(s)
+        if long is not None:
+            raise TimestampError(f"timestamp {s!r} gives the second to {len(long.group(7))} decimal places; pitlab "
+                                 "reads time to the nanosecond (at most 9 digits), and rounding would be a guess")
         raise _refusal(s, ISO8601)
     y, mo, d, h, mi, sec, frac, off = m.groups()
+    if not _in_year_range(int(y)):
+        raise _out_of_range(s)
     frac = (frac or "").ljust(9, "0")
     try:
         stamp = dt.datetime(int(y), int(mo), int(d), int(h or 0), int(mi or 0), int(sec or 0), int(frac[:6]))
@@ -174,8 +224,16 @@ def _parse_iso(s: str) -> pd.Timestamp:
             stamp = stamp.replace(tzinfo=_offset(off))
     except ValueError as err:
         raise TimestampError(f"timestamp {s!r} is not a valid ISO 8601 date or time ({err})") from None
-    ts = pd.Timestamp(stamp)
-    return ts + pd.Timedelta(int(frac[6:]), "ns") if int(frac[6:]) else ts
+    if stamp.tzinfo is not None:  # an instant: counted in whole nanoseconds, exact to the last digit of the fraction
+        since = stamp - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+        ns = (since.days * 86400 + since.seconds) * 10**9 + since.microseconds * 1000 + int(frac[6:])
+        if not pd.Timestamp.min.value <= ns <= pd.Timestamp.max.value:
+            raise _out_of_range(s)
+        return pd.Timestamp(ns, unit="ns", tz="UTC")
+    try:  # a wall time, placed in the corpus zone by the caller: a nanosecond Timestamp of the same fields
+        return pd.Timestamp(f"{y}-{mo}-{d}T{h or '00'}:{mi or '00'}:{sec or '00'}.{frac}")
+    except (pd.errors.OutOfBoundsDatetime, OverflowError):
+        raise _out_of_range(s) from None
 
 
 def _offset(off: str) -> dt.timezone:
@@ -231,6 +289,8 @@ def _parse_pattern(s: str, fmt: str) -> pd.Timestamp:
         stamp = dt.datetime.strptime(s, fmt)
     except ValueError as err:  # strptime's own "time data ... does not match format ..." says nothing more
         raise _refusal(s, fmt, "" if str(err).startswith("time data") else f" ({err})") from None
+    if not _in_year_range(stamp.year):
+        raise _out_of_range(s)
     back = _renderings(stamp, fmt)
     if not any(_same_writing(s, b, fmt) for b in back):
         shown = sorted(back)[0]
@@ -253,11 +313,20 @@ def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:
         if not math.isfinite(value):
             raise TimestampError(f"timestamp {value!r} is not a finite number, expected {describe_format(fmt)}")
         number = Decimal(repr(value))
-    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
-        number = Decimal(value.strip())
+    elif isinstance(value, str):
+        _check_characters(value, fmt)
+        if not _DECIMAL.fullmatch(value):
+            raise _refusal(value, fmt)
+        number = Decimal(value)
     else:
-        raise _refusal(str(value).strip(), fmt)
-    ns = int((number * EPOCH_NS[fmt]).to_integral_value(rounding=ROUND_FLOOR))
+        raise _refusal(str(value), fmt)
+    with localcontext() as ctx:  # exact: the default 28 digits would round a 30-digit value to whole nanoseconds
+        ctx.prec = len(number.as_tuple().digits) + 10
+        exact = number * EPOCH_NS[fmt]
+    if exact != exact.to_integral_value():
+        raise TimestampError(f"timestamp {value!r} as {EPOCH_UNITS[fmt]} since 1970 is not a whole number of "
+                             "nanoseconds; pitlab reads time to the nanosecond, and rounding would be a guess")
+    ns = int(exact)
     try:
         return pd.Timestamp(ns, unit="ns", tz="UTC")
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
