@@ -27,10 +27,11 @@
 #             fused step, beside the single-device path, 10 timed steps each in one process (whether the fused step
 #             should become FSDP2's default on CUDA; about 5 min).
 # autotune-ab: the single-device path in three processes on one machine, each with empty Triton and inductor
-#             caches (every kernel compiled and autotuned again), then once more from the fastest process's caches
-#             and once from the slowest's: whether the 1.4 x spread of its step time between machines (103-148 ms
-#             in three calls of 2026-12-05, the plain loop 134-160 ms) follows the kernels the autotuner picks
-#             (about 8 min).
+#             caches (every kernel compiled and autotuned again), 8 timed steps and 2 profiled ones each: whether the
+#             1.4 x spread of its step time (96-148 ms in five calls of 2026-12-05, 127-139 ms and 96-100 ms in two
+#             calls on one machine; the plain loop 133-160 ms) is the kernels a process compiles and picks, and which
+#             kernels differ between a fast and a slow process (about 8 min; the first process also writes the model:
+#             its 150 s limit of 2026-12-05 was too short for that).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -80,27 +81,22 @@ print({k: st.get('repeat', {}).get('against_base', {}).get(k) for k in ('first_s
                   --checks "" --budget-s 310 --steps 10 --warmup 3 \
                   --runs "default;{\"fusedOptimizer\": false, \"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}};$FSDP2_FUSED" \
                   > "$OUT/fsdp2-step.log" 2>&1; tail -6 "$OUT/fsdp2-step.log" ;;
-    autotune-ab) ab() {  # ab TAG TRITON_CACHE INDUCTOR_CACHE
-                   TRITON_CACHE_DIR=$2 TORCHINDUCTOR_CACHE_DIR=$3 timeout 150 python3 bench/throughput.py --work /tmp/tp \
-                     --out "$OUT/autotune-ab-$1" --shapes qwen35_reduced --checks "" --budget-s 140 --steps 10 \
-                     --warmup 3 --runs default > "$OUT/autotune-ab-$1.log" 2>&1
+    autotune-ab) ab() {  # ab TAG LIMIT_S: one process with its own empty caches
+                   rm -rf "/tmp/ab/tc$1" "/tmp/ab/ic$1"
+                   TRITON_CACHE_DIR=/tmp/ab/tc$1 TORCHINDUCTOR_CACHE_DIR=/tmp/ab/ic$1 timeout "$2" python3 \
+                     bench/throughput.py --work /tmp/tp --out "$OUT/autotune-ab-$1" --shapes qwen35_reduced --checks "" \
+                     --budget-s $(( $2 - 10 )) --steps 8 --warmup 3 --profile-steps 2 --runs default \
+                     > "$OUT/autotune-ab-$1.log" 2>&1
                    python3 -c "
 import json, sys
 r = json.load(open(sys.argv[1]))['shapes']['qwen35_reduced']['pitlab']
-print(sys.argv[2], round(r['tokens_per_second']), [round(1000 * s) for s in r['step_s']], round(r['warmup_s']))" \
-                     "$OUT/autotune-ab-$1/throughput.json" "$1" | tee -a "$OUT/autotune-ab.txt"; }
-                 for i in 1 2 3; do ab fresh$i /tmp/ab/tc$i /tmp/ab/ic$i; done
-                 read -r fast slow < <(python3 -c "
-import json
-r = {i: json.load(open(f'$OUT/autotune-ab-fresh{i}/throughput.json'))['shapes']['qwen35_reduced']['pitlab']['tokens_per_second'] for i in (1, 2, 3)}
-print(max(r, key=r.get), min(r, key=r.get))")
-                 for i in $fast $slow; do
-                   rm -rf /tmp/ab/tc-again$i /tmp/ab/ic-again$i
-                   cp -r /tmp/ab/tc$i /tmp/ab/tc-again$i; cp -r /tmp/ab/ic$i /tmp/ab/ic-again$i
-                   ab again$i /tmp/ab/tc-again$i /tmp/ab/ic-again$i
-                 done
-                 mkdir -p "$OUT/autotune-ab-choices"
-                 for i in 1 2 3; do (cd /tmp/ab/tc$i && find . -name '*.autotune.json' | tar -czf "$OUT/autotune-ab-choices/tc$i.tgz" -T -); done ;;
+p = r.get('profile') or {}
+print(sys.argv[2], round(r['tokens_per_second']), [round(1000 * s) for s in r['step_s']], 'warm-up', round(r['warmup_s']),
+      'device busy ms/step', round(1000 * p.get('device_busy_s_per_step', 0)), 'launches', p.get('kernel_launches_per_step'))
+print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in p.get('top_device_time', [])[:14]])" \
+                     "$OUT/autotune-ab-$1/throughput.json" "$1" | tee -a "$OUT/autotune-ab.txt"
+                   (cd "/tmp/ab/tc$1" 2>/dev/null && find . -name '*.autotune.json' | tar -czf "$OUT/autotune-ab-tc$1.tgz" -T -); }
+                 ab 1 220; ab 2 170; ab 3 170 ;;
     determinism-on) timeout 200 python3 bench/determinism.py --out "$OUT/determinism--deterministic.json" \
                       --deterministic 2>&1 | grep -v Warn | tail -30 ;;
     determinism) for flag in "" --deterministic; do
