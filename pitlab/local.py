@@ -105,12 +105,24 @@ def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: s
 
 
 def _claim_run_folders(res: PitTraining | LeakageEval, out_root: Path, overwrite: bool,
-                       reporter: Reporter | None = None) -> None:
+                       reporter: Reporter | None = None, keep_replaced: bool = False) -> None:
     """Check every run folder of ``res`` (:func:`pitlab.api.runfolders.check_run_folders`: SpecError naming the
-    folder and its owner when one exists without ``overwrite``), then delete the existing ones (``overwrite``),
-    so that no folder of an earlier run is left beside the new one looking complete; a reporter with a
-    ``deleted(path)`` method is told of each."""
+    folder and its owner when one exists without ``overwrite``), then clear the existing ones (``overwrite``), so
+    that no folder of an earlier run is left beside the new one looking complete: ``keep_replaced`` moves each to
+    ``<out_root>/.replaced/`` (:func:`pitlab.api.runfolders.set_aside`; the reporter's ``set_aside(path, kept)``
+    is told), else it is deleted (the reporter's ``deleted(path)``). A folder that cannot be renamed is deleted."""
+    from pitlab.api.runfolders import set_aside
+
     for path in check_run_folders(res, out_root, overwrite):
+        if keep_replaced:
+            try:
+                kept = set_aside(path, out_root)
+            except OSError:
+                kept = None
+            if kept is not None:
+                if hasattr(reporter, "set_aside"):
+                    reporter.set_aside(path, kept)
+                continue
         shutil.rmtree(path)
         if hasattr(reporter, "deleted"):
             reporter.deleted(path)
@@ -179,7 +191,8 @@ def _walk(table: tuple[Stage, ...], run: Any, st: StatusWriter,
 
 def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter | None = None,
                            overwrite: bool = False, model_dirs: dict[str, Path] | None = None,
-                           checked: CheckedEvaluation | None = None, resume: bool = False) -> dict:
+                           checked: CheckedEvaluation | None = None, resume: bool = False,
+                           keep_replaced: bool = False) -> dict:
     """Run a LeakageEval into ``out_root/<name>/``; returns the results dict (``eval/results.json``).
 
     Embedding (every model, cached in ``out_root/.cache/embeddings``) then Analyzing (protocols, bootstrap,
@@ -187,8 +200,9 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
     ``trainingRef`` models to their local folders (set by a parent PitTraining). ``checked``: the panel and
     models a preflight already read (the preflight is then not run again). ``resume``: an interrupted run of
     the same spec in ``out_root/<name>`` is run again in its folder (its embeddings come from the cache; a
-    succeeded one is returned as it is). Raises a preflight error (nothing written), RunError (status.json then
-    says Failed) or :class:`Interrupted`.
+    succeeded one is returned as it is). ``keep_replaced``: a folder ``overwrite`` replaces is moved to
+    ``out_root/.replaced/`` instead of deleted (the caller deletes it once the run succeeded). Raises a preflight
+    error (nothing written), RunError (status.json then says Failed) or :class:`Interrupted`.
     """
     reporter = reporter or SilentReporter()
     if checked is None:
@@ -200,8 +214,8 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
         done = succeeded_results(out_root / res.metadata.name)
         if done is not None:
             return done
-        overwrite = True  # its own folder, checked: the interrupted attempt's files go
-    _claim_run_folders(res, out_root, overwrite, reporter)
+        overwrite, keep_replaced = True, False  # its own folder, checked: the interrupted attempt's files go
+    _claim_run_folders(res, out_root, overwrite, reporter, keep_replaced)
     run_dir = _prepare_run_dir(out_root, res.metadata.name)
     st = StatusWriter(EvaluationLayout(run_dir).status, res)
     st.done(stages.VALIDATE, "spec is valid")
@@ -212,12 +226,14 @@ def run_leakage_eval_local(res: LeakageEval, out_root: Path, reporter: Reporter 
 
 
 def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter | None = None,
-                          overwrite: bool = False, nproc: int | None = None, resume: bool = False) -> dict:
+                          overwrite: bool = False, nproc: int | None = None, resume: bool = False,
+                          keep_replaced: bool = False) -> dict:
     """Run a PitTraining and its evaluations into ``out_root``; returns the final status.json document.
 
     Stages and conditions are the operator's (:data:`pitlab.api.stages.PITTRAINING`). ``resume``: continue the
     run in ``out_root/<name>`` from its first stage not done (:mod:`pitlab.resume`; SpecError when the spec or
-    the kept corpus changed). Raises a preflight error (SpecError/CorpusError/PanelError; nothing written), the
+    the kept corpus changed). ``keep_replaced``: as for :func:`run_leakage_eval_local`. Raises a preflight error
+    (SpecError/CorpusError/PanelError; nothing written), the
     SpecError of bad input found late (status.json says Failed), RunError (status.json says Failed with the
     stage's reason and message) or :class:`Interrupted` (status.json says Interrupted).
     """
@@ -240,7 +256,8 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
             return json.loads(st.path.read_text())
         table = tuple(s for s in table if not conditions.is_true(status, s.condition))
     else:
-        _claim_run_folders(res, out_root, overwrite, reporter)  # the evaluations' folders too: none is replaced unasked
+        # the evaluations' folders too: none is replaced unasked
+        _claim_run_folders(res, out_root, overwrite, reporter, keep_replaced)
         run_dir = _prepare_run_dir(out_root, res.metadata.name)
         st = StatusWriter(TrainingLayout(run_dir).status, res)
         st.done(stages.VALIDATE, "spec is valid")

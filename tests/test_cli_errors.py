@@ -159,7 +159,7 @@ def test_run_help_shows_flags_without_a_value_and_the_argument_as_FILE():
     out = _help(["run", "--help"], columns=120)
     assert "Usage: pitlab run [OPTIONS] {FILE}\n" in out
     assert "<bool>" not in out and "{file}" not in out
-    assert re.search(r"\n  --overwrite +Delete the run's existing folders first: out/<name>/", out), out
+    assert re.search(r"\n  --overwrite +Replace the run's existing folders: out/<name>/", out), out
     assert re.search(r"\n  --help +Show this message and exit\.\n", out), out
     assert re.search(r"\n  FILE <path> +PitTraining or LeakageEval YAML\. +\[required\]\n", out), out
     assert re.search(r"\n  --nproc <int> +torchrun processes", out), out  # options that take a value keep it

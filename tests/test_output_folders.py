@@ -90,8 +90,8 @@ def test_evaluation_named_like_another_resources_folder_is_refused_and_kept(pt_s
     code, out = _invoke("validate", write(pt), "--overwrite")
     assert code == 0 and f"note: {folder} exists (written by LeakageEval {name!r}" in out
     code, out = _invoke("run", write(pt), "--overwrite")
-    assert f"--overwrite: deleting {folder} (written by LeakageEval {name!r} (evaluation of PitTraining " \
-           "'another-training'))" in out
+    assert f"--overwrite: replacing {folder} (written by LeakageEval {name!r} (evaluation of PitTraining " \
+           "'another-training')) once the inputs are checked" in out
     assert code == 1 and "the input went past the preflight" in out  # the tripwire: the prepare stage was reached
     assert not (folder / "eval" / "results.json").exists()
 
@@ -104,16 +104,74 @@ def test_bad_input_with_overwrite_deletes_nothing(pt_spec, tmp_path, tripwire):
     pt["spec"]["corpus"]["textField"] = "body"  # refused by the preflight, before anything is deleted
     code, out = _invoke("run", write(pt), "--overwrite")
     assert code == 2 and "no field 'body' (spec.corpus.textField)" in out
-    assert f"--overwrite: deleting {folder} (written by PitTraining" in out
+    assert f"--overwrite: replacing {folder} (written by PitTraining" in out
     assert f"--overwrite: nothing was deleted: {folder} is as before" in out  # the announcement is taken back
     assert _snapshot(tmp_path / "out") == before
+
+
+def _kept_runs(root: Path) -> list[Path]:
+    return sorted((root / ".replaced").iterdir()) if (root / ".replaced").is_dir() else []
+
+
+def test_overwrite_keeps_the_previous_run_until_the_new_one_succeeds(pt_spec, tmp_path, monkeypatch):
+    """--overwrite moves the earlier run aside (byte for byte) once the inputs passed, and deletes it only after
+    the new run succeeded."""
+    write, _, le = pt_spec
+    name = le["metadata"]["name"]
+    root, folder = tmp_path / "out", tmp_path / "out" / name
+    _other_run(folder, "LeakageEval", name)
+    before = _snapshot(folder)
+    seen = {}
+
+    def stages(table, run, st, passthrough=()):  # the stages, instead of embedding and analysing
+        seen["kept"] = [(p.name, _snapshot(p)) for p in _kept_runs(root)]
+        seen["folder"] = sorted(p.name for p in folder.iterdir())
+
+    monkeypatch.setattr("pitlab.local._walk", stages)
+    code, out = _invoke("run", write(le), "--overwrite")
+    assert code == 0, out
+    [(kept_name, kept_files)] = seen["kept"]  # during the run: the earlier run aside, whole; the folder new
+    assert re.fullmatch(rf"{name}\.\d{{8}}T\d{{6}}Z", kept_name) and kept_files == before
+    assert seen["folder"] == ["status.json"]
+    kept = root / ".replaced" / kept_name
+    assert f"--overwrite: replacing {folder} (written by LeakageEval {name!r}) once the inputs are checked: it is " \
+           f"kept in {root / '.replaced'}/ until the new run succeeds" in out
+    assert f"--overwrite: moved {folder} to {kept}; it is deleted once this run succeeds" in out
+    assert f"--overwrite: deleted the previous run {kept}" in out
+    assert not (root / ".replaced").exists()  # deleted after the success, and the emptied folder with it
+    assert json.loads((folder / "status.json").read_text())["status"]["phase"] == "Succeeded"
+
+
+def test_overwrite_keeps_the_previous_run_when_the_new_one_fails(pt_spec, tmp_path, tripwire, monkeypatch):
+    """A failed --overwrite run leaves the earlier run in out/.replaced/, byte for byte, and says how to put it
+    back; the failed run stays in its folder (its status says Failed), and its --resume, once it succeeds,
+    names the kept run rather than deleting it."""
+    write, _, le = pt_spec
+    name = le["metadata"]["name"]
+    root, folder = tmp_path / "out", tmp_path / "out" / name
+    _other_run(folder, "LeakageEval", name)
+    before = _snapshot(folder)
+    code, out = _invoke("run", write(le), "--overwrite")
+    assert code == 1 and "the input went past the preflight" in out  # the tripwire: embedding was reached
+    [kept] = _kept_runs(root)
+    assert _snapshot(kept) == before
+    assert f"--overwrite: the previous run of {folder} is kept in {kept} (this run's files are in {folder}); to " \
+           f"put it back: rm -rf {folder} && mv {kept} {folder}" in out
+    assert json.loads((folder / "status.json").read_text())["status"]["phase"] == "Failed"
+    monkeypatch.setattr("pitlab.local._walk", lambda table, run, st, passthrough=(): None)
+    code, out = _invoke("run", "--resume", write(le))
+    assert code == 0, out
+    assert f"note: {kept} holds an earlier run that `pitlab run --overwrite` replaced; delete it when it is no " \
+           "longer needed" in out
+    assert _snapshot(kept) == before
 
 
 def test_run_help_says_what_overwrite_deletes_and_mentions_resume():
     code, out = _invoke("run", "--help")
     assert code == 0
-    assert "--overwrite Delete the run's existing folders first: out/<name>/ (checkpoints included) and, for a " \
-           "PitTraining, each evaluation's out/<evaluation name>/; each is named before it is deleted" in out
+    assert "--overwrite Replace the run's existing folders: out/<name>/ (checkpoints included) and, for a " \
+           "PitTraining, each evaluation's out/<evaluation name>/; each is named first, moved to out/.replaced/ " \
+           "once the inputs passed, and deleted when the new run succeeds (kept there if it fails)" in out
     assert "To continue an interrupted run instead, use --resume." in out
 
 
@@ -384,7 +442,7 @@ def test_an_input_inside_a_run_folder_is_refused_even_with_overwrite(pt_spec, tm
         assert code == 2, (args, out)
         assert f"spec.dataset.uri: {folder / 'jpx'} is inside {folder}, the run folder of LeakageEval " \
                f"{le['metadata']['name']!r}, which the run replaces" in out
-        assert "--overwrite: deleting" not in out
+        assert "--overwrite: replacing" not in out
         assert _snapshot(folder) == before
     ev = tmp_path / "out" / pt["spec"]["evaluations"][0]["name"]  # a PitTraining's corpus in its evaluation's folder
     ev.mkdir(parents=True)

@@ -106,3 +106,18 @@ def test_a_reported_rank_error_is_the_whole_launch_error(tmp_path) -> None:
         "training failed (exit code 1):",
         f"{ERROR_PREFIX}: step 2: loss is nan; lower spec.training.learningRate",
         f"(torchrun's output: {log})"]
+
+
+def test_refusal_names_the_runs_overwrite_kept_aside(tmp_path) -> None:
+    """out/<name>/checkpoint on a disk that also holds out/.replaced/ (runs `pitlab run --overwrite` keeps until
+    its new run succeeds): the refusal names that folder as space to free."""
+    ckpt = tmp_path / "out" / "run" / "checkpoint"
+    with pytest.raises(CheckpointError) as err:
+        check_disk_space(ckpt, 10 * GB, saves=1, keep=1, free_bytes=9 * GB)
+    assert "replaced" not in str(err.value)
+    (tmp_path / "out" / ".replaced" / "run.20261205T050000Z").mkdir(parents=True)
+    with pytest.raises(CheckpointError) as err:
+        check_disk_space(ckpt, 10 * GB, saves=1, keep=1, free_bytes=9 * GB)
+    assert str(err.value).endswith(
+        f"or free space ({tmp_path / 'out' / '.replaced'} holds the runs `pitlab run --overwrite` replaced, kept "
+        "until this run succeeds: delete them if they are not needed)")

@@ -20,6 +20,9 @@ from pitlab.api.base import SpecError
 from pitlab.api import layout
 
 TRAINING_LABEL = "pitlab.io/training"
+REPLACED = ".replaced"
+"""``<out>/.replaced/``: where ``pitlab run --overwrite`` keeps the folders it replaces until the new run succeeds
+(a run folder's name is a DNS-1123 name, so it never starts with a dot)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,24 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     if problems:
         raise SpecError(problems, source)
     return [f.path for f in existing]
+
+
+def set_aside(path: Path, root: Path) -> Path:
+    """Rename the run folder ``path`` to ``<root>/.replaced/<name>.<UTC time, YYYYmmddTHHMMSSZ>`` (``.1``, ``.2``
+    ... appended if taken) and return the new path: ``--overwrite`` keeps a replaced run there until its successor
+    succeeded. One ``os.rename`` in ``root``'s filesystem, so the folder is either in its old place or in the new
+    one. Raises ``OSError`` when the rename fails (a run folder that is a mount point, a read-only ``root``)."""
+    import datetime as dt
+
+    aside = Path(root) / REPLACED
+    aside.mkdir(exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    dest, n = aside / f"{Path(path).name}.{stamp}", 0
+    while dest.exists():
+        n += 1
+        dest = aside / f"{Path(path).name}.{stamp}.{n}"
+    os.rename(path, dest)
+    return dest
 
 
 def lock_run_folders(root: Path, names: list[str], lock_dir: Path | None = None) -> list:

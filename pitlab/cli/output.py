@@ -28,11 +28,17 @@ class RichReporter:
         self.t0: dict[str, float] = {}
         self.last_line: dict[str, float] = {}
         self.deleted_paths: list[Path] = []
+        self.replaced: list[tuple[Path, Path]] = []  # (run folder, where its previous content is kept)
 
     def deleted(self, path: Path) -> None:
         """``--overwrite`` deleted ``path`` (after the inputs passed)."""
         self.deleted_paths.append(path)
         say(f"[yellow]--overwrite:[/] deleted {path}")
+
+    def set_aside(self, path: Path, kept: Path) -> None:
+        """``--overwrite`` moved the previous run in ``path`` to ``kept`` (after the inputs passed)."""
+        self.replaced.append((path, kept))
+        say(f"[yellow]--overwrite:[/] moved {path} to {kept}; it is deleted once this run succeeds")
 
     def stage(self, name: str, detail: str = "") -> None:
         self.t0[name] = time.monotonic()

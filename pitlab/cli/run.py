@@ -29,10 +29,11 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                            help="Output root (default: the spec's output.uri, else ./out)."),
         data_root: Optional[Path] = DataRoot,
         overwrite: bool = typer.Option(False, "--overwrite",
-                                       help="Delete the run's existing folders first: out/<name>/ (checkpoints "
+                                       help="Replace the run's existing folders: out/<name>/ (checkpoints "
                                             "included) and, for a PitTraining, each evaluation's "
-                                            "out/<evaluation name>/; each is named before it is deleted, and only "
-                                            "once the inputs passed. To continue an interrupted run instead, use "
+                                            "out/<evaluation name>/; each is named first, moved to out/.replaced/ "
+                                            "once the inputs passed, and deleted when the new run succeeds (kept "
+                                            "there if it fails). To continue an interrupted run instead, use "
                                             "--resume."),
         nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
@@ -42,7 +43,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         ) -> None:
     """Run a resource on this machine: corpus filter → train → merge → evaluate (PitTraining), or the
     evaluation alone (LeakageEval). Writes out/<name>/ (and out/<evaluation name>/ for each evaluation) with
-    status.json as the operator would. An existing run folder is refused unless --overwrite (which deletes it) or,
+    status.json as the operator would. An existing run folder is refused unless --overwrite (which replaces it) or,
     for an interrupted run of the same spec, --resume (which continues it)."""
     from pitlab import storage
     from pitlab.local import local_work_root
@@ -79,8 +80,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             doomed = _claim_message(res, root, overwrite, file, again)
         t0 = time.monotonic()
         finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
-        results = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
+        results, replaced = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
         _publish_runs(root, remote, names)
+        _drop_replaced(replaced, root, names)
         if remote:
             say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
         say_results(results, root)
@@ -97,30 +99,35 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
 
 
 def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str], doomed: list[Path],
-                overwrite: bool, nproc: int | None, resume: bool, again: str) -> dict:
-    """Run ``res``'s stages under ``root`` with progress bars; return its compact results by evaluation name.
-    Exits on a failure: the input's exit code, a stage's (after publishing what was written), or 130 with
-    ``again``, the command that resumes the run."""
+                overwrite: bool, nproc: int | None, resume: bool, again: str) -> tuple[dict, list[tuple[Path, Path]]]:
+    """Run ``res``'s stages under ``root`` with progress bars; return its compact results by evaluation name and
+    the folders ``--overwrite`` replaced with where their previous content is kept (``root/.replaced/``). Exits on
+    a failure: the input's exit code, a stage's (after publishing what was written), or 130 with ``again``, the
+    command that resumes the run; each says where the replaced runs are kept."""
     from pitlab.api.summary import compact_results
     from pitlab.local import Interrupted, RunError, run_leakage_eval_local, run_pittraining_local
 
     with _interruptible(Interrupted), progress() as p:
         reporter = RichReporter(p)
+        keep = overwrite and not remote  # a remote output's local copy is scratch
         try:
             if isinstance(res, PitTraining):
-                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc, resume)
-                return status["status"].get("results") or {}
+                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc, resume,
+                                               keep_replaced=keep)
+                return status["status"].get("results") or {}, reporter.replaced
             return {res.metadata.name: compact_results(
-                run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume))}
+                run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume,
+                                       keep_replaced=keep))}, reporter.replaced
         except InputError as err:
             _publish_runs(root, remote, names)  # bad input found after the run folder exists (status.json: Failed)
-            _say_kept(doomed, reporter.deleted_paths)
+            _say_kept(doomed, reporter)
             fail(from_file(err, file), err.exit_code)
         except RunError as err:
             _publish_runs(root, remote, names)
+            _say_kept(doomed, reporter)
             fail(f"{err.reason}: {err}\n(status: {TrainingLayout(root / res.metadata.name).status})", err.exit_code)
         except KeyboardInterrupt as err:
-            _say_kept(doomed, reporter.deleted_paths)
+            _say_kept(doomed, reporter)
             status = TrainingLayout(root / res.metadata.name).status
             fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
                  f"{interrupted_detail(status)}; continue with `{again}`", 130)
@@ -140,12 +147,35 @@ def _publish_runs(root: Path, remote: str | None, names: list[str]) -> None:
                 fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
 
 
-def _say_kept(doomed: list[Path], deleted: list[Path]) -> None:
-    """After a refusal: say which folders --overwrite announced (``doomed``) but did not delete."""
-    left = [p for p in doomed if p not in deleted]
+def _say_kept(doomed: list[Path], reporter: RichReporter) -> None:
+    """After a failure: say which folders --overwrite announced (``doomed``) and left as they were, and where
+    the previous runs it moved aside are kept (with the commands that put one back)."""
+    touched = set(reporter.deleted_paths) | {path for path, _ in reporter.replaced}
+    left = [p for p in doomed if p not in touched]
     if left:
         say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
             f"{'is' if len(left) == 1 else 'are'} as before")
+    for path, kept in reporter.replaced:
+        say(f"[yellow]--overwrite:[/] the previous run of {path} is kept in {kept} (this run's files are in "
+            f"{path}); to put it back: rm -rf {path} && mv {kept} {path}")
+
+
+def _drop_replaced(replaced: list[tuple[Path, Path]], root: Path, names: list[str]) -> None:
+    """After a run succeeded: delete the previous runs ``--overwrite`` kept aside, and ``root/.replaced`` once
+    empty; name the ones of ``names`` an earlier, failed ``--overwrite`` left there (a resumed run's)."""
+    from pitlab.api.runfolders import REPLACED
+
+    for _, kept in replaced:
+        shutil.rmtree(kept)
+        say(f"[yellow]--overwrite:[/] deleted the previous run {kept}")
+    aside = root / REPLACED
+    older = sorted(p for n in names for p in aside.glob(f"{n}.*")) if aside.is_dir() else []
+    for p in older:
+        say(f"  note: {p} holds an earlier run that `pitlab run --overwrite` replaced; delete it when it is no "
+            "longer needed")
+    if replaced and not older:
+        with contextlib.suppress(OSError):
+            aside.rmdir()  # only when empty
 
 
 def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
@@ -164,17 +194,17 @@ def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
 
 def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> list[Path]:
     """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide (an
-    unfinished run with the advice ``again``); with ``--overwrite``, say which folders the run will delete (and
+    unfinished run with the advice ``again``); with ``--overwrite``, say which folders the run will replace (and
     whose they are) and return them."""
-    from pitlab.api.runfolders import check_run_folders, folder_owner
+    from pitlab.api.runfolders import REPLACED, check_run_folders, folder_owner
 
     try:
         doomed = check_run_folders(res, root, overwrite, str(file), resume_command=again)
     except SpecError as err:
         fail(err, 2)
     for path in doomed:
-        say(f"[yellow]--overwrite:[/] deleting {path} (written by {escape(folder_owner(path)[1])}) once the "
-            "inputs are checked")
+        say(f"[yellow]--overwrite:[/] replacing {path} (written by {escape(folder_owner(path)[1])}) once the "
+            f"inputs are checked: it is kept in {root / REPLACED}/ until the new run succeeds")
     return doomed
 
 

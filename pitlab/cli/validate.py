@@ -54,7 +54,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     for path in existing:
         resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
-            f"which deletes it{resume}")
+            f"which replaces it (kept in .replaced/ until the new run succeeds){resume}")
 
 
 def _base_model_positions_warning(res) -> str | None:

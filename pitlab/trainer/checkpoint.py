@@ -234,11 +234,14 @@ def check_disk_space(checkpoint_dir: Path, one_checkpoint: int, saves: int, keep
             probe = probe.parent
         free_bytes = shutil.disk_usage(probe).free
     if need > free_bytes:
+        aside = d.parent.parent / ".replaced"  # pitlab run --overwrite keeps replaced runs there (cli/run.py)
+        held = (f" ({aside} holds the runs `pitlab run --overwrite` replaced, kept until this run succeeds: "
+                "delete them if they are not needed)") if aside.is_dir() else ""
         raise CheckpointError(
             f"spec.checkpoint: this run saves {saves} checkpoint(s) of about {one_checkpoint / 1e9:.1f} GB "
             f"(parameters + AdamW moments) and keeps {keep}: up to {more} more on {d} "
             f"({need / 1e9:.1f} GB), which has {free_bytes / 1e9:.1f} GB free; lower spec.checkpoint.keep, "
-            f"raise spec.checkpoint.everySteps, use an s3:// checkpoint.uri or free space")
+            f"raise spec.checkpoint.everySteps, use an s3:// checkpoint.uri or free space{held}")
 
 
 def prune_checkpoints(checkpoint_dir: Path, keep: int) -> list[Path]:
