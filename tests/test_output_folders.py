@@ -451,3 +451,23 @@ def test_an_input_inside_a_run_folder_is_refused_even_with_overwrite(pt_spec, tm
     code, out = _invoke("run", write(pt), "--overwrite")
     assert code == 2 and f"spec.corpus.uri: {ev / 'corpus.csv'} is inside {ev}, the run folder of LeakageEval" in out
     assert (ev / "corpus.csv").is_file()
+
+
+def test_an_output_root_inside_another_run_folder_is_refused(pt_spec, tmp_path):
+    """--out inside a run folder (found in a trial: its run folders were described as written by no pitlab run,
+    and that run's --overwrite would have deleted them): refused at validate and run, with or without
+    --overwrite, and nothing is written."""
+    write, _, le = pt_spec
+    outer = tmp_path / "out" / "pit-2016"
+    _other_run(outer, "PitTraining", "pit-2016")
+    before = _snapshot(tmp_path / "out")
+    for inner in (outer, outer / "eval", outer / "new" / "deeper"):
+        for args in (("validate",), ("run",), ("run", "--overwrite")):
+            code, out = _invoke(*args, write(le), "--out", inner)
+            assert code == 2, (args, out)
+            assert f"spec.output.uri: the output root {inner} is inside {outer}, the run folder of PitTraining " \
+                   "'pit-2016': this run's folders would mix with that run's files, and its --overwrite would " \
+                   "replace them; give --out (or spec.output.uri) outside it" in out
+            assert _snapshot(tmp_path / "out") == before and not (outer / "new").exists()
+    code, out = _invoke("validate", write(le), "--out", tmp_path / "out")  # beside it is fine
+    assert code == 0, out

@@ -130,6 +130,16 @@ def _empty_dir(path: Path) -> bool:
     return path.is_dir() and next(path.iterdir(), None) is None
 
 
+def enclosing_run(root: Path) -> Path | None:
+    """The nearest of ``root`` and its parents that is the folder of a pitlab run (a ``status.json`` naming a
+    kind and a name, :func:`folder_owner`), or None."""
+    p = Path(root).absolute()
+    for folder in (p, *p.parents):
+        if (folder / layout.STATUS).is_file() and folder_owner(folder)[0] is not None:
+            return folder
+    return None
+
+
 def check_run_folders(res, root: Path, overwrite: bool = False, source: str | None = None,
                       earlier_runs_ok: bool = False, resume_command: str | None = None) -> list[Path]:
     """Check the run folders of ``res`` under ``root`` before anything is written.
@@ -143,6 +153,12 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     """
     folders = run_folders(res, root)
     problems: list[tuple[str, str]] = []
+    enclosing = enclosing_run(root)
+    if enclosing is not None:
+        problems.append(("spec.output.uri", f"the output root {root} is inside {enclosing}, the run folder of "
+                                            f"{folder_owner(enclosing)[1]}: this run's folders would mix with that "
+                                            "run's files, and its --overwrite would replace them; give --out (or "
+                                            "spec.output.uri) outside it"))
     seen: dict[Path, RunFolder] = {}
     for f in folders:
         key = f.path.resolve() if f.path.exists() else f.path.absolute()

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import posixpath
+import re
 
 SPEC_DIR = "/etc/pitlab"
 TRAINING_SPEC_FILE = "spec.yaml"
 EVAL_SPEC_FILE = "leakageeval.yaml"
 TRAINING_BACKENDS = ("auto", "trainjob", "jobset", "pytorchjob")  # spec.resources.backend, chart trainingBackend
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a Secret's name: a DNS-1123 subdomain
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +33,10 @@ class OperatorConfig:
     volume (relative to ``mount_path``, or absolute) where every pod keeps the GPU kernels it compiles
     (``TRITON_CACHE_DIR`` = ``<kernel_cache>/triton``, which also holds fla's autotuning results,
     ``TORCHINDUCTOR_CACHE_DIR`` = ``<kernel_cache>/inductor``), so a later pod with the same kernels skips
-    compiling them; ``none`` leaves both in the pod's ``/tmp``.
+    compiling them; ``none`` leaves both in the pod's ``/tmp``. ``image_pull_secrets``: names of Secrets
+    (``kubernetes.io/dockerconfigjson``) that every pod the operator creates lists as ``imagePullSecrets`` (the
+    chart's ``imagePullSecrets``, the operator's own; ``PITLAB_IMAGE_PULL_SECRETS``, comma-separated); each must
+    exist in every namespace with runs.
     """
 
     trainer_image: str = "ghcr.io/pitlab/pitlab-trainer:0.1.0"
@@ -58,22 +63,38 @@ class OperatorConfig:
     training_runtime: str = "pitlab-torch"
     termination_grace_seconds: int = 300
     kernel_cache: str = ".cache/kernels"
+    image_pull_secrets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.training_backend not in TRAINING_BACKENDS:
             raise ValueError(f"PITLAB_TRAINING_BACKEND (chart value trainingBackend): {self.training_backend!r} is "
                              f"not one of {', '.join(TRAINING_BACKENDS)}")
+        if isinstance(self.image_pull_secrets, str):  # one name given as a string, not its characters
+            object.__setattr__(self, "image_pull_secrets", (self.image_pull_secrets,))
+        object.__setattr__(self, "image_pull_secrets", tuple(self.image_pull_secrets))
+        for name in self.image_pull_secrets:
+            if not SECRET_NAME.match(name) or len(name) > 253:
+                raise ValueError(f"PITLAB_IMAGE_PULL_SECRETS (chart value imagePullSecrets): {name!r} is not a "
+                                 f"Secret name (lowercase letters, digits, '-' and '.')")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
-        """Settings from ``PITLAB_<FIELD>`` variables (e.g. ``PITLAB_TRAINER_IMAGE``, ``PITLAB_PVC``)."""
+        """Settings from ``PITLAB_<FIELD>`` variables (e.g. ``PITLAB_TRAINER_IMAGE``, ``PITLAB_PVC``); a list
+        (``PITLAB_IMAGE_PULL_SECRETS``) is comma-separated."""
         env = os.environ if env is None else env
-        kwargs = {}
+        kwargs: dict[str, object] = {}
         for f in dataclasses.fields(cls):
             key = "PITLAB_" + f.name.upper()
             if env.get(key):
-                kwargs[f.name] = type(f.default)(env[key])
+                if isinstance(f.default, tuple):
+                    kwargs[f.name] = tuple(v.strip() for v in env[key].split(",") if v.strip())
+                else:
+                    kwargs[f.name] = type(f.default)(env[key])
         return cls(**kwargs)
+
+    def pull_secrets(self) -> list[dict[str, str]]:
+        """``image_pull_secrets`` as a pod's ``imagePullSecrets`` list (empty without any)."""
+        return [{"name": n} for n in self.image_pull_secrets]
 
     def resolve(self, uri: str) -> str:
         """A spec URI as a path in the pods: ``${PITLAB_DATA_ROOT}`` expanded, relative paths under the mount.

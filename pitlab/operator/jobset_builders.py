@@ -1,12 +1,14 @@
-"""Pure builders of the two JobSet-shaped training backends: the TrainJob (Kubeflow Trainer v2, whose
-ClusterTrainingRuntime ``pitlab-torch`` the chart ships as a JobSet template) and the plain JobSet. Both run one
-replicated job ``node`` (an Indexed Job, one pod per node, container ``node``) under the same failure policy.
+"""Pure builders of the two JobSet-shaped training backends: the TrainJob (Kubeflow Trainer v2, on the
+ClusterTrainingRuntime ``OperatorConfig.training_runtime`` that the chart ships, one per release, as a JobSet
+template) and the plain JobSet. Both run one replicated job ``node`` (an Indexed Job, one pod per node, container
+``node``) under the same failure policy.
 
 The TrainJob carries only what differs per run: ``spec.trainer`` (image, command, environment, nodes, processes and
 resources per node) and, under pitlab's own manager name in ``spec.runtimePatches``, the pod settings the runtime
-cannot know (the shared volume's claim, the run's spec ConfigMap, placement, the progress sidecar's metrics file).
-Everything fixed (restart and failure policies, ``/dev/shm``, security context, the sidecar itself) is in the
-runtime (charts/pitlab/templates/trainingruntime.yaml); tests/test_chart.py checks that the two agree.
+cannot know (the shared volume's claim, the run's spec ConfigMap, placement, the progress sidecar's metrics file,
+the image pull secrets). Everything fixed (restart and failure policies, ``/dev/shm``, security context, the
+sidecar itself) is in the runtime (charts/pitlab/templates/trainingruntime.yaml); tests/test_chart.py checks that
+the two agree.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ PATCH_MANAGER = "pitlab.io/operator"  # runtimePatches entries are keyed by mana
 NODE = naming.NODE_JOB
 METRICS_ENV = "PITLAB_METRICS"  # the runtime's progress sidecar reads its metrics file from this variable
 BAD_INPUT_RULE = "bad-input"
-# Keys of a storage Secret given to a TrainJob's node container (a TrainJob has no envFrom): each optional.
-STORAGE_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                       "AWS_REGION", "AWS_DEFAULT_REGION")
+# Keys of a storage Secret given to a TrainJob's node container (a TrainJob has no envFrom): the required ones
+# (builders.REQUIRED_SECRET_KEYS, as in every other pod), then the optional ones.
+STORAGE_SECRET_KEYS = (*builders.REQUIRED_SECRET_KEYS, "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
+                       "AWS_DEFAULT_REGION")
 
 
 # ---------------------------------------------------------------- the shared failure policy
@@ -94,22 +97,27 @@ def build_jobset(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) ->
 # ---------------------------------------------------------------- TrainJob
 def storage_env(pt: PitTraining) -> list[dict[str, Any]]:
     """``spec.storage`` as the variables of a TrainJob's node container: the settings as values, the Secret's
-    standard keys (:data:`STORAGE_SECRET_KEYS`, each optional) as ``secretKeyRef`` (a TrainJob has no
-    ``envFrom``); a key the settings already set is not read from the Secret."""
+    standard keys (:data:`STORAGE_SECRET_KEYS`) as ``secretKeyRef`` (a TrainJob has no ``envFrom``): AWS_ACCESS_KEY_ID
+    and AWS_SECRET_ACCESS_KEY required, as in every other pod (:func:`builders._with_storage`: a missing Secret or
+    key stops the pod from starting), the others optional; a key the settings already set is not read from the
+    Secret."""
     storage = pt.spec.storage
     if storage is None:
         return []
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in storage.env().items()]
     if storage.secret_name:
         set_ = {e["name"] for e in env}
-        env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": storage.secret_name, "key": k, "optional": True}}}
-                for k in STORAGE_SECRET_KEYS if k not in set_]
+        required = tuple(k for k in builders.REQUIRED_SECRET_KEYS if k not in set_)
+        optional = tuple(k for k in STORAGE_SECRET_KEYS if k not in set_ and k not in builders.REQUIRED_SECRET_KEYS)
+        env += builders.secret_key_env(storage.secret_name, required, optional=False)
+        env += builders.secret_key_env(storage.secret_name, optional, optional=True)
     return env
 
 
 def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, str]) -> dict[str, Any]:
     """pitlab's ``runtimePatches`` entry: the pods' labels, placement, the shared volume and the spec ConfigMap
-    (mounted into container ``node``), and the progress sidecar's metrics file and read-only volume."""
+    (mounted into container ``node``), the progress sidecar's metrics file and read-only volume, and the
+    operator's ``imagePullSecrets``."""
     res = pt.spec.resources
     pod: dict[str, Any] = {}
     if res.node_selector:
@@ -125,6 +133,8 @@ def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, st
     metrics = TrainingLayout(builders.training_run_dir(pt, cfg)).metrics
     pod["initContainers"] = [{"name": "progress", "env": [{"name": METRICS_ENV, "value": metrics}],
                               "volumeMounts": [{"name": "data", "mountPath": cfg.mount_path, "readOnly": True}]}]
+    if cfg.image_pull_secrets:  # the runtime is shared by every namespace: the pull secrets are per run
+        pod["imagePullSecrets"] = cfg.pull_secrets()
     template = {"spec": {"template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod}}}
     return {"manager": PATCH_MANAGER,
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": NODE, "template": template}]}}}}
