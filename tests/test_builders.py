@@ -262,10 +262,14 @@ def test_storage_secret_and_settings_reach_every_pod(pit: PitTraining) -> None:
             builders.build_analyze_job(le, CFG, child)["spec"]["template"]["spec"]]
     containers = [c for p in pods for c in p["containers"] + p.get("initContainers", [])]
     assert len(pods) == 7 and len(containers) == 8  # 3 nodes: Master + Worker templates; the Master's sidecar
+    required = {k: {"secretKeyRef": {"name": "minio-creds", "key": k, "optional": False}}
+                for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     for c in containers:
-        assert c["envFrom"] == [{"secretRef": {"name": "minio-creds"}}], c["name"]
-        env = {e["name"]: e["value"] for e in c["env"]}
+        # the Secret and its two credential keys are required, as in a TrainJob's pods (the test below)
+        assert c["envFrom"] == [{"secretRef": {"name": "minio-creds", "optional": False}}], c["name"]
+        env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
         assert {k: env[k] for k in want_env} == want_env, c["name"]
+        assert {k: env[k] for k in required} == required, c["name"]
     assert merge["spec"]["template"]["spec"]["containers"][0]["command"][:4] == [
         "pitlab", "merge", "--checkpoint", "s3://pit-ckpt/qwen-2020"]
     for obj in (job, merge, child, builders.build_prepare_job(pt, CFG, body)):
@@ -273,6 +277,78 @@ def test_storage_secret_and_settings_reach_every_pod(pit: PitTraining) -> None:
     # without spec.storage nothing is added
     plain = builders.build_merge_job(pit, CFG, PIT_BODY)["spec"]["template"]["spec"]["containers"][0]
     assert "envFrom" not in plain and not {e["name"] for e in plain["env"]} & set(want_env)
+
+
+def _starts(env: list[dict], env_from: list[dict], secrets: dict[str, dict[str, str]]) -> dict[str, str] | str:
+    """What the kubelet makes of a container's ``env`` and ``envFrom`` given the namespace's ``secrets`` (name ->
+    data): the container's variables, or the CreateContainerConfigError message when it cannot start."""
+    out: dict[str, str] = {}
+    for src in env_from:
+        ref = src["secretRef"]
+        if ref["name"] not in secrets:
+            if not ref.get("optional", False):
+                return f'secret "{ref["name"]}" not found'
+            continue
+        out.update(secrets[ref["name"]])
+    for e in env:
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref is None:
+            out[e["name"]] = e["value"]
+        elif ref["key"] in secrets.get(ref["name"], {}):
+            out[e["name"]] = secrets[ref["name"]][ref["key"]]
+        elif not ref.get("optional", False):
+            return (f'secret "{ref["name"]}" not found' if ref["name"] not in secrets
+                    else f'couldn\'t find key {ref["key"]} in Secret research/{ref["name"]}')
+    return out
+
+
+def test_the_storage_secret_is_required_alike_by_every_kind_of_pod(pit: PitTraining) -> None:
+    """spec.storage.secretName: every pod of every kind (prepare, the PyTorchJob's, JobSet's and TrainJob's training
+    pods, merge, embed, indexed embed, analyze) refuses to start without the Secret or without its
+    AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, and starts with their values when both are there. (A TrainJob used to
+    mark every key optional, so its training ran without credentials while every other pod waited for the
+    Secret.)"""
+    from pitlab.operator import jobset_builders
+
+    body = copy.deepcopy(PIT_BODY)
+    body["spec"]["storage"] = {"secretName": "s3-creds", "endpointUrl": "http://minio:9000"}
+    pt = parse_resource(body)
+    child = builders.build_evaluation(pt, pt.spec.evaluations[0], body)
+    le = parse_resource({**child, "metadata": {"name": child["metadata"]["name"], "namespace": "research"}})
+    child["metadata"]["uid"] = "u-2"
+    pytorchjob = builders.build_pytorchjob(pt, CFG, body)
+    jobset = jobset_builders.build_jobset(pt, CFG, body)
+    trainjob = jobset_builders.build_trainjob(pt, CFG, body)
+    jobs = [builders.build_prepare_job(pt, CFG, body), builders.build_merge_job(pt, CFG, body),
+            *builders.build_embed_jobs(le, CFG, child, indexed=False),
+            *builders.build_embed_jobs(le, CFG, child, indexed=True), builders.build_analyze_job(le, CFG, child)]
+    pods = {j["metadata"]["name"]: j["spec"]["template"]["spec"] for j in jobs}
+    pods |= {f"pytorchjob/{r}": t["template"]["spec"] for r, t in pytorchjob["spec"]["pytorchReplicaSpecs"].items()}
+    pods["jobset/node"] = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    containers = {f"{pod}/{c['name']}": (c["env"], c.get("envFrom", []))
+                  for pod, spec in pods.items() for c in spec["containers"] + spec.get("initContainers", [])}
+    containers["trainjob/node"] = (trainjob["spec"]["trainer"]["env"], [])  # a TrainJob has no envFrom
+    assert len(containers) == 12, sorted(containers)
+    for obj in (pytorchjob, jobset, trainjob, *jobs):
+        assert validate(obj) == [], obj["metadata"]["name"]
+
+    creds = {"AWS_ACCESS_KEY_ID": "AKIA-TEST", "AWS_SECRET_ACCESS_KEY": "s3cr3t"}
+    for where, (env, env_from) in containers.items():
+        assert _starts(env, env_from, {}) == 'secret "s3-creds" not found', where
+        assert _starts(env, env_from, {"s3-creds": {"AWS_ACCESS_KEY_ID": "AKIA-TEST"}}) == \
+            "couldn't find key AWS_SECRET_ACCESS_KEY in Secret research/s3-creds", where
+        started = _starts(env, env_from, {"s3-creds": {**creds, "AWS_SESSION_TOKEN": "tok"}})
+        assert isinstance(started, dict), (where, started)
+        assert {k: started.get(k) for k in (*creds, "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL")} == {
+            **creds, "AWS_SESSION_TOKEN": "tok", "AWS_ENDPOINT_URL": "http://minio:9000"}, where
+    # no secret reference anywhere is optional except the TrainJob's optional keys (a Secret may lack them)
+    optional = {e["name"] for e in trainjob["spec"]["trainer"]["env"]
+                if e.get("valueFrom", {}).get("secretKeyRef", {}).get("optional")}
+    assert optional == {"AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION"}  # AWS_ENDPOINT_URL: spec's value
+    for where, (env, env_from) in containers.items():
+        refs = [src["secretRef"] for src in env_from] + [e["valueFrom"]["secretKeyRef"] for e in env
+                                                         if "secretKeyRef" in e.get("valueFrom", {})]
+        assert all(r["optional"] is False for r in refs if r.get("key") not in optional), where
 
 
 def test_evaluation_children_of_two_trainings_do_not_collide(pit: PitTraining) -> None:

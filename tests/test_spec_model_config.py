@@ -20,18 +20,11 @@ from pitlab.api import PitTraining, SpecError, parse_resource
 from pitlab.api.model_config import DEFAULTS, config_max_positions
 from pitlab.cli import app
 from pitlab.trainer.prepare import build_config
-from tiny_models import QWEN35_TINY
+from tiny_models import QWEN35_TINY, TINY_CONFIGS
 
 EXAMPLE = "examples/local-sp500-fomc.yaml"
 FIELD = "spec.baseModel.randomInit.config"
-TINY = {
-    "qwen3_5_moe_text": QWEN35_TINY,
-    "qwen3_moe": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                      num_experts_per_tok=2, max_position_embeddings=256),
-    "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256),
-}
+TINY = TINY_CONFIGS
 
 
 @pytest.fixture(scope="module")

@@ -31,15 +31,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_ROOT = Path(os.environ.get("PITLAB_DATA_ROOT", REPO.parent / "shared" / "data"))
 FOMC_CSV = DATA_ROOT / "fomc_statements" / "fomc_statements_1994_2026.csv"
 
-from tiny_models import QWEN35_TINY  # noqa: E402  (tests/ is on sys.path under pytest)
-TINY_CONFIGS = {
-    "qwen3_5_moe_text": QWEN35_TINY,
-    "qwen3_moe": dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
-                      num_experts_per_tok=2, max_position_embeddings=256),
-    "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256),
-}
+from tiny_models import QWEN35_TINY, TINY_CONFIGS  # noqa: E402  (tests/ is on sys.path under pytest)
+
 VOCAB = 1024
 
 
