@@ -150,7 +150,8 @@ def test_trainjob_storage_reaches_the_node_container_as_secret_keys(pit) -> None
     env = tj["spec"]["trainer"]["env"]
     assert env[-6:] == [
         {"name": "AWS_ENDPOINT_URL", "value": "http://minio:9000"}, {"name": "AWS_REGION", "value": "eu-west-1"},
-        *({"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": k, "optional": True}}}
+        *({"name": k, "valueFrom": {"secretKeyRef": {"name": "s3-creds", "key": k,
+                                                      "optional": k in ("AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION")}}}
           for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION"))]
     pod = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
     assert "nodeSelector" not in pod["template"]["spec"]["template"]["spec"]
@@ -314,7 +315,7 @@ def test_a_trainjob_on_the_charts_runtime_runs_the_pods_of_the_jobset_backend(pi
     env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
     cfg = OperatorConfig.from_env({e["name"]: e["value"] for e in env})
     assert validate(runtime) == []
-    assert runtime["metadata"]["name"] == cfg.training_runtime == "pitlab-torch"
+    assert runtime["metadata"]["name"] == cfg.training_runtime == "pitlab-torch.pitlab-system"  # per release
     assert runtime["spec"]["template"]["spec"]["failurePolicy"] == jobset_builders.failure_policy(cfg.backoff_limit)
     (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert rjob["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}

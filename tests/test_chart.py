@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -197,3 +198,83 @@ def test_an_existing_service_account_must_be_named() -> None:
     objs = render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=ops-pitlab")
     (binding,) = of_kind(objs, "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == "ops-pitlab" and of_kind(objs, "ServiceAccount") == []
+
+
+# ---------------------------------------------------------------- two releases side by side
+SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+def render_release(release: str, namespace: str, *args: str) -> list[dict]:
+    out = subprocess.run([helm(), "template", release, str(CHART), "--namespace", namespace, *args],
+                         capture_output=True, text=True, check=True)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _outside_release_namespace(objs: list[dict], namespace: str) -> dict[tuple[str, str | None, str], dict]:
+    """The objects another release could also create: cluster-scoped ones (no namespace) and those in a namespace
+    other than the release's, by (kind, namespace, name)."""
+    return {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objs
+            if o["metadata"].get("namespace") in (None, "") or o["metadata"]["namespace"] != namespace}
+
+
+def _check_own_references(objs: list[dict], namespace: str) -> None:
+    """Every binding grants its own release's role to its own release's ServiceAccount; the operator names its own
+    release's ClusterTrainingRuntime."""
+    (sa,) = of_kind(objs, "ServiceAccount")
+    (cluster_role,) = of_kind(objs, "ClusterRole")
+    (cluster_binding,) = of_kind(objs, "ClusterRoleBinding")
+    own_subject = [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": namespace}]
+    assert cluster_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                          "name": cluster_role["metadata"]["name"]}
+    assert cluster_binding["subjects"] == own_subject
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in of_kind(objs, "Role")}
+    for b in of_kind(objs, "RoleBinding"):
+        assert b["roleRef"]["kind"] == "Role" and (b["metadata"]["namespace"], b["roleRef"]["name"]) in roles
+        assert b["subjects"] == own_subject
+    (runtime,) = of_kind(objs, "ClusterTrainingRuntime")
+    assert _operator_env(objs)["PITLAB_TRAINING_RUNTIME"] == runtime["metadata"]["name"]
+
+
+@pytest.mark.parametrize("a, b", [
+    (("pitlab", "team-a"), ("pitlab", "team-b")),            # the docs' release name, in two namespaces
+    (("pitlab", "pitlab-system"), ("pitlab-canary", "pitlab-system")),  # two releases in one namespace
+    (("pitlab-team", "a"), ("pitlab", "team-a")),            # "<release>-<namespace>" would be the same
+    (("p" * 53, "n" * 63), ("p" * 53, "n" * 62 + "m")),       # the longest names: cut, with a hash
+])
+@pytest.mark.parametrize("watch", [[], ["--set", "watchNamespaces={research,prod}"]])
+def test_two_releases_create_no_object_of_the_same_name(a: tuple[str, str], b: tuple[str, str],
+                                                        watch: list[str]) -> None:
+    """Two releases (a team's namespaced operator beside another, both watching `research`) install side by side:
+    no cluster-scoped object (CRDs aside: they are shared) and no Role in a watched namespace has the same name
+    in both, so neither install fails on the other's objects nor takes them over; each binding references its own
+    role."""
+    args = ["--set", "trainingBackend=trainjob", *watch]
+    objs_a, objs_b = render_release(*a, *args), render_release(*b, *args)
+    out_a, out_b = _outside_release_namespace(objs_a, a[1]), _outside_release_namespace(objs_b, b[1])
+    kinds = {"ClusterRole", "ClusterRoleBinding", "ClusterTrainingRuntime"}
+    kinds |= {"Role", "RoleBinding"} if watch else set()
+    assert {k for k, _, _ in out_a} == {k for k, _, _ in out_b} == kinds
+    assert set(out_a).isdisjoint(out_b), set(out_a) & set(out_b)
+    for (kind, _, name) in (*out_a, *out_b):
+        assert len(name) <= 63 and re.match(SUBDOMAIN, name), (kind, name)
+    for objs, (_, namespace) in ((objs_a, a), (objs_b, b)):
+        _check_own_references(objs, namespace)
+        for o in objs:
+            assert validate(o) == [], (o["kind"], o["metadata"]["name"])
+
+
+def test_cluster_scoped_names_are_release_dot_namespace() -> None:
+    objs = render("--set", "trainingBackend=trainjob", "--set", "watchNamespaces={research}")
+    names = {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] != "CustomResourceDefinition"
+             and o["metadata"].get("namespace") in (None, "research")}
+    assert names == {("ClusterRole", "pitlab.pitlab-system"), ("ClusterRoleBinding", "pitlab.pitlab-system"),
+                     ("Role", "pitlab.pitlab-system"), ("RoleBinding", "pitlab.pitlab-system"),
+                     ("ClusterTrainingRuntime", "pitlab-torch.pitlab-system")}
+    (dep,) = of_kind(objs, "Deployment")
+    assert dep["metadata"]["name"] == "pitlab"  # objects in the release's namespace keep their names
+    # an explicit trainingRuntime.name is kept (a runtime brought or shared on purpose)
+    objs = render("--set", "trainingRuntime.install=true", "--set", "trainingRuntime.name=team-torch")
+    assert of_kind(objs, "ClusterTrainingRuntime")[0]["metadata"]["name"] == "team-torch"
+    assert _operator_env(objs)["PITLAB_TRAINING_RUNTIME"] == "team-torch"
+    # the operator's RBAC rules name no object, so they hold for any release's names
+    assert not any("resourceNames" in rule for o in of_kind(objs, "ClusterRole") for rule in o["rules"])

@@ -11,6 +11,40 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The name of an object outside the release's namespace (cluster-scoped: ClusterRole, ClusterRoleBinding,
+ClusterTrainingRuntime; or in a watched namespace: Role, RoleBinding), which another release of the chart, of the
+same name in another namespace, may also create: "<base>.<release namespace>". A namespace has no dots, so two
+releases never get the same name; longer than 63 characters, it is cut and ends in a hash of the whole name.
+Call with (list $ "<base>"). */}}
+{{- define "pitlab.scopedName" -}}
+{{- $ctx := index . 0 -}}
+{{- $full := printf "%s.%s" (index . 1) $ctx.Release.Namespace -}}
+{{- if le (len $full) 63 -}}
+{{- $full -}}
+{{- else -}}
+{{- printf "%s-%s" (regexReplaceAll "[-.]+$" (trunc 54 $full) "") (sha256sum $full | trunc 8) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ClusterRole and ClusterRoleBinding of this release (and its Roles and RoleBindings in watched namespaces). */}}
+{{- define "pitlab.rbacName" -}}
+{{- include "pitlab.scopedName" (list . (include "pitlab.fullname" .)) -}}
+{{- end -}}
+
+{{/* The ClusterTrainingRuntime of this release: trainingRuntime.name, else "<fullname>-torch.<namespace>". */}}
+{{- define "pitlab.trainingRuntimeName" -}}
+{{- .Values.trainingRuntime.name | default (include "pitlab.scopedName" (list . (printf "%s-torch" (include "pitlab.fullname" .)))) -}}
+{{- end -}}
+
+{{/* The names of .Values.imagePullSecrets, comma-separated (the operator's PITLAB_IMAGE_PULL_SECRETS). */}}
+{{- define "pitlab.imagePullSecretNames" -}}
+{{- $names := list -}}
+{{- range .Values.imagePullSecrets -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- join "," $names -}}
+{{- end -}}
+
 {{- define "pitlab.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "pitlab.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
