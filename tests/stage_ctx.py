@@ -38,6 +38,11 @@ class World:
     def job_pods(self, namespace: str | None, job: str) -> list[dict[str, Any]]:
         return [p for p in self.pods if p["metadata"]["labels"].get(JOB_NAME_LABEL) == job]
 
+    def list_pods(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
+        """The pods with every ``key=value`` label of ``selector``."""
+        want = dict(term.split("=", 1) for term in selector.split(","))
+        return [p for p in self.pods if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())]
+
     def pod_log(self, namespace: str | None, pod: str, container: str) -> str | None:
         return self.logs.get((pod, container))
 

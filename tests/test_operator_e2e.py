@@ -785,6 +785,44 @@ async def test_cluster_without_kubeflow_stalls_with_a_hint_until_the_crd_appears
     OBSERVED_CALLS.update(c.operator_calls())
 
 
+@pytest.mark.asyncio
+async def test_a_training_pod_that_cannot_pull_its_image_is_named_and_warned(cluster: Cluster) -> None:
+    """The PyTorchJob's pods are found by the training operator's label: a worker in ImagePullBackOff is named in
+    the Trained condition (the stage keeps its reason) and posted once as a Warning event, until it starts."""
+    c = cluster
+    await _through_training(c)
+    c.play_training("pytorchjob", "fomc-2016-train", "running")
+    pulling = 'Back-off pulling image "registry.example/pitlab-trainer:t"'
+    worker = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "fomc-2016-train-worker-0", "namespace": NS,
+                           "labels": {"training.kubeflow.org/job-name": "fomc-2016-train",
+                                      "training.kubeflow.org/replica-type": "worker"}},
+              "status": {"phase": "Pending", "containerStatuses": [
+                  {"name": "pytorch", "ready": False, "restartCount": 0,
+                   "state": {"waiting": {"reason": "ImagePullBackOff", "message": pulling}}}]}}
+    c.server.objects[kmock.resource(PODS), NS, worker["metadata"]["name"]] = worker
+    running = "PyTorchJob fomc-2016-train: PyTorchJobRunning: PyTorchJob fomc-2016-train is running."
+    stuck = f"pod fomc-2016-train-worker-0: container pytorch waiting: ImagePullBackOff: {pulling}"
+    pit = await c.until(PIT, "fomc-2016", lambda o: "ImagePullBackOff" in cond(o, "Trained")["message"])
+    assert cond(pit, "Trained")["message"] == f"{running}; {stuck}" and pit["status"]["phase"] == "Training"
+    assert conds(pit)[2] == ("Trained", "False", "Training") and cond(pit, "Ready")["message"] == f"{running}; {stuck}"
+
+    def warnings() -> list[tuple[str, str]]:
+        return [(r.data["reason"], r.data["message"]) for r in c.server if r.resource == "v1/events"
+                and r.action is not None and r.action.name == "CREATE" and r.data["type"] == "Warning"
+                and r.data["reason"] == "ImagePullBackOff"]
+
+    await asyncio.sleep(5 * CFG.reconcile_interval)  # reconciled again meanwhile: still one event
+    assert warnings() == [("ImagePullBackOff", f"PyTorchJob fomc-2016-train: {stuck}")]
+    c.server.objects[kmock.resource(PODS), NS, "fomc-2016-train-worker-0"].patch({"status": {
+        "phase": "Running", "containerStatuses": [{"name": "pytorch", "ready": True, "restartCount": 0,
+                                                   "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}]}})
+    pit = await c.until(PIT, "fomc-2016", lambda o: cond(o, "Trained")["message"] == running)
+    c.finish_pytorchjob("fomc-2016-train")
+    await c.phase(PIT, "fomc-2016", "Merging")
+    OBSERVED_CALLS.update(c.operator_calls())
+
+
 def test_rbac_rules_are_exactly_the_calls_made(request: pytest.FixtureRequest) -> None:
     """Runs after the scenarios above (file order): every call made was allowed, and, when every scenario of this
     module ran, every allowed call was made."""

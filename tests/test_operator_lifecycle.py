@@ -45,6 +45,11 @@ class FakeWorld:
     def job_pods(self, namespace: str, job: str) -> list[dict]:
         return self.pods
 
+    def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        """The pods with every ``key=value`` label of ``selector``."""
+        want = dict(term.split("=", 1) for term in selector.split(","))
+        return [p for p in self.pods if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in want.items())]
+
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None:
         return self.logs.get((pod, container))
 

@@ -89,6 +89,9 @@ class World:
     def job_pods(self, namespace: str, job: str) -> list[dict]:
         return self.pods
 
+    def list_pods(self, namespace: str, selector: str) -> list[dict]:
+        return self.pods
+
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None:
         return None
 

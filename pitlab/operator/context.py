@@ -16,8 +16,8 @@ from pitlab.api.status import ResourceStatus
 from pitlab.errors import StageError
 from pitlab.operator import validation
 from pitlab.operator.config import OperatorConfig
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, batch_job_state, last_lines, message_json, \
-    termination_message
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, StuckPod, batch_job_state, last_lines, \
+    message_json, stuck_pod, termination_message
 from pitlab.operator.naming import RESOURCE_OF_KIND
 
 
@@ -26,6 +26,7 @@ class World(Protocol):
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None: ...
     def serves(self, resource: str) -> bool: ...
 
@@ -119,6 +120,25 @@ class Ctx(Recorder):
         """The stage in progress (the first whose condition is not True) failed."""
         self.fail(conditions.current_stage(self.status, stages.conditions_of(self.kind)), reason, message)
 
+    def stuck(self, what: str, pods: list[dict[str, Any]], job_name: str | None = None) -> str:
+        """``"; <pod that cannot start>"`` for a running child's condition message (:func:`stuck_pod` of ``pods``,
+        only those of Job ``job_name`` when given), "" when none is stuck. A stuck pod is also posted as a Warning
+        event (reason: the kubelet's, message: ``<what>: <pod...>``; once per message and operator process). The
+        stage keeps its reason and phase: the kubelet retries, and a pull back-off, say, resolves once the image
+        exists."""
+        return self.report_stuck(what, stuck_pod(pods, job_name))
+
+    def report_stuck(self, what: str, found: StuckPod | None) -> str:
+        """:meth:`stuck` for a pod already found."""
+        if found is None:
+            return ""
+        self.plan.warnings.append((found.reason, f"{what}: {found.text}"))
+        return f"; {found.text}"
+
+    def labelled_pods(self, selector: str) -> list[dict[str, Any]]:
+        """The pods of this namespace matching the label selector ``selector`` (:meth:`World.list_pods`)."""
+        return self.world.list_pods(self.ns, selector)
+
     def termination_doc(self, job_name: str, container: str) -> dict[str, Any]:
         """The JSON termination message of ``job_name``'s pod (container ``container``), {} when there is none."""
         return message_json(termination_message(self.world.job_pods(self.ns, job_name), job_name, container)) or {}
@@ -137,7 +157,8 @@ def job_stage(ctx: Ctx, stage: Stage, manifest: dict[str, Any], child_key: str) 
     """One stage run by a single batch Job (prepare, merge, analyze): create or adopt the Job, record it in
     ``status.children[child_key]`` and mirror its state onto ``stage``. Returns the Job once it succeeded;
     None while it runs (condition False, reason ``stage.phase``) or after it failed (condition False with the
-    Job's reason, its message and the log tail of its container, named like ``stage``)."""
+    Job's reason, its message and the log tail of its container, named like ``stage``). While it runs, a pod of
+    it that cannot start (:func:`~pitlab.operator.mirroring.stuck_pod`) is named in the message."""
     job = ctx.kids.ensure(manifest)
     job_name = manifest["metadata"]["name"]
     ctx.status.children[child_key] = job_name
@@ -146,6 +167,8 @@ def job_stage(ctx: Ctx, stage: Stage, manifest: dict[str, Any], child_key: str) 
         ctx.failed(stage, job_message(ctx.world, ctx.ns, job, stage, st), reason=st.reason)
         return None
     if st.state != SUCCEEDED:
-        ctx.running(stage, f"{stage.child} {job_name}: {st.reason}")
+        what = f"{stage.child} {job_name}"
+        stuck = ctx.stuck(what, ctx.world.job_pods(ctx.ns, job_name), job_name) if job else ""
+        ctx.running(stage, f"{what}: {st.reason}{stuck}")
         return None
     return job

@@ -105,8 +105,11 @@ class Kube:
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
         """The pods of Job ``job`` (selected by the ``batch.kubernetes.io/job-name`` label)."""
-        resp = self.core.list_namespaced_pod(namespace, label_selector=f"batch.kubernetes.io/job-name={job}",
-                                             _preload_content=False)
+        return self.list_pods(namespace, f"batch.kubernetes.io/job-name={job}")
+
+    def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods matching the label selector ``selector`` (e.g. a PyTorchJob's, which are not a Job's)."""
+        resp = self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)
         return json.loads(resp.data).get("items") or []
 
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None:

@@ -1,5 +1,6 @@
 """Reading the children's state: TrainJob, JobSet, PyTorchJob and Job conditions, LeakageEval status, pod
-termination messages, progress lines. Pure functions of the objects as the API server returns them (plain dicts).
+termination messages, pods that cannot start (:func:`stuck_pod`), progress lines. Pure functions of the objects as
+the API server returns them (plain dicts).
 
 A training child held by Kueue is not running and has not failed: while it is suspended it is ``Queued`` (waiting
 for admission by its LocalQueue) or, once Kueue evicted it, ``Preempted`` (it resumes from its last checkpoint when
@@ -215,6 +216,73 @@ def termination_message(pods: list[dict[str, Any]], job_name: str, container: st
                 if best is None or key >= best[0]:
                     best = (key, term["message"])
     return best[1] if best else None
+
+
+START_FAILURES = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",  # the image cannot be pulled
+    "CreateContainerConfigError",  # e.g. a Secret or ConfigMap (or one of its keys) the container needs is missing
+    "CreateContainerError", "RunContainerError",  # the runtime cannot create or start the container
+    "CrashLoopBackOff",  # it starts and keeps exiting: the kubelet waits longer before each restart
+})
+"""The reasons of a waiting container whose pod is stuck (unlike ContainerCreating or PodInitializing, the normal
+start-up): the kubelet retries, which may resolve it (a pull back-off once the image or its pull secret exists), but
+nothing changes until someone acts."""
+STUCK_MESSAGE_LIMIT = 300  # characters of the kubelet's message kept in a condition
+
+
+@dataclasses.dataclass(frozen=True)
+class StuckPod:
+    """A pod that cannot start: its ``pod`` name, the ``container`` waiting (``init``: an init container, e.g.
+    the progress sidecar), the kubelet's ``reason`` (one of :data:`START_FAILURES`) and ``message``; ``last``: how
+    the container last terminated (a CrashLoopBackOff), e.g. ``Error, exit code 1``."""
+
+    pod: str
+    container: str
+    reason: str
+    message: str = ""
+    init: bool = False
+    last: str = ""
+
+    @property
+    def text(self) -> str:
+        """In words, for a condition's message: ``pod P: container C waiting: REASON: message``, the message cut to
+        :data:`STUCK_MESSAGE_LIMIT` characters."""
+        msg = " ".join(self.message.split())
+        if len(msg) > STUCK_MESSAGE_LIMIT:
+            msg = msg[:STUCK_MESSAGE_LIMIT - 3] + "..."
+        return (f"pod {self.pod}: {'init container' if self.init else 'container'} {self.container} waiting: "
+                f"{self.reason}" + (f": {msg}" if msg else "") + (f" (last terminated: {self.last})" if self.last
+                                                                  else ""))
+
+
+def _last_termination(cs: dict[str, Any]) -> str:
+    term = (cs.get("lastState") or {}).get("terminated") or {}
+    if not term:
+        return ""
+    code = term.get("exitCode")
+    return ", ".join(x for x in (term.get("reason") or "", f"exit code {code}" if code is not None else "") if x)
+
+
+def stuck_pod(pods: list[dict[str, Any]], job_name: str | None = None) -> StuckPod | None:
+    """The first pod (by name) of ``pods`` (only those of Job ``job_name`` when given) with a container waiting
+    for one of the :data:`START_FAILURES` reasons (its init containers looked at first: they block the others);
+    None when every pod is starting normally, running or finished. Pods being deleted or finished are skipped."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if job_name is not None and job_name not in (labels.get("batch.kubernetes.io/job-name"),
+                                                     labels.get("job-name")):
+            continue
+        status = pod.get("status") or {}
+        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        for key, init in (("initContainerStatuses", True), ("containerStatuses", False)):
+            for cs in status.get(key) or []:
+                waiting = (cs.get("state") or {}).get("waiting") or {}
+                if waiting.get("reason") in START_FAILURES:
+                    return StuckPod(meta.get("name", "?"), cs.get("name", "?"), waiting["reason"],
+                                    waiting.get("message") or "", init, _last_termination(cs))
+    return None
 
 
 def message_json(message: str | None) -> dict[str, Any] | None:

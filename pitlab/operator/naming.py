@@ -25,6 +25,7 @@ PART_OF_KEY = "app.kubernetes.io/part-of"
 OWNER_KIND_KEY = "pitlab.io/owner-kind"
 MODEL_KEY = "pitlab.io/model"
 KUEUE_QUEUE_KEY = "kueue.x-k8s.io/queue-name"
+PYTORCHJOB_NAME_KEY = "training.kubeflow.org/job-name"  # the training operator's label on a PyTorchJob's pods
 # Resource keys of the cluster view (group/version/plural), as :class:`pitlab.operator.kube.Kube` takes them
 CONFIGMAPS = "v1/configmaps"
 JOBS = "batch/v1/jobs"
@@ -124,6 +125,11 @@ def jobset_master(parent: str) -> str:
     the JobSet's headless Service, named like the JobSet)."""
     name = training_job(parent)
     return f"{node_job(parent)}-0.{name}"
+
+
+def pytorchjob_pods(parent: str) -> str:
+    """The label selector of the PyTorchJob's pods (master and workers), set by the Kubeflow training operator."""
+    return f"{PYTORCHJOB_NAME_KEY}={pytorchjob(parent)}"
 
 
 def master_pod(parent: str) -> str:

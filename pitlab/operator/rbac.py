@@ -21,7 +21,7 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("kubeflow.org", "pytorchjobs", ("get", "create")),  # the training backends (pitlab.operator.backends)
     ("trainer.kubeflow.org", "trainjobs", ("get", "create")),
     ("jobset.x-k8s.io", "jobsets", ("get", "create")),
-    ("", "pods", ("list",)),  # termination messages of Job pods
+    ("", "pods", ("list",)),  # termination messages of Job pods; pods that cannot start (a PyTorchJob's by label)
     ("", "pods/log", ("get",)),  # the training master's progress sidecar
     ("", "events", ("create",)),  # kopf posts warnings and errors as events
 ]

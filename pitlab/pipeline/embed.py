@@ -7,7 +7,7 @@ from pitlab.api import LeakageEval, ResourceStatus, stages
 from pitlab.api.stages import Stage
 from pitlab.operator import builders, naming
 from pitlab.operator.context import Ctx, World
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, jobs_state
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, stuck_pod
 from pitlab.operator.naming import JOBS
 from pitlab.pipeline.base import EvalRun, Report, StageStep
 
@@ -56,7 +56,8 @@ def run(run: EvalRun, stage: Stage) -> None:
 
 
 def reconcile(ctx: Ctx, stage: Stage, le: LeakageEval) -> bool:
-    """The embedding Jobs (one per model, or one indexed Job)."""
+    """The embedding Jobs (one per model, or one indexed Job); while they run, the condition names a pod of theirs
+    that cannot start."""
     status = ctx.status
     if ctx.is_done(stage):
         return True
@@ -70,10 +71,22 @@ def reconcile(ctx: Ctx, stage: Stage, le: LeakageEval) -> bool:
         ctx.failed(stage, st.message, reason=st.reason)
         return False
     if st.state != SUCCEEDED:
-        ctx.running(stage, st.message or st.reason)
+        ctx.running(stage, (st.message or st.reason) + _stuck(ctx, stage, [j for j in jobs if j is not None]))
         return False
     ctx.done(stage, to_status(EmbedReport(models=[m.name for m in le.spec.models]), status))
     return True
+
+
+def _stuck(ctx: Ctx, stage: Stage, jobs: list[dict]) -> str:
+    """``"; <pod that cannot start>"`` of the first unfinished embedding Job with one (:meth:`Ctx.stuck`), else ""."""
+    for job in jobs:
+        if batch_job_state(job).done:
+            continue
+        name = job["metadata"]["name"]
+        found = stuck_pod(ctx.world.job_pods(ctx.ns, name), name)
+        if found is not None:
+            return ctx.report_stuck(f"{stage.child} {name}", found)
+    return ""
 
 
 def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: str | None) -> bool | None:

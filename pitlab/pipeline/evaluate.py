@@ -14,7 +14,7 @@ from pitlab.api.stages import Stage
 from pitlab.api.summary import compact_results
 from pitlab.operator import builders, naming
 from pitlab.operator.context import Ctx
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, leakageeval_state
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, leakageeval_state, stuck_pod
 from pitlab.pipeline.base import Report, StageStep, TrainingRun
 
 
@@ -65,8 +65,28 @@ def run(run: TrainingRun, stage: Stage) -> None:
     st.done(stage, to_status(EvaluateReport(results=results), st.status))
 
 
+# The LeakageEval's phase → the prefix of the status.children keys of the Jobs it runs then
+_EVAL_JOBS = {stages.EMBED.phase: "embedJob.", stages.ANALYZE.phase: "analyzeJob"}
+
+
+def _stuck(ctx: Ctx, child: dict[str, Any] | None) -> str:
+    """``"; <pod that cannot start>"`` of the Jobs the LeakageEval ``child`` runs in its current phase (its
+    ``status.children``; :meth:`Ctx.stuck`), else "": the PitTraining's condition says what the LeakageEval's does."""
+    st = (child or {}).get("status") or {}
+    prefix = _EVAL_JOBS.get(st.get("phase") or "")
+    if prefix is None:
+        return ""
+    for key, job in sorted((st.get("children") or {}).items()):
+        if key.startswith(prefix) and isinstance(job, str):
+            found = stuck_pod(ctx.world.job_pods(ctx.ns, job), job)
+            if found is not None:
+                return ctx.report_stuck(f"{stages.EVALUATE.child} {child['metadata']['name']}: Job {job}", found)
+    return ""
+
+
 def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
-    """One LeakageEval child per ``spec.evaluations`` entry; their results summaries go to ``status.results``."""
+    """One LeakageEval child per ``spec.evaluations`` entry; their results summaries go to ``status.results``. While
+    one runs, a pod of its Jobs that cannot start is named in the condition's message."""
     if not pt.spec.evaluations:
         ctx.done(stage, "spec.evaluations is empty", reason=stage.empty)
         return True
@@ -83,7 +103,7 @@ def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:
         if st.state == SUCCEEDED:
             results[tpl.name] = ((child or {}).get("status") or {}).get("results") or {}
         else:
-            pending.append(f"{child_name} ({st.reason})")
+            pending.append(f"{child_name} ({st.reason}{_stuck(ctx, child)})")
     if pending:
         ctx.running(stage, f"waiting for {stage.child} " + ", ".join(pending))
         return False

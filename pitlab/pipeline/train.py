@@ -115,28 +115,39 @@ def _ran(ctx: Ctx, stage: Stage) -> bool:
     return ctx.status.progress is not None or (cond is not None and cond.reason == PREEMPTED)
 
 
-def _progress_pod(ctx: Ctx, backend: Backend) -> str | None:
+def _pods(ctx: Ctx, backend: Backend) -> list[dict[str, Any]]:
+    """The training child's pods: the PyTorchJob's master and workers (by the training operator's label), or the
+    pods of a TrainJob's or JobSet's Job ``<name>-node-0`` (one per node)."""
+    if backend is backends.PYTORCHJOB:
+        return ctx.labelled_pods(naming.pytorchjob_pods(ctx.name))
+    return ctx.world.job_pods(ctx.ns, naming.node_job(ctx.name))
+
+
+def _progress_pod(ctx: Ctx, backend: Backend, pods: list[dict[str, Any]]) -> str | None:
     """The pod whose progress sidecar the operator reads: the PyTorchJob's master, or the pod of completion index 0
-    of a TrainJob's or JobSet's Job ``<name>-node-0`` (its name has a random suffix: looked up by label)."""
+    of a TrainJob's or JobSet's Job ``<name>-node-0`` (its name has a random suffix: looked up in ``pods``)."""
     if backend is backends.PYTORCHJOB:
         return naming.master_pod(ctx.name)
-    job = naming.node_job(ctx.name)
-    return index_pod(ctx.world.job_pods(ctx.ns, job), job, 0)
+    return index_pod(pods, naming.node_job(ctx.name), 0)
 
 
 def _running(ctx: Ctx, stage: Stage, backend: Backend, job: Any, what: str, st: ChildState) -> None:
     """While the child has not finished: the progress sidecar's newest line goes to ``status.progress``; the stage's
-    condition has the child's state (reason Queued, Preempted or Suspended while it waits for admission)."""
-    pod = _progress_pod(ctx, backend) if job else None
+    condition has the child's state (reason Queued, Preempted or Suspended while it waits for admission) and names
+    a pod of the child that cannot start (:func:`~pitlab.operator.mirroring.stuck_pod`: its image cannot be pulled,
+    its Secret is missing, it keeps crashing...), which is also posted as a Warning event."""
+    pods = _pods(ctx, backend) if job else []
+    pod = _progress_pod(ctx, backend, pods) if job else None
     log = ctx.world.pod_log(ctx.ns, pod, "progress") if pod else None
     prog = _progress(log, pod, ctx.plan) if pod else None
     if prog is not None:
         ctx.status.progress = prog
     step = f" (step {prog.step}/{prog.total_steps or '?'})" if prog is not None else ""
+    stuck = ctx.stuck(what, pods, None if backend is backends.PYTORCHJOB else naming.node_job(ctx.name))
     warning = kernel_warning(log)
     waiting = st.reason in conditions.WAITING_REASONS  # the condition's reason: not repeated in its message
     state = st.message if waiting else st.reason + (f": {st.message}" if st.message else "")
-    ctx.running(stage, f"{what}: {state}{step}" + (f"; WARNING: {warning}" if warning else ""),
+    ctx.running(stage, f"{what}: {state}{step}{stuck}" + (f"; WARNING: {warning}" if warning else ""),
                 reason=st.reason if waiting else None)
 
 
