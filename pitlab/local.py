@@ -82,9 +82,10 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                 resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri")
         ri = res.spec.base_model.random_init
         if ri is not None:  # unknown or reserved config keys, values the architecture refuses: before anything runs
-            from pitlab.trainer.prepare import build_config
+            from pitlab.trainer.prepare import build_config, check_model_builds
 
-            build_config(ri.model_type, ri.config, vocab_size=res.spec.base_model.tokenizer.vocab_size)
+            check_model_builds(ri.model_type, build_config(ri.model_type, ri.config,
+                                                           vocab_size=res.spec.base_model.tokenizer.vocab_size))
         if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
             from pitlab.trainer.plan_streaming import check_spec_fits
 

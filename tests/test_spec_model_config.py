@@ -311,3 +311,54 @@ def test_qwen3_moe_dense_zero_experts_but_not_negative(example):
     """qwen3_moe with 0 experts builds dense MLP layers (accepted, trained above); a negative count is refused."""
     assert _refusal(_doc(example, "qwen3_moe", _config("qwen3_moe", {"num_experts": -1}))) == \
         f"x.yaml: {FIELD}.num_experts: must be an integer, 0 (dense MLP layers) or more (got -1)"
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"initializer_range": float("nan")}, "initializer_range: must be a finite number (got nan)"),
+    ({"rope_theta": float("inf")}, "rope_theta: must be a finite number (got inf)"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": float("-inf")}},
+     "rope_parameters.rope_theta: must be a finite number (NaN or infinity given)"),
+    ({"rms_norm_eps": -1.0}, "rms_norm_eps: must be a positive number (got -1.0): the epsilon added to the variance "
+                             "of a normalisation layer"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps: must be a positive number (got 0): the epsilon added to the variance of a "
+                          "normalisation layer"),
+    ({"rms_norm_eps": "1e-6"}, "rms_norm_eps: must be a positive number (got '1e-6'): the epsilon added to the "
+                               "variance of a normalisation layer"),
+    ({"initializer_range": -0.5}, "initializer_range: must be a number of 0 or more (got -0.5): the standard "
+                                  "deviation of the initial weights"),
+])
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_non_finite_and_non_positive_numbers_are_refused_at_loading(example, model_type, change, message):
+    """Found in a trial: a NaN initializer_range and a negative rms_norm_eps passed validate; the first failed in
+    prepare, the second trained to a NaN loss blamed on the learning rate; a quoted "1e-6" gave a traceback."""
+    assert _refusal(_doc(example, model_type, _config(model_type, change))) == f"x.yaml: {FIELD}.{message}"
+
+
+def test_preflight_refuses_what_the_config_class_or_the_modeling_code_refuses(tmp_path, example):
+    """What needs transformers is refused by `validate` (exit 2, one line naming the key), not a traceback or a
+    failed prepare stage: a value of the wrong type for the config class, an unknown activation."""
+    for change, message in [
+        ({"tie_word_embeddings": "yes"}, "tie_word_embeddings: TypeError: Field 'tie_word_embeddings' expected "
+                                         "bool, got str (value: 'yes')"),
+        ({"hidden_act": "gelu_foo"}, "hidden_act: 'gelu_foo' is not an activation transformers knows (e.g. silu, "
+                                     "gelu, relu)"),
+    ]:
+        doc = _doc(example, "qwen3_5_moe_text", _config("qwen3_5_moe_text", change))
+        doc["spec"]["output"]["uri"] = str(tmp_path / "out")
+        r, out = _invoke(tmp_path, doc)
+        assert r.exit_code == 2, out
+        assert f"spec.yaml: {FIELD}.{message}" in out and "Traceback" not in out
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_a_model_its_modeling_code_cannot_build_is_refused_on_the_meta_device(model_type):
+    """check_model_builds builds on the meta device: no weights are drawn, and a valid config passes."""
+    from pitlab.trainer.prepare import build_config, check_model_builds
+
+    config = build_config(model_type, TINY[model_type], vocab_size=300)
+    check_model_builds(model_type, config)  # no error
+    config.hidden_act = "gelu_foo"  # set after the config checks, as a stale config might hold it
+    with pytest.raises(SpecError) as err:
+        check_model_builds(model_type, config)
+    assert str(err.value) == f"{FIELD}: {model_type} model cannot be built from this config: KeyError: 'gelu_foo'"

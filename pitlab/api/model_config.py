@@ -10,6 +10,7 @@ refused by ``pitlab validate``'s preflight, which builds the config with transfo
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pitlab.errors import FieldError
@@ -77,6 +78,7 @@ def check_random_init(model_type: str, config: dict[str, Any]) -> None:
     linear_attention/full_attention per layer, ``linear_num_value_heads`` not a multiple of
     ``linear_num_key_heads``."""
     c = _Config(model_type, config)
+    _check_numbers(c)
     for key in c.defaults:
         if key not in c.given or key == "layer_types" or (c.given[key] is None and key in _NULLABLE[model_type]):
             continue
@@ -91,6 +93,37 @@ def check_random_init(model_type: str, config: dict[str, Any]) -> None:
         _check_experts(c)
     if model_type == "qwen3_5_moe_text":
         _check_linear_attention(c)
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """The path below ``where`` of the first NaN or infinite float in ``value`` (nested lists and maps), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{where}.{k}" if isinstance(value, dict) else f"{where}[{k}]")
+        if found:
+            return found
+    return None
+
+
+def _check_numbers(c: _Config) -> None:
+    """No NaN or infinity anywhere in the config (the model would train on NaN: a NaN ``initializer_range`` fails
+    only when the weights are drawn); every ``*_eps`` a positive number (a negative normalisation epsilon gives a
+    NaN loss at the first step); ``initializer_range`` a number of 0 or more (the standard deviation of the
+    initial weights)."""
+    for key, value in c.given.items():
+        bad = _non_finite(value, c.path(key))
+        if bad:
+            raise FieldError(bad, f"must be a finite number (got {value!r})" if bad == c.path(key) else
+                             "must be a finite number (NaN or infinity given)")
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key.endswith("_eps") and (not is_number or value <= 0):
+            raise FieldError(c.path(key), f"must be a positive number (got {value!r}): the epsilon added to the "
+                                          "variance of a normalisation layer")
+        if key == "initializer_range" and (not is_number or value < 0):
+            raise FieldError(c.path(key), f"must be a number of 0 or more (got {value!r}): the standard deviation "
+                                          "of the initial weights")
 
 
 def _check_attention(c: _Config) -> None:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from huggingface_hub.errors import StrictDataclassFieldValidationError
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig, PreTrainedTokenizerBase
+from transformers.activations import ACT2FN
 
 from pitlab.api import PitTrainingSpec, SpecError, resolve_input
 from pitlab.errors import InputError
@@ -88,12 +90,32 @@ def build_config(model_type: str, overrides: dict, **fixed) -> PreTrainedConfig:
                                                        "(use spec.baseModel.tokenizer.vocabSize)"))
         elif key not in known:
             problems.append((f"{_CONFIG_FIELD}.{key}", f"unknown {model_type} config key"))
+    if "hidden_act" in overrides and overrides["hidden_act"] not in ACT2FN:
+        problems.append((f"{_CONFIG_FIELD}.hidden_act", f"{overrides['hidden_act']!r} is not an activation "
+                                                         f"transformers knows (e.g. silu, gelu, relu)"))
     if problems:
         raise SpecError(problems)
     try:
         return config_class(**overrides, **fixed)
+    except StrictDataclassFieldValidationError as err:  # a value of the wrong type or range, e.g. eps: "1e-6"
+        field = re.search(r"field '(\w+)'", str(err))
+        cause = err.__cause__ or err
+        raise SpecError([(f"{_CONFIG_FIELD}.{field.group(1)}" if field else _CONFIG_FIELD,
+                          f"{type(cause).__name__}: {cause}".replace("\n", " "))]) from None
     except (ValueError, TypeError) as err:
         raise SpecError([(_CONFIG_FIELD, f"invalid {model_type} config: {err}")]) from None
+
+
+def check_model_builds(model_type: str, config: PreTrainedConfig) -> None:
+    """Build the model of ``config`` on the meta device (no memory, no weights drawn), as the prepare stage builds
+    it for real, so that a config its modeling code cannot build is refused before anything runs. Raises
+    :class:`pitlab.api.SpecError` naming ``spec.baseModel.randomInit.config``."""
+    try:
+        with torch.device("meta"):
+            AutoModelForCausalLM.from_config(config)
+    except (ValueError, TypeError, AssertionError, RuntimeError, KeyError, IndexError) as err:
+        raise SpecError([(_CONFIG_FIELD, f"{model_type} model cannot be built from this config: "
+                                         f"{type(err).__name__}: {err}")]) from None
 
 
 def _config_keys(config_class: type) -> set[str]:
