@@ -84,7 +84,7 @@ def test_evaluation_named_like_another_resources_folder_is_refused_and_kept(pt_s
         assert code == 2, out
         assert (f"spec.evaluations[0].name: {folder} already exists, written by LeakageEval {name!r} (evaluation "
                 "of PitTraining 'another-training'); the run of LeakageEval") in out
-        assert "pass --overwrite to delete it" in out
+        assert "pass --overwrite to replace it (the old one is kept in" in out
         assert _snapshot(tmp_path / "out") == before  # the folder and its files are still there
     # --overwrite names what it deletes (validate lists it; run deletes it only after the inputs passed)
     code, out = _invoke("validate", write(pt), "--overwrite")
@@ -171,7 +171,8 @@ def test_run_help_says_what_overwrite_deletes_and_mentions_resume():
     assert code == 0
     assert "--overwrite Replace the run's existing folders: out/<name>/ (checkpoints included) and, for a " \
            "PitTraining, each evaluation's out/<evaluation name>/; each is named first, moved to out/.replaced/ " \
-           "once the inputs passed, and deleted when the new run succeeds (kept there if it fails)" in out
+           "once the inputs passed, and deleted when the new run succeeds (kept there if it fails or is interrupted, " \
+           "also through a later --resume)" in out
     assert "To continue an interrupted run instead, use --resume." in out
 
 
@@ -471,3 +472,45 @@ def test_an_output_root_inside_another_run_folder_is_refused(pt_spec, tmp_path):
             assert _snapshot(tmp_path / "out") == before and not (outer / "new").exists()
     code, out = _invoke("validate", write(le), "--out", tmp_path / "out")  # beside it is fine
     assert code == 0, out
+    for inner in (tmp_path / "out" / ".replaced", tmp_path / "out" / ".replaced" / "x"):  # found in a trial
+        for args in (("validate",), ("run",)):
+            code, out = _invoke(*args, write(le), "--out", inner)
+            assert code == 2 and f"spec.output.uri: the output root {inner} is in a .replaced folder, where `pitlab " \
+                                 "run --overwrite` keeps the runs it replaced; give --out (or spec.output.uri) outside " \
+                                 "it" in out, out
+    assert not (tmp_path / "out" / ".replaced").exists()
+
+
+def test_an_interrupted_overwrite_names_folders_it_had_not_written_yet(pt_spec, tmp_path, monkeypatch):
+    """Found in a trial: interrupted during training, --overwrite said the evaluation's folder held this run's
+    files when the run had not written it yet; the put-back command for it is then a plain mv. After the runs
+    are put back by hand, the next successful run removes the emptied .replaced folder."""
+    from pitlab.local import Interrupted
+
+    write, pt, _ = pt_spec
+    root = tmp_path / "out"
+    own, ev = root / pt["metadata"]["name"], root / pt["spec"]["evaluations"][0]["name"]
+    _other_run(own, "PitTraining", pt["metadata"]["name"])
+    _other_run(ev, "LeakageEval", ev.name, training=pt["metadata"]["name"])
+
+    def interrupted(table, run, st, passthrough=()):  # SIGINT during the first stage after the claim
+        raise Interrupted("SIGINT")
+
+    monkeypatch.setattr("pitlab.local._walk", interrupted)
+    code, out = _invoke("run", write(pt), "--overwrite")
+    assert code == 130, out
+    kept = {p.name.split(".")[0]: p for p in _kept_runs(root)}
+    assert f"--overwrite: the previous run of {own} is kept in {kept[own.name]} (this run's files are in {own}); " \
+           f"to put it back: rm -rf {own} && mv {kept[own.name]} {own}" in out
+    assert f"--overwrite: the previous run of {ev} is kept in {kept[ev.name]} (this run wrote nothing there); to " \
+           f"put it back: mv {kept[ev.name]} {ev}" in out
+    assert not ev.exists()
+    import shutil
+    shutil.rmtree(own)  # put back as told
+    kept[own.name].rename(own)
+    kept[ev.name].rename(ev)
+    assert (root / ".replaced").is_dir() and not any((root / ".replaced").iterdir())
+    monkeypatch.setattr("pitlab.local._walk", lambda table, run, st, passthrough=(): None)
+    code, out = _invoke("run", write(pt), "--overwrite")
+    assert code == 0, out
+    assert not (root / ".replaced").exists()

@@ -150,7 +150,8 @@ def test_a_plain_run_over_an_interrupted_one_suggests_resume_first(pt, tmp_path)
     assert code == 2, out
     assert f"metadata.name: {run_dir} holds an unfinished run of PitTraining 'sp500-fomc-demo' (status Interrupted " \
            f"in {run_dir / 'status.json'}): continue it with `pitlab run --resume {pt}`, or pass --overwrite to " \
-           "delete it (checkpoints included) and start again" in out
+           f"start again (the unfinished run, checkpoints included, is kept in {tmp_path / 'out' / '.replaced'}/ " \
+           "until the new run succeeds)" in out
     assert (run_dir / "status.json").read_bytes() == before
     code, out = _invoke("validate", pt)
     assert code == 0 and "(or --resume, to continue its unfinished run: status Interrupted)" in out
@@ -158,7 +159,8 @@ def test_a_plain_run_over_an_interrupted_one_suggests_resume_first(pt, tmp_path)
     doc["status"]["phase"] = "Succeeded"  # a finished run: nothing to resume, --overwrite only
     (run_dir / "status.json").write_text(json.dumps(doc))
     code, out = _invoke("run", pt)
-    assert code == 2 and "--resume" not in out and "pass --overwrite to delete it (checkpoints included)" in out
+    assert code == 2 and "--resume" not in out and "pass --overwrite to replace it (the old one is kept in " \
+                                                   f"{tmp_path / 'out' / '.replaced'}/ until the new run succeeds)" in out
 
 
 def test_a_stage_done_without_running_shows_skipped(monkeypatch):

@@ -154,7 +154,11 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     folders = run_folders(res, root)
     problems: list[tuple[str, str]] = []
     enclosing = enclosing_run(root)
-    if enclosing is not None:
+    if REPLACED in Path(root).absolute().parts:
+        problems.append(("spec.output.uri", f"the output root {root} is in a {REPLACED} folder, where `pitlab run "
+                                            "--overwrite` keeps the runs it replaced; give --out (or spec.output.uri) "
+                                            "outside it"))
+    elif enclosing is not None:
         problems.append(("spec.output.uri", f"the output root {root} is inside {enclosing}, the run folder of "
                                             f"{folder_owner(enclosing)[1]}: this run's folders would mix with that "
                                             "run's files, and its --overwrite would replace them; give --out (or "
@@ -186,11 +190,13 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
             problems.append((f.field, f"{f.path} holds an unfinished run of {f.describe()} (status {phase} in "
                                       f"{folders[0].path / layout.STATUS}): continue it with `"
                                       f"{resume_command or 'pitlab run --resume ' + (source or 'FILE')}`, or pass "
-                                      "--overwrite to delete it (checkpoints included) and start again"))
+                                      "--overwrite to start again (the unfinished run, checkpoints included, is "
+                                      f"kept in {Path(root) / REPLACED}/ until the new run succeeds)"))
             continue
         problems.append((f.field, f"{f.path} already exists, written by {words}; the run of {f.describe()} "
-                                  "would replace it: pass --overwrite to delete it (checkpoints included), or "
-                                  "choose another name or --out"))
+                                  "would replace it: pass --overwrite to replace it (the old one is kept in "
+                                  f"{Path(root) / REPLACED}/ until the new run succeeds), or choose another name "
+                                  "or --out"))
     if problems:
         raise SpecError(problems, source)
     return [f.path for f in existing]

@@ -33,8 +33,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                             "included) and, for a PitTraining, each evaluation's "
                                             "out/<evaluation name>/; each is named first, moved to out/.replaced/ "
                                             "once the inputs passed, and deleted when the new run succeeds (kept "
-                                            "there if it fails). To continue an interrupted run instead, use "
-                                            "--resume."),
+                                            "there if it fails or is interrupted, also through a later --resume). "
+                                            "To continue an interrupted run instead, use --resume."),
         nproc: Optional[int] = typer.Option(None, "--nproc",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
         resume: bool = typer.Option(False, "--resume",
@@ -156,8 +156,12 @@ def _say_kept(doomed: list[Path], reporter: RichReporter) -> None:
         say(f"[yellow]--overwrite:[/] nothing was deleted: {', '.join(map(str, left))} "
             f"{'is' if len(left) == 1 else 'are'} as before")
     for path, kept in reporter.replaced:
-        say(f"[yellow]--overwrite:[/] the previous run of {path} is kept in {kept} (this run's files are in "
-            f"{path}); to put it back: rm -rf {path} && mv {kept} {path}")
+        if path.exists():
+            say(f"[yellow]--overwrite:[/] the previous run of {path} is kept in {kept} (this run's files are in "
+                f"{path}); to put it back: rm -rf {path} && mv {kept} {path}")
+        else:
+            say(f"[yellow]--overwrite:[/] the previous run of {path} is kept in {kept} (this run wrote nothing "
+                f"there); to put it back: mv {kept} {path}")
 
 
 def _drop_replaced(replaced: list[tuple[Path, Path]], root: Path, names: list[str]) -> None:
@@ -173,9 +177,8 @@ def _drop_replaced(replaced: list[tuple[Path, Path]], root: Path, names: list[st
     for p in older:
         say(f"  note: {p} holds an earlier run that `pitlab run --overwrite` replaced; delete it when it is no "
             "longer needed")
-    if replaced and not older:
-        with contextlib.suppress(OSError):
-            aside.rmdir()  # only when empty
+    with contextlib.suppress(OSError):
+        aside.rmdir()  # only when empty: after the runs above were deleted, or put back by hand
 
 
 def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
