@@ -298,3 +298,21 @@ def test_embeddings_after_a_failed_compilation_are_not_cached(checkpoints, tmp_p
     out = embed.embed_texts(checkpoints["llama"], TEXTS, cache_dir=tmp_path / "c", info=info)
     assert out.shape == (len(TEXTS), 64) and info["compile_failed"] is True
     assert not (tmp_path / "c").exists() or not any((tmp_path / "c").iterdir())
+
+
+def test_cpu_embedding_does_not_advise_installing_gpu_kernels(checkpoints):
+    """Found in a trial: the demo's CPU embedding printed transformers' advice to install causal_conv1d and
+    flash-linear-attention (GPU kernels). On the CPU that logger is quietened to errors; pitlab's own kernel
+    report says what ran."""
+    import logging
+
+    from pitlab.evaluator.embed_model import _load_model
+
+    hub = logging.getLogger("transformers.integrations.hub_kernels")
+    before = hub.level
+    try:
+        hub.setLevel(logging.NOTSET)
+        _load_model(checkpoints["qwen"], "causal", "float32", "cpu", -1)
+        assert hub.getEffectiveLevel() == logging.ERROR
+    finally:
+        hub.setLevel(before)

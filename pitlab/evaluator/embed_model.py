@@ -130,6 +130,8 @@ def _load_model(model_dir: Path, kind: Kind, dtype: str, device: str, layer: int
         transformers.logging.set_verbosity(verbosity)
         if bar:
             transformers.logging.enable_progress_bar()
+    if device == "cpu":  # fla's Triton kernels and causal-conv1d are GPU kernels: "install it" would mislead here
+        logging.getLogger("transformers.integrations.hub_kernels").setLevel(logging.ERROR)
     model.eval()
     return model, int(n_run or 0), int(n_layers or 0), weights
 

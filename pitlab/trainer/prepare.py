@@ -67,7 +67,15 @@ def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path) -
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     except (ValueError, TypeError, AssertionError, RuntimeError) as err:
         raise SpecError([(_CONFIG_FIELD, f"{ri.model_type} model cannot be built from this config: {err}")]) from None
-    model.save_pretrained(tmp, safe_serialization=True)
+    import transformers
+
+    bar = transformers.logging.is_progress_bar_enabled()
+    transformers.logging.disable_progress_bar()  # a tqdm bar among the run's stage lines, for a sub-second write
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        if bar:
+            transformers.logging.enable_progress_bar()
     make_readable(tmp)
     swap_in(tmp, out_dir)  # an existing out_dir is removed only once this one is in place
     return out_dir
