@@ -514,3 +514,19 @@ def test_an_interrupted_overwrite_names_folders_it_had_not_written_yet(pt_spec, 
     code, out = _invoke("run", write(pt), "--overwrite")
     assert code == 0, out
     assert not (root / ".replaced").exists()
+
+
+def test_an_unset_data_root_is_named_beside_the_folder_refusal(pt_spec, tmp_path, monkeypatch):
+    """Found in a trial: `pitlab run` named only the existing run folder; with --overwrite it then named the unset
+    ${PITLAB_DATA_ROOT}. Both come in one refusal now, and nothing moves."""
+    write, pt, _ = pt_spec
+    folder = tmp_path / "out" / pt["metadata"]["name"]
+    _other_run(folder, "PitTraining", pt["metadata"]["name"])
+    pt["spec"]["corpus"]["uri"] = "${PITLAB_DATA_ROOT}/corpus.csv"
+    monkeypatch.delenv("PITLAB_DATA_ROOT", raising=False)
+    before = _snapshot(tmp_path / "out")
+    code, out = _invoke("run", write(pt))
+    assert code == 2, out
+    assert "spec.corpus.uri: '${PITLAB_DATA_ROOT}/corpus.csv' uses ${PITLAB_DATA_ROOT}, which is not set" in out
+    assert f"metadata.name: {folder} already exists, written by PitTraining" in out
+    assert _snapshot(tmp_path / "out") == before

@@ -88,10 +88,11 @@ def resumable(res, root: Path) -> str | None:
     return None if phase in (None, "Succeeded") else phase
 
 
-def local_inputs(res) -> list[tuple[str, Path]]:
+def local_inputs(res, unexpandable: list[tuple[str, str]] | None = None) -> list[tuple[str, Path]]:
     """``(field, path)`` of every local input of ``res``'s spec: each ``uri`` field but the outputs
     (``output.uri``, ``checkpoint.uri``), after variable expansion; ``s3://`` and ``package://`` inputs and
-    unexpandable ones (refused by the preflight) are left out."""
+    unexpandable ones are left out, the latter's ``(field, message)`` appended to ``unexpandable`` when given
+    (an unset ``${PITLAB_DATA_ROOT}``)."""
     from pitlab.api import dump_resource
     from pitlab.api.load import expand_uri
 
@@ -106,7 +107,9 @@ def local_inputs(res) -> list[tuple[str, Path]]:
                         continue
                     try:
                         s = expand_uri(v, field)
-                    except SpecError:
+                    except SpecError as err:
+                        if unexpandable is not None:
+                            unexpandable.extend(err.problems)
                         continue
                     s = s[len("file://"):] if s.startswith("file://") else s
                     if "://" not in s:
@@ -170,7 +173,10 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
             problems.append((f.field, f"{f.path} is also the run folder of {seen[key].describe()}; every run "
                                       "folder must be distinct"))
         seen[key] = f
-    for field, path in local_inputs(res):
+    unexpandable: list[tuple[str, str]] = []  # named with the folders' problems: one refusal says both
+    inputs = local_inputs(res, unexpandable)
+    problems.extend(unexpandable)
+    for field, path in inputs:
         for f in folders:
             if _inside(path, f.path):
                 problems.append((field, f"{path} is inside {f.path}, the run folder of {f.describe()}, which the run "
