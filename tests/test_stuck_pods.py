@@ -87,6 +87,29 @@ def test_the_kubelets_message_is_cut_and_a_crash_says_how_it_ended() -> None:
         "pod j-a: container main waiting: CreateContainerError"
 
 
+def test_the_back_off_delay_is_left_out_so_the_message_stays_the_same() -> None:
+    texts = {stuck_pod([pod("j-a", {}, "main", waiting("CrashLoopBackOff", f"back-off {d} restarting failed "
+                                                         "container=main pod=j-a_ns(uid)"))]).text
+             for d in ("10s", "40s", "1m20s", "5m0s")}
+    assert texts == {"pod j-a: container main waiting: CrashLoopBackOff: back-off restarting failed container=main "
+                     "pod=j-a_ns(uid)"}
+
+
+def test_a_pod_no_node_can_take_is_named_with_the_schedulers_message() -> None:
+    """Unscheduled (PodScheduled False, reason Unschedulable), e.g. no node with free GPUs; a pod waiting for
+    the scheduler's first pass (no condition yet) or scheduled is not stuck."""
+    why = "0/8 nodes are available: 8 Insufficient nvidia.com/gpu. preemption: 0/8 nodes are available."
+    p = {"metadata": {"name": "t-train-node-0-0-abcde", "labels": {JOB_NAME: "t-train-node-0"}},
+         "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                                                        "reason": "Unschedulable", "message": why}]}}
+    assert stuck_pod([p]).text == f"pod t-train-node-0-0-abcde: not scheduled: Unschedulable: {why}"
+    fresh = copy.deepcopy(p)
+    fresh["status"] = {"phase": "Pending"}
+    scheduled = copy.deepcopy(p)
+    scheduled["status"]["conditions"][0].update(status="True", reason="", message="")
+    assert stuck_pod([fresh]) is None and stuck_pod([scheduled]) is None
+
+
 # ------------------------------------------------------------------------------------------ training
 def to_training(backend: str, start: dict = BODY) -> tuple[FakeWorld, dict]:
     """PitTraining ``start`` on ``backend`` (its kind served alone) in phase Training, its child created."""
@@ -207,8 +230,9 @@ LE = {"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval",
                "protocol": {"trainEnd": "2020-12-31", "testStart": "2021-01-01"}}}
 CRASHING = pod("e-embed-pit-q7w8e", {JOB_NAME: "e-embed-pit"}, "embed", waiting("CrashLoopBackOff", CRASH),
                phase="Running", last={"exitCode": 137, "reason": "OOMKilled"})
-CRASH_TEXT = (f"pod e-embed-pit-q7w8e: container embed waiting: CrashLoopBackOff: {CRASH} (last terminated: "
-              "OOMKilled, exit code 137)")
+# the kubelet's growing delay ("back-off 40s", "back-off 1m20s") is left out: one message, and one event, per pod
+CRASH_TEXT = ("pod e-embed-pit-q7w8e: container embed waiting: CrashLoopBackOff: back-off restarting failed "
+              "container=embed pod=e-embed-pit-q7w8e_ns(uid-9) (last terminated: OOMKilled, exit code 137)")
 
 
 def embedding(pods: list[dict]) -> tuple[dict, lifecycle.Plan]:

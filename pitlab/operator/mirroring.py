@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 from pitlab.api.summary import parse_progress_log
@@ -228,6 +229,8 @@ START_FAILURES = frozenset({
 start-up): the kubelet retries, which may resolve it (a pull back-off once the image or its pull secret exists), but
 nothing changes until someone acts."""
 STUCK_MESSAGE_LIMIT = 300  # characters of the kubelet's message kept in a condition
+UNSCHEDULABLE = "Unschedulable"  # PodScheduled False: no node can take the pod (GPUs, memory, taints, selectors)
+_BACK_OFF_DELAY = re.compile(r"\b([Bb]ack-off) (?:\d+(?:\.\d+)?(?:ms|h|m|s))+\b")  # a Go duration: 40s, 2m40s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,11 +248,16 @@ class StuckPod:
 
     @property
     def text(self) -> str:
-        """In words, for a condition's message: ``pod P: container C waiting: REASON: message``, the message cut to
-        :data:`STUCK_MESSAGE_LIMIT` characters."""
-        msg = " ".join(self.message.split())
+        """In words, for a condition's message: ``pod P: container C waiting: REASON: message`` (``pod P: not
+        scheduled: Unschedulable: message`` for a pod no node can take), the message cut to
+        :data:`STUCK_MESSAGE_LIMIT` characters and the kubelet's growing back-off delay left out (``back-off 40s``
+        reads ``back-off``), so that the message, and the Warning event posted once per message, stays the same
+        from one retry to the next."""
+        msg = _BACK_OFF_DELAY.sub(r"\1", " ".join(self.message.split()))
         if len(msg) > STUCK_MESSAGE_LIMIT:
             msg = msg[:STUCK_MESSAGE_LIMIT - 3] + "..."
+        if self.reason == UNSCHEDULABLE:
+            return f"pod {self.pod}: not scheduled: {UNSCHEDULABLE}" + (f": {msg}" if msg else "")
         return (f"pod {self.pod}: {'init container' if self.init else 'container'} {self.container} waiting: "
                 f"{self.reason}" + (f": {msg}" if msg else "") + (f" (last terminated: {self.last})" if self.last
                                                                   else ""))
@@ -265,7 +273,8 @@ def _last_termination(cs: dict[str, Any]) -> str:
 
 def stuck_pod(pods: list[dict[str, Any]], job_name: str | None = None) -> StuckPod | None:
     """The first pod (by name) of ``pods`` (only those of Job ``job_name`` when given) with a container waiting
-    for one of the :data:`START_FAILURES` reasons (its init containers looked at first: they block the others);
+    for one of the :data:`START_FAILURES` reasons (its init containers looked at first: they block the others) or
+    that no node can take (condition PodScheduled False, reason Unschedulable: the scheduler's message says why);
     None when every pod is starting normally, running or finished. Pods being deleted or finished are skipped."""
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
         meta = pod.get("metadata") or {}
@@ -282,6 +291,10 @@ def stuck_pod(pods: list[dict[str, Any]], job_name: str | None = None) -> StuckP
                 if waiting.get("reason") in START_FAILURES:
                     return StuckPod(meta.get("name", "?"), cs.get("name", "?"), waiting["reason"],
                                     waiting.get("message") or "", init, _last_termination(cs))
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
+                    cond.get("reason") == UNSCHEDULABLE:
+                return StuckPod(meta.get("name", "?"), "", UNSCHEDULABLE, cond.get("message") or "")
     return None
 
 
