@@ -245,22 +245,22 @@ CASES = [
     Case("corpus-text-field", "pt", _set("spec.corpus.textField", "body"),
          "{tmp}/corpus.csv: header: no field 'body' (spec.corpus.textField); fields present: ['date', 'id', 'text']"),
     Case("corpus-missing-timestamp", "pt", _csv_edit("corpus.csv", _cell(2, "date", "")),
-         "corpus.csv: row 2 (id 'row-2'): missing timestamp (field 'date' is empty); fix the row, or set "
+         "corpus.csv: row 2 (line 3, id 'row-2'): missing timestamp (field 'date' is empty); fix the row, or set "
          "spec.corpus.onMissingTimestamp: drop to count and skip it"),
     Case("corpus-day-first-dates", "pt",
          _csv_edit("corpus.csv", lambda df: df.assign(date=[f"{d[8:10]}/{d[5:7]}/{d[:4]}" for d in df.date])),
-         "corpus.csv: row 1 (id 'row-1'): timestamp '05/01/2015' does not match ISO 8601"),
+         "corpus.csv: row 1 (line 2, id 'row-1'): timestamp '05/01/2015' does not match ISO 8601"),
     Case("corpus-epoch-milliseconds", "pt", _csv_edit("corpus.csv", _cell(3, "date", "1609426799000")),
-         "corpus.csv: row 3 (id 'row-3'): timestamp '1609426799000' does not match ISO 8601"),
+         "corpus.csv: row 3 (line 4, id 'row-3'): timestamp '1609426799000' does not match ISO 8601"),
     Case("corpus-zone-abbreviation", "pt", _csv_edit("corpus.csv", _cell(4, "date", "2015-04-05 10:00 EST")),
-         "corpus.csv: row 4 (id 'row-4'): timestamp '2015-04-05 10:00 EST': zone abbreviation 'EST' refused"),
+         "corpus.csv: row 4 (line 5, id 'row-4'): timestamp '2015-04-05 10:00 EST': zone abbreviation 'EST' refused"),
     Case("corpus-month-name-date", "pt", _csv_edit("corpus.csv", _cell(5, "date", "Dec 31, 2016")),
-         "corpus.csv: row 5 (id 'row-5'): timestamp 'Dec 31, 2016' does not match ISO 8601"),
+         "corpus.csv: row 5 (line 6, id 'row-5'): timestamp 'Dec 31, 2016' does not match ISO 8601"),
     Case("corpus-timestamp-format-unknown", "pt", _set("spec.corpus.timestampFormat", "epoch_ns"),
          "spec.corpus.timestampFormat: 'epoch_ns' is neither iso8601, epoch_s, epoch_ms, epoch_us nor a strftime "
          "pattern"),
     Case("corpus-timestamp-format-mismatch", "pt", _set("spec.corpus.timestampFormat", "%d/%m/%Y"),
-         "corpus.csv: row 1 (id 'row-1'): timestamp '2015-01-05' does not match strftime pattern '%d/%m/%Y' "
+         "corpus.csv: row 1 (line 2, id 'row-1'): timestamp '2015-01-05' does not match strftime pattern '%d/%m/%Y' "
          "(spec.corpus.timestampFormat)"),
     Case("corpus-shorter-than-one-sequence", "pt",
          _all(_set("spec.training.seqLen", 16384),
@@ -611,13 +611,13 @@ CASES += [
          f"{EV}.models[0].trainingRef.name"),
     # --- corpus: timestamps read exactly or refused ---
     Case("corpus-weekday-contradicts-date", "pt", _dates("%a %Y-%m-%d", 3, "Mon 2015-03-06"),
-         "corpus.csv: row 3 (id 'row-3'): timestamp 'Mon 2015-03-06' is not exactly strftime pattern '%a %Y-%m-%d' "
+         "corpus.csv: row 3 (line 4, id 'row-3'): timestamp 'Mon 2015-03-06' is not exactly strftime pattern '%a %Y-%m-%d' "
          "(spec.corpus.timestampFormat): strptime reads it as 2015-03-06T00:00:00, which the pattern writes "
          "'Fri 2015-03-06'"),
     Case("corpus-fixed-width-short", "pt", _dates("%Y%m%d", 2, "201524"),
-         "corpus.csv: row 2 (id 'row-2'): timestamp '201524' is not exactly strftime pattern '%Y%m%d'"),
+         "corpus.csv: row 2 (line 3, id 'row-2'): timestamp '201524' is not exactly strftime pattern '%Y%m%d'"),
     Case("corpus-fixed-width-hour", "pt", _dates("%Y-%m-%d %H%M", 4, "2015-04-05 930"),
-         "row 4 (id 'row-4'): timestamp '2015-04-05 930' is not exactly strftime pattern '%Y-%m-%d %H%M'"),
+         "row 4 (line 5, id 'row-4'): timestamp '2015-04-05 930' is not exactly strftime pattern '%Y-%m-%d %H%M'"),
     Case("corpus-short-fraction", "pt", _dates("%Y-%m-%d %H:%M:%S.%f", 1, "2015-01-05 10:00:00.5"),
          "(%f is written with 6 digits: give the fraction in microseconds)"),
     Case("corpus-pattern-pm-with-24h", "pt", _set("spec.corpus.timestampFormat", "%Y-%m-%d %H:%M %p"),
@@ -680,12 +680,12 @@ CASES += [
     Case("corpus-jsonl-missing-text", "pt", _jsonl('{"date": "2015-01-05", "body": "a"}'),
          "{tmp}/corpus.jsonl: line 1: no field 'text' (spec.corpus.textField)"),
     Case("corpus-empty-text", "pt", _csv_edit("corpus.csv", _cell(3, "text", "")),
-         "corpus.csv: row 3 (id 'row-3'): empty text (the text field is empty or only white space); fix the row, "
+         "corpus.csv: row 3 (line 4, id 'row-3'): empty text (the text field is empty or only white space); fix the row, "
          "or set spec.corpus.onEmptyText: drop"),
     Case("corpus-blank-text", "pt", _csv_edit("corpus.csv", _cell(7, "text", "   ")),
-         "corpus.csv: row 7 (id 'row-7'): empty text"),
+         "corpus.csv: row 7 (line 8, id 'row-7'): empty text"),
     Case("corpus-empty-text-after-cutoff", "pt", _csv_edit("corpus.csv", _cell(29, "text", "")),
-         "corpus.csv: row 29 (id 'row-29'): empty text"),
+         "corpus.csv: row 29 (line 30, id 'row-29'): empty text"),
     Case("corpus-jsonl-null-text", "pt", _jsonl('{"date": "2015-01-05", "text": null}'),
          "{tmp}/corpus.jsonl: row 1 (id 'row-1'): empty text"),
     Case("corpus-on-empty-text-value", "pt", _set("spec.corpus.onEmptyText", "skip"),

@@ -62,7 +62,7 @@ def test_corpus_row_with_missing_timestamp(tmp_path, spec, data_root):
     corpus.write_text("date,text\n2015-01-02,a statement\n,undated statement\n")
     spec["spec"]["corpus"]["uri"] = str(corpus)
     r, out = _run(tmp_path, spec, data_root)
-    assert r.exit_code == 2 and "corpus.csv: row 2 (id 'row-2'): missing timestamp (field 'date' is empty)" in out
+    assert r.exit_code == 2 and "corpus.csv: row 2 (line 3, id 'row-2'): missing timestamp (field 'date' is empty)" in out
     assert _no_output(tmp_path)
 
 

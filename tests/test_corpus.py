@@ -3,6 +3,7 @@
 import datetime as dt
 import json
 import zoneinfo
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -77,7 +78,7 @@ def test_missing_timestamp_is_an_error_naming_the_row(tmp_path):
     docs = read_corpus(f, "csv", "text", "date", "UTC")
     with pytest.raises(CorpusError) as err:
         filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
-    assert str(err.value) == (f"{f}: row 2 (id 'row-2'): missing timestamp (field 'date' is empty); fix the row, or "
+    assert str(err.value) == (f"{f}: row 2 (line 3, id 'row-2'): missing timestamp (field 'date' is empty); fix the row, or "
                               "set spec.corpus.onMissingTimestamp: drop to count and skip it")
 
 
@@ -87,12 +88,12 @@ def test_unparseable_timestamp_error_names_file_row_id_value_and_format(tmp_path
     docs = read_corpus(f, "csv", "text", "date", "UTC", "id")
     with pytest.raises(CorpusError) as err:
         filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
-    assert str(err.value) == (f"{f}: row 2 (id 'b'): timestamp '1609426799000' does not match ISO 8601: YYYY-MM-DD or "
+    assert str(err.value) == (f"{f}: row 2 (line 3, id 'b'): timestamp '1609426799000' does not match ISO 8601: YYYY-MM-DD or "
                               "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set "
                               "spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format; fix the row, or "
                               "set spec.corpus.onMissingTimestamp: drop to count and skip it")
     docs = read_corpus(f, "csv", "text", "date", "UTC", "id", "epoch_ms")
-    with pytest.raises(CorpusError, match=r"row 1 \(id 'a'\): timestamp '2016-01-05' does not match epoch_ms"):
+    with pytest.raises(CorpusError, match=r"row 1 \(line 2, id 'a'\): timestamp '2016-01-05' does not match epoch_ms"):
         filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f), timestamp_format="epoch_ms")
 
 
@@ -282,3 +283,23 @@ def test_jsonl_values_of_another_type_are_refused(tmp_path, line, message):
     f.write_text(line + "\n")
     with pytest.raises(CorpusError, match=message):
         read_corpus(f, "jsonl", "text", "date", "UTC", id_field="id")
+
+
+def test_a_csv_error_names_the_file_line_beside_the_row():
+    """Found in a trial: 'row 151' is line 152 of the file, further on after a quoted line break; an editor
+    shows lines. The row keeps its number (the id of a file without ids is row-N), the line is added."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "c.csv"
+        f.write_text('date,text\n2016-01-05,"first\nline two\nline three"\n2016-01-06,second\nbad,third\n')
+        docs = read_corpus(f, "csv", "text", "date", "UTC")
+        assert [(d.row, d.line) for d in docs] == [(1, 2), (2, 5), (3, 6)]
+        with pytest.raises(CorpusError) as err:
+            filter_corpus(docs, dt.date(2016, 12, 31), "UTC", source=str(f))
+        assert str(err.value).startswith(f"{f}: row 3 (line 6, id 'row-3'): timestamp 'bad' does not match ISO 8601")
+        j = Path(tmp) / "c.jsonl"
+        j.write_text('{"date": "2016-01-05", "text": "a"}\n\n{"date": "bad", "text": "b"}\n')
+        with pytest.raises(CorpusError) as err:
+            filter_corpus(read_corpus(j, "jsonl", "text", "date", "UTC"), dt.date(2016, 12, 31), "UTC", source=str(j))
+        assert str(err.value).startswith(f"{j}: row 3 (id 'row-3'): timestamp 'bad'")  # JSONL: the row is the line

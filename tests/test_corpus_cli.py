@@ -43,7 +43,7 @@ def test_day_first_corpus_is_refused_without_a_format(tmp_path, spec, data_root)
     corpus = _day_first_corpus(tmp_path, spec)
     r, out = _invoke(tmp_path, spec, data_root, "validate")
     assert r.exit_code == 2
-    assert (f"error: {corpus}: row 1 (id 's0'): timestamp '15/03/2017' does not match ISO 8601: YYYY-MM-DD or "
+    assert (f"error: {corpus}: row 1 (line 2, id 's0'): timestamp '15/03/2017' does not match ISO 8601: YYYY-MM-DD or "
             "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set spec.corpus.timestampFormat "
             "(e.g. \"%d/%m/%Y\") for another format; fix the row, or set spec.corpus.onMissingTimestamp: drop to "
             "count and skip it") in out
@@ -69,7 +69,7 @@ def test_a_mm_dd_value_in_a_day_first_file_is_refused(tmp_path, spec, data_root)
     spec["spec"]["corpus"]["timestampFormat"] = "%d/%m/%Y"
     r, out = _invoke(tmp_path, spec, data_root, "validate")
     assert r.exit_code == 2
-    assert f"error: {corpus}: row 3 (id 's2'): timestamp '04/13/2017' does not match strftime pattern '%d/%m/%Y'" in out
+    assert f"error: {corpus}: row 3 (line 4, id 's2'): timestamp '04/13/2017' does not match strftime pattern '%d/%m/%Y'" in out
 
 
 def test_dropped_timestamps_are_listed_with_their_values(tmp_path, spec, data_root):

@@ -426,7 +426,8 @@ def test_a_corpus_row_with_such_a_timestamp_is_refused_with_file_row_id_and_valu
     assert (docs[1].timestamp, docs[1].timestamp_error, docs[1].timestamp_value) == (None, error, value)
     with pytest.raises(CorpusError) as err:
         filter_corpus(docs, dt.date(2017, 12, 31), "Asia/Tokyo", source=str(f))
-    assert str(err.value) == (f"{f}: row 2 (id 'b'): {error}; fix the row, or set spec.corpus.onMissingTimestamp: "
+    where = "row 2 (line 3, id 'b')" if fmt == "csv" else "row 2 (id 'b')"  # a JSONL row is its line
+    assert str(err.value) == (f"{f}: {where}: {error}; fix the row, or set spec.corpus.onMissingTimestamp: "
                               "drop to count and skip it")
     kept, audit = filter_corpus(docs, dt.date(2017, 12, 31), "Asia/Tokyo", "drop", source=str(f),
                                 today=dt.date(2018, 1, 1))

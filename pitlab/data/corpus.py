@@ -98,8 +98,9 @@ def _no_duplicates(path: Path, line: int):
 
 
 def _iter_records(path: Path, fmt: Literal["csv", "jsonl"], encoding: str = "utf-8",
-                  timestamp_field: str | None = None) -> Iterator[tuple[int, dict]]:
-    """Yield (1-based data row, record). CSV rows are numbered after the header; JSONL by line. Raises
+                  timestamp_field: str | None = None) -> Iterator[tuple[int, dict, int]]:
+    """Yield (1-based data row, record, the file line where it starts). CSV rows are numbered after the header;
+    JSONL by line (row and line equal). Raises
     :class:`CorpusError` naming the file and line for text that is not ``encoding`` (with the byte offset), a
     header naming a column twice, a CSV row with more or fewer fields than the header, a stray or unclosed quote,
     a quoted CSV field that runs over a line reading as a row of its own (``timestamp_field``'s column holding a
@@ -171,7 +172,7 @@ def _iter_csv(path: Path, encoding: str, timestamp_field: str | None = None) -> 
                                       f"({record[k].strip()[:80]!r}): an unclosed quote would train on that row's "
                                       "text under this row's date; close the quote, or, if the line break belongs "
                                       "to the text, start the continued line otherwise")
-                yield i, dict(zip(header, values))
+                yield i, dict(zip(header, values)), first
         except csv.Error as err:
             raise CorpusError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
 
@@ -187,7 +188,7 @@ def _iter_jsonl(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
                 raise CorpusError(f"{path}: line {i}: invalid JSON ({err.msg})") from None
             if not isinstance(rec, dict):
                 raise CorpusError(f"{path}: line {i}: expected a JSON object, got {type(rec).__name__}")
-            yield i, rec
+            yield i, rec, i
 
 
 def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str, timestamp_field: str,
@@ -211,7 +212,7 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
         raise CorpusError(f"{p}: corpus file not found")
     docs: list[Document] = []
     seen: dict[str, int] = {}
-    for row, rec in _iter_records(p, fmt, encoding, timestamp_field):
+    for row, rec, line in _iter_records(p, fmt, encoding, timestamp_field):
         for field, role in ((text_field, "textField"), (timestamp_field, "timestampField"),
                             (id_field, "idField")):
             if field is not None and field not in rec:
@@ -251,7 +252,7 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
             error = f"missing timestamp (field {timestamp_field!r} is empty)"
         docs.append(Document(id=doc_id, text="" if text is None else str(text), timestamp=ts, row=row,
                              timestamp_error=error, timestamp_value=None if error is None else
-                             ("" if value is None else str(value))))
+                             ("" if value is None else str(value)), line=line))
     return docs
 
 
@@ -288,13 +289,13 @@ def filter_corpus(docs: list[Document], cutoff: dt.date, timezone: str,
     for d in docs:
         if d.timestamp is None:
             if on_missing_timestamp == "error":
-                raise CorpusError(f"{source}: row {d.row} (id {d.id!r}): {d.timestamp_error or 'missing timestamp'}; "
+                raise CorpusError(f"{source}: {d.where}: {d.timestamp_error or 'missing timestamp'}; "
                                   "fix the row, or set spec.corpus.onMissingTimestamp: drop to count and skip it")
             refused.append(d)
             continue
         if not d.text.strip():
             if on_empty_text == "error":
-                raise CorpusError(f"{source}: row {d.row} (id {d.id!r}): empty text (the text field is empty or only "
+                raise CorpusError(f"{source}: {d.where}: empty text (the text field is empty or only "
                                   "white space); fix the row, or set spec.corpus.onEmptyText: drop to count and skip "
                                   "it")
             empty += 1

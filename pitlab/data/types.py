@@ -19,6 +19,14 @@ class Document:
     row: int  # 1-based data row number in the source file (header excluded)
     timestamp_error: str | None = None
     timestamp_value: str | None = None
+    line: int | None = None  # 1-based line of the file where the record starts (a CSV row's, after the header)
+
+    @property
+    def where(self) -> str:
+        """``row 151 (line 152, id 'x')`` for messages: the data row, the file line an editor shows when it
+        differs from the row (CSV: the header, quoted line breaks), and the id."""
+        line = f"line {self.line}, " if self.line is not None and self.line != self.row else ""
+        return f"row {self.row} ({line}id {self.id!r})"
 
 
 @dataclass
