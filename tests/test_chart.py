@@ -278,3 +278,23 @@ def test_cluster_scoped_names_are_release_dot_namespace() -> None:
     assert _operator_env(objs)["PITLAB_TRAINING_RUNTIME"] == "team-torch"
     # the operator's RBAC rules name no object, so they hold for any release's names
     assert not any("resourceNames" in rule for o in of_kind(objs, "ClusterRole") for rule in o["rules"])
+
+
+def test_watch_namespaces_must_be_namespace_names() -> None:
+    """Found in a review: `{!team-a}` rendered `namespace: !team-a` (a YAML tag: the manifest did not parse) and
+    `{Research_NS}` rendered without a word; the schema refuses both, and a name given twice."""
+    for bad in ("{!team-a}", "{Research_NS}", "{research,research}"):
+        r = subprocess.run([helm(), "template", "pitlab", str(CHART), "--set", f"watchNamespaces={bad}"],
+                           capture_output=True, text=True)
+        assert r.returncode != 0 and "watchNamespaces" in r.stderr, (bad, r.stderr)
+    assert render("--set", "watchNamespaces={research,prod-2}")  # valid names render
+
+
+def test_notes_name_the_pull_secrets_the_runtime_and_the_namespace_to_apply_in() -> None:
+    r = subprocess.run([helm(), "install", "--dry-run=client", "pitlab", str(CHART), "--namespace", "team-a",
+                        "--set", "imagePullSecrets[0].name=regcred", "--set", "imagePullSecrets[1].name=mirror",
+                        "--set", "watchNamespaces={research,prod}"], capture_output=True, text=True, check=True)
+    notes = r.stdout[r.stdout.index("NOTES:"):]
+    assert '- the image pull Secret(s) "regcred", "mirror" (every workload pod names them);' in notes
+    assert '- TrainJobs run on the ClusterTrainingRuntime "pitlab-torch.team-a".' in notes
+    assert "kubectl apply -f examples/pittraining.yaml -n research" in notes
