@@ -362,3 +362,20 @@ def test_a_model_its_modeling_code_cannot_build_is_refused_on_the_meta_device(mo
     with pytest.raises(SpecError) as err:
         check_model_builds(model_type, config)
     assert str(err.value) == f"{FIELD}: {model_type} model cannot be built from this config: KeyError: 'gelu_foo'"
+
+
+def test_run_warns_of_local_base_model_positions_below_seq_len_as_validate_does(tmp_path, example, monkeypatch):
+    """validate ⇒ run: `pitlab run` prints the warning `validate` prints (before its stages; here the stages stop
+    at once)."""
+    def tripped(*a, **k):
+        raise AssertionError("stopped after the preflight")
+
+    monkeypatch.setattr("pitlab.pipeline.prepare.prepare_run", tripped)
+    doc = _uri_spec(tmp_path, example, positions=256, seq_len=512)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    r = CliRunner().invoke(app, ["run", str(path)], env={"COLUMNS": "400"})
+    out = re.sub(r"\s+", " ", r.output)
+    assert "warning: spec.baseModel.uri: its config.json gives max_position_embeddings 256, which is smaller than " \
+           "spec.training.seqLen 512" in out, out
+    assert "stopped after the preflight" in out

@@ -82,3 +82,36 @@ def token_budget_warning(spec) -> str | None:
     return (f"spec.tokens: {spec.tokens:,} tokens round up to {steps:,} optimizer step{'s' if steps > 1 else ''} of "
             f"{step:,} tokens (seqLen × microBatchSize × gradientAccumulationSteps × {world} GPU"
             f"{'s' if world > 1 else ''}): the run trains {steps * step:,} tokens")
+
+
+def base_model_positions_warning(res) -> str | None:
+    """A PitTraining's local ``baseModel.uri`` whose config.json gives a ``max_position_embeddings`` (its
+    ``text_config``'s for a multimodal model) smaller than ``spec.training.seqLen``: the warning naming both, else
+    None. A warning, not a refusal: training a pretrained model past its context (context extension) is a choice;
+    a ``randomInit`` config is refused at loading instead. An ``s3://`` model is not read here (that would download
+    it), nor is a missing or unreadable config.json (the preflight reports it)."""
+    import json
+
+    from pitlab import storage
+    from pitlab.api import PitTraining, resolve_local_path
+    from pitlab.api.model_config import config_max_positions, max_positions_problem
+
+    if not isinstance(res, PitTraining) or res.spec.base_model.uri is None or storage.is_s3(res.spec.base_model.uri):
+        return None
+    config_path = resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri", must_exist=False) / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    positions = config_max_positions(config) if isinstance(config, dict) else None
+    problem = max_positions_problem(positions, res.spec.training.seq_len,
+                                    f"its config.json gives max_position_embeddings {positions}, which")
+    return f"spec.baseModel.uri: {problem}; unless you mean to extend its context, set spec.training.seqLen to " \
+           f"{positions} or less" if problem else None
+
+
+def say_base_model_warning(res) -> None:
+    """Print :func:`base_model_positions_warning` of ``res`` when there is one (``validate`` and ``run``)."""
+    w = base_model_positions_warning(res)
+    if w:
+        say(f"[yellow]warning:[/] {escape(w)}")

@@ -18,7 +18,7 @@ from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
 from pitlab.api.runfolders import folder_phase, lock_run_folders
 from pitlab.cli.errors import fail, from_file
-from pitlab.cli.inputs import DataRoot, load
+from pitlab.cli.inputs import DataRoot, load, say_base_model_warning
 from pitlab.cli.output import RichReporter, progress, say
 from pitlab.cli.results import say_results
 from pitlab.errors import InputError
@@ -78,6 +78,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         doomed: list[Path] = []
         if not remote and not resume:
             doomed = _claim_message(res, root, overwrite, file, again)
+        say_base_model_warning(res)
         t0 = time.monotonic()
         finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
         results, replaced = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)

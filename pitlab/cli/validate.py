@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from pitlab.cli.errors import fail, from_file
-from pitlab.cli.inputs import DataRoot, load, say_audit_notes, say_spec_warnings
+from pitlab.cli.inputs import DataRoot, load, say_audit_notes, say_base_model_warning, say_spec_warnings
 from pitlab.cli.output import say
 from pitlab.errors import InputError
 
@@ -47,40 +47,12 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     if plan is not None:
         say_audit_notes(plan.audit)
     say_spec_warnings(res)
-    positions = _base_model_positions_warning(res)
-    if positions:
-        say(f"[yellow]warning:[/] {escape(positions)}")
+    say_base_model_warning(res)
     phase = resumable(res, out or Path(spec_out)) if existing else None
     for path in existing:
         resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
             f"which replaces it (kept in .replaced/ until the new run succeeds){resume}")
-
-
-def _base_model_positions_warning(res) -> str | None:
-    """A PitTraining's local ``baseModel.uri`` whose config.json gives a ``max_position_embeddings`` (its
-    ``text_config``'s for a multimodal model) smaller than ``spec.training.seqLen``: the warning naming both, else
-    None. A warning, not a refusal: training a pretrained model past its context (context extension) is a choice;
-    a ``randomInit`` config is refused at loading instead. An ``s3://`` model is not read here (that would download
-    it), nor is a missing or unreadable config.json (the preflight reports it)."""
-    import json
-
-    from pitlab import storage
-    from pitlab.api import PitTraining, resolve_local_path
-    from pitlab.api.model_config import config_max_positions, max_positions_problem
-
-    if not isinstance(res, PitTraining) or res.spec.base_model.uri is None or storage.is_s3(res.spec.base_model.uri):
-        return None
-    config_path = resolve_local_path(res.spec.base_model.uri, "spec.baseModel.uri", must_exist=False) / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    positions = config_max_positions(config) if isinstance(config, dict) else None
-    problem = max_positions_problem(positions, res.spec.training.seq_len,
-                                    f"its config.json gives max_position_embeddings {positions}, which")
-    return f"spec.baseModel.uri: {problem}; unless you mean to extend its context, set spec.training.seqLen to " \
-           f"{positions} or less" if problem else None
 
 
 def _corpus_summary(plan) -> str:
