@@ -133,13 +133,15 @@ def _empty_dir(path: Path) -> bool:
     return path.is_dir() and next(path.iterdir(), None) is None
 
 
-def enclosing_run(root: Path) -> Path | None:
+def enclosing_run(root: Path) -> tuple[Path, str] | None:
     """The nearest of ``root`` and its parents that is the folder of a pitlab run (a ``status.json`` naming a
-    kind and a name, :func:`folder_owner`), or None."""
+    kind and a name), with its owner in words (:func:`folder_owner`), or None."""
     p = Path(root).absolute()
     for folder in (p, *p.parents):
-        if (folder / layout.STATUS).is_file() and folder_owner(folder)[0] is not None:
-            return folder
+        if (folder / layout.STATUS).is_file():
+            owner, words = folder_owner(folder)
+            if owner is not None:
+                return folder, words
     return None
 
 
@@ -156,14 +158,13 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     """
     folders = run_folders(res, root)
     problems: list[tuple[str, str]] = []
-    enclosing = enclosing_run(root)
     if REPLACED in Path(root).absolute().parts:
         problems.append(("spec.output.uri", f"the output root {root} is in a {REPLACED} folder, where `pitlab run "
                                             "--overwrite` keeps the runs it replaced; give --out (or spec.output.uri) "
                                             "outside it"))
-    elif enclosing is not None:
-        problems.append(("spec.output.uri", f"the output root {root} is inside {enclosing}, the run folder of "
-                                            f"{folder_owner(enclosing)[1]}: this run's folders would mix with that "
+    elif (enclosing := enclosing_run(root)) is not None:
+        problems.append(("spec.output.uri", f"the output root {root} is inside {enclosing[0]}, the run folder of "
+                                            f"{enclosing[1]}: this run's folders would mix with that "
                                             "run's files, and its --overwrite would replace them; give --out (or "
                                             "spec.output.uri) outside it"))
     seen: dict[Path, RunFolder] = {}

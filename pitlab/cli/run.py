@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
-from pitlab.api.runfolders import folder_phase, lock_run_folders
+from pitlab.api.runfolders import REPLACED, folder_phase, lock_run_folders
 from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load, say_base_model_warning
 from pitlab.cli.output import RichReporter, progress, say
@@ -168,8 +168,6 @@ def _say_kept(doomed: list[Path], reporter: RichReporter) -> None:
 def _drop_replaced(replaced: list[tuple[Path, Path]], root: Path, names: list[str]) -> None:
     """After a run succeeded: delete the previous runs ``--overwrite`` kept aside, and ``root/.replaced`` once
     empty; name the ones of ``names`` an earlier, failed ``--overwrite`` left there (a resumed run's)."""
-    from pitlab.api.runfolders import REPLACED
-
     for _, kept in replaced:
         shutil.rmtree(kept)
         say(f"[yellow]--overwrite:[/] deleted the previous run {kept}")
@@ -200,7 +198,7 @@ def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> 
     """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide (an
     unfinished run with the advice ``again``); with ``--overwrite``, say which folders the run will replace (and
     whose they are) and return them."""
-    from pitlab.api.runfolders import REPLACED, check_run_folders, folder_owner
+    from pitlab.api.runfolders import check_run_folders, folder_owner
 
     try:
         doomed = check_run_folders(res, root, overwrite, str(file), resume_command=again)

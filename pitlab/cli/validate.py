@@ -28,7 +28,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     """Check a spec without running it: schema, then files, columns, corpus cutoff, models and the run folders
     under the output root (a folder another resource or no pitlab run wrote is refused without --overwrite)."""
     from pitlab import storage
-    from pitlab.api.runfolders import check_run_folders, folder_owner, resumable
+    from pitlab.api.runfolders import REPLACED, check_run_folders, folder_owner, resumable
     from pitlab.local import preflight
 
     res = load(file, data_root)
@@ -52,7 +52,7 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     for path in existing:
         resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
-            f"which replaces it (kept in .replaced/ until the new run succeeds){resume}")
+            f"which replaces it (kept in {REPLACED}/ until the new run succeeds){resume}")
 
 
 def _corpus_summary(plan) -> str:

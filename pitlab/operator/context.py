@@ -126,10 +126,18 @@ class Ctx(Recorder):
         event (reason: the kubelet's, message: ``<what>: <pod...>``; once per message and operator process). The
         stage keeps its reason and phase: the kubelet retries, and a pull back-off, say, resolves once the image
         exists."""
-        return self.report_stuck(what, stuck_pod(pods, job_name))
+        return self._report_stuck(what, stuck_pod(pods, job_name))
 
-    def report_stuck(self, what: str, found: StuckPod | None) -> str:
-        """:meth:`stuck` for a pod already found."""
+    def stuck_in_jobs(self, jobs: list[tuple[str, str]]) -> str:
+        """:meth:`stuck` of the first of ``jobs`` (``(what, Job name)`` pairs, in order) with a pod that cannot
+        start, each Job's pods listed until one is found; "" when none has."""
+        for what, job in jobs:
+            found = stuck_pod(self.world.job_pods(self.ns, job), job)
+            if found is not None:
+                return self._report_stuck(what, found)
+        return ""
+
+    def _report_stuck(self, what: str, found: StuckPod | None) -> str:
         if found is None:
             return ""
         self.plan.warnings.append((found.reason, f"{what}: {found.text}"))

@@ -7,7 +7,7 @@ from pitlab.api import LeakageEval, ResourceStatus, stages
 from pitlab.api.stages import Stage
 from pitlab.operator import builders, naming
 from pitlab.operator.context import Ctx, World
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state, stuck_pod
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, batch_job_state, jobs_state
 from pitlab.operator.naming import JOBS
 from pitlab.pipeline.base import EvalRun, Report, StageStep
 
@@ -78,15 +78,10 @@ def reconcile(ctx: Ctx, stage: Stage, le: LeakageEval) -> bool:
 
 
 def _stuck(ctx: Ctx, stage: Stage, jobs: list[dict]) -> str:
-    """``"; <pod that cannot start>"`` of the first unfinished embedding Job with one (:meth:`Ctx.stuck`), else ""."""
-    for job in jobs:
-        if batch_job_state(job).done:
-            continue
-        name = job["metadata"]["name"]
-        found = stuck_pod(ctx.world.job_pods(ctx.ns, name), name)
-        if found is not None:
-            return ctx.report_stuck(f"{stage.child} {name}", found)
-    return ""
+    """``"; <pod that cannot start>"`` of the first unfinished embedding Job with one (:meth:`Ctx.stuck_in_jobs`),
+    else ""."""
+    names = [j["metadata"]["name"] for j in jobs if not batch_job_state(j).done]
+    return ctx.stuck_in_jobs([(f"{stage.child} {name}", name) for name in names])
 
 
 def _embed_indexed(status: ResourceStatus, le: LeakageEval, world: World, ns: str | None) -> bool | None:

@@ -14,7 +14,7 @@ from pitlab.api.stages import Stage
 from pitlab.api.summary import compact_results
 from pitlab.operator import builders, naming
 from pitlab.operator.context import Ctx
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, leakageeval_state, stuck_pod
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, leakageeval_state
 from pitlab.pipeline.base import Report, StageStep, TrainingRun
 
 
@@ -76,12 +76,10 @@ def _stuck(ctx: Ctx, child: dict[str, Any] | None) -> str:
     prefix = _EVAL_JOBS.get(st.get("phase") or "")
     if prefix is None:
         return ""
-    for key, job in sorted((st.get("children") or {}).items()):
-        if key.startswith(prefix) and isinstance(job, str):
-            found = stuck_pod(ctx.world.job_pods(ctx.ns, job), job)
-            if found is not None:
-                return ctx.report_stuck(f"{stages.EVALUATE.child} {child['metadata']['name']}: Job {job}", found)
-    return ""
+    jobs = [job for key, job in sorted((st.get("children") or {}).items()) if key.startswith(prefix)
+            and isinstance(job, str)]
+    return ctx.stuck_in_jobs([(f"{stages.EVALUATE.child} {child['metadata']['name']}: Job {job}", job)
+                              for job in jobs])
 
 
 def reconcile(ctx: Ctx, stage: Stage, pt: PitTraining) -> bool:

@@ -234,7 +234,9 @@ def check_disk_space(checkpoint_dir: Path, one_checkpoint: int, saves: int, keep
             probe = probe.parent
         free_bytes = shutil.disk_usage(probe).free
     if need > free_bytes:
-        aside = d.parent.parent / ".replaced"  # pitlab run --overwrite keeps replaced runs there (cli/run.py)
+        from pitlab.api.runfolders import REPLACED
+
+        aside = d.parent.parent / REPLACED  # where pitlab run --overwrite keeps the runs it replaced
         held = (f" ({aside} holds the runs `pitlab run --overwrite` replaced, kept until this run succeeds: "
                 "delete them if they are not needed)") if aside.is_dir() else ""
         raise CheckpointError(
