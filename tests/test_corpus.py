@@ -222,6 +222,23 @@ def test_epoch_values_before_1980_suggest_the_wrong_unit(tmp_path):
                                   "1970-01-19T15:03:46.799000+00:00); are the numbers in another unit?")
 
 
+def test_a_json_epoch_number_is_read_from_its_digits(tmp_path):
+    """A JSON number with a fraction was read as the nearest float: 1609426799.123456789 s became ...123456716 ns
+    after the second, a time the file does not state; now the digits are read, and a value finer than a
+    nanosecond is refused with the digits written."""
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"t": 1609426799.123456789, "text": "a"}\n{"t": 1.6094267991e9, "text": "b"}\n'
+                 '{"t": 1609426799.1234567891, "text": "c"}\n')
+    a, b, c = read_corpus(f, "jsonl", "text", "t", "UTC", timestamp_format="epoch_s")
+    assert a.timestamp == pd.Timestamp("2020-12-31T14:59:59.123456789Z") and a.timestamp_error is None
+    # the float alone: 1609426799.1234567 s, 89 ns earlier than written
+    assert parse_timestamp(1609426799.123456789, "UTC", "epoch_s") == a.timestamp - pd.Timedelta(89, "ns")
+    assert b.timestamp == pd.Timestamp("2020-12-31T14:59:59.1Z")
+    assert c.timestamp is None and c.timestamp_value == "1609426799.1234567891"
+    assert c.timestamp_error == ("timestamp 1609426799.1234567891 as seconds since 1970 is not a whole number of "
+                                 "nanoseconds; pitlab reads time to the nanosecond, and rounding would be a guess")
+
+
 def test_a_refused_timestamp_format_names_the_field(tmp_path):
     f = tmp_path / "c.csv"
     f.write_text("date,text\n2016-01-05,a\n")

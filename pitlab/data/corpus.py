@@ -23,7 +23,7 @@ from typing import Iterator, Literal
 import pandas as pd
 
 from pitlab.data.encoding import decode_problem, separator_hint
-from pitlab.data.timestamps import EPOCH_NS, TimestampError, check_format, parse_timestamp
+from pitlab.data.timestamps import EPOCH_NS, JsonNumber, TimestampError, check_format, parse_timestamp
 from pitlab.data.types import Document
 from pitlab.errors import CorpusError
 
@@ -177,13 +177,18 @@ def _iter_csv(path: Path, encoding: str, timestamp_field: str | None = None) -> 
             raise CorpusError(f"{path}: line {reader.line_num}: not valid CSV ({err})") from None
 
 
+def _json_type(value: object) -> str:
+    """The Python type name of a JSON value, ``float`` for a :class:`JsonNumber`."""
+    return "float" if isinstance(value, float) else type(value).__name__
+
+
 def _iter_jsonl(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
     with path.open(encoding=encoding) as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line, object_pairs_hook=_no_duplicates(path, i))
+                rec = json.loads(line, object_pairs_hook=_no_duplicates(path, i), parse_float=JsonNumber)
             except json.JSONDecodeError as err:
                 raise CorpusError(f"{path}: line {i}: invalid JSON ({err.msg})") from None
             if not isinstance(rec, dict):
@@ -226,12 +231,12 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
                 raise CorpusError(f"{p}: {where}: empty id (field {id_field!r}, spec.corpus.idField): every document "
                                   "needs one")
             if not isinstance(raw_id, (str, int)) or isinstance(raw_id, bool):
-                raise CorpusError(f"{p}: {where}: id {raw_id!r} is a JSON {type(raw_id).__name__}: an id is a string "
+                raise CorpusError(f"{p}: {where}: id {raw_id!r} is a JSON {_json_type(raw_id)}: an id is a string "
                                   "or an integer")
         doc_id = str(rec[id_field]) if id_field else f"row-{row}"
         text = rec[text_field]
         if text is not None and not isinstance(text, str):
-            raise CorpusError(f"{p}: {where} (id {doc_id!r}): field {text_field!r} is a JSON {type(text).__name__}, "
+            raise CorpusError(f"{p}: {where} (id {doc_id!r}): field {text_field!r} is a JSON {_json_type(text)}, "
                               f"not a string: {str(text)[:60]!r}; a document's text is a string")
         if text is not None:
             try:

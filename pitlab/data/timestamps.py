@@ -12,7 +12,8 @@ Formats (``spec.corpus.timestampFormat``):
     is refused);
     patterns that give one field twice or a field strptime ignores (``%p`` without ``%I``) are refused;
   - ``epoch_s`` / ``epoch_ms`` / ``epoch_us``: a number (JSON number or decimal string) of seconds,
-    milliseconds or microseconds since 1970-01-01T00:00:00Z.
+    milliseconds or microseconds since 1970-01-01T00:00:00Z, read from its digits (a JSON number is not rounded
+    to a binary float first: ``1609426799.123456789`` is that many nanoseconds, not ``...123456716``).
 Values without an offset are read in the corpus time zone (an ambiguous local time in a DST fall-back
 takes the first, DST, reading; a local time in a spring-forward gap moves to the gap's end).
 In every format a value is read exactly as written: white space before or after it and digits other than ASCII
@@ -52,6 +53,24 @@ FIRST, LAST = "1677-09-21T00:12:43.145224193Z", "2262-04-11T23:47:16.854775807Z"
 _ZONE_ABBREVIATION = re.compile(r"(?<=[\d\s])([A-Za-z]{2,5})$")
 # strptime directives a pattern may use: calendar fields, clock fields, %z offsets, %% (a literal %)
 _ALLOWED_DIRECTIVES = set("YmdbBjHIpMSfzaA%")
+
+
+class JsonNumber(float):
+    """A JSON number with a fraction or exponent, as read (``json.loads(..., parse_float=JsonNumber)``): a float
+    that keeps its text, so that an epoch timestamp is read from the digits written (``1609426799.123456789``)
+    and not from the nearest binary float (``1609426799.1234567``)."""
+
+    text: str
+
+    def __new__(cls, text: str) -> "JsonNumber":
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
 
 
 class TimestampError(InputError, ValueError):
@@ -139,7 +158,8 @@ def parse_timestamp(value: object, timezone: str, fmt: str | None = None) -> pd.
     if isinstance(value, bool) or not isinstance(value, (str, int)) or (fmt == ISO8601 and not isinstance(value, str)):
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         hint = " (for epoch numbers set spec.corpus.timestampFormat: epoch_s, epoch_ms or epoch_us)" if number else ""
-        kind = f"a number ({type(value).__name__})" if number else f"a {type(value).__name__}"
+        kind = (f"a number ({'float' if isinstance(value, float) else type(value).__name__})" if number
+                else f"a {type(value).__name__}")
         raise TimestampError(f"timestamp {value!r} is {kind}, expected {describe_format(fmt)}{hint}")
     import pandas as pd  # not at the top: check_format runs in the operator, which has no pandas
 
@@ -309,6 +329,8 @@ def _parse_epoch(value: object, fmt: str) -> pd.Timestamp:
         raise TimestampError(f"timestamp {value!r} is a bool, expected {describe_format(fmt)}")
     if isinstance(value, int):
         number = Decimal(value)
+    elif isinstance(value, JsonNumber):  # the digits of the file, not the float nearest to them
+        number = Decimal(value.text)
     elif isinstance(value, float):
         if not math.isfinite(value):
             raise TimestampError(f"timestamp {value!r} is not a finite number, expected {describe_format(fmt)}")
