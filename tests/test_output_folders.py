@@ -166,6 +166,52 @@ def test_overwrite_keeps_the_previous_run_when_the_new_one_fails(pt_spec, tmp_pa
     assert _snapshot(kept) == before
 
 
+def _remote_run(uri: str, name: str) -> dict[str, str]:
+    """An earlier run published to ``uri/name``: status.json and a published eval/ folder; returns its files."""
+    src = _folder(Path(storage.cache_root()) / "earlier" / name, {"results.json": '{"models": {}}'})
+    storage.upload_dir(src, f"{uri}/{name}/eval")
+    storage.write_text(f"{uri}/{name}/status.json", json.dumps({"kind": "LeakageEval", "metadata": {"name": name},
+                                                                 "status": {"phase": "Succeeded"}}))
+    return {k: storage.read_text(f"{uri}/{name}/{k}") for k in storage.list_files(f"{uri}/{name}")}
+
+
+def test_overwrite_of_an_s3_output_keeps_the_previous_run_until_the_new_one_succeeds(pt_spec, s3_bucket, tripwire,
+                                                                                        monkeypatch):
+    """Before, a failed --overwrite run published its Failed status.json over the earlier run's, beside the earlier
+    run's eval/ (still marked complete): the earlier run's status was lost and the output mixed two runs. Now the
+    earlier run is moved to <uri>/.replaced/ whole when the new run publishes, kept if the new run fails, and
+    deleted once it succeeds."""
+    write, _, le = pt_spec
+    name, uri = le["metadata"]["name"], f"{s3_bucket.uri}/out"
+    le["spec"]["output"] = {"uri": uri}
+    before = _remote_run(uri, name)
+    code, out = _invoke("run", write(le))
+    assert code == 2 and f"{uri}/{name} already exists (an earlier run of {name!r}); pass --overwrite" in out
+    code, out = _invoke("run", write(le), "--overwrite")  # fails in the embedding stage (the tripwire)
+    assert code == 1 and "the input went past the preflight" in out, out
+    assert f"--overwrite: replacing {uri}/{name}: when this run publishes, the earlier run is moved to " \
+           f"{uri}/.replaced/ and deleted once the new run succeeds" in out
+    [kept] = {k.split("/")[0] for k in storage.list_files(f"{uri}/.replaced")}
+    assert re.fullmatch(rf"{name}\.\d{{8}}T\d{{6}}Z", kept)
+    kept = f"{uri}/.replaced/{kept}"
+    assert {k: storage.read_text(f"{kept}/{k}") for k in storage.list_files(kept)} == before  # byte for byte
+    assert set(storage.list_files(f"{uri}/{name}")) == {"status.json"}  # the failed run alone, no old eval/
+    assert json.loads(storage.read_text(f"{uri}/{name}/status.json"))["status"]["phase"] == "Failed"
+    assert f"--overwrite: the previous run of {uri}/{name} is kept in {kept}; to put it back: aws s3 rm " \
+           f"--recursive {uri}/{name}/ && aws s3 mv --recursive {kept}/ {uri}/{name}/" in out
+    monkeypatch.setattr("pitlab.local._walk", lambda table, run, st, passthrough=(): None)
+    storage.delete_tree(kept)
+    _remote_run(uri, name)
+    code, out = _invoke("run", write(le), "--overwrite")
+    assert code == 0, out
+    moved = re.search(rf"--overwrite: moved {uri}/{name} to ({uri}/\.replaced/{name}\.\d{{8}}T\d{{6}}Z); it is "
+                      "deleted once this run succeeds", out)
+    assert moved and f"--overwrite: deleted the previous run {moved[1]}" in out
+    assert storage.list_files(f"{uri}/.replaced") == {}
+    assert set(storage.list_files(f"{uri}/{name}")) == {"status.json"}  # the new run's files, none of the earlier
+    assert json.loads(storage.read_text(f"{uri}/{name}/status.json"))["status"]["phase"] == "Succeeded"
+
+
 def test_run_help_says_what_overwrite_deletes_and_mentions_resume():
     code, out = _invoke("run", "--help")
     assert code == 0

@@ -93,6 +93,34 @@ def test_multipart_upload_with_small_parts_is_exact(s3_bucket, tmp_path):
     assert not list(tmp_path.glob("*.part"))
 
 
+def test_move_tree_copies_server_side_keeps_digests_and_deletes_the_sources_last(s3_bucket, tmp_path):
+    """`pitlab run --overwrite` to an s3:// output keeps the replaced run under .replaced/ with move_tree: every
+    object arrives byte for byte with its sha256 metadata (a 12 MiB one in three copied parts), and the
+    sources go only after every copy exists; a destination holding files is refused before anything moves."""
+    data = _blob(12 * MiB + 5, seed=3)
+    (tmp_path / "big.bin").write_bytes(data)
+    run, kept = f"{s3_bucket.uri}/out/run", f"{s3_bucket.uri}/out/.replaced/run.1"
+    entry = storage.upload_file(tmp_path / "big.bin", f"{run}/model/big.bin", part_size=5 * MiB)
+    storage.write_text(f"{run}/status.json", "{}")
+    assert storage.move_tree(run, kept, part_size=5 * MiB) == 2
+    assert storage.list_files(run) == {} and storage.list_files(kept) == {"model/big.bin": len(data), "status.json": 2}
+    head = s3_bucket.client.head_object(Bucket=s3_bucket.name, Key="out/.replaced/run.1/model/big.bin")
+    assert head["ETag"].strip('"').endswith("-3") and head["Metadata"]["sha256"] == entry.sha256
+    assert storage.download_file(f"{kept}/model/big.bin", tmp_path / "back.bin") == entry  # the digest checked
+    storage.write_text(f"{run}/status.json", "new")
+    with pytest.raises(StorageError, match=rf"{kept}: already holds files; {run} is not moved there"):
+        storage.move_tree(run, kept)
+    assert storage.read_text(f"{run}/status.json") == "new" and storage.read_text(f"{kept}/status.json") == "{}"
+    with pytest.raises(StorageError, match="a move stays on one kind of storage"):
+        storage.move_tree(run, tmp_path / "local")
+
+
+def test_move_tree_on_local_paths_is_one_rename(tmp_path):
+    storage.write_text(tmp_path / "run" / "a" / "b.txt", "x")
+    assert storage.move_tree(tmp_path / "run", tmp_path / ".replaced" / "run.1") == 1
+    assert not (tmp_path / "run").exists() and (tmp_path / ".replaced" / "run.1" / "a" / "b.txt").read_text() == "x"
+
+
 def test_published_dir_round_trip_and_marker_order(s3_bucket, tmp_path):
     src = tmp_path / "model"
     (src / "sub").mkdir(parents=True)

@@ -20,6 +20,7 @@ from pitlab.api.runfolders import REPLACED, folder_phase, lock_run_folders
 from pitlab.cli.errors import fail, from_file
 from pitlab.cli.inputs import DataRoot, load, say_base_model_warning
 from pitlab.cli.output import RichReporter, progress, say
+from pitlab.cli.remote_output import RemoteOutput
 from pitlab.cli.results import say_results
 from pitlab.errors import InputError
 
@@ -67,8 +68,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     if remote and resume:
         fail(SpecError([("--resume", f"works on a local output folder; spec.output.uri is {spec_out} (give --out "
                                      "DIR, where the interrupted run is)")]), 2)
+    published = RemoteOutput(remote, names)
+    published.claim(res.metadata.name, overwrite)
     if remote:
-        _claim_remote(res, remote, names, overwrite)
         shutil.rmtree(root, ignore_errors=True)  # the local working copy of a remote output is scratch
     try:  # one pitlab run per run folder, until this command returns
         locks = lock_run_folders(root, names)
@@ -81,8 +83,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         say_base_model_warning(res)
         t0 = time.monotonic()
         finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
-        results, replaced = _run_stages(res, file, root, remote, names, doomed, overwrite, nproc, resume, again)
-        _publish_runs(root, remote, names)
+        results, replaced = _run_stages(res, file, root, published, doomed, overwrite, nproc, resume, again)
+        published.publish(root)
+        published.drop_kept()
         _drop_replaced(replaced, root, names)
         if remote:
             say(f"  published to {remote}/{{{','.join(names)}}} (local copy: {root})")
@@ -99,7 +102,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
             f.close()
 
 
-def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str], doomed: list[Path],
+def _run_stages(res, file: Path, root: Path, published: RemoteOutput, doomed: list[Path],
                 overwrite: bool, nproc: int | None, resume: bool, again: str) -> tuple[dict, list[tuple[Path, Path]]]:
     """Run ``res``'s stages under ``root`` with progress bars; return its compact results by evaluation name and
     the folders ``--overwrite`` replaced with where their previous content is kept (``root/.replaced/``). Exits on
@@ -108,44 +111,33 @@ def _run_stages(res, file: Path, root: Path, remote: str | None, names: list[str
     from pitlab.api.summary import compact_results
     from pitlab.local import Interrupted, RunError, run_leakage_eval_local, run_pittraining_local
 
+    remote = published.uri is not None
     with _interruptible(Interrupted), progress() as p:
         reporter = RichReporter(p)
         keep = overwrite and not remote  # a remote output's local copy is scratch
         try:
             if isinstance(res, PitTraining):
-                status = run_pittraining_local(res, root, reporter, overwrite or bool(remote), nproc, resume,
+                status = run_pittraining_local(res, root, reporter, overwrite or remote, nproc, resume,
                                                keep_replaced=keep)
                 return status["status"].get("results") or {}, reporter.replaced
             return {res.metadata.name: compact_results(
-                run_leakage_eval_local(res, root, reporter, overwrite or bool(remote), resume=resume,
+                run_leakage_eval_local(res, root, reporter, overwrite or remote, resume=resume,
                                        keep_replaced=keep))}, reporter.replaced
         except InputError as err:
-            _publish_runs(root, remote, names)  # bad input found after the run folder exists (status.json: Failed)
+            published.publish(root)  # bad input found after the run folder exists (status.json: Failed)
             _say_kept(doomed, reporter)
+            published.say_kept()
             fail(from_file(err, file), err.exit_code)
         except RunError as err:
-            _publish_runs(root, remote, names)
+            published.publish(root)
             _say_kept(doomed, reporter)
+            published.say_kept()
             fail(f"{err.reason}: {err}\n(status: {TrainingLayout(root / res.metadata.name).status})", err.exit_code)
         except KeyboardInterrupt as err:
             _say_kept(doomed, reporter)
             status = TrainingLayout(root / res.metadata.name).status
             fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
                  f"{interrupted_detail(status)}; continue with `{again}`", 130)
-
-
-def _publish_runs(root: Path, remote: str | None, names: list[str]) -> None:
-    """Publish every run folder ``root/<name>`` that exists to ``remote/<name>`` (nothing for a local output);
-    exit 1 when an upload fails."""
-    from pitlab import storage
-    from pitlab.local import publish_run
-
-    for n in names:
-        if remote and (root / n).is_dir():
-            try:
-                publish_run(root / n, storage.join(remote, n))
-            except storage.StorageError as err:
-                fail(f"run finished but publishing {root / n} to {storage.join(remote, n)} failed: {err}", 1)
 
 
 def _say_kept(doomed: list[Path], reporter: RichReporter) -> None:
@@ -178,20 +170,6 @@ def _drop_replaced(replaced: list[tuple[Path, Path]], root: Path, names: list[st
             "longer needed")
     with contextlib.suppress(OSError):
         aside.rmdir()  # only when empty: after the runs above were deleted, or put back by hand
-
-
-def _claim_remote(res, remote: str, names: list[str], overwrite: bool) -> None:
-    """Refuse (exit 2) an s3:// output whose run folders ``names`` under ``remote`` already hold files, unless
-    ``overwrite``; an unreadable output is a bad ``spec.output.uri``."""
-    from pitlab import storage
-
-    try:
-        taken = [str(storage.join(remote, n)) for n in names if storage.list_files(storage.join(remote, n))]
-    except storage.StorageError as err:
-        fail(SpecError([("spec.output.uri", str(err))]), 2)
-    if taken and not overwrite:
-        fail(f"{taken[0]} already exists (an earlier run of {res.metadata.name!r}); pass --overwrite to delete "
-             "it, checkpoints included, and start again", 2)
 
 
 def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> list[Path]:

@@ -19,7 +19,7 @@ from typing import BinaryIO, Union
 
 from pitlab.storage import s3
 from pitlab.storage.errors import ChecksumMismatch, ObjectNotFound, StorageError
-from pitlab.storage.uri import S3Url, is_s3, parse_s3
+from pitlab.storage.uri import S3Url, is_s3, join, parse_s3
 
 Location = Union[str, os.PathLike]
 HASH_BLOCK = 8 * s3.MiB  # bytes read per step when hashing a file
@@ -219,6 +219,48 @@ def delete_tree(uri: Location) -> int:
     except Exception as err:  # noqa: BLE001
         raise s3.translate(err, url, "delete", st) from None
     return len(keys)
+
+
+def move_tree(src: Location, dst: Location, part_size: int | None = None) -> int:
+    """Move every file below the directory/prefix ``src`` to the same name below ``dst``, which must hold no
+    file; returns the number of files moved.
+
+    S3: each object is copied server-side (boto3's managed copy: multipart above ``part_size`` bytes, its
+    ``x-amz-meta-sha256`` kept), and the sources are deleted only once every copy exists; a failed copy deletes
+    the copies already made and leaves ``src`` as it was. Local: one rename. Raises :class:`StorageError`
+    naming ``dst`` when it holds files, or the object that failed.
+    """
+    if is_s3(src) != is_s3(dst):
+        raise StorageError(f"{src} → {dst}: a move stays on one kind of storage (both local or both s3://)")
+    if list_files(dst):
+        raise StorageError(f"{dst}: already holds files; {src} is not moved there")
+    if not is_s3(src):
+        n = len(list_files(src))
+        try:
+            Path(dst).parent.mkdir(parents=True, exist_ok=True)
+            os.rename(src, dst)
+        except OSError as err:
+            raise _local_error(err, Path(src), "move") from None
+        return n
+    s_url, d_url = parse_s3(str(src)), parse_s3(str(dst))
+    names = list(list_files(src))
+    c, st = s3.client()
+    done: list[str] = []
+    try:
+        for name in names:
+            source = {"Bucket": s_url.bucket, "Key": s_url.prefix + name}
+            head = c.head_object(**source)
+            c.copy(source, d_url.bucket, d_url.prefix + name, ExtraArgs={"Metadata": head.get("Metadata", {}),
+                                                                          "MetadataDirective": "REPLACE"},
+                   Config=s3.transfer_config(st, part_size))
+            done.append(name)
+    except Exception as err:  # noqa: BLE001
+        for name in done:
+            with contextlib.suppress(StorageError):
+                delete(join(dst, name))
+        raise s3.translate(err, s_url.child(names[len(done)]), "copy", st) from None
+    delete_tree(src)
+    return len(names)
 
 
 def upload_file(path: str | os.PathLike, uri: Location, entry: FileEntry | None = None,
