@@ -122,3 +122,29 @@ def test_pull_secret_names_are_parsed_and_checked() -> None:
     out = subprocess.run([helm(), "template", "pitlab", str(CHART), "--set", "imagePullSecrets[0].name=Reg_Cred"],
                          capture_output=True, text=True)
     assert out.returncode == 1 and "at '/imagePullSecrets/0/name'" in out.stderr, out.stderr
+
+
+def test_the_workload_service_account_reaches_every_workload_pod_and_validates() -> None:
+    """For IRSA / Workload Identity the pods must run as a ServiceAccount bound to a cloud role; before, they ran as
+    the namespace's default account, so s3:// worked only with a storage Secret of static keys."""
+    cfg, objs = _config("--set", "workloads.serviceAccountName=pitlab-runs")
+    assert cfg.workload_service_account == "pitlab-runs"
+    (dep,) = of_kind(objs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] != "pitlab-runs"  # the operator keeps its own
+    for kind, (obj, pods) in _manifests(cfg).items():
+        for pod in pods:
+            assert pod["serviceAccountName"] == "pitlab-runs", kind
+            assert pod.get("automountServiceAccountToken", False) is False, kind  # still no API token mounted
+        assert validate(obj) == [], kind
+    (runtime,) = of_kind(objs, "ClusterTrainingRuntime")
+    pt = parse_resource(copy.deepcopy(PIT_BODY))
+    job = _trainjob_on_runtime(runtime, jobset_builders.build_trainjob(pt, cfg, PIT_BODY))
+    assert job["template"]["spec"]["serviceAccountName"] == "pitlab-runs"  # what Kubeflow Trainer's Job gets
+    for kind, (obj, pods) in _manifests(_config()[0]).items():  # unset: the namespace's default, as before
+        assert all("serviceAccountName" not in p for p in pods), kind
+    with pytest.raises(ValueError, match=r"PITLAB_WORKLOAD_SERVICE_ACCOUNT \(chart value "
+                                         r"workloads.serviceAccountName\): 'Runs_SA' is not a ServiceAccount name"):
+        OperatorConfig.from_env({"PITLAB_WORKLOAD_SERVICE_ACCOUNT": "Runs_SA"})
+    out = subprocess.run([helm(), "template", "pitlab", str(CHART), "--set", "workloads.serviceAccountName=Runs_SA"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "at '/workloads/serviceAccountName'" in out.stderr, out.stderr

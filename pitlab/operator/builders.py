@@ -163,6 +163,7 @@ def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: 
         spec["initContainers"] = init_containers
     if cfg.image_pull_secrets:  # the chart's imagePullSecrets: the images may live in a private registry
         spec["imagePullSecrets"] = cfg.pull_secrets()
+    spec.update(cfg.pod_identity())  # the chart's workloads.serviceAccountName (IRSA, Workload Identity)
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:

@@ -12,7 +12,8 @@ SPEC_DIR = "/etc/pitlab"
 TRAINING_SPEC_FILE = "spec.yaml"
 EVAL_SPEC_FILE = "leakageeval.yaml"
 TRAINING_BACKENDS = ("auto", "trainjob", "jobset", "pytorchjob")  # spec.resources.backend, chart trainingBackend
-SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # a Secret's name: a DNS-1123 subdomain
+# a Secret's or a ServiceAccount's name: a DNS-1123 subdomain
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,11 @@ class OperatorConfig:
     compiling them; ``none`` leaves both in the pod's ``/tmp``. ``image_pull_secrets``: names of Secrets
     (``kubernetes.io/dockerconfigjson``) that every pod the operator creates lists as ``imagePullSecrets`` (the
     chart's ``imagePullSecrets``, the operator's own; ``PITLAB_IMAGE_PULL_SECRETS``, comma-separated); each must
-    exist in every namespace with runs.
+    exist in every namespace with runs. ``workload_service_account``: the ServiceAccount every workload pod runs
+    as (``PITLAB_WORKLOAD_SERVICE_ACCOUNT``, chart value ``workloads.serviceAccountName``; empty: the namespace's
+    ``default``), so that pods can reach ``s3://`` with a cloud identity bound to it (EKS IRSA or Pod Identity, GKE
+    Workload Identity) instead of a storage Secret; it must exist in every namespace with runs. The pods still
+    mount no API token (``automountServiceAccountToken: false``): the identity webhooks project their own.
     """
 
     trainer_image: str = "ghcr.io/pitlab/pitlab-trainer:0.1.0"
@@ -64,6 +69,7 @@ class OperatorConfig:
     termination_grace_seconds: int = 300
     kernel_cache: str = ".cache/kernels"
     image_pull_secrets: tuple[str, ...] = ()
+    workload_service_account: str = ""
 
     def __post_init__(self) -> None:
         if self.training_backend not in TRAINING_BACKENDS:
@@ -76,6 +82,10 @@ class OperatorConfig:
             if not SECRET_NAME.match(name) or len(name) > 253:
                 raise ValueError(f"PITLAB_IMAGE_PULL_SECRETS (chart value imagePullSecrets): {name!r} is not a "
                                  f"Secret name (lowercase letters, digits, '-' and '.')")
+        sa = self.workload_service_account
+        if sa and (not SECRET_NAME.match(sa) or len(sa) > 253):
+            raise ValueError(f"PITLAB_WORKLOAD_SERVICE_ACCOUNT (chart value workloads.serviceAccountName): {sa!r} "
+                             "is not a ServiceAccount name (lowercase letters, digits, '-' and '.')")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":
@@ -95,6 +105,10 @@ class OperatorConfig:
     def pull_secrets(self) -> list[dict[str, str]]:
         """``image_pull_secrets`` as a pod's ``imagePullSecrets`` list (empty without any)."""
         return [{"name": n} for n in self.image_pull_secrets]
+
+    def pod_identity(self) -> dict[str, str]:
+        """``serviceAccountName`` for a workload pod's spec (empty without ``workload_service_account``)."""
+        return {"serviceAccountName": self.workload_service_account} if self.workload_service_account else {}
 
     def resolve(self, uri: str) -> str:
         """A spec URI as a path in the pods: ``${PITLAB_DATA_ROOT}`` expanded, relative paths under the mount.

@@ -117,7 +117,7 @@ def storage_env(pt: PitTraining) -> list[dict[str, Any]]:
 def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, str]) -> dict[str, Any]:
     """pitlab's ``runtimePatches`` entry: the pods' labels, placement, the shared volume and the spec ConfigMap
     (mounted into container ``node``), the progress sidecar's metrics file and read-only volume, and the
-    operator's ``imagePullSecrets``."""
+    operator's ``imagePullSecrets`` and workload ``serviceAccountName``."""
     res = pt.spec.resources
     pod: dict[str, Any] = {}
     if res.node_selector:
@@ -135,6 +135,7 @@ def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, st
                               "volumeMounts": [{"name": "data", "mountPath": cfg.mount_path, "readOnly": True}]}]
     if cfg.image_pull_secrets:  # the runtime is shared by every namespace: the pull secrets are per run
         pod["imagePullSecrets"] = cfg.pull_secrets()
+    pod.update(cfg.pod_identity())  # likewise the ServiceAccount whose cloud identity reaches s3://
     template = {"spec": {"template": {"metadata": {"labels": dict(pod_labels)}, "spec": pod}}}
     return {"manager": PATCH_MANAGER,
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [{"name": NODE, "template": template}]}}}}
