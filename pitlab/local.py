@@ -84,8 +84,14 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
         if ri is not None:  # unknown or reserved config keys, values the architecture refuses: before anything runs
             from pitlab.trainer.prepare import build_config, check_model_builds
 
-            check_model_builds(ri.model_type, build_config(ri.model_type, ri.config,
-                                                           vocab_size=res.spec.base_model.tokenizer.vocab_size))
+            config = build_config(ri.model_type, ri.config, vocab_size=res.spec.base_model.tokenizer.vocab_size)
+            check_model_builds(ri.model_type, config)
+        else:
+            config = _local_base_config(res.spec.base_model.uri)
+        if res.spec.lora is not None and config is not None:  # peft skips a target that names nothing
+            from pitlab.trainer.prepare import check_lora_targets
+
+            check_lora_targets(config, list(res.spec.lora.target_modules))
         if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
             from pitlab.trainer.plan_streaming import check_spec_fits
 
@@ -95,6 +101,19 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
                        for i, ev in enumerate(res.spec.evaluations)]
         return Preflight(plan, evaluations)
     return Preflight(None, [_check_evaluation(res.spec, "spec", None)])
+
+
+def _local_base_config(uri: str | None):
+    """The config of a local base model folder (``spec.baseModel.uri``), or None for an ``s3://`` or ``package://``
+    model or a folder without a readable config.json (the prepare stage reports those)."""
+    if not uri or "://" in uri.replace("file://", "", 1):
+        return None
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(resolve_local_path(uri, "spec.baseModel.uri")), local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> CheckedEvaluation:

@@ -508,6 +508,14 @@ CASES += [
          "optimizer: adamw8bit: bitsandbytes 8-bit optimizers are refused under FSDP2"),
     Case("lora-block-full-method", "pt", _set("spec.lora", {"r": 8}),
          "lora: the lora block is only allowed with method: lora"),
+    # found in a platform engineer's trial: peft skipped the misspelt entry and trained q_proj alone, "Succeeded"
+    Case("lora-target-misspelt", "pt", _all(_set("spec.method", "lora"),
+                                            _set("spec.lora", {"targetModules": ["q_proj", "qkv_proj"]})),
+         "spec.lora.targetModules: 'qkv_proj' names no module of Qwen3_5MoeForCausalLM (targetModules ['q_proj', "
+         "'qkv_proj']); its linear layers are named down_proj, gate_proj, in_proj_a, in_proj_b, in_proj_qkv, "
+         "in_proj_z, k_proj, lm_head, o_proj, out_proj, q_proj, shared_expert_gate, up_proj, v_proj"),
+    Case("lora-target-not-linear", "pt", _all(_set("spec.method", "lora"), _set("spec.lora", {"targetModules": ["mlp"]})),
+         "spec.lora.targetModules: 'mlp' names Qwen3_5MoeSparseMoeBlock, not a linear layer of Qwen3_5MoeForCausalLM"),
     Case("cutoff-number", "pt", _set("spec.knowledgeCutoff", 20161231),
          "spec.knowledgeCutoff: expected a date as YYYY-MM-DD (got 20161231)"),
     Case("cutoff-datetime", "pt", _set("spec.knowledgeCutoff", "2016-12-31T00:00:00"),

@@ -102,8 +102,35 @@ def test_a_save_that_drops_or_changes_a_tensor_fails(tmp_path, monkeypatch):
 def test_apply_lora_names_the_field_for_unknown_modules():
     base = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                         num_hidden_layers=1, num_attention_heads=2))
-    with pytest.raises(ValueError, match=r"spec\.lora\.targetModules: none of \['qkv'\]"):
+    linear = "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
+    with pytest.raises(ValueError, match=rf"spec\.lora\.targetModules: 'qkv' names no module of LlamaForCausalLM "
+                                         rf"\(targetModules \['qkv'\]\); its linear layers are named {linear}$"):
         apply_lora(base, r=2, alpha=4, dropout=0.0, target_modules=["qkv"])
+    # one misspelt entry among good ones: peft alone would adapt q_proj and say nothing
+    with pytest.raises(ValueError, match=r"'qkv_proj' names no module of LlamaForCausalLM \(targetModules \['q_proj', "
+                                         r"'qkv_proj'\]\)"):
+        apply_lora(base, r=2, alpha=4, dropout=0.0, target_modules=["q_proj", "qkv_proj"])
+    with pytest.raises(ValueError, match=r"'mlp' names LlamaMLP, not a linear layer of LlamaForCausalLM"):
+        apply_lora(base, r=2, alpha=4, dropout=0.0, target_modules=["mlp"])
+    model = apply_lora(base, r=2, alpha=4, dropout=0.0, target_modules=["self_attn.q_proj", "v_proj"])  # peft's suffixes
+    assert sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n, p in model.named_parameters()
+                   if p.requires_grad}) == ["q_proj", "v_proj"]
+
+
+def test_a_local_base_models_targets_are_checked_before_anything_runs(tmp_path):
+    """The preflight reads a local base model's config.json and checks the targets on the meta device."""
+    from pitlab.api import SpecError
+    from pitlab.local import _local_base_config
+    from pitlab.trainer.prepare import check_lora_targets
+
+    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2).save_pretrained(tmp_path / "base")
+    config = _local_base_config(str(tmp_path / "base"))
+    assert config.model_type == "llama" and config.hidden_size == 32
+    check_lora_targets(config, ["q_proj", "v_proj"])  # no error, and nothing allocated: the meta device
+    with pytest.raises(SpecError, match=r"'qkv_proj' names no module of LlamaForCausalLM"):
+        check_lora_targets(config, ["qkv_proj"])
+    assert _local_base_config("s3://bucket/base") is None and _local_base_config(str(tmp_path / "no-such")) is None
 
 
 # ----------------------------------------------------------------- LoRA under torchrun (gloo, world size 2)

@@ -32,16 +32,35 @@ class AdapterSaveError(StageError):
     reason = TRAINING_FAILED
 
 
+def check_targets(model: nn.Module, target_modules: list[str]) -> None:
+    """Refuse ``target_modules`` entries that name no module of ``model`` (peft's rule: a module's dotted name
+    equals the entry or ends in ``.<entry>``), which peft would skip without a word (a misspelt ``qkv_proj``
+    beside ``q_proj`` trained only ``q_proj``), and entries that name a module other than a linear or embedding
+    layer (a whole ``mlp`` block). Raises :class:`SpecError` naming ``spec.lora.targetModules``, the entries and
+    the names of the model's linear layers."""
+    modules = [(n, m) for n, m in model.named_modules() if n]
+    problems = []
+    for t in target_modules:
+        kinds = {type(m).__name__ for n, m in modules if n == t or n.endswith("." + t)}
+        if not kinds:
+            problems.append(f"{t!r} names no module")
+        elif not kinds <= {"Linear", "Embedding"}:
+            problems.append(f"{t!r} names {', '.join(sorted(kinds - {'Linear', 'Embedding'}))}, not a linear layer")
+    if problems:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in modules if isinstance(m, nn.Linear)})
+        raise SpecError([("spec.lora.targetModules",
+                          f"{'; '.join(problems)} of {type(model).__name__} (targetModules {target_modules}); "
+                          f"its linear layers are named {', '.join(linear)}")])
+
+
 def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modules: list[str]) -> nn.Module:
     """Wrap ``model`` with peft LoRA (``spec.lora``: rank ``r``, scaling ``alpha / r``, ``dropout``, the
     module-name suffixes ``target_modules``); only the adapter parameters stay trainable. Returns the
-    ``PeftModel``. Raises :class:`SpecError` naming ``spec.lora.targetModules`` when no module matches."""
+    ``PeftModel``. Raises :class:`SpecError` naming ``spec.lora.targetModules`` for an entry that names no
+    linear layer (:func:`check_targets`)."""
     from peft import LoraConfig, get_peft_model
 
-    names = [n for n, _ in model.named_modules()]
-    if not any(n.split(".")[-1] in target_modules for n in names):
-        raise SpecError([("spec.lora.targetModules", f"none of {target_modules} names a module of "
-                                                     f"{type(model).__name__}")])
+    check_targets(model, target_modules)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
                         task_type="CAUSAL_LM")
     return get_peft_model(model, config)

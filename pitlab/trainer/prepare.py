@@ -126,6 +126,17 @@ def check_model_builds(model_type: str, config: PreTrainedConfig) -> None:
                                          f"{type(err).__name__}: {err}")]) from None
 
 
+def check_lora_targets(config: PreTrainedConfig, target_modules: list[str]) -> None:
+    """Build the model of ``config`` on the meta device and refuse ``spec.lora.targetModules`` entries that name
+    no linear layer of it (:func:`pitlab.trainer.lora.check_targets`), before anything runs. Raises
+    :class:`pitlab.api.SpecError`."""
+    from pitlab.trainer.lora import check_targets
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    check_targets(model, target_modules)
+
+
 def _config_keys(config_class: type) -> set[str]:
     """Keys that have an effect on ``config_class``'s architecture: the config's declared fields, init
     parameters and attribute aliases, plus attributes its modeling module reads (``config.x`` or
