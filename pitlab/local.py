@@ -266,11 +266,12 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
                               + "".join(f"\n  warning: {w}" for w in a.warnings))
     table = stages.PITTRAINING[1:]
     if resume:
-        from pitlab.resume import base_folder, check_same_corpus, resumable_status
+        from pitlab.resume import base_folder, check_same_corpus, check_world_size, resumable_status
 
         status = resumable_status(res, out_root)
         check_same_corpus(res, status, a)
         run_dir = out_root / res.metadata.name
+        check_world_size(res, run_dir, nproc or res.spec.resources.gpus_per_node, nproc is not None)
         st = StatusWriter(TrainingLayout(run_dir).status, res, status)
         if status.phase == stages.SUCCEEDED:
             return json.loads(st.path.read_text())

@@ -95,3 +95,24 @@ def base_folder(res: PitTraining, run_dir: Path) -> Path:
     if uri is None or uri.startswith("s3://"):
         return run_dir / layout.BASE
     return resolve_input(uri, "spec.baseModel.uri")
+
+
+def check_world_size(res: PitTraining, run_dir: Path, nproc: int, flag_given: bool) -> None:
+    """Refuse a resume whose ``nproc`` torchrun processes differ from those that wrote the run's newest complete
+    checkpoint (its ``train_state.json``'s ``world_size``: the data order and the RNG states are per rank), before
+    anything is launched. Raises :class:`SpecError` naming ``--nproc`` when ``flag_given`` (else
+    ``spec.resources.gpusPerNode``) and the count to give; nothing to check before the first checkpoint."""
+    from pitlab.trainer.checkpoint import CheckpointError, checkpoint_location, read_train_state
+    from pitlab.trainer.checkpointer import latest_checkpoint
+
+    try:
+        latest = latest_checkpoint(checkpoint_location(res.spec.checkpoint.uri, run_dir))
+        world = read_train_state(latest).get("world_size") if latest is not None else None
+    except (CheckpointError, OSError, ValueError):  # the trainer names a damaged checkpoint itself
+        return
+    if world is not None and world != nproc:
+        field = "--nproc" if flag_given else "spec.resources.gpusPerNode"
+        raise SpecError([(field, f"{nproc} training processes, but the checkpoint {latest} was written by {world}; "
+                                 f"resume with --nproc {world} (the data order and the random states are per "
+                                 "process, so another count cannot continue the run bit for bit)")])
+

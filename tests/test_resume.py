@@ -250,3 +250,38 @@ def test_a_token_budget_below_one_step_is_named_at_validate(pt):
     pt.write_text(yaml.safe_dump(doc))
     code, out = _invoke("validate", pt)
     assert code == 0 and "spec.tokens" not in out
+
+
+def test_a_resume_with_another_process_count_is_refused_before_launching(pt, tmp_path):
+    """Found in a platform engineer's trial: `--resume --nproc 1` of a run checkpointed by 2 processes launched
+    the trainer, which then refused naming spec.resources.gpusPerNode, a field the user had not changed."""
+    from pitlab.resume import check_world_size
+
+    res = load_resource(pt)
+    run_dir = _interrupted_run(res, tmp_path / "out")
+    check_world_size(res, run_dir, 1, True)  # no checkpoint yet: any count starts the training afresh
+    step = run_dir / "checkpoint" / "step-4"
+    step.mkdir(parents=True)
+    (step / ".metadata").write_bytes(b"")
+    (step / "train_state.json").write_text(json.dumps({"step": 4, "world_size": 2}))
+    (run_dir / "checkpoint" / "latest").write_text("step-4")
+    check_world_size(res, run_dir, 2, True)
+    with pytest.raises(SpecError, match=rf"--nproc: 1 training processes, but the checkpoint {step} was written by 2; "
+                                         r"resume with --nproc 2 \(the data order and the random states are per "
+                                         r"process"):
+        check_world_size(res, run_dir, 1, True)
+    with pytest.raises(SpecError, match=r"spec\.resources\.gpusPerNode: 4 training processes, but the checkpoint"):
+        check_world_size(res, run_dir, 4, False)
+
+
+def test_nproc_above_one_with_layer_streaming_is_refused_before_anything(bases, tmp_path):
+    doc = json.loads(json.dumps(bases["pt"]))
+    doc["spec"]["method"] = "lora"
+    doc["spec"]["resources"]["gpusPerNode"] = 1
+    doc["spec"]["training"]["layerStreaming"] = {"enabled": True}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(doc).replace("${TMP}", str(tmp_path)))
+    code, out = _invoke("run", path, "--nproc", "2", "--out", tmp_path / "out")
+    assert code == 2 and "--nproc: 2: spec.training.layerStreaming runs in one process; leave --nproc out or give 1" \
+        in out, out
+    assert not (tmp_path / "out").exists()

@@ -57,6 +57,9 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         fail("--resume and --overwrite exclude each other: --resume continues the run folder, --overwrite "
              "deletes it", 2)
     res = load(file, data_root)
+    if nproc not in (None, 1) and isinstance(res, PitTraining) and res.spec.training.layer_streaming.enabled:
+        fail(SpecError([("--nproc", f"{nproc}: spec.training.layerStreaming runs in one process; leave --nproc out "
+                                    "or give 1")]), 2)
     spec_out = res.spec.output.uri if res.spec.output else "out"
     # s3:// output.uri (and no --out): work in the cache, then publish every run folder to <output.uri>/<name>
     remote = spec_out.rstrip("/") if out is None and storage.is_s3(spec_out) else None
