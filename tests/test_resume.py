@@ -252,6 +252,29 @@ def test_a_token_budget_below_one_step_is_named_at_validate(pt):
     assert code == 0 and "spec.tokens" not in out
 
 
+def test_a_warmup_as_long_as_the_run_is_named_at_validate_and_run(pt, tmp_path, monkeypatch):
+    """Found in a trial: warmupSteps 5,000 in a 49-step run trained at 1 % of the learning rate, without a word."""
+    doc = yaml.safe_load(pt.read_text())
+    t, r = doc["spec"]["training"], doc["spec"]["resources"]
+    step = t["seqLen"] * t.get("microBatchSize", 1) * t.get("gradientAccumulationSteps", 1) * r["gpusPerNode"]
+    doc["spec"]["tokens"] = 40 * step
+    t["warmupSteps"] = 400
+    pt.write_text(yaml.safe_dump(doc))
+    code, out = _invoke("validate", pt)
+    lr = float(t["learningRate"])
+    assert code == 0 and (f"warning: spec.training.warmupSteps: 400 is not below the run's 40 optimizer steps "
+                          f"({40 * step:,} tokens, {step:,} per step with {r['gpusPerNode']} process") in out, out
+    assert f"ends at 10% of learningRate {lr:g}; lower warmupSteps below 40" in out
+    # pitlab run says it too, counting --nproc's processes: 80 steps of half the tokens each
+    monkeypatch.setattr("pitlab.local._walk", lambda table, run, st, passthrough=(): None)
+    code, out = _invoke("run", pt, "--out", tmp_path / "o", "--nproc", str(r["gpusPerNode"] // 2 or 1))
+    assert code == 0 and "warning: spec.training.warmupSteps: 400 is not below the run's 80 optimizer steps" in out
+    t["warmupSteps"] = 39
+    pt.write_text(yaml.safe_dump(doc))
+    code, out = _invoke("validate", pt)
+    assert code == 0 and "warmupSteps" not in out
+
+
 def test_a_resume_with_another_process_count_is_refused_before_launching(pt, tmp_path):
     """Found in a platform engineer's trial: `--resume --nproc 1` of a run checkpointed by 2 processes launched
     the trainer, which then refused naming spec.resources.gpusPerNode, a field the user had not changed."""

@@ -60,3 +60,19 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_at_its_step_and_names_the
     lines = (run / "train" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == bad_step  # the steps before it were recorded, the bad one was not
     assert not (run / "train" / "summary.json").exists()
+
+
+def test_loss_history_tells_a_diverging_run_from_a_steady_one():
+    from pitlab.trainer.train import LossHistory, StepResult
+
+    steady = LossHistory()
+    for k, (loss, norm) in enumerate([(7.6, 2.0), (7.5, 3.0), (7.4, 150.0)]):
+        steady.add(k, StepResult(loss, norm, 1e-3, 0.1))
+    assert steady.diverged(3, 1e-3) is None  # a gradient spike of 75 x: not yet a divergence
+    assert LossHistory().diverged(0, 1e-3) is None  # the first step: nothing to compare with
+    rising = LossHistory()
+    for k, (loss, norm) in enumerate([(7.64, 2.5), (1_294_044.0, 3.3e8), (90_000.0, 1e6)], start=4):
+        rising.add(k, StepResult(loss, norm, 1e6, 0.1))
+    assert rising.diverged(7, 1e6) == ("step 8: loss or gradient norm is not finite after the run diverged: the loss "
+                                       "rose from 7.64 at step 5 to 1.294e+06 at step 6; lower "
+                                       "spec.training.learningRate (now 1e+06)")

@@ -55,8 +55,9 @@ def say_audit_notes(audit) -> None:
         say(f"  dropped row {x['row']} (id {x['id']!r}): {escape(x['error'])}")
 
 
-def say_spec_warnings(res) -> None:
-    """Print the warnings about a valid spec (a LeakageEval's, or a PitTraining's evaluations')."""
+def say_spec_warnings(res, nproc: int | None = None) -> None:
+    """Print the warnings about a valid spec (a LeakageEval's, or a PitTraining's evaluations', token budget and
+    warmup; ``nproc``: the processes ``pitlab run --nproc`` starts instead of ``spec.resources``')."""
     from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 
     specs = [("spec", res.spec)] if isinstance(res.spec, LeakageEvalSpec) else \
@@ -65,18 +66,37 @@ def say_spec_warnings(res) -> None:
         for w in spec_warnings(spec):
             say(f"[yellow]warning:[/] {where}.{escape(w)}")
     if hasattr(res.spec, "tokens"):
-        w = token_budget_warning(res.spec)
-        if w:
-            say(f"[yellow]warning:[/] {escape(w)}")
+        for w in (token_budget_warning(res.spec, nproc), warmup_warning(res.spec, nproc)):
+            if w:
+                say(f"[yellow]warning:[/] {escape(w)}")
 
 
-def token_budget_warning(spec) -> str | None:
+def _steps(spec, nproc: int | None) -> tuple[int, int, int]:
+    """(training processes, tokens per optimizer step, optimizer steps) of a PitTraining spec (``nproc``: as
+    ``pitlab run --nproc``); the steps as :func:`pitlab.trainer.data.steps_for_budget` counts them."""
+    tr, r = spec.training, spec.resources
+    world = nproc or r.nodes * r.gpus_per_node
+    step = tr.seq_len * tr.micro_batch_size * tr.gradient_accumulation_steps * world
+    return world, step, -(-spec.tokens // step)
+
+
+def warmup_warning(spec, nproc: int | None = None) -> str | None:
+    """A PitTraining whose ``training.warmupSteps`` is not below its optimizer steps: the learning rate never
+    reaches ``learningRate`` (a trial's 5,000 warmup steps in a 49-step run ended at 1 % of it); None otherwise."""
+    tr = spec.training
+    world, step, steps = _steps(spec, nproc)
+    if tr.warmup_steps < steps:
+        return None
+    return (f"spec.training.warmupSteps: {tr.warmup_steps:,} is not below the run's {steps:,} optimizer step"
+            f"{'s' if steps > 1 else ''} ({spec.tokens:,} tokens, {step:,} per step with {world} process"
+            f"{'es' if world > 1 else ''}): the learning rate warms up for the whole run and ends at "
+            f"{steps / tr.warmup_steps:.0%} of learningRate {tr.learning_rate:g}; lower warmupSteps below {steps:,}")
+
+
+def token_budget_warning(spec, nproc: int | None = None) -> str | None:
     """A PitTraining whose ``tokens`` the whole optimizer steps exceed by 10 % or more (a budget below one
     step: ``tokens: 10`` trains 2,048): what the run will train instead; None otherwise."""
-    tr, r = spec.training, spec.resources
-    world = r.nodes * r.gpus_per_node
-    step = tr.seq_len * tr.micro_batch_size * tr.gradient_accumulation_steps * world
-    steps = -(-spec.tokens // step)  # pitlab.trainer.data.steps_for_budget's ceiling
+    world, step, steps = _steps(spec, nproc)
     if steps * step < 1.1 * spec.tokens:
         return None
     return (f"spec.tokens: {spec.tokens:,} tokens round up to {steps:,} optimizer step{'s' if steps > 1 else ''} of "

@@ -18,7 +18,7 @@ from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
 from pitlab.api.runfolders import REPLACED, folder_phase, lock_run_folders
 from pitlab.cli.errors import fail, from_file
-from pitlab.cli.inputs import DataRoot, load, say_base_model_warning
+from pitlab.cli.inputs import DataRoot, load, say_base_model_warning, say_spec_warnings
 from pitlab.cli.output import RichReporter, progress, say
 from pitlab.cli.remote_output import RemoteOutput
 from pitlab.cli.results import say_results
@@ -83,6 +83,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         doomed: list[Path] = []
         if not remote and not resume:
             doomed = _claim_message(res, root, overwrite, file, again)
+        say_spec_warnings(res, nproc)
         say_base_model_warning(res)
         t0 = time.monotonic()
         finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -63,7 +64,9 @@ def apply_lora(model: nn.Module, r: int, alpha: int, dropout: float, target_modu
     check_targets(model, target_modules)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules,
                         task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft asks transformers a deprecated question; nothing for the user to do
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*is deprecated", category=FutureWarning)
+        return get_peft_model(model, config)
 
 
 PEFT_PREFIX = "base_model.model."

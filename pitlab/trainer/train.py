@@ -39,6 +39,7 @@ token budget or world size differ) is refused, naming the field.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -332,6 +333,45 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
 
 
+class LossHistory:
+    """This attempt's first step and its highest loss and gradient norm, to tell a diverging run (the learning
+    rate) from a non-finite value out of a steady one (the data or the model) when a step fails."""
+
+    LOSS_GROWTH = 10.0  # a loss this many times its first value (ten times ln(vocabulary) at random init) ...
+    NORM_GROWTH = 100.0  # ... or a gradient norm this many times its first: the run diverged
+
+    def __init__(self) -> None:
+        self.first: StepResult | None = None
+        self.first_step = 0
+        self.peak_loss: tuple[float, int] = (-math.inf, 0)
+        self.peak_norm: tuple[float, int] = (-math.inf, 0)
+
+    def add(self, step: int, result: StepResult) -> None:
+        """Record step ``step`` (0-based)."""
+        if self.first is None:
+            self.first, self.first_step = result, step
+        self.peak_loss = max(self.peak_loss, (result.loss, step))
+        self.peak_norm = max(self.peak_norm, (result.grad_norm, step))
+
+    def diverged(self, step: int, lr: float) -> str | None:
+        """The error for step ``step`` (0-based), whose loss or gradient norm is not finite, when an earlier step's
+        loss reached :attr:`LOSS_GROWTH` or its gradient norm :attr:`NORM_GROWTH` times the first step's; None
+        otherwise."""
+        f = self.first
+        if f is None:
+            return None
+        grew = [(what, first, peak, k) for what, first, (peak, k), growth in (
+                    ("loss", f.loss, self.peak_loss, self.LOSS_GROWTH),
+                    ("gradient norm", f.grad_norm, self.peak_norm, self.NORM_GROWTH))
+                if first > 0 and peak >= growth * first]
+        if not grew:
+            return None
+        what, first, peak, k = grew[0]
+        return (f"step {step + 1}: loss or gradient norm is not finite after the run diverged: the {what} rose from "
+                f"{first:.4g} at step {self.first_step + 1} to {peak:.4g} at step {k + 1}; lower "
+                f"spec.training.learningRate (now {lr:g})")
+
+
 def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:
     """The error for a finite loss whose gradient norm is not finite (step ``step``, 0-based): it names the
     token chunks of every rank's microbatches (:meth:`PackedSequences.chunk_ids`), since the cause is the data
@@ -372,9 +412,14 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     metrics = MetricsWriter(paths.metrics, mode="a" if resumed_from is not None else "w") if run.rank == 0 else None
     mean_tps = None  # tokens per second over this attempt's steps (all ranks); None when none ran
     t_loop = time.perf_counter()
+    history = LossHistory()
     try:
         for step in range(start_step, run.total_steps):
-            result = train_step(run, step)
+            try:
+                result = train_step(run, step)
+            except FloatingPointError as err:
+                raise FloatingPointError(history.diverged(step, run.spec.training.learning_rate) or str(err)) from None
+            history.add(step, result)
             first_loss = result.loss if first_loss is None else first_loss
             final_loss = result.loss
             elapsed = time.perf_counter() - t_loop
