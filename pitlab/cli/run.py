@@ -84,6 +84,8 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         if not remote and not resume:
             doomed = _claim_message(res, root, overwrite, file, again)
         say_spec_warnings(res, nproc)
+        if isinstance(res, PitTraining):
+            _say_oversubscribed(nproc or res.spec.resources.gpus_per_node, nproc is not None)
         say_base_model_warning(res)
         t0 = time.monotonic()
         finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
@@ -96,14 +98,32 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         say_results(results, root)
         evaluations = [str(root / n) for n in names[1:]]
         if finished:
-            say(f"[yellow]--resume:[/] nothing to resume: {root / res.metadata.name} had already succeeded (its "
-                "results above); --overwrite starts it again")
+            shown = " (its results above)" if results else ""
+            say(f"[yellow]--resume:[/] nothing to resume: {root / res.metadata.name} had already succeeded{shown}; "
+                "--overwrite starts it again")
             return
         listed = f" (evaluation{'s' if len(evaluations) > 1 else ''}: {', '.join(evaluations)})" if evaluations else ""
         say(f"[bold green]Succeeded[/] in {time.monotonic() - t0:.0f} s → {root / res.metadata.name}{listed}")
     finally:  # closed here, not when the frame is collected: a caught SystemExit keeps the frame alive
         for f in locks:
             f.close()
+
+
+def _say_oversubscribed(n: int, flag: bool) -> None:
+    """A note when the ``n`` training processes would share fewer CPU cores on a machine without a GPU (a spec
+    written for an 8-GPU node, run here): they run, time-shared, and the token budget spans fewer steps."""
+    cores = os.cpu_count() or 1
+    if n <= cores or _has_gpu():
+        return
+    source = "--nproc" if flag else "spec.resources.gpusPerNode"
+    say(f"  note: {source} starts {n} training processes on {cores} CPU cores and no GPU: they share the cores; "
+        f"--nproc {cores} runs {cores} (the same spec.tokens in more, smaller optimizer steps)")
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _run_stages(res, file: Path, root: Path, published: RemoteOutput, doomed: list[Path],
