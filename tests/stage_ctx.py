@@ -38,6 +38,9 @@ class World:
     def job_pods(self, namespace: str | None, job: str) -> list[dict[str, Any]]:
         return [p for p in self.pods if p["metadata"]["labels"].get(JOB_NAME_LABEL) == job]
 
+    def job_events(self, namespace: str | None, job: str) -> list[dict[str, Any]]:
+        return []
+
     def list_pods(self, namespace: str | None, selector: str) -> list[dict[str, Any]]:
         """The pods with every ``key=value`` label of ``selector``."""
         want = dict(term.split("=", 1) for term in selector.split(","))

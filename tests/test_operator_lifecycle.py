@@ -29,6 +29,7 @@ class FakeWorld:
     def __init__(self, served: tuple[str, ...] = (lifecycle.PYTORCHJOBS,)) -> None:
         self.objects: dict[tuple[str, str], dict] = {}
         self.pods: list[dict] = []
+        self.events: list[dict] = []  # the Job controller's, not the operator's
         self.logs: dict[tuple[str, str], str] = {}
         self.served = set(served)
         self.runtime = True  # Kubeflow Trainer's clusters have the chart's ClusterTrainingRuntime unless a test says
@@ -44,6 +45,9 @@ class FakeWorld:
 
     def job_pods(self, namespace: str, job: str) -> list[dict]:
         return self.pods
+
+    def job_events(self, namespace: str, job: str) -> list[dict]:
+        return [e for e in self.events if (e.get("involvedObject") or {}).get("name") == job]
 
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         """The pods with every ``key=value`` label of ``selector``."""

@@ -92,6 +92,9 @@ class World:
     def list_pods(self, namespace: str, selector: str) -> list[dict]:
         return self.pods
 
+    def job_events(self, namespace: str, job: str) -> list[dict]:
+        return []
+
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None:
         return None
 

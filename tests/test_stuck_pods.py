@@ -215,6 +215,34 @@ def test_a_merge_pod_without_its_secret_is_named_in_merged_until_it_starts() -> 
     assert message(body, "Merged") == "Job t-merge: Running" and plan.warnings == []
 
 
+SA_MISSING = ('Error creating: pods "t-merge-{}" is forbidden: error looking up service account ns/pitlab-runs: '
+              'serviceaccount "pitlab-runs" not found')
+
+
+def failed_create_event(job: str, message: str, at: str) -> dict:
+    """An event of the Job controller that could not create Job ``job``'s pod."""
+    return {"metadata": {"name": f"{job}.17e", "namespace": "ns"}, "type": "Warning", "reason": "FailedCreate",
+            "message": message, "lastTimestamp": at, "involvedObject": {"kind": "Job", "name": job}}
+
+
+def test_a_job_whose_pod_cannot_be_created_is_named_in_merged_until_its_pod_exists() -> None:
+    """The chart's workloads.serviceAccountName missing from the namespace (or a quota, or an admission webhook):
+    the Job controller creates no pod, only FailedCreate events, and the run sat in Merging without a word."""
+    w, body = to_merging()
+    w.events += [failed_create_event("t-merge", SA_MISSING.format("ab1c2"), "2026-01-01T00:00:00Z"),
+                 failed_create_event("t-merge", SA_MISSING.format("zz9y8"), "2026-01-01T00:00:10Z"),
+                 failed_create_event("other", "Error creating: quota", "2026-01-01T00:00:20Z")]
+    body, plan = step(w, body)
+    stuck = ("Job t-merge: its pod cannot be created: FailedCreate: Error creating: pods is forbidden: error looking "
+             'up service account ns/pitlab-runs: serviceaccount "pitlab-runs" not found')
+    assert message(body, "Merged") == f"Job t-merge: Running; {stuck}"
+    assert body["status"]["phase"] == "Merging" and conds(body)[3] == ("Merged", "False", "Merging")
+    assert plan.warnings == [("FailedCreate", f"Job t-merge: {stuck}")]  # the same text whichever pod was tried
+    w.pods.append(pod("t-merge-x1b2c", {JOB_NAME: "t-merge"}, "merge", RUNNING, phase="Running"))  # account made
+    body, plan = step(w, body)
+    assert message(body, "Merged") == "Job t-merge: Running" and plan.warnings == []  # old events are not news
+
+
 @pytest.mark.parametrize("state", NORMAL, ids=["running", "ContainerCreating", "PodInitializing"])
 def test_a_merge_pod_starting_normally_changes_nothing(state) -> None:
     w, body = to_merging()
@@ -243,6 +271,22 @@ def embedding(pods: list[dict]) -> tuple[dict, lifecycle.Plan]:
     w.pods += copy.deepcopy(pods)
     plan = lifecycle.reconcile_eval(le, w, CFG, NOW)
     return w.apply(plan, le), plan
+
+
+def test_an_embedding_job_that_cannot_create_its_pod_is_named_in_embedded() -> None:
+    w = FakeWorld()
+    le = w.apply(lifecycle.reconcile_eval(copy.deepcopy(LE), w, CFG, NOW), copy.deepcopy(LE))
+    w.objects[(lifecycle.JOBS, "e-embed-pit")]["status"] = {}
+    quota = ('Error creating: pods "e-embed-pit-q7w8e" is forbidden: exceeded quota: gpu-quota, requested: '
+             'requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: requests.nvidia.com/gpu=8')
+    w.events.append(failed_create_event("e-embed-pit", quota, "2026-01-01T00:00:00Z"))
+    plan = lifecycle.reconcile_eval(le, w, CFG, NOW)
+    body = w.apply(plan, le)
+    text = ("Job e-embed-pit: its pod cannot be created: FailedCreate: Error creating: pods is forbidden: exceeded "
+            "quota: gpu-quota, requested: requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: "
+            "requests.nvidia.com/gpu=8")
+    assert message(body, "Embedded") == f"0/1 Jobs complete; {text}"
+    assert plan.warnings == [("FailedCreate", f"Job e-embed-pit: {text}")]
 
 
 def test_an_embedding_pod_in_crash_loop_back_off_is_named_in_embedded() -> None:

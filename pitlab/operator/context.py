@@ -16,8 +16,8 @@ from pitlab.api.status import ResourceStatus
 from pitlab.errors import StageError
 from pitlab.operator import validation
 from pitlab.operator.config import OperatorConfig
-from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, StuckPod, batch_job_state, last_lines, \
-    message_json, stuck_pod, termination_message
+from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, StuckPod, batch_job_state, failed_create, \
+    last_lines, message_json, stuck_pod, termination_message
 from pitlab.operator.naming import RESOURCE_OF_KIND
 
 
@@ -26,6 +26,7 @@ class World(Protocol):
 
     def get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
+    def job_events(self, namespace: str, job: str) -> list[dict[str, Any]]: ...
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]: ...
     def pod_log(self, namespace: str, pod: str, container: str) -> str | None: ...
     def serves(self, resource: str) -> bool: ...
@@ -126,16 +127,24 @@ class Ctx(Recorder):
         event (reason: the kubelet's, message: ``<what>: <pod...>``; once per message and operator process). The
         stage keeps its reason and phase: the kubelet retries, and a pull back-off, say, resolves once the image
         exists."""
-        return self._report_stuck(what, stuck_pod(pods, job_name))
+        return self._report_stuck(what, self._stuck_or_uncreated(pods, job_name))
 
     def stuck_in_jobs(self, jobs: list[tuple[str, str]]) -> str:
         """:meth:`stuck` of the first of ``jobs`` (``(what, Job name)`` pairs, in order) with a pod that cannot
         start, each Job's pods listed until one is found; "" when none has."""
         for what, job in jobs:
-            found = stuck_pod(self.world.job_pods(self.ns, job), job)
+            found = self._stuck_or_uncreated(self.world.job_pods(self.ns, job), job)
             if found is not None:
                 return self._report_stuck(what, found)
         return ""
+
+    def _stuck_or_uncreated(self, pods: list[dict[str, Any]], job_name: str | None) -> StuckPod | None:
+        """:func:`stuck_pod` of ``pods``; when Job ``job_name`` has no pod at all, its newest ``FailedCreate``
+        event (:func:`~pitlab.operator.mirroring.failed_create`: the Job controller could not create one)."""
+        found = stuck_pod(pods, job_name)
+        if found is None and job_name is not None and not _pods_of(pods, job_name):
+            found = failed_create(self.world.job_events(self.ns, job_name), job_name)
+        return found
 
     def _report_stuck(self, what: str, found: StuckPod | None) -> str:
         if found is None:
@@ -150,6 +159,12 @@ class Ctx(Recorder):
     def termination_doc(self, job_name: str, container: str) -> dict[str, Any]:
         """The JSON termination message of ``job_name``'s pod (container ``container``), {} when there is none."""
         return message_json(termination_message(self.world.job_pods(self.ns, job_name), job_name, container)) or {}
+
+
+def _pods_of(pods: list[dict[str, Any]], job_name: str) -> list[dict[str, Any]]:
+    """The pods of ``pods`` that Job ``job_name`` created (its ``job-name`` labels)."""
+    return [p for p in pods if job_name in (((p.get("metadata") or {}).get("labels") or {}).get(k)
+                                            for k in ("batch.kubernetes.io/job-name", "job-name"))]
 
 
 def job_message(world: World, ns: str | None, job: dict[str, Any] | None, stage: Stage, state: ChildState) -> str:

@@ -107,6 +107,14 @@ class Kube:
         """The pods of Job ``job`` (selected by the ``batch.kubernetes.io/job-name`` label)."""
         return self.list_pods(namespace, f"batch.kubernetes.io/job-name={job}")
 
+    def job_events(self, namespace: str, job: str) -> list[dict[str, Any]]:
+        """The events about Job ``job`` (``involvedObject`` kind Job and that name), e.g. the Job controller's
+        ``FailedCreate``."""
+        resp = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.kind=Job,"
+                                                                         f"involvedObject.name={job}",
+                                               _preload_content=False)
+        return json.loads(resp.data).get("items") or []
+
     def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         """The pods matching the label selector ``selector`` (e.g. a PyTorchJob's, which are not a Job's)."""
         resp = self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)

@@ -229,6 +229,7 @@ START_FAILURES = frozenset({
 start-up): the kubelet retries, which may resolve it (a pull back-off once the image or its pull secret exists), but
 nothing changes until someone acts."""
 STUCK_MESSAGE_LIMIT = 300  # characters of the kubelet's message kept in a condition
+FAILED_CREATE = "FailedCreate"  # the Job controller could not create a pod (a missing ServiceAccount, a quota)
 UNSCHEDULABLE = "Unschedulable"  # PodScheduled False: no node can take the pod (GPUs, memory, taints, selectors)
 _BACK_OFF_DELAY = re.compile(r"\b([Bb]ack-off) (?:\d+(?:\.\d+)?(?:ms|h|m|s))+\b")  # a Go duration: 40s, 2m40s
 
@@ -256,6 +257,8 @@ class StuckPod:
         msg = _BACK_OFF_DELAY.sub(r"\1", " ".join(self.message.split()))
         if len(msg) > STUCK_MESSAGE_LIMIT:
             msg = msg[:STUCK_MESSAGE_LIMIT - 3] + "..."
+        if self.reason == FAILED_CREATE:  # ``pod`` names the Job here: it has no pod
+            return f"Job {self.pod}: its pod cannot be created: {FAILED_CREATE}" + (f": {msg}" if msg else "")
         if self.reason == UNSCHEDULABLE:
             return f"pod {self.pod}: not scheduled: {UNSCHEDULABLE}" + (f": {msg}" if msg else "")
         return (f"pod {self.pod}: {'init container' if self.init else 'container'} {self.container} waiting: "
@@ -296,6 +299,24 @@ def stuck_pod(pods: list[dict[str, Any]], job_name: str | None = None) -> StuckP
                     cond.get("reason") == UNSCHEDULABLE:
                 return StuckPod(meta.get("name", "?"), "", UNSCHEDULABLE, cond.get("message") or "")
     return None
+
+
+_POD_NAME = re.compile(r'(pods?) "[^"]*"')  # the Job controller names the pod it tried, a new one each retry
+
+
+def failed_create(events: list[dict[str, Any]], job_name: str) -> StuckPod | None:
+    """The newest ``FailedCreate`` event the Job controller posted on Job ``job_name`` (it could not create a pod:
+    ``error looking up service account``, ``exceeded quota``, an admission webhook's refusal), as a
+    :class:`StuckPod` whose ``pod`` is the Job's name (the tried pod's own name left out of the message, so that it
+    stays the same from one retry to the next); None when there is none. Look only while the Job has no pod: the
+    events outlive the problem."""
+    found = [e for e in events if e.get("reason") == FAILED_CREATE
+             and (e.get("involvedObject") or {}).get("name") == job_name]
+    if not found:
+        return None
+    newest = max(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime")
+                                          or (e.get("metadata") or {}).get("creationTimestamp") or ""))
+    return StuckPod(job_name, "", FAILED_CREATE, _POD_NAME.sub(r"\1", newest.get("message") or ""))
 
 
 def message_json(message: str | None) -> dict[str, Any] | None:

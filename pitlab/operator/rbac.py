@@ -23,7 +23,8 @@ NAMESPACED_RULES: list[tuple[str, str, tuple[str, ...]]] = [
     ("jobset.x-k8s.io", "jobsets", ("get", "create")),
     ("", "pods", ("list",)),  # termination messages of Job pods; pods that cannot start (a PyTorchJob's by label)
     ("", "pods/log", ("get",)),  # the training master's progress sidecar
-    ("", "events", ("create",)),  # kopf posts warnings and errors as events
+    # kopf posts warnings and errors as events; a Job without a pod: the Job controller's FailedCreate
+    ("", "events", ("create", "list")),
 ]
 
 CLUSTER_RULES: list[tuple[str, str, tuple[str, ...]]] = [

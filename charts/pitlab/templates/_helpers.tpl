@@ -104,7 +104,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf needs to discover resources (pitlab/operator/rbac.py: CLUSTER_RULES). */}}
