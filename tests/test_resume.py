@@ -271,7 +271,7 @@ def test_a_warmup_as_long_as_the_run_is_named_at_validate_and_run(pt, tmp_path, 
     assert code == 0 and "warning: spec.training.warmupSteps: 400 is not below the run's 80 optimizer steps" in out
     # more processes than cores, no GPU: a note (a spec written for an 8-GPU node, run here)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
-    monkeypatch.setattr("pitlab.cli.run._has_gpu", lambda: False)
+    monkeypatch.setattr("pitlab.cli.inputs._has_gpu", lambda: False)
     code, out = _invoke("run", pt, "--out", tmp_path / "o2", "--nproc", "3")
     assert code == 0 and ("note: --nproc starts 3 training processes on 2 CPU cores and no GPU: they share the "
                           "cores; --nproc 2 runs 2 (the same spec.tokens in more, smaller optimizer steps)") in out

@@ -27,7 +27,22 @@ CONFIGS = {
                       head_dim=16, max_position_embeddings=128),
     "qwen3_5_moe_text": dict(QWEN35_TINY, num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2),
 }
-TARGETS = ["q_proj", "v_proj", "o_proj", "out_proj", "down_proj"]
+TARGETS = ["q_proj", "v_proj", "o_proj", "out_proj", "down_proj"]  # the linear layers of any of CONFIGS' models
+
+
+def targets_in(model: torch.nn.Module) -> list[str]:
+    """The entries of TARGETS that name a linear layer of ``model`` (llama has no ``out_proj``, qwen3_moe's experts
+    no ``down_proj`` layer): pitlab refuses a target that names nothing."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return [t for t in TARGETS if t in names]
+
+
+def targets_of(base) -> list[str]:
+    """:func:`targets_in` of the model saved in the folder ``base``, built on the meta device."""
+    from transformers import AutoConfig
+
+    with torch.device("meta"):
+        return targets_in(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base)))
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # CUDA: pinned store, side-stream copies
 # on CUDA the comparison needs deterministic kernels (atomics in flash-attention's backward and in index_add_ make
 # even two resident runs differ): deterministic algorithms, cuBLAS's fixed workspace, eager attention
@@ -54,8 +69,8 @@ def lora_model(model_type: str, bf16: bool = True, eager: bool = False) -> torch
     if eager:
         config._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = apply_lora(AutoModelForCausalLM.from_config(config, dtype=torch.float32), r=4, alpha=8, dropout=0.0,
-                       target_modules=TARGETS)
+    base = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = apply_lora(base, r=4, alpha=8, dropout=0.0, target_modules=targets_in(base))
     with torch.no_grad():
         for p in model.parameters():
             if p.requires_grad:
@@ -136,8 +151,8 @@ def test_a_tied_embedding_stays_on_the_device():
     store, and the result is still the resident model's."""
     config = build_config("llama", dict(CONFIGS["llama"], tie_word_embeddings=True), vocab_size=VOCAB)
     torch.manual_seed(0)
-    resident = apply_lora(AutoModelForCausalLM.from_config(config), r=4, alpha=8, dropout=0.0,
-                          target_modules=TARGETS).train()
+    base = AutoModelForCausalLM.from_config(config)
+    resident = apply_lora(base, r=4, alpha=8, dropout=0.0, target_modules=targets_in(base)).train()
     streamed = copy.deepcopy(resident)
     streamer = LayerStreamer(streamed, "cpu")
     assert streamer.embedding is None and streamer.report()["host_embedding"] is False
@@ -221,7 +236,7 @@ def streaming_doc(base, **streaming) -> dict:
     return {"apiVersion": "pitlab.io/v1alpha1", "kind": "PitTraining", "metadata": {"name": "stream"},
             "spec": {"baseModel": {"uri": str(base)}, "corpus": {"uri": "news.jsonl", "format": "jsonl"},
                      "knowledgeCutoff": "2020-12-31", "tokens": 10 ** 6, "method": "lora",
-                     "lora": {"r": 4, "alpha": 8, "targetModules": TARGETS},
+                     "lora": {"r": 4, "alpha": 8, "targetModules": targets_of(base)},
                      "training": {"seqLen": 24, "microBatchSize": 2, "precision": "bf16",
                                   "layerStreaming": {"enabled": True, **streaming}},
                      "resources": {"nodes": 1, "gpusPerNode": 1}}}

@@ -63,7 +63,8 @@ def test_a_nonfinite_gradient_with_a_finite_loss_stops_at_its_step_and_names_the
 
 
 def test_loss_history_tells_a_diverging_run_from_a_steady_one():
-    from pitlab.trainer.train import LossHistory, StepResult
+    from pitlab.trainer.metrics import LossHistory
+    from pitlab.trainer.train import StepResult
 
     steady = LossHistory()
     for k, (loss, norm) in enumerate([(7.6, 2.0), (7.5, 3.0), (7.4, 150.0)]):

@@ -135,3 +135,31 @@ def say_base_model_warning(res) -> None:
     w = base_model_positions_warning(res)
     if w:
         say(f"[yellow]warning:[/] {escape(w)}")
+
+
+def say_run_warnings(res, nproc: int | None) -> None:
+    """What ``pitlab run`` says before it starts: :func:`say_spec_warnings`, :func:`say_oversubscribed` (a
+    PitTraining) and :func:`say_base_model_warning`."""
+    from pitlab.api import PitTraining
+
+    say_spec_warnings(res, nproc)
+    if isinstance(res, PitTraining):
+        say_oversubscribed(nproc or res.spec.resources.gpus_per_node, nproc is not None)
+    say_base_model_warning(res)
+
+
+def say_oversubscribed(n: int, flag: bool) -> None:
+    """A note when the ``n`` training processes would share fewer CPU cores on a machine without a GPU (a spec
+    written for an 8-GPU node, run here): they run, time-shared, and the token budget spans fewer steps."""
+    cores = os.cpu_count() or 1
+    if n <= cores or _has_gpu():
+        return
+    source = "--nproc" if flag else "spec.resources.gpusPerNode"
+    say(f"  note: {source} starts {n} training processes on {cores} CPU cores and no GPU: they share the cores; "
+        f"--nproc {cores} runs {cores} (the same spec.tokens in more, smaller optimizer steps)")
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -18,7 +18,7 @@ from pitlab.api import DATA_ROOT_ENV, PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
 from pitlab.api.runfolders import REPLACED, folder_phase, lock_run_folders
 from pitlab.cli.errors import fail, from_file
-from pitlab.cli.inputs import DataRoot, load, say_base_model_warning, say_spec_warnings
+from pitlab.cli.inputs import DataRoot, load, say_run_warnings
 from pitlab.cli.output import RichReporter, progress, say
 from pitlab.cli.remote_output import RemoteOutput
 from pitlab.cli.results import say_results
@@ -83,10 +83,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
         doomed: list[Path] = []
         if not remote and not resume:
             doomed = _claim_message(res, root, overwrite, file, again)
-        say_spec_warnings(res, nproc)
-        if isinstance(res, PitTraining):
-            _say_oversubscribed(nproc or res.spec.resources.gpus_per_node, nproc is not None)
-        say_base_model_warning(res)
+        say_run_warnings(res, nproc)
         t0 = time.monotonic()
         finished = resume and folder_phase(root / res.metadata.name) == "Succeeded"
         results, replaced = _run_stages(res, file, root, published, doomed, overwrite, nproc, resume, again)
@@ -107,23 +104,6 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
     finally:  # closed here, not when the frame is collected: a caught SystemExit keeps the frame alive
         for f in locks:
             f.close()
-
-
-def _say_oversubscribed(n: int, flag: bool) -> None:
-    """A note when the ``n`` training processes would share fewer CPU cores on a machine without a GPU (a spec
-    written for an 8-GPU node, run here): they run, time-shared, and the token budget spans fewer steps."""
-    cores = os.cpu_count() or 1
-    if n <= cores or _has_gpu():
-        return
-    source = "--nproc" if flag else "spec.resources.gpusPerNode"
-    say(f"  note: {source} starts {n} training processes on {cores} CPU cores and no GPU: they share the cores; "
-        f"--nproc {cores} runs {cores} (the same spec.tokens in more, smaller optimizer steps)")
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _run_stages(res, file: Path, root: Path, published: RemoteOutput, doomed: list[Path],

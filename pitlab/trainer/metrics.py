@@ -17,6 +17,7 @@ peak RSS on CPU), ``elapsed_s`` (seconds since the first step of this attempt st
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from pitlab.trainer.files import write_text_atomic
@@ -97,3 +98,42 @@ class MetricsTail:
                     raise ValueError(f"{self.path}: malformed metrics line {line[:200]!r}: {err}") from None
         self._offset += end
         return records
+
+
+class LossHistory:
+    """This attempt's first step and its highest loss and gradient norm, to tell a diverging run (the learning
+    rate) from a non-finite value out of a steady one (the data or the model) when a step fails."""
+
+    LOSS_GROWTH = 10.0  # a loss this many times its first value (ten times ln(vocabulary) at random init) ...
+    NORM_GROWTH = 100.0  # ... or a gradient norm this many times its first: the run diverged
+
+    def __init__(self) -> None:
+        self.first = None  # a StepResult: loss, grad_norm
+        self.first_step = 0
+        self.peak_loss: tuple[float, int] = (-math.inf, 0)
+        self.peak_norm: tuple[float, int] = (-math.inf, 0)
+
+    def add(self, step: int, result) -> None:
+        """Record step ``step`` (0-based): ``result`` has the step's ``loss`` and ``grad_norm``."""
+        if self.first is None:
+            self.first, self.first_step = result, step
+        self.peak_loss = max(self.peak_loss, (result.loss, step))
+        self.peak_norm = max(self.peak_norm, (result.grad_norm, step))
+
+    def diverged(self, step: int, lr: float) -> str | None:
+        """The error for step ``step`` (0-based), whose loss or gradient norm is not finite, when an earlier step's
+        loss reached :attr:`LOSS_GROWTH` or its gradient norm :attr:`NORM_GROWTH` times the first step's; None
+        otherwise."""
+        f = self.first
+        if f is None:
+            return None
+        grew = [(what, first, peak, k) for what, first, (peak, k), growth in (
+                    ("loss", f.loss, self.peak_loss, self.LOSS_GROWTH),
+                    ("gradient norm", f.grad_norm, self.peak_norm, self.NORM_GROWTH))
+                if first > 0 and peak >= growth * first]
+        if not grew:
+            return None
+        what, first, peak, k = grew[0]
+        return (f"step {step + 1}: loss or gradient norm is not finite after the run diverged: the {what} rose from "
+                f"{first:.4g} at step {self.first_step + 1} to {peak:.4g} at step {k + 1}; lower "
+                f"spec.training.learningRate (now {lr:g})")

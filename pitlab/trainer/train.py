@@ -62,7 +62,7 @@ from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
 from pitlab.trainer.lora import lora_record, save_adapter_verified
-from pitlab.trainer.metrics import MetricsWriter, truncate_metrics
+from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
                                  train_flops_per_token)
 from pitlab.trainer.prepare import load_tokens
@@ -331,45 +331,6 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     if not np.isfinite(grad_norm):
         raise FloatingPointError(nonfinite_gradient_message(run, step, step_loss, grad_norm))
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
-
-
-class LossHistory:
-    """This attempt's first step and its highest loss and gradient norm, to tell a diverging run (the learning
-    rate) from a non-finite value out of a steady one (the data or the model) when a step fails."""
-
-    LOSS_GROWTH = 10.0  # a loss this many times its first value (ten times ln(vocabulary) at random init) ...
-    NORM_GROWTH = 100.0  # ... or a gradient norm this many times its first: the run diverged
-
-    def __init__(self) -> None:
-        self.first: StepResult | None = None
-        self.first_step = 0
-        self.peak_loss: tuple[float, int] = (-math.inf, 0)
-        self.peak_norm: tuple[float, int] = (-math.inf, 0)
-
-    def add(self, step: int, result: StepResult) -> None:
-        """Record step ``step`` (0-based)."""
-        if self.first is None:
-            self.first, self.first_step = result, step
-        self.peak_loss = max(self.peak_loss, (result.loss, step))
-        self.peak_norm = max(self.peak_norm, (result.grad_norm, step))
-
-    def diverged(self, step: int, lr: float) -> str | None:
-        """The error for step ``step`` (0-based), whose loss or gradient norm is not finite, when an earlier step's
-        loss reached :attr:`LOSS_GROWTH` or its gradient norm :attr:`NORM_GROWTH` times the first step's; None
-        otherwise."""
-        f = self.first
-        if f is None:
-            return None
-        grew = [(what, first, peak, k) for what, first, (peak, k), growth in (
-                    ("loss", f.loss, self.peak_loss, self.LOSS_GROWTH),
-                    ("gradient norm", f.grad_norm, self.peak_norm, self.NORM_GROWTH))
-                if first > 0 and peak >= growth * first]
-        if not grew:
-            return None
-        what, first, peak, k = grew[0]
-        return (f"step {step + 1}: loss or gradient norm is not finite after the run diverged: the {what} rose from "
-                f"{first:.4g} at step {self.first_step + 1} to {peak:.4g} at step {k + 1}; lower "
-                f"spec.training.learningRate (now {lr:g})")
 
 
 def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:
