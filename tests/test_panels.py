@@ -392,3 +392,41 @@ def test_a_knowledge_cutoff_in_the_test_period_is_a_warning_on_the_console_and_i
             "diagnostics": [{"protocol": "chronological", "check": "few-time-clusters",
                              "message": "only 6 training dates"}]}
     assert other_warnings(full) == got  # the check's message is named on the checks line, not twice
+
+
+def test_an_unadjusted_split_in_a_sampled_rows_window_is_named(tmp_path):
+    """Found in a quant's trial: a 2:1 split left in an OHLCV file became a −49 % return in the features and a
+    −49 % target, with no word, and changed the headline; the shared S&P 500 file holds such moves too (DISCA and
+    DISCK on 2014-08-07, LNT for one day on 2016-05-19)."""
+    path, days = _ohlcv(tmp_path)
+    df = pd.read_csv(path)
+    late = (df.Name == "BBB") & (pd.to_datetime(df.date) >= days[30])
+    df.loc[late, ["open", "high", "low", "close"]] /= 2  # BBB's 2:1 split, not adjusted
+    df.to_csv(path, index=False)
+    prices = load_ohlcv_long(path)
+    panel = build_panel(prices, 3, 1, 0, start=days[35].date(), end=days[35].date())  # day 30 is in t−19 … t
+    assert panel.warnings == [
+        f"dataset: 1 one-day close move beyond −40 % / +67 % enters sampled rows' features or targets in {path}: "
+        f"BBB {days[30].date()}: 139 → 70 (×0.504, near a 2:1 split). If the file is not adjusted for splits and "
+        "spin-offs these are not returns (pitlab cannot tell a split from a crash): use an adjusted file (JPX: "
+        "AdjustmentFactor) or leave the securities out"]
+    assert compute_features(prices)["ret_20d"].loc[days[35], "BBB"] == pytest.approx(72.5 / 125 - 1)  # −42 %: used
+    # a date whose rows neither see the split in their 20 days nor in their target: nothing to say
+    assert build_panel(prices, 3, 1, 0, start=days[25].date(), end=days[25].date()).warnings == []
+    # the target's move, t+2: the row at day 28 has close(29) → close(30) as its target
+    [w] = build_panel(prices, 3, 1, 0, start=days[28].date(), end=days[28].date()).warnings
+    assert f"BBB {days[30].date()}: 139 → 70 (×0.504, near a 2:1 split)" in w
+
+
+def test_a_jpx_split_is_named_only_without_its_adjustment_factor(tmp_path):
+    prices = _split_market(tmp_path / "ok", split_at=T - 3)
+    assert build_panel(load_jpx(tmp_path / "ok"), 2, 1, 0, start=SPLIT_DAYS[T].date(),
+                       end=SPLIT_DAYS[T].date()).warnings == []  # AdjustmentFactor 0.5: the features see no jump
+    prices.loc[prices.AdjustmentFactor == 0.5, "AdjustmentFactor"] = 1.0  # the split printed, its factor left out
+    (tmp_path / "bad").mkdir()
+    prices.to_csv(tmp_path / "bad" / "stock_prices.csv", index=False)
+    (tmp_path / "ok" / "stock_list.csv").rename(tmp_path / "bad" / "stock_list.csv")
+    [w] = build_panel(load_jpx(tmp_path / "bad"), 2, 1, 0, start=SPLIT_DAYS[T].date(),
+                      end=SPLIT_DAYS[T].date()).warnings
+    assert w.startswith("dataset: 1 one-day close move beyond −40 % / +67 % enters") and "1301 " in w
+    assert "near a 2:1 split" in w

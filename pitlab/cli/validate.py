@@ -37,7 +37,8 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         say_spec_warnings(res)
         return
     try:
-        plan = preflight(res).corpus
+        checked = preflight(res)
+        plan = checked.corpus
         spec_out = res.spec.output.uri if res.spec.output else "out"
         existing = [] if out is None and storage.is_s3(spec_out) else \
             check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
@@ -47,12 +48,29 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     if plan is not None:
         say_audit_notes(plan.audit)
     say_spec_warnings(res)
+    _say_panels(res, checked.evaluations)
     say_base_model_warning(res)
     phase = resumable(res, out or Path(spec_out)) if existing else None
     for path in existing:
         resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
             f"which replaces it (kept in {REPLACED}/ until the new run succeeds){resume}")
+
+
+def _say_panels(res, evaluations) -> None:
+    """Each evaluation's sampled panel: the rows it will drop and the warnings about its construction (an
+    unadjusted split in a sampled row's window, a survivorship snapshot), as the run will report them."""
+    from pitlab.data.sampling import dropped_note
+
+    names = [res.metadata.name] if len(evaluations) == 1 and res.kind == "LeakageEval" else \
+        [e.name for e in getattr(res.spec, "evaluations", [])]
+    for name, checked in zip(names, evaluations):
+        panel = checked.panel
+        note = dropped_note(panel.dropped, len(panel.rows))
+        say(f"  panel of {name}: {len(panel.rows):,} rows ({panel.rows.date.nunique()} dates × "
+            f"{panel.rows.security.nunique()} securities){note}")
+        for w in panel.warnings:
+            say(f"  [yellow]warning:[/] {escape(w)}")
 
 
 def _corpus_summary(plan) -> str:

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from pitlab.data.panels import (HISTORY_DAYS, PanelError, Prices, compute_features, compute_target,
+from pitlab.data.panels import (HISTORY_DAYS, PanelError, Prices, compute_features, compute_target, split_chain,
                                  target_close)
 from pitlab.data.prompts import (  # noqa: F401 - re-exported: the prompt API lives in pitlab.data.prompts
     DEFAULT_PROMPT_TEMPLATE, DEFAULT_PROMPT_TEMPLATE_NO_LEVELS, LEVEL_FIELDS, PROMPT_FIELDS, PROMPT_SAMPLE,
@@ -125,6 +125,9 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     long = long[~missing_feat & ~missing_target].reset_index(drop=True)
     if long.empty:
         raise PanelError(f"{prices.source}: every sampled row lacks a target or features")
+    jumps = large_moves(prices, dates, universe)
+    if jumps:
+        panel_warnings.append(jumps)
     long["name"] = long["security"].map(prices.names)
     long["prompt"] = [
         template.format(date=r.date.date().isoformat(), security=r.security, name=r.name, close=r.close,
@@ -136,6 +139,63 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     dataset = {**prices.info, "price_levels_in_prompts": printed, "prompt_template": template}
     return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped,
                  warnings=panel_warnings, dataset=dataset)
+
+
+MOVE_LIMITS = (0.6, 1 / 0.6)
+"""One-day close ratios outside these (a fall of more than 40 %, a rise of more than 67 %) are named when they enter
+a sampled row: an unadjusted split (×0.5, ×2) or spin-off is one, and so is a data error."""
+SPLIT_RATIOS = (1 / 10, 1 / 5, 1 / 4, 1 / 3, 1 / 2, 2 / 3, 3 / 2, 2, 3, 4, 5, 10)
+
+
+def large_moves(prices: Prices, dates: pd.DatetimeIndex, universe: np.ndarray, shown: int = 5) -> str | None:
+    """The warning naming one-day close moves outside :data:`MOVE_LIMITS` that enter the sampled rows (a feature's
+    20 days up to t, or the target's close t+1 → t+2; for JPX the moves of the split-adjusted closes), with the
+    security, day, both closes and the ratio (``near a 2:1 split`` within 3 % of a split ratio), the first
+    ``shown`` of them; None when there is none. A file that is not adjusted for splits and spin-offs makes these
+    the returns the regressions see, and pitlab cannot tell a split from a crash."""
+    cal = prices.calendar
+    adjusted = prices.close / split_chain(prices)
+    found: dict[tuple[pd.Timestamp, str], tuple[float, float]] = {}
+    for close, days in ((adjusted, _feature_days(cal, dates)), (target_close(prices), _target_days(cal, dates))):
+        sub = close.loc[:, universe]
+        ratio = sub / sub.shift(1)
+        bad = ((ratio < MOVE_LIMITS[0]) | (ratio > MOVE_LIMITS[1])) & ratio.index.isin(days)[:, None]
+        for d, sec in zip(*np.nonzero(bad.to_numpy())):
+            found.setdefault((cal[d], universe[sec]), (float(sub.iat[d - 1, sec]), float(sub.iat[d, sec])))
+    if not found:
+        return None
+    items = []
+    for (day, sec), (before, after) in sorted(found.items())[:shown]:
+        r = after / before
+        near = next((k for k in SPLIT_RATIOS if abs(r / k - 1) < 0.03), None)
+        split = f", near a {_split_name(near)} split" if near is not None else ""
+        items.append(f"{sec} {day.date()}: {before:g} → {after:g} (×{r:.3f}{split})")
+    more = f" and {len(found) - shown} more" if len(found) > shown else ""
+    return (f"dataset: {len(found)} one-day close move{'s' if len(found) > 1 else ''} beyond −40 % / +67 % enter"
+            f"{'' if len(found) > 1 else 's'} sampled rows' features or targets in {prices.source}: "
+            f"{'; '.join(items)}{more}. If the file is not adjusted for splits and spin-offs these are not returns "
+            "(pitlab cannot tell a split from a crash): use an adjusted file (JPX: AdjustmentFactor) or leave "
+            "the securities out")
+
+
+def _feature_days(cal: pd.DatetimeIndex, dates: pd.DatetimeIndex) -> pd.DatetimeIndex:
+    """The days whose one-day move enters a feature of a row at a date of ``dates``: t−19 … t."""
+    pos = cal.get_indexer(dates)
+    return cal[np.unique(np.concatenate([np.arange(max(p - HISTORY_DAYS + 1, 1), p + 1) for p in pos]))]
+
+
+def _target_days(cal: pd.DatetimeIndex, dates: pd.DatetimeIndex) -> pd.DatetimeIndex:
+    """The days whose one-day move is the target of a row at a date of ``dates``: t+2."""
+    pos = cal.get_indexer(dates) + 2
+    return cal[pos[pos < len(cal)]]
+
+
+def _split_name(ratio: float) -> str:
+    """``2:1`` for a close ×1/2 (two new shares for one), ``1:2`` for ×2 (a reverse split)."""
+    from fractions import Fraction
+
+    f = Fraction(ratio).limit_denominator(10)
+    return f"{f.denominator}:{f.numerator}"
 
 
 def dropped_note(dropped: dict[str, int], kept: int) -> str:
