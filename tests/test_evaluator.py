@@ -358,6 +358,7 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     # the premium pairs R²(on) and R²(off) on the same rows: leakage-on scored on the leakage-off test rows
     assert mem["r2_on_test_rows"] == pytest.approx(0.33752, abs=1e-5)
     assert mem["premium"] == pytest.approx(0.78143, abs=1e-5)
+    assert res["regression"]["alpha_selection"] == spec.regression.selection  # one method for every protocol
     assert mem["premium_all_rows"] == pytest.approx(0.79122, abs=1e-5)
     assert mem["premium_ci"] == pytest.approx([0.48762, 1.13887], abs=1e-5)
     assert mem["verdict"] == "significant"
@@ -573,3 +574,25 @@ def test_a_gpu_embedding_cache_key_names_the_kernels_bound_and_a_cpu_key_does_no
     gpu_other, cpu_2 = keys()
     assert embed.KERNELS != "trainer" and gpu_trainer != gpu_other and cpu_1 == cpu_2 != gpu_trainer
     assert embed._select_kernels(None, "cpu") is None
+
+
+def test_the_run_level_selection_record_names_the_setting():
+    """Found in a quant's trial: under protocol-cv results.json's regression.alpha_selection said security-cv
+    (leakage-on's scheme alone), the scheme docs/statistics.md §1 calls biased for the date protocols."""
+    from types import SimpleNamespace
+
+    from pitlab.evaluator.run import _selection_record
+    from pitlab.evaluator.setup import _selections
+
+    spec = LeakageEvalSpec.model_validate({"models": [{"name": "m", "uri": "/m"}],
+                                          "dataset": {"kind": "ohlcv", "uri": "p.csv"},
+                                          "protocol": {"trainEnd": "2020-12-31", "testStart": "2021-01-01"}})
+    on, off = _selections(spec, None)
+    rec = _selection_record(SimpleNamespace(selection=on, time_selection=off))
+    assert spec.regression.selection == "protocol-cv" and rec["alpha_selection"] == "protocol-cv"
+    assert rec["alpha_selection_detail"] == f"leakage-off and the other date protocols: {off.describe()}; " \
+                                            f"leakage-on: {on.describe()}"
+    assert "GroupKFold by security" in on.describe() and "GroupKFold" not in off.describe()
+    on, off = _selections(spec, "security-cv")
+    assert _selection_record(SimpleNamespace(selection=on, time_selection=off)) == {
+        "alpha_selection": "security-cv", "alpha_selection_detail": on.describe()}

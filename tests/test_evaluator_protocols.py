@@ -239,6 +239,7 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     assert [e["embargo_days"] for e in late["embargo_robustness"]] == [0, 10]
     assert late["embargo_robustness"][1]["n_train"] < late["n_train"] < late["embargo_robustness"][0]["n_train"]
     assert res["benchmark"] == "zero" and "Σy²" in res["r2_definition"]
+    assert res["regression"]["alpha_selection"] == "gcv"  # one method for every protocol
     cc = res["cutoff_control"]
     assert (early["knowledge_cutoff"], late["knowledge_cutoff"]) == ("2015-01-01", "2020-01-01")
     assert (cc["earliest"], cc["latest"]) == ("early", "late")
@@ -291,3 +292,20 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     assert not (run / "report.md").exists()
     r = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")], env={"COLUMNS": "400"})
     assert r.exit_code == 2 and "no results.json here nor in" in r.output
+
+
+def test_the_consoles_title_names_the_benchmark_the_run_used(tmp_path, monkeypatch):
+    """Found in a quant's trial: with regression.benchmark zero the console's title said "benchmark: training mean"."""
+    from pitlab.api.layout import EvaluationLayout
+    from pitlab.cli.results import say_results
+
+    titles = []
+    monkeypatch.setattr("pitlab.cli.results.print_results_table", lambda r, title: titles.append(title))
+    for name, bench in (("z", "zero"), ("m", "training mean")):
+        out = Path(EvaluationLayout(tmp_path / name).outputs.results)
+        out.parent.mkdir(parents=True)
+        out.write_text(json.dumps({"benchmark": bench, "warnings": []}))
+    say_results({"z": {"models": {}}, "m": {"models": {}}, "gone": {"models": {}}}, tmp_path)
+    assert titles == ["Leakage evaluation z (R² out of sample, benchmark: zero)",
+                      "Leakage evaluation m (R² out of sample, benchmark: training mean)",
+                      "Leakage evaluation gone (R² out of sample, benchmark: training mean)"]  # no results.json

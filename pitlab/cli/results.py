@@ -105,12 +105,13 @@ def say_results(results: dict, root: Path) -> None:
     warnings its results.json records (:func:`diagnostics_line`, :func:`other_warnings`) and where its report
     is."""
     for name, r in results.items():
-        print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: training mean)")
         out = EvaluationLayout(root / name).outputs
         try:
             full = json.loads(Path(out.results).read_text())
         except (OSError, ValueError, TypeError):  # a remote or unreadable results.json: the report still has them
             full = {}
+        benchmark = full.get("benchmark") or "training mean"  # regression.benchmark: train_mean or zero
+        print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: {benchmark})")
         line = diagnostics_line(full)
         if line:
             output.say(line)

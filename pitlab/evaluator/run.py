@@ -39,6 +39,17 @@ BENCHMARK_TEXT = {"train_mean": ("training mean", "R² = 1 − SSE / Σ(y − ȳ
 StageProgress = Callable[[str, int, int], None]
 
 
+def _selection_record(setup) -> dict[str, str]:
+    """``alpha_selection`` (the setting: ``protocol-cv`` when leakage-on and the date protocols choose their
+    penalties differently, else the one method) and ``alpha_selection_detail`` (each in words)."""
+    on, off = setup.selection, setup.time_selection
+    if on.method == off.method:
+        return {"alpha_selection": on.method, "alpha_selection_detail": on.describe()}
+    return {"alpha_selection": "protocol-cv",
+            "alpha_selection_detail": f"leakage-off and the other date protocols: {off.describe()}; leakage-on: "
+                                      f"{on.describe()}"}
+
+
 def check_panel(panel: Panel) -> None:
     """Raise :class:`EvaluationError` unless ``panel.rows`` has date/security/prompt/target, no missing
     value, finite targets and unique (date, security) rows."""
@@ -280,8 +291,7 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
         "r2_definition": "out-of-sample " + BENCHMARK_TEXT[benchmark][1],
         "protocol": _protocol_section(spec, setup, len(panel.rows)),
         "regression": {"model": "ridge, unpenalised intercept, raw embeddings", "alphas": setup.alphas,
-                       "alpha_selection": setup.selection.method,
-                       "alpha_selection_detail": setup.selection.describe(), "device": setup.backend.name,
+                       **_selection_record(setup), "device": setup.backend.name,
                        "dtype": "float64"},
         "bootstrap": _bootstrap_section(spec, setup),
         "embedding": spec.embedding.model_dump(mode="json"),
