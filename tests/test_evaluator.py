@@ -176,7 +176,9 @@ def test_chronological_split_counts_calendar_days_not_panel_dates():
 def test_chronological_split_warns_when_labels_overlap_test_period():
     cal = pd.bdate_range("2021-03-01", periods=20)
     dates = cal.to_numpy()
-    with pytest.warns(UserWarning, match="overlap the test period"):
+    with pytest.warns(UserWarning, match=r"protocol.embargoDays=1 < 2: the labels \(close t\+1 -> t\+2\) of 1 "
+                                         rf"training row\(s\) dated {cal[8].date()} overlap the test period starting "
+                                         rf"{cal[10].date()}"):
         split = ChronologicalSplit(cal[9].date(), cal[10].date(), 1, cal).apply(dates)
     pos = np.flatnonzero(split.train_mask)
     assert pos.max() == 8 and pos.max() + 2 == 10  # the label of day 8 ends on T0: what the warning is about

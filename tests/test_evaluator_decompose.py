@@ -174,6 +174,8 @@ def test_every_empty_check_is_stated_when_the_case_is_built():
     assert "fold(s) [1, 2, 3] of 3 test fewer than 10" in by[("few-time-clusters", "purged-kfold")]
     assert [c.get("detail") for c in checks if c["check"] == "few-time-clusters"] == [
         "training: 8 dates", "test: 4 dates", "test folds 1, 2, 3"]
+    # the console names which embargo lengths repeat (a trial saw "embargo-unchanged" twice, lengths not said)
+    assert [c.get("detail") for c in checks if c["check"] == "embargo-unchanged"] == ["3 days = 4 days"]
 
 
 def test_embargo_robustness_marks_an_unchanged_training_set_end_to_end():

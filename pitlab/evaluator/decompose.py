@@ -109,6 +109,7 @@ def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray
     for r in embargo_rows:
         if r.get("same_as") is not None:
             out.append({"check": "embargo-unchanged", "protocol": "chronological",
+                        "detail": f"{r['embargo_days']} days = {r['same_as']} days",
                         "message": f"embargoRobustness {r['embargo_days']} trading days leaves the same training "
                                    f"set as {r['same_as']} days: its row repeats that number and tests nothing"})
     return out

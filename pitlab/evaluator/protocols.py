@@ -105,7 +105,8 @@ class ChronologicalFolds:
     n_train, n_test, n_embargoed, n_gap : int
         Row counts; ``n_gap`` counts rows after ``train_end`` and before ``test_start`` (in neither set).
     warnings : list[str]
-        The short-embargo warning, when issued.
+        The short-embargo warning, when training rows' labels reach into the test period (issued also as a
+        ``UserWarning``).
     """
 
     def __init__(self, splitter: ChronologicalSplit, dates):
@@ -132,9 +133,13 @@ class ChronologicalFolds:
         self.n_embargoed = int(self.embargo_mask.sum())
         self.n_gap = int(len(d) - self.n_train - self.n_test - self.n_embargoed)
         self.warnings: list[str] = []
-        if self.embargo_days < LABEL_HORIZON_DAYS:
-            msg = (f"protocol.embargoDays={self.embargo_days} < {LABEL_HORIZON_DAYS}: training labels "
-                   f"(close t+1 -> t+2) overlap the test period starting {self.first_test_date.date()}")
+        # a training row at t has the label close t+1 -> t+2: within LABEL_HORIZON_DAYS of T0 it reaches into the test
+        overlap = self.train_mask & (pos >= t0_pos - LABEL_HORIZON_DAYS)
+        if self.embargo_days < LABEL_HORIZON_DAYS and overlap.any():
+            od = cal[np.unique(pos[overlap])]
+            msg = (f"protocol.embargoDays={self.embargo_days} < {LABEL_HORIZON_DAYS}: the labels (close t+1 -> t+2) "
+                   f"of {int(overlap.sum())} training row(s) dated {', '.join(str(x.date()) for x in od)} overlap "
+                   f"the test period starting {self.first_test_date.date()}")
             self.warnings.append(msg)
             warnings.warn(msg, UserWarning, stacklevel=3)
         if self.n_train == 0:

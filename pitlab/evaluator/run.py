@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -368,7 +369,9 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     check_panel(panel)
     names = _ordered_models(spec, models)
     cutoffs = model_cutoffs(spec, models)  # a cutoff contradicting a model card is refused before any work
-    setup = prepare_evaluation(spec, panel, alpha_selection)
+    with warnings.catch_warnings():  # the splits' warnings are in setup.split.warnings: reported with the results
+        warnings.filterwarnings("ignore", message=r"protocol\.embargoDays=", category=UserWarning)
+        setup = prepare_evaluation(spec, panel, alpha_selection)
     note(f"statistics:{DATE_ONLY}", 0, 1)
     with ThreadPoolExecutor(1) as pool:
         pending = None
