@@ -430,3 +430,23 @@ def test_a_jpx_split_is_named_only_without_its_adjustment_factor(tmp_path):
                       end=SPLIT_DAYS[T].date()).warnings
     assert w.startswith("dataset: 1 one-day close move beyond −40 % / +67 % enters") and "1301 " in w
     assert "near a 2:1 split" in w
+
+
+def test_each_dropped_row_is_named_with_the_day_that_is_missing(tmp_path):
+    """Found in a quant's trial: one missing AAPL day dropped 4 rows, and the run said only how many."""
+    from pitlab.data.sampling import dropped_note
+
+    path, days = _ohlcv(tmp_path, n_days=60, drop={("BBB", 30)})  # BBB has no row on day 30
+    prices = load_ohlcv_long(path)
+    panel = build_panel(prices, 3, 11, 0, start=days[28].date(), end=days[38].date())  # days 28 … 38
+    gone = {(r["date"], r["why"]) for r in panel.dropped_rows if r["security"] == "BBB"}
+    d = lambda k: str(days[k].date())  # noqa: E731
+    assert panel.dropped == {"missing_features": 9, "missing_target": 2} and len(panel.dropped_rows) == 11
+    assert gone == {(d(28), f"no close on {d(30)} (the target's t+1 or t+2)"),
+                    (d(29), f"no close on {d(30)} (the target's t+1 or t+2)"),
+                    *((d(k), f"no close or volume on {d(30)}") for k in range(30, 39))}
+    note = dropped_note(panel.dropped, len(panel.rows), panel.dropped_rows)
+    assert note == (f"; 11 of 33 sampled rows dropped: 9 without features (price history missing: not yet listed, "
+                    f"delisted or halted), 2 without a target (no close at t+1 or t+2); e.g. BBB {d(28)}: no close "
+                    f"on {d(30)} (the target's t+1 or t+2); BBB {d(29)}: no close on {d(30)} (the target's t+1 or "
+                    f"t+2); BBB {d(30)}: no close or volume on {d(30)} (+8 more in results.json)")

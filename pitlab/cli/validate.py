@@ -66,7 +66,7 @@ def _say_panels(res, evaluations) -> None:
         [e.name for e in getattr(res.spec, "evaluations", [])]
     for name, checked in zip(names, evaluations):
         panel = checked.panel
-        note = dropped_note(panel.dropped, len(panel.rows))
+        note = dropped_note(panel.dropped, len(panel.rows), panel.dropped_rows)
         say(f"  panel of {name}: {len(panel.rows):,} rows ({panel.rows.date.nunique()} dates × "
             f"{panel.rows.security.nunique()} securities){note}")
         for w in panel.warnings:

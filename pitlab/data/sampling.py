@@ -122,6 +122,7 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     missing_feat = long[feature_cols].isna().any(axis=1)
     missing_target = long["target"].isna() & ~missing_feat
     dropped = {"missing_features": int(missing_feat.sum()), "missing_target": int(missing_target.sum())}
+    dropped_rows = _dropped_rows(prices, long[missing_feat | missing_target], missing_feat)
     long = long[~missing_feat & ~missing_target].reset_index(drop=True)
     if long.empty:
         raise PanelError(f"{prices.source}: every sampled row lacks a target or features")
@@ -138,7 +139,29 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     rows = long[["date", "security", "prompt", "target"]].sort_values(["date", "security"]).reset_index(drop=True)
     dataset = {**prices.info, "price_levels_in_prompts": printed, "prompt_template": template}
     return Panel(rows=rows, calendar=prices.calendar, source=prices.source, dropped=dropped,
-                 warnings=panel_warnings, dataset=dataset)
+                 warnings=panel_warnings, dataset=dataset, dropped_rows=dropped_rows)
+
+
+def _dropped_rows(prices: Prices, lost: pd.DataFrame, missing_feat: pd.Series) -> list[dict]:
+    """``{"date", "security", "why"}`` of each sampled row ``lost``: the days without a close or volume in its
+    features' 21 days t−20 … t (the first of them and how many), or the missing close at t+1 or t+2."""
+    cal, out = prices.calendar, []
+    for i, r in zip(lost.index, lost.itertuples(index=False)):
+        p = cal.get_loc(r.date)
+        if missing_feat[i]:
+            window = cal[max(p - HISTORY_DAYS, 0):p + 1]
+            gaps = window[(prices.close.loc[window, r.security].isna()
+                           | prices.volume.loc[window, r.security].isna()).to_numpy()]
+            why = (f"no close or volume on {gaps[0].date()}" + (f" and {len(gaps) - 1} more of the 21 days up to t"
+                                                               if len(gaps) > 1 else "")
+                   if len(gaps) else f"fewer than {HISTORY_DAYS} trading days of history before t")
+        else:
+            ahead = cal[p + 1:p + 3]
+            gaps = ahead[prices.close.loc[ahead, r.security].isna().to_numpy()] if len(ahead) == 2 else ahead[:0]
+            why = (f"no close on {', '.join(str(d.date()) for d in gaps)} (the target's t+1 or t+2)" if len(gaps)
+                   else "the target's t+2 lies after the price file's last day")
+        out.append({"date": r.date.date().isoformat(), "security": str(r.security), "why": why})
+    return out
 
 
 MOVE_LIMITS = (0.6, 1 / 0.6)
@@ -198,11 +221,12 @@ def _split_name(ratio: float) -> str:
     return f"{f.denominator}:{f.numerator}"
 
 
-def dropped_note(dropped: dict[str, int], kept: int) -> str:
+def dropped_note(dropped: dict[str, int], kept: int, rows: list[dict] | None = None, shown: int = 3) -> str:
     """What ``Panel.dropped`` says in words, for the console and the report: ``""`` when no row was dropped, else
     e.g. ``"; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed,
-    delisted or halted), 1 without a target (no close at t+1 or t+2)"``; ``kept``: the panel's rows (the
-    sampled count is they plus the dropped)."""
+    delisted or halted), 1 without a target (no close at t+1 or t+2)"``, then the first ``shown`` of
+    ``rows`` (``Panel.dropped_rows``), e.g. ``"; e.g. AAPL 2016-10-31: no close or volume on 2016-10-05"``;
+    ``kept``: the panel's rows (the sampled count is they plus the dropped)."""
     lost = dropped.get("missing_features", 0) + dropped.get("missing_target", 0)
     if not lost:
         return ""
@@ -212,4 +236,7 @@ def dropped_note(dropped: dict[str, int], kept: int) -> str:
                      "delisted or halted)")
     if dropped.get("missing_target"):
         parts.append(f"{dropped['missing_target']:,} without a target (no close at t+1 or t+2)")
-    return f"; {lost:,} of {kept + lost:,} sampled rows dropped: {', '.join(parts)}"
+    named = "; ".join(f"{r['security']} {r['date']}: {r['why']}" for r in (rows or [])[:shown])
+    more = f" (+{len(rows) - shown} more in results.json)" if rows and len(rows) > shown else ""
+    return f"; {lost:,} of {kept + lost:,} sampled rows dropped: {', '.join(parts)}" + (
+        f"; e.g. {named}{more}" if named else "")

@@ -37,7 +37,8 @@ class Panel:
     from information available at t only), ``target`` (float64, close change from t+1 to t+2:
     close[t+2] / close[t+1] - 1, JPX definition). Sorted by (date, security), unique on (date, security),
     no NaN target. ``calendar`` is every trading day of the source panel (sorted, unique), used to count
-    embargo days in trading days. ``dropped`` counts rows removed while sampling and why; ``warnings`` are
+    embargo days in trading days. ``dropped`` counts rows removed while sampling and why, ``dropped_rows`` names
+    each (``{"date", "security", "why"}``: the missing close, volume or target day); ``warnings`` are
     look-ahead hazards of the panel's construction (reported with the results). ``dataset``: where the
     prices came from and how they are adjusted (files, adjustment, the price levels the prompts print), for the
     results' dataset section.
@@ -49,3 +50,4 @@ class Panel:
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     dataset: dict = field(default_factory=dict)
+    dropped_rows: list[dict] = field(default_factory=list)

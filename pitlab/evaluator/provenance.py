@@ -67,4 +67,4 @@ def panel_summary(panel: Panel, calendar: pd.DatetimeIndex) -> dict:
                 "name": calendar.name, "sessions": int(len(sessions)),
                 "price_file_days_not_sessions": [d.date().isoformat() for d in pcal.difference(sessions)][:20],
                 "sessions_missing_from_price_file": int(len(sessions.difference(pcal)))},
-            "dropped": dict(panel.dropped), "target": TARGET}
+            "dropped": dict(panel.dropped), "dropped_rows": list(panel.dropped_rows), "target": TARGET}

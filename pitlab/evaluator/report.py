@@ -122,7 +122,8 @@ def render_markdown(results: dict) -> str:
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", f"Panel: {panel['n_rows']} rows, {panel['n_securities']} securities, {panel['n_dates']} dates "
               f"({panel['first_date']} .. {panel['last_date']}), source `{panel['source']}`"
-              f"{dropped_note(panel.get('dropped', {}), panel['n_rows'])}. Target: {panel['target']}."]
+              f"{dropped_note(panel.get('dropped', {}), panel['n_rows'], panel.get('dropped_rows'))}. "
+              f"Target: {panel['target']}."]
     if results.get("dataset", {}).get("adjustment"):
         ds = results["dataset"]
         levels = ds.get("price_levels_in_prompts") or []
@@ -354,7 +355,8 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
                                          versions=_plain(results.get("versions", {})),
                                          device=_plain(results.get("device", {})),
                                          dropped=dropped_note(results["panel"].get("dropped", {}),
-                                                              results["panel"]["n_rows"]))
+                                                              results["panel"]["n_rows"],
+                                                              results["panel"].get("dropped_rows")))
 
 
 def _plain(value) -> str:

@@ -40,7 +40,7 @@ def run(run: EvalRun, stage: Stage) -> None:
     run.st.running(stage, f"embedding the panel's prompts with {len(run.models)} models")
     rows = run.checked.panel.rows
     run.reporter.stage("panel", f"{run.res.spec.dataset.kind} panel")
-    note = dropped_note(run.checked.panel.dropped, len(rows))
+    note = dropped_note(run.checked.panel.dropped, len(rows), run.checked.panel.dropped_rows)
     run.reporter.done("panel", f"{len(rows):,} rows ({rows.security.nunique()} securities, {rows.date.nunique()} "
                                f"dates){note}")
     prompts = rows["prompt"].astype(str).tolist()
