@@ -613,3 +613,18 @@ def test_cli_results_name_every_recorded_check_before_the_report_path(monkeypatc
     lines = con.export_text().splitlines()
     i = next(k for k, line in enumerate(lines) if line.startswith("  report: "))
     assert lines[i - 1] == diagnostics_line({"diagnostics": diags})
+
+
+def test_r2_by_fold_has_whole_fold_ticks_and_no_offset(tmp_path):
+    """Found in a quant's trial: r2_by_fold.png ticked folds 1.5, 2.5 and drew R² of 1e-6 on an offset axis, which
+    makes noise look like a pattern."""
+    from pitlab.evaluator.plots import plot_r2_by_fold, r2_by_fold_figure
+
+    results = {"protocol": {"selected": ["chronological", "walk-forward"]}, "benchmark": "training mean",
+               "models": [{"name": "a", "protocols": {"walk-forward": {"r2_per_fold": [1.2e-6, -0.8e-6, None]}}},
+                          {"name": "b", "protocols": {"walk-forward": {"r2_per_fold": [0.3e-6, 1.1e-6, 2e-6]}}}]}
+    (ax,) = r2_by_fold_figure(results).axes
+    assert list(ax.get_xticks()) == [1, 2, 3]
+    assert ax.yaxis.get_major_formatter().get_useOffset() is False
+    assert plot_r2_by_fold(results, tmp_path / "f.png") and (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
+    assert r2_by_fold_figure({"protocol": {"selected": ["chronological"]}, "models": []}) is None

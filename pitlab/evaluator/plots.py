@@ -20,9 +20,19 @@ def _ci(ci) -> str:
 def plot_r2_by_fold(results: dict, path: Path) -> bool:
     """R² by fold of the date-block protocols (walk-forward, purged K-fold), one line per model (PNG).
     Returns False (writes nothing) when the results hold no such protocol."""
+    fig = r2_by_fold_figure(results)
+    if fig is None:
+        return False
+    fig.savefig(path, format="png", dpi=110)
+    return True
+
+
+def r2_by_fold_figure(results: dict):
+    """The matplotlib Figure of :func:`plot_r2_by_fold` (one panel per date-block protocol, whole-number fold
+    ticks, R² without an offset), or None when the results hold no such protocol."""
     extra = [p for p in results["protocol"].get("selected", []) if p in ("walk-forward", "purged-kfold")]
     if not extra:
-        return False
+        return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -34,13 +44,15 @@ def plot_r2_by_fold(results: dict, path: Path) -> bool:
             v = [np.nan if x is None else x for x in m["protocols"][p]["r2_per_fold"]]
             ax.plot(np.arange(1, len(v) + 1), v, marker="o", label=m["name"])
         ax.axhline(0.0, color="black", linestyle="--", linewidth=1)
+        n_folds = max(len(m["protocols"][p]["r2_per_fold"]) for m in results["models"])
+        ax.set_xticks(np.arange(1, n_folds + 1))  # folds are whole numbers (the default ticks gave 1.5, 2.5)
+        ax.ticklabel_format(axis="y", useOffset=False)  # no "1e-6 + offset": noise must not look like a pattern
         ax.set_xlabel("fold (test block, in date order)")
         ax.set_ylabel(f"out-of-sample R² ({results['benchmark']} benchmark)")
         ax.set_title(f"{p}: R² by fold")
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, format="png", dpi=110)
-    return True
+    return fig
 
 
 def plot_premium_vs_cutoff(results: dict, path: Path) -> bool:
