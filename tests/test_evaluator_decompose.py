@@ -228,3 +228,8 @@ def test_few_rows_per_dimension_is_stated_below_45_only():
     assert "5700 training rows for 384 embedding dimensions (14.8 per dimension, < 45)" in checks[0]["message"]
     assert "(44.5 per dimension" in checks[1]["message"]
     assert rows_per_dimension_checks(5760, {"x": 128}) == []  # exactly 45 per dimension
+    assert checks[0]["message"].endswith("read this model's intervals as somewhat too narrow")
+    # far below anything the study ran (a trial: 0.4 rows per dimension): not "somewhat"
+    [tiny] = rows_per_dimension_checks(150, {"minilm": 384})
+    assert tiny["message"].endswith("read this model's intervals as too narrow by an unknown amount: 0.4 rows per "
+                                    "dimension is below the 14.8 the study reached")
