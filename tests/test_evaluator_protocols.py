@@ -276,6 +276,9 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     import numpy  # the provenance footer is readable text, not an escaped Python dict
     assert f"numpy {numpy.__version__}, " in html and "&#39;" not in html and "statistics library numpy" in html
     md = (out / "report.md").read_text()
+    # which rows each protocol's R² is on (a trial read all-row R²(on) beside test-row R² as like with like)
+    assert ("| model | R² chronological (its test rows) | R² GroupKFold (all rows) | R² walk-forward (mean of folds) "
+            "(its test folds) | R² purged K-fold (pooled) (its test folds) | R²(on, all rows) − R²(walk-forward)") in md
     assert "## walk-forward: R² by fold" in md and "## Embargo robustness" in md
     # pitlab report rebuilds the report files from results.json alone
     for f in ("report.md", "report.html", "r2_by_fold.png"):

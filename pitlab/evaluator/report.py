@@ -267,8 +267,11 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
     extra = [p for p in results["protocol"].get("selected", []) if p in ("walk-forward", "purged-kfold")]
     out = []
     if extra:
-        header = ["model", "R² chronological", "R² GroupKFold"] + [f"R² {PROTOCOL_LABELS[p]}" for p in extra] + \
-            [f"R²(on) − R²({p}) [{pct} CI]" for p in extra]
+        # which rows each R² is on (docs/statistics.md §2): the extra protocols' premia pair all-row R²(on) with
+        # their own test folds, unlike the headline premium's same-row pair
+        header = ["model", "R² chronological (its test rows)", "R² GroupKFold (all rows)"] + \
+            [f"R² {PROTOCOL_LABELS[p]} (its test folds)" for p in extra] + \
+            [f"R²(on, all rows) − R²({p}) [{pct} CI]" for p in extra]
         rows = []
         for m in models:
             pr = m["protocols"]
@@ -276,7 +279,7 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
                                                                            for p in extra]
                         + [f"{_f(pr[p]['premium'])} {_ci(pr[p]['premium_ci'])} p={_p(pr[p]['premium_p_value'])} "
                            f"{pr[p]['verdict']}" for p in extra])
-        out.append(("Protocols side by side (same bootstrap draws)", header, rows, "lrr" + "r" * 2 * len(extra)))
+        out.append(("Protocols side by side (same bootstrap draws; each R² on the rows its column names)", header, rows, "lrr" + "r" * 2 * len(extra)))
         for p in extra:
             info = results["protocol"][p]
             header = ["model"] + [f"fold {i + 1}: {f['test_first_date']}..{f['test_last_date']} (train {f['n_train']})"
