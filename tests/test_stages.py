@@ -157,7 +157,7 @@ def operator_walk(recorded, kind: str, fail: str | None) -> tuple[list, dict]:
 def _panel() -> SimpleNamespace:
     rows = pd.DataFrame({"date": pd.to_datetime(["2021-01-04"] * 2), "security": ["A", "B"],
                          "prompt": ["a", "b"], "target": [0.1, -0.1]})
-    return SimpleNamespace(rows=rows, dropped={})
+    return SimpleNamespace(rows=rows, dropped={}, dropped_rows=[])
 
 
 def _checked(spec):
