@@ -628,3 +628,15 @@ def test_r2_by_fold_has_whole_fold_ticks_and_no_offset(tmp_path):
     assert ax.yaxis.get_major_formatter().get_useOffset() is False
     assert plot_r2_by_fold(results, tmp_path / "f.png") and (tmp_path / "f.png").read_bytes()[:4] == b"\x89PNG"
     assert r2_by_fold_figure({"protocol": {"selected": ["chronological"]}, "models": []}) is None
+
+
+def test_few_resamples_are_named_with_what_they_cost_the_interval():
+    from pitlab.api.leakageeval import Bootstrap, resamples_warning
+
+    assert resamples_warning(Bootstrap(resamples=100)) is None and resamples_warning(Bootstrap()) is None
+    # two-way: sd of a normal sample of n = 10: relative standard error 1/sqrt(2 (n - 1)) = 23.6 %
+    assert resamples_warning(Bootstrap(resamples=20)).startswith(
+        "bootstrap.resamples: 20: each half's 10 replicates estimate its sd to about ±24 %, so the interval's width")
+    # a 95 % percentile interval of 50 replicates: 1.25 beyond each end
+    assert "each end of the percentile interval rests on 1.25 replicates" in resamples_warning(
+        Bootstrap(resamples=50, cluster="security"))

@@ -210,9 +210,33 @@ GCV_WARNING = ("regression.selection: gcv with allowRowLevelSelection: true: GCV
                "come out far from its interval (reported as unreliable). protocol-cv avoids this.")
 
 
+MIN_RESAMPLES = 100  # fewer: the interval's ends move visibly between bootstrap seeds
+
+
+def resamples_warning(boot: "Bootstrap") -> str | None:
+    """``bootstrap.resamples`` below :data:`MIN_RESAMPLES`, with what it costs the interval: for ``two-way`` the
+    relative standard error of each half's sd, 1/√(2(n−1)) for n = ⌈R/2⌉ replicates (normal theory); for a
+    percentile interval the replicates beyond each end, R·(1−c)/2. None otherwise."""
+    r = boot.resamples
+    if r >= MIN_RESAMPLES:
+        return None
+    if boot.cluster == "two-way":
+        n = -(-r // 2)
+        cost = (f"each half's {n} replicates estimate its sd to about ±{100 / (2 * (n - 1)) ** 0.5:.0f} %, so the "
+                "interval's width moves about that much with bootstrap.seed")
+    else:
+        cost = (f"each end of the percentile interval rests on {r * (1 - boot.confidence) / 2:.3g} replicates, so "
+                "it moves with bootstrap.seed")
+    return (f"bootstrap.resamples: {r}: {cost}; use {MIN_RESAMPLES} or more (the default is 200) for results you "
+            "report")
+
+
 def spec_warnings(spec: "LeakageEvalSpec") -> list[str]:
-    """Warnings about a valid LeakageEval spec (printed by ``pitlab validate``, kept in results.json)."""
-    return [GCV_WARNING] if spec.regression.selection == "gcv" else []
+    """Warnings about a valid LeakageEval spec (printed by ``pitlab validate``, kept in results.json): GCV allowed,
+    few bootstrap resamples."""
+    out = [GCV_WARNING] if spec.regression.selection == "gcv" else []
+    few = resamples_warning(spec.bootstrap)
+    return out + ([few] if few else [])
 
 
 DEFAULT_ALPHAS = tuple(float(f"{10 ** (k / 4 - 1):.6g}") for k in range(25))
