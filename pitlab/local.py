@@ -85,13 +85,13 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
             from pitlab.trainer.prepare import build_config, check_model_builds
 
             config = build_config(ri.model_type, ri.config, vocab_size=res.spec.base_model.tokenizer.vocab_size)
-            check_model_builds(ri.model_type, config)
+            meta = check_model_builds(ri.model_type, config)
         else:
-            config = _local_base_config(res.spec.base_model.uri)
+            config, meta = _local_base_config(res.spec.base_model.uri), None
         if res.spec.lora is not None and config is not None:  # peft skips a target that names nothing
             from pitlab.trainer.prepare import check_lora_targets
 
-            check_lora_targets(config, list(res.spec.lora.target_modules))
+            check_lora_targets(config, list(res.spec.lora.target_modules), meta)
         if res.spec.training.layer_streaming.enabled and not storage.is_s3(res.spec.base_model.uri or ""):
             from pitlab.trainer.plan_streaming import check_spec_fits
 

@@ -77,3 +77,34 @@ def test_loss_history_tells_a_diverging_run_from_a_steady_one():
     assert rising.diverged(7, 1e6) == ("step 8: loss or gradient norm is not finite after the run diverged: the loss "
                                        "rose from 7.64 at step 5 to 1.294e+06 at step 6; lower "
                                        "spec.training.learningRate (now 1e+06)")
+
+
+def test_a_failing_step_after_a_divergence_is_reported_as_one(monkeypatch):
+    """The training loop's step: its history turns a non-finite step after a divergence into the learning-rate
+    error, and leaves the step's own error when the run was steady."""
+    from types import SimpleNamespace
+
+    from pitlab.trainer import train as train_mod
+    from pitlab.trainer.metrics import LossHistory
+    from pitlab.trainer.train import StepResult, watched_step
+
+    run = SimpleNamespace(spec=SimpleNamespace(training=SimpleNamespace(learning_rate=1e6)))
+    losses = iter([7.64, 1_294_044.0])
+
+    def step(run, k):
+        loss = next(losses, None)
+        if loss is None:
+            raise FloatingPointError(f"step {k + 1}: gradient norm is nan with a finite loss")
+        return StepResult(loss, 2.0, 1e6, 0.1)
+
+    monkeypatch.setattr(train_mod, "train_step", step)
+    history = LossHistory()
+    assert [watched_step(run, k, history).loss for k in (0, 1)] == [7.64, 1_294_044.0]
+    with pytest.raises(FloatingPointError, match=r"^step 3: loss or gradient norm is not finite after the run "
+                                                 r"diverged: the loss rose from 7.64 at step 1 to 1.294e\+06 at step 2"):
+        watched_step(run, 2, history)
+    losses = iter([7.64])
+    with pytest.raises(FloatingPointError, match=r"^step 2: gradient norm is nan with a finite loss$"):
+        steady = LossHistory()
+        watched_step(run, 0, steady)
+        watched_step(run, 1, steady)

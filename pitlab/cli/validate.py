@@ -62,8 +62,7 @@ def _say_panels(res, evaluations) -> None:
     unadjusted split in a sampled row's window, a survivorship snapshot), as the run will report them."""
     from pitlab.data.sampling import dropped_note
 
-    names = [res.metadata.name] if len(evaluations) == 1 and res.kind == "LeakageEval" else \
-        [e.name for e in getattr(res.spec, "evaluations", [])]
+    names = [res.metadata.name] if res.kind == "LeakageEval" else [e.name for e in res.spec.evaluations]
     for name, checked in zip(names, evaluations):
         panel = checked.panel
         note = dropped_note(panel.dropped, len(panel.rows), panel.dropped_rows)

@@ -16,6 +16,12 @@ TRAINING_BACKENDS = ("auto", "trainjob", "jobset", "pytorchjob")  # spec.resourc
 SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
+def _check_name(name: str, setting: str, kind: str) -> None:
+    """Raise ``ValueError`` naming ``setting`` unless ``name`` is a DNS-1123 subdomain (a ``kind``'s name)."""
+    if not SECRET_NAME.match(name) or len(name) > 253:
+        raise ValueError(f"{setting}: {name!r} is not a {kind} name (lowercase letters, digits, '-' and '.')")
+
+
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     """What the operator needs besides the resources themselves.
@@ -79,13 +85,10 @@ class OperatorConfig:
             object.__setattr__(self, "image_pull_secrets", (self.image_pull_secrets,))
         object.__setattr__(self, "image_pull_secrets", tuple(self.image_pull_secrets))
         for name in self.image_pull_secrets:
-            if not SECRET_NAME.match(name) or len(name) > 253:
-                raise ValueError(f"PITLAB_IMAGE_PULL_SECRETS (chart value imagePullSecrets): {name!r} is not a "
-                                 f"Secret name (lowercase letters, digits, '-' and '.')")
-        sa = self.workload_service_account
-        if sa and (not SECRET_NAME.match(sa) or len(sa) > 253):
-            raise ValueError(f"PITLAB_WORKLOAD_SERVICE_ACCOUNT (chart value workloads.serviceAccountName): {sa!r} "
-                             "is not a ServiceAccount name (lowercase letters, digits, '-' and '.')")
+            _check_name(name, "PITLAB_IMAGE_PULL_SECRETS (chart value imagePullSecrets)", "Secret")
+        if self.workload_service_account:
+            _check_name(self.workload_service_account,
+                        "PITLAB_WORKLOAD_SERVICE_ACCOUNT (chart value workloads.serviceAccountName)", "ServiceAccount")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "OperatorConfig":

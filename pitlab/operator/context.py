@@ -17,7 +17,7 @@ from pitlab.errors import StageError
 from pitlab.operator import validation
 from pitlab.operator.config import OperatorConfig
 from pitlab.operator.mirroring import FAILED, SUCCEEDED, ChildState, StuckPod, batch_job_state, failed_create, \
-    last_lines, message_json, stuck_pod, termination_message
+    last_lines, message_json, of_job, stuck_pod, termination_message
 from pitlab.operator.naming import RESOURCE_OF_KIND
 
 
@@ -142,7 +142,7 @@ class Ctx(Recorder):
         """:func:`stuck_pod` of ``pods``; when Job ``job_name`` has no pod at all, its newest ``FailedCreate``
         event (:func:`~pitlab.operator.mirroring.failed_create`: the Job controller could not create one)."""
         found = stuck_pod(pods, job_name)
-        if found is None and job_name is not None and not _pods_of(pods, job_name):
+        if found is None and job_name is not None and not any(of_job(p, job_name) for p in pods):
             found = failed_create(self.world.job_events(self.ns, job_name), job_name)
         return found
 
@@ -159,12 +159,6 @@ class Ctx(Recorder):
     def termination_doc(self, job_name: str, container: str) -> dict[str, Any]:
         """The JSON termination message of ``job_name``'s pod (container ``container``), {} when there is none."""
         return message_json(termination_message(self.world.job_pods(self.ns, job_name), job_name, container)) or {}
-
-
-def _pods_of(pods: list[dict[str, Any]], job_name: str) -> list[dict[str, Any]]:
-    """The pods of ``pods`` that Job ``job_name`` created (its ``job-name`` labels)."""
-    return [p for p in pods if job_name in (((p.get("metadata") or {}).get("labels") or {}).get(k)
-                                            for k in ("batch.kubernetes.io/job-name", "job-name"))]
 
 
 def job_message(world: World, ns: str | None, job: dict[str, Any] | None, stage: Stage, state: ChildState) -> str:

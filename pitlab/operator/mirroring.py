@@ -186,6 +186,13 @@ def leakageeval_state(le: dict[str, Any]) -> ChildState:
     return ChildState(RUNNING if phase != "Pending" else PENDING, phase, "")
 
 
+def of_job(pod: dict[str, Any], job_name: str) -> bool:
+    """True when Job ``job_name`` created ``pod`` (its ``batch.kubernetes.io/job-name`` label, or the older
+    ``job-name``)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return job_name in (labels.get("batch.kubernetes.io/job-name"), labels.get("job-name"))
+
+
 def index_pod(pods: list[dict[str, Any]], job_name: str, index: int) -> str | None:
     """The name of the newest pod of Indexed Job ``job_name`` with completion index ``index`` (its
     ``batch.kubernetes.io/job-completion-index`` label), None when there is none (yet)."""
@@ -193,7 +200,7 @@ def index_pod(pods: list[dict[str, Any]], job_name: str, index: int) -> str | No
     for pod in pods:
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if job_name not in (labels.get("batch.kubernetes.io/job-name"), labels.get("job-name")):
+        if not of_job(pod, job_name):
             continue
         if labels.get("batch.kubernetes.io/job-completion-index") != str(index) or meta.get("deletionTimestamp"):
             continue
@@ -207,8 +214,7 @@ def termination_message(pods: list[dict[str, Any]], job_name: str, container: st
     """The termination message of ``container`` in the newest terminated pod of Job ``job_name``."""
     best: tuple[str, str] | None = None
     for pod in pods:
-        labels = (pod.get("metadata") or {}).get("labels") or {}
-        if job_name not in (labels.get("batch.kubernetes.io/job-name"), labels.get("job-name")):
+        if not of_job(pod, job_name):
             continue
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
             term = (cs.get("state") or {}).get("terminated")
@@ -281,9 +287,7 @@ def stuck_pod(pods: list[dict[str, Any]], job_name: str | None = None) -> StuckP
     None when every pod is starting normally, running or finished. Pods being deleted or finished are skipped."""
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name") or ""):
         meta = pod.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        if job_name is not None and job_name not in (labels.get("batch.kubernetes.io/job-name"),
-                                                     labels.get("job-name")):
+        if job_name is not None and not of_job(pod, job_name):
             continue
         status = pod.get("status") or {}
         if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):

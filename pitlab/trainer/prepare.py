@@ -114,26 +114,28 @@ def build_config(model_type: str, overrides: dict, **fixed) -> PreTrainedConfig:
         raise SpecError([(_CONFIG_FIELD, f"invalid {model_type} config: {err}")]) from None
 
 
-def check_model_builds(model_type: str, config: PreTrainedConfig) -> None:
+def check_model_builds(model_type: str, config: PreTrainedConfig) -> torch.nn.Module:
     """Build the model of ``config`` on the meta device (no memory, no weights drawn), as the prepare stage builds
-    it for real, so that a config its modeling code cannot build is refused before anything runs. Raises
-    :class:`pitlab.api.SpecError` naming ``spec.baseModel.randomInit.config``."""
+    it for real, so that a config its modeling code cannot build is refused before anything runs; returns that
+    meta model. Raises :class:`pitlab.api.SpecError` naming ``spec.baseModel.randomInit.config``."""
     try:
         with torch.device("meta"):
-            AutoModelForCausalLM.from_config(config)
+            return AutoModelForCausalLM.from_config(config)
     except (ValueError, TypeError, AssertionError, RuntimeError, KeyError, IndexError) as err:
         raise SpecError([(_CONFIG_FIELD, f"{model_type} model cannot be built from this config: "
                                          f"{type(err).__name__}: {err}")]) from None
 
 
-def check_lora_targets(config: PreTrainedConfig, target_modules: list[str]) -> None:
-    """Build the model of ``config`` on the meta device and refuse ``spec.lora.targetModules`` entries that name
-    no linear layer of it (:func:`pitlab.trainer.lora.check_targets`), before anything runs. Raises
-    :class:`pitlab.api.SpecError`."""
+def check_lora_targets(config: PreTrainedConfig, target_modules: list[str],
+                       model: torch.nn.Module | None = None) -> None:
+    """Refuse ``spec.lora.targetModules`` entries that name no linear layer of the model of ``config``
+    (:func:`pitlab.trainer.lora.check_targets`), before anything runs; ``model``: that model on the meta device
+    when already built (:func:`check_model_builds`), else it is built here. Raises :class:`pitlab.api.SpecError`."""
     from pitlab.trainer.lora import check_targets
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    if model is None:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
     check_targets(model, target_modules)
 
 

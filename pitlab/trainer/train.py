@@ -39,7 +39,6 @@ token budget or world size differ) is refused, naming the field.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -333,6 +332,17 @@ def train_step(run: TrainRun, step: int) -> StepResult:
     return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
 
 
+def watched_step(run: TrainRun, step: int, history: LossHistory) -> StepResult:
+    """:func:`train_step`, recorded in ``history``; a non-finite step of a run that diverged before it
+    (:meth:`LossHistory.diverged`) raises ``FloatingPointError`` saying so, with the learning rate."""
+    try:
+        result = train_step(run, step)
+    except FloatingPointError as err:
+        raise FloatingPointError(history.diverged(step, run.spec.training.learning_rate) or str(err)) from None
+    history.add(step, result)
+    return result
+
+
 def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:
     """The error for a finite loss whose gradient norm is not finite (step ``step``, 0-based): it names the
     token chunks of every rank's microbatches (:meth:`PackedSequences.chunk_ids`), since the cause is the data
@@ -376,11 +386,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     history = LossHistory()
     try:
         for step in range(start_step, run.total_steps):
-            try:
-                result = train_step(run, step)
-            except FloatingPointError as err:
-                raise FloatingPointError(history.diverged(step, run.spec.training.learning_rate) or str(err)) from None
-            history.add(step, result)
+            result = watched_step(run, step, history)
             first_loss = result.loss if first_loss is None else first_loss
             final_loss = result.loss
             elapsed = time.perf_counter() - t_loop
