@@ -5,8 +5,10 @@
 # profile:    the reduced Qwen3.5-35B-A3B shape, pitlab's single-device path and FSDP2 forced at world size 1 with
 #             the fused step, 6 timed steps each, then 2 steps under torch.profiler: wall vs device-busy time per
 #             step, host calls, the top kernels (where FSDP2's 0.72 x goes; about 5 min).
-# throughput: the acceptance command (plain loop, Liger, pitlab, FSDP2 fused) on the reduced shape (about 9 min;
-#             THROUGHPUT_SHAPES=qwen3_30b_slice for the other shape in its own call).
+# throughput: the acceptance command (plain loop, Liger, pitlab, FSDP2 fused) on the reduced shape, each pitlab run
+#             then profiled for 2 steps (the GPU's idle share of a step) and every run's SM clock, power and
+#             clock-event reasons sampled over its timed steps (about 9.5 min; THROUGHPUT_SHAPES=qwen3_30b_slice for
+#             the other shape in its own call).
 # repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
@@ -54,8 +56,19 @@ for k, v in r.items():
         print(k, round(v['tokens_per_second']), {a: b for a, b in p.items() if not a.startswith('top')})
         print('  top device time (ms/step, calls/step):', p['top_device_time'][:12])" "$OUT/profile/throughput.json" ;;
     throughput) timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
-                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s 545 \
-                  --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/throughput.log" 2>&1; tail -8 "$OUT/throughput.log" ;;
+                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s 545 --profile-steps 2 \
+                  --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/throughput.log" 2>&1; tail -8 "$OUT/throughput.log"
+                python3 -c "
+import json, sys
+for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
+    for k, v in e.items():
+        if isinstance(v, dict) and 'step_s' in v:
+            p = v.get('profile') or {}
+            print(shape, k[:40], round(v['tokens_per_second']), 'steps ms', [round(1000 * s) for s in v['step_s']],
+                  'loss0', v.get('loss_first_last', [None])[0], 'gpu', v.get('gpu_state'),
+                  'idle', p.get('device_idle_fraction'), 'launches', p.get('kernel_launches_per_step'))
+            if p: print('  top:', [(n[:50], t, c) for n, t, c in p.get('top_device_time', [])[:12]])" \
+                  "$OUT/throughput/throughput.json" ;;
     accumulation) K4='"gradientAccumulationSteps": 4'
                   timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accumulation" \
                     --shapes qwen35_reduced --checks "" --budget-s 545 --steps 8 --warmup 2 \
@@ -92,7 +105,8 @@ import json, sys
 r = json.load(open(sys.argv[1]))['shapes']['qwen35_reduced']['pitlab']
 p = r.get('profile') or {}
 print(sys.argv[2], round(r['tokens_per_second']), [round(1000 * s) for s in r['step_s']], 'warm-up', round(r['warmup_s']),
-      'device busy ms/step', round(1000 * p.get('device_busy_s_per_step', 0)), 'launches', p.get('kernel_launches_per_step'))
+      'device busy ms/step', round(1000 * p.get('device_busy_s_per_step', 0)), 'idle', p.get('device_idle_fraction'),
+      'launches', p.get('kernel_launches_per_step'), 'loss0', r['loss_first_last'][0], 'gpu', r.get('gpu_state'))
 print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in p.get('top_device_time', [])[:14]])" \
                      "$OUT/autotune-ab-$1/throughput.json" "$1" | tee -a "$OUT/autotune-ab.txt"
                    (cd "/tmp/ab/tc$1" 2>/dev/null && find . -name '*.autotune.json' | tar -czf "$OUT/autotune-ab-tc$1.tgz" -T -); }

@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from h200_qwen35 import CONFIG as QWEN35_SMALL  # noqa: E402
-from hostload import host_load  # noqa: E402
+from hostload import GpuSampler, host_load  # noqa: E402
 
 SEQ = 4096
 QWEN35_REDUCED = {"name": "qwen35_reduced", "model_type": "qwen3_5_moe_text", "vocab": 248320, "seq": SEQ,
@@ -195,15 +195,21 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
     times, losses = [], []
     t_first = time.perf_counter()
+    sampler = GpuSampler() if CUDA else contextlib.nullcontext()
     for i in range(warmup + steps):
         chunk = tokens[i * (seq + 1):(i + 1) * (seq + 1)].to(DEVICE)
+        if i == warmup and CUDA:
+            sampler.__enter__()
         t = time.perf_counter()
         losses.append(float(step(chunk)))  # synchronises
         times.append(time.perf_counter() - t)
         if i == warmup - 1:
             warm_s = time.perf_counter() - t_first
+    if CUDA:
+        sampler.__exit__(None, None, None)
     timed = times[warmup:]
     result = {"tokens_per_second": seq / float(np.median(timed)), "step_s": timed, "warmup_s": warm_s, **_peaks(),
+              "gpu_state": sampler.summary() if CUDA else None,
               "loss_first_last": [losses[0], losses[-1]], "kernels": report, "activation_checkpointing": act_ckpt,
               "parameters": sum(p.numel() for p in model.parameters())}
     del model, opt, step
@@ -307,16 +313,21 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     ctx = setup_run(spec_path, RunPaths(spec_path.parent, spec_path.parent / "base"))
     setup_s = time.perf_counter() - t0
     times, losses = [], []
+    sampler = GpuSampler() if CUDA else None
     for step in range(n_steps):
+        if step == warmup and sampler is not None:
+            sampler.__enter__()
         t = time.perf_counter()
         out = train_step(ctx, step)
         times.append(time.perf_counter() - t)
         losses.append(out.loss)
+    if sampler is not None:
+        sampler.__exit__(None, None, None)
     timed = times[warmup:]
     tokens_per_step = seq * accumulation(overrides) * world
     tps = tokens_per_step / float(np.median(timed))
     result = {"tokens_per_second": tps, "tokens_per_step": tokens_per_step, "tokens_per_second_per_gpu": tps / world,
-              "step_s": timed,
+              "step_s": timed, "gpu_state": sampler.summary() if sampler is not None else None,
               "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
               "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
               "planned_allocated": ctx.plan.allocated_bytes if ctx.plan is not None else None,
@@ -367,14 +378,37 @@ def profiled_steps(step, indices) -> dict:
     busy = sum(dev(e) for e in ev if e.device_type == DeviceType.CUDA
                and not getattr(e, "is_user_annotation", False)) / 1e6 / n
     aten = sum(e.count for e in ev if e.key.startswith("aten::")) / n
+    union = _kernel_union_s(prof) / n if CUDA else None
     launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     top_dev = sorted(ev, key=dev, reverse=True)[:25]
     top_calls = sorted((e for e in ev if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:25]
     return {"steps": n, "wall_s_per_step": wall / n, "device_busy_s_per_step": busy if CUDA else None,
             "device_busy_fraction": busy / (wall / n) if CUDA and wall else None, "aten_calls_per_step": aten,
+            "device_busy_union_s_per_step": union,
+            "device_idle_fraction": 1 - union / (wall / n) if CUDA and wall else None,
             "kernel_launches_per_step": launches / n if CUDA else None,
             "top_device_time": [(e.key, round(dev(e) / 1e3 / n, 3), e.count // n) for e in top_dev],
             "top_calls": [(e.key, e.count // n, round(e.self_cpu_time_total / 1e3 / n, 3)) for e in top_calls]}
+
+
+def _kernel_union_s(prof) -> float:
+    """Seconds in which at least one kernel ran on the device, over the profiled steps (the union of the kernels'
+    intervals: overlapping kernels count once, so ``1 - union / wall`` is the time the GPU waited for the host)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in spans:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total / 1e6
 
 
 def with_env(env: dict, fn):
