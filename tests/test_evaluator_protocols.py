@@ -240,6 +240,11 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     assert pk["premium"] == pytest.approx(late["r2_on"] - pk["r2_pooled"])
     assert [e["embargo_days"] for e in late["embargo_robustness"]] == [0, 10]
     assert late["embargo_robustness"][1]["n_train"] < late["n_train"] < late["embargo_robustness"][0]["n_train"]
+    # each length says how many rows it removed; kept + removed is every row up to trainEnd at each length
+    e0, e10 = late["embargo_robustness"]
+    off = res["protocol"]["leakage_off"]
+    assert e0["n_embargoed"] == 0 < off["n_embargoed"] < e10["n_embargoed"]
+    assert e0["n_train"] == off["n_train"] + off["n_embargoed"] == e10["n_train"] + e10["n_embargoed"]
     assert res["benchmark"] == "zero" and "Σy²" in res["r2_definition"]
     assert res["regression"]["alpha_selection"] == "gcv"  # one method for every protocol
     cc = res["cutoff_control"]
@@ -280,6 +285,8 @@ def test_full_protocol_set_end_to_end_reproducible_with_html_and_report_command(
     assert ("| model | R² chronological (its test rows) | R² GroupKFold (all rows) | R² walk-forward (mean of folds) "
             "(its test folds) | R² purged K-fold (pooled) (its test folds) | R²(on, all rows) − R²(walk-forward)") in md
     assert "## walk-forward: R² by fold" in md and "## Embargo robustness" in md
+    assert (f"r2_off / premium (embargo 10: {e10['n_train']} rows, {e10['n_embargoed']} removed)" in md
+            and f"(embargo {off['embargo_days']}: {off['n_train']} rows, {off['n_embargoed']} removed)" in md)
     # pitlab report rebuilds the report files from results.json alone
     for f in ("report.md", "report.html", "r2_by_fold.png"):
         (out / f).unlink()

@@ -292,8 +292,11 @@ def extra_tables(results: dict) -> list[tuple[str, list[str], list[list[str]], s
                 out.append((f"{p}: premium reductions", *reductions_table(reds, pct)))
     if models and models[0].get("embargo_robustness"):
         base = results["protocol"]["leakage_off"]["embargo_days"]
-        header = ["model", f"r2_off (embargo {base})"] + \
-            [f"r2_off / premium (embargo {e['embargo_days']})" for e in models[0]["embargo_robustness"]]
+        off = results["protocol"]["leakage_off"]
+        header = ["model", f"r2_off (embargo {base}: {off['n_train']} rows, {off['n_embargoed']} removed)"] + \
+            [f"r2_off / premium (embargo {e['embargo_days']}: {e['n_train']} rows"
+             + (f", {e['n_embargoed']} removed)" if "n_embargoed" in e else ")")
+             for e in models[0]["embargo_robustness"]]
         rows = [[m["name"], _f(m["r2_off"])] + [f"same training set as embargo {e['same_as']}"
                                                if e.get("same_as") is not None else
                                                f"{_f(e['r2_off'])} / {_f(e['premium'])}"

@@ -164,7 +164,8 @@ def _extra_protocols(stats: PanelStats, setup, pfolds: dict[str, list[Fold]], gr
 def _embargo_robustness(stats: PanelStats, spec, setup, grid: list[float], on_r2: float) -> list[dict]:
     """r2_off and the premium re-estimated at each of ``protocol.embargoRobustness``'s embargo lengths (the
     date-blocked selection embargoed by the same length). ``same_as``: the embargo length (the spec's, or an
-    earlier one of the list) whose training set this one repeats, else None; its numbers are then None."""
+    earlier one of the list) whose training set this one repeats, else None; its numbers are then None.
+    ``n_train`` / ``n_embargoed``: the training rows kept and the rows the embargo removed at that length."""
     proto = spec.protocol
     seen = [(proto.embargo_days, setup.split.train_mask)]
     out = []
@@ -174,7 +175,8 @@ def _embargo_robustness(stats: PanelStats, spec, setup, grid: list[float], on_r2
             sp_e = setup.splitters["chronological"].with_embargo(e).apply(setup.dates)
         same = next((d for d, mask in seen if np.array_equal(mask, sp_e.train_mask)), None)
         seen.append((e, sp_e.train_mask))
-        row = {"embargo_days": int(e), "n_train": sp_e.n_train, "same_as": same, "r2_off": None, "premium": None}
+        row = {"embargo_days": int(e), "n_train": sp_e.n_train, "n_embargoed": sp_e.n_embargoed, "same_as": same,
+               "r2_off": None, "premium": None}
         if same is None:
             sel = setup.time_selection
             if sel.method == "date-blocked":
