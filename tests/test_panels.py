@@ -77,7 +77,7 @@ def test_sp500_panel(data_root):
     assert len(panel.rows) + sum(panel.dropped.values()) == 9000
     assert panel.rows.target.notna().all()
     lost = sum(panel.dropped.values())
-    assert lost > 0  # 300 of 505 S&P names over five years: some join late or leave early
+    assert lost > 0  # 300 of 505 S&P names over five years: some join late (none leaves: survivorship, below)
     note = dropped_note(panel.dropped, len(panel.rows))
     assert note.startswith(f"; {lost:,} of 9,000 sampled rows dropped: ")
     assert dropped_note({"missing_features": 0, "missing_target": 0}, 9000) == ""
@@ -85,6 +85,40 @@ def test_sp500_panel(data_root):
         "; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed, delisted or "
         "halted), 1 without a target (no close at t+1 or t+2)")
     assert not panel.rows.duplicated(["date", "security"]).any()
+    # the file lists early-2018 constituents: none of the names eligible at the first date stops trading
+    [surv] = [w for w in panel.warnings if "survivorship" in w]
+    first = panel.rows.date.min()
+    n = int(prices.close.loc[:first].tail(21).notna().all().sum())  # a close on t and its 20 sessions before
+    assert surv.startswith(f"dataset: all {n} securities eligible at the first sampled date {first.date()} still "
+                           f"trade on ") and "last day 2018-02-07" in surv and "looks like a survivorship" in surv
+
+
+def test_a_price_file_in_which_no_security_stops_trading_is_called_a_survivorship_snapshot(tmp_path):
+    """A quant would not see that the shared S&P 500 file is a survivorship snapshot (505 names of early 2018,
+    none delisted in five years) from any report."""
+    from pitlab.data.sampling import survivorship_note
+
+    names = tuple(f"S{k:03d}" for k in range(80))
+    path, days = _ohlcv(tmp_path, n_days=600, names=names)  # 80 names over 2.3 years: 184 security-years
+    prices = load_ohlcv_long(path)
+    eligible = np.array(names)
+    first = days[20]
+    years = (days[-1] - first).days / 365.25
+    assert survivorship_note(prices, eligible, first) == (
+        f"dataset: all 80 securities eligible at the first sampled date {first.date()} still trade on {path}'s last "
+        f"day {days[-1].date()}, {years:.1f} years later: no delisting, merger or bankruptcy in the file, so it looks "
+        "like a survivorship snapshot (the securities that survived to its end). A universe drawn from it knows who "
+        "survives, a look-ahead that flatters any model; use a price file that keeps the securities that stopped "
+        "trading, or read the premia as conditional on survival")
+    early = build_panel(prices, 10, 3, 0, start=days[25].date(), end=days[40].date())
+    assert sum(w.startswith("dataset: all 80 securities") for w in early.warnings) == 1
+    # too few security-years to tell (60 names × 2.3 years = 138 < 150): nothing said
+    assert survivorship_note(prices, eligible[:60], first) is None
+    # one name that stops trading 10 days before the end: the file keeps delistings
+    df = pd.read_csv(path)
+    df = df[~((df.Name == "S007") & (pd.to_datetime(df.date) > days[-11]))]
+    df.to_csv(path, index=False)
+    assert survivorship_note(load_ohlcv_long(path), eligible, first) is None
 
 
 def test_ohlcv_missing_column_is_named(tmp_path):

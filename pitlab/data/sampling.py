@@ -126,9 +126,9 @@ def build_panel(prices: Prices, universe_size: int, date_count: int, seed: int,
     long = long[~missing_feat & ~missing_target].reset_index(drop=True)
     if long.empty:
         raise PanelError(f"{prices.source}: every sampled row lacks a target or features")
-    jumps = large_moves(prices, dates, universe)
-    if jumps:
-        panel_warnings.append(jumps)
+    for note in (large_moves(prices, dates, universe), survivorship_note(prices, eligible, first)):
+        if note:
+            panel_warnings.append(note)
     long["name"] = long["security"].map(prices.names)
     long["prompt"] = [
         template.format(date=r.date.date().isoformat(), security=r.security, name=r.name, close=r.close,
@@ -199,6 +199,33 @@ def large_moves(prices: Prices, dates: pd.DatetimeIndex, universe: np.ndarray, s
             f"{'; '.join(items)}{more}. If the file is not adjusted for splits and spin-offs these are not returns "
             "(pitlab cannot tell a split from a crash): use an adjusted file (JPX: AdjustmentFactor) or leave "
             "the securities out")
+
+
+SURVIVOR_SECURITY_YEARS = 150.0
+"""Security-years from the first sampled date to a price file's last day above which a file in which no eligible
+security stops trading is called a survivorship snapshot: at 2 % delistings a year (mergers, bankruptcies; large
+US stocks lose 3-5 % of their names a year) a complete file would show none with probability e^-3, about 5 %."""
+
+
+def survivorship_note(prices: Prices, eligible: np.ndarray, first: pd.Timestamp) -> str | None:
+    """The warning that ``prices`` looks like a survivorship snapshot: every one of the ``eligible`` securities at
+    ``first`` still has a close on the file's last trading day, over at least :data:`SURVIVOR_SECURITY_YEARS`
+    security-years (the file then lists the securities that survived to its end, and a universe drawn from it
+    is conditioned on the future). None when some security stops trading before the last day, or when there are
+    too few security-years to tell."""
+    if len(eligible) == 0:
+        return None
+    last = prices.calendar[-1]
+    years = (last - first).days / 365.25
+    if len(eligible) * years < SURVIVOR_SECURITY_YEARS:
+        return None
+    if prices.close.loc[last, eligible].isna().any():
+        return None
+    return (f"dataset: all {len(eligible)} securities eligible at the first sampled date {first.date()} still trade "
+            f"on {prices.source}'s last day {last.date()}, {years:.1f} years later: no delisting, merger or "
+            "bankruptcy in the file, so it looks like a survivorship snapshot (the securities that survived to its "
+            "end). A universe drawn from it knows who survives, a look-ahead that flatters any model; use a price "
+            "file that keeps the securities that stopped trading, or read the premia as conditional on survival")
 
 
 def _feature_days(cal: pd.DatetimeIndex, dates: pd.DatetimeIndex) -> pd.DatetimeIndex:
