@@ -208,3 +208,43 @@ def test_resource_quantities_and_queue_names_are_checked_when_read(doc, field, v
 def test_good_quantities_and_queue_names_pass(doc, field, value):
     doc["spec"]["resources"][field] = value
     assert getattr(parse_resource(doc).spec.resources, {"queueName": "queue_name"}.get(field, field)) == value
+
+
+@pytest.mark.parametrize("toleration, message", [
+    ({"key": "nvidia.com/gpu", "operater": "Exists"},
+     "spec.resources.tolerations[0].operater: unknown field (check the spelling; fields are camelCase); did you "
+     "mean 'operator'?"),
+    ({"key": "nvidia.com/gpu", "operator": "Exists", "efect": "NoSchedule"},
+     "spec.resources.tolerations[0].efect: unknown field"),
+    ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "Noschedule"},
+     "spec.resources.tolerations[0].effect: Input should be 'NoSchedule', 'PreferNoSchedule', 'NoExecute' or '' "
+     "(got 'Noschedule')"),
+    ({"key": "gpu", "operator": "Exists", "value": "yes"},
+     "spec.resources.tolerations[0]: operator Exists takes no value (got value 'yes')"),
+    ({"operator": "Equal", "value": "yes"}, "spec.resources.tolerations[0]: a toleration without a key needs "
+                                            "operator: Exists"),
+    ({"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30},
+     "spec.resources.tolerations[0]: tolerationSeconds needs effect: NoExecute"),
+])
+def test_a_toleration_the_api_server_would_not_read_as_meant_is_refused(doc, toleration, message):
+    """Found in a platform engineer's trial: `efect`/`operater` passed validate and the operator, and reached
+    every pod, where the API server drops unknown fields and the pods wait on the tainted nodes."""
+    doc["spec"]["resources"]["tolerations"] = [toleration]
+    with pytest.raises(SpecError) as err:
+        parse_resource(doc)
+    assert message in str(err.value)
+
+
+def test_tolerations_reach_the_pods_as_written(doc):
+    from pitlab.operator import builders
+    from pitlab.operator.config import OperatorConfig
+
+    tols = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "pool", "operator": "Equal", "value": "a100", "effect": ""},
+            {"operator": "Exists"}, {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                                     "effect": "NoExecute", "tolerationSeconds": 300}]
+    doc["spec"]["resources"]["tolerations"] = tols
+    doc["metadata"].update(namespace="research", uid="u-1")
+    pt = parse_resource(doc)
+    job = builders.build_prepare_job(pt, OperatorConfig(), doc)
+    assert job["spec"]["template"]["spec"]["tolerations"] == tols

@@ -380,9 +380,17 @@ def _example(path: str) -> dict:
 
 
 def _child_and_jobs(pt_body: dict, cfg: OperatorConfig = CFG, index: int = 0) -> tuple[dict, list[dict], dict]:
-    """The evaluation child ``index`` of a PitTraining body, its embed Jobs and its analyze Job."""
+    """The evaluation child ``index`` of a PitTraining body, its embed Jobs and its analyze Job. The child is
+    built as the operator builds it, from the spec stored in the run's ConfigMap (read back, every default filled
+    in), and must equal the one built from the body itself."""
+    from pitlab.operator.lifecycle import _stored_spec
+
     pt = parse_resource(copy.deepcopy(pt_body))
-    child = builders.build_evaluation(pt, pt.spec.evaluations[index], pt_body)
+    direct = builders.build_evaluation(pt, pt.spec.evaluations[index], pt_body)
+    cm = builders.build_training_configmap(pt, pt_body)
+    stored = PitTraining.model_validate(_stored_spec(cm, "spec.yaml"))
+    child = builders.build_evaluation(stored, stored.spec.evaluations[index], pt_body)
+    assert child == direct
     assert validate(child) == []
     le = parse_resource({**child, "metadata": {k: child["metadata"][k] for k in ("name", "namespace")}})
     child["metadata"]["uid"] = "u-2"

@@ -196,5 +196,9 @@ def test_both_kinds_share_the_scheduling_fields() -> None:
     tpl = pit["evaluations"]["items"]["properties"]["spec"]["properties"]["resources"]["properties"]
     for f in fields:
         assert pit["resources"]["properties"][f] == le[f] == tpl[f], f
-    assert le["tolerations"]["items"] == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    # a Toleration's own fields, so the API server refuses (kubectl --validate=strict) or prunes a misspelt one
+    items = le["tolerations"]["items"]
+    assert set(items["properties"]) == {"key", "operator", "value", "effect", "tolerationSeconds"}
+    assert "x-kubernetes-preserve-unknown-fields" not in items
+    assert items["properties"]["effect"]["enum"] == ["NoSchedule", "PreferNoSchedule", "NoExecute", ""]
     assert le["nodeSelector"]["additionalProperties"] == {"type": "string"}

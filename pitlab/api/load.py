@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from pitlab.api.base import GROUP_VERSION, SpecError
 from pitlab.api.leakageeval import LeakageEval
 from pitlab.api.pittraining import PitTraining
+from pitlab.api.scheduling import INHERITED
 from pitlab.errors import InputError
 
 Resource = Union[PitTraining, LeakageEval]
@@ -84,8 +85,17 @@ def _json_scalar(value: object) -> str:
 
 def dump_resource(res: Resource) -> dict:
     """A resource as every stage reads it back with :func:`parse_resource`: camelCase, JSON values, every
-    default filled in, no ``status``, unset (None) fields left out."""
-    return res.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+    default filled in, no ``status``, unset (None) fields left out. An evaluation template's placement fields
+    (:data:`pitlab.api.scheduling.INHERITED`) are written only where the template set them, so that the
+    resource read back still inherits the training's (a filled-in ``nodeSelector: {}`` would opt out)."""
+    doc = res.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"status"})
+    if isinstance(res, PitTraining):
+        for tpl, out in zip(res.spec.evaluations, doc["spec"].get("evaluations", [])):
+            placement = tpl.spec.resources
+            for name in INHERITED:
+                if name not in placement.model_fields_set:
+                    out["spec"].get("resources", {}).pop(type(placement).model_fields[name].alias, None)
+    return doc
 
 
 def parse_resource(doc: object, source: str | None = None) -> Resource:

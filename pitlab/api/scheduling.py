@@ -7,9 +7,9 @@ Which Jobs of each kind receive them is written in the field descriptions below.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from pitlab.api.base import SpecModel
 
@@ -36,6 +36,33 @@ def check_label_value(value: str | None) -> str | None:
     return value
 
 
+class Toleration(SpecModel):
+    """A Kubernetes Toleration (core/v1), checked as the API server checks it when the spec is read."""
+
+    key: str | None = Field(None, description="the taint key to match; empty with operator Exists matches every taint")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the default)")
+    value: str | None = Field(None, description="the taint value to match (operator Equal only)")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute", ""] | None = Field(
+        None, description="the taint effect to match; empty matches every effect")
+    toleration_seconds: int | None = Field(None, description=(
+        "NoExecute only: how long the pod stays bound after the taint appears (seconds)"))
+
+    @model_validator(mode="after")
+    def _api_rules(self) -> "Toleration":
+        if self.operator == "Exists" and self.value:
+            raise ValueError(f"operator Exists takes no value (got value {self.value!r})")
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator: Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect: NoExecute")
+        return self
+
+
+INHERITED = ("node_selector", "tolerations", "queue_name")
+"""The :class:`PodScheduling` fields an evaluation template (``PitTraining.spec.evaluations[].spec.resources``)
+inherits from the training when it leaves them unset (an explicit empty value opts out)."""
+
+
 Quantity = Annotated[str, AfterValidator(check_quantity)]
 """``cpu`` and ``memory`` of a resources block: checked as Kubernetes quantities when the spec is read."""
 
@@ -50,7 +77,7 @@ class PodScheduling(SpecModel):
         "nodes. An evaluation created by a PitTraining (spec.evaluations[]) that requests GPUs "
         "(resources.gpus > 0) inherits the training's value unless it sets the field itself (an explicit "
         "{} opts out)"))
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, description=(
+    tolerations: list[Toleration] = Field(default_factory=list, description=(
         "pod tolerations (Kubernetes Toleration objects, e.g. {key: nvidia.com/gpu, operator: Exists, "
         "effect: NoSchedule}); given to the same Jobs as nodeSelector, and inherited by an evaluation the "
         "same way (an explicit [] opts out)"))

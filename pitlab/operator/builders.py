@@ -21,6 +21,7 @@ from typing import Any
 from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, layout, stages
 from pitlab.api.layout import EvalOutputs, TrainingLayout
 from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.api.scheduling import INHERITED, Toleration
 from pitlab.api.storage import StorageSpec
 from pitlab.operator import naming
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
@@ -137,7 +138,7 @@ def _with_storage(pod: dict[str, Any], storage: StorageSpec | None) -> dict[str,
 
 def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: str | None, spec_file: str | None,
               restart_policy: str, node_selector: dict[str, str] | None = None,
-              tolerations: list[dict[str, Any]] | None = None, shm: bool = False,
+              tolerations: list[Toleration] | None = None, shm: bool = False,
               init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "data", "persistentVolumeClaim": {"claimName": cfg.pvc}}]
     if configmap:
@@ -167,7 +168,7 @@ def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: 
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:
-        spec["tolerations"] = [dict(t) for t in tolerations]
+        spec["tolerations"] = [t.to_yaml_dict() for t in tolerations]
     return spec
 
 
@@ -403,10 +404,11 @@ def build_evaluation(pt: PitTraining, template: LeakageEvalTemplate, owner: dict
     res, parent = template.spec.resources, pt.spec.resources
     if res.gpus > 0:
         inherited = spec.setdefault("resources", {})
-        for field in ("node_selector", "tolerations", "queue_name"):
+        for field in INHERITED:
             value = getattr(parent, field)
             if field not in res.model_fields_set and value:
-                inherited[type(res).model_fields[field].alias] = copy.deepcopy(value)
+                dumped = parent.model_dump(by_alias=True, mode="json", exclude_none=True, include={field})
+                inherited.update(dumped)
     spec.setdefault("output", {"uri": pt.spec.output.uri})
     if pt.spec.storage is not None:  # the evaluation reads the parent's storage unless it names its own
         spec.setdefault("storage", pt.spec.storage.model_dump(by_alias=True, mode="json", exclude_none=True))

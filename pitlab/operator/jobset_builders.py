@@ -123,7 +123,7 @@ def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, st
     if res.node_selector:
         pod["nodeSelector"] = dict(res.node_selector)
     if res.tolerations:
-        pod["tolerations"] = [dict(t) for t in res.tolerations]
+        pod["tolerations"] = [t.to_yaml_dict() for t in res.tolerations]
     spec_items = [{"key": TRAINING_SPEC_FILE, "path": TRAINING_SPEC_FILE}]
     pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": cfg.pvc}},
                       {"name": "spec", "configMap": {"name": naming.training_spec_configmap(pt.metadata.name),
