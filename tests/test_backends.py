@@ -48,14 +48,28 @@ def test_auto_prefers_trainjob_then_jobset_then_pytorchjob(served: set[str], kin
     assert backends.choose("auto", "jobset", served.__contains__).reason == f"spec.resources.backend: {reason}"
 
 
-def test_a_named_backend_is_taken_without_asking_the_cluster() -> None:
-    def serves(resource: str) -> bool:
-        raise AssertionError(f"asked about {resource}")
-
-    assert backends.choose("jobset", "auto", serves) == backends.Choice(backends.JOBSET,
-                                                                        "spec.resources.backend: jobset")
-    assert backends.choose(None, "trainjob", serves) == backends.Choice(
+def test_a_named_backend_is_taken_when_the_cluster_serves_it() -> None:
+    assert backends.choose("jobset", "auto", {JS}.__contains__) == backends.Choice(
+        backends.JOBSET, "spec.resources.backend: jobset")
+    assert backends.choose(None, "trainjob", {TJ}.__contains__, lambda: True, "pitlab-torch") == backends.Choice(
         backends.TRAINJOB, "the operator's default (chart value trainingBackend): trainjob")
+
+
+def test_a_named_backend_the_cluster_cannot_run_stops_the_run_before_its_prepare_job() -> None:
+    """Found in a platform engineer's trial: backend trainjob on a cluster without Trainer, or without the
+    runtime, ran the prepare Job (hours on a large corpus) before the TrainJob was refused."""
+    choice = backends.choose("trainjob", "auto", {JS, PTJ}.__contains__)
+    assert choice.backend is None and choice.reason == (
+        "spec.resources.backend: trainjob, but the cluster serves no trainjobs.trainer.kubeflow.org: install "
+        "Kubeflow Trainer v2 (the trainer.kubeflow.org/v1alpha1 TrainJob CRD) and the chart's "
+        "ClusterTrainingRuntime, or name another backend (auto takes what the cluster serves)")
+    choice = backends.choose(None, "trainjob", {TJ}.__contains__, lambda: False, "pitlab-torch")
+    assert choice.backend is None and choice.reason == (
+        "the operator's default (chart value trainingBackend): trainjob, but the ClusterTrainingRuntime "
+        "pitlab-torch does not exist (Trainer's webhook refuses a TrainJob without it): install it with the "
+        "chart, trainingRuntime.install=true")
+    assert backends.choose("pytorchjob", "auto", {TJ}.__contains__).reason.startswith(
+        "spec.resources.backend: pytorchjob, but the cluster serves no pytorchjobs.kubeflow.org: install")
 
 
 def test_auto_with_nothing_served_names_what_to_install() -> None:
@@ -247,7 +261,7 @@ def test_the_trainjob_example_builds_a_valid_queued_trainjob() -> None:
     doc = yaml.safe_load((REPO / "examples" / "pittraining-trainjob.yaml").read_text())
     doc["metadata"].update(namespace="research", uid="u-9")
     pt = parse_resource(copy.deepcopy(doc))
-    choice = backends.choose(pt.spec.resources.backend, "auto", lambda r: False)
+    choice = backends.choose(pt.spec.resources.backend, "auto", {TJ}.__contains__)
     assert choice == backends.Choice(backends.TRAINJOB, "spec.resources.backend: trainjob")
     tj = choice.backend.build(pt, OperatorConfig(), doc)
     assert validate(tj) == [] and tj["metadata"]["name"] == "qwen35-a3b-pit-2020-tj-train"

@@ -406,12 +406,12 @@ def test_a_training_runs_to_succeeded_on_each_backend(served, resource, kind, ke
 
 
 @pytest.mark.parametrize("spec_backend, default, resource", [
-    ("jobset", "auto", lifecycle.JOBSETS),  # the spec wins, whatever the cluster serves (only PyTorchJob here)
+    ("jobset", "auto", lifecycle.JOBSETS),  # the spec wins over auto's first choice (TrainJob here)
     (None, "trainjob", lifecycle.TRAINJOBS),  # the operator's default
     ("pytorchjob", "trainjob", lifecycle.PYTORCHJOBS),
 ])
 def test_a_named_backend_is_used_as_named(spec_backend, default, resource) -> None:
-    w = FakeWorld(served=(lifecycle.PYTORCHJOBS,))
+    w = FakeWorld(served=(lifecycle.PYTORCHJOBS, lifecycle.JOBSETS, lifecycle.TRAINJOBS))
     body = copy.deepcopy(BODY)
     if spec_backend:
         body["spec"]["resources"]["backend"] = spec_backend
@@ -458,9 +458,29 @@ def test_auto_skips_a_trainjob_whose_runtime_is_missing() -> None:
     assert plan.creates == [] and "ClusterTrainingRuntime pitlab-torch (absent" in message(body, "Stalled")
 
 
+@pytest.mark.parametrize("served, runtime, missing", [
+    ((lifecycle.JOBSETS,), True, "the cluster serves no trainjobs.trainer.kubeflow.org"),
+    ((lifecycle.TRAINJOBS,), False, "the ClusterTrainingRuntime pitlab-torch does not exist"),
+])
+def test_a_named_backend_the_cluster_cannot_run_creates_nothing_until_it_can(served, runtime, missing) -> None:
+    """Found in a platform engineer's trial: backend trainjob without Trainer, or without its runtime, ran the
+    prepare Job (hours on a large corpus) before the TrainJob was refused."""
+    w = FakeWorld(served=served)
+    w.runtime = runtime
+    body = copy.deepcopy(BODY)
+    body["spec"]["resources"]["backend"] = "trainjob"
+    body, plan = step(w, body)
+    assert plan.creates == [] and body["status"]["phase"] == "Validating" and "backend" not in body["status"]
+    assert conds(body)[0] == ("Validated", "False", "NoTrainingBackend") and missing in message(body, "Stalled")
+    assert message(body, "Stalled").startswith("spec.resources.backend: trainjob, but ")
+    w.served, w.runtime = {lifecycle.TRAINJOBS}, True  # the platform team installs Trainer and the runtime
+    body, plan = step(w, body)
+    assert [m["kind"] for m in plan.creates] == ["ConfigMap", "Job"] and body["status"]["backend"]["name"] == "trainjob"
+
+
 @pytest.mark.parametrize("backend, warned", [("pytorchjob", True), ("trainjob", False), ("jobset", False)])
 def test_only_a_pytorchjob_queued_through_kueue_is_warned_about_kueues_integration(backend, warned) -> None:
-    w = FakeWorld()
+    w = FakeWorld(served=(lifecycle.PYTORCHJOBS, lifecycle.JOBSETS, lifecycle.TRAINJOBS))
     body = copy.deepcopy(BODY)
     body["spec"]["resources"].update(backend=backend, queueName="h200")
     body, plan = step(w, body)

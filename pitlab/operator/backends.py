@@ -74,14 +74,24 @@ class Choice:
 def choose(spec_backend: str | None, default: str, serves: Callable[[str], bool],
            runtime: Callable[[], bool] | None = None, runtime_name: str = "") -> Choice:
     """The backend of a run: ``spec_backend`` (``spec.resources.backend``), else ``default`` (the operator's). A named
-    backend is taken as it is (its kind missing is reported when its child is created). ``auto`` asks ``serves``
+    backend is taken when the cluster serves its kind (and, for TrainJob, ``runtime()`` finds its runtime), else no
+    backend and a reason naming what is missing: the run then waits before its prepare Job rather than after it
+    (a kind removed later is reported when its child is created). ``auto`` asks ``serves``
     (resource key → whether the API server serves it) for TrainJob, JobSet, PyTorchJob in that order, a TrainJob
     only where ``runtime()`` says its ClusterTrainingRuntime ``runtime_name`` exists (Trainer's webhook refuses a
     TrainJob created before its runtime; the chart renders it only where Helm saw Trainer's API); with none
     served, no backend and a reason naming what to install."""
     requested, source = (spec_backend, SPEC_SOURCE) if spec_backend else (default, DEFAULT_SOURCE)
     if requested != "auto":
-        return Choice(BACKENDS[requested], f"{source}: {requested}")
+        backend, said = BACKENDS[requested], f"{source}: {requested}"
+        if not serves(backend.resource):
+            return Choice(None, f"{said}, but the cluster serves no {backend.crd}: install {backend.install}, "
+                                "or name another backend (auto takes what the cluster serves)")
+        if backend is TRAINJOB and runtime is not None and not runtime():
+            return Choice(None, f"{said}, but the ClusterTrainingRuntime {runtime_name} does not exist (Trainer's "
+                                "webhook refuses a TrainJob without it): install it with the chart, "
+                                "trainingRuntime.install=true")
+        return Choice(backend, said)
     missing: list[str] = []
     for backend in AUTO_ORDER:
         if serves(backend.resource):
