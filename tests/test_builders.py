@@ -532,3 +532,26 @@ def test_every_container_keeps_compiled_kernels_on_the_shared_volume(pit: PitTra
             assert {k: v for k, v in env.items() if k in want} == expected
     absolute = dataclasses.replace(CFG, kernel_cache="/scratch/k").kernel_cache_env()
     assert absolute["TRITON_CACHE_DIR"] == "/scratch/k/triton"
+
+
+@pytest.mark.parametrize("indexed", [False, True])
+def test_every_batch_job_fails_at_once_on_bad_input(pit: PitTraining, indexed: bool) -> None:
+    """Found in a platform engineer's trial: a prepare, merge, embedding or analyze Job whose stage refused its
+    input (exit 2: a missing S3 object, a file it cannot read) ran three times (backoffLimit 2) before failing."""
+    body = copy.deepcopy(PIT_BODY)
+    pt = parse_resource(body)
+    child = builders.build_evaluation(pt, pt.spec.evaluations[0], body)
+    le = parse_resource({**child, "metadata": {"name": child["metadata"]["name"], "namespace": "research"}})
+    child["metadata"]["uid"] = "u-2"
+    jobs = [builders.build_prepare_job(pt, CFG, body), builders.build_merge_job(pt, CFG, body),
+            *builders.build_embed_jobs(le, CFG, child, indexed=indexed), builders.build_analyze_job(le, CFG, child)]
+    assert len(jobs) == (4 if indexed else 5)
+    for job in jobs:
+        spec = job["spec"]
+        main = spec["template"]["spec"]["containers"][0]["name"]
+        assert spec["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy requires it
+        assert spec["podFailurePolicy"]["rules"] == [
+            {"action": "FailJob", "onExitCodes": {"containerName": main, "operator": "In", "values": [2]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
+        assert spec["backoffLimit"] == CFG.backoff_limit and validate(job) == [], job["metadata"]["name"]
+    assert [j["spec"]["template"]["spec"]["containers"][0]["name"] for j in jobs][:2] == ["prepare", "merge"]

@@ -12,7 +12,6 @@ something to the operator write it as JSON to their termination message (see
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import posixpath
@@ -23,6 +22,7 @@ from pitlab.api.layout import EvalOutputs, TrainingLayout
 from pitlab.api.leakageeval import LeakageEvalTemplate
 from pitlab.api.scheduling import INHERITED, Toleration
 from pitlab.api.storage import StorageSpec
+from pitlab.errors import EXIT_BAD_INPUT
 from pitlab.operator import naming
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.trainer import command
@@ -179,9 +179,23 @@ def _queue_label(queue_name: str | None) -> dict[str, str]:
     return {naming.KUEUE_QUEUE_KEY: queue_name} if queue_name else {}
 
 
+def pod_failure_policy(container: str) -> dict[str, Any]:
+    """A Job's ``podFailurePolicy``: ``container`` exiting with pitlab's bad-input code
+    (:data:`pitlab.errors.EXIT_BAD_INPUT`: a spec, file or object the stage cannot read) fails the Job at once,
+    as a retry would fail the same way; a disrupted pod (preempted, evicted, its node drained or lost: condition
+    DisruptionTarget) is replaced without counting against ``backoffLimit``; any other failure counts."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
+                                              "values": [EXIT_BAD_INPUT]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
+
+
 def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[str, Any], backoff_limit: int,
                extra_labels: dict[str, str] | None = None, queue_name: str | None = None,
                **job_spec: Any) -> dict[str, Any]:
+    """A batch/v1 Job around ``pod_spec`` (restartPolicy Never), failed at once when its first container exits
+    with the bad-input code (:func:`pod_failure_policy`)."""
     meta = _metadata(name, owner, component, **(extra_labels or {}), **_queue_label(queue_name))
     pod_labels = {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
     return {
@@ -190,6 +204,7 @@ def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[
         "metadata": meta,
         "spec": {
             "backoffLimit": backoff_limit,
+            "podFailurePolicy": pod_failure_policy(pod_spec["containers"][0]["name"]),
             **job_spec,
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },

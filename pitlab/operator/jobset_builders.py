@@ -17,7 +17,6 @@ from typing import Any
 
 from pitlab.api import PitTraining
 from pitlab.api.layout import TrainingLayout
-from pitlab.errors import EXIT_BAD_INPUT
 from pitlab.operator import builders, naming
 from pitlab.operator.config import SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.trainer import command
@@ -37,14 +36,10 @@ STORAGE_SECRET_KEYS = (*builders.REQUIRED_SECRET_KEYS, "AWS_SESSION_TOKEN", "AWS
 
 # ---------------------------------------------------------------- the shared failure policy
 def pod_failure_policy() -> dict[str, Any]:
-    """The ``podFailurePolicy`` of the Job ``node``: container ``node`` exiting with pitlab's bad-input code
-    (:data:`pitlab.errors.EXIT_BAD_INPUT`, passed through by :mod:`pitlab.trainer.torchrun`) fails the Job at once;
-    a disrupted pod (preempted, evicted, its node drained or lost: condition DisruptionTarget) is replaced without
-    counting; any other failure (an NCCL error, an OOM kill) counts, and with ``backoffLimit: 0`` fails the Job."""
-    return {"rules": [
-        {"action": "FailJob", "onExitCodes": {"containerName": NODE, "operator": "In", "values": [EXIT_BAD_INPUT]}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-    ]}
+    """The ``podFailurePolicy`` of the Job ``node`` (:func:`pitlab.operator.builders.pod_failure_policy` of its
+    container ``node``; the bad-input code is passed through by :mod:`pitlab.trainer.torchrun`), and with
+    ``backoffLimit: 0`` any other failure fails the Job."""
+    return builders.pod_failure_policy(NODE)
 
 
 def failure_policy(max_restarts: int) -> dict[str, Any]:
