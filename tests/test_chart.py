@@ -296,5 +296,12 @@ def test_notes_name_the_pull_secrets_the_runtime_and_the_namespace_to_apply_in()
                         "--set", "watchNamespaces={research,prod}"], capture_output=True, text=True, check=True)
     notes = r.stdout[r.stdout.index("NOTES:"):]
     assert '- the image pull Secret(s) "regcred", "mirror" (every workload pod names them);' in notes
-    assert '- TrainJobs run on the ClusterTrainingRuntime "pitlab-torch.team-a".' in notes
+    # helm install --dry-run sees no Trainer API here: the runtime is not rendered, and the notes say so
+    assert ('- TrainJobs name the ClusterTrainingRuntime "pitlab-torch.team-a", which this release did\n'
+            '    not install') in notes and "set trainingRuntime.install=true to install it" in notes
     assert "kubectl apply -f examples/pittraining.yaml -n research" in notes
+    r = subprocess.run([helm(), "install", "--dry-run=client", "pitlab", str(CHART), "--namespace", "team-a",
+                        "--set", "trainingRuntime.install=true"], capture_output=True, text=True, check=True)
+    notes = r.stdout[r.stdout.index("NOTES:"):]
+    assert '- TrainJobs run on the ClusterTrainingRuntime "pitlab-torch.team-a", installed by this release.' in notes
+    assert "kind: ClusterTrainingRuntime" in r.stdout
