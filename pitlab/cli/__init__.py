@@ -13,7 +13,7 @@ from importlib import metadata
 
 import typer
 
-from pitlab.cli import evaluate, merge, publish, run, train, validate
+from pitlab.cli import evaluate, merge, publish, render, run, train, validate
 from pitlab.cli.errors import EXIT_CODES
 
 # rich_markup_mode=None: click's own help formatter, which flows each docstring paragraph to the terminal
@@ -60,13 +60,14 @@ SHORT_HELP = {
     "report": "Rebuild report.md, report.html and the plots of an evaluation folder from its results.json.",
     "train": "Training entry point, run by torchrun in every rank (the PyTorchJob's command).",
     "pull": "Download a published folder, verifying every file's sha256 against its manifest.",
+    "render": "Print the Kubernetes objects the operator would create for a resource (a dry run, no cluster).",
 }
 """What `pitlab --help` lists for each command: click wraps these to the terminal, where it cuts a docstring's
 first sentence off with "..." at the terminal's width."""
 
 # the order of `pitlab --help`
 for _command in (validate.validate, run.run, evaluate.evaluate, train.prepare, evaluate.embed, evaluate.analyze,
-                 train.plan, evaluate.report, train.train, merge.merge, publish.push, publish.pull):
+                 train.plan, render.render, evaluate.report, train.train, merge.merge, publish.push, publish.pull):
     app.command(short_help=SHORT_HELP[_command.__name__])(_command)
 del _command
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, layout, stages
 from pitlab.api.layout import EvalOutputs, TrainingLayout
-from pitlab.api.leakageeval import LeakageEvalTemplate
+from pitlab.api.leakageeval import LeakageEvalTemplate, TrainingRef
 from pitlab.api.scheduling import INHERITED, Toleration
 from pitlab.api.storage import StorageSpec
 from pitlab.errors import EXIT_BAD_INPUT
@@ -273,6 +273,14 @@ def base_model_dir(pt: PitTraining, cfg: OperatorConfig) -> str:
     if uri and not uri.startswith("s3://"):
         return cfg.resolve(uri).rstrip("/")
     return TrainingLayout(training_run_dir(pt, cfg)).base
+
+
+def training_ref_uri(pt: PitTraining, ref: TrainingRef, cfg: OperatorConfig) -> str:
+    """Where the pods read a ``trainingRef`` model of PitTraining ``pt``: its base model folder
+    (:func:`base_model_dir`) for ``artifact: base``, else ``RUN/<artifact>`` (``RUN/model``, the merged model)."""
+    if ref.artifact == "base":
+        return base_model_dir(pt, cfg)
+    return layout.join(training_run_dir(pt, cfg), ref.artifact)
 
 
 def nccl_env(timeout_seconds: int) -> dict[str, str]:

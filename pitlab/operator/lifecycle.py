@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pitlab import pipeline
-from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, layout, stages
+from pitlab.api import LeakageEval, PitTraining, SpecError, conditions, stages
 from pitlab.api.status import TERMINAL_PHASES, ResourceStatus, get_condition, set_condition
 from pitlab.operator import backends, builders, naming, validation
 from pitlab.operator.config import EVAL_SPEC_FILE, TRAINING_SPEC_FILE, OperatorConfig
@@ -222,8 +222,7 @@ def _model_uris(le: LeakageEval, world: World, cfg: OperatorConfig
         except SpecError as err:
             return uris, None, ("TrainingRefInvalid", f"model {m.name}: the spec of PitTraining {ref.name} does "
                                                       f"not parse: {validation.message(err.problems)}")
-        uris[m.name] = (builders.base_model_dir(pt, cfg) if ref.artifact == "base"
-                        else layout.join(builders.training_run_dir(pt, cfg), ref.artifact))
+        uris[m.name] = builders.training_ref_uri(pt, ref, cfg)
     return uris, None, None
 
 
