@@ -184,7 +184,7 @@ def test_help_texts_flow_as_paragraphs():
     assert "Run a PitTraining (filter → train → merge → evaluate) or a LeakageEval on this machine." in " ".join(
         commands.split())
     assert "..." not in commands, commands  # found by a new user: click cut long first sentences off with "..."
-    assert len(re.findall(r"\n  [a-z]+ +\S", commands)) == 12
+    assert len(re.findall(r"\n  [a-z]+ +\S", commands)) == 13
 
 
 def test_version_and_exit_codes_in_the_top_level_help():

@@ -21,9 +21,8 @@ from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, l
 from pitlab.api.layout import EvalOutputs, TrainingLayout
 from pitlab.api.leakageeval import LeakageEvalTemplate, TrainingRef
 from pitlab.api.scheduling import INHERITED, Toleration
-from pitlab.api.storage import StorageSpec
-from pitlab.errors import EXIT_BAD_INPUT
 from pitlab.operator import naming
+from pitlab.operator.pod_parts import pod_failure_policy, with_storage
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.trainer import command
 
@@ -105,37 +104,6 @@ def _container(name: str, image: str, command: list[str], cfg: OperatorConfig, r
     return c
 
 
-# The keys a storage Secret (spec.storage.secretName) must hold, in every kind of pod: a pod whose Secret is missing,
-# or lacks one of them, does not start (CreateContainerConfigError, naming the Secret or the key) instead of
-# running for hours and failing at its first s3:// access. Pods that should use their own AWS identity (IRSA,
-# instance roles) name no Secret.
-REQUIRED_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-
-
-def secret_key_env(secret_name: str, keys: tuple[str, ...], optional: bool) -> list[dict[str, Any]]:
-    """``keys`` of the Secret ``secret_name`` as ``env`` entries (``secretKeyRef``), each ``optional`` or not."""
-    return [{"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": k, "optional": optional}}}
-            for k in keys]
-
-
-def _with_storage(pod: dict[str, Any], storage: StorageSpec | None) -> dict[str, Any]:
-    """Give every container of ``pod`` the object-storage settings of ``spec.storage``: the Secret as
-    ``envFrom`` (its keys, e.g. AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, as variables; the Secret required) plus
-    :data:`REQUIRED_SECRET_KEYS` as required ``secretKeyRef`` variables (so that a Secret without them stops the
-    pod as it stops a TrainJob's, :func:`pitlab.operator.jobset_builders.storage_env`), and endpoint, region and
-    addressing style as AWS_ENDPOINT_URL / AWS_REGION / PITLAB_S3_ADDRESSING_STYLE. Returns ``pod``."""
-    if storage is None:
-        return pod
-    for c in pod.get("containers", []) + pod.get("initContainers", []):
-        names = {e["name"] for e in c["env"]}
-        c["env"] += [{"name": k, "value": v} for k, v in storage.env().items() if k not in names]
-        if storage.secret_name:
-            c["envFrom"] = c.get("envFrom", []) + [{"secretRef": {"name": storage.secret_name, "optional": False}}]
-            c["env"] += [e for e in secret_key_env(storage.secret_name, REQUIRED_SECRET_KEYS, optional=False)
-                         if e["name"] not in names]
-    return pod
-
-
 def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: str | None, spec_file: str | None,
               restart_policy: str, node_selector: dict[str, str] | None = None,
               tolerations: list[Toleration] | None = None, shm: bool = False,
@@ -177,18 +145,6 @@ def _queue_label(queue_name: str | None) -> dict[str, str]:
     (Kueue reads it there for batch/v1 Jobs and PyTorchJobs), never on the pod template; the Job is not
     created suspended: Kueue's webhook suspends a queued Job at creation, as for the PyTorchJob."""
     return {naming.KUEUE_QUEUE_KEY: queue_name} if queue_name else {}
-
-
-def pod_failure_policy(container: str) -> dict[str, Any]:
-    """A Job's ``podFailurePolicy``: ``container`` exiting with pitlab's bad-input code
-    (:data:`pitlab.errors.EXIT_BAD_INPUT`: a spec, file or object the stage cannot read) fails the Job at once,
-    as a retry would fail the same way; a disrupted pod (preempted, evicted, its node drained or lost: condition
-    DisruptionTarget) is replaced without counting against ``backoffLimit``; any other failure counts."""
-    return {"rules": [
-        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
-                                              "values": [EXIT_BAD_INPUT]}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-    ]}
 
 
 def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[str, Any], backoff_limit: int,
@@ -251,7 +207,7 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
                    _resources(cfg.prepare_cpu, cfg.prepare_memory), spec_file=TRAINING_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never",
                     res.node_selector, res.tolerations)
-    _with_storage(pod, pt.spec.storage)
+    with_storage(pod, pt.spec.storage)
     return _batch_job(naming.prepare_job(pt.metadata.name), owner, stages.PREPARE.name, pod, cfg.backoff_limit)
 
 
@@ -347,7 +303,7 @@ def training_pod(pt: PitTraining, cfg: OperatorConfig, main: dict[str, Any], sid
     spec = _pod_spec([main], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE,
                      restart_policy, res.node_selector, res.tolerations, shm=True,
                      init_containers=[progress_sidecar(pt, cfg)] if sidecar else None)
-    return _with_storage(spec, pt.spec.storage)
+    return with_storage(spec, pt.spec.storage)
 
 
 def build_pytorchjob(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) -> dict[str, Any]:
@@ -411,7 +367,7 @@ def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any])
                    _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
     pod = _pod_spec([c], cfg, None, None, "Never", res.node_selector if cfg.merge_gpus else None,
                     res.tolerations if cfg.merge_gpus else None)
-    _with_storage(pod, pt.spec.storage)
+    with_storage(pod, pt.spec.storage)
     return _batch_job(naming.merge_job(pt.metadata.name), owner, stages.MERGE.name, pod, cfg.backoff_limit,
                       queue_name=res.queue_name if cfg.merge_gpus else None, completions=1, parallelism=1)
 
@@ -480,7 +436,7 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
     def pod(command: list[str]) -> dict[str, Any]:
         c = _container(stages.EMBED.name, image, command, cfg, _resources(r.cpu, r.memory, r.gpus),
                        spec_file=EVAL_SPEC_FILE)
-        return _with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r.node_selector, r.tolerations,
+        return with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r.node_selector, r.tolerations,
                                        shm=r.gpus > 0), le.spec.storage)
 
     if indexed is None:
@@ -513,7 +469,7 @@ def build_analyze_job(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any
     c = _container(stages.ANALYZE.name, le.spec.resources.image or cfg.evaluator_image, analyze_command(out), cfg,
                    _resources(cfg.analyze_cpu, cfg.analyze_memory), spec_file=EVAL_SPEC_FILE)
     pod = _pod_spec([c], cfg, naming.eval_spec_configmap(le.metadata.name), EVAL_SPEC_FILE, "Never")
-    _with_storage(pod, le.spec.storage)
+    with_storage(pod, le.spec.storage)
     return _batch_job(naming.analyze_job(le.metadata.name), owner, stages.ANALYZE.name, pod, cfg.backoff_limit,
                       completions=1, parallelism=1)
 

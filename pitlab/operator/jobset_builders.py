@@ -17,7 +17,7 @@ from typing import Any
 
 from pitlab.api import PitTraining
 from pitlab.api.layout import TrainingLayout
-from pitlab.operator import builders, naming
+from pitlab.operator import builders, naming, pod_parts
 from pitlab.operator.config import SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
 from pitlab.trainer import command
 
@@ -29,17 +29,17 @@ NODE = naming.NODE_JOB
 METRICS_ENV = "PITLAB_METRICS"  # the runtime's progress sidecar reads its metrics file from this variable
 BAD_INPUT_RULE = "bad-input"
 # Keys of a storage Secret given to a TrainJob's node container (a TrainJob has no envFrom): the required ones
-# (builders.REQUIRED_SECRET_KEYS, as in every other pod), then the optional ones.
-STORAGE_SECRET_KEYS = (*builders.REQUIRED_SECRET_KEYS, "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
+# (pod_parts.REQUIRED_SECRET_KEYS, as in every other pod), then the optional ones.
+STORAGE_SECRET_KEYS = (*pod_parts.REQUIRED_SECRET_KEYS, "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
                        "AWS_DEFAULT_REGION")
 
 
 # ---------------------------------------------------------------- the shared failure policy
 def pod_failure_policy() -> dict[str, Any]:
-    """The ``podFailurePolicy`` of the Job ``node`` (:func:`pitlab.operator.builders.pod_failure_policy` of its
+    """The ``podFailurePolicy`` of the Job ``node`` (:func:`pitlab.operator.pod_parts.pod_failure_policy` of its
     container ``node``; the bad-input code is passed through by :mod:`pitlab.trainer.torchrun`), and with
     ``backoffLimit: 0`` any other failure fails the Job."""
-    return builders.pod_failure_policy(NODE)
+    return pod_parts.pod_failure_policy(NODE)
 
 
 def failure_policy(max_restarts: int) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def build_jobset(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any]) ->
 def storage_env(pt: PitTraining) -> list[dict[str, Any]]:
     """``spec.storage`` as the variables of a TrainJob's node container: the settings as values, the Secret's
     standard keys (:data:`STORAGE_SECRET_KEYS`) as ``secretKeyRef`` (a TrainJob has no ``envFrom``): AWS_ACCESS_KEY_ID
-    and AWS_SECRET_ACCESS_KEY required, as in every other pod (:func:`builders._with_storage`: a missing Secret or
+    and AWS_SECRET_ACCESS_KEY required, as in every other pod (:func:`pod_parts.with_storage`: a missing Secret or
     key stops the pod from starting), the others optional; a key the settings already set is not read from the
     Secret."""
     storage = pt.spec.storage
@@ -102,10 +102,10 @@ def storage_env(pt: PitTraining) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in storage.env().items()]
     if storage.secret_name:
         set_ = {e["name"] for e in env}
-        required = tuple(k for k in builders.REQUIRED_SECRET_KEYS if k not in set_)
-        optional = tuple(k for k in STORAGE_SECRET_KEYS if k not in set_ and k not in builders.REQUIRED_SECRET_KEYS)
-        env += builders.secret_key_env(storage.secret_name, required, optional=False)
-        env += builders.secret_key_env(storage.secret_name, optional, optional=True)
+        required = tuple(k for k in pod_parts.REQUIRED_SECRET_KEYS if k not in set_)
+        optional = tuple(k for k in STORAGE_SECRET_KEYS if k not in set_ and k not in pod_parts.REQUIRED_SECRET_KEYS)
+        env += pod_parts.secret_key_env(storage.secret_name, required, optional=False)
+        env += pod_parts.secret_key_env(storage.secret_name, optional, optional=True)
     return env
 
 
