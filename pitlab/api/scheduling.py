@@ -87,3 +87,12 @@ class PodScheduling(SpecModel):
         "metadata only, not the pods; Kueue suspends the Job at creation and admits it against the queue's "
         "quota). The CPU analyze Job "
         "gets none. Inherited by an evaluation like nodeSelector"))
+    def placement(self) -> dict:
+        """The pod spec fields these settings give a pod: ``nodeSelector`` and ``tolerations``, each only when
+        set (the queue is a label on the Job, not a pod field)."""
+        out: dict = {}
+        if self.node_selector:
+            out["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            out["tolerations"] = [t.to_yaml_dict() for t in self.tolerations]
+        return out

@@ -20,7 +20,7 @@ from typing import Any
 from pitlab.api import GROUP_VERSION, LeakageEval, PitTraining, dump_resource, layout, stages
 from pitlab.api.layout import EvalOutputs, TrainingLayout
 from pitlab.api.leakageeval import LeakageEvalTemplate, TrainingRef
-from pitlab.api.scheduling import INHERITED, Toleration
+from pitlab.api.scheduling import INHERITED, PodScheduling
 from pitlab.operator import naming
 from pitlab.operator.pod_parts import pod_failure_policy, with_storage
 from pitlab.operator.config import EVAL_SPEC_FILE, SPEC_DIR, TRAINING_SPEC_FILE, OperatorConfig
@@ -105,8 +105,7 @@ def _container(name: str, image: str, command: list[str], cfg: OperatorConfig, r
 
 
 def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: str | None, spec_file: str | None,
-              restart_policy: str, node_selector: dict[str, str] | None = None,
-              tolerations: list[Toleration] | None = None, shm: bool = False,
+              restart_policy: str, placement: PodScheduling | None = None, shm: bool = False,
               init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     volumes: list[dict[str, Any]] = [{"name": "data", "persistentVolumeClaim": {"claimName": cfg.pvc}}]
     if configmap:
@@ -133,10 +132,8 @@ def _pod_spec(containers: list[dict[str, Any]], cfg: OperatorConfig, configmap: 
     if cfg.image_pull_secrets:  # the chart's imagePullSecrets: the images may live in a private registry
         spec["imagePullSecrets"] = cfg.pull_secrets()
     spec.update(cfg.pod_identity())  # the chart's workloads.serviceAccountName (IRSA, Workload Identity)
-    if node_selector:
-        spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        spec["tolerations"] = [t.to_yaml_dict() for t in tolerations]
+    if placement is not None:
+        spec.update(placement.placement())
     return spec
 
 
@@ -205,8 +202,7 @@ def build_prepare_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any
                           *stages.PREPARE.entry_point, "--spec", TRAINING_SPEC_PATH, "--run-dir", run]
     c = _container(stages.PREPARE.name, res.image or cfg.trainer_image, command, cfg,
                    _resources(cfg.prepare_cpu, cfg.prepare_memory), spec_file=TRAINING_SPEC_FILE)
-    pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never",
-                    res.node_selector, res.tolerations)
+    pod = _pod_spec([c], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE, "Never", res)
     with_storage(pod, pt.spec.storage)
     return _batch_job(naming.prepare_job(pt.metadata.name), owner, stages.PREPARE.name, pod, cfg.backoff_limit)
 
@@ -301,7 +297,7 @@ def training_pod(pt: PitTraining, cfg: OperatorConfig, main: dict[str, Any], sid
     shared volume, a memory-backed ``/dev/shm``, the placement of ``spec.resources`` and the storage settings."""
     res = pt.spec.resources
     spec = _pod_spec([main], cfg, naming.training_spec_configmap(pt.metadata.name), TRAINING_SPEC_FILE,
-                     restart_policy, res.node_selector, res.tolerations, shm=True,
+                     restart_policy, res, shm=True,
                      init_containers=[progress_sidecar(pt, cfg)] if sidecar else None)
     return with_storage(spec, pt.spec.storage)
 
@@ -365,8 +361,7 @@ def build_merge_job(pt: PitTraining, cfg: OperatorConfig, owner: dict[str, Any])
     command = merge_command(run, training_checkpoint_uri(pt, cfg), base_model_dir(pt, cfg))
     c = _container(stages.MERGE.name, res.image or cfg.trainer_image, command, cfg,
                    _resources(cfg.merge_cpu, cfg.merge_memory, cfg.merge_gpus))
-    pod = _pod_spec([c], cfg, None, None, "Never", res.node_selector if cfg.merge_gpus else None,
-                    res.tolerations if cfg.merge_gpus else None)
+    pod = _pod_spec([c], cfg, None, None, "Never", res if cfg.merge_gpus else None)
     with_storage(pod, pt.spec.storage)
     return _batch_job(naming.merge_job(pt.metadata.name), owner, stages.MERGE.name, pod, cfg.backoff_limit,
                       queue_name=res.queue_name if cfg.merge_gpus else None, completions=1, parallelism=1)
@@ -436,7 +431,7 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
     def pod(command: list[str]) -> dict[str, Any]:
         c = _container(stages.EMBED.name, image, command, cfg, _resources(r.cpu, r.memory, r.gpus),
                        spec_file=EVAL_SPEC_FILE)
-        return with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r.node_selector, r.tolerations,
+        return with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r,
                                        shm=r.gpus > 0), le.spec.storage)
 
     if indexed is None:

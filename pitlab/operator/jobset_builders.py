@@ -114,11 +114,7 @@ def runtime_patch(pt: PitTraining, cfg: OperatorConfig, pod_labels: dict[str, st
     (mounted into container ``node``), the progress sidecar's metrics file and read-only volume, and the
     operator's ``imagePullSecrets`` and workload ``serviceAccountName``."""
     res = pt.spec.resources
-    pod: dict[str, Any] = {}
-    if res.node_selector:
-        pod["nodeSelector"] = dict(res.node_selector)
-    if res.tolerations:
-        pod["tolerations"] = [t.to_yaml_dict() for t in res.tolerations]
+    pod: dict[str, Any] = res.placement()
     spec_items = [{"key": TRAINING_SPEC_FILE, "path": TRAINING_SPEC_FILE}]
     pod["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": cfg.pvc}},
                       {"name": "spec", "configMap": {"name": naming.training_spec_configmap(pt.metadata.name),
