@@ -225,6 +225,9 @@ def test_good_quantities_and_queue_names_pass(doc, field, value):
                                             "operator: Exists"),
     ({"key": "gpu", "effect": "NoSchedule", "tolerationSeconds": 30},
      "spec.resources.tolerations[0]: tolerationSeconds needs effect: NoExecute"),
+    ({"key": "gpu type!", "operator": "Exists"}, "spec.resources.tolerations[0]: key 'gpu type!' is not a label key"),
+    ({"key": "pool", "operator": "Equal", "value": "training nodes!"},
+     "spec.resources.tolerations[0]: value 'training nodes!' is not a label value (at most 63 characters"),
 ])
 def test_a_toleration_the_api_server_would_not_read_as_meant_is_refused(doc, toleration, message):
     """Found in a platform engineer's trial: `efect`/`operater` passed validate and the operator, and reached
@@ -248,3 +251,24 @@ def test_tolerations_reach_the_pods_as_written(doc):
     pt = parse_resource(doc)
     job = builders.build_prepare_job(pt, OperatorConfig(), doc)
     assert job["spec"]["template"]["spec"]["tolerations"] == tols
+
+
+@pytest.mark.parametrize("selector, message", [
+    ({"pool": "train pool!"}, "spec.resources.nodeSelector: entry pool: 'train pool!' is not a label value"),
+    ({"bad key": "x"}, "spec.resources.nodeSelector: entry bad key: 'bad key' is not a label key"),
+    ({"Example.com/pool": "a"}, "'Example.com/pool' is not a label key (a label key is [prefix/]name"),
+    ({"pool": "v" * 64}, "is not a label value (at most 63 characters"),
+])
+def test_a_node_selector_the_api_server_would_refuse_is_refused_with_the_spec(doc, selector, message):
+    """Found in a platform engineer's trial: `pool: 'eval pool'` passed validate and render, and an evaluation's
+    embedding Job carrying it would have been refused (422) only after training and merge."""
+    doc["spec"]["resources"]["nodeSelector"] = selector
+    with pytest.raises(SpecError) as err:
+        parse_resource(doc)
+    assert message in str(err.value)
+
+
+def test_good_node_selectors_pass(doc):
+    good = {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "", "topology.kubernetes.io/zone": "us-east-1a"}
+    doc["spec"]["resources"]["nodeSelector"] = good
+    assert parse_resource(doc).spec.resources.node_selector == good

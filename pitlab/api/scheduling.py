@@ -36,6 +36,41 @@ def check_label_value(value: str | None) -> str | None:
     return value
 
 
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL_RULES = ("a label key is [prefix/]name: name at most 63 characters, letters, digits, '-', '_' and '.', "
+                "starting and ending with a letter or digit; prefix a lowercase DNS subdomain of at most 253")
+_VALUE_RULES = "at most 63 characters, letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+
+
+def label_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a Kubernetes label key (a qualified name, as the API server checks nodeSelector keys
+    and toleration keys), or None."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"{key!r} is not a label key ({_LABEL_RULES})"
+    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        return f"{key!r} is not a label key ({_LABEL_RULES})"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a Kubernetes label value (empty, or as :data:`_VALUE_RULES` say), or None."""
+    if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
+        return f"{value!r} is not a label value ({_VALUE_RULES})"
+    return None
+
+
+def check_node_selector(selector: dict[str, str]) -> dict[str, str]:
+    """A nodeSelector the API server accepts (label keys and values), else ValueError naming the entry: a child
+    carrying a bad one is refused with 422 when it is created, for an evaluation hours into the run."""
+    for key, value in selector.items():
+        problem = label_key_problem(key) or label_value_problem(value)
+        if problem:
+            raise ValueError(f"entry {key}: {problem}")
+    return selector
+
+
 class Toleration(SpecModel):
     """A Kubernetes Toleration (core/v1), checked as the API server checks it when the spec is read."""
 
@@ -49,6 +84,14 @@ class Toleration(SpecModel):
 
     @model_validator(mode="after")
     def _api_rules(self) -> "Toleration":
+        if self.key:
+            problem = label_key_problem(self.key)
+            if problem:
+                raise ValueError(f"key {problem}")
+        if self.value:
+            problem = label_value_problem(self.value)
+            if problem:
+                raise ValueError(f"value {problem}")
         if self.operator == "Exists" and self.value:
             raise ValueError(f"operator Exists takes no value (got value {self.value!r})")
         if not self.key and self.operator != "Exists":
@@ -70,7 +113,7 @@ Quantity = Annotated[str, AfterValidator(check_quantity)]
 class PodScheduling(SpecModel):
     """``nodeSelector``, ``tolerations`` and the Kueue ``queueName`` of the GPU Jobs the operator creates."""
 
-    node_selector: dict[str, str] = Field(default_factory=dict, description=(
+    node_selector: Annotated[dict[str, str], AfterValidator(check_node_selector)] = Field(default_factory=dict, description=(
         "pod nodeSelector. PitTraining: the prepare Job, the training pods and the merge Job when it "
         "requests GPUs. LeakageEval: its embedding Jobs; not the analyze Job, which runs on CPU and is sized "
         "and placed by the operator (like a CPU merge Job), so GPU-node selectors do not pin it to GPU "
