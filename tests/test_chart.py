@@ -305,3 +305,13 @@ def test_notes_name_the_pull_secrets_the_runtime_and_the_namespace_to_apply_in()
     notes = r.stdout[r.stdout.index("NOTES:"):]
     assert '- TrainJobs run on the ClusterTrainingRuntime "pitlab-torch.team-a", installed by this release.' in notes
     assert "kind: ClusterTrainingRuntime" in r.stdout
+    # the backend line names only what the chosen backend needs (found in a trial: jobset listed all three)
+    for backend, line in (("trainjob", "the cluster must serve Kubeflow Trainer v2's TrainJob (trainingBackend: "
+                                       "trainjob), installed before this\n    chart"),
+                          ("jobset", "the cluster must serve JobSet (trainingBackend: jobset); a run waits "
+                                     "(NoTrainingBackend) until it does;")):
+        r = subprocess.run([helm(), "install", "--dry-run=client", "pitlab", str(CHART), "--namespace", "team-a",
+                            "--set", f"trainingBackend={backend}"], capture_output=True, text=True, check=True)
+        notes = r.stdout[r.stdout.index("NOTES:"):]
+        assert line in notes and "JobSet, or the Kubeflow training operator" not in notes, backend
+        assert ("ClusterTrainingRuntime" in notes) is (backend == "trainjob"), backend

@@ -228,10 +228,13 @@ def test_training_child_follows_backend(backend, kind) -> None:
 
 def test_operator_default_backend_comes_from_the_environment_and_the_spec_wins() -> None:
     assert _docs(PT, env={"PITLAB_TRAINING_BACKEND": "jobset"})[2]["kind"] == "JobSet"
-    result, _ = _render(PT_TJ, "--backend", "pytorchjob")  # spec.resources.backend: trainjob
+    result, out = _render(PT_TJ, "--backend", "pytorchjob")  # spec.resources.backend: trainjob
     assert result.exit_code == 0
     assert "Training backend: TrainJob (spec.resources.backend: trainjob)" in _comments(result.stdout)
     assert [d["kind"] for d in yaml.safe_load_all(result.stdout)][2] == "TrainJob"
+    # and the option that lost is named on stderr, not dropped without a word
+    assert (f"note: --backend pytorchjob is not used: {PT_TJ} names spec.resources.backend: trainjob, which the "
+            "operator takes first") in out
 
 
 def test_a_queued_pytorchjob_carries_the_operators_kueue_warning(tmp_path) -> None:
@@ -300,6 +303,24 @@ def test_a_trainingref_without_its_training_exits_2_naming_the_model_and_the_tra
     assert result.exit_code == 2 and result.stdout == ""
     assert "spec.models[1].trainingRef: model qwen35-pit-2020 is the model of PitTraining qwen35-a3b-pit-2020" in out
     assert "--training FILE" in out
+
+
+def test_a_training_of_another_name_or_namespace_is_named(tmp_path) -> None:
+    """Found in a platform engineer's trial: a --training of another PitTraining was told to give one, and one in
+    another namespace than the LeakageEval's was used (the operator looks in the LeakageEval's namespace)."""
+    other = _example(PT_TJ)
+    other["metadata"]["name"] = "someone-else"
+    result, out = _render(LE, "--training", _written(tmp_path, other))
+    assert result.exit_code == 2 and "give its YAML with --training FILE (the --training files given name " \
+                                      "someone-else)" in out
+    pt = _example(PT)
+    pt["metadata"]["namespace"] = "research"
+    le = _example(LE)
+    le["metadata"]["namespace"] = "default"
+    result, out = _render(_written(tmp_path, le, "le.yaml"), "--training", _written(tmp_path, pt, "pt.yaml"))
+    assert result.exit_code == 2 and (
+        "spec.models[1].trainingRef: model qwen35-pit-2020: the --training PitTraining qwen35-a3b-pit-2020 is in "
+        "namespace research, but the operator looks for it in the LeakageEval's namespace default") in out
 
 
 def test_training_of_another_kind_is_refused() -> None:

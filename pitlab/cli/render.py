@@ -54,6 +54,10 @@ def render(file: Path = typer.Argument(..., metavar="FILE",
     if backend is not None and backend not in TRAINING_BACKENDS:
         fail(f"--backend {backend!r}: give {', '.join(TRAINING_BACKENDS[:-1])} or {TRAINING_BACKENDS[-1]}", 2)
     res = load(file, None)
+    named = getattr(res.spec.resources, "backend", None) if isinstance(res, PitTraining) else None
+    if backend is not None and named and named != backend:
+        say(f"note: --backend {backend} is not used: {file} names spec.resources.backend: {named}, which the "
+            "operator takes first")
     trainings = _trainings(training)
     ns = _namespace(res, namespace)
     cfg = _config()

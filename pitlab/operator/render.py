@@ -157,10 +157,16 @@ def render_eval(body: dict[str, Any], cfg: OperatorConfig, trainings: Mapping[st
         if ref is None:
             continue
         pt = trainings.get(ref.name)
+        field = f"spec.models[{j}].trainingRef"
         if pt is None:
-            raise SpecError([(f"spec.models[{j}].trainingRef", f"model {m.name} is the {ref.artifact} of "
-                                                               f"PitTraining {ref.name}, which render cannot read "
-                                                               "from a cluster: give its YAML with --training FILE")])
+            given = f" (the --training files given name {', '.join(sorted(trainings))})" if trainings else ""
+            raise SpecError([(field, f"model {m.name} is the {ref.artifact} of PitTraining {ref.name}, which render "
+                                     f"cannot read from a cluster: give its YAML with --training FILE{given}")])
+        namespace = body["metadata"].get("namespace")
+        if pt.metadata.namespace and namespace and pt.metadata.namespace != namespace:
+            raise SpecError([(field, f"model {m.name}: the --training PitTraining {ref.name} is in namespace "
+                                     f"{pt.metadata.namespace}, but the operator looks for it in the LeakageEval's "
+                                     f"namespace {namespace} (each namespace has its own volume)")])
         uris[m.name] = builders.training_ref_uri(pt, ref, cfg)
         waits.append(f"PitTraining {ref.name} {'Merged' if ref.artifact == 'model' else 'Prepared'}")
     accepted = "created when the LeakageEval is accepted" + (
