@@ -555,3 +555,23 @@ def test_every_batch_job_fails_at_once_on_bad_input(pit: PitTraining, indexed: b
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
         assert spec["backoffLimit"] == CFG.backoff_limit and validate(job) == [], job["metadata"]["name"]
     assert [j["spec"]["template"]["spec"]["containers"][0]["name"] for j in jobs][:2] == ["prepare", "merge"]
+
+
+def test_an_embedding_job_without_cpu_or_memory_gets_the_operators_defaults(pit: PitTraining) -> None:
+    """Found in a platform engineer's trial: an evaluation that set no resources ran its embedding pods
+    BestEffort (no requests: placed anywhere, evicted first)."""
+    body = copy.deepcopy(PIT_BODY)
+    body["spec"]["evaluations"][0]["spec"]["resources"] = {"gpus": 1}
+    pt = parse_resource(body)
+    child = builders.build_evaluation(pt, pt.spec.evaluations[0], body)
+    le = parse_resource({**child, "metadata": {"name": child["metadata"]["name"], "namespace": "research"}})
+    res = lambda cfg: [j["spec"]["template"]["spec"]["containers"][0]["resources"]  # noqa: E731
+                       for j in builders.build_embed_jobs(le, cfg, child)]
+    got = res(CFG)
+    assert got and all(r == {"requests": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"},
+                             "limits": {"memory": "64Gi", "nvidia.com/gpu": "1"}} for r in got)
+    cfg = OperatorConfig.from_env({"PITLAB_EMBED_CPU": "16", "PITLAB_EMBED_MEMORY": "200Gi"})  # the chart's values
+    assert all(r["requests"]["cpu"] == "16" and r["limits"]["memory"] == "200Gi" for r in res(cfg))
+    # the LeakageEval's own values win
+    le.spec.resources.cpu, le.spec.resources.memory = "2", "8Gi"
+    assert all(r["requests"] == {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"} for r in res(cfg))

@@ -292,8 +292,10 @@ class EvalResources(PodScheduling):
     Job (CPU) takes only ``image``."""
 
     gpus: int = Field(0, ge=0)
-    cpu: Quantity | None = None
-    memory: Quantity | None = None
+    cpu: Quantity | None = Field(None, description=(
+        "CPU request of each embedding pod (unset: the operator's defaults.embedCpu, 8)"))
+    memory: Quantity | None = Field(None, description=(
+        "memory request and limit of each embedding pod (unset: the operator's defaults.embedMemory, 64Gi)"))
     image: str | None = None
 
 

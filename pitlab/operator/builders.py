@@ -429,7 +429,8 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
     models = [m.name for m in le.spec.models]
 
     def pod(command: list[str]) -> dict[str, Any]:
-        c = _container(stages.EMBED.name, image, command, cfg, _resources(r.cpu, r.memory, r.gpus),
+        c = _container(stages.EMBED.name, image, command, cfg,
+                       _resources(r.cpu or cfg.embed_cpu, r.memory or cfg.embed_memory, r.gpus),
                        spec_file=EVAL_SPEC_FILE)
         return with_storage(_pod_spec([c], cfg, cm, EVAL_SPEC_FILE, "Never", r,
                                        shm=r.gpus > 0), le.spec.storage)

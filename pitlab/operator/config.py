@@ -65,6 +65,8 @@ class OperatorConfig:
     prepare_memory: str = "16Gi"
     analyze_cpu: str = "4"
     analyze_memory: str = "16Gi"
+    embed_cpu: str = "8"
+    embed_memory: str = "64Gi"
     indexed_embed_threshold: int = 8
     embed_parallelism: int = 4
     progress_interval_seconds: int = 15
