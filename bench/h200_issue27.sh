@@ -8,7 +8,8 @@
 # throughput: the acceptance command (plain loop, Liger, pitlab, FSDP2 fused) on the reduced shape, each pitlab run
 #             then profiled for 2 steps (the GPU's idle share of a step) and every run's SM clock, power and
 #             clock-event reasons sampled over its timed steps (about 9.5 min; THROUGHPUT_SHAPES=qwen3_30b_slice for
-#             the other shape in its own call).
+#             the other shape in its own call; THROUGHPUT_RUNS="hf;default" THROUGHPUT_BUDGET_S=330 for the ratio alone
+#             in about 6 min).
 # repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
@@ -55,9 +56,11 @@ for k, v in r.items():
     if p:
         print(k, round(v['tokens_per_second']), {a: b for a, b in p.items() if not a.startswith('top')})
         print('  top device time (ms/step, calls/step):', p['top_device_time'][:12])" "$OUT/profile/throughput.json" ;;
-    throughput) timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
-                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s 545 --profile-steps 2 \
-                  --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/throughput.log" 2>&1; tail -8 "$OUT/throughput.log"
+    throughput) budget=${THROUGHPUT_BUDGET_S:-545}
+                timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
+                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s "$budget" --profile-steps 2 \
+                  --runs "${THROUGHPUT_RUNS:-hf;liger;default;$FSDP2_FUSED}" > "$OUT/throughput.log" 2>&1
+                tail -8 "$OUT/throughput.log"
                 python3 -c "
 import json, sys
 for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
