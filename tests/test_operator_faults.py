@@ -262,6 +262,8 @@ async def test_admission_refusal_fails_the_stage_with_the_servers_message(cluste
     posted = sorted(e for e in events(c) if e[0] != "Normal")
     assert [e[:2] for e in posted] == [("Warning", "CreateFailed"), *warnings(backend)] and posted[0][2] == want
     assert names(c) == {k: [n for n in v if n != child] for k, v in expected(stage, T, None, backend).items()}
+    # status.children names only what exists (found in a trial: it named the refused TrainJob)
+    assert child not in pit["status"].get("children", {}).values()
 
 
 # ------------------------------------------------------------------------------ a watch that ends

@@ -169,7 +169,15 @@ def blocked_status(err: ApiException, status: ResourceStatus, doc: dict[str, Any
                 f"{resource} (the chart's RBAC), or raise the namespace's ResourceQuota. Retrying every")
     conditions.stage_blocked(status, _stage(status, doc), BLOCKED[err.status], f"{text} {retry_delay:g} s",
                              doc["metadata"].get("generation"))
+    _forget(status, manifest)
     return status.to_yaml_dict()
+
+
+def _forget(status: ResourceStatus, manifest: dict[str, Any]) -> None:
+    """Drop ``status.children`` entries naming ``manifest``'s object, which the API server did not create (a user
+    would look for a child that is not there)."""
+    name = manifest["metadata"]["name"]
+    status.children = {k: v for k, v in status.children.items() if v != name}
 
 
 def refused_status(err: ApiException | ValueError, status: ResourceStatus, doc: dict[str, Any],
@@ -179,6 +187,7 @@ def refused_status(err: ApiException | ValueError, status: ResourceStatus, doc: 
     conditions.stage_failed(status, _stage(status, doc), "CreateFailed",
                             f"{manifest['kind']} {manifest['metadata']['name']} was refused: {_api_detail(err)}",
                             doc["metadata"].get("generation"))
+    _forget(status, manifest)
     return status.to_yaml_dict()
 
 
