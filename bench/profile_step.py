@@ -109,17 +109,7 @@ def analyze_trace(trace: dict, wall_s: float, steps: int) -> dict:
 
     # GPU busy: summed kernel time and the union of kernel intervals over the wall time
     busy_sum = sum(e["dur"] for e in gpu)
-    intervals = sorted((e["ts"], e["ts"] + e["dur"]) for e in gpu)
-    union, cur_s, cur_e = 0.0, None, None
-    for s, e in intervals:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                union += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        union += cur_e - cur_s
+    union = tp.interval_union((e["ts"], e["ts"] + e["dur"]) for e in gpu)
     out["gpu_kernel_ms_per_step"] = busy_sum / 1e3 * per
     out["gpu_busy_union_ms_per_step"] = union / 1e3 * per
     out["gpu_busy_fraction"] = None if not gpu or wall_s <= 0 else busy_sum / 1e6 / wall_s

@@ -396,10 +396,15 @@ def _kernel_union_s(prof) -> float:
     intervals: overlapping kernels count once, so ``1 - union / wall`` is the time the GPU waited for the host)."""
     from torch.autograd import DeviceType
 
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    return interval_union((e.time_range.start, e.time_range.end) for e in prof.events()
+                          if e.device_type == DeviceType.CUDA
+                          and not getattr(e, "is_user_annotation", False)) / 1e6
+
+
+def interval_union(intervals) -> float:
+    """The length covered by ``(start, end)`` intervals (any unit), overlapping ones counted once."""
     total, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
+    for s, e in sorted(intervals):
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 total += cur_e - cur_s
@@ -408,7 +413,7 @@ def _kernel_union_s(prof) -> float:
             cur_e = max(cur_e, e)
     if cur_e is not None:
         total += cur_e - cur_s
-    return total / 1e6
+    return total
 
 
 def with_env(env: dict, fn):
