@@ -194,6 +194,10 @@ def test_large_panel_embeds_in_one_indexed_job(pit: PitTraining) -> None:
     (job,) = builders.build_embed_jobs(le, CFG, child)
     assert job["metadata"]["name"] == "qwen-2020-jpx-embed"
     assert (job["spec"]["completionMode"], job["spec"]["completions"], job["spec"]["parallelism"]) == ("Indexed", 10, 4)
+    # each model gets the chart's retries (2) on its own; one that exhausts them fails the Job at once; no Job-wide
+    # backoffLimit (three flaky models out of ten would otherwise fail the evaluation)
+    assert (job["spec"]["backoffLimitPerIndex"], job["spec"]["maxFailedIndexes"]) == (CFG.backoff_limit, 0) == (2, 0)
+    assert "backoffLimit" not in job["spec"]
     cmd = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:6] == ["python", "-m", "pitlab.operator.workload", "embed-index", "--models",
                        ",".join(f"m{i}" for i in range(10))]
@@ -553,7 +557,8 @@ def test_every_batch_job_fails_at_once_on_bad_input(pit: PitTraining, indexed: b
         assert spec["podFailurePolicy"]["rules"] == [
             {"action": "FailJob", "onExitCodes": {"containerName": main, "operator": "In", "values": [2]}},
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]
-        assert spec["backoffLimit"] == CFG.backoff_limit and validate(job) == [], job["metadata"]["name"]
+        retries = spec["backoffLimitPerIndex"] if spec.get("completionMode") == "Indexed" else spec["backoffLimit"]
+        assert retries == CFG.backoff_limit and validate(job) == [], job["metadata"]["name"]
     assert [j["spec"]["template"]["spec"]["containers"][0]["name"] for j in jobs][:2] == ["prepare", "merge"]
 
 

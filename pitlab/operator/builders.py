@@ -144,11 +144,12 @@ def _queue_label(queue_name: str | None) -> dict[str, str]:
     return {naming.KUEUE_QUEUE_KEY: queue_name} if queue_name else {}
 
 
-def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[str, Any], backoff_limit: int,
+def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[str, Any], backoff_limit: int | None,
                extra_labels: dict[str, str] | None = None, queue_name: str | None = None,
                **job_spec: Any) -> dict[str, Any]:
     """A batch/v1 Job around ``pod_spec`` (restartPolicy Never), failed at once when its first container exits
-    with the bad-input code (:func:`pod_failure_policy`)."""
+    with the bad-input code (:func:`pod_failure_policy`); ``backoff_limit`` None leaves ``backoffLimit`` to the
+    API server (an indexed Job with ``backoffLimitPerIndex``)."""
     meta = _metadata(name, owner, component, **(extra_labels or {}), **_queue_label(queue_name))
     pod_labels = {k: v for k, v in meta["labels"].items() if k != naming.KUEUE_QUEUE_KEY}
     return {
@@ -156,7 +157,7 @@ def _batch_job(name: str, owner: dict[str, Any], component: str, pod_spec: dict[
         "kind": "Job",
         "metadata": meta,
         "spec": {
-            "backoffLimit": backoff_limit,
+            **({} if backoff_limit is None else {"backoffLimit": backoff_limit}),
             "podFailurePolicy": pod_failure_policy(pod_spec["containers"][0]["name"]),
             **job_spec,
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
@@ -420,7 +421,9 @@ def embed_command(model: str, out: str) -> list[str]:
 def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any],
                      indexed: bool | None = None) -> list[dict[str, Any]]:
     """One embedding Job per model, or one indexed Job (completion index = model): ``indexed`` when given
-    (the choice a resource already made), else above ``cfg.indexed_embed_threshold``. Every Job gets the
+    (the choice a resource already made), else above ``cfg.indexed_embed_threshold``. Each model is retried
+    ``cfg.backoff_limit`` times: in the indexed Job per index (``backoffLimitPerIndex``; a model that fails
+    them all fails the Job at once, ``maxFailedIndexes: 0``, as the analysis needs every model). Every Job gets the
     evaluation's ``nodeSelector``, ``tolerations`` and Kueue ``queueName`` (a label on the Job)."""
     r = le.spec.resources
     out = eval_dir(le, cfg)
@@ -440,8 +443,8 @@ def build_embed_jobs(le: LeakageEval, cfg: OperatorConfig, owner: dict[str, Any]
     if indexed:
         command = WORKLOAD + ["embed-index", "--models", ",".join(models), "--", *embed_command("{model}", out)]
         return [_batch_job(naming.embed_indexed_job(le.metadata.name, len(models)), owner, stages.EMBED.name,
-                           pod(command), cfg.backoff_limit, queue_name=r.queue_name, completionMode="Indexed",
-                           completions=len(models),
+                           pod(command), None, queue_name=r.queue_name, completionMode="Indexed",
+                           completions=len(models), backoffLimitPerIndex=cfg.backoff_limit, maxFailedIndexes=0,
                            parallelism=min(cfg.embed_parallelism, len(models)))]
     return [_batch_job(naming.embed_job(le.metadata.name, m), owner, stages.EMBED.name, pod(embed_command(m, out)),
                        cfg.backoff_limit, {naming.MODEL_KEY: naming.dns_label(m)}, r.queue_name,
