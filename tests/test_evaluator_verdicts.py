@@ -265,6 +265,17 @@ def test_report_html_aligns_reduction_columns_and_has_the_details_table():
     assert '<td class="r">0.01 .. 10 (widened 1×)</td>' in det
     assert "| a | encoder | 8 | 10 | 1, 10 | 0.01 .. 10 (widened 1×) | [0.0000, 0.2000] | [0.1000, 0.3000] |" in md
     assert "0.1000 [0.0500, 0.1500] (bias +0.0010, sd 0.0200)" in md
+    assert "## Premium reductions (paired over the same bootstrap draws)" in md  # no decomposition: raw only
+    # with the market-neutral reductions, both tables, the headline's first, each named
+    res["reductions_market_neutral"] = [{**res["reductions"][0], "reduction": 0.0019, "ci": [-0.0043, 0.008]}]
+    md, html = render_markdown(res), render_html(res, [])
+    titles = [ln for ln in md.splitlines() if ln.startswith("## Premium reductions")]
+    assert titles == ["## Premium reductions, market-neutral premium (the headline; paired over the same bootstrap "
+                      "draws)", "## Premium reductions, raw premium (paired over the same bootstrap draws)"]
+    neutral, raw = md.split("## Premium reductions")[1:3]
+    assert "| premium(a) − premium(b) | 0.0019 [-0.0043, 0.0080]" in neutral
+    assert "| premium(a) − premium(b) | 0.0000 [-0.0100, 0.0100]" in raw
+    assert html.count("<h2>Premium reductions") == 2 and '<td class="r">0.0019 [-0.0043, 0.0080]</td>' in html
 
 
 # ---------------------------------------------------------------- guarded penalty selection
@@ -574,6 +585,30 @@ def test_premium_png_heads_with_the_market_neutral_premium():
     panels = premium_panels(both)
     assert [t for t, _ in panels][2] == "excess over the date-only baseline"
     assert panels[2][1] == [(-0.04, [-0.07, -0.01], "significant")]
+
+
+def test_cli_results_name_which_premium_each_reduction_is_of(monkeypatch):
+    """Found in a quant's trial: the reduction lines were the raw premium's under a table headed by the
+    market-neutral one, unlabelled; the headline's reductions were in results.json only."""
+    from pitlab.api.summary import compact_results
+    from pitlab.cli.results import print_results_table
+
+    pair = {"model_a": "base", "model_b": "pit"}
+    full = {"models": [{"name": n, "premium": 0.05, "premium_ci": [0.0, 0.1], "verdict": "significant"}
+                       for n in ("base", "pit")],
+            "reductions": [{**pair, "reduction": 0.012, "ci": [-0.1661, 0.1901], "verdict": "not significant"}],
+            "reductions_market_neutral": [{**pair, "reduction": 0.0019, "ci": [-0.0043, 0.008],
+                                           "verdict": "not significant"}]}
+    con = _recording_console(monkeypatch, 250)
+    print_results_table(compact_results(full), "t")
+    lines = [ln for ln in con.export_text().splitlines() if "− premium(" in ln]
+    assert lines == ["  market-neutral premium(base) − premium(pit): +0.0019 [-0.0043, +0.0080] not significant",
+                     "  raw premium(base) − premium(pit): +0.0120 [-0.1661, +0.1901] not significant"]
+    del full["reductions_market_neutral"]  # results without the decomposition: one unlabelled line, as before
+    con = _recording_console(monkeypatch, 250)
+    print_results_table(compact_results(full), "t")
+    assert [ln for ln in con.export_text().splitlines() if "− premium(" in ln] == [
+        "  premium(base) − premium(pit): +0.0120 [-0.1661, +0.1901] not significant"]
 
 
 def test_cli_results_on_a_narrow_console_print_one_block_per_model(monkeypatch):

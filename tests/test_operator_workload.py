@@ -58,6 +58,19 @@ def test_termination_message_limit(tmp_path: Path) -> None:
     assert len(log.read_bytes()) <= TERMINATION_LIMIT and doc["results"]["truncated"] is True
     assert doc["results"]["models"]["model-39"] == {"premium": 0.0111111, "premiumCI": [-0.0011111, 0.0222222],
                                                     "verdict": "not significant"}
+    # with the decomposition, the headline (market-neutral) premium is what a truncated summary keeps: 18 models
+    # keep both premia, 30 the headline only
+    for n, kept in ((18, ("marketNeutralPremium", "marketNeutralCI", "marketNeutralVerdict", "premium", "premiumCI",
+                          "verdict")), (30, ("marketNeutralPremium", "marketNeutralCI", "marketNeutralVerdict"))):
+        mn = {"premium": 0.0022222, "premium_ci": [-0.0033333, 0.0044444], "verdict": "not significant"}
+        results.write_text(json.dumps({"models": [{**m, "market_neutral": mn} for m in models[:n]],
+                                       "reductions": []}))
+        assert workload.main(["report-results", "--results", str(results), "--report", "/e/r.md",
+                              "--termination-log", str(log), "--", PY, "-c", ""]) == 0
+        doc = json.loads(log.read_text())
+        assert len(log.read_bytes()) <= TERMINATION_LIMIT and doc["results"]["truncated"] is True
+        assert sorted(doc["results"]["models"][f"model-{n - 1:02d}"]) == sorted(kept)
+        assert doc["results"]["models"][f"model-{n - 1:02d}"]["marketNeutralCI"] == [-0.0033333, 0.0044444]
 
 
 def test_progress_prints_the_newest_record_once(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -40,8 +40,9 @@ def compact_results(results: dict[str, Any]) -> dict[str, Any]:
     premiumCI, premiumBias, verdict (significant | not significant | unreliable) and, when unreliable, reasons,
     and the decomposition when present: marketNeutralPremium / CI / Verdict (the headline), dateOnlyPremium,
     excessPremium / CI / Verdict;
-    ``reductions`` list of from, to, reduction, ci, bias, verdict, reasons. Floats keep 6 significant
-    digits so the summary fits a termination message.
+    ``reductions`` (of the raw premium) list of from, to, reduction, ci, bias, verdict, reasons, and
+    ``reductionsMarketNeutral`` (of the headline premium) the same, when the results hold them. Floats keep 6
+    significant digits so the summary fits a termination message.
     """
     models = {}
     for r in results.get("models") or []:
@@ -56,12 +57,20 @@ def compact_results(results: dict[str, Any]) -> dict[str, Any]:
             "excessPremium": _num((r.get("excess") or {}).get("premium")),
             "excessCI": _num((r.get("excess") or {}).get("ci")),
             "excessVerdict": (r.get("excess") or {}).get("verdict")}.items() if v is not None}
-    reductions = [{k: v for k, v in {
+    out = {"models": models, "reductions": _compact_reductions(results.get("reductions"))}
+    if results.get("reductions_market_neutral"):
+        out["reductionsMarketNeutral"] = _compact_reductions(results["reductions_market_neutral"])
+    return out
+
+
+def _compact_reductions(reductions: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Paired reductions (``model_a``, ``model_b``, ``reduction``, ``ci``, ``bias``, ``verdict``, ``reasons``) as
+    the status's from, to, reduction, ci, bias, verdict, reasons."""
+    return [{k: v for k, v in {
         "from": x.get("model_a"), "to": x.get("model_b"), "reduction": _num(x.get("reduction")),
         "ci": _num(x.get("ci")), "bias": _num(x.get("bias")), "verdict": x.get("verdict"),
         "reasons": x.get("reasons") or None}.items() if v is not None}
-        for x in results.get("reductions") or []]
-    return {"models": models, "reductions": reductions}
+        for x in reductions or []]
 
 
 def compact_audit(audit: dict[str, Any]) -> dict[str, Any]:

@@ -48,7 +48,8 @@ def _print_blocks(models: dict) -> None:
 def print_results_table(results: dict, title: str) -> None:
     """One row per model (each premium beside its own verdict, the date-only part, the raw premium's bootstrap
     bias, reasons when any model has one), or one block per model on a console narrower than
-    :data:`TABLE_WIDTH`; a legend, then one line per reduction."""
+    :data:`TABLE_WIDTH`; a legend, then one line per reduction: of the market-neutral (headline) premium, then of
+    the raw one, when the results hold both."""
     models = results.get("models", {})
     if output.console.width < TABLE_WIDTH:
         output.say(title)
@@ -70,12 +71,14 @@ def print_results_table(results: dict, title: str) -> None:
                "headline): target minus its date's cross-sectional mean; date-only: the raw premium of features "
                "that identify the date only; excess: raw − date-only on the same bootstrap draws; bias: the raw "
                "premium's bootstrap bias (mean of the replicates − the point estimate)")
-    for x in results.get("reductions", []):
-        lo, hi = x.get("ci") or [float("nan")] * 2
-        bias = "" if x.get("bias") is None else f" bias {x['bias']:+.4f}"
-        why = f" ({'; '.join(x['reasons'])})" if x.get("reasons") else ""
-        output.say(f"  premium({x['from']}) − premium({x['to']}): {x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-                   f"{bias} {x.get('verdict') or ''}{why}")
+    neutral = results.get("reductionsMarketNeutral") or []
+    for label, reductions in (("market-neutral", neutral), ("raw" if neutral else "", results.get("reductions") or [])):
+        for x in reductions:
+            lo, hi = x.get("ci") or [float("nan")] * 2
+            bias = "" if x.get("bias") is None else f" bias {x['bias']:+.4f}"
+            why = f" ({'; '.join(x['reasons'])})" if x.get("reasons") else ""
+            output.say(f"  {label + ' ' if label else ''}premium({x['from']}) − premium({x['to']}): "
+                       f"{x['reduction']:+.4f} [{lo:+.4f}, {hi:+.4f}]{bias} {x.get('verdict') or ''}{why}")
 
 
 def diagnostics_line(full: dict) -> str | None:

@@ -104,14 +104,13 @@ def render_markdown(results: dict) -> str:
                      f"{_f(m['premium'])} "
                      f"{_ci(m['premium_ci'])}{_bias_note(m)} | {m['verdict']} | {_p(m.get('premium_p_value'))} |")
     lines += _reason_lines([(m["name"], m) for m in results["models"]])
-    if results["reductions"]:
-        lines += ["", "## Premium reductions (paired over the same bootstrap draws)", "",
+    for title, reds in reduction_sets(results):
+        lines += ["", f"## {title}", "",
                   f"| reduction | estimate [{pct} CI] | verdict | p |", "|---|---|---|---:|"]
-        for r in results["reductions"]:
+        for r in reds:
             lines.append(f"| premium({r['model_a']}) − premium({r['model_b']}) | {_f(r['reduction'])} "
                          f"{_ci(r['ci'])}{_bias_note(r, 'bias', 'sd')} | {r['verdict']} | {_p(r.get('p_value'))} |")
-        lines += _reason_lines([(f"premium({r['model_a']}) − premium({r['model_b']})", r)
-                                for r in results["reductions"]], "reasons")
+        lines += _reason_lines([(f"premium({r['model_a']}) − premium({r['model_b']})", r) for r in reds], "reasons")
     header, rows, align = details_table(results)
     lines += ["", "## Details", "", "| " + " | ".join(header) + " |",
               "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
@@ -250,6 +249,17 @@ def main_table(results: dict) -> tuple[list[str], list[list[str]]]:
     return ["model", "r2_off", "r2_on", f"premium [{pct} CI]", "bias / sd", "p", "verdict", "reason"], rows
 
 
+def reduction_sets(results: dict) -> list[tuple[str, list[dict]]]:
+    """(title, paired reductions) of the market-neutral (headline) premium, then of the raw one, each when the
+    results hold any; results without the decomposition: the raw premium's under the former title."""
+    paired = "paired over the same bootstrap draws"
+    neutral = results.get("reductions_market_neutral") or []
+    if not neutral:
+        return [(f"Premium reductions ({paired})", results["reductions"])] if results["reductions"] else []
+    return [(f"Premium reductions, market-neutral premium (the headline; {paired})", neutral),
+            (f"Premium reductions, raw premium ({paired})", results["reductions"])]
+
+
 def reductions_table(reds: list[dict], pct: str) -> tuple[list[str], list[list[str]], str]:
     """Header, rows and alignment of a paired-reductions table (numbers right, words left)."""
     rows = [[f"premium({r['model_a']}) − premium({r['model_b']})", f"{_f(r['reduction'])} {_ci(r['ci'])}",
@@ -349,9 +359,7 @@ def render_html(results: dict, plots: list[tuple[str, str]]) -> str:
     header, rows = main_table(results)
     tables = [("Leakage premium per model", header, rows,
                "lrlrrrrrrll" if _decomposed(results) else "lrrrrrll")]
-    if results["reductions"]:
-        tables.append(("Premium reductions (paired over the same bootstrap draws)",
-                       *reductions_table(results["reductions"], pct)))
+    tables += [(title, *reductions_table(reds, pct)) for title, reds in reduction_sets(results)]
     tables.append(("Details", *details_table(results)))
     tables += extra_tables(results)
     env = jinja2.Environment(autoescape=True)

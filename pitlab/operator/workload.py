@@ -62,6 +62,13 @@ def report_audit(audit: Path, command: list[str], termination_log: str = TERMINA
     return 0
 
 
+HEADLINE_FIELDS = ("marketNeutralPremium", "marketNeutralCI", "marketNeutralVerdict")
+SHORT_FIELDS = HEADLINE_FIELDS + ("premium", "premiumCI", "verdict")
+"""A model's fields in a results summary too large for the termination message: the headline (market-neutral)
+premium and the raw one, each with its interval and verdict; if those do not fit either, the headline only (the
+raw premium's for results without it)."""
+
+
 def report_results(results: Path, report: str, command: list[str], termination_log: str = TERMINATION_LOG) -> int:
     """Run the analysis ``command``, then report the summary of ``results`` (``results.json``) and the report's
     path ``report``; returns the exit code (1 when not even the shortest summary fits the message)."""
@@ -69,10 +76,15 @@ def report_results(results: Path, report: str, command: list[str], termination_l
     if rc != 0:
         return rc
     summary = compact_results(json.loads(Path(results).read_text()))
-    for doc in ({"results": summary, "reportUri": report},
-                {"results": {"models": {m: {k: v for k, v in r.items() if k in ("premium", "premiumCI", "verdict")}
-                                        for m, r in summary["models"].items()}, "truncated": True},
-                 "reportUri": report},
+
+    def cut(fields: tuple[str, ...]) -> dict:
+        return {"results": {"models": {m: {k: v for k, v in r.items() if k in fields}
+                                       for m, r in summary["models"].items()}, "truncated": True},
+                "reportUri": report}
+
+    headline = HEADLINE_FIELDS if any("marketNeutralPremium" in r for r in summary["models"].values()) else \
+        ("premium", "premiumCI", "verdict")
+    for doc in ({"results": summary, "reportUri": report}, cut(SHORT_FIELDS), cut(headline),
                 {"results": {"truncated": True}, "reportUri": report}):
         try:  # a large panel's summary may not fit in 4 KiB: keep what fits, the full results are on the volume
             write_termination_message(doc, termination_log)
