@@ -16,7 +16,15 @@ a degenerate point, shrinks by τ: does the nulls' excess width come from such a
     python bench/calibration_probes.py --probe one-se --size 300x30x8 --panels 40 --scenarios null date-known \
         market date-leak stock-strong stock-weak stock-0.02 --schemes two-way --workers 2 --out $OUT/onese.jsonl
     python bench/calibration_probes.py --probe shrunk-weights --tau 0.5 ... --out $OUT/tau05.jsonl
+    python bench/calibration_probes.py --probe m-out-of-n --fraction 0.5 ... --out $OUT/moon05.jsonl
     python bench/calibration.py --summarise $OUT/onese.jsonl --split tune
+
+``--probe m-out-of-n --fraction f``: the two-way replicates draw m = round(f·S) securities (the security half) or
+round(f·n_k) dates of each of the split's date strata of n_k dates (the date half) with replacement instead of S
+and n_k, and each replicate's R² deviations from their mean are multiplied by sqrt(f), so a statistic whose variance
+falls as 1/n keeps its variance. The m-out-of-n bootstrap is consistent where the n-out-of-n one is not, at a
+parameter on the boundary of its space (Andrews 2000, Econometrica 68(2):399-405; Bickel, Götze & van Zwet 1997,
+Statistica Sinica 7:1-31): do the nulls, where the penalty selection sits at the shrunk edge of its grid, narrow?
 
 Results (2026-12-04): bench/RESULTS.md, "Interval study", "Two probes of the nulls' width".
 """
@@ -84,16 +92,65 @@ def shrink_weights(tau: float) -> None:
     calibration.draws, bootstrap.bootstrap_model = shrunk_draws, rescaled
 
 
+def m_out_of_n_weights(n: int, m: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Multiplicities int64 [resamples, n] of ``m`` draws with replacement from ``n`` clusters per replicate."""
+    picks = rng.integers(0, n, size=(resamples, m)) + n * np.arange(resamples)[:, None]
+    return np.bincount(picks.ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.int64)
+
+
+def m_out_of_n(fraction: float) -> None:
+    """Install m-out-of-n two-way draws (``calibration.draws``: securities, or dates within each stratum, drawn
+    ``fraction`` as many times as there are) and the sqrt(fraction) rescaling of every replicate's R² deviations
+    (``pitlab.evaluator.bootstrap.bootstrap_model``)."""
+    import dataclasses
+
+    import calibration
+    import pitlab.evaluator.bootstrap as bootstrap
+
+    draws, fit = calibration.draws, bootstrap.bootstrap_model
+
+    def moon_draws(S, T, R, seed, sec, date):
+        out = draws(S, T, R, seed, sec, date)
+        n_sec = bootstrap.two_way_split(R)
+        rng = np.random.default_rng([seed, 23])
+        ws = np.vstack([m_out_of_n_weights(S, max(2, round(fraction * S)), n_sec, rng),
+                        np.ones((R - n_sec, S), dtype=np.int64)])
+        strata = calibration.strata_of(T)
+        wd = np.ones((R, T), dtype=np.int64)
+        wd[n_sec:] = 0
+        for k in np.unique(strata):
+            members = np.flatnonzero(strata == k)
+            w = m_out_of_n_weights(members.size, max(1, round(fraction * members.size)), R - n_sec, rng)
+            wd[n_sec:, members] = w
+        out["two-way"] = bootstrap.row_weights(ws, wd, sec, date)
+        return out
+
+    def rescaled(*args, **kwargs):
+        r = fit(*args, **kwargs)
+
+        def scale(v):
+            return None if v is None else np.nanmean(v) + (v - np.nanmean(v)) * np.sqrt(fraction)
+
+        return dataclasses.replace(r, r2_off=scale(r.r2_off), r2_on=scale(r.r2_on), r2_on_rows=scale(r.r2_on_rows))
+
+    calibration.draws, bootstrap.bootstrap_model = moon_draws, rescaled
+
+
 def main(argv: list[str]) -> int:
     """Parse ``--probe`` and ``--tau``, install the probe, run :func:`calibration.main` on the other arguments."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights"])
+    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights", "m-out-of-n"])
     ap.add_argument("--tau", type=float, default=0.5, help="shrunk-weights: the weights' scale, 0 < τ < 1")
+    ap.add_argument("--fraction", type=float, default=0.5, help="m-out-of-n: m / n, 0 < f < 1")
     args, rest = ap.parse_known_args(argv)
     if args.probe == "one-se":
         selection._scored = one_se_scored
+    elif args.probe == "m-out-of-n":
+        if not 0 < args.fraction < 1:
+            ap.error(f"--fraction must lie in (0, 1) (got {args.fraction})")
+        m_out_of_n(args.fraction)
     else:
         if not 0 < args.tau < 1:
             ap.error(f"--tau must lie in (0, 1) (got {args.tau})")
