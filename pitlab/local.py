@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class CheckedEvaluation:
     located (local and packaged folders resolved, published ``s3://`` ones checked, none downloaded yet)."""
     panel: Panel
     models: list[ModelInput]
+    warnings: list[str] = field(default_factory=list)
+    """What the run will warn about, known now: the protocols' (training labels overlapping the test period) and
+    a model whose knowledge cutoff (typed or its card's) is on or after ``protocol.testStart``."""
 
 
 @dataclass
@@ -119,9 +122,13 @@ def _local_base_config(uri: str | None):
 def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> CheckedEvaluation:
     """Panel files and their columns, the models, then the sampled panel (the dataset resolved and its headers
     read once)."""
+    from pitlab.evaluator.run import cutoff_warnings
+
     dataset = check_dataset(spec, field_prefix)
     models = check_models(spec, field_prefix, training_name)
-    return CheckedEvaluation(check_panel(spec, field_prefix, dataset), models)
+    panel, protocol_warnings = check_panel(spec, field_prefix, dataset)
+    cutoffs = {m.name: m.knowledge_cutoff for m in models}
+    return CheckedEvaluation(panel, models, protocol_warnings + cutoff_warnings(cutoffs, spec.protocol.test_start))
 
 
 def _claim_run_folders(res: PitTraining | LeakageEval, out_root: Path, overwrite: bool,
@@ -263,7 +270,10 @@ def run_pittraining_local(res: PitTraining, out_root: Path, reporter: Reporter |
     a = checked.corpus.audit
     reporter.done("validate", f"corpus: {a.included} documents ≤ {res.spec.knowledge_cutoff}, {a.excluded_by_date} "
                               f"after it, {a.rejected_timestamp} dropped for their timestamp"
-                              + "".join(f"\n  warning: {w}" for w in a.warnings))
+                              + "".join(f"\n  warning: {w}" for w in a.warnings)
+                              + "".join(f"\n  warning: evaluation {e.name}: {w}"
+                                        for e, c in zip(res.spec.evaluations, checked.evaluations)
+                                        for w in c.warnings))
     table = stages.PITTRAINING[1:]
     if resume:
         from pitlab.resume import base_folder, check_same_corpus, check_world_size, resumable_status

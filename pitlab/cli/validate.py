@@ -59,7 +59,9 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
 
 def _say_panels(res, evaluations) -> None:
     """Each evaluation's sampled panel: the rows it will drop and the warnings about its construction (an
-    unadjusted split in a sampled row's window, a survivorship snapshot), as the run will report them."""
+    unadjusted split in a sampled row's window, a survivorship snapshot), its protocols (training labels that
+    overlap the test period) and its models (a knowledge cutoff on or after the test start), as the run will
+    report them."""
     from pitlab.data.sampling import dropped_note
 
     names = [res.metadata.name] if res.kind == "LeakageEval" else [e.name for e in res.spec.evaluations]
@@ -68,7 +70,7 @@ def _say_panels(res, evaluations) -> None:
         note = dropped_note(panel.dropped, len(panel.rows), panel.dropped_rows)
         say(f"  panel of {name}: {len(panel.rows):,} rows ({panel.rows.date.nunique()} dates × "
             f"{panel.rows.security.nunique()} securities){note}")
-        for w in panel.warnings:
+        for w in panel.warnings + checked.warnings:
             say(f"  [yellow]warning:[/] {escape(w)}")
 
 

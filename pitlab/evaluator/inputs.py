@@ -52,9 +52,11 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> CheckedDataset:
     return CheckedDataset(path, {f: check_csv_columns(f, cols) for f, cols in files})
 
 
-def check_panel(spec: LeakageEvalSpec, field_prefix: str, dataset: CheckedDataset | None = None) -> Panel:
+def check_panel(spec: LeakageEvalSpec, field_prefix: str,
+                dataset: CheckedDataset | None = None) -> tuple[Panel, list[str]]:
     """Sample the evaluation panel now (seconds), so that a date range or universe the prices cannot supply is
-    refused before a training run rather than after it. Raises SpecError naming the field under
+    refused before a training run rather than after it; returns the panel and the protocols' warnings on it
+    (:func:`check_protocol`). Raises SpecError naming the field under
     ``field_prefix`` (e.g. ``spec.evaluations[0].spec.dataset.dates.count``); a data-file problem stays a
     PanelError naming the file. ``dataset``: what :func:`check_dataset` read (neither resolved nor its headers
     read again)."""
@@ -65,15 +67,15 @@ def check_panel(spec: LeakageEvalSpec, field_prefix: str, dataset: CheckedDatase
         if sep and field.startswith("dataset.") and " " not in field:
             raise SpecError([(f"{field_prefix}.{field}", msg)]) from None
         raise  # a data-file error: PanelError names the file, column and row
-    check_protocol(spec, panel, field_prefix)
-    return panel
+    return panel, check_protocol(spec, panel, field_prefix)
 
 
-def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> None:
+def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> list[str]:
     """The splits the evaluation will make can be made on the sampled panel: ``dataset.calendar`` is a known
     calendar holding every panel date; leakage-off keeps training and test rows; ``groupKFolds`` does not exceed
     the securities; walk-forward and purged K-fold folds exist. Checked here so that the refusal comes before
-    any embedding or training. Raises SpecError naming the field under ``field_prefix``."""
+    any embedding or training. Returns the splits' warnings (e.g. training labels that overlap the test period),
+    which the run repeats in its results. Raises SpecError naming the field under ``field_prefix``."""
     import warnings
 
     from pitlab.evaluator.protocols import ProtocolError, check_group_k_folds, protocol_splitters, trading_calendar
@@ -104,6 +106,7 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
         named = re.match(r"(protocol|dataset)\.[A-Za-z]+", str(err))
         raise SpecError([("", f"{field_prefix}.{err}") if named else
                          (f"{field_prefix}.dataset.calendar", str(err))]) from None
+    found = list(dict.fromkeys(w for split in splits.values() for w in getattr(split, "warnings", [])))
     chrono = splits["chronological"]
     for side, mask in (("training", chrono.train_mask), ("test", chrono.test_mask)):
         n = len(np.unique(dates[mask]))
@@ -113,6 +116,7 @@ def check_protocol(spec: LeakageEvalSpec, panel: Panel, field_prefix: str) -> No
                               f"date{'s' if n != 1 else ''} (protocol.trainEnd {p.train_end}, testStart "
                               f"{p.test_start}); a premium needs at least {MIN_SIDE_DATES} dates on each side (10 "
                               "or more for an interval to mean much): sample more dates or move the split")])
+    return found
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ class ModelInput:
     kind: str
     path: Path | None = None
     uri: str | None = None
+    knowledge_cutoff: date | None = None  # typed, or the local model card's; a trainingRef's is known after training
 
 
 def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> list[ModelInput]:
@@ -137,6 +142,7 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
     for i, m in enumerate(spec.models):
         f = f"{field_prefix}.models[{i}]"
         path = uri = None
+        cutoff = m.knowledge_cutoff
         if m.training_ref is not None:
             if training_name is None:
                 raise SpecError([(f"{f}.trainingRef", "a standalone LeakageEval run here cannot wait for a "
@@ -161,9 +167,9 @@ def check_models(spec: LeakageEvalSpec, field_prefix: str, training_name: str | 
                                   "Hub ids cannot be downloaded here: give a local folder")])
             check_weight_files(path, f"{f}.uri")
             card = read_model_card(path)  # a pitlab model states its cutoff: a contradicting one is refused now
-            resolve_cutoff(m.knowledge_cutoff, card.knowledge_cutoff if card else None, f"{f}.knowledgeCutoff",
-                           f"the model card {path / MODEL_CARD}")
-        located.append(ModelInput(i, m.name, m.kind, path, uri))
+            cutoff = resolve_cutoff(m.knowledge_cutoff, card.knowledge_cutoff if card else None,
+                                    f"{f}.knowledgeCutoff", f"the model card {path / MODEL_CARD}")
+        located.append(ModelInput(i, m.name, m.kind, path, uri, cutoff))
     return located
 
 
