@@ -225,6 +225,9 @@ CASES = [
          "metadata.name: has an uppercase letter 'B' at position 1; a resource name has at most 253 characters"),
     Case("name-254-characters", "le", _set("metadata.name", "a" * 254),
          "metadata.name: has 254 characters (at most 253)"),
+    Case("model-uri-relative", "le", _set("spec.models.0.uri", "out/no-such-run/base"),  # from a quant's trial
+         "spec.models[0].uri: 'out/no-such-run/base' does not exist (a relative path is read from the current "
+         f"directory, {Path.cwd()})"),
     Case("model-name", "le", _set("spec.models.0.name", "-x"),
          "spec.models[0].name: a model name has at most 63 characters, only letters, digits, '_', '.' and '-', "
          "and starts with a letter or digit (e.g. 'Qwen2.5_0.5B') (got '-x')"),

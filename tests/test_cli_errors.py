@@ -163,7 +163,7 @@ def test_run_help_shows_flags_without_a_value_and_the_argument_as_FILE():
     assert re.search(r"\n  --help +Show this message and exit\.\n", out), out
     assert re.search(r"\n  FILE <path> +PitTraining or LeakageEval YAML\. +\[required\]\n", out), out
     assert re.search(r"\n  --nproc <int> +torchrun processes", out), out  # options that take a value keep it
-    assert re.search(r"\n  --overwrite +Delete an existing out/<name>/ folder first",
+    assert re.search(r"\n  --overwrite +Replace an existing out/<name>/ folder",
                      _help(["evaluate", "--help"], columns=120))  # found undocumented by a new user
     assert "Usage: pitlab push [OPTIONS] {SRC} {DEST}\n" in _help(["push", "--help"])
     r = CliRunner().invoke(app, ["run"], env={"COLUMNS": "120"})

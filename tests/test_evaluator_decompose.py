@@ -176,6 +176,10 @@ def test_every_empty_check_is_stated_when_the_case_is_built():
         "training: 8 dates", "test: 4 dates", "test folds 1, 2, 3"]
     # the console names which embargo lengths repeat (a trial saw "embargo-unchanged" twice, lengths not said)
     assert [c.get("detail") for c in checks if c["check"] == "embargo-unchanged"] == ["3 days = 4 days"]
+    # an embargo of 0 days is asked to remove nothing: not a check that did nothing (a quant's trial)
+    split0 = ChronologicalSplit(dates10[7].date(), dates10[8].date(), 0, cal10).apply(rows["date"].to_numpy())
+    assert split0.n_embargoed == 0 and "embargo-removed-nothing" not in {
+        c["check"] for c in empty_checks(split0, {}, [], rows["date"].to_numpy(), "panel")}
 
 
 def test_embargo_robustness_marks_an_unchanged_training_set_end_to_end():

@@ -22,8 +22,9 @@ def evaluate(file: Path = typer.Argument(..., metavar="FILE", help="LeakageEval 
                                                 help="Output root (default: the spec's output.uri, else ./out)."),
              data_root: Optional[Path] = DataRoot,
              overwrite: bool = typer.Option(False, "--overwrite",
-                                            help="Delete an existing out/<name>/ folder first (named before it is "
-                                                 "deleted, and only once the inputs passed).")) -> None:
+                                            help="Replace an existing out/<name>/ folder (as `pitlab run "
+                                                 "--overwrite`: once the inputs passed it is moved to "
+                                                 "out/.replaced/ and deleted only when the new run succeeds).")) -> None:
     """Run one LeakageEval here: embed every model, then analyze (same as `pitlab run` on a LeakageEval)."""
     load_eval(file, data_root)
     run(file, out, data_root, overwrite, None, False)

@@ -76,13 +76,13 @@ def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray
                  calendar_name: str) -> list[dict]:
     """The protocol checks that did nothing on this panel, each ``{"check", "protocol", "message"}``:
 
-    * the chronological split's embargo removed no row (no panel date within ``embargoDays`` sessions of the
-      first test date);
+    * the chronological split's embargo of one or more days removed no row (no panel date within
+      ``embargoDays`` sessions of the first test date);
     * purged K-fold purged and embargoed no row in a fold;
     * an ``embargoRobustness`` length left the training set unchanged (``embargo_rows``' ``same_as`` key);
     * a protocol side with fewer than :data:`MIN_TIME_CLUSTERS` distinct dates."""
     out = []
-    if split.n_embargoed == 0:
+    if split.n_embargoed == 0 and split.embargo_days > 0:  # an embargo of 0 days was asked to remove nothing
         out.append({"check": "embargo-removed-nothing", "protocol": "chronological",
                     "message": f"the embargo of {split.embargo_days} trading days ({calendar_name}) removed no "
                                "panel row: no sampled date lies that close to the first test date, so "
