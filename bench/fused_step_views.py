@@ -39,7 +39,7 @@ def main() -> int:
     flat = fs._flat
     finals = {}
     for views in ("1-d", "shaped"):
-        fs._flat = flat if views == "1-d" else (lambda t: None if t is None else fs._local(t))
+        fs._flat = flat if views == "1-d" else (lambda t, *_: None if t is None else fs._local(t))
         for grads in ("bf16+copy", "fp32"):
             q = [p.clone() for p in ps]
             opt = fs.MasterAdamW(q, compiled=True, **hp)

@@ -112,3 +112,44 @@ def test_refuses_what_it_cannot_do():
         opt.clip_step_cast([torch.zeros(3), torch.zeros(3)], None, 1.0)
     with pytest.raises(ValueError, match="no parameter has a gradient"):
         opt.clip_step_cast([None], None, 1.0)
+
+
+@pytest.mark.parametrize("mode", ["rows16", "static"])
+def test_every_shape_mode_gives_the_same_values(mode, monkeypatch):
+    """``PITLAB_FUSED_STEP_SHAPES``: the [n/16, 16] views (sizes 2,048 and 32 here; 105 and 1,000 stay 1-D) and the
+    per-size graphs change how the update compiles, not what it computes: eager they equal torch's AdamW bit for
+    bit; compiled (``backend="eager"``) they equal the default compiled update bit for bit, ``static`` with one
+    graph per parameter size."""
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(5)
+    grads = [[(torch.randn(s, generator=gen) * (3.0 if k % 2 else 0.01)).to(torch.bfloat16) for s in SHAPES]
+             for k in range(3)]
+    finals = {}
+    for chosen, compiled in (("dynamic", True), (mode, True), (mode, False)):
+        monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", chosen)
+        torch._dynamo.reset()
+        counters.clear()
+        ref, o_ref, fused, o_fused = _pair(compiled=compiled, **({"backend": "eager"} if compiled else {}))
+        assert o_fused.shapes == chosen
+        copies = [torch.empty(s, dtype=torch.bfloat16) for s in SHAPES]
+        for g16 in grads:
+            for p, g in zip(ref, g16):
+                p.grad = g.float()
+            torch.nn.utils.clip_grad_norm_(ref, 1.0)
+            o_ref.step()
+            o_fused.clip_step_cast(g16, copies, 1.0)
+        finals[(chosen, compiled)] = [p.detach().clone() for p in fused] + copies
+        if not compiled:
+            assert all(torch.equal(a, b) for a, b in zip(ref, fused))
+        elif chosen == "static":
+            assert counters["stats"]["unique_graphs"] == len(SHAPES)
+    assert all(torch.equal(a, b) for a, b in zip(finals[("dynamic", True)], finals[(mode, True)]))
+
+
+def test_an_unknown_shape_mode_is_refused():
+    from pitlab.trainer.fused_step import shape_mode
+
+    assert shape_mode({}) == "dynamic"
+    with pytest.raises(ValueError, match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static"):
+        shape_mode({"PITLAB_FUSED_STEP_SHAPES": "rows8"})

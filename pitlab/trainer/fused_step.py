@@ -58,12 +58,34 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
+def _flat(t: torch.Tensor | None, rows16: bool = False) -> torch.Tensor | None:
     """A 1-D view of ``t`` (:func:`_local` first): every parameter then reaches the compiled update with the same
     rank, so it compiles once per gradient dtype instead of once per rank, size-1 dimension and pair of equal
-    sizes (a tiny Qwen3.5-MoE config: 3 graphs instead of 12; torch's recompile limit is 8). ``view`` refuses a
-    non-contiguous tensor (``RuntimeError``) rather than updating a copy."""
-    return None if t is None else _local(t).view(-1)
+    sizes (a tiny Qwen3.5-MoE config: 3 graphs instead of 12; torch's recompile limit is 8). ``rows16``: a
+    [numel / 16, 16] view when 16 divides numel, so that a kernel compiled for symbolic sizes can still prove its
+    element count a multiple of 16 (Triton then emits vector loads; without that proof it emits scalar ones,
+    pytorch/pytorch#176653). ``view`` refuses a non-contiguous tensor (``RuntimeError``) rather than updating a
+    copy."""
+    if t is None:
+        return None
+    t = _local(t)
+    return t.view(-1, 16) if rows16 and t.numel() % 16 == 0 else t.view(-1)
+
+
+SHAPE_MODES = ("dynamic", "rows16", "static")
+"""How :class:`MasterAdamW` compiles its update (``PITLAB_FUSED_STEP_SHAPES``): ``dynamic`` (symbolic sizes, 1-D
+views: one kernel for all parameters), ``rows16`` (symbolic sizes, [n/16, 16] views), ``static`` (one kernel per
+parameter size)."""
+
+
+def shape_mode(env: dict | None = None) -> str:
+    """``PITLAB_FUSED_STEP_SHAPES`` (default ``dynamic``); raises ValueError naming the variable for another value."""
+    import os
+
+    mode = (env if env is not None else os.environ).get("PITLAB_FUSED_STEP_SHAPES", "dynamic")
+    if mode not in SHAPE_MODES:
+        raise ValueError(f"PITLAB_FUSED_STEP_SHAPES={mode!r}: give one of {', '.join(SHAPE_MODES)}")
+    return mode
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -115,7 +137,14 @@ class MasterAdamW(torch.optim.AdamW):
         bad = [i for i, p in enumerate(self.param_groups[0]["params"]) if p.dtype != torch.float32]
         if bad:
             raise ValueError(f"MasterAdamW: parameter {bad[0]} is not float32")
-        self._update = torch.compile(_update, dynamic=True, fullgraph=True, backend=backend) if compiled else _update
+        self.shapes = shape_mode()
+        if compiled and self.shapes == "static":  # one graph per parameter size: more than torch's default limit
+            from torch import _dynamo
+
+            sizes = len({p.numel() for p in self.param_groups[0]["params"]})
+            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 2 * sizes + 8)
+        self._update = torch.compile(_update, dynamic=self.shapes != "static", fullgraph=True,
+                                     backend=backend) if compiled else _update
 
     def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
         group = self.param_groups[0]
@@ -167,6 +196,8 @@ class MasterAdamW(torch.optim.AdamW):
             if step not in hypers:
                 hypers[step] = self._hyper(step, device)
             state = self.state[params[i]]
-            self._update(_flat(params[i]), _flat(grads[i]), _flat(state["exp_avg"]), _flat(state["exp_avg_sq"]),
-                         None if copies is None else _flat(copies[i]), coef, hypers[step], beta1, beta2, group["eps"])
+            r16 = self.shapes == "rows16"
+            self._update(_flat(params[i], r16), _flat(grads[i], r16), _flat(state["exp_avg"], r16),
+                         _flat(state["exp_avg_sq"], r16), None if copies is None else _flat(copies[i], r16), coef,
+                         hypers[step], beta1, beta2, group["eps"])
         return total
