@@ -317,8 +317,8 @@ CASES = [
          "6 more days with prices); a price on a day the exchange did not trade cannot be placed in time"),
     Case("test-start-after-the-panel", "pt", _all(_set("ev.protocol.trainEnd", "2017-06-30"),
                                                   _set("ev.protocol.testStart", "2017-07-03")),
-         "spec.evaluations[0].spec.protocol.testStart (2017-07-03) is after the last trading day of the panel "
-         "calendar"),
+         "spec.evaluations[0].spec.protocol.testStart (2017-07-03): no panel row has a date on or after it (the "
+         "sampled panel ends 2017-03-06)"),
     Case("group-k-folds-over-securities", "pt", _set("ev.protocol.groupKFolds", 4),
          "spec.evaluations[0].spec.protocol.groupKFolds: 4 folds exceed the 3 securities of the panel "
          "(dataset.universeSize: 3)"),

@@ -118,9 +118,9 @@ class ChronologicalFolds:
             raise ProtocolError(f"panel date {bad.date()} is not a trading day of the {cal.name or 'panel'} calendar "
                                 "(dataset.calendar: 'panel' counts the price file's own days)")
         t0_pos = int(cal.searchsorted(t_start, side="left"))
-        if t0_pos >= len(cal):
-            raise ProtocolError(f"protocol.testStart ({t_start.date()}) is after the last trading day of the "
-                                f"panel calendar ({cal[-1].date()})")
+        if t0_pos >= len(cal):  # the calendar runs past the prices (padded): name the panel's own last date
+            raise ProtocolError(f"protocol.testStart ({t_start.date()}): no panel row has a date on or after it "
+                                f"(the sampled panel ends {d.max().date()})")
         self.first_test_date: pd.Timestamp = cal[t0_pos]
         self.embargo_days = splitter.embargo_days
         self.train_end, self.test_start = t_end, t_start
@@ -146,7 +146,8 @@ class ChronologicalFolds:
             raise ProtocolError(f"protocol.trainEnd ({t_end.date()}) with embargoDays={self.embargo_days}: no "
                                 f"panel row is left for training (first test date {self.first_test_date.date()})")
         if self.n_test == 0:
-            raise ProtocolError(f"protocol.testStart ({t_start.date()}): no panel row has a date on or after it")
+            raise ProtocolError(f"protocol.testStart ({t_start.date()}): no panel row has a date on or after it "
+                                f"(the sampled panel ends {d.max().date()})")
 
     def split(self, X=None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yield the one ``(train_idx, test_idx)`` pair (int64 row indices). ``X`` only checks the row count."""
