@@ -650,6 +650,32 @@ def test_cli_results_name_every_recorded_check_before_the_report_path(monkeypatc
     assert lines[i - 1] == diagnostics_line({"diagnostics": diags})
 
 
+def test_cli_results_print_a_line_per_extra_protocol(monkeypatch, tmp_path):
+    """Found in a quant's trial: walk-forward and purged K-fold results were in report.md only."""
+    from pitlab.api.layout import EvaluationLayout
+    from pitlab.cli.results import protocol_lines, say_results
+
+    wf = {"premium": 0.0123, "premium_ci": [-0.004, 0.0286], "verdict": "not significant"}
+    pk = {"premium": 0.05, "premium_ci": [0.01, 0.09], "verdict": "significant"}
+    full = {"protocol": {"selected": ["chronological", "group-kfold", "walk-forward", "purged-kfold"]},
+            "models": [{"name": "base", "protocols": {"walk-forward": wf, "purged-kfold": pk}},
+                       {"name": "pit", "protocols": {"walk-forward": {**wf, "premium": -0.001}, "purged-kfold": pk}}]}
+    lines = protocol_lines(full)
+    assert lines == [
+        "  walk-forward (R²(on, all rows) − R² of its test folds): base +0.0123 [-0.0040, +0.0286] not significant; "
+        "pit -0.0010 [-0.0040, +0.0286] not significant",
+        "  purged K-fold (R²(on, all rows) − R² of its test folds): base +0.0500 [+0.0100, +0.0900] significant; "
+        "pit +0.0500 [+0.0100, +0.0900] significant"]
+    assert protocol_lines({"protocol": {"selected": ["chronological", "group-kfold"]}, "models": []}) == []
+    out = EvaluationLayout(tmp_path / "ev").outputs
+    Path(out.results).parent.mkdir(parents=True)
+    Path(out.results).write_text(json.dumps(full))
+    con = _recording_console(monkeypatch, 300)
+    say_results({"ev": _unreliable_minilm("x")}, tmp_path)
+    text = con.export_text().splitlines()
+    assert [ln for ln in text if "test folds)" in ln] == lines
+
+
 def test_r2_by_fold_has_whole_fold_ticks_and_no_offset(tmp_path):
     """Found in a quant's trial: r2_by_fold.png ticked folds 1.5, 2.5 and drew R² of 1e-6 on an offset axis, which
     makes noise look like a pattern."""

@@ -95,6 +95,24 @@ def diagnostics_line(full: dict) -> str | None:
     return f"  checks ({len(named)}, each explained in the report): " + "; ".join(named)
 
 
+def protocol_lines(full: dict) -> list[str]:
+    """One line per extra protocol of a results.json (walk-forward, purged K-fold): each model's premium
+    R²(on, all rows) − R²(protocol, its test folds) with its interval and verdict; none when it has none."""
+    labels = {"walk-forward": "walk-forward", "purged-kfold": "purged K-fold"}
+    extra = [p for p in (full.get("protocol") or {}).get("selected", []) if p in labels]
+    lines = []
+    for p in extra:
+        parts = []
+        for m in full.get("models") or []:
+            r = (m.get("protocols") or {}).get(p)
+            if r and r.get("premium") is not None:
+                lo, hi = r.get("premium_ci") or [float("nan")] * 2
+                parts.append(f"{m['name']} {r['premium']:+.4f} [{lo:+.4f}, {hi:+.4f}] {r.get('verdict') or ''}".rstrip())
+        if parts:
+            lines.append(f"  {labels[p]} (R²(on, all rows) − R² of its test folds): " + "; ".join(parts))
+    return lines
+
+
 def other_warnings(full: dict) -> list[str]:
     """The warnings of a results.json (``full["warnings"]``) that are not its checks' messages (those are named by
     :func:`diagnostics_line`): e.g. a model whose knowledge cutoff lies in the test period, prompt levels not
@@ -115,6 +133,8 @@ def say_results(results: dict, root: Path) -> None:
             full = {}
         benchmark = full.get("benchmark") or "training mean"  # regression.benchmark: train_mean or zero
         print_results_table(r, f"Leakage evaluation {name} (R² out of sample, benchmark: {benchmark})")
+        for line in protocol_lines(full):
+            output.say(line)
         line = diagnostics_line(full)
         if line:
             output.say(line)
