@@ -23,6 +23,8 @@
 #             the single-device path in four calls of 2026-12-03/04, 0.51-0.60 x in two of 2026-12-05). The older
 #             tree is carried as OLD_TREE (default build/wt-5dc8285: `git archive 5dc8285 pitlab bench/throughput.py
 #             bench/gpu_checks.py bench/h200_qwen35.py | tar -x -C build/wt-5dc8285`; about 7 min).
+# fused-modes: bench/fused_step_modes.py, the fused update over the reduced shape's 141 parameters compiled each way
+#             PITLAB_FUSED_STEP_SHAPES allows (dynamic, static, rows16): ms per step, TB/s, bit equality (about 3 min).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -72,6 +74,8 @@ for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
                   'idle', p.get('device_idle_fraction'), 'launches', p.get('kernel_launches_per_step'))
             if p: print('  top:', [(n[:50], t, c) for n, t, c in p.get('top_device_time', [])[:12]])" \
                   "$OUT/throughput/throughput.json" ;;
+    fused-modes) timeout 300 python3 bench/fused_step_modes.py --out "$OUT/fused-modes/fused_step_modes.json" \
+                   > "$OUT/fused-modes.log" 2>&1; tail -6 "$OUT/fused-modes.log" ;;
     accumulation) K4='"gradientAccumulationSteps": 4'
                   timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accumulation" \
                     --shapes qwen35_reduced --checks "" --budget-s 545 --steps 8 --warmup 2 \
