@@ -249,3 +249,26 @@ def test_auto_activation_checkpointing_is_off_when_the_plan_fits(base35, shape35
     del doc["spec"]["resources"]["gpuMemoryGiB"]
     unknown = plan_memory(PitTraining.model_validate(doc).spec, shape35)
     assert unknown.activation_checkpointing is False and "no GPU memory known" in unknown.notes[0]
+
+
+def test_a_typed_gpu_memory_above_the_cards_is_planned_against_the_card(base35, shape35):
+    """A spec typed for 141 GiB cards run on an 80 GiB one: the trainer plans against the card (so unset activation
+    checkpointing turns on where it must) and says so; at or below the card's memory the spec's value stands."""
+    from pitlab.trainer.train import plan_capacity
+
+    doc = published(base35, 8, 1, activationCheckpointing=None, seqLen=8192)
+    doc["spec"]["resources"]["gpuMemoryGiB"] = 141
+    spec = PitTraining.model_validate(doc).spec
+    card = int(79.19 * GiB)  # an H100 80GB as torch reports it
+    gib, note = plan_capacity(spec, card)
+    assert gib == card / GiB and note == ("spec.resources.gpuMemoryGiB=141 is more than this GPU's 79.19 GiB: the "
+                                          "memory plan uses the GPU's")
+    on_card = plan_memory(spec, shape35, gpu_memory_gib=gib)
+    typed = plan_memory(spec, shape35)
+    assert (typed.activation_checkpointing, on_card.activation_checkpointing) == (False, True)
+    assert on_card.capacity_bytes == card and typed.capacity_bytes == 141 * GiB
+    doc["spec"]["resources"]["gpuMemoryGiB"] = 70  # less than the card: the user's limit stands
+    assert plan_capacity(PitTraining.model_validate(doc).spec, card) == (None, None)
+    del doc["spec"]["resources"]["gpuMemoryGiB"]  # none typed: the card's
+    assert plan_capacity(PitTraining.model_validate(doc).spec, card) == (card / GiB, None)
+    assert plan_capacity(spec, None) == (None, None)  # the CPU: nothing known

@@ -231,6 +231,9 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     shape = model_shape(config)
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     plan = _plan(spec, shape, config, capacity)  # the chosen strategy's plan (layerStreaming: plan_streaming's)
+    too_much = plan_capacity(spec, capacity)[1]
+    if too_much and rank == 0:
+        print(f"warning: {too_much}", file=sys.stderr, flush=True)
     strategy = choose_strategy(spec, world, plan)
     loss_impl = strategy.build(paths.base, paths.run_dir, spec, device, mesh, plan, lora)
     kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank)
@@ -411,14 +414,29 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     return summary
 
 
+def plan_capacity(spec, capacity_bytes: int | None) -> tuple[float | None, str | None]:
+    """The GPU memory (GiB) the plan is made against, when not ``spec.resources.gpuMemoryGiB``, and a warning:
+    the GPU's own ``capacity_bytes`` when the spec gives none, or gives more than the GPU has (a spec written for
+    141 GiB cards run on 80 GiB ones would plan without activation checkpointing and run out of memory); None
+    (the spec's value, or nothing known) otherwise."""
+    typed = spec.resources.gpu_memory_gib
+    if capacity_bytes is None:
+        return None, None
+    if typed is None:
+        return capacity_bytes / GiB, None
+    if typed * GiB > capacity_bytes * 1.001:
+        return capacity_bytes / GiB, (f"spec.resources.gpuMemoryGiB={typed:g} is more than this GPU's "
+                                      f"{capacity_bytes / GiB:.2f} GiB: the memory plan uses the GPU's")
+    return None, None
+
+
 def _plan(spec, shape, config, capacity_bytes: int | None) -> MemoryPlan | None:
-    """The memory planner's plan of this run (``activationCheckpointing`` unset: decided against
-    ``capacity_bytes``, the GPU's memory); None when it cannot plan it (then checkpointing follows the spec,
-    off when unset)."""
+    """The memory planner's plan of this run (``activationCheckpointing`` unset: decided against the memory
+    :func:`plan_capacity` gives); None when it cannot plan it (then checkpointing follows the spec, off when
+    unset)."""
     try:
         adapter = adapter_shape(config, spec.lora) if spec.method == "lora" else None
-        gib = None if spec.resources.gpu_memory_gib is not None or capacity_bytes is None else capacity_bytes / GiB
-        return plan_memory(spec, shape, gpu_memory_gib=gib, adapter=adapter)
+        return plan_memory(spec, shape, gpu_memory_gib=plan_capacity(spec, capacity_bytes)[0], adapter=adapter)
     except (SpecError, ValueError, TypeError):
         return None
 
