@@ -21,6 +21,7 @@ from typing import Any
 from pitlab import pipeline, storage
 from pitlab.api import (LeakageEval, LeakageEvalSpec, PitTraining, SpecError, conditions, layout, resolve_local_path,
                         stages)
+from pitlab.api.artifacts import cutoff_warnings
 from pitlab.api.layout import EvaluationLayout, TrainingLayout
 from pitlab.api.runfolders import check_run_folders
 from pitlab.api.stages import Stage
@@ -122,8 +123,6 @@ def _local_base_config(uri: str | None):
 def _check_evaluation(spec: LeakageEvalSpec, field_prefix: str, training_name: str | None) -> CheckedEvaluation:
     """Panel files and their columns, the models, then the sampled panel (the dataset resolved and its headers
     read once)."""
-    from pitlab.evaluator.run import cutoff_warnings
-
     dataset = check_dataset(spec, field_prefix)
     models = check_models(spec, field_prefix, training_name)
     panel, protocol_warnings = check_panel(spec, field_prefix, dataset)

@@ -57,3 +57,13 @@ def resolve_cutoff(typed: dt.date | None, card_cutoff: dt.date | None, field: st
         raise SpecError([(field, f"{typed.isoformat()} differs from the knowledge cutoff {card_cutoff.isoformat()} "
                                  f"of {source}; leave knowledgeCutoff out (it is inherited) or make them agree")])
     return typed
+
+
+def cutoff_warnings(cutoffs: dict, test_start: dt.date) -> list[str]:
+    """One warning per model whose knowledge cutoff (``cutoffs``: model → ``datetime.date`` or None) is on or
+    after the leakage-off test start ``test_start`` (``protocol.testStart``): such a model may have read about
+    the test period, so its leakage-off R² is not free of look-ahead."""
+    return [f"model {name}: knowledge cutoff {c} is on or after protocol.testStart {test_start}: the model may have "
+            "read about the test period, so its leakage-off R² is not free of look-ahead, and a premium near 0 "
+            "does not show that it is point-in-time"
+            for name, c in cutoffs.items() if c is not None and c >= test_start]

@@ -29,7 +29,7 @@ def check_quantity(value: str | None) -> str | None:
 def check_label_value(value: str | None) -> str | None:
     """A value the ``kueue.x-k8s.io/queue-name`` label can hold (at most 63 characters, alphanumerics with ``-``,
     ``_`` and ``.`` inside), else ValueError."""
-    if value is not None and (len(value) > 63 or not _LABEL_VALUE.fullmatch(value)):
+    if value is not None and label_value_problem(value):
         raise ValueError("cannot be a Kubernetes label value (the kueue.x-k8s.io/queue-name label): at "
                          "most 63 characters, letters, digits, '-', '_' and '.', starting and ending with a letter "
                          "or digit; a LocalQueue's name")

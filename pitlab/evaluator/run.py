@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
+from pitlab.api.artifacts import MODEL_CARD, cutoff_warnings, read_model_card, resolve_cutoff  # noqa: F401
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, paired_reductions
@@ -133,16 +133,6 @@ def model_cutoffs(spec: LeakageEvalSpec, models: dict[str, tuple[Path, str]]) ->
         out[m.name] = resolve_cutoff(m.knowledge_cutoff, card.knowledge_cutoff if card else None,
                                      f"spec.models[{i}].knowledgeCutoff", f"the model card {path / MODEL_CARD}")
     return out
-
-
-def cutoff_warnings(cutoffs: dict, test_start: dt.date) -> list[str]:
-    """One warning per model whose knowledge cutoff (``cutoffs``: model → ``datetime.date`` or None) is on or
-    after the leakage-off test start ``test_start`` (``protocol.testStart``): such a model may have read about
-    the test period, so its leakage-off R² is not free of look-ahead."""
-    return [f"model {name}: knowledge cutoff {c} is on or after protocol.testStart {test_start}: the model may have "
-            "read about the test period, so its leakage-off R² is not free of look-ahead, and a premium near 0 "
-            "does not show that it is point-in-time"
-            for name, c in cutoffs.items() if c is not None and c >= test_start]
 
 
 def embed_model(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path, kind: str, note: StageProgress,

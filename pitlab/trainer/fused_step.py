@@ -191,12 +191,12 @@ class MasterAdamW(torch.optim.AdamW):
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
         hypers: dict[float, torch.Tensor] = {}  # by step count (equal for all unless some had no gradient)
         beta1, beta2 = group["betas"]
+        r16 = self.shapes == "rows16"
         for i, step_t in zip(live, steps):
             step = float(step_t)  # on the CPU (torch's non-fused AdamW keeps it there): no device read
             if step not in hypers:
                 hypers[step] = self._hyper(step, device)
             state = self.state[params[i]]
-            r16 = self.shapes == "rows16"
             self._update(_flat(params[i], r16), _flat(grads[i], r16), _flat(state["exp_avg"], r16),
                          _flat(state["exp_avg_sq"], r16), None if copies is None else _flat(copies[i], r16), coef,
                          hypers[step], beta1, beta2, group["eps"])

@@ -230,8 +230,8 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     lora = lora_record(spec.lora) if spec.method == "lora" else None
     shape = model_shape(config)
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    plan = _plan(spec, shape, config, capacity)  # the chosen strategy's plan (layerStreaming: plan_streaming's)
-    too_much = plan_capacity(spec, capacity)[1]
+    plan_gib, too_much = plan_capacity(spec, capacity)
+    plan = _plan(spec, shape, config, plan_gib)  # the chosen strategy's plan (layerStreaming: plan_streaming's)
     if too_much and rank == 0:
         print(f"warning: {too_much}", file=sys.stderr, flush=True)
     strategy = choose_strategy(spec, world, plan)
@@ -430,13 +430,13 @@ def plan_capacity(spec, capacity_bytes: int | None) -> tuple[float | None, str |
     return None, None
 
 
-def _plan(spec, shape, config, capacity_bytes: int | None) -> MemoryPlan | None:
-    """The memory planner's plan of this run (``activationCheckpointing`` unset: decided against the memory
-    :func:`plan_capacity` gives); None when it cannot plan it (then checkpointing follows the spec, off when
-    unset)."""
+def _plan(spec, shape, config, gpu_memory_gib: float | None) -> MemoryPlan | None:
+    """The memory planner's plan of this run (``activationCheckpointing`` unset: decided against
+    ``gpu_memory_gib``, :func:`plan_capacity`'s, else the spec's); None when it cannot plan it (then checkpointing
+    follows the spec, off when unset)."""
     try:
         adapter = adapter_shape(config, spec.lora) if spec.method == "lora" else None
-        return plan_memory(spec, shape, gpu_memory_gib=plan_capacity(spec, capacity_bytes)[0], adapter=adapter)
+        return plan_memory(spec, shape, gpu_memory_gib=gpu_memory_gib, adapter=adapter)
     except (SpecError, ValueError, TypeError):
         return None
 
