@@ -1,11 +1,14 @@
 """The fused optimizer update (:class:`pitlab.trainer.fused_step.MasterAdamW`) over every parameter of the reduced
 Qwen3.5-35B-A3B model (141 tensors, 2.91 B parameters, in the model's order), compiled each way
 ``PITLAB_FUSED_STEP_SHAPES`` allows: ``dynamic`` (the default: symbolic sizes, 1-D views), ``rows16`` ([n/16, 16]
-views) and ``static`` (one kernel per size). bf16 gradients and a bf16 copy, as the single-device path steps;
+views), ``static`` (one kernel per size) and ``grouped`` (static sizes, one compiled call per decoder layer). bf16 gradients and a bf16 copy, as the single-device path steps;
 median of 10 timed steps (CUDA events) after 3 warm-up steps, and the effective bandwidth at 28 bytes per parameter
 (read the float32 master and both moments and the bf16 gradient, write the three and the bf16 copy). Every mode
 starts from the same seeded tensors; after one step the masters and copies are compared with the default's bit
 for bit (a sample of 2^20 elements of each tensor, and the sum of all in float64).
+
+The time per step is the host's loop as well as the kernels (CUDA events around the whole call): 141 calls of a
+compiled function cost host time that ``grouped`` (one call per layer) does not.
 
 Why: profiled inside the model on an H100 (bench/RESULTS.md, 2026-12-05) the update took 55 ms of a 125 ms step,
 1.5 TB/s, where ``bench/fused_step_views.py`` had reached 3.4 TB/s on an H200 on 7 of the shapes.
@@ -36,8 +39,9 @@ BYTES_PER_PARAMETER = 28
 SAMPLE = 1 << 20
 
 
-def model_shapes(shape: dict) -> list[tuple[int, ...]]:
-    """The parameter shapes of ``shape`` (a bench/throughput.py shape entry) in the model's order (meta device)."""
+def model_shapes(shape: dict) -> tuple[list[tuple[int, ...]], list[str]]:
+    """The parameter shapes of ``shape`` (a bench/throughput.py shape entry) in the model's order (meta device),
+    and their names."""
     from transformers import AutoModelForCausalLM
 
     from pitlab.trainer.prepare import build_config
@@ -46,7 +50,8 @@ def model_shapes(shape: dict) -> list[tuple[int, ...]]:
                           pad_token_id=1, bos_token_id=0)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return [tuple(p.shape) for p in model.parameters()]
+    named = list(model.named_parameters())
+    return [tuple(p.shape) for _, p in named], [n for n, _ in named]
 
 
 def tensors(shapes, seed: int):
@@ -66,11 +71,11 @@ def fingerprint(ts: list[torch.Tensor]) -> tuple[list[torch.Tensor], float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--modes", default="dynamic,static,rows16")
+    ap.add_argument("--modes", default="dynamic,static,rows16,grouped")
     args = ap.parse_args()
     import pitlab.trainer.fused_step as fs
 
-    shapes = model_shapes(QWEN35_REDUCED)
+    shapes, names = model_shapes(QWEN35_REDUCED)
     n = sum(int(torch.Size(s).numel()) for s in shapes)
     res: dict = {"tensors": len(shapes), "parameters": n, "distinct_sizes": len({torch.Size(s).numel() for s in shapes}),
                  "device": torch.cuda.get_device_name(0), "torch": torch.__version__, "host": host_load(), "modes": {}}
@@ -80,7 +85,7 @@ def main() -> int:
         os.environ["PITLAB_FUSED_STEP_SHAPES"] = mode
         torch._dynamo.reset()
         ps, gs, cs = tensors(shapes, seed=11)
-        opt = fs.MasterAdamW(ps, compiled=True, lr=3e-4, weight_decay=0.1)
+        opt = fs.MasterAdamW(ps, compiled=True, lr=3e-4, weight_decay=0.1, groups=fs.layer_groups(names))
         t0 = time.perf_counter()
         opt.clip_step_cast(gs, cs, 1.0)
         torch.cuda.synchronize()

@@ -23,11 +23,11 @@
 #             the single-device path in four calls of 2026-12-03/04, 0.51-0.60 x in two of 2026-12-05). The older
 #             tree is carried as OLD_TREE (default build/wt-5dc8285: `git archive 5dc8285 pitlab bench/throughput.py
 #             bench/gpu_checks.py bench/h200_qwen35.py | tar -x -C build/wt-5dc8285`; about 7 min).
-# fused-order: the plain loop, then pitlab with the update compiled per size, on [n/16, 16] views and as by default,
+# fused-order: the plain loop, then pitlab with the update compiled per layer (grouped), on [n/16, 16] views and as by default,
 #             in that order in one process, each profiled (whether the halved update of 2026-12-05 is the modes' or
 #             the run order's; about 7 min); then `fused-modes` in the same call.
 # fused-modes: bench/fused_step_modes.py, the fused update over the reduced shape's 141 parameters compiled each way
-#             PITLAB_FUSED_STEP_SHAPES allows (dynamic, static, rows16): ms per step, TB/s, bit equality (about 3 min).
+#             PITLAB_FUSED_STEP_SHAPES allows (dynamic, static, rows16, grouped): ms per step, TB/s, bit equality (about 3 min).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -80,7 +80,7 @@ for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
     fused-order) budget=${THROUGHPUT_BUDGET_S:-420}  # the in-model modes with the default last (2026-12-05 ran it first)
                  timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/fused-order" \
                    --shapes qwen35_reduced --checks "" --budget-s "$budget" --profile-steps 2 \
-                   --runs 'hf;{"env": {"PITLAB_FUSED_STEP_SHAPES": "static"}};{"env": {"PITLAB_FUSED_STEP_SHAPES": "rows16"}};default' \
+                   --runs 'hf;{"env": {"PITLAB_FUSED_STEP_SHAPES": "grouped"}};{"env": {"PITLAB_FUSED_STEP_SHAPES": "rows16"}};default' \
                    > "$OUT/fused-order.log" 2>&1; tail -8 "$OUT/fused-order.log" ;;
     fused-modes) timeout 300 python3 bench/fused_step_modes.py --out "$OUT/fused-modes/fused_step_modes.json" \
                    > "$OUT/fused-modes.log" 2>&1; tail -6 "$OUT/fused-modes.log" ;;

@@ -114,12 +114,12 @@ def test_refuses_what_it_cannot_do():
         opt.clip_step_cast([None], None, 1.0)
 
 
-@pytest.mark.parametrize("mode", ["rows16", "static"])
+@pytest.mark.parametrize("mode", ["rows16", "static", "grouped"])
 def test_every_shape_mode_gives_the_same_values(mode, monkeypatch):
-    """``PITLAB_FUSED_STEP_SHAPES``: the [n/16, 16] views (sizes 2,048 and 32 here; 105 and 1,000 stay 1-D) and the
-    per-size graphs change how the update compiles, not what it computes: eager they equal torch's AdamW bit for
-    bit; compiled (``backend="eager"``) they equal the default compiled update bit for bit, ``static`` with one
-    graph per parameter size."""
+    """``PITLAB_FUSED_STEP_SHAPES``: the [n/16, 16] views (sizes 2,048 and 32 here; 105 and 1,000 stay 1-D), the
+    per-size graphs and the per-group graphs change how the update compiles, not what it computes: eager they equal
+    torch's AdamW bit for bit; compiled (``backend="eager"``) they equal the default compiled update bit for bit,
+    ``static`` with one graph per parameter size, ``grouped`` with one per group (two here)."""
     from torch._dynamo.utils import counters
 
     gen = torch.Generator().manual_seed(5)
@@ -130,7 +130,8 @@ def test_every_shape_mode_gives_the_same_values(mode, monkeypatch):
         monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", chosen)
         torch._dynamo.reset()
         counters.clear()
-        ref, o_ref, fused, o_fused = _pair(compiled=compiled, **({"backend": "eager"} if compiled else {}))
+        ref, o_ref, fused, o_fused = _pair(compiled=compiled, groups=["l0", "l0", "l1", "l1"],
+                                           **({"backend": "eager"} if compiled else {}))
         assert o_fused.shapes == chosen
         copies = [torch.empty(s, dtype=torch.bfloat16) for s in SHAPES]
         for g16 in grads:
@@ -144,12 +145,59 @@ def test_every_shape_mode_gives_the_same_values(mode, monkeypatch):
             assert all(torch.equal(a, b) for a, b in zip(ref, fused))
         elif chosen == "static":
             assert counters["stats"]["unique_graphs"] == len(SHAPES)
+        elif chosen == "grouped":
+            assert counters["stats"]["unique_graphs"] == 2
     assert all(torch.equal(a, b) for a, b in zip(finals[("dynamic", True)], finals[(mode, True)]))
+
+
+def test_grouped_mode_compiles_once_per_kind_of_layer_and_splits_runs_by_step(monkeypatch):
+    """``grouped``: two layers of the same shapes share one graph and the embedding and the head (their own groups,
+    the same shape) another, so 2 graphs for 4 runs; a parameter without a gradient for a step (its step count then
+    differs) is skipped and splits its layer's run (2 more graphs). Eager every parameter and copy is torch's
+    AdamW's after clipping bit for bit; compiled (``backend="eager"``) the default compiled update's."""
+    from torch._dynamo.utils import counters
+
+    from pitlab.trainer.fused_step import layer_groups
+
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.w", "model.layers.0.mlp.b", "model.layers.1.mlp.w",
+             "model.layers.1.mlp.b", "lm_head.weight"]
+    groups = layer_groups(names)
+    assert groups == ["model.embed_tokens.weight", "model.layers.0", "model.layers.0", "model.layers.1",
+                      "model.layers.1", "lm_head.weight"]
+    shapes = [(10, 4), (4, 4), (4,), (4, 4), (4,), (10, 4)]
+    finals = {}
+    for chosen, compiled in (("dynamic", True), ("grouped", True), ("grouped", False)):
+        monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", chosen)
+        torch._dynamo.reset()
+        counters.clear()
+        gen = torch.Generator().manual_seed(3)
+        ref, o_ref, fused, o_fused = _pair(shapes=shapes, gen=gen, compiled=compiled, groups=groups,
+                                           **({"backend": "eager"} if compiled else {}))
+        copies = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+        for step in range(3):
+            g16 = [(torch.randn(s, generator=gen) * (3.0 if step % 2 else 0.01)).to(torch.bfloat16) for s in shapes]
+            if step == 1:  # layer 0's bias has no gradient: torch's AdamW skips it, and so does the fused step
+                g16[2] = None
+            for p, g in zip(ref, g16):
+                p.grad = None if g is None else g.float()
+            n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+            o_ref.step()
+            assert torch.equal(n_ref, o_fused.clip_step_cast(g16, copies, 1.0))
+        assert o_fused.state[fused[2]]["step"].item() == 2 and o_fused.state[fused[1]]["step"].item() == 3
+        finals[(chosen, compiled)] = [p.detach().clone() for p in fused] + copies
+        if not compiled:
+            assert all(torch.equal(a, b) for a, b in zip(ref, fused))
+            assert all(torch.equal(p.detach().to(torch.bfloat16), c) for p, c in zip(fused, copies))
+        elif chosen == "grouped":
+            assert o_fused._signatures() == {((10, 4),), ((4, 4), (4,))}
+            # [(10, 4)] and [(4, 4), (4,)]; then, the steps apart, [(4, 4)] and [(4,)]
+            assert counters["stats"]["unique_graphs"] == 4
+    assert all(torch.equal(a, b) for a, b in zip(finals[("dynamic", True)], finals[("grouped", True)]))
 
 
 def test_an_unknown_shape_mode_is_refused():
     from pitlab.trainer.fused_step import shape_mode
 
     assert shape_mode({}) == "dynamic"
-    with pytest.raises(ValueError, match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static"):
+    with pytest.raises(ValueError, match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static, grouped"):
         shape_mode({"PITLAB_FUSED_STEP_SHAPES": "rows8"})

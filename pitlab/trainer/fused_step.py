@@ -34,6 +34,7 @@ torch's.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -72,10 +73,29 @@ def _flat(t: torch.Tensor | None, rows16: bool = False) -> torch.Tensor | None:
     return t.view(-1, 16) if rows16 and t.numel() % 16 == 0 else t.view(-1)
 
 
-SHAPE_MODES = ("dynamic", "rows16", "static")
+SHAPE_MODES = ("dynamic", "rows16", "static", "grouped")
 """How :class:`MasterAdamW` compiles its update (``PITLAB_FUSED_STEP_SHAPES``): ``dynamic`` (symbolic sizes, 1-D
 views: one kernel for all parameters), ``rows16`` (symbolic sizes, [n/16, 16] views), ``static`` (one kernel per
-parameter size)."""
+parameter size), ``grouped`` (static sizes, one compiled call per decoder layer: :func:`layer_groups`)."""
+
+GROUP_SIZE = 16
+"""Parameters per compiled call in ``grouped`` mode when no layer names are given."""
+
+_LAYER = re.compile(r"^(.*?\blayers\.\d+)\.")
+
+
+def layer_groups(names: list[str]) -> list[str]:
+    """The decoder layer of each parameter name (``model.layers.3.mlp.gate.weight`` → ``model.layers.3``; a
+    name outside ``layers.N`` is its own group): ``grouped`` mode updates each run of consecutive parameters of
+    one group in one compiled call, so layers of one kind share one compilation."""
+    return [m.group(1) if (m := _LAYER.match(n)) else n for n in names]
+
+
+def model_groups(model: torch.nn.Module, params: list) -> list[str]:
+    """:func:`layer_groups` of ``params`` (parameters of ``model``, by identity; one not found is its own
+    group), for :class:`MasterAdamW`'s ``groups``."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return layer_groups([names.get(id(p), f"#{i}") for i, p in enumerate(params)])
 
 
 def shape_mode(env: dict | None = None) -> str:
@@ -121,6 +141,14 @@ def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, 
         c.copy_(p)
 
 
+def _update_group(ps: list, gs: list, ms: list, vs: list, cs: list | None, coef: torch.Tensor, hyper: torch.Tensor,
+                  beta1: float, beta2: float, eps: float) -> None:
+    """:func:`_update` of each parameter of the lists (one compiled graph for them all in ``grouped`` mode: one
+    host call per group instead of one per parameter); ``cs`` None: no copies."""
+    for j, p in enumerate(ps):
+        _update(p, gs[j], ms[j], vs[j], None if cs is None else cs[j], coef, hyper, beta1, beta2, eps)
+
+
 class MasterAdamW(torch.optim.AdamW):
     """``torch.optim.AdamW`` (one parameter group of float32 tensors, or of FSDP2's float32 DTensor parameters)
     with :meth:`clip_step_cast`.
@@ -130,21 +158,37 @@ class MasterAdamW(torch.optim.AdamW):
     more than one parameter group, ``amsgrad`` or a non-float32 parameter.
     """
 
-    def __init__(self, params, *, compiled: bool, backend: str = "inductor", **kwargs):
+    def __init__(self, params, *, compiled: bool, backend: str = "inductor", groups: list | None = None, **kwargs):
         super().__init__(params, foreach=False, fused=False, **kwargs)
         if len(self.param_groups) != 1 or self.param_groups[0]["amsgrad"]:
             raise ValueError("MasterAdamW: one parameter group without amsgrad")
-        bad = [i for i, p in enumerate(self.param_groups[0]["params"]) if p.dtype != torch.float32]
+        plist = self.param_groups[0]["params"]
+        bad = [i for i, p in enumerate(plist) if p.dtype != torch.float32]
         if bad:
             raise ValueError(f"MasterAdamW: parameter {bad[0]} is not float32")
+        if groups is not None and len(groups) != len(plist):
+            raise ValueError(f"MasterAdamW: {len(groups)} groups for {len(plist)} parameters")
+        self.groups = list(groups) if groups is not None else [i // GROUP_SIZE for i in range(len(plist))]
         self.shapes = shape_mode()
-        if compiled and self.shapes == "static":  # one graph per parameter size: more than torch's default limit
+        if compiled and self.shapes in ("static", "grouped"):  # one graph per size (or group): above torch's limit
             from torch import _dynamo
 
-            sizes = len({p.numel() for p in self.param_groups[0]["params"]})
-            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 2 * sizes + 8)
-        self._update = torch.compile(_update, dynamic=self.shapes != "static", fullgraph=True,
-                                     backend=backend) if compiled else _update
+            graphs = len({p.numel() for p in plist}) if self.shapes == "static" else len(self._signatures())
+            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 2 * graphs + 8)
+        compile_ = (lambda fn: torch.compile(fn, dynamic=self.shapes not in ("static", "grouped"), fullgraph=True,
+                                             backend=backend)) if compiled else (lambda fn: fn)
+        self._update = compile_(_update)
+        self._update_group = compile_(_update_group)
+
+    def _signatures(self) -> set:
+        """The distinct (shape, ...) tuples of the groups' runs of consecutive parameters: ``grouped`` mode's
+        compilations when every parameter has a gradient."""
+        plist, runs, start = self.param_groups[0]["params"], set(), 0
+        for i in range(1, len(plist) + 1):
+            if i == len(plist) or self.groups[i] != self.groups[start]:
+                runs.add(tuple(tuple(p.shape) for p in plist[start:i]))
+                start = i
+        return runs
 
     def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
         group = self.param_groups[0]
@@ -191,6 +235,9 @@ class MasterAdamW(torch.optim.AdamW):
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
         hypers: dict[float, torch.Tensor] = {}  # by step count (equal for all unless some had no gradient)
         beta1, beta2 = group["betas"]
+        if self.shapes == "grouped":
+            self._grouped_update(live, [float(t) for t in steps], grads, copies, coef, device)
+            return total
         r16 = self.shapes == "rows16"
         for i, step_t in zip(live, steps):
             step = float(step_t)  # on the CPU (torch's non-fused AdamW keeps it there): no device read
@@ -201,3 +248,24 @@ class MasterAdamW(torch.optim.AdamW):
                          _flat(state["exp_avg_sq"], r16), None if copies is None else _flat(copies[i], r16), coef,
                          hypers[step], beta1, beta2, group["eps"])
         return total
+
+    def _grouped_update(self, live: list[int], steps: list[float], grads: list, copies: list | None,
+                        coef: torch.Tensor, device: torch.device) -> None:
+        """``grouped`` mode: one :func:`_update_group` call per run of consecutive live parameters with the same
+        group and step count (the rank's local shards, as they are shaped)."""
+        group = self.param_groups[0]
+        params, (beta1, beta2) = group["params"], group["betas"]
+        hypers: dict[float, torch.Tensor] = {}
+        start = 0
+        for k in range(1, len(live) + 1):
+            if k < len(live) and self.groups[live[k]] == self.groups[live[start]] and steps[k] == steps[start]:
+                continue
+            run, step = live[start:k], steps[start]
+            if step not in hypers:
+                hypers[step] = self._hyper(step, device)
+            states = [self.state[params[i]] for i in run]
+            self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
+                               [_local(st["exp_avg"]) for st in states], [_local(st["exp_avg_sq"]) for st in states],
+                               None if copies is None else [copies[i] for i in run], coef, hypers[step],
+                               beta1, beta2, group["eps"])
+            start = k

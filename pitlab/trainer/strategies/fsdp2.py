@@ -11,7 +11,7 @@ import torch
 from torch.profiler import record_function
 
 from pitlab.trainer.fsdp import keep_gathered_between_microbatches, reduces_every_microbatch
-from pitlab.trainer.fused_step import SHARDED_LABEL, MasterAdamW, fused_step_enabled
+from pitlab.trainer.fused_step import SHARDED_LABEL, MasterAdamW, fused_step_enabled, model_groups
 from pitlab.trainer.plan import MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import FSDP2_LABEL
 from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
@@ -77,7 +77,7 @@ class FSDP2Strategy(Strategy):
         if not self.fused:
             return super().build_optimizer(trainable, training, device)
         optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
-                                weight_decay=training.weight_decay)
+                                weight_decay=training.weight_decay, groups=model_groups(self.model, trainable))
         return optimizer, SHARDED_LABEL + ("" if cuda else ", eager on the CPU")
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:

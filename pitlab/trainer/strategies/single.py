@@ -11,7 +11,7 @@ from torch.profiler import record_function
 
 from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
-from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled
+from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled, model_groups
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import LABEL, load_single_device_model
 from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
@@ -68,7 +68,7 @@ class SingleDeviceStrategy(Strategy):
                                           weight_decay=training.weight_decay, fused=cuda)
             return optimizer, TORCH_STEP_LABEL
         optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
-                                weight_decay=training.weight_decay)
+                                weight_decay=training.weight_decay, groups=model_groups(self.model, trainable))
         return optimizer, FUSED_STEP_LABEL + ("" if cuda else ", eager on the CPU")
 
     def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]], accum: int,
