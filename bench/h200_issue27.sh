@@ -82,7 +82,7 @@ for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
                    --shapes qwen35_reduced --checks "" --budget-s "$budget" --profile-steps 2 \
                    --runs 'hf;{"env": {"PITLAB_FUSED_STEP_SHAPES": "grouped"}};{"env": {"PITLAB_FUSED_STEP_SHAPES": "rows16"}};default' \
                    > "$OUT/fused-order.log" 2>&1; tail -8 "$OUT/fused-order.log" ;;
-    fused-modes) timeout 300 python3 bench/fused_step_modes.py --out "$OUT/fused-modes/fused_step_modes.json" \
+    fused-modes) timeout 300 python3 bench/fused_step_modes.py --out "$OUT/fused-modes/fused_step_modes.json" --modes "${FUSED_MODES:-dynamic,static,rows16,grouped}" \
                    > "$OUT/fused-modes.log" 2>&1; tail -6 "$OUT/fused-modes.log" ;;
     accumulation) K4='"gradientAccumulationSteps": 4'
                   timeout 570 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accumulation" \
