@@ -75,7 +75,7 @@ def test_float32_gradients_and_a_parameter_without_a_gradient():
     assert float(o_fused.state[fused[1]]["step"]) == 2.0 and float(o_fused.state[fused[0]]["step"]) == 3.0
 
 
-def test_compiled_update_compiles_per_gradient_dtype_not_per_shape_and_updates_in_place():
+def test_compiled_update_compiles_per_gradient_dtype_not_per_shape_and_updates_in_place(monkeypatch):
     """Compiled (``backend="eager"``: dynamo's graphs with torch's kernels), the update sees every parameter as a
     1-D view: ranks 1-3, a size-1 dimension and a square matrix share two graphs per gradient dtype here (four
     without the views; a tiny Qwen3.5-MoE config needed 12, over torch's recompile limit of 8, a hard failure with
@@ -83,6 +83,7 @@ def test_compiled_update_compiles_per_gradient_dtype_not_per_shape_and_updates_i
     by about the learning rate, 1e-2; the traced graph's float constants round a few elements 1 ulp apart)."""
     from torch._dynamo.utils import counters
 
+    monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", "dynamic")
     shapes = SHAPES + [(16, 1, 4), (8, 8)]
     gen = torch.Generator().manual_seed(3)
     torch._dynamo.reset()
@@ -198,6 +199,6 @@ def test_grouped_mode_compiles_once_per_kind_of_layer_and_splits_runs_by_step(mo
 def test_an_unknown_shape_mode_is_refused():
     from pitlab.trainer.fused_step import shape_mode
 
-    assert shape_mode({}) == "dynamic"
+    assert shape_mode({}) == "grouped"
     with pytest.raises(ValueError, match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static, grouped"):
         shape_mode({"PITLAB_FUSED_STEP_SHAPES": "rows8"})

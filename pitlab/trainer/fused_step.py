@@ -6,9 +6,11 @@ the bf16 gradient cast into a float32 one (read 2, write 4), the clipping norm (
 4 each), fused AdamW (read parameter, gradient and two states, 16; write three, 12), the cast of the masters into
 the copy (read 4, write 2). :class:`MasterAdamW` reads the copy's bf16 gradient once for the norm (2) and once
 for an update that also writes the bf16 copy (read 2 + 12, write 12 + 2): 30 bytes per parameter, and no float32
-gradient is ever stored (4 bytes per parameter less at the peak). The update of one parameter is one
-``torch.compile``-d function (``dynamic=True`` over 1-D views: one compilation per gradient dtype serves every
-shape), i.e. one kernel.
+gradient is ever stored (4 bytes per parameter less at the peak). The update of one parameter is one kernel;
+by default (``PITLAB_FUSED_STEP_SHAPES=grouped``) one ``torch.compile``-d call updates a decoder layer's
+parameters at their static sizes, so layers of one kind share one compilation and a step makes one host call per
+layer. Kernels compiled for symbolic sizes (``dynamic``) ran the update at 1.5 TB/s in some processes and 3.4 TB/s
+in others (bench/RESULTS.md, 2026-12-05).
 
 The arithmetic is torch's AdamW (``torch.optim.AdamW`` with ``foreach=False``, ``fused=False``: decoupled weight
 decay ``p *= 1 - lr·wd``; ``m = lerp(m, g, 1 - β1)``; ``v = β2 v + (1 - β2) g²``; ``p += -(lr / (1 - β1^t)) ·
@@ -99,10 +101,10 @@ def model_groups(model: torch.nn.Module, params: list) -> list[str]:
 
 
 def shape_mode(env: dict | None = None) -> str:
-    """``PITLAB_FUSED_STEP_SHAPES`` (default ``dynamic``); raises ValueError naming the variable for another value."""
+    """``PITLAB_FUSED_STEP_SHAPES`` (default ``grouped``); raises ValueError naming the variable for another value."""
     import os
 
-    mode = (env if env is not None else os.environ).get("PITLAB_FUSED_STEP_SHAPES", "dynamic")
+    mode = (env if env is not None else os.environ).get("PITLAB_FUSED_STEP_SHAPES", "grouped")
     if mode not in SHAPE_MODES:
         raise ValueError(f"PITLAB_FUSED_STEP_SHAPES={mode!r}: give one of {', '.join(SHAPE_MODES)}")
     return mode
