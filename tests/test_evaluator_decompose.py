@@ -237,3 +237,23 @@ def test_few_rows_per_dimension_is_stated_below_45_only():
     [tiny] = rows_per_dimension_checks(150, {"minilm": 384})
     assert tiny["message"].endswith("read this model's intervals as too narrow by an unknown amount: 0.4 rows per "
                                     "dimension is below the 14.8 the study reached")
+
+
+def test_the_mechanical_sentence_gives_each_remainder_its_interval_and_verdict():
+    """The sentence per model: the baseline's share of the raw premium (0.03 of 0.12 is 25 %), then the excess and
+    the market-neutral premium each with its interval and verdict; the other two wordings when the baseline earns
+    at least the raw premium and when the raw premium is not positive."""
+    from pitlab.evaluator.decompose import mechanical_sentence
+
+    ex = {"premium": 0.09, "ci": [0.01, 0.17], "verdict": "significant"}
+    mn = {"premium": -0.0012, "premium_ci": [-0.0051, 0.0027], "verdict": "not significant"}
+    assert mechanical_sentence("pit-2016", 0.12, 0.03, ex, mn) == (
+        "pit-2016: raw premium +0.1200, of which 25 % is mechanical (the date-only baseline earns +0.0300); excess "
+        "over the baseline +0.0900 [+0.0100, +0.1700] (significant), market-neutral premium -0.0012 "
+        "[-0.0051, +0.0027] (not significant).")
+    low = {"premium": -0.2, "ci": [-0.33, -0.04], "verdict": "significant"}
+    assert mechanical_sentence("base", 0.05, 0.25, low, mn).startswith(
+        "base: raw premium +0.0500, all of it mechanical: features that only identify the date earn +0.2500 under "
+        "mixed time; excess over the baseline -0.2000 [-0.3300, -0.0400] (significant) (below 0: it recognises")
+    assert mechanical_sentence("m", -0.01, 0.25, low, mn).startswith(
+        "m: raw premium -0.0100, nothing for date recognition to explain; excess over the baseline -0.2000")

@@ -56,12 +56,19 @@ def excess(point: float, reps: np.ndarray, base_point: float, base_reps: np.ndar
     return {"premium": float(point - base_point), **judge(float(point - base_point), diff, confidence, edges)}
 
 
+def _bracket(ci) -> str:
+    """``[lo, hi]`` with signs and four decimals, as the report's tables print an interval."""
+    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
 def mechanical_sentence(name: str, raw: float, base: float, excess_: dict, neutral: dict) -> str:
     """One sentence: how much of ``name``'s raw premium the date-only baseline explains, and what is left
-    (excess over the baseline and the market-neutral premium, with their verdicts)."""
+    (excess over the baseline, ``excess_`` with ``premium``, ``ci``, ``verdict``, and the market-neutral premium,
+    ``neutral`` with ``premium``, ``premium_ci``, ``verdict``: each with its interval and verdict)."""
     below = " (below 0: it recognises the date less well than the indicators do)" if excess_["premium"] < 0 else ""
-    tail = (f"excess over the baseline {excess_['premium']:+.4f} ({excess_['verdict']}){below}, market-neutral "
-            f"premium {neutral['premium']:+.4f} ({neutral['verdict']}).")
+    tail = (f"excess over the baseline {excess_['premium']:+.4f} {_bracket(excess_['ci'])} ({excess_['verdict']})"
+            f"{below}, market-neutral premium {neutral['premium']:+.4f} {_bracket(neutral['premium_ci'])} "
+            f"({neutral['verdict']}).")
     if not np.isfinite(raw) or raw <= 0:
         return f"{name}: raw premium {raw:+.4f}, nothing for date recognition to explain; {tail}"
     if np.isfinite(base) and base >= raw:
