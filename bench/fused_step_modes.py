@@ -1,7 +1,8 @@
 """The fused optimizer update (:class:`pitlab.trainer.fused_step.MasterAdamW`) over every parameter of the reduced
 Qwen3.5-35B-A3B model (141 tensors, 2.91 B parameters, in the model's order), compiled each way
-``PITLAB_FUSED_STEP_SHAPES`` allows: ``dynamic`` (the default: symbolic sizes, 1-D views), ``rows16`` ([n/16, 16]
-views), ``static`` (one kernel per size) and ``grouped`` (static sizes, one compiled call per decoder layer). bf16 gradients and a bf16 copy, as the single-device path steps;
+``PITLAB_FUSED_STEP_SHAPES`` allows: ``dynamic`` (symbolic sizes, 1-D views; the default until 723ffa3),
+``rows16`` ([n/16, 16] views), ``static`` (one kernel per size) and ``grouped`` (static sizes, one compiled call
+per decoder layer). bf16 gradients and a bf16 copy, as the single-device path steps;
 median of 10 timed steps (CUDA events) after 3 warm-up steps, and the effective bandwidth at 28 bytes per parameter
 (read the float32 master and both moments and the bf16 gradient, write the three and the bf16 copy). Every mode
 starts from the same seeded tensors; after one step the masters and copies are compared with the default's bit
@@ -85,7 +86,8 @@ def main() -> int:
         os.environ["PITLAB_FUSED_STEP_SHAPES"] = mode
         torch._dynamo.reset()
         ps, gs, cs = tensors(shapes, seed=11)
-        opt = fs.MasterAdamW(ps, compiled=True, lr=3e-4, weight_decay=0.1, groups=fs.layer_groups(names))
+        opt = fs.MasterAdamW(ps, compiled=True, lr=3e-4, weight_decay=0.1,
+                             groups=fs.layer_groups(names))
         t0 = time.perf_counter()
         opt.clip_step_cast(gs, cs, 1.0)
         torch.cuda.synchronize()

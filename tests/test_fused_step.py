@@ -200,5 +200,6 @@ def test_an_unknown_shape_mode_is_refused():
     from pitlab.trainer.fused_step import shape_mode
 
     assert shape_mode({}) == "grouped"
-    with pytest.raises(ValueError, match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static, grouped"):
+    with pytest.raises(ValueError,
+                       match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static, grouped"):
         shape_mode({"PITLAB_FUSED_STEP_SHAPES": "rows8"})

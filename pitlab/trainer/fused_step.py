@@ -9,7 +9,7 @@ for an update that also writes the bf16 copy (read 2 + 12, write 12 + 2): 30 byt
 gradient is ever stored (4 bytes per parameter less at the peak). The update of one parameter is one kernel;
 by default (``PITLAB_FUSED_STEP_SHAPES=grouped``) one ``torch.compile``-d call updates a decoder layer's
 parameters at their static sizes, so layers of one kind share one compilation and a step makes one host call per
-layer. Kernels compiled for symbolic sizes (``dynamic``) ran the update at 1.5 TB/s in some processes and 3.4 TB/s
+layer. Kernels compiled for symbolic sizes (``dynamic``) ran the update at 1.5 TB/s in some compilations and 3.4 TB/s
 in others (bench/RESULTS.md, 2026-12-05).
 
 The arithmetic is torch's AdamW (``torch.optim.AdamW`` with ``foreach=False``, ``fused=False``: decoupled weight
