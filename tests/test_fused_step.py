@@ -196,6 +196,21 @@ def test_grouped_mode_compiles_once_per_kind_of_layer_and_splits_runs_by_step(mo
     assert all(torch.equal(a, b) for a, b in zip(finals[("dynamic", True)], finals[("grouped", True)]))
 
 
+def test_the_recompile_limit_counts_every_grouped_optimizer_of_the_process(monkeypatch):
+    """Dynamo's recompile limit is per code object, which every MasterAdamW of a process shares: each grouped
+    optimizer adds two graphs per signature (two gradient dtypes), so two with 2 signatures each make it 16."""
+    import pitlab.trainer.fused_step as fs
+    from torch import _dynamo
+
+    monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", "grouped")
+    monkeypatch.setattr(_dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(fs, "_GRAPHS_ASKED", 0)
+    for limit in (12, 16):
+        MasterAdamW([torch.zeros(4, 2, requires_grad=True), torch.zeros(3, requires_grad=True)], compiled=True,
+                    backend="eager", groups=["a", "b"])
+        assert _dynamo.config.recompile_limit == limit
+
+
 def test_an_unknown_shape_mode_is_refused():
     from pitlab.trainer.fused_step import shape_mode
 

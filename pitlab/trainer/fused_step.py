@@ -80,6 +80,8 @@ SHAPE_MODES = ("dynamic", "rows16", "static", "grouped")
 views: one kernel for all parameters), ``rows16`` (symbolic sizes, [n/16, 16] views), ``static`` (one kernel per
 parameter size), ``grouped`` (static sizes, one compiled call per decoder layer: :func:`layer_groups`)."""
 
+_GRAPHS_ASKED = 0  # graphs the static and grouped optimizers of this process may compile (the recompile limit)
+
 GROUP_SIZE = 16
 """Parameters per compiled call in ``grouped`` mode when no layer names are given."""
 
@@ -175,8 +177,11 @@ class MasterAdamW(torch.optim.AdamW):
         if compiled and self.shapes in ("static", "grouped"):  # one graph per size (or group): above torch's limit
             from torch import _dynamo
 
+            global _GRAPHS_ASKED
             graphs = len({p.numel() for p in plist}) if self.shapes == "static" else len(self._signatures())
-            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, 2 * graphs + 8)
+            # per code object, shared by every MasterAdamW of the process: two gradient dtypes per graph, summed
+            _GRAPHS_ASKED += 2 * graphs
+            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, _GRAPHS_ASKED + 8)
         compile_ = (lambda fn: torch.compile(fn, dynamic=self.shapes not in ("static", "grouped"), fullgraph=True,
                                              backend=backend)) if compiled else (lambda fn: fn)
         self._update = compile_(_update)
