@@ -28,6 +28,9 @@
 #             the run order's; about 7 min); then `fused-modes` in the same call.
 # fused-modes: bench/fused_step_modes.py, the fused update over the reduced shape's 141 parameters compiled each way
 #             PITLAB_FUSED_STEP_SHAPES allows (dynamic, static, rows16, grouped): ms per step, TB/s, bit equality (about 3 min).
+# compile-modes: the plain loop, pitlab's defaults and pitlab with its decoder layers compiled in mode
+#             ${COMPILE_MODE:-reduce-overhead} (CUDA graphs: whether the host gaps of 14-38 % of the step close;
+#             about 8 min), each profiled.
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -82,6 +85,11 @@ for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
                    --shapes qwen35_reduced --checks "" --budget-s "$budget" --profile-steps 2 \
                    --runs 'hf;{"env": {"PITLAB_FUSED_STEP_SHAPES": "grouped"}};{"env": {"PITLAB_FUSED_STEP_SHAPES": "rows16"}};default' \
                    > "$OUT/fused-order.log" 2>&1; tail -8 "$OUT/fused-order.log" ;;
+    compile-modes) budget=${THROUGHPUT_BUDGET_S:-500}  # the decoder layers with CUDA graphs (PITLAB_COMPILE_MODE)
+                 timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/compile-modes" \
+                   --shapes qwen35_reduced --checks "" --budget-s "$budget" --profile-steps 2 \
+                   --runs "hf;default;{\"env\": {\"PITLAB_COMPILE_MODE\": \"${COMPILE_MODE:-reduce-overhead}\"}}" \
+                   > "$OUT/compile-modes.log" 2>&1; tail -8 "$OUT/compile-modes.log" ;;
     fused-modes) timeout 300 python3 bench/fused_step_modes.py --out "$OUT/fused-modes/fused_step_modes.json" --modes "${FUSED_MODES:-dynamic,static,rows16,grouped}" \
                    > "$OUT/fused-modes.log" 2>&1; tail -6 "$OUT/fused-modes.log" ;;
     accumulation) K4='"gradientAccumulationSteps": 4'

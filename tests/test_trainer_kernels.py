@@ -200,3 +200,29 @@ def test_compiled_layers_reach_fla_through_pitlabs_binding(monkeypatch):
     report = select_kernels(tiny_model(), torch.device("cpu"), "L")  # a CPU rank puts the reference back
     assert qm.torch_chunk_gated_delta_rule is reference and report["gated_delta_rule"].startswith(REFERENCE)
     torch._dynamo.reset()
+
+
+def test_the_compile_mode_knob_is_read_named_and_checked(monkeypatch):
+    """``PITLAB_COMPILE_MODE``: unset is torch's default (no ``mode`` passed, the label as before); a mode is
+    passed to every layer's ``torch.compile`` and named in the label; another value is refused naming the
+    variable; a mode without CUDA graphs does not mark CUDA-graph steps."""
+    import pitlab.trainer.kernels as kern
+
+    assert kern.compile_mode({}) is None and kern.compile_mode({"PITLAB_COMPILE_MODE": ""}) is None
+    assert kern.compile_mode({"PITLAB_COMPILE_MODE": "reduce-overhead"}) == "reduce-overhead"
+    with pytest.raises(ValueError, match="PITLAB_COMPILE_MODE='fast': give one of default, reduce-overhead, "
+                                         "max-autotune, max-autotune-no-cudagraphs"):
+        kern.compile_mode({"PITLAB_COMPILE_MODE": "fast"})
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    monkeypatch.setattr(kern, "_CUDAGRAPHS", False)
+    assert kern.compile_blocks(None, layers=layers) == "torch.compile per decoder layer (2 layers)"
+    monkeypatch.setenv("PITLAB_COMPILE_MODE", "max-autotune-no-cudagraphs")
+    assert kern.compile_blocks(None, layers=layers) == (
+        "torch.compile per decoder layer (2 layers, mode max-autotune-no-cudagraphs)")
+    assert seen == [{"backend": "inductor"}] * 2 + [{"backend": "inductor", "mode": "max-autotune-no-cudagraphs"}] * 2
+    assert kern._CUDAGRAPHS is False
+    monkeypatch.setenv("PITLAB_COMPILE_MODE", "reduce-overhead")
+    kern.compile_blocks(None, layers=layers)
+    assert kern._CUDAGRAPHS is True

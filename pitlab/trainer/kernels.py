@@ -215,13 +215,39 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
             f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes ``PITLAB_COMPILE_MODE`` accepts for the decoder layers (a measurement knob; unset:
+torch's default)."""
+_CUDAGRAPHS = False  # a compile_blocks call of this process asked for CUDA graphs (reduce-overhead, max-autotune)
+
+
+def compile_mode(env: dict | None = None) -> str | None:
+    """``PITLAB_COMPILE_MODE`` (None when unset); raises ValueError naming the variable for a mode torch does
+    not have (:data:`COMPILE_MODES`)."""
+    import os
+
+    mode = (env if env is not None else os.environ).get("PITLAB_COMPILE_MODE") or None
+    if mode is not None and mode not in COMPILE_MODES:
+        raise ValueError(f"PITLAB_COMPILE_MODE={mode!r}: give one of {', '.join(COMPILE_MODES)}")
+    return mode
+
+
+def cudagraph_step_begin() -> None:
+    """Start a new CUDA-graph generation (``torch.compiler.cudagraph_mark_step_begin``) when the layers were
+    compiled with CUDA graphs: called before each microbatch, so that a replay never overwrites outputs the
+    previous microbatch's backward still reads; nothing otherwise."""
+    if _CUDAGRAPHS:
+        torch.compiler.cudagraph_mark_step_begin()
+
+
 def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.ModuleList | None = None) -> str:
     """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
     names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
     the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
     compile time grows with the number of distinct layer kinds, not with depth. ``backend``: torch.compile's
     (the tests use ``aot_eager`` on the CPU). ``layers``: the decoder layers (default: those of the causal LM
-    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`)."""
+    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`). ``PITLAB_COMPILE_MODE`` sets torch.compile's mode
+    (:func:`compile_mode`)."""
     from pitlab.trainer.fsdp import decoder_layers
 
     layers = decoder_layers(model) if layers is None else layers
@@ -229,6 +255,9 @@ def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.Modul
     for knob in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
+    global _CUDAGRAPHS
+    mode = compile_mode()
+    _CUDAGRAPHS = _CUDAGRAPHS or mode in ("reduce-overhead", "max-autotune")
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, backend=backend)
-    return f"torch.compile per decoder layer ({len(layers)} layers)"
+        layer.forward = torch.compile(layer.forward, backend=backend, **({"mode": mode} if mode else {}))
+    return f"torch.compile per decoder layer ({len(layers)} layers{f', mode {mode}' if mode else ''})"

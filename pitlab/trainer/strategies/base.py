@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
+from pitlab.trainer.kernels import cudagraph_step_begin
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
 from pitlab.trainer.fused_step import total_norm
 from pitlab.trainer.plan import MemoryPlan, ModelShape
@@ -70,6 +71,7 @@ class Strategy:
         of the microbatches' mean losses (0-d float32 tensor on the device, not read)."""
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         for micro, (input_ids, labels) in enumerate(batches):
+            cudagraph_step_begin()
             self.before_microbatch(micro, accum, sync_every_micro)
             with record_function("step.forward"):
                 loss = self.loss(input_ids, labels)
