@@ -75,6 +75,10 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     # a fresh output folder: every model was embedded by this run's Embedded stage, none came from the cache
     assert [m["embedding_cache_hit"] for m in results["models"]] == [False, False, False]
     assert all(t["embed_s"] > 0.05 for t in results["timings"]["models"].values())
+    # the Embedded stage ran before the evaluate call: the total counts it
+    timings = results["timings"]
+    assert timings["total_s"] == pytest.approx(
+        timings["evaluate_s"] + sum(t["embed_s"] for t in timings["models"].values()), rel=1e-12)
     for m in results["models"]:
         lo, hi = m["premium_ci"]
         # the same-row premium: R²(on) on the leakage-off test rows minus R²(off) (docs/statistics.md §2)
