@@ -257,3 +257,6 @@ def test_the_mechanical_sentence_gives_each_remainder_its_interval_and_verdict()
         "mixed time; excess over the baseline -0.2000 [-0.3300, -0.0400] (significant) (below 0: it recognises")
     assert mechanical_sentence("m", -0.01, 0.25, low, mn).startswith(
         "m: raw premium -0.0100, nothing for date recognition to explain; excess over the baseline -0.2000")
+    undefined = {"premium": 0.09, "ci": [float("nan"), None], "verdict": "unreliable"}
+    assert "excess over the baseline +0.0900 [n/a, n/a] (unreliable)" in mechanical_sentence("m", 0.12, 0.03,
+                                                                                             undefined, mn)

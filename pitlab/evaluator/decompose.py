@@ -57,8 +57,10 @@ def excess(point: float, reps: np.ndarray, base_point: float, base_reps: np.ndar
 
 
 def _bracket(ci) -> str:
-    """``[lo, hi]`` with signs and four decimals, as the report's tables print an interval."""
-    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    """``[lo, hi]`` with signs and four decimals (``n/a`` for a bound that is None or not finite)."""
+    def one(v) -> str:
+        return f"{v:+.4f}" if v is not None and np.isfinite(v) else "n/a"
+    return f"[{one(ci[0])}, {one(ci[1])}]"
 
 
 def mechanical_sentence(name: str, raw: float, base: float, excess_: dict, neutral: dict) -> str:
