@@ -153,9 +153,10 @@ def test_every_shape_mode_gives_the_same_values(mode, monkeypatch):
 
 def test_grouped_mode_compiles_once_per_kind_of_layer_and_splits_runs_by_step(monkeypatch):
     """``grouped``: two layers of the same shapes share one graph and the embedding and the head (their own groups,
-    the same shape) another, so 2 graphs for 4 runs; a parameter without a gradient for a step (its step count then
-    differs) is skipped and splits its layer's run (2 more graphs). Eager every parameter and copy is torch's
-    AdamW's after clipping bit for bit; compiled (``backend="eager"``) the default compiled update's."""
+    the same shape) another, so 2 graphs for 4 groups; a parameter without a gradient for a step is skipped, and
+    its layer (then, and after, when its step counts differ) is updated parameter by parameter at symbolic sizes
+    (2 more graphs). Eager every parameter and copy is torch's AdamW's after clipping bit for bit; compiled
+    (``backend="eager"``) the ``dynamic`` compiled update's."""
     from torch._dynamo.utils import counters
 
     from pitlab.trainer.fused_step import layer_groups
@@ -191,9 +192,42 @@ def test_grouped_mode_compiles_once_per_kind_of_layer_and_splits_runs_by_step(mo
             assert all(torch.equal(p.detach().to(torch.bfloat16), c) for p, c in zip(fused, copies))
         elif chosen == "grouped":
             assert o_fused._signatures() == {((10, 4),), ((4, 4), (4,))}
-            # [(10, 4)] and [(4, 4), (4,)]; then, the steps apart, [(4, 4)] and [(4,)]
+            # [(10, 4)] and [(4, 4), (4,)] at static sizes; layer 0 at steps 1 and 2 per parameter at symbolic ones
             assert counters["stats"]["unique_graphs"] == 4
     assert all(torch.equal(a, b) for a, b in zip(finals[("dynamic", True)], finals[("grouped", True)]))
+
+
+def test_grouped_mode_with_gradients_missing_now_and_then_compiles_a_bounded_number_of_graphs(monkeypatch):
+    """A group of 8 parameters of 8 sizes with a different one lacking a gradient at each of 30 steps (every
+    step count pattern a new one): ``grouped`` stays at 2 graphs under torch's default recompile limit of 8
+    (one static graph per pattern would have failed at the limit, ``fullgraph=True``), and its values equal the
+    ``dynamic`` compiled update's bit for bit."""
+    import random
+
+    from torch import _dynamo
+    from torch._dynamo.utils import counters
+
+    import pitlab.trainer.fused_step as fs
+
+    shapes = [(k + 3,) for k in range(8)]
+    finals = {}
+    for mode in ("dynamic", "grouped"):
+        monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", mode)
+        monkeypatch.setattr(fs, "_GRAPHS_ASKED", 0)
+        torch._dynamo.reset()
+        counters.clear()
+        gen, pick = torch.Generator().manual_seed(7), random.Random(0)
+        ps = [torch.randn(s, generator=gen) for s in shapes]
+        copies = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+        with _dynamo.config.patch(recompile_limit=8):
+            opt = MasterAdamW(ps, compiled=True, backend="eager", groups=[0] * 8, lr=1e-2, weight_decay=0.1)
+            for _ in range(30):
+                g16 = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
+                g16[pick.randrange(8)] = None
+                opt.clip_step_cast(g16, copies, 1.0)
+        assert counters["stats"]["unique_graphs"] == 2, mode
+        finals[mode] = ps + copies
+    assert all(torch.equal(a, b) for a, b in zip(finals["dynamic"], finals["grouped"]))
 
 
 def test_the_recompile_limit_counts_every_grouped_optimizer_of_the_process(monkeypatch):
@@ -203,12 +237,12 @@ def test_the_recompile_limit_counts_every_grouped_optimizer_of_the_process(monke
     from torch import _dynamo
 
     monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", "grouped")
-    monkeypatch.setattr(_dynamo.config, "recompile_limit", 8)
     monkeypatch.setattr(fs, "_GRAPHS_ASKED", 0)
-    for limit in (12, 16):
-        MasterAdamW([torch.zeros(4, 2, requires_grad=True), torch.zeros(3, requires_grad=True)], compiled=True,
-                    backend="eager", groups=["a", "b"])
-        assert _dynamo.config.recompile_limit == limit
+    with _dynamo.config.patch(recompile_limit=8):  # restored afterwards
+        for limit in (12, 16):
+            MasterAdamW([torch.zeros(4, 2, requires_grad=True), torch.zeros(3, requires_grad=True)], compiled=True,
+                        backend="eager", groups=["a", "b"])
+            assert _dynamo.config.recompile_limit == limit
 
 
 def test_an_unknown_shape_mode_is_refused():

@@ -205,10 +205,11 @@ def test_compiled_layers_reach_fla_through_pitlabs_binding(monkeypatch):
 def test_the_compile_mode_knob_is_read_named_and_checked(monkeypatch):
     """``PITLAB_COMPILE_MODE``: unset is torch's default (no ``mode`` passed, the label as before); a mode is
     passed to every layer's ``torch.compile`` and named in the label; another value is refused naming the
-    variable; a mode without CUDA graphs does not mark CUDA-graph steps."""
+    variable; a new CUDA-graph generation is marked only once layers were compiled with CUDA graphs."""
     import pitlab.trainer.kernels as kern
 
-    assert kern.compile_mode({}) is None and kern.compile_mode({"PITLAB_COMPILE_MODE": ""}) is None
+    monkeypatch.delenv("PITLAB_COMPILE_MODE", raising=False)
+    assert kern.compile_mode() is None and kern.compile_mode({"PITLAB_COMPILE_MODE": ""}) is None
     assert kern.compile_mode({"PITLAB_COMPILE_MODE": "reduce-overhead"}) == "reduce-overhead"
     with pytest.raises(ValueError, match="PITLAB_COMPILE_MODE='fast': give one of default, reduce-overhead, "
                                          "max-autotune, max-autotune-no-cudagraphs"):
@@ -217,12 +218,36 @@ def test_the_compile_mode_knob_is_read_named_and_checked(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
     layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
     monkeypatch.setattr(kern, "_CUDAGRAPHS", False)
-    assert kern.compile_blocks(None, layers=layers) == "torch.compile per decoder layer (2 layers)"
-    monkeypatch.setenv("PITLAB_COMPILE_MODE", "max-autotune-no-cudagraphs")
-    assert kern.compile_blocks(None, layers=layers) == (
-        "torch.compile per decoder layer (2 layers, mode max-autotune-no-cudagraphs)")
-    assert seen == [{"backend": "inductor"}] * 2 + [{"backend": "inductor", "mode": "max-autotune-no-cudagraphs"}] * 2
-    assert kern._CUDAGRAPHS is False
-    monkeypatch.setenv("PITLAB_COMPILE_MODE", "reduce-overhead")
-    kern.compile_blocks(None, layers=layers)
-    assert kern._CUDAGRAPHS is True
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    with torch._dynamo.config.patch(recompile_limit=8):  # compile_blocks raises it
+        assert kern.compile_blocks(None, layers=layers) == "torch.compile per decoder layer (2 layers)"
+        mode = "max-autotune-no-cudagraphs"
+        assert kern.compile_blocks(None, layers=layers, mode=mode) == (
+            f"torch.compile per decoder layer (2 layers, mode {mode})")
+        kern.cudagraph_step_begin()
+        assert seen == [{"backend": "inductor"}] * 2 + [{"backend": "inductor", "mode": mode}] * 2 and marks == []
+        kern.compile_blocks(None, layers=layers, mode="reduce-overhead")
+        kern.cudagraph_step_begin()
+    assert marks == [1]
+
+
+def test_every_microbatch_starts_a_cuda_graph_generation_when_layers_use_cuda_graphs(monkeypatch):
+    """``Strategy.forward_backward`` marks a new CUDA-graph generation before each of its 3 microbatches once the
+    layers were compiled with CUDA graphs, and none otherwise; the summed loss is the microbatches' (6.0)."""
+    import pitlab.trainer.kernels as kern
+    from pitlab.trainer.strategies.base import Strategy
+
+    class Tiny(Strategy):
+        def loss(self, input_ids, labels):
+            return (self.w * input_ids.float()).sum()
+
+    s = Tiny()
+    s.device, s.w = torch.device("cpu"), torch.nn.Parameter(torch.ones(()))
+    batches = [(torch.full((1, 2), k, dtype=torch.int64), None) for k in (1, 1, 1)]
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    for graphs, expected in ((False, []), (True, [1, 1, 1])):
+        monkeypatch.setattr(kern, "_CUDAGRAPHS", graphs)
+        marks.clear()
+        assert float(s.forward_backward(batches, 3, True)) == 6.0 and marks == expected

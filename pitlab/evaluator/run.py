@@ -387,8 +387,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     timings["embed_s"] = sum(m["embed_s"] for m in timings["models"].values())
     results["timings"] = timings
     note("report", 0, 1)
-    # this call's wall time plus the embedding stages that ran before it (``embedded``), so that ``total_s`` is the
-    # evaluation's whatever ran the embeddings; before the report is written: results.json cannot time itself
+    # this call's wall time plus the embedding stage that ran before it in the same run (``embedded``, the local
+    # runner's); before the report is written: results.json cannot time itself
     timings["evaluate_s"] = time.perf_counter() - t_all
     timings["total_s"] = timings["evaluate_s"] + sum(float((embedded or {})[n].get("seconds", 0.0))
                                                      for n in names if n in (embedded or {}))

@@ -173,6 +173,8 @@ class MasterAdamW(torch.optim.AdamW):
         if groups is not None and len(groups) != len(plist):
             raise ValueError(f"MasterAdamW: {len(groups)} groups for {len(plist)} parameters")
         self.groups = list(groups) if groups is not None else [i // GROUP_SIZE for i in range(len(plist))]
+        starts = [i for i in range(len(plist)) if i == 0 or self.groups[i] != self.groups[i - 1]]
+        self._runs = list(zip(starts, starts[1:] + [len(plist)]))  # [start, stop) of each group's parameters
         self.shapes = shape_mode()
         if compiled and self.shapes in ("static", "grouped"):  # one graph per size (or group): above torch's limit
             from torch import _dynamo
@@ -182,20 +184,19 @@ class MasterAdamW(torch.optim.AdamW):
             # per code object, shared by every MasterAdamW of the process: two gradient dtypes per graph, summed
             _GRAPHS_ASKED += 2 * graphs
             _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, _GRAPHS_ASKED + 8)
-        compile_ = (lambda fn: torch.compile(fn, dynamic=self.shapes not in ("static", "grouped"), fullgraph=True,
-                                             backend=backend)) if compiled else (lambda fn: fn)
-        self._update = compile_(_update)
-        self._update_group = compile_(_update_group)
+
+        def compile_(fn, dynamic: bool):
+            return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend) if compiled else fn
+
+        # grouped: a group some of whose parameters lack a gradient, or differ in step count, takes the
+        # per-parameter update at symbolic sizes (a few graphs) rather than one more static graph per pattern
+        self._update = compile_(_update, self.shapes != "static")
+        self._update_group = compile_(_update_group, False)
 
     def _signatures(self) -> set:
-        """The distinct (shape, ...) tuples of the groups' runs of consecutive parameters: ``grouped`` mode's
-        compilations when every parameter has a gradient."""
-        plist, runs, start = self.param_groups[0]["params"], set(), 0
-        for i in range(1, len(plist) + 1):
-            if i == len(plist) or self.groups[i] != self.groups[start]:
-                runs.add(tuple(tuple(p.shape) for p in plist[start:i]))
-                start = i
-        return runs
+        """The distinct (shape, ...) tuples of the groups' parameters: ``grouped`` mode's compilations."""
+        plist = self.param_groups[0]["params"]
+        return {tuple(tuple(p.shape) for p in plist[a:b]) for a, b in self._runs}
 
     def _hyper(self, step: float, device: torch.device) -> torch.Tensor:
         group = self.param_groups[0]
@@ -258,21 +259,27 @@ class MasterAdamW(torch.optim.AdamW):
 
     def _grouped_update(self, live: list[int], steps: list[float], grads: list, copies: list | None,
                         coef: torch.Tensor, device: torch.device) -> None:
-        """``grouped`` mode: one :func:`_update_group` call per run of consecutive live parameters with the same
-        group and step count (the rank's local shards, as they are shaped)."""
+        """``grouped`` mode: one :func:`_update_group` call per group whose parameters all have a gradient and
+        one step count (the rank's local shards, as they are shaped); the live parameters of any other group one
+        by one (:func:`_update` at symbolic sizes)."""
         group = self.param_groups[0]
-        params, (beta1, beta2) = group["params"], group["betas"]
+        params, (beta1, beta2), eps = group["params"], group["betas"], group["eps"]
+        step_of = dict(zip(live, steps))
         hypers: dict[float, torch.Tensor] = {}
-        start = 0
-        for k in range(1, len(live) + 1):
-            if k < len(live) and self.groups[live[k]] == self.groups[live[start]] and steps[k] == steps[start]:
-                continue
-            run, step = live[start:k], steps[start]
-            if step not in hypers:
+        for a, b in self._runs:
+            run = [i for i in range(a, b) if i in step_of]
+            for step in {step_of[i] for i in run} - set(hypers):
                 hypers[step] = self._hyper(step, device)
-            states = [self.state[params[i]] for i in run]
-            self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
-                               [_local(st["exp_avg"]) for st in states], [_local(st["exp_avg_sq"]) for st in states],
-                               None if copies is None else [copies[i] for i in run], coef, hypers[step],
-                               beta1, beta2, group["eps"])
-            start = k
+            if len(run) == b - a and len({step_of[i] for i in run}) == 1:
+                states = [self.state[params[i]] for i in run]
+                self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
+                                   [_local(st["exp_avg"]) for st in states],
+                                   [_local(st["exp_avg_sq"]) for st in states],
+                                   None if copies is None else [copies[i] for i in run], coef, hypers[step_of[a]],
+                                   beta1, beta2, eps)
+                continue
+            for i in run:
+                st = self.state[params[i]]
+                self._update(_flat(params[i]), _flat(grads[i]), _flat(st["exp_avg"]), _flat(st["exp_avg_sq"]),
+                             None if copies is None else _flat(copies[i]), coef, hypers[step_of[i]], beta1, beta2,
+                             eps)

@@ -240,14 +240,15 @@ def cudagraph_step_begin() -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
 
-def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.ModuleList | None = None) -> str:
+def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.ModuleList | None = None,
+                   mode: str | None = None) -> str:
     """Regional compilation: ``torch.compile`` of each decoder layer's ``forward`` (set on the instance, so module
     names, state-dict keys and FSDP2's per-layer hooks, which run around ``forward``, are unchanged). Returns
     the report label. Layers of one class share compiled code (``torch._dynamo`` caches per code object), so
     compile time grows with the number of distinct layer kinds, not with depth. ``backend``: torch.compile's
     (the tests use ``aot_eager`` on the CPU). ``layers``: the decoder layers (default: those of the causal LM
-    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`). ``PITLAB_COMPILE_MODE`` sets torch.compile's mode
-    (:func:`compile_mode`)."""
+    ``model``, :func:`pitlab.trainer.fsdp.decoder_layers`). ``mode``: torch.compile's mode (the trainer passes
+    :func:`compile_mode`; None: torch's default)."""
     from pitlab.trainer.fsdp import decoder_layers
 
     layers = decoder_layers(model) if layers is None else layers
@@ -256,7 +257,6 @@ def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.Modul
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
     global _CUDAGRAPHS
-    mode = compile_mode()
     _CUDAGRAPHS = _CUDAGRAPHS or mode in ("reduce-overhead", "max-autotune")
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, **({"mode": mode} if mode else {}))

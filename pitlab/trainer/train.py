@@ -59,7 +59,7 @@ from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.kernels import compile_blocks, reference_kernel_warning, select_kernels
+from pitlab.trainer.kernels import compile_blocks, compile_mode, reference_kernel_warning, select_kernels
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
@@ -295,7 +295,7 @@ def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora:
     kernels = select_kernels(strategy.forward_model, device, loss_impl)
     compile_on = tr.compile if tr.compile is not None else (strategy.compiled_by_default and lora is None)
     if compile_on and device.type == "cuda":
-        kernels["compile"] = compile_blocks(strategy.forward_model)
+        kernels["compile"] = compile_blocks(strategy.forward_model, mode=compile_mode())
     elif device.type != "cuda":
         kernels["compile"] = "off (CPU)" if compile_on else "off"
     else:
