@@ -158,8 +158,10 @@ class MasterAdamW(torch.optim.AdamW):
     with :meth:`clip_step_cast`.
 
     ``compiled``: compile the per-parameter update with ``torch.compile`` (CUDA; on the CPU the tests run it
-    eager, or compiled with ``backend="eager"``: the same graphs, torch's own kernels). Raises ``ValueError`` for
-    more than one parameter group, ``amsgrad`` or a non-float32 parameter.
+    eager, or compiled with ``backend="eager"``: the same graphs, torch's own kernels). ``groups``: a key per
+    parameter (:func:`model_groups`); ``grouped`` mode updates each run of consecutive parameters with one key in
+    one call (default: runs of :data:`GROUP_SIZE`). Raises ``ValueError`` for more than one parameter group,
+    ``amsgrad``, a non-float32 parameter or a ``groups`` of another length.
     """
 
     def __init__(self, params, *, compiled: bool, backend: str = "inductor", groups: list | None = None, **kwargs):
