@@ -1,6 +1,7 @@
 """Host time of the fused optimizer step per mode (``PITLAB_FUSED_STEP_SHAPES``), on the CPU: the reduced
-Qwen3.5-35B-A3B's 141 parameters in the model's order and layer groups, each shrunk to at most 256 elements so that
-the kernels cost next to nothing and the time per step is the host's (dynamo's guards, the compiled wrapper, the
+Qwen3.5-35B-A3B's 141 parameters in the model's order and layer groups, each of its 13 sizes mapped to a distinct
+small one (16, 32, ... elements, in order), so that the graphs are as many as the model's but the kernels cost next
+to nothing and the time per step is the host's (dynamo's guards, the compiled wrapper, the
 Python loop). Inductor's CPU backend; median of 20 steps after 3 warm-up steps, and the first call (compilation).
 
     .venv/bin/python bench/fused_step_host.py --out bench/results/fused-step-host-cpu.json
@@ -36,7 +37,8 @@ def main() -> int:
     import pitlab.trainer.fused_step as fs
 
     shapes, names = model_shapes(QWEN35_REDUCED)
-    small = [(min(int(torch.Size(s).numel()), 256),) for s in shapes]
+    sizes = sorted({int(torch.Size(s).numel()) for s in shapes})  # each distinct size a distinct small one
+    small = [(16 * (1 + sizes.index(int(torch.Size(s).numel()))),) for s in shapes]
     res: dict = {"tensors": len(small), "elements": sum(s[0] for s in small), "torch": torch.__version__,
                  "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(), "modes": {}}
     for mode in args.modes.split(","):
