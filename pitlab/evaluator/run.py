@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pitlab.api.artifacts import MODEL_CARD, cutoff_warnings, read_model_card, resolve_cutoff  # noqa: F401
+from pitlab.api.artifacts import MODEL_CARD, cutoff_warnings, read_model_card, resolve_cutoff
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, paired_reductions
@@ -390,8 +390,8 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     # this call's wall time plus the embedding stage that ran before it in the same run (``embedded``, the local
     # runner's); before the report is written: results.json cannot time itself
     timings["evaluate_s"] = time.perf_counter() - t_all
-    timings["total_s"] = timings["evaluate_s"] + sum(float((embedded or {})[n].get("seconds", 0.0))
-                                                     for n in names if n in (embedded or {}))
+    timings["total_s"] = timings["evaluate_s"] + sum(t["embed_s"] for n, t in timings["models"].items()
+                                                     if n in (embedded or {}))
     clean = write_outputs(results, out_dir, {o.result["name"]: o.replicates for o in outcomes})
     note("report", 1, 1)
     return clean

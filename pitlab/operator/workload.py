@@ -63,7 +63,8 @@ def report_audit(audit: Path, command: list[str], termination_log: str = TERMINA
 
 
 HEADLINE_FIELDS = ("marketNeutralPremium", "marketNeutralCI", "marketNeutralVerdict")
-SHORT_FIELDS = HEADLINE_FIELDS + ("premium", "premiumCI", "verdict")
+RAW_FIELDS = ("premium", "premiumCI", "verdict")
+SHORT_FIELDS = HEADLINE_FIELDS + RAW_FIELDS
 """A model's fields in a results summary too large for the termination message: the headline (market-neutral)
 premium and the raw one, each with its interval and verdict; if those do not fit either, the headline only (the
 raw premium's for results without it)."""
@@ -82,8 +83,7 @@ def report_results(results: Path, report: str, command: list[str], termination_l
                                        for m, r in summary["models"].items()}, "truncated": True},
                 "reportUri": report}
 
-    headline = HEADLINE_FIELDS if any("marketNeutralPremium" in r for r in summary["models"].values()) else \
-        ("premium", "premiumCI", "verdict")
+    headline = HEADLINE_FIELDS if any("marketNeutralPremium" in r for r in summary["models"].values()) else RAW_FIELDS
     for doc in ({"results": summary, "reportUri": report}, cut(SHORT_FIELDS), cut(headline),
                 {"results": {"truncated": True}, "reportUri": report}):
         try:  # a large panel's summary may not fit in 4 KiB: keep what fits, the full results are on the volume

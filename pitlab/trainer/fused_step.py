@@ -243,45 +243,41 @@ class MasterAdamW(torch.optim.AdamW):
             steps.append(state["step"])
         torch._foreach_add_(steps, 1.0)
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
-        hypers: dict[float, torch.Tensor] = {}  # by step count (equal for all unless some had no gradient)
-        beta1, beta2 = group["betas"]
+        step_of = {i: float(t) for i, t in zip(live, steps)}  # on the CPU (torch's non-fused AdamW): no device read
+        # by step count (one unless some parameter had no gradient at an earlier step)
+        hypers = {step: self._hyper(step, device) for step in dict.fromkeys(step_of.values())}
         if self.shapes == "grouped":
-            self._grouped_update(live, [float(t) for t in steps], grads, copies, coef, device)
-            return total
-        r16 = self.shapes == "rows16"
-        for i, step_t in zip(live, steps):
-            step = float(step_t)  # on the CPU (torch's non-fused AdamW keeps it there): no device read
-            if step not in hypers:
-                hypers[step] = self._hyper(step, device)
-            state = self.state[params[i]]
-            self._update(_flat(params[i], r16), _flat(grads[i], r16), _flat(state["exp_avg"], r16),
-                         _flat(state["exp_avg_sq"], r16), None if copies is None else _flat(copies[i], r16), coef,
-                         hypers[step], beta1, beta2, group["eps"])
+            self._grouped_update(step_of, hypers, grads, copies, coef)
+        else:
+            for i in live:
+                self._update_one(i, grads, copies, coef, hypers[step_of[i]], self.shapes == "rows16")
         return total
 
-    def _grouped_update(self, live: list[int], steps: list[float], grads: list, copies: list | None,
-                        coef: torch.Tensor, device: torch.device) -> None:
-        """``grouped`` mode: one :func:`_update_group` call per group whose parameters all have a gradient and
-        one step count (the rank's local shards, as they are shaped); the live parameters of any other group one
-        by one (:func:`_update` at symbolic sizes)."""
+    def _update_one(self, i: int, grads: list, copies: list | None, coef: torch.Tensor, hyper: torch.Tensor,
+                    rows16: bool = False) -> None:
+        """Parameter ``i``'s update, alone (:func:`_update` on :func:`_flat` views)."""
         group = self.param_groups[0]
-        params, (beta1, beta2), eps = group["params"], group["betas"], group["eps"]
-        step_of = dict(zip(live, steps))
-        hypers: dict[float, torch.Tensor] = {}
+        p = group["params"][i]
+        st = self.state[p]
+        self._update(_flat(p, rows16), _flat(grads[i], rows16), _flat(st["exp_avg"], rows16),
+                     _flat(st["exp_avg_sq"], rows16), None if copies is None else _flat(copies[i], rows16), coef,
+                     hyper, *group["betas"], group["eps"])
+
+    def _grouped_update(self, step_of: dict[int, float], hypers: dict[float, torch.Tensor], grads: list,
+                        copies: list | None, coef: torch.Tensor) -> None:
+        """``grouped`` mode: one :func:`_update_group` call per group whose parameters all have a gradient
+        (``step_of``: live parameter → step count) and one step count (the rank's local shards, as they are
+        shaped); the live parameters of any other group one by one (:meth:`_update_one`, symbolic sizes)."""
+        group = self.param_groups[0]
+        params = group["params"]
         for a, b in self._runs:
             run = [i for i in range(a, b) if i in step_of]
-            for step in {step_of[i] for i in run} - set(hypers):
-                hypers[step] = self._hyper(step, device)
-            if len(run) == b - a and len({step_of[i] for i in run}) == 1:
-                states = [self.state[params[i]] for i in run]
-                self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
-                                   [_local(st["exp_avg"]) for st in states],
-                                   [_local(st["exp_avg_sq"]) for st in states],
-                                   None if copies is None else [copies[i] for i in run], coef, hypers[step_of[a]],
-                                   beta1, beta2, eps)
+            if len(run) < b - a or len({step_of[i] for i in run}) > 1:
+                for i in run:
+                    self._update_one(i, grads, copies, coef, hypers[step_of[i]])
                 continue
-            for i in run:
-                st = self.state[params[i]]
-                self._update(_flat(params[i]), _flat(grads[i]), _flat(st["exp_avg"]), _flat(st["exp_avg_sq"]),
-                             None if copies is None else _flat(copies[i]), coef, hypers[step_of[i]], beta1, beta2,
-                             eps)
+            states = [self.state[params[i]] for i in run]
+            self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
+                               [_local(st["exp_avg"]) for st in states], [_local(st["exp_avg_sq"]) for st in states],
+                               None if copies is None else [copies[i] for i in run], coef, hypers[step_of[a]],
+                               *group["betas"], group["eps"])

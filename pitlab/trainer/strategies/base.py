@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch.profiler import record_function
 
-from pitlab.trainer.kernels import cudagraph_step_begin
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
 from pitlab.trainer.fused_step import total_norm
+from pitlab.trainer.kernels import cudagraph_step_begin
 from pitlab.trainer.plan import MemoryPlan, ModelShape
 
 
