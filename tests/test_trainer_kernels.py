@@ -251,3 +251,41 @@ def test_every_microbatch_starts_a_cuda_graph_generation_when_layers_use_cuda_gr
         monkeypatch.setattr(kern, "_CUDAGRAPHS", graphs)
         marks.clear()
         assert float(s.forward_backward(batches, 3, True)) == 6.0 and marks == expected
+
+
+def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch):
+    """``auto_compile_mode``: CUDA graphs (``reduce-overhead``) for the single-device path on CUDA, without
+    activation checkpointing, with the plan at most 85 % of the GPU's memory (the reduced Qwen3.5 shape's 52.8 GB
+    of an H100's 85.0 GB: 62 %); torch's default otherwise, each with its reason. ``compile_run_layers`` lets
+    ``PITLAB_COMPILE_MODE`` win and names the choice in the label."""
+    import pitlab.trainer.kernels as kern
+
+    cuda, cpu, h100 = torch.device("cuda"), torch.device("cpu"), 85_017_755_648
+    assert kern.auto_compile_mode(True, cuda, False, 52_843_931_392, h100) == (
+        "reduce-overhead", "auto: the plan takes 62% of the GPU's memory")
+    assert kern.auto_compile_mode(True, cuda, False, 72_265_092_300, h100)[0] == "reduce-overhead"  # 85.0 %
+    assert kern.auto_compile_mode(True, cuda, False, 72_265_092_301, h100) == (
+        None, "off: the plan takes 85% of the GPU's memory (limit 85%)")
+    assert kern.auto_compile_mode(True, cuda, True, 52_843_931_392, h100) == (
+        None, "off with activation checkpointing")
+    assert kern.auto_compile_mode(False, cuda, False, 52_843_931_392, h100) == (None, "not used on this path")
+    assert kern.auto_compile_mode(True, cpu, False, 52_843_931_392, h100) == (None, "CUDA only")
+    assert kern.auto_compile_mode(True, cuda, False, None, h100) == (None, "no memory plan")
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw.get("mode")) or fn)
+    monkeypatch.setattr(kern, "_CUDAGRAPHS", False)
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+    model = torch.nn.Module()
+    model.model = torch.nn.Module()
+    model.model.layers = layers
+    with torch._dynamo.config.patch(recompile_limit=8):
+        monkeypatch.delenv("PITLAB_COMPILE_MODE", raising=False)
+        assert kern.compile_run_layers(model, True, cuda, False, 52_843_931_392, h100) == (
+            "torch.compile per decoder layer (1 layers, mode reduce-overhead); CUDA graphs: auto: the plan takes "
+            "62% of the GPU's memory")
+        assert kern.compile_run_layers(model, True, cuda, True, 52_843_931_392, h100) == (
+            "torch.compile per decoder layer (1 layers); CUDA graphs: off with activation checkpointing")
+        monkeypatch.setenv("PITLAB_COMPILE_MODE", "default")
+        assert kern.compile_run_layers(model, True, cuda, False, 52_843_931_392, h100) == (
+            "torch.compile per decoder layer (1 layers, mode default); CUDA graphs: as PITLAB_COMPILE_MODE says")
+    assert seen == ["reduce-overhead", None, "default"]

@@ -216,8 +216,8 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
 
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""``torch.compile`` modes ``PITLAB_COMPILE_MODE`` accepts for the decoder layers (a measurement knob; unset:
-torch's default)."""
+"""``torch.compile`` modes ``PITLAB_COMPILE_MODE`` accepts for the decoder layers (unset: :func:`auto_compile_mode`;
+``default`` is torch's default)."""
 _CUDAGRAPHS = False  # a compile_blocks call of this process asked for CUDA graphs (reduce-overhead, max-autotune)
 
 
@@ -230,6 +230,46 @@ def compile_mode(env: dict | None = None) -> str | None:
     if mode is not None and mode not in COMPILE_MODES:
         raise ValueError(f"PITLAB_COMPILE_MODE={mode!r}: give one of {', '.join(COMPILE_MODES)}")
     return mode
+
+
+CUDA_GRAPH_MEMORY_SHARE = 0.85
+"""The largest share of the GPU's memory a plan's predicted peak may take for :func:`auto_compile_mode` to choose
+CUDA graphs: their private memory pool added 1.2 GB of reserved memory on the reduced Qwen3.5 shape (54.4 against
+53.2 GB, H100, 2026-12-05), and the Qwen3-30B slice, planned at 101 % of an H100 with activation checkpointing, ran
+out of memory with them."""
+
+
+def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activation_checkpointing: bool,
+                      planned_peak_bytes: int | None, total_memory_bytes: int | None) -> tuple[str | None, str]:
+    """The decoder layers' ``torch.compile`` mode when ``PITLAB_COMPILE_MODE`` is unset, and why:
+    ``reduce-overhead`` (CUDA graphs) for a strategy that allows them (``cuda_graphs_by_default``: the single-device
+    path) on CUDA without activation checkpointing and with a predicted peak (bytes) at most
+    :data:`CUDA_GRAPH_MEMORY_SHARE` of the GPU's memory (bytes); else None (torch's default) and the reason."""
+    if not cuda_graphs_by_default:
+        return None, "not used on this path"
+    if device.type != "cuda":
+        return None, "CUDA only"
+    if activation_checkpointing:
+        return None, "off with activation checkpointing"
+    if planned_peak_bytes is None or not total_memory_bytes:
+        return None, "no memory plan"
+    share = planned_peak_bytes / total_memory_bytes
+    if share > CUDA_GRAPH_MEMORY_SHARE:
+        return None, f"off: the plan takes {share:.0%} of the GPU's memory (limit {CUDA_GRAPH_MEMORY_SHARE:.0%})"
+    return "reduce-overhead", f"auto: the plan takes {share:.0%} of the GPU's memory"
+
+
+def compile_run_layers(model: nn.Module, cuda_graphs_by_default: bool, device: torch.device,
+                       activation_checkpointing: bool, planned_peak_bytes: int | None,
+                       total_memory_bytes: int | None) -> str:
+    """:func:`compile_blocks` of a training run's decoder layers in ``PITLAB_COMPILE_MODE``'s mode, or
+    :func:`auto_compile_mode`'s when unset (the arguments are its own). Returns the report label, which says
+    whether CUDA graphs are used and why."""
+    mode, why = compile_mode(), "as PITLAB_COMPILE_MODE says"
+    if mode is None:
+        mode, why = auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing, planned_peak_bytes,
+                                      total_memory_bytes)
+    return compile_blocks(model, mode=mode) + f"; CUDA graphs: {why}"
 
 
 def cudagraph_step_begin() -> None:

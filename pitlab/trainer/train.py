@@ -59,7 +59,7 @@ from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.kernels import compile_blocks, compile_mode, reference_kernel_warning, select_kernels
+from pitlab.trainer.kernels import compile_run_layers, reference_kernel_warning, select_kernels
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
@@ -236,7 +236,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
         print(f"warning: {too_much}", file=sys.stderr, flush=True)
     strategy = choose_strategy(spec, world, plan)
     loss_impl = strategy.build(paths.base, paths.run_dir, spec, device, mesh, plan, lora)
-    kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank)
+    kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank, plan, capacity)
     trainable = [p for p in strategy.model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
     optimizer, kernels["optimizer"] = strategy.build_optimizer(trainable, tr, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -287,15 +287,17 @@ def _read_inputs(paths: RunPaths, spec, world: int, rank: int) -> tuple[np.ndarr
 
 
 def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora: dict | None,
-             rank: int) -> tuple[dict, str | None]:
+             rank: int, plan: MemoryPlan | None, capacity: int | None) -> tuple[dict, str | None]:
     """The ``kernels`` report of the strategy's forward model (:func:`pitlab.trainer.kernels.select_kernels`)
     with its decoder layers compiled on CUDA when ``tr.compile`` says so (unset: full-weight runs of a strategy
-    compiled by default, the configuration measured faster), and the reference-kernel warning (printed on rank
-    0) or None."""
+    compiled by default, the configuration measured faster; :func:`~pitlab.trainer.kernels.compile_run_layers`
+    for ``plan`` on ``capacity`` bytes), and the reference-kernel warning (printed on rank 0) or None."""
     kernels = select_kernels(strategy.forward_model, device, loss_impl)
     compile_on = tr.compile if tr.compile is not None else (strategy.compiled_by_default and lora is None)
     if compile_on and device.type == "cuda":
-        kernels["compile"] = compile_blocks(strategy.forward_model, mode=compile_mode())
+        kernels["compile"] = compile_run_layers(strategy.forward_model, strategy.cuda_graphs_by_default, device,
+                                                strategy.activation_checkpointing,
+                                                None if plan is None else plan.peak_bytes, capacity)
     elif device.type != "cuda":
         kernels["compile"] = "off (CPU)" if compile_on else "off"
     else:

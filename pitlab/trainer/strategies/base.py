@@ -27,13 +27,16 @@ class Strategy:
     After :meth:`build`: ``model`` (the module AdamW, clipping, checkpoints, the merge and the summary's digests
     see), ``forward_model`` (the module forward and backward run on; ``model`` unless the strategy keeps a
     compute copy), ``activation_checkpointing`` (bool) and ``device``. ``label``: the summary's ``parallelism``;
-    ``compiled_by_default``: whether ``training.compile`` unset compiles the decoder layers (full-weight runs).
+    ``compiled_by_default``: whether ``training.compile`` unset compiles the decoder layers (full-weight runs);
+    ``cuda_graphs_by_default``: whether they may be compiled with CUDA graphs (:func:`~pitlab.trainer.kernels.
+    auto_compile_mode`).
     ``compute`` (a :class:`~pitlab.trainer.single_device.ComputeCopy`) and ``streamer`` (a
     :class:`~pitlab.trainer.streaming.LayerStreamer`) are None unless the strategy has one.
     """
 
     label = ""
     compiled_by_default = True
+    cuda_graphs_by_default = False
     compute = None
     streamer = None
     model: torch.nn.Module | None = None

@@ -21,6 +21,7 @@ class SingleDeviceStrategy(Strategy):
     """``model``: the float32 master; ``forward_model``: its bf16 compute copy (``compute.model``)."""
 
     label = LABEL
+    cuda_graphs_by_default = True  # measured: bench/RESULTS.md, "CUDA graphs over the compiled layers"
 
     def __init__(self) -> None:
         self.compute = None
