@@ -69,7 +69,8 @@ def steps_run(item: dict) -> dict:
               "layers": len(decoder_layers(ctx.forward_model)),
               "activation_checkpointing": ctx.activation_checkpointing,
               "master_dtypes": sorted({str(p.dtype) for p in ctx.model.parameters()}),
-              "dtensor": any(isinstance(p, DTensor) for p in ctx.model.parameters())}
+              "dtensor": any(isinstance(p, DTensor) for p in ctx.model.parameters()),
+              "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}
     if ctx.compute is not None:
         record["copy_param_dtypes"] = sorted({str(p.dtype) for p in ctx.compute.model.parameters()})
         record["copy_buffer_dtypes"] = sorted({str(b.dtype) for b in ctx.compute.model.buffers()})

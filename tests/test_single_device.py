@@ -88,6 +88,11 @@ def runs(tmp_path_factory):
         plan.append({"name": name, "mode": "train", "force_fsdp2": force, "run_dir": str(run_dir(name, r)),
                      "base": str(base),
                      "resume_from": str(root / resume / "checkpoint" / "step-2") if resume else None})
+    # last (the setting is the process's): the fused case of qwen3_5_moe_text, 1 microbatch, deterministic
+    name, training = "deterministic", dict(MODELS["qwen3_5_moe_text"], fusedOptimizer=True, deterministic=True)
+    plan.append({"name": name, "mode": "steps", "steps": STEPS, "force_fsdp2": False,
+                 "run_dir": str(run_dir(name, resource(base, 1, True, **training))), "base": str(base),
+                 "params": str(root / f"{name}.pt")})
     (root / "plan.json").write_text(json.dumps(plan))
     proc = subprocess.run([sys.executable, str(WORKER), str(root / "plan.json"), str(root / "out.json")],
                           capture_output=True, text=True, timeout=600)
@@ -227,3 +232,17 @@ def test_compute_copy_casts_parameters_keeps_buffers_and_accumulates_in_float32(
     assert all(torch.equal(c, m.to(torch.bfloat16)) for c, m in zip(cc.model.parameters(), master.parameters()))
     with pytest.raises(ValueError, match="master parameters must be float32"):
         ComputeCopy(cc.model)
+
+
+def test_deterministic_training_turns_torchs_deterministic_algorithms_on_and_changes_no_bit_on_the_cpu(runs):
+    """``training.deterministic: true``: the rank runs under ``torch.use_deterministic_algorithms(True)`` (named in
+    the kernels report); on the CPU, already deterministic, its losses, gradient norms and parameters equal the
+    same run's without it bit for bit. Every earlier run of the process had it off."""
+    det, plain = runs["out"]["deterministic"], runs["out"]["qwen3_5_moe_text-1-True-fused"]
+    assert det["deterministic_algorithms"] is True and det["kernels"]["deterministic"] == (
+        "torch deterministic algorithms (CUBLAS_WORKSPACE_CONFIG=:4096:8)")
+    assert plain["deterministic_algorithms"] is False and plain["kernels"]["deterministic"] == "off"
+    assert det["loss"] == plain["loss"] and det["grad_norm"] == plain["grad_norm"]
+    p_det = torch.load(runs["root"] / "deterministic.pt")
+    p_plain = torch.load(runs["root"] / "qwen3_5_moe_text-1-True-fused.pt")
+    assert list(p_det) == list(p_plain) and all(torch.equal(p_det[n], p_plain[n]) for n in p_det)

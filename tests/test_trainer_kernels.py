@@ -254,13 +254,18 @@ def test_every_microbatch_starts_a_cuda_graph_generation_when_layers_use_cuda_gr
 
 
 def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch):
-    """``auto_compile_mode``: CUDA graphs (``reduce-overhead``) for the single-device path on CUDA, without
+    """``auto_compile_mode``: off until CUDA graphs are verified on a GPU; then (``reduce-overhead``) for the
+    single-device path on CUDA, without
     activation checkpointing, with the plan at most 85 % of the GPU's memory (the reduced Qwen3.5 shape's 52.8 GB
     of an H100's 85.0 GB: 62 %); torch's default otherwise, each with its reason. ``compile_run_layers`` lets
     ``PITLAB_COMPILE_MODE`` win and names the choice in the label."""
     import pitlab.trainer.kernels as kern
 
     cuda, cpu, h100 = torch.device("cuda"), torch.device("cpu"), 85_017_755_648
+    assert kern.CUDA_GRAPHS_VERIFIED is False  # until bench/cuda_graphs_check.py has run on a GPU
+    assert kern.auto_compile_mode(True, cuda, False, 52_843_931_392, h100) == (
+        None, "off until checked bit for bit on a GPU (PITLAB_COMPILE_MODE=reduce-overhead turns them on)")
+    monkeypatch.setattr(kern, "CUDA_GRAPHS_VERIFIED", True)
     assert kern.auto_compile_mode(True, cuda, False, 52_843_931_392, h100) == (
         "reduce-overhead", "auto: the plan takes 62% of the GPU's memory")
     assert kern.auto_compile_mode(True, cuda, False, 72_265_092_300, h100)[0] == "reduce-overhead"  # 85.0 %

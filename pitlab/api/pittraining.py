@@ -212,6 +212,11 @@ class TrainingSpec(SpecModel):
         "see pitlab plan. With one rank FSDP2 reduces once per step either way (the same bits)"))
     precision: Literal["fp32", "bf16"] = "bf16"
     seed: int = Field(0, ge=0, le=SEED_MAX)
+    deterministic: bool = Field(False, description=(
+        "run every rank under torch.use_deterministic_algorithms(True) (with CUBLAS_WORKSPACE_CONFIG=:4096:8): a "
+        "step on a GPU then repeats bit for bit, so a resumed run continues exactly as an uninterrupted one "
+        "would. false (the default): SDPA's cuDNN attention backward sums in a varying order, and GPU runs "
+        "from one seed drift apart in the fifth significant digit after their first backward (bench/RESULTS.md)"))
     layer_streaming: LayerStreamingSpec = LayerStreamingSpec()
 
     @model_validator(mode="after")

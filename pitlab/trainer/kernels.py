@@ -239,14 +239,24 @@ CUDA graphs: their private memory pool added 1.2 GB of reserved memory on the re
 out of memory with them."""
 
 
+CUDA_GRAPHS_VERIFIED = False
+"""Whether :func:`auto_compile_mode` may choose CUDA graphs: they ran 1.42-1.47 x the plain loop with the same
+first-step losses (bench/RESULTS.md, 2026-12-05), but whole steps have not yet been compared bit for bit with and
+without them on a GPU (``bench/cuda_graphs_check.py``), so until then they are opt-in
+(``PITLAB_COMPILE_MODE=reduce-overhead``)."""
+
+
 def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activation_checkpointing: bool,
                       planned_peak_bytes: int | None, total_memory_bytes: int | None) -> tuple[str | None, str]:
     """The decoder layers' ``torch.compile`` mode when ``PITLAB_COMPILE_MODE`` is unset, and why:
     ``reduce-overhead`` (CUDA graphs) for a strategy that allows them (``cuda_graphs_by_default``: the single-device
     path) on CUDA without activation checkpointing and with a predicted peak (bytes) at most
-    :data:`CUDA_GRAPH_MEMORY_SHARE` of the GPU's memory (bytes); else None (torch's default) and the reason."""
+    :data:`CUDA_GRAPH_MEMORY_SHARE` of the GPU's memory (bytes), once :data:`CUDA_GRAPHS_VERIFIED`; else None
+    (torch's default) and the reason."""
     if not cuda_graphs_by_default:
         return None, "not used on this path"
+    if not CUDA_GRAPHS_VERIFIED:
+        return None, "off until checked bit for bit on a GPU (PITLAB_COMPILE_MODE=reduce-overhead turns them on)"
     if device.type != "cuda":
         return None, "CUDA only"
     if activation_checkpointing:
@@ -270,6 +280,19 @@ def compile_run_layers(model: nn.Module, cuda_graphs_by_default: bool, device: t
         mode, why = auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing, planned_peak_bytes,
                                       total_memory_bytes)
     return compile_blocks(model, mode=mode) + f"; CUDA graphs: {why}"
+
+
+def deterministic_algorithms(on: bool) -> str:
+    """``training.deterministic``: when ``on``, ``torch.use_deterministic_algorithms(True)`` for this process,
+    with ``CUBLAS_WORKSPACE_CONFIG`` set to ``:4096:8`` unless already set (cuBLAS reads it when it starts, so
+    call this before the first GPU matmul). Returns the report label."""
+    if not on:
+        return "off"
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    return f"torch deterministic algorithms (CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})"
 
 
 def cudagraph_step_begin() -> None:

@@ -59,7 +59,8 @@ from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.kernels import compile_run_layers, reference_kernel_warning, select_kernels
+from pitlab.trainer.kernels import (compile_run_layers, deterministic_algorithms, reference_kernel_warning,
+                                    select_kernels)
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
@@ -223,6 +224,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     resource = load_spec(spec_path)
     spec = resource.spec
     tr = spec.training
+    deterministic = deterministic_algorithms(tr.deterministic)  # before the first GPU matmul
     rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     device = _device()
     mesh = init_device_mesh(device.type, (world,))
@@ -237,6 +239,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     strategy = choose_strategy(spec, world, plan)
     loss_impl = strategy.build(paths.base, paths.run_dir, spec, device, mesh, plan, lora)
     kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank, plan, capacity)
+    kernels["deterministic"] = deterministic
     trainable = [p for p in strategy.model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
     optimizer, kernels["optimizer"] = strategy.build_optimizer(trainable, tr, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
