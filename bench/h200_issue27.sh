@@ -31,6 +31,10 @@
 # compile-modes: the plain loop, pitlab's defaults and pitlab with its decoder layers compiled in mode
 #             ${COMPILE_MODE:-reduce-overhead} (CUDA graphs: whether the host gaps of 14-38 % of the step close;
 #             about 8 min), each profiled.
+# cuda-graphs-check: bench/cuda_graphs_check.py on the 4-layer x 16-expert cut, 4 steps at 1 and 2 microbatches, torch's
+#             default compile mode against reduce-overhead (CUDA graphs) under deterministic algorithms: whether
+#             whole steps are bit-identical, which kernels.CUDA_GRAPHS_VERIFIED waits for (about 6-8 min on a fresh
+#             machine: the first run compiles and autotunes everything; 215 s were not enough on 2026-12-05).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -134,6 +138,9 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                      "$OUT/autotune-ab-$1/throughput.json" "$1" | tee -a "$OUT/autotune-ab.txt"
                    (cd "/tmp/ab/tc$1" 2>/dev/null && find . -name '*.autotune.json' | tar -czf "$OUT/autotune-ab-tc$1.tgz" -T -); }
                  ab 1 220; ab 2 170; ab 3 170 ;;
+    cuda-graphs-check) timeout 560 python3 bench/cuda_graphs_check.py --work /tmp/cg --out "$OUT/cuda-graphs-check" \
+                         --layers 4 --experts 16 --steps 4 --accumulation 1,2 > "$OUT/cuda-graphs-check.log" 2>&1
+                       grep '^{' "$OUT/cuda-graphs-check.log" ;;
     determinism-on) timeout 200 python3 bench/determinism.py --out "$OUT/determinism--deterministic.json" \
                       --deterministic 2>&1 | grep -v Warn | tail -30 ;;
     determinism) for flag in "" --deterministic; do
