@@ -240,3 +240,21 @@ def test_an_input_error_found_after_the_schema_names_the_spec_file(tmp_path, spe
     assert line.startswith(f"error: {path}: spec.evaluations[0].spec.dataset.uri: "), line
     assert line.endswith(f"{data_root / 'sp500_5yr'} holds no 'sp500_5y_ohlcv.csv.gz'; did you mean "
                          "'sp500_5yr_ohlcv_long.csv.gz'?)"), line
+
+
+@pytest.mark.parametrize("cmd", ["validate", "plan", "run"])
+def test_a_trainer_setting_of_the_environment_it_would_refuse_stops_every_command_first(tmp_path, spec, data_root,
+                                                                                          cmd):
+    """Found by a new user: ``PITLAB_COMPILE_MODE=fast`` passed ``validate`` and ``plan``, was ignored on the CPU
+    and failed each GPU rank only after the model loaded. ``validate``, ``plan`` and ``run`` now refuse it with
+    exit 2 before any work, naming the variable and the values it takes (both knobs at once), and write nothing."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = {"COLUMNS": "400", "PITLAB_COMPILE_MODE": "fast", "PITLAB_FUSED_STEP_SHAPES": "rows8"}
+    r = CliRunner().invoke(app, [cmd, str(path), "--data-root", str(data_root)], env=env)
+    out = re.sub(r"\s+", " ", r.output)
+    assert r.exit_code == 2, out
+    assert ("environment variable PITLAB_COMPILE_MODE: 'fast': give one of default, reduce-overhead, max-autotune, "
+            "max-autotune-no-cudagraphs") in out
+    assert "environment variable PITLAB_FUSED_STEP_SHAPES: 'rows8': give one of dynamic, rows16, static, grouped" in out
+    assert _no_output(tmp_path)

@@ -285,12 +285,39 @@ def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch
     model.model.layers = layers
     with torch._dynamo.config.patch(recompile_limit=8):
         monkeypatch.delenv("PITLAB_COMPILE_MODE", raising=False)
-        assert kern.compile_run_layers(model, True, cuda, False, 52_843_931_392, h100) == (
+        assert kern.compile_run_layers(model, True, None, cuda, True, False, 52_843_931_392, h100) == (
             "torch.compile per decoder layer (1 layers, mode reduce-overhead); CUDA graphs: auto: the plan takes "
             "62% of the GPU's memory")
-        assert kern.compile_run_layers(model, True, cuda, True, 52_843_931_392, h100) == (
+        assert kern.compile_run_layers(model, True, None, cuda, True, True, 52_843_931_392, h100) == (
             "torch.compile per decoder layer (1 layers); CUDA graphs: off with activation checkpointing")
         monkeypatch.setenv("PITLAB_COMPILE_MODE", "default")
-        assert kern.compile_run_layers(model, True, cuda, False, 52_843_931_392, h100) == (
-            "torch.compile per decoder layer (1 layers, mode default); CUDA graphs: as PITLAB_COMPILE_MODE says")
-    assert seen == ["reduce-overhead", None, "default"]
+        assert kern.compile_run_layers(model, True, None, cuda, True, False, 52_843_931_392, h100) == (
+            "torch.compile per decoder layer (1 layers, mode default); CUDA graphs: off, as PITLAB_COMPILE_MODE says")
+        monkeypatch.setenv("PITLAB_COMPILE_MODE", "reduce-overhead")
+        assert kern.compile_run_layers(model, True, None, cuda, False, True, None, None).endswith(
+            "(1 layers, mode reduce-overhead); CUDA graphs: on, as PITLAB_COMPILE_MODE says")  # any path, if asked
+        cpu_label = kern.compile_run_layers(model, True, None, cpu, True, False, None, None)
+        assert cpu_label == "off (CPU; PITLAB_COMPILE_MODE applies on CUDA only)"
+        monkeypatch.delenv("PITLAB_COMPILE_MODE")
+        assert kern.compile_run_layers(model, True, None, cpu, True, False, None, None) == "off (CPU)"
+        assert kern.compile_run_layers(model, False, False, cuda, True, False, None, None) == "off"
+        assert kern.compile_run_layers(model, False, None, cuda, True, False, None, None) == (
+            "off (auto: LoRA and layer streaming are not compiled)")
+    assert seen == ["reduce-overhead", None, "default", "reduce-overhead"]
+
+
+def test_check_knobs_names_each_refused_setting_and_accepts_the_rest():
+    """``check_knobs``: unset, empty and every accepted value pass; a refused value of each knob is named in one
+    ``SpecError`` (exit 2), which every rank raises first in ``setup_run``."""
+    from pitlab.errors import SpecError
+    from pitlab.trainer.knobs import COMPILE_MODES, SHAPE_MODES, check_knobs
+
+    check_knobs({})
+    check_knobs({"PITLAB_COMPILE_MODE": "", "PITLAB_FUSED_STEP_SHAPES": ""})
+    for mode, shapes in zip(COMPILE_MODES, SHAPE_MODES):
+        check_knobs({"PITLAB_COMPILE_MODE": mode, "PITLAB_FUSED_STEP_SHAPES": shapes})
+    with pytest.raises(SpecError) as err:
+        check_knobs({"PITLAB_COMPILE_MODE": "Reduce-Overhead", "PITLAB_FUSED_STEP_SHAPES": "grouped"})
+    assert err.value.problems == [("environment variable PITLAB_COMPILE_MODE", "'Reduce-Overhead': give one of "
+                                   "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")]
+    assert err.value.exit_code == 2

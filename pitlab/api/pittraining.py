@@ -214,8 +214,9 @@ class TrainingSpec(SpecModel):
     seed: int = Field(0, ge=0, le=SEED_MAX)
     deterministic: bool = Field(False, description=(
         "run every rank under torch.use_deterministic_algorithms(True) (with CUBLAS_WORKSPACE_CONFIG=:4096:8): "
-        "forward and backward through pitlab's kernels then repeat bit for bit on a GPU (measured on an H100; "
-        "its cost in speed and a whole resumed GPU run under it are not measured yet). false (the default): "
+        "an eager forward and backward through pitlab's kernels then repeated bit for bit on an H100 (the "
+        "compiled layers, the optimizer step, FSDP2, the cost in speed and a whole resumed GPU run under it are "
+        "not measured yet). false (the default): "
         "SDPA's cuDNN attention backward sums in a varying order, and GPU runs from one seed drift apart in the "
         "fifth significant digit after their first backward (bench/RESULTS.md)"))
     layer_streaming: LayerStreamingSpec = LayerStreamingSpec()

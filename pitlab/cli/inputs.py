@@ -19,11 +19,18 @@ DataRoot = typer.Option(None, "--data-root", envvar=DATA_ROOT_ENV,
 
 
 def load(path: Path, data_root: Optional[Path]):
-    """The PitTraining or LeakageEval in ``path`` (``data_root`` exported for its URIs); exit 2 if invalid."""
+    """The PitTraining or LeakageEval in ``path`` (``data_root`` exported for its URIs); exit 2 if invalid, or if
+    a PitTraining would meet a trainer setting of the environment it refuses
+    (:func:`pitlab.trainer.knobs.check_knobs`)."""
+    from pitlab.trainer.knobs import check_knobs
+
     if data_root is not None:
         os.environ[DATA_ROOT_ENV] = str(data_root)
     try:
-        return load_resource(path)
+        res = load_resource(path)
+        if res.kind == "PitTraining":
+            check_knobs()
+        return res
     except SpecError as err:
         fail(err, 2)
 

@@ -41,6 +41,8 @@ import re
 import torch
 from torch.distributed.tensor import DTensor
 
+from pitlab.trainer.knobs import shape_mode
+
 LABEL = "fused clip + AdamW + bf16 cast (pitlab.trainer.fused_step, one pass per parameter)"
 SHARDED_LABEL = "fused clip + AdamW on the local shards (pitlab.trainer.fused_step, one pass per parameter)"
 TORCH_LABEL = "torch AdamW + clip_grad_norm_ (float32 gradients)"
@@ -75,11 +77,6 @@ def _flat(t: torch.Tensor | None, rows16: bool = False) -> torch.Tensor | None:
     return t.view(-1, 16) if rows16 and t.numel() % 16 == 0 else t.view(-1)
 
 
-SHAPE_MODES = ("dynamic", "rows16", "static", "grouped")
-"""How :class:`MasterAdamW` compiles its update (``PITLAB_FUSED_STEP_SHAPES``): ``dynamic`` (symbolic sizes, 1-D
-views: one kernel for all parameters), ``rows16`` (symbolic sizes, [n/16, 16] views), ``static`` (one kernel per
-parameter size), ``grouped`` (static sizes, one compiled call per decoder layer: :func:`layer_groups`)."""
-
 _GRAPHS_ASKED = 0  # graphs the static and grouped optimizers of this process may compile (the recompile limit)
 
 GROUP_SIZE = 16
@@ -100,16 +97,6 @@ def model_groups(model: torch.nn.Module, params: list) -> list[str]:
     group), for :class:`MasterAdamW`'s ``groups``."""
     names = {id(p): n for n, p in model.named_parameters()}
     return layer_groups([names.get(id(p), f"#{i}") for i, p in enumerate(params)])
-
-
-def shape_mode(env: dict | None = None) -> str:
-    """``PITLAB_FUSED_STEP_SHAPES`` (default ``grouped``); raises ValueError naming the variable for another value."""
-    import os
-
-    mode = (env if env is not None else os.environ).get("PITLAB_FUSED_STEP_SHAPES", "grouped")
-    if mode not in SHAPE_MODES:
-        raise ValueError(f"PITLAB_FUSED_STEP_SHAPES={mode!r}: give one of {', '.join(SHAPE_MODES)}")
-    return mode
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:

@@ -27,6 +27,8 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 from torch import nn
 
+from pitlab.trainer.knobs import COMPILE_MODE_ENV, CUDA_GRAPH_MODES, compile_mode
+
 BLOCKS = ("attention", "gated_delta_rule", "short_convolution", "experts", "loss")
 REFERENCE = "reference"
 NOT_USED = "not used"
@@ -215,21 +217,7 @@ def reference_kernel_warning(report: dict[str, str], device: torch.device) -> st
             f"({'; '.join(report[b] for b in slow)}): training runs 3-4x slower; {GPU_EXTRA}")
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-"""``torch.compile`` modes ``PITLAB_COMPILE_MODE`` accepts for the decoder layers (unset: :func:`auto_compile_mode`;
-``default`` is torch's default)."""
 _CUDAGRAPHS = False  # a compile_blocks call of this process asked for CUDA graphs (reduce-overhead, max-autotune)
-
-
-def compile_mode(env: dict | None = None) -> str | None:
-    """``PITLAB_COMPILE_MODE`` (None when unset); raises ValueError naming the variable for a mode torch does
-    not have (:data:`COMPILE_MODES`)."""
-    import os
-
-    mode = (env if env is not None else os.environ).get("PITLAB_COMPILE_MODE") or None
-    if mode is not None and mode not in COMPILE_MODES:
-        raise ValueError(f"PITLAB_COMPILE_MODE={mode!r}: give one of {', '.join(COMPILE_MODES)}")
-    return mode
 
 
 CUDA_GRAPH_MEMORY_SHARE = 0.85
@@ -269,17 +257,24 @@ def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activa
     return "reduce-overhead", f"auto: the plan takes {share:.0%} of the GPU's memory"
 
 
-def compile_run_layers(model: nn.Module, cuda_graphs_by_default: bool, device: torch.device,
-                       activation_checkpointing: bool, planned_peak_bytes: int | None,
-                       total_memory_bytes: int | None) -> str:
-    """:func:`compile_blocks` of a training run's decoder layers in ``PITLAB_COMPILE_MODE``'s mode, or
-    :func:`auto_compile_mode`'s when unset (the arguments are its own). Returns the report label, which says
-    whether CUDA graphs are used and why."""
-    mode, why = compile_mode(), "as PITLAB_COMPILE_MODE says"
-    if mode is None:
-        mode, why = auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing, planned_peak_bytes,
-                                      total_memory_bytes)
-    return compile_blocks(model, mode=mode) + f"; CUDA graphs: {why}"
+def compile_run_layers(model: nn.Module, compile_on: bool, explicit: bool | None, device: torch.device,
+                       cuda_graphs_by_default: bool, activation_checkpointing: bool,
+                       planned_peak_bytes: int | None, total_memory_bytes: int | None) -> str:
+    """A training run's ``compile`` report entry: on CUDA with ``compile_on``, :func:`compile_blocks` of
+    ``model``'s decoder layers in ``PITLAB_COMPILE_MODE``'s mode, or :func:`auto_compile_mode`'s when unset (the
+    last four arguments are its own), saying whether CUDA graphs are used and why; otherwise why not
+    (``explicit``: ``training.compile`` as written, None when unset)."""
+    if compile_on and device.type == "cuda":
+        mode = compile_mode()
+        why = f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
+        if mode is None:
+            mode, why = auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing,
+                                          planned_peak_bytes, total_memory_bytes)
+        return compile_blocks(model, mode=mode) + f"; CUDA graphs: {why}"
+    if device.type != "cuda":
+        return ("off (CPU" + (f"; {COMPILE_MODE_ENV} applies on CUDA only)" if compile_mode() else ")")
+                if compile_on else "off")
+    return "off" if explicit is False else "off (auto: LoRA and layer streaming are not compiled)"
 
 
 def deterministic_algorithms(on: bool) -> str:
@@ -320,7 +315,7 @@ def compile_blocks(model: nn.Module, backend: str = "inductor", layers: nn.Modul
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 4 * len(layers)))
     global _CUDAGRAPHS
-    _CUDAGRAPHS = _CUDAGRAPHS or mode in ("reduce-overhead", "max-autotune")
+    _CUDAGRAPHS = _CUDAGRAPHS or mode in CUDA_GRAPH_MODES
     for layer in layers:
         layer.forward = torch.compile(layer.forward, backend=backend, **({"mode": mode} if mode else {}))
     return f"torch.compile per decoder layer ({len(layers)} layers{f', mode {mode}' if mode else ''})"

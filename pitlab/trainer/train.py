@@ -61,6 +61,7 @@ from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.kernels import (compile_run_layers, deterministic_algorithms, reference_kernel_warning,
                                     select_kernels)
+from pitlab.trainer.knobs import check_knobs
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
 from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
@@ -224,6 +225,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     resource = load_spec(spec_path)
     spec = resource.spec
     tr = spec.training
+    check_knobs()  # PITLAB_* settings outside the spec, before any work
     deterministic = deterministic_algorithms(tr.deterministic)  # before the first GPU matmul
     rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     device = _device()
@@ -297,14 +299,9 @@ def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora:
     for ``plan`` on ``capacity`` bytes), and the reference-kernel warning (printed on rank 0) or None."""
     kernels = select_kernels(strategy.forward_model, device, loss_impl)
     compile_on = tr.compile if tr.compile is not None else (strategy.compiled_by_default and lora is None)
-    if compile_on and device.type == "cuda":
-        kernels["compile"] = compile_run_layers(strategy.forward_model, strategy.cuda_graphs_by_default, device,
-                                                strategy.activation_checkpointing,
-                                                None if plan is None else plan.peak_bytes, capacity)
-    elif device.type != "cuda":
-        kernels["compile"] = "off (CPU)" if compile_on else "off"
-    else:
-        kernels["compile"] = "off" if tr.compile is False else "off (auto: LoRA and layer streaming are not compiled)"
+    kernels["compile"] = compile_run_layers(strategy.forward_model, compile_on, tr.compile, device,
+                                            strategy.cuda_graphs_by_default, strategy.activation_checkpointing,
+                                            None if plan is None else plan.peak_bytes, capacity)
     warning = reference_kernel_warning(kernels, device)
     if warning is not None and rank == 0:
         print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)

@@ -1,0 +1,52 @@
+"""The trainer's environment settings outside the spec (measurement knobs for local runs and the benchmarks; the
+operator does not pass them to its pods): the values each accepts, read and checked without importing torch."""
+
+from __future__ import annotations
+
+import os
+
+from pitlab.errors import SpecError
+
+COMPILE_MODE_ENV = "PITLAB_COMPILE_MODE"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes ``PITLAB_COMPILE_MODE`` accepts for the decoder layers (unset:
+:func:`pitlab.trainer.kernels.auto_compile_mode`; ``default`` is torch's default)."""
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The modes of :data:`COMPILE_MODES` that capture CUDA graphs."""
+
+SHAPES_ENV = "PITLAB_FUSED_STEP_SHAPES"
+SHAPE_MODES = ("dynamic", "rows16", "static", "grouped")
+"""How :class:`pitlab.trainer.fused_step.MasterAdamW` compiles its update (``PITLAB_FUSED_STEP_SHAPES``):
+``dynamic`` (symbolic sizes, 1-D views: one kernel for all parameters), ``rows16`` (symbolic sizes, [n/16, 16]
+views), ``static`` (one kernel per parameter size), ``grouped`` (static sizes, one compiled call per decoder layer:
+:func:`pitlab.trainer.fused_step.layer_groups`)."""
+
+
+def _read(name: str, allowed: tuple[str, ...], default: str | None, env: dict | None) -> str | None:
+    value = (env if env is not None else os.environ).get(name) or default
+    if value is not None and value not in allowed:
+        raise ValueError(f"{name}={value!r}: give one of {', '.join(allowed)}")
+    return value
+
+
+def compile_mode(env: dict | None = None) -> str | None:
+    """``PITLAB_COMPILE_MODE`` of ``env`` (default ``os.environ``), None when unset or empty; raises ValueError
+    naming the variable for a mode torch does not have (:data:`COMPILE_MODES`)."""
+    return _read(COMPILE_MODE_ENV, COMPILE_MODES, None, env)
+
+
+def shape_mode(env: dict | None = None) -> str:
+    """``PITLAB_FUSED_STEP_SHAPES`` (default ``grouped``); raises ValueError naming the variable for another
+    value (:data:`SHAPE_MODES`)."""
+    return _read(SHAPES_ENV, SHAPE_MODES, "grouped", env)
+
+
+def check_knobs(env: dict | None = None) -> None:
+    """Raise :class:`~pitlab.errors.SpecError` naming every knob of ``env`` (default ``os.environ``) set to a
+    value the trainer would refuse, so that ``validate``, ``plan``, ``run`` and each rank stop before any work."""
+    env = env if env is not None else os.environ
+    errors = [(f"environment variable {name}", f"{env[name]!r}: give one of {', '.join(allowed)}")
+              for name, allowed in ((COMPILE_MODE_ENV, COMPILE_MODES), (SHAPES_ENV, SHAPE_MODES))
+              if env.get(name) and env[name] not in allowed]
+    if errors:
+        raise SpecError(errors)
