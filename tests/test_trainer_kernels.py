@@ -321,3 +321,24 @@ def test_check_knobs_names_each_refused_setting_and_accepts_the_rest():
     assert err.value.problems == [("environment variable PITLAB_COMPILE_MODE", "'Reduce-Overhead': give one of "
                                    "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")]
     assert err.value.exit_code == 2
+
+
+def test_deterministic_algorithms_label_and_cublas_setting(monkeypatch):
+    """``deterministic_algorithms``: off leaves torch as it is; on turns torch's deterministic algorithms on and,
+    for a CUDA rank, sets ``CUBLAS_WORKSPACE_CONFIG`` unless the environment already has a value (kept)."""
+    import os
+
+    import pitlab.trainer.kernels as kern
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    try:
+        assert kern.deterministic_algorithms(False, torch.device("cuda")) == "off"
+        assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        assert kern.deterministic_algorithms(True, torch.device("cpu")) == "torch deterministic algorithms"
+        assert torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        assert kern.deterministic_algorithms(True, torch.device("cuda")) == (
+            "torch deterministic algorithms (CUBLAS_WORKSPACE_CONFIG=:4096:8)")
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        assert kern.deterministic_algorithms(True, torch.device("cuda")).endswith("(CUBLAS_WORKSPACE_CONFIG=:16:8)")
+    finally:
+        torch.use_deterministic_algorithms(False)

@@ -277,17 +277,20 @@ def compile_run_layers(model: nn.Module, compile_on: bool, explicit: bool | None
     return "off" if explicit is False else "off (auto: LoRA and layer streaming are not compiled)"
 
 
-def deterministic_algorithms(on: bool) -> str:
+def deterministic_algorithms(on: bool, device: torch.device) -> str:
     """``training.deterministic``: when ``on``, ``torch.use_deterministic_algorithms(True)`` for this process,
-    with ``CUBLAS_WORKSPACE_CONFIG`` set to ``:4096:8`` unless already set (cuBLAS reads it when it starts, so
-    call this before the first GPU matmul). Returns the report label."""
+    on CUDA with ``CUBLAS_WORKSPACE_CONFIG`` set to ``:4096:8`` unless already set (cuBLAS reads it when it
+    starts, so call this before the first GPU matmul). Returns the report label."""
     if not on:
         return "off"
-    import os
+    label = "torch deterministic algorithms"
+    if device.type == "cuda":
+        import os
 
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        label += f" (CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})"
     torch.use_deterministic_algorithms(True)
-    return f"torch deterministic algorithms (CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})"
+    return label
 
 
 def cudagraph_step_begin() -> None:

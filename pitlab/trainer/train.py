@@ -226,9 +226,9 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     spec = resource.spec
     tr = spec.training
     check_knobs()  # PITLAB_* settings outside the spec, before any work
-    deterministic = deterministic_algorithms(tr.deterministic)  # before the first GPU matmul
     rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     device = _device()
+    deterministic = deterministic_algorithms(tr.deterministic, device)  # before the first GPU matmul
     mesh = init_device_mesh(device.type, (world,))
     tokens, data, total_steps, config = _read_inputs(paths, spec, world, rank)
     lora = lora_record(spec.lora) if spec.method == "lora" else None
