@@ -82,13 +82,13 @@ def main() -> int:
               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "runs": {}}
     for k in (int(x) for x in args.accumulation.split(",")):
         plain = one_run(shape, args.work, args.steps, k, {"PITLAB_COMPILE_MODE": "default"})
-        auto = one_run(shape, args.work, args.steps, k, {"PITLAB_COMPILE_MODE": "reduce-overhead"})
+        graphs = one_run(shape, args.work, args.steps, k, {"PITLAB_COMPILE_MODE": "reduce-overhead"})
         entry = {"default": {x: plain[x] for x in ("loss", "grad_norm", "compile", "seconds")},
-                 "cuda_graphs": {x: auto[x] for x in ("loss", "grad_norm", "compile", "seconds")}, **compare(plain, auto)}
+                 "cuda_graphs": {x: graphs[x] for x in ("loss", "grad_norm", "compile", "seconds")}, **compare(plain, graphs)}
         report["runs"][f"accumulation_{k}"] = entry
         print(json.dumps({f"accumulation_{k}": {x: v for x, v in entry.items() if x not in ("default", "cuda_graphs")},
-                          "compile": [plain["compile"], auto["compile"]]}), flush=True)
-        del plain, auto
+                          "compile": [plain["compile"], graphs["compile"]]}), flush=True)
+        del plain, graphs
         (args.out / "cuda_graphs_check.json").write_text(json.dumps(report, indent=2))
     return 0
 

@@ -13,6 +13,7 @@ from rich.markup import escape
 from pitlab.api import DATA_ROOT_ENV, LeakageEval, SpecError, load_resource
 from pitlab.cli.errors import fail
 from pitlab.cli.output import say
+from pitlab.trainer.knobs import check_knobs
 
 DataRoot = typer.Option(None, "--data-root", envvar=DATA_ROOT_ENV,
                         help=f"Folder of the shared data sets, substituted for ${{{DATA_ROOT_ENV}}} in spec URIs.")
@@ -22,8 +23,6 @@ def load(path: Path, data_root: Optional[Path]):
     """The PitTraining or LeakageEval in ``path`` (``data_root`` exported for its URIs); exit 2 if invalid, or if
     a PitTraining would meet a trainer setting of the environment it refuses
     (:func:`pitlab.trainer.knobs.check_knobs`)."""
-    from pitlab.trainer.knobs import check_knobs
-
     if data_root is not None:
         os.environ[DATA_ROOT_ENV] = str(data_root)
     try:

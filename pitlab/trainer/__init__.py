@@ -16,6 +16,7 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``checkpoint``: atomic DCP checkpoints on local disk, ``latest`` pointer, retention, bit-identical resume
 - ``checkpoint_s3``: the same in object storage (builds on ``checkpoint``)
 - ``checkpointer``: where a run's checkpoints go (folder or ``s3://``), its save schedule, resume
+- ``knobs``: the trainer's settings of the environment (``PITLAB_COMPILE_MODE``, ``PITLAB_FUSED_STEP_SHAPES``), checked
 - ``kernels``: the implementation of each block (fla's fast kernels where installed), reported; compiled layers
 - ``loss``: the LM loss: fused linear cross-entropy without float32 logits (default), or the reference
 - ``plan``: memory planner (per-GPU bytes by component), FLOPs per token for MFU

@@ -22,31 +22,39 @@ views), ``static`` (one kernel per parameter size), ``grouped`` (static sizes, o
 :func:`pitlab.trainer.fused_step.layer_groups`)."""
 
 
-def _read(name: str, allowed: tuple[str, ...], default: str | None, env: dict | None) -> str | None:
-    value = (env if env is not None else os.environ).get(name) or default
-    if value is not None and value not in allowed:
-        raise ValueError(f"{name}={value!r}: give one of {', '.join(allowed)}")
-    return value
+_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES}
+
+
+def _refusal(name: str, env) -> str | None:
+    """Why knob ``name``'s value in ``env`` is refused (``'x': give one of ...``), None when unset, empty or
+    accepted."""
+    value = env.get(name)
+    return f"{value!r}: give one of {', '.join(_ALLOWED[name])}" if value and value not in _ALLOWED[name] else None
+
+
+def _read(name: str, default: str | None, env: dict | None) -> str | None:
+    env = env if env is not None else os.environ
+    if (why := _refusal(name, env)) is not None:
+        raise ValueError(f"{name}={why}")
+    return env.get(name) or default
 
 
 def compile_mode(env: dict | None = None) -> str | None:
     """``PITLAB_COMPILE_MODE`` of ``env`` (default ``os.environ``), None when unset or empty; raises ValueError
     naming the variable for a mode torch does not have (:data:`COMPILE_MODES`)."""
-    return _read(COMPILE_MODE_ENV, COMPILE_MODES, None, env)
+    return _read(COMPILE_MODE_ENV, None, env)
 
 
 def shape_mode(env: dict | None = None) -> str:
     """``PITLAB_FUSED_STEP_SHAPES`` (default ``grouped``); raises ValueError naming the variable for another
     value (:data:`SHAPE_MODES`)."""
-    return _read(SHAPES_ENV, SHAPE_MODES, "grouped", env)
+    return _read(SHAPES_ENV, "grouped", env)
 
 
 def check_knobs(env: dict | None = None) -> None:
     """Raise :class:`~pitlab.errors.SpecError` naming every knob of ``env`` (default ``os.environ``) set to a
     value the trainer would refuse, so that ``validate``, ``plan``, ``run`` and each rank stop before any work."""
     env = env if env is not None else os.environ
-    errors = [(f"environment variable {name}", f"{env[name]!r}: give one of {', '.join(allowed)}")
-              for name, allowed in ((COMPILE_MODE_ENV, COMPILE_MODES), (SHAPES_ENV, SHAPE_MODES))
-              if env.get(name) and env[name] not in allowed]
+    errors = [(f"environment variable {name}", why) for name in _ALLOWED if (why := _refusal(name, env)) is not None]
     if errors:
         raise SpecError(errors)
