@@ -1,5 +1,6 @@
 """Interrupted local runs: the torchrun ranks die with `pitlab run` (even when it is SIGKILLed), and SIGINT or
-SIGTERM leave status Interrupted naming the last durable checkpoint."""
+SIGTERM leave status Interrupted naming the last durable checkpoint, with ``status.progress`` at the last step
+logged (step 0 of the planned steps when none was), whether or not the metrics follower had read it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from pitlab import local
+from pitlab.api import load_resource, stages
+from pitlab.errors import TrainingError
+from pitlab.pipeline.base import SilentReporter, StatusWriter, TrainingRun
 
 EXAMPLE = "examples/local-sp500-fomc.yaml"
 
@@ -158,3 +164,74 @@ def test_resume_after_sigint_equals_an_uninterrupted_run(tmp_path, data_root):
         ra = json.loads((tmp_path / "a" / ev / "eval" / "results.json").read_text())
         rb = json.loads((tmp_path / "b" / ev / "eval" / "results.json").read_text())
         assert _comparable(ra, str(tmp_path / "a")) == _comparable(rb, str(tmp_path / "b"))
+
+
+def _train_stage_with(tmp_path: Path, monkeypatch, fake_training) -> tuple[BaseException, dict]:
+    """The train stage walked as `pitlab run` walks it (:func:`pitlab.local._walk`), ``fake_training(metrics,
+    on_step)`` standing in for torchrun; returns what the walk raised and the status.json it left."""
+    res = load_resource(_small_spec(tmp_path))
+    run_dir = tmp_path / "out" / res.metadata.name
+    run_dir.mkdir(parents=True)
+    st = StatusWriter(run_dir / "status.json", res)
+    st.done(stages.VALIDATE, "spec is valid")
+    run = TrainingRun(res, tmp_path / "out", run_dir, st, SilentReporter(), None, 2, local.run_leakage_eval_local)
+
+    def run_training(spec_path, run_dir_, nproc, on_step=None, base=None, poll_s=0.5):
+        assert (run_dir_, nproc) == (run_dir, 2)
+        fake_training(run_dir / "train" / "metrics.jsonl", on_step)
+
+    monkeypatch.setattr("pitlab.trainer.launch.run_training", run_training)
+    with pytest.raises(BaseException) as err:
+        local._walk((stages.TRAIN,), run, st)
+    return err.value, json.loads((run_dir / "status.json").read_text())["status"]
+
+
+def _record(step: int, total: int = 79) -> dict:
+    """A trainer metrics line (:mod:`pitlab.trainer.metrics`) of step ``step``, 0.1 s a step since step 0."""
+    return {"step": step, "total_steps": total, "loss": 8.0 - step / 10, "mean_tokens_per_second": 5000.0 + step,
+            "elapsed_s": step / 10, "start_step": 0}
+
+
+def _log(metrics: Path, steps: range, partial: bool = False) -> None:
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    with open(metrics, "a") as f:
+        f.writelines(json.dumps(_record(s)) + "\n" for s in steps)
+        if partial:  # the trainer was writing the next line when it stopped
+            f.write(json.dumps(_record(steps[-1] + 1))[:20])
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM", "failure"])
+def test_an_interrupt_before_the_follower_read_the_steps_leaves_the_logged_progress(tmp_path, monkeypatch, stop):
+    """The race of test_resume_after_sigint_equals_an_uninterrupted_run made certain: the follower reported step 2
+    (then polls every 0.5 s); steps 3 to 5 were logged (and step 5's checkpoint written) before the signal came.
+    The status written as Interrupted (or Failed) has the progress at step 5, not 2, and not none at all."""
+    def training(metrics: Path, on_step) -> None:
+        _log(metrics, range(1, 3))
+        on_step(_record(2))
+        _log(metrics, range(3, 6), partial=True)
+        raise local.Interrupted(stop) if stop != "failure" else TrainingError("training failed (exit code 1)")
+
+    err, status = _train_stage_with(tmp_path, monkeypatch, training)
+    assert isinstance(err, local.Interrupted if stop != "failure" else local.RunError)
+    assert status["phase"] == ("Interrupted" if stop != "failure" else "Failed")
+    assert status["progress"] == {"step": 5, "totalSteps": 79, "loss": 7.5, "tokensPerSecond": 5005.0,
+                                  "percent": 6.3, "etaSeconds": 7, "eta": "7s"}  # 0.1 s × 74 steps left
+
+
+def test_an_interrupt_before_any_step_was_logged_leaves_step_0_of_the_planned_steps(tmp_path, monkeypatch):
+    """Interrupted while torchrun started (no metrics file yet): progress is step 0 of the steps the trainer will
+    count for the spec's token budget (40,000 tokens in steps of 64 × 4 × 2 processes: 79), 0 %."""
+    from pitlab.trainer.data import steps_for_budget
+
+    def training(metrics: Path, on_step) -> None:
+        assert not metrics.exists()
+        raise local.Interrupted("SIGINT")
+
+    err, status = _train_stage_with(tmp_path, monkeypatch, training)
+    assert isinstance(err, local.Interrupted) and status["phase"] == "Interrupted"
+    assert status["progress"] == {"step": 0, "totalSteps": 79, "percent": 0.0}
+    assert load_resource(tmp_path / "pit.yaml").spec.optimizer_steps(2) == steps_for_budget(40_000, 64, 4, 1, 2) == 79
+    for tokens, nproc in ((1, 1), (512, 2), (513, 2), (5_000_000, 3)):
+        res = load_resource(tmp_path / "pit.yaml")
+        res.spec.tokens = tokens
+        assert res.spec.optimizer_steps(nproc) == steps_for_budget(tokens, 64, 4, 1, nproc)

@@ -232,6 +232,27 @@ def test_the_compile_mode_knob_is_read_named_and_checked(monkeypatch):
     assert marks == [1]
 
 
+def test_closing_a_run_frees_its_cuda_graphs_once(monkeypatch):
+    """``release_cuda_graphs`` resets torch's CUDA-graph trees (which own the graphs' private memory pool) once after
+    layers were compiled with CUDA graphs, then no longer marks generations; nothing when none were."""
+    import torch._inductor.cudagraph_trees as trees
+
+    import pitlab.trainer.kernels as kern
+
+    resets, marks = [], []
+    monkeypatch.setattr(trees, "reset_cudagraph_trees", lambda: resets.append(1))
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(kern, "_CUDAGRAPHS", False)
+    kern.release_cuda_graphs()
+    assert resets == []
+    monkeypatch.setattr(kern, "_CUDAGRAPHS", True)
+    kern.cudagraph_step_begin()
+    kern.release_cuda_graphs()
+    kern.release_cuda_graphs()
+    kern.cudagraph_step_begin()
+    assert resets == [1] and marks == [1] and kern._CUDAGRAPHS is False
+
+
 def test_every_microbatch_starts_a_cuda_graph_generation_when_layers_use_cuda_graphs(monkeypatch):
     """``Strategy.forward_backward`` marks a new CUDA-graph generation before each of its 3 microbatches once the
     layers were compiled with CUDA graphs, and none otherwise; the summed loss is the microbatches' (6.0)."""
@@ -254,7 +275,7 @@ def test_every_microbatch_starts_a_cuda_graph_generation_when_layers_use_cuda_gr
 
 
 def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch):
-    """``auto_compile_mode``: off until CUDA graphs are verified on a GPU; then (``reduce-overhead``) for the
+    """``auto_compile_mode``: off while CUDA graphs are not verified on a GPU; once they are (``reduce-overhead``) for the
     single-device path on CUDA, without
     activation checkpointing, with the plan at most 85 % of the GPU's memory (the reduced Qwen3.5 shape's 52.8 GB
     of an H100's 85.0 GB: 62 %); torch's default otherwise, each with its reason. ``compile_run_layers`` lets
@@ -262,7 +283,8 @@ def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch
     import pitlab.trainer.kernels as kern
 
     cuda, cpu, h100 = torch.device("cuda"), torch.device("cpu"), 85_017_755_648
-    assert kern.CUDA_GRAPHS_VERIFIED is False  # until bench/cuda_graphs_check.py has run on a GPU
+    assert kern.CUDA_GRAPHS_VERIFIED is True  # bench/cuda_graphs_check.py: bit-identical steps, H100, 2026-12-05
+    monkeypatch.setattr(kern, "CUDA_GRAPHS_VERIFIED", False)
     assert kern.auto_compile_mode(True, cuda, False, 52_843_931_392, h100) == (
         None, "off until checked bit for bit on a GPU (PITLAB_COMPILE_MODE=reduce-overhead turns them on)")
     monkeypatch.setattr(kern, "CUDA_GRAPHS_VERIFIED", True)

@@ -301,6 +301,15 @@ class PitTrainingSpec(SpecModel):
         default_factory=list, max_length=16,
         description="LeakageEvals created (owned by this PitTraining) once the merge succeeds")
 
+    def optimizer_steps(self, world_size: int) -> int:
+        """Optimizer steps of the token budget with ``world_size`` training processes:
+        ``ceil(tokens / (seqLen * microBatchSize * gradientAccumulationSteps * world_size))``, as the trainer counts
+        them (:func:`pitlab.trainer.data.steps_for_budget`). Raises ``ValueError`` if ``world_size`` < 1."""
+        if world_size < 1:
+            raise ValueError(f"optimizer_steps: world_size must be >= 1 (got {world_size})")
+        tr = self.training
+        return -(-self.tokens // (tr.seq_len * tr.micro_batch_size * tr.gradient_accumulation_steps * world_size))
+
     @model_validator(mode="after")
     def _lora(self) -> "PitTrainingSpec":
         if self.lora is not None and self.method != "lora":

@@ -82,8 +82,7 @@ def _steps(spec, nproc: int | None) -> tuple[int, int, int]:
     ``pitlab run --nproc``); the steps as :func:`pitlab.trainer.data.steps_for_budget` counts them."""
     tr, r = spec.training, spec.resources
     world = nproc or r.nodes * r.gpus_per_node
-    step = tr.seq_len * tr.micro_batch_size * tr.gradient_accumulation_steps * world
-    return world, step, -(-spec.tokens // step)
+    return world, tr.seq_len * tr.micro_batch_size * tr.gradient_accumulation_steps * world, spec.optimizer_steps(world)
 
 
 def warmup_warning(spec, nproc: int | None = None) -> str | None:

@@ -4,7 +4,10 @@ trainer's summary (steps, losses, throughput) and where the checkpoints are."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -50,14 +53,55 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
             + (f"; WARNING: {report.kernel_warning}" if report.kernel_warning else ""))
 
 
+def step_progress(m: dict) -> Progress:
+    """``status.progress`` of one trainer metrics record (:mod:`pitlab.trainer.metrics`)."""
+    return Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
+                    tokens_per_second=m.get("mean_tokens_per_second"), eta_seconds=estimate_record(m).eta_seconds)
+
+
+def newest_record(path: Path, window: int = 65536) -> dict | None:
+    """The newest complete record (a whole line that is JSON) of the metrics file ``path``, reading at most its
+    last ``window`` bytes; None when the file is missing, unreadable or has none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - window))
+            data = f.read()
+    except OSError:  # missing or unreadable: progress never stops a run
+        return None
+    for line in reversed(data[: data.rfind(b"\n") + 1].splitlines()):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            return rec
+    return None
+
+
+def catch_up(status: ResourceStatus, metrics: Path) -> None:
+    """Set ``status.progress`` from the newest step logged in ``metrics``, read again when training ends, fails or is
+    interrupted: the follower polls the file, so the last steps (or all of them) may not have reached it yet.
+    Kept as it is when no step was logged (or the newest record is not a valid progress)."""
+    rec = newest_record(metrics)
+    if rec is not None:
+        try:
+            status.progress = step_progress(rec)
+        except ValidationError:  # this runs while an error or an interrupt propagates: it must not replace it
+            pass
+
+
 def run(run: TrainingRun, stage: Stage) -> None:
-    """``torchrun`` with ``nproc`` ranks (:func:`pitlab.trainer.launch.run_training`), its metrics followed."""
+    """``torchrun`` with ``nproc`` ranks (:func:`pitlab.trainer.launch.run_training`), its metrics followed into
+    ``status.progress``: step 0 of the planned steps (``PitTrainingSpec.optimizer_steps``) from the start, the newest step logged at the end (also
+    when training fails or is interrupted)."""
+    st, n, tr = run.st, run.nproc, run.res.spec.training
+    if st.status.progress is None:  # before torch is imported; a resumed run keeps its progress until a step is logged
+        st.status.progress = Progress(step=0, total_steps=run.res.spec.optimizer_steps(n))
     from pitlab.trainer.launch import run_training
 
-    st, n = run.st, run.nproc
     st.running(stage, f"torchrun, {n} processes")
     run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}, "
-                       f"{'layer streaming' if run.res.spec.training.layer_streaming.enabled else 'FSDP2'}")
+                       f"{'layer streaming' if tr.layer_streaming.enabled else 'FSDP2'}")
     last_write = [0.0]
     warned = [False]
 
@@ -65,9 +109,7 @@ def run(run: TrainingRun, stage: Stage) -> None:
         if m.get("kernel_warning") and not warned[0]:  # a GPU run on reference kernels: say so in the status
             warned[0] = True
             st.running(stage, f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
-        st.status.progress = Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
-                                      tokens_per_second=m.get("mean_tokens_per_second"),
-                                      eta_seconds=estimate_record(m).eta_seconds)
+        st.status.progress = step_progress(m)
         run.reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
                               f"loss {m.get('loss', float('nan')):.3f}")
         if time.monotonic() - last_write[0] > 2 or m["step"] == m.get("total_steps"):
@@ -75,7 +117,10 @@ def run(run: TrainingRun, stage: Stage) -> None:
             st.write()
 
     paths = TrainingLayout(run.run_dir)
-    summary = run_training(paths.spec, run.run_dir, n, on_step=on_step, base=run.base_dir)
+    try:
+        summary = run_training(paths.spec, run.run_dir, n, on_step=on_step, base=run.base_dir)
+    finally:  # before the caller writes the stage's end (done, failed or interrupted) into the status
+        catch_up(st.status, paths.metrics)
     report = TrainReport(checkpoint_uri=str(summary.get("checkpoint", paths.checkpoint)), steps=summary["steps"],
                          first_loss=summary["first_loss"], final_loss=summary["final_loss"],
                          mean_tokens_per_second=summary.get("mean_tokens_per_second"),

@@ -227,11 +227,11 @@ CUDA graphs: their private memory pool added 1.2 GB of reserved memory on the re
 out of memory with them."""
 
 
-CUDA_GRAPHS_VERIFIED = False
-"""Whether :func:`auto_compile_mode` may choose CUDA graphs: they ran 1.42-1.47 x the plain loop with the same
-first-step losses (bench/RESULTS.md, 2026-12-05), but whole steps have not yet been compared bit for bit with and
-without them on a GPU (``bench/cuda_graphs_check.py``), so until then they are opt-in
-(``PITLAB_COMPILE_MODE=reduce-overhead``)."""
+CUDA_GRAPHS_VERIFIED = True
+"""Whether :func:`auto_compile_mode` may choose CUDA graphs: with and without them whole steps were bit-identical
+under deterministic algorithms (losses, gradient norms and all 72 parameters after 4 steps, at 1 and 2 microbatches
+per step; ``bench/cuda_graphs_check.py``, H100, 2026-12-05), and they ran 1.39-1.51 x the plain loop
+(bench/RESULTS.md). Set False to make them opt-in again (``PITLAB_COMPILE_MODE=reduce-overhead``)."""
 
 
 def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activation_checkpointing: bool,
@@ -291,6 +291,20 @@ def deterministic_algorithms(on: bool, device: torch.device) -> str:
         label += f" (CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']})"
     torch.use_deterministic_algorithms(True)
     return label
+
+
+def release_cuda_graphs() -> None:
+    """Free the CUDA graphs this process recorded over compiled layers, with their private memory pool
+    (``torch._inductor.cudagraph_trees.reset_cudagraph_trees``): called when a run drops its model, so that a
+    second run in the same process (a benchmark, a notebook, a test) does not start with the first's pool (7.24 GiB
+    after the reduced Qwen3.5 shape, which made the Qwen3-30B slice run out of memory on an H100, 2026-12-05).
+    Nothing when no layer asked for CUDA graphs."""
+    global _CUDAGRAPHS
+    if _CUDAGRAPHS:
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+        _CUDAGRAPHS = False
 
 
 def cudagraph_step_begin() -> None:

@@ -60,7 +60,7 @@ from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
 from pitlab.trainer.kernels import (compile_run_layers, deterministic_algorithms, reference_kernel_warning,
-                                    select_kernels)
+                                    release_cuda_graphs, select_kernels)
 from pitlab.trainer.knobs import check_knobs
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
@@ -189,6 +189,7 @@ class TrainRun:
         self.model = self.optimizer = self.scheduler = None
         self.strategy.close()
         self.trainable = []
+        release_cuda_graphs()
 
 
 @dataclass(frozen=True)
