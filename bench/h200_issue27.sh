@@ -9,7 +9,9 @@
 #             then profiled for 2 steps (the GPU's idle share of a step) and every run's SM clock, power and
 #             clock-event reasons sampled over its timed steps (about 9.5 min; THROUGHPUT_SHAPES=qwen3_30b_slice for
 #             the other shape in its own call; THROUGHPUT_RUNS="hf;default" THROUGHPUT_BUDGET_S=330 for the ratio alone
-#             in about 6 min).
+#             in about 6 min). Several shapes (THROUGHPUT_SHAPES=a,b) run one process each, the budget split between
+#             them: on an H100, after a CUDA-graph run of the reduced shape, the process kept 7.2-7.7 GiB that the
+#             Qwen3-30B slice (78-83 GB reserved alone) then lacked, even for the plain loop (2026-12-05).
 # repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
 #             step by step (bench/multigpu_qwen35.py --stages base,repeat): whether the GPU's own runs differ the
 #             way the resumed 2-GPU run did (the 8 x 64 base stage alone took 274 s with its 35 GB checkpoint on
@@ -68,14 +70,18 @@ for k, v in r.items():
     if p:
         print(k, round(v['tokens_per_second']), {a: b for a, b in p.items() if not a.startswith('top')})
         print('  top device time (ms/step, calls/step):', p['top_device_time'][:12])" "$OUT/profile/throughput.json" ;;
-    throughput) budget=${THROUGHPUT_BUDGET_S:-545}
-                timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/throughput" \
-                  --shapes "${THROUGHPUT_SHAPES:-qwen35_reduced}" --checks "" --budget-s "$budget" --profile-steps 2 \
-                  --runs "${THROUGHPUT_RUNS:-hf;liger;default;$FSDP2_FUSED}" > "$OUT/throughput.log" 2>&1
-                tail -8 "$OUT/throughput.log"
+    throughput) shapes=${THROUGHPUT_SHAPES:-qwen35_reduced}; n=$(echo "$shapes" | tr ',' '\n' | wc -l)
+                budget=$(( ${THROUGHPUT_BUDGET_S:-545} / n ))
+                for shape in ${shapes//,/ }; do  # one process per shape: see the comment at the top
+                  out=$OUT/throughput; [ "$n" -gt 1 ] && out=$OUT/throughput-$shape
+                  timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$out" \
+                    --shapes "$shape" --checks "" --budget-s "$budget" --profile-steps 2 \
+                    --runs "${THROUGHPUT_RUNS:-hf;liger;default;$FSDP2_FUSED}" > "$out.log" 2>&1
+                  tail -8 "$out.log"
+                done
                 python3 -c "
 import json, sys
-for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
+for shape, e in (x for f in sys.argv[1:] for x in json.load(open(f))['shapes'].items()):
     for k, v in e.items():
         if isinstance(v, dict) and 'step_s' in v:
             p = v.get('profile') or {}
@@ -83,7 +89,7 @@ for shape, e in json.load(open(sys.argv[1]))['shapes'].items():
                   'loss0', v.get('loss_first_last', [None])[0], 'gpu', v.get('gpu_state'),
                   'idle', p.get('device_idle_fraction'), 'launches', p.get('kernel_launches_per_step'))
             if p: print('  top:', [(n[:50], t, c) for n, t, c in p.get('top_device_time', [])[:12]])" \
-                  "$OUT/throughput/throughput.json" ;;
+                  "$OUT"/throughput*/throughput.json ;;
     fused-order) budget=${THROUGHPUT_BUDGET_S:-420}  # the in-model modes with the default last (2026-12-05 ran it first)
                  timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/fused-order" \
                    --shapes qwen35_reduced --checks "" --budget-s "$budget" --profile-steps 2 \
