@@ -136,16 +136,173 @@ def m_out_of_n(fraction: float) -> None:
     calibration.draws, bootstrap.bootstrap_model = moon_draws, rescaled
 
 
+WILD_STREAM = 29
+"""Seed stream of the wild bootstrap's Rademacher weights: ``default_rng([seed, WILD_STREAM])``."""
+
+
+def rademacher(n_clusters: int, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Rademacher weights float64 [resamples, n_clusters]: ±1 with probability ½ each, one per cluster."""
+    return np.where(rng.random((resamples, n_clusters)) < 0.5, -1.0, 1.0)
+
+
+def wild_weights(S: int, T: int, R: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The two halves of the wild draws (as ``two-way``'s, :func:`pitlab.evaluator.bootstrap.two_way_split`):
+    one Rademacher weight per security float64 [R_s, S] (R_s = ceil(R/2)), then one per date [R − R_s, T]."""
+    from pitlab.evaluator.bootstrap import two_way_split
+
+    rng = np.random.default_rng([seed, WILD_STREAM])
+    n_sec = two_way_split(R)
+    return rademacher(S, n_sec, rng), rademacher(T, R - n_sec, rng)
+
+
+def wild_targets(y: np.ndarray, resid: np.ndarray, clusters: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Wild targets float64 [B, n]: ``y* = ŷ + w[cluster]·ê`` written ``y + (w[cluster] − 1)·ê`` (ê = y − ŷ), so
+    that a weight of +1 gives back y bit for bit. ``clusters`` int [n] each row's cluster, ``w`` [B, G]."""
+    y, resid = np.asarray(y, dtype=np.float64), np.asarray(resid, dtype=np.float64)
+    return y[None, :] + (np.asarray(w, dtype=np.float64)[:, clusters] - 1.0) * resid[None, :]
+
+
+def ridge_fitted(X: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
+    """In-sample fitted values float64 [n] of ridge with an unpenalised intercept on all rows at ``alpha``
+    (X and y centred, as the estimator fits: :func:`pitlab.evaluator.estimates.center`)."""
+    from pitlab.evaluator.estimates import center
+
+    Xc, yc, mu = center(X, y)
+    beta = np.linalg.solve(Xc.T @ Xc + alpha * np.eye(Xc.shape[1]), Xc.T @ yc)
+    return mu + Xc @ beta
+
+
+def wild_panel(scenario: str, seed: int, S: int, T: int, d: int):
+    """The panel of :func:`calibration.panel_stats` as arrays: X, y (market-neutral where the scenario scores
+    it), sec, date, the leakage-off masks (train, test) and the point estimate's security folds [1, S·T]."""
+    import calibration as C
+    from pitlab.evaluator.decompose import market_neutral
+    from pitlab.evaluator.protocols import security_folds
+
+    X, y, sec, date, neutral = C.simulate(scenario, S, T, d, seed)
+    if neutral:
+        y = market_neutral(y, date)
+    train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
+    return X, y, sec, date, train, test, security_folds(np.full(S, T), C.K)[sec][None, :]
+
+
+def premia(X: np.ndarray, Y: np.ndarray, sec, date, train, test, pf, grid, chunk: int = 0) -> np.ndarray:
+    """The premium R²(leakage-on, same rows) − R²(leakage-off) of every target column of ``Y`` float [n, B],
+    computed as the point estimate does (:func:`pitlab.evaluator.targets.point_estimates`: penalties chosen again,
+    the grid widened while a selection ends at an edge), float64 [B].
+
+    ``chunk`` 0 or 1: one :func:`point_estimates` call per column (the point estimate's own numbers, bit for bit).
+    ``chunk`` c > 1: c columns at a time as the targets of one :class:`PanelStats` (pitlab's several-target path:
+    X's Gram matrices and every factorisation shared), the grid widened per group of targets that hit the same
+    edges (:func:`pitlab.evaluator.targets.widen_grid`, at most ``WIDEN_STEPS`` times), equal to the per-column
+    numbers up to rounding."""
+    import calibration as C
+    from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_off_r2, leakage_on_r2
+    from pitlab.evaluator.targets import WIDEN_STEPS, fold_edges, point_estimates, widen_grid
+
+    Y = np.asarray(Y, dtype=np.float64)
+    on_sel = AlphaSelection("security-cv", C.INNER)
+    off_sel = AlphaSelection("date-blocked", C.INNER, embargo_days=C.EMBARGO)
+    out = np.full(Y.shape[1], np.nan)
+    if chunk <= 1:
+        for b in range(Y.shape[1]):
+            st = PanelStats.build_rows(X, Y[:, b], sec, train, test, positions=date * C.GAP)
+            off, on, _, _, _ = point_estimates(st, pf, C.K, list(grid), on_sel, "train_mean", None, off_sel, True)
+            out[b] = float(on.r2_rows[0] - off.r2[0])
+        return out
+    ones = np.ones((1, Y.shape[0]))
+
+    def solve(cols: np.ndarray, g: list, widenings: int) -> None:
+        if cols.size == 1:  # one target: the point estimate's own path
+            st = PanelStats.build_rows(X, Y[:, cols[0]], sec, train, test, positions=date * C.GAP)
+            offs, ons = [leakage_off_r2(st, ones, g, off_sel)], [leakage_on_r2(st, ones, pf, C.K, g, on_sel,
+                                                                               score_rows=test)]
+        else:
+            st = PanelStats.build_rows(X, Y[:, cols], sec, train, test, positions=date * C.GAP)
+            offs = leakage_off_r2(st, ones, g, off_sel)
+            ons = leakage_on_r2(st, ones, pf, C.K, g, on_sel, score_rows=test)
+        again: dict[tuple[bool, bool], list[int]] = {}
+        for c, off, on in zip(cols, offs, ons):
+            e_off = fold_edges("leakage-off", off.alpha_index, off.df, g)
+            e_on = fold_edges("leakage-on", on.alpha_index[0], on.df[0], g)
+            lower, upper = e_off[1] or e_on[1], e_off[2] or e_on[2]
+            if (lower or upper) and widenings < WIDEN_STEPS:
+                again.setdefault((lower, upper), []).append(int(c))
+            else:
+                out[c] = float(on.r2_rows[0] - off.r2[0])
+        for (lower, upper), cs in again.items():
+            solve(np.asarray(cs), widen_grid(g, lower, upper), widenings + 1)
+
+    for s in range(0, Y.shape[1], chunk):
+        solve(np.arange(s, min(s + chunk, Y.shape[1])), list(grid), 0)
+    return out
+
+
+def wild_one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=(), device: str = "cpu",
+                   budget: int = 1 << 30, per_decade: int = 4, chunk: int = 16, fit: str = "on") -> dict:
+    """:func:`calibration.one_panel` with the wild cluster bootstrap instead of the pairs draws (module docstring,
+    ``--probe wild``): the point estimate, ŷ (ridge on all rows at the leakage-on point estimate's median fold
+    penalty), ê = y − ŷ, R wild targets (security half, date half), each one's premium as the point estimate
+    computes it, and the two-way rule on them (:class:`pitlab.evaluator.bootstrap.IntervalRule`), stored under
+    ``two-way`` (what :func:`calibration.intervals` reads: keep these records in a file of their own) and
+    ``wild``."""
+    import time
+
+    import calibration as C
+    from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
+    from pitlab.evaluator.estimates import AlphaSelection, PanelStats
+    from pitlab.evaluator.targets import point_estimates
+
+    if device != "cpu":
+        raise ValueError("calibration_probes.py --probe wild: CPU path only (--device cpu)")
+    t0 = time.perf_counter()
+    X, y, sec, date, train, test, pf = wild_panel(scenario, seed, S, T, d)
+    st = PanelStats.build_rows(X, y, sec, train, test, positions=date * C.GAP)
+    on_sel = AlphaSelection("security-cv", C.INNER)
+    off_sel = AlphaSelection("date-blocked", C.INNER, embargo_days=C.EMBARGO)
+    grid0 = C.alpha_grid(per_decade)
+    off, on, edges, grid, _ = point_estimates(st, pf, C.K, grid0, on_sel, "train_mean", None, off_sel, True)
+    point = float(on.r2_rows[0] - off.r2[0])
+    a_fit = float(np.asarray(grid)[int(np.median(on.alpha_index[0]))] if fit == "on" else off.alpha[0])
+    resid = y - ridge_fitted(X, y, a_fit)
+    ws, wd = wild_weights(S, T, R, seed)
+    Ystar = np.vstack([wild_targets(y, resid, sec, ws), wild_targets(y, resid, date, wd)]).T  # [n, R]
+    reps = premia(X, Ystar, sec, date, train, test, pf, grid0, chunk)
+    rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
+    j = judge(point, reps, rule)
+    sd, _, dim = rule.spread(reps)
+    iv = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
+          "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum()), "alpha_fit": a_fit}
+    for half, v in zip(("security", "date"), rule.halves(reps)):
+        iv[half] = {"sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
+                    "q": [float(x) for x in np.quantile(v, C.HALF_QUANTILES)] if v.size else [],
+                    "mean": float(v.mean()) if v.size else float("nan")}
+    return {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
+            "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
+            "per_decade": per_decade, "search": "staged", "edges": bool(edges["off"][0] or edges["on"][0]),
+            "probe": "wild", "two-way": iv, "wild": iv, "seconds": time.perf_counter() - t0}
+
+
 def main(argv: list[str]) -> int:
     """Parse ``--probe`` and ``--tau``, install the probe, run :func:`calibration.main` on the other arguments."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights", "m-out-of-n"])
+    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights", "m-out-of-n", "wild"])
     ap.add_argument("--tau", type=float, default=0.5, help="shrunk-weights: the weights' scale, 0 < τ < 1")
     ap.add_argument("--fraction", type=float, default=0.5, help="m-out-of-n: m / n, 0 < f < 1")
+    ap.add_argument("--chunk", type=int, default=16,
+                    help="wild: wild targets per PanelStats (several-target path; 1: one point estimate each)")
+    ap.add_argument("--wild-fit", default="on", choices=["on", "off"],
+                    help="wild: ŷ's penalty, the leakage-on point estimate's (median fold) or leakage-off's")
     args, rest = ap.parse_known_args(argv)
-    if args.probe == "one-se":
+    if args.probe == "wild":
+        import functools
+
+        import calibration
+
+        calibration.one_panel = functools.partial(wild_one_panel, chunk=args.chunk, fit=args.wild_fit)
+    elif args.probe == "one-se":
         selection._scored = one_se_scored
     elif args.probe == "m-out-of-n":
         if not 0 < args.fraction < 1:

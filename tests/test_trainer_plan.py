@@ -161,6 +161,8 @@ def test_plan_cli(base35, tmp_path):
     good.write_text(yaml.safe_dump(published(base35, 8, 1)))
     res = runner.invoke(app, ["plan", str(good)])
     assert res.exit_code == 0 and "fits" in res.output
+    assert "decoder layers on CUDA: torch.compile per decoder layer; CUDA graphs: not used on this path" in " ".join(
+        res.output.split())  # 8 GPUs: FSDP2
     res = runner.invoke(app, ["plan", str(good), "--gpu-memory-gib", "40"])
     assert res.exit_code == 3 and "exceeds --gpu-memory-gib = 40.0 GiB" in res.output  # the flag, not the spec
     missing = tmp_path / "missing.yaml"
@@ -272,3 +274,35 @@ def test_a_typed_gpu_memory_above_the_cards_is_planned_against_the_card(base35, 
     del doc["spec"]["resources"]["gpuMemoryGiB"]  # none typed: the card's
     assert plan_capacity(PitTraining.model_validate(doc).spec, card) == (card / GiB, None)
     assert plan_capacity(spec, None) == (None, None)  # the CPU: nothing known
+
+
+def test_the_plan_says_what_the_trainer_will_compile_and_whether_with_cuda_graphs(base35, shape35, monkeypatch):
+    """``kernels.planned_compile``: the run report's ``compile`` entry as the trainer will write it on CUDA, from the
+    spec and its plan: CUDA graphs on the single-device path when the plan takes at most 85 % of the GPU (50 %
+    here), off above it (90 %), with activation checkpointing, under FSDP2 and when PITLAB_COMPILE_MODE says so; not
+    compiled for LoRA; ``pitlab plan`` prints it."""
+    from pitlab.trainer.kernels import planned_compile
+
+    monkeypatch.delenv("PITLAB_COMPILE_MODE", raising=False)
+    spec = PitTraining.model_validate(published(base35, 1, 1, activationCheckpointing=False, loss="chunked")).spec
+    peak = plan_memory(spec, shape35).peak_bytes
+    half = plan_memory(spec, shape35, gpu_memory_gib=2 * peak / GiB)
+    assert half.single_device is True and half.activation_checkpointing is False
+    assert planned_compile(spec, half) == ("torch.compile per decoder layer (mode reduce-overhead); CUDA graphs: "
+                                           "auto: the plan takes 50% of the GPU's memory")
+    tight = plan_memory(spec, shape35, gpu_memory_gib=peak / 0.9 / GiB)
+    assert planned_compile(spec, tight) == ("torch.compile per decoder layer; CUDA graphs: off: the plan takes 90% "
+                                            "of the GPU's memory (limit 85%)")
+    ckpt = PitTraining.model_validate(published(base35, 1, 1, loss="chunked")).spec
+    assert planned_compile(ckpt, plan_memory(ckpt, shape35, gpu_memory_gib=2 * peak / GiB)) == (
+        "torch.compile per decoder layer; CUDA graphs: off with activation checkpointing")
+    two = PitTraining.model_validate(published(base35, 2, 1, activationCheckpointing=False)).spec
+    assert planned_compile(two, plan_memory(two, shape35)) == (
+        "torch.compile per decoder layer; CUDA graphs: not used on this path")
+    doc = published(base35, 1, 1)
+    doc["spec"]["method"] = "lora"
+    lora = PitTraining.model_validate(doc).spec
+    assert planned_compile(lora, plan_memory(lora, shape35)) == "off (auto: LoRA and layer streaming are not compiled)"
+    monkeypatch.setenv("PITLAB_COMPILE_MODE", "default")
+    assert planned_compile(spec, half) == (
+        "torch.compile per decoder layer (mode default); CUDA graphs: off, as PITLAB_COMPILE_MODE says")

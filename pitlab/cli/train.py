@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from pitlab.api import PitTraining, SpecError
 from pitlab.api.layout import TrainingLayout
@@ -59,6 +60,7 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
                                                         help="GPU memory in GiB (overrides "
                                                              "spec.resources.gpuMemoryGiB).")) -> None:
     """Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names."""
+    from pitlab.trainer.kernels import planned_compile
     from pitlab.trainer.plan import plan_memory
 
     if gpu_memory_gib is not None and not math.isfinite(gpu_memory_gib):
@@ -74,6 +76,7 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
     except SpecError as err:
         fail(err, 2)
     print(result.table())
+    say(f"decoder layers on CUDA: {escape(planned_compile(res.spec, result))}")
     if result.fits is None:
         say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB, --gpu-memory-gib or, with layer "
             "streaming, spec.training.layerStreaming.gpuMemoryBudgetBytes): no fit check")

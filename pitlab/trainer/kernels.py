@@ -257,6 +257,24 @@ def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activa
     return "reduce-overhead", f"auto: the plan takes {share:.0%} of the GPU's memory"
 
 
+def planned_compile(spec, plan) -> str:
+    """What a training run of ``spec`` (a ``PitTrainingSpec``) on CUDA GPUs with ``plan`` (its
+    :class:`~pitlab.trainer.plan.MemoryPlan`) will do with its decoder layers, worded as the run report's ``compile``
+    entry: compiled or not, and with CUDA graphs or not and why (``PITLAB_COMPILE_MODE`` when set, else
+    :func:`auto_compile_mode` with the plan's activation checkpointing, peak and capacity; ``pitlab plan``)."""
+    from pitlab.trainer.strategies import choose_strategy
+
+    strategy, tr = choose_strategy(spec, plan.world_size, plan), spec.training
+    if not (tr.compile if tr.compile is not None else (strategy.compiled_by_default and spec.method != "lora")):
+        return "off" if tr.compile is False else "off (auto: LoRA and layer streaming are not compiled)"
+    mode = compile_mode()
+    why = f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
+    if mode is None:
+        mode, why = auto_compile_mode(strategy.cuda_graphs_by_default, torch.device("cuda"),
+                                      plan.activation_checkpointing, plan.peak_bytes, plan.capacity_bytes)
+    return f"torch.compile per decoder layer{f' (mode {mode})' if mode else ''}; CUDA graphs: {why}"
+
+
 def compile_run_layers(model: nn.Module, compile_on: bool, explicit: bool | None, device: torch.device,
                        cuda_graphs_by_default: bool, activation_checkpointing: bool,
                        planned_peak_bytes: int | None, total_memory_bytes: int | None) -> str:
