@@ -27,6 +27,70 @@ parameter on the boundary of its space (Andrews 2000, Econometrica 68(2):399-405
 Statistica Sinica 7:1-31): do the nulls, where the penalty selection sits at the shrunk edge of its grid, narrow?
 
 Results (2026-12-04): bench/RESULTS.md, "Interval study", "Two probes of the nulls' width".
+
+``--probe wild`` (:func:`wild_one_panel`; CPU path only): the wild cluster bootstrap (Cameron, Gelbach & Miller
+2008, REStat 90(3):414-427; MacKinnon & Webb 2017, J. Appl. Econometrics 32(2):233-254) instead of the pairs
+draws. Per panel, after the point estimate: ŷ = in-sample fitted values of ridge (unpenalised intercept) on all
+rows at the leakage-on point estimate's penalty (the median of its K folds' grid positions; ``--wild-fit off``:
+leakage-off's; ``--wild-fit strata``: leakage-on's, fitted apart on each date stratum of the split, training dates,
+embargo date, test dates, so that a relation present on the test dates only stays in ŷ), on the target the panel
+scores (market-neutral where the scenario says so); ê = y − ŷ. Replicate r: y*_r = ŷ + w_r[cluster]·ê (computed
+as y + (w − 1)·ê, so a weight of +1 gives y bit for bit), Rademacher w, one per security in the first ceil(R/2)
+replicates and one per date in the rest, and its premium computed as the point estimate computes it (same X,
+rows, split, folds and grid, penalties chosen again, the grid widened at an edge; :func:`premia`, ``--chunk`` c
+wild targets at a time as the targets of one PanelStats, pitlab's several-target path, equal to one point estimate
+per target up to rounding, 1e-15 here). Interval: the two-way rule on these replicates, premium ± t(G − 1)·
+sqrt(max(v_security, v_date)) (only the replicates' spread is used: they centre on ŷ's premium, not the point),
+stored under ``two-way`` (and ``wild``) of records kept in their own file, so calibration.py --summarise reads it
+as the two-way candidate; the default's table comes from its own file on the same seeds.
+
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe wild --size 300x30x8 \
+        --panels 40 --scenarios null date-known market date-leak stock-strong stock-weak stock-0.02 --workers 2 \
+        --out bench/results/calibration-300x30x8-wild-tune-local.jsonl                    # R 200, 577 s
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe wild --wild-fit strata \
+        --size 300x30x8 --panels 40 --scenarios null date-leak stock-weak stock-0.02 stock-strong date-known market \
+        --workers 1 --minutes 14 --out bench/results/calibration-300x30x8-wild-strata-tune-local.jsonl  # 679 s
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe wild --chunk 50 \
+        --size 100x30x128 --panels 30 --resamples 100 --scenarios null date-leak stock-strong stock-weak \
+        --workers 1 --minutes 20 --out bench/results/calibration-100x30x128-wild-r100-tune-local.jsonl
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration.py --size 100x30x128 --panels 30 \
+        --scenarios null --schemes two-way --workers 1 --minutes 19 \
+        --out bench/results/calibration-100x30x128-two-way-null-tune-local.jsonl         # the default, R 200, 824 s
+    python bench/calibration.py --summarise bench/results/calibration-300x30x8-wild-tune-local.jsonl --split tune
+
+(Without OPENBLAS_NUM_THREADS=1 in the environment the workers, forked after numpy is imported, run several BLAS
+threads each: 5-10 x slower on 2 cores.) The default's records on the same seeds: calibration-300x30x8-two-way-pd4-
+tune40-local.jsonl (seeds 0-39, R 200), calibration-100x30x128-two-way-tune-local.jsonl (seeds 0-49, R 200) and
+the null run above. Results (2026-12-05, tuning seeds; coverage of the cell's mean point premium / median width ÷
+3.92 sd across panels / share of intervals excluding 0; wild | wild strata | default two-way):
+
+    300x30x8 (40 panels)  wild                  wild, strata          default
+    null                  98 % / 1.25 / 2 %     98 % / 1.30 / 2 %     100 % / 2.23 / 0 %
+    date-known            95 % / 0.94 / 8 %     92 % / 0.98 / 8 %     100 % / 1.73 / 0 %
+    market                98 % / 1.28 / 2 %     98 % / 1.30 / 2 %     100 % / 2.05 / 0 %
+    date-leak             98 % / 1.31 / 8 %     100 % / 1.94 / 2 %    100 % / 2.23 / 0 %
+    stock-strong          100 % / 1.02 / 100 %  95 % / 0.93 / 100 %   95 % / 1.05 / 100 %
+    stock-weak            88 % / 0.71 / 100 %   98 % / 1.00 / 100 %   95 % / 1.06 / 100 %
+    stock-0.02            70 % / 0.49 / 100 %   85 % / 0.71 / 100 %   95 % / 0.93 / 98 %
+
+    100x30x128 (30 panels, wild R 100, default R 200; seeds 0-29)
+    null                  100 % / 1.78 / 0 %    100 % / 1.82 / 3 %    100 % / 3.28 / 0 %
+    date-leak             60 % / 0.50 / 83 %    87 % / 0.83 / 63 %    90 % / 1.12 / 47 %
+    stock-strong          83 % / 0.57 / 100 %   73 % / 0.44 / 100 %   93 % / 1.04 / 93 %
+    stock-weak            47 % / 0.41 / 70 %    40 % / 0.37 / 70 %    93 % / 0.84 / 30 %
+
+(the 128-dimension strata run: the third command with ``--wild-fit strata --minutes 14 --out
+bench/results/calibration-100x30x128-wild-strata-r100-tune-local.jsonl``, 795 s; the pooled one 1016 s.)
+
+Reading: the wild draws narrow the 300 × 30 × 8 nulls from 1.7-2.2 x to 0.94-1.28 x at 95-98 % coverage, but not
+to ≤ 1.2 x in null and market, and not at 128 dimensions (1.8 x). They are inference given X with the premium's
+signal carried by ŷ, and ŷ carries little of it: at the leakage-on penalty the pooled in-sample fit misses a
+relation present on the test dates only, so the stock look-ahead replicates average 0.001-0.007 against a point
+of 0.017-0.117 at 300 × 30 × 8 (a null-like spread: stock-0.02 covers 70 %, stock-weak 88 %); fitting ŷ per date
+stratum puts it back there (0.101 against 0.117; stock-weak 98 %, stock-strong 95 %, stock-0.02 still 85 %), but
+at 128 dimensions the penalty (~5e3-1e4) shrinks ŷ's leak away in either fit (replicates 0.001-0.004 against
+0.012-0.042: stock-weak 40-47 %, stock-strong 73-83 %). The 128-dimension under-coverage is not fixed, it is made
+worse. Rejected as a replacement of the default. Tables: bench/results/calibration-wild-tune-summary.md.
 """
 
 from __future__ import annotations
@@ -263,8 +327,15 @@ def wild_one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, sch
     grid0 = C.alpha_grid(per_decade)
     off, on, edges, grid, _ = point_estimates(st, pf, C.K, grid0, on_sel, "train_mean", None, off_sel, True)
     point = float(on.r2_rows[0] - off.r2[0])
-    a_fit = float(np.asarray(grid)[int(np.median(on.alpha_index[0]))] if fit == "on" else off.alpha[0])
-    resid = y - ridge_fitted(X, y, a_fit)
+    a_fit = float(np.asarray(grid)[int(np.median(on.alpha_index[0]))] if fit != "off" else off.alpha[0])
+    if fit == "strata":  # one fit per side of the leakage-off split (training dates, embargo, test dates)
+        strata = C.strata_of(T)[date]
+        resid = np.empty_like(y)
+        for h in np.unique(strata):
+            rows = strata == h
+            resid[rows] = y[rows] - ridge_fitted(X[rows], y[rows], a_fit)
+    else:
+        resid = y - ridge_fitted(X, y, a_fit)
     ws, wd = wild_weights(S, T, R, seed)
     Ystar = np.vstack([wild_targets(y, resid, sec, ws), wild_targets(y, resid, date, wd)]).T  # [n, R]
     reps = premia(X, Ystar, sec, date, train, test, pf, grid0, chunk)
@@ -280,7 +351,7 @@ def wild_one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, sch
     return {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
             "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
             "per_decade": per_decade, "search": "staged", "edges": bool(edges["off"][0] or edges["on"][0]),
-            "probe": "wild", "two-way": iv, "wild": iv, "seconds": time.perf_counter() - t0}
+            "probe": "wild", "wild_fit": fit, "two-way": iv, "wild": iv, "seconds": time.perf_counter() - t0}
 
 
 def main(argv: list[str]) -> int:
@@ -293,8 +364,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--fraction", type=float, default=0.5, help="m-out-of-n: m / n, 0 < f < 1")
     ap.add_argument("--chunk", type=int, default=16,
                     help="wild: wild targets per PanelStats (several-target path; 1: one point estimate each)")
-    ap.add_argument("--wild-fit", default="on", choices=["on", "off"],
-                    help="wild: ŷ's penalty, the leakage-on point estimate's (median fold) or leakage-off's")
+    ap.add_argument("--wild-fit", default="on", choices=["on", "off", "strata"],
+                    help="wild: ŷ on all rows at the leakage-on point estimate's penalty (median fold; on) or "
+                         "leakage-off's (off), or at leakage-on's fitted apart on each date stratum of the split "
+                         "(strata)")
     args, rest = ap.parse_known_args(argv)
     if args.probe == "wild":
         import functools
