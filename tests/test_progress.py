@@ -114,3 +114,20 @@ def test_pitlab_run_writes_percent_and_eta_into_status_json(tmp_path: Path, monk
                     {"step": 40, **common, "percent": 100.0, "etaSeconds": 0, "eta": "0s"}]
     final = json.loads(status_json.read_text())["status"]
     assert final["progress"] == seen[-1] and final["phase"] == "Training"
+
+
+def test_newest_record_is_the_last_whole_step_line_of_the_metrics_file(tmp_path):
+    """``newest_record``: the last complete line that is a JSON object with an integer step (step 3 here: the line
+    after it is half written, the one before has no step); only the file's last ``window`` bytes are read; a
+    missing file, a directory and a file without a step give None."""
+    from pitlab.api.progress import newest_record
+
+    m = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "loss": 1.0 / s, "pad": "x" * 200}) for s in (1, 2, 3)]
+    m.write_text("\n".join(lines + ['{"note": "no step"}', '{"step": 4, "lo']))
+    assert newest_record(m) == {"step": 3, "loss": 1.0 / 3, "pad": "x" * 200}
+    assert newest_record(m, window=len(lines[2]) + 40) == newest_record(m)  # the tail alone holds step 3
+    assert newest_record(m, window=30) is None  # no whole step line in the last 30 bytes
+    assert newest_record(tmp_path / "missing.jsonl") is None and newest_record(tmp_path) is None
+    m.write_text('{"step": "3"}\n[1, 2]\n')
+    assert newest_record(m) is None

@@ -1,6 +1,7 @@
 """How far a training run is and when it should end: percent done and an ETA from the step counts and the
 time the current attempt has taken (``status.progress.percent``, ``etaSeconds`` and ``eta``, the ``Done%`` and
-``ETA`` columns of ``kubectl get pittrainings``). Pure functions, standard library only.
+``ETA`` columns of ``kubectl get pittrainings``). Pure functions, standard library only, and
+:func:`newest_record`, which reads the newest step of the trainer's metrics file for them.
 
 The ETA is the mean pace of the current attempt so far (its elapsed seconds over the steps it ran: a run
 resumed from a checkpoint at step ``start_step`` is timed from there, not from step 0) times the steps left.
@@ -9,7 +10,10 @@ resumed from a checkpoint at step ``start_step`` is timed from there, not from s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 
@@ -65,3 +69,24 @@ def format_eta(seconds: int | None) -> str | None:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def newest_record(path: Path, window: int = 65536) -> dict | None:
+    """The newest step record of the trainer's metrics file ``path`` (JSON lines, :mod:`pitlab.trainer.metrics`):
+    the last whole line that is a JSON object with an integer ``step``, read from at most the file's last ``window``
+    bytes (a line still being written is skipped). None when the file is missing, unreadable or has none: following
+    progress never stops a run."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - window))
+            data = f.read()
+    except OSError:
+        return None
+    for line in reversed(data[: data.rfind(b"\n") + 1].splitlines()):
+        try:
+            rec = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            return rec
+    return None

@@ -29,6 +29,7 @@ from typing import List, Optional
 
 import typer
 
+from pitlab.api.progress import newest_record
 from pitlab.api.summary import PROGRESS_PREFIX, TERMINATION_LIMIT, compact_audit, compact_results, progress_record
 
 TERMINATION_LOG = "/dev/termination-log"
@@ -94,31 +95,12 @@ def report_results(results: Path, report: str, command: list[str], termination_l
     return 1
 
 
-def _last_record(path: Path, window: int = 65536) -> dict | None:
-    """The last complete JSON line of ``path`` (reads only the file's tail), or None."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - window))
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    lines = [ln for ln in data[: data.rfind(b"\n") + 1].splitlines() if ln.strip()]
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:
-            continue
-    return None
-
-
 def progress(metrics: Path, interval: float = 15.0, max_polls: int = 0) -> int:
     """Print the newest record of ``metrics`` whenever it changes, polling every ``interval`` seconds, ``max_polls``
     times (0: until the pod stops it); returns 0."""
     last = None
     for _ in iter(int, 1) if max_polls <= 0 else range(max_polls):
-        rec = _last_record(Path(metrics))
+        rec = newest_record(Path(metrics))
         if rec is not None:
             line = PROGRESS_PREFIX + json.dumps(progress_record(rec), separators=(",", ":"), sort_keys=True)
             if line != last:

@@ -4,8 +4,6 @@ trainer's summary (steps, losses, throughput) and where the checkpoints are."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ from pydantic import ValidationError
 
 from pitlab.api import PitTraining, ResourceStatus, conditions, stages
 from pitlab.api.layout import TrainingLayout
-from pitlab.api.progress import estimate_record
+from pitlab.api.progress import estimate_record, newest_record
 from pitlab.api.stages import Stage
 from pitlab.api.status import Progress, get_condition
 from pitlab.operator import backends, builders, naming
@@ -57,25 +55,6 @@ def step_progress(m: dict) -> Progress:
     """``status.progress`` of one trainer metrics record (:mod:`pitlab.trainer.metrics`)."""
     return Progress(step=m["step"], total_steps=m.get("total_steps"), loss=m.get("loss"),
                     tokens_per_second=m.get("mean_tokens_per_second"), eta_seconds=estimate_record(m).eta_seconds)
-
-
-def newest_record(path: Path, window: int = 65536) -> dict | None:
-    """The newest complete record (a whole line that is JSON) of the metrics file ``path``, reading at most its
-    last ``window`` bytes; None when the file is missing, unreadable or has none."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - window))
-            data = f.read()
-    except OSError:  # missing or unreadable: progress never stops a run
-        return None
-    for line in reversed(data[: data.rfind(b"\n") + 1].splitlines()):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
-            return rec
-    return None
 
 
 def catch_up(status: ResourceStatus, metrics: Path) -> None:
