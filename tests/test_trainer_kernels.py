@@ -289,13 +289,13 @@ def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch
         None, "off until checked bit for bit on a GPU (PITLAB_COMPILE_MODE=reduce-overhead turns them on)")
     monkeypatch.setattr(kern, "CUDA_GRAPHS_VERIFIED", True)
     assert kern.auto_compile_mode(True, cuda, False, 52_843_931_392, h100) == (
-        "reduce-overhead", "auto: the plan takes 62% of the GPU's memory")
+        "reduce-overhead", "auto: the plan takes 62.2% of the GPU's memory")
     assert kern.auto_compile_mode(True, cuda, False, 72_265_092_300, h100)[0] == "reduce-overhead"  # 85.0 %
     assert kern.auto_compile_mode(True, cuda, False, 72_265_092_301, h100) == (
-        None, "off: the plan takes 85% of the GPU's memory (limit 85%)")
+        None, "off: the plan takes 85.0% of the GPU's memory (limit 85%)")
     assert kern.auto_compile_mode(True, cuda, True, 52_843_931_392, h100) == (
         None, "off with activation checkpointing")
-    assert kern.auto_compile_mode(False, cuda, False, 52_843_931_392, h100) == (None, "not used on this path")
+    assert kern.auto_compile_mode(False, cuda, False, 52_843_931_392, h100) == (None, "only on the single-device path")
     assert kern.auto_compile_mode(True, cpu, False, 52_843_931_392, h100) == (None, "CUDA only")
     assert kern.auto_compile_mode(True, cuda, False, None, h100) == (None, "no memory plan")
     seen = []
@@ -309,7 +309,7 @@ def test_cuda_graphs_are_chosen_only_where_they_were_measured_to_fit(monkeypatch
         monkeypatch.delenv("PITLAB_COMPILE_MODE", raising=False)
         assert kern.compile_run_layers(model, True, None, cuda, True, False, 52_843_931_392, h100) == (
             "torch.compile per decoder layer (1 layers, mode reduce-overhead); CUDA graphs: auto: the plan takes "
-            "62% of the GPU's memory")
+            "62.2% of the GPU's memory")
         assert kern.compile_run_layers(model, True, None, cuda, True, True, 52_843_931_392, h100) == (
             "torch.compile per decoder layer (1 layers); CUDA graphs: off with activation checkpointing")
         monkeypatch.setenv("PITLAB_COMPILE_MODE", "default")

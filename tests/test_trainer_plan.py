@@ -161,7 +161,7 @@ def test_plan_cli(base35, tmp_path):
     good.write_text(yaml.safe_dump(published(base35, 8, 1)))
     res = runner.invoke(app, ["plan", str(good)])
     assert res.exit_code == 0 and "fits" in res.output
-    assert "decoder layers on CUDA: torch.compile per decoder layer; CUDA graphs: not used on this path" in " ".join(
+    assert "decoder layers on CUDA: torch.compile per decoder layer; CUDA graphs: only on the single-device path" in " ".join(
         res.output.split())  # 8 GPUs: FSDP2
     res = runner.invoke(app, ["plan", str(good), "--gpu-memory-gib", "40"])
     assert res.exit_code == 3 and "exceeds --gpu-memory-gib = 40.0 GiB" in res.output  # the flag, not the spec
@@ -289,16 +289,23 @@ def test_the_plan_says_what_the_trainer_will_compile_and_whether_with_cuda_graph
     half = plan_memory(spec, shape35, gpu_memory_gib=2 * peak / GiB)
     assert half.single_device is True and half.activation_checkpointing is False
     assert planned_compile(spec, half) == ("torch.compile per decoder layer (mode reduce-overhead); CUDA graphs: "
-                                           "auto: the plan takes 50% of the GPU's memory")
+                                           "auto: the plan takes 50.0% of the GPU's memory")
     tight = plan_memory(spec, shape35, gpu_memory_gib=peak / 0.9 / GiB)
-    assert planned_compile(spec, tight) == ("torch.compile per decoder layer; CUDA graphs: off: the plan takes 90% "
+    assert planned_compile(spec, tight) == ("torch.compile per decoder layer; CUDA graphs: off: the plan takes 90.0% "
                                             "of the GPU's memory (limit 85%)")
+    doc = published(base35, 1, 1, activationCheckpointing=False, loss="chunked")
+    del doc["spec"]["resources"]["gpuMemoryGiB"]
+    nosize = PitTraining.model_validate(doc).spec
+    unknown = plan_memory(nosize, shape35)  # no GPU size: the run decides against its GPU, as the plan says how
+    assert unknown.capacity_bytes is None and unknown.peak_bytes == peak and planned_compile(nosize, unknown) == (
+        f"torch.compile per decoder layer; CUDA graphs: decided against the GPU's memory when the run starts: on "
+        f"where the plan's {peak / GiB:.2f} GiB take at most 85% of it (a GPU of {peak / 0.85 / GiB:.2f} GiB or more)")
     ckpt = PitTraining.model_validate(published(base35, 1, 1, loss="chunked")).spec
     assert planned_compile(ckpt, plan_memory(ckpt, shape35, gpu_memory_gib=2 * peak / GiB)) == (
         "torch.compile per decoder layer; CUDA graphs: off with activation checkpointing")
     two = PitTraining.model_validate(published(base35, 2, 1, activationCheckpointing=False)).spec
     assert planned_compile(two, plan_memory(two, shape35)) == (
-        "torch.compile per decoder layer; CUDA graphs: not used on this path")
+        "torch.compile per decoder layer; CUDA graphs: only on the single-device path")
     doc = published(base35, 1, 1)
     doc["spec"]["method"] = "lora"
     lora = PitTraining.model_validate(doc).spec

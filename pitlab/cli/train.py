@@ -59,7 +59,8 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
          gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib",
                                                         help="GPU memory in GiB (overrides "
                                                              "spec.resources.gpuMemoryGiB).")) -> None:
-    """Predict per-GPU memory by component; exit 3 if the run cannot fit the GPU the spec names."""
+    """Predict per-GPU memory by component, and whether the decoder layers will be compiled on CUDA and with CUDA
+    graphs (PITLAB_COMPILE_MODE or the plan decides); exit 3 if the run cannot fit the GPU the spec names."""
     from pitlab.trainer.kernels import planned_compile
     from pitlab.trainer.plan import plan_memory
 

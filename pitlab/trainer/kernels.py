@@ -242,7 +242,7 @@ def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activa
     :data:`CUDA_GRAPH_MEMORY_SHARE` of the GPU's memory (bytes), once :data:`CUDA_GRAPHS_VERIFIED`; else None
     (torch's default) and the reason."""
     if not cuda_graphs_by_default:
-        return None, "not used on this path"
+        return None, "only on the single-device path"
     if not CUDA_GRAPHS_VERIFIED:
         return None, "off until checked bit for bit on a GPU (PITLAB_COMPILE_MODE=reduce-overhead turns them on)"
     if device.type != "cuda":
@@ -253,8 +253,8 @@ def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activa
         return None, "no memory plan"
     share = planned_peak_bytes / total_memory_bytes
     if share > CUDA_GRAPH_MEMORY_SHARE:
-        return None, f"off: the plan takes {share:.0%} of the GPU's memory (limit {CUDA_GRAPH_MEMORY_SHARE:.0%})"
-    return "reduce-overhead", f"auto: the plan takes {share:.0%} of the GPU's memory"
+        return None, f"off: the plan takes {share:.1%} of the GPU's memory (limit {CUDA_GRAPH_MEMORY_SHARE:.0%})"
+    return "reduce-overhead", f"auto: the plan takes {share:.1%} of the GPU's memory"
 
 
 def planned_compile(spec, plan) -> str:
@@ -272,6 +272,10 @@ def planned_compile(spec, plan) -> str:
     if mode is None:
         mode, why = auto_compile_mode(strategy.cuda_graphs_by_default, torch.device("cuda"),
                                       plan.activation_checkpointing, plan.peak_bytes, plan.capacity_bytes)
+        if why == "no memory plan":  # no GPU size given: the trainer decides against the GPU it runs on
+            why = (f"decided against the GPU's memory when the run starts: on where the plan's "
+                   f"{plan.peak_bytes / 2**30:.2f} GiB take at most {CUDA_GRAPH_MEMORY_SHARE:.0%} of it (a GPU of "
+                   f"{plan.peak_bytes / CUDA_GRAPH_MEMORY_SHARE / 2**30:.2f} GiB or more)")
     return f"torch.compile per decoder layer{f' (mode {mode})' if mode else ''}; CUDA graphs: {why}"
 
 

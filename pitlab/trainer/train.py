@@ -297,12 +297,13 @@ def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora:
     """The ``kernels`` report of the strategy's forward model (:func:`pitlab.trainer.kernels.select_kernels`)
     with its decoder layers compiled on CUDA when ``tr.compile`` says so (unset: full-weight runs of a strategy
     compiled by default, the configuration measured faster; :func:`~pitlab.trainer.kernels.compile_run_layers`
-    for ``plan`` on ``capacity`` bytes), and the reference-kernel warning (printed on rank 0) or None."""
+    for ``plan`` on the memory it was planned against, else ``capacity`` bytes), and the reference-kernel warning."""
     kernels = select_kernels(strategy.forward_model, device, loss_impl)
     compile_on = tr.compile if tr.compile is not None else (strategy.compiled_by_default and lora is None)
     kernels["compile"] = compile_run_layers(strategy.forward_model, compile_on, tr.compile, device,
                                             strategy.cuda_graphs_by_default, strategy.activation_checkpointing,
-                                            None if plan is None else plan.peak_bytes, capacity)
+                                            None if plan is None else plan.peak_bytes,
+                                            (plan.capacity_bytes if plan is not None else None) or capacity)
     warning = reference_kernel_warning(kernels, device)
     if warning is not None and rank == 0:
         print(f"pitlab.trainer.train: WARNING: {warning}", file=sys.stderr, flush=True)
