@@ -40,14 +40,22 @@ class Recorder:
         self.fail(stage.condition, reason or stage.failed, message)
 
     def fail(self, condition: str, reason: str, message: str) -> None:
-        """Condition ``condition`` False and phase Failed (Stalled=True), with ``reason`` and ``message``."""
+        """Condition ``condition`` False and phase Failed (Stalled=True), with ``reason`` and ``message``; the training
+        progress keeps its step but no ETA."""
         conditions.stage_failed(self.status, condition, reason, message, self.generation, self.now)
+        self._stop_eta()
         self.write()
 
     def interrupted(self, stage: Stage, message: str) -> None:
-        """``stage``'s condition False/Interrupted; phase Interrupted (Stalled=True)."""
+        """``stage``'s condition False/Interrupted; phase Interrupted (Stalled=True); the progress loses its ETA."""
         conditions.stage_interrupted(self.status, stage.condition, message, self.generation, self.now)
+        self._stop_eta()
         self.write()
+
+    def _stop_eta(self) -> None:
+        """A stopped run has no time left: its training progress (if any) keeps the step, not the ETA."""
+        if getattr(self.status, "progress", None) is not None:
+            self.status.progress = self.status.progress.stopped()
 
     def succeeded(self, message: str) -> None:
         """Phase Succeeded (Ready=True)."""

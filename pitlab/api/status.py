@@ -64,6 +64,11 @@ class Progress(SpecModel):
         out["eta"] = format_eta(eta_seconds) if isinstance(eta_seconds, int) else None
         return out
 
+    def stopped(self) -> "Progress":
+        """This progress without a time left (etaSeconds, eta): training stopped before its last step (failed or
+        interrupted), so no ETA is running."""
+        return Progress.model_validate({**self.model_dump(), "eta_seconds": None})
+
     def finished(self) -> "Progress":
         """This progress at its last step (training done): step = totalSteps, 100 %, ETA 0s."""
         total = self.total_steps if self.total_steps is not None else self.step
