@@ -217,6 +217,7 @@ def test_an_interrupt_before_the_follower_read_the_steps_leaves_the_logged_progr
     assert status["phase"] == ("Interrupted" if stop != "failure" else "Failed")
     assert status["progress"] == {"step": 5, "totalSteps": 79, "loss": 7.5, "tokensPerSecond": 5005.0,
                                   "percent": 6.3}  # a stopped run keeps its step, not its ETA
+    assert status["checkpointUri"] == str(tmp_path / "out" / "sp500-fomc-demo" / "checkpoint")
 
 
 def test_an_interrupt_before_any_step_was_logged_leaves_step_0_of_the_planned_steps(tmp_path, monkeypatch):

@@ -76,8 +76,11 @@ def run(run: TrainingRun, stage: Stage) -> None:
     st, n, tr = run.st, run.nproc, run.res.spec.training
     if st.status.progress is None:  # before torch is imported; a resumed run keeps its progress until a step is logged
         st.status.progress = Progress(step=0, total_steps=run.res.spec.optimizer_steps(n))
+    from pitlab.trainer.checkpoint import checkpoint_location
     from pitlab.trainer.launch import run_training
 
+    # where the checkpoints go, from the start (as the operator's status says): an interrupted run names it too
+    st.status.checkpoint_uri = str(checkpoint_location(run.res.spec.checkpoint.uri, run.run_dir))
     st.running(stage, f"torchrun, {n} processes")
     run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}, "
                        f"{'layer streaming' if tr.layer_streaming.enabled else 'FSDP2'}")
