@@ -30,8 +30,8 @@ def progress_line(**fields) -> str:
 def test_the_report_is_camel_case_json_and_ignores_unknown_keys() -> None:
     assert json.loads(LOCAL.to_json()) == {
         "checkpointUri": "/o/t/checkpoint", "steps": 40, "firstLoss": 7.6543, "finalLoss": 5.0,
-        "meanTokensPerSecond": 12345.6, "kernelWarning": "reference kernels on a GPU", "child": None,
-        "childMessage": None, "cluster": False}
+        "meanTokensPerSecond": 12345.6, "kernelWarning": "reference kernels on a GPU", "resumedFromStep": None,
+        "child": None, "childMessage": None, "cluster": False}
     assert TrainReport.model_validate({**json.loads(CLUSTER.to_json()), "paramSha256": "ab"}) == CLUSTER
     assert TrainReport.model_validate({"checkpoint_uri": "/c", "first_loss": 1.5}).first_loss == 1.5
     with pytest.raises(ValidationError, match="checkpointUri"):
@@ -43,6 +43,9 @@ def test_local_message_gives_steps_losses_speed_and_the_kernel_warning() -> None
     assert train.to_status(LOCAL, status) == ("40 steps, loss 7.654 → 5.000, 12,346 tokens/s (mean over the run); "
                                               "WARNING: reference kernels on a GPU")
     assert status == ResourceStatus(checkpoint_uri="/o/t/checkpoint")
+    resumed = LOCAL.model_copy(update={"resumed_from_step": 20, "kernel_warning": None})
+    assert train.to_status(resumed, ResourceStatus()) == (
+        "40 steps (resumed at step 20), loss 7.654 → 5.000, 12,346 tokens/s (mean over the run)")
     plain = LOCAL.model_copy(update={"mean_tokens_per_second": None, "kernel_warning": ""})
     assert train.to_status(plain, ResourceStatus()) == "40 steps, loss 7.654 → 5.000"
     # a resumed run with no metrics kept (its last checkpoint at the final step) has no losses to give

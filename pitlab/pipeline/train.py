@@ -32,6 +32,7 @@ class TrainReport(Report):
     final_loss: float | None = None
     mean_tokens_per_second: float | None = None
     kernel_warning: str | None = None
+    resumed_from_step: int | None = None
     child: str | None = None
     child_message: str | None = None
     cluster: bool = False
@@ -46,7 +47,9 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
         return f"{report.child}: {report.child_message}"
     tps = report.mean_tokens_per_second
     losses = report.first_loss is not None and report.final_loss is not None  # None: no step's loss was kept
-    return (f"{report.steps} steps" + (f", loss {report.first_loss:.3f} → {report.final_loss:.3f}" if losses else "")
+    resumed = f" (resumed at step {report.resumed_from_step})" if report.resumed_from_step else ""
+    return (f"{report.steps} steps{resumed}"
+            + (f", loss {report.first_loss:.3f} → {report.final_loss:.3f}" if losses else "")
             + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
             + (f"; WARNING: {report.kernel_warning}" if report.kernel_warning else ""))
 
@@ -106,7 +109,8 @@ def run(run: TrainingRun, stage: Stage) -> None:
     report = TrainReport(checkpoint_uri=str(summary.get("checkpoint", paths.checkpoint)), steps=summary["steps"],
                          first_loss=summary["first_loss"], final_loss=summary["final_loss"],
                          mean_tokens_per_second=summary.get("mean_tokens_per_second"),
-                         kernel_warning=summary.get("kernel_warning") or None)
+                         kernel_warning=summary.get("kernel_warning") or None,
+                         resumed_from_step=summary.get("resumed_from_step"))
     trained = to_status(report, st.status)
     st.done(stage, trained)
     run.reporter.done("train", trained)
