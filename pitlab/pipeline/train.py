@@ -74,8 +74,8 @@ def catch_up(status: ResourceStatus, metrics: Path) -> None:
 
 def run(run: TrainingRun, stage: Stage) -> None:
     """``torchrun`` with ``nproc`` ranks (:func:`pitlab.trainer.launch.run_training`), its metrics followed into
-    ``status.progress``: step 0 of the planned steps (``PitTrainingSpec.optimizer_steps``) from the start, the newest step logged at the end (also
-    when training fails or is interrupted)."""
+    ``status.progress``: step 0 of the planned steps (``PitTrainingSpec.optimizer_steps``) from the start, the
+    newest step logged at the end (also when training fails or is interrupted)."""
     st, n, tr = run.st, run.nproc, run.res.spec.training
     if st.status.progress is None:  # before torch is imported; a resumed run keeps its progress until a step is logged
         st.status.progress = Progress(step=0, total_steps=run.res.spec.optimizer_steps(n))

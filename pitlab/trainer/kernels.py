@@ -234,6 +234,33 @@ per step; ``bench/cuda_graphs_check.py``, H100, 2026-12-05), and they ran 1.39-1
 (bench/RESULTS.md). Set False to make them opt-in again (``PITLAB_COMPILE_MODE=reduce-overhead``)."""
 
 
+NO_MEMORY_PLAN = "no memory plan"
+""":func:`auto_compile_mode`'s reason when it has no plan or no GPU size to measure the plan against."""
+
+
+def compiles_layers(explicit: bool | None, compiled_by_default: bool, lora: bool) -> bool:
+    """Whether a run compiles its decoder layers: ``training.compile`` as written (``explicit``), else the
+    strategy's default for full-weight runs (LoRA is not compiled)."""
+    return explicit if explicit is not None else (compiled_by_default and not lora)
+
+
+def not_compiled_label(explicit: bool | None) -> str:
+    """The ``compile`` report entry of a run whose layers are not compiled on CUDA: ``training.compile: false``, or
+    the default for LoRA and layer streaming."""
+    return "off" if explicit is False else "off (auto: LoRA and layer streaming are not compiled)"
+
+
+def layer_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activation_checkpointing: bool,
+                       planned_peak_bytes: int | None, total_memory_bytes: int | None) -> tuple[str | None, str]:
+    """The decoder layers' ``torch.compile`` mode and whether it uses CUDA graphs, and why:
+    ``PITLAB_COMPILE_MODE`` when set, else :func:`auto_compile_mode` (the arguments are its own)."""
+    mode = compile_mode()
+    if mode is not None:
+        return mode, f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
+    return auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing, planned_peak_bytes,
+                             total_memory_bytes)
+
+
 def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activation_checkpointing: bool,
                       planned_peak_bytes: int | None, total_memory_bytes: int | None) -> tuple[str | None, str]:
     """The decoder layers' ``torch.compile`` mode when ``PITLAB_COMPILE_MODE`` is unset, and why:
@@ -250,7 +277,7 @@ def auto_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activa
     if activation_checkpointing:
         return None, "off with activation checkpointing"
     if planned_peak_bytes is None or not total_memory_bytes:
-        return None, "no memory plan"
+        return None, NO_MEMORY_PLAN
     share = planned_peak_bytes / total_memory_bytes
     if share > CUDA_GRAPH_MEMORY_SHARE:
         return None, f"off: the plan takes {share:.1%} of the GPU's memory (limit {CUDA_GRAPH_MEMORY_SHARE:.0%})"
@@ -264,18 +291,15 @@ def planned_compile(spec, plan) -> str:
     :func:`auto_compile_mode` with the plan's activation checkpointing, peak and capacity; ``pitlab plan``)."""
     from pitlab.trainer.strategies import choose_strategy
 
-    strategy, tr = choose_strategy(spec, plan.world_size, plan), spec.training
-    if not (tr.compile if tr.compile is not None else (strategy.compiled_by_default and spec.method != "lora")):
-        return "off" if tr.compile is False else "off (auto: LoRA and layer streaming are not compiled)"
-    mode = compile_mode()
-    why = f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
-    if mode is None:
-        mode, why = auto_compile_mode(strategy.cuda_graphs_by_default, torch.device("cuda"),
-                                      plan.activation_checkpointing, plan.peak_bytes, plan.capacity_bytes)
-        if why == "no memory plan":  # no GPU size given: the trainer decides against the GPU it runs on
-            why = (f"decided against the GPU's memory when the run starts: on where the plan's "
-                   f"{plan.peak_bytes / 2**30:.2f} GiB take at most {CUDA_GRAPH_MEMORY_SHARE:.0%} of it (a GPU of "
-                   f"{plan.peak_bytes / CUDA_GRAPH_MEMORY_SHARE / 2**30:.2f} GiB or more)")
+    strategy, explicit = choose_strategy(spec, plan.world_size, plan), spec.training.compile
+    if not compiles_layers(explicit, strategy.compiled_by_default, spec.method == "lora"):
+        return not_compiled_label(explicit)
+    mode, why = layer_compile_mode(strategy.cuda_graphs_by_default, torch.device("cuda"),
+                                   plan.activation_checkpointing, plan.peak_bytes, plan.capacity_bytes)
+    if why == NO_MEMORY_PLAN:  # no GPU size given: the trainer decides against the GPU it runs on
+        why = (f"decided against the GPU's memory when the run starts: on where the plan's "
+               f"{plan.peak_bytes / 2**30:.2f} GiB take at most {CUDA_GRAPH_MEMORY_SHARE:.0%} of it (a GPU of "
+               f"{plan.peak_bytes / CUDA_GRAPH_MEMORY_SHARE / 2**30:.2f} GiB or more)")
     return f"torch.compile per decoder layer{f' (mode {mode})' if mode else ''}; CUDA graphs: {why}"
 
 
@@ -287,16 +311,13 @@ def compile_run_layers(model: nn.Module, compile_on: bool, explicit: bool | None
     last four arguments are its own), saying whether CUDA graphs are used and why; otherwise why not
     (``explicit``: ``training.compile`` as written, None when unset)."""
     if compile_on and device.type == "cuda":
-        mode = compile_mode()
-        why = f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
-        if mode is None:
-            mode, why = auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing,
-                                          planned_peak_bytes, total_memory_bytes)
+        mode, why = layer_compile_mode(cuda_graphs_by_default, device, activation_checkpointing, planned_peak_bytes,
+                                       total_memory_bytes)
         return compile_blocks(model, mode=mode) + f"; CUDA graphs: {why}"
     if device.type != "cuda":
         return ("off (CPU" + (f"; {COMPILE_MODE_ENV} applies on CUDA only)" if compile_mode() else ")")
                 if compile_on else "off")
-    return "off" if explicit is False else "off (auto: LoRA and layer streaming are not compiled)"
+    return not_compiled_label(explicit)
 
 
 def deterministic_algorithms(on: bool, device: torch.device) -> str:

@@ -59,8 +59,8 @@ from pitlab.errors import CorpusError, PitlabError
 from pitlab.trainer.checkpointer import Checkpointer
 from pitlab.trainer.data import PackedSequences, steps_for_budget
 from pitlab.trainer.files import write_json_atomic
-from pitlab.trainer.kernels import (compile_run_layers, deterministic_algorithms, reference_kernel_warning,
-                                    release_cuda_graphs, select_kernels)
+from pitlab.trainer.kernels import (compile_run_layers, compiles_layers, deterministic_algorithms,
+                                    reference_kernel_warning, release_cuda_graphs, select_kernels)
 from pitlab.trainer.knobs import check_knobs
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
@@ -299,7 +299,7 @@ def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora:
     compiled by default, the configuration measured faster; :func:`~pitlab.trainer.kernels.compile_run_layers`
     for ``plan`` on the memory it was planned against, else ``capacity`` bytes), and the reference-kernel warning."""
     kernels = select_kernels(strategy.forward_model, device, loss_impl)
-    compile_on = tr.compile if tr.compile is not None else (strategy.compiled_by_default and lora is None)
+    compile_on = compiles_layers(tr.compile, strategy.compiled_by_default, lora is not None)
     kernels["compile"] = compile_run_layers(strategy.forward_model, compile_on, tr.compile, device,
                                             strategy.cuda_graphs_by_default, strategy.activation_checkpointing,
                                             None if plan is None else plan.peak_bytes,
