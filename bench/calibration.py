@@ -40,9 +40,9 @@ positives ≤ 5 % where the true premium is 0 (null, date-known, market), median
 the point estimate across panels, power ≥ 80 % for the stock-level premium of about 0.02 at 300 × 30.
 Seeds: panels with seed < --tune-seeds choose among candidates; the rest (held out) are reported as the result.
 
-  python bench/calibration.py --size 300x30x8 --panels 200 --out bench/results/calibration-300x30x8.jsonl
-  python bench/calibration.py --summarise bench/results/calibration-*.jsonl --markdown
-  python bench/calibration.py --summarise bench/results/calibration-300x30x8{,-strat,-jack}.jsonl --split tune \
+  python bench/calibration.py --size 300x30x8 --panels 200 --out bench/results/calibration-300x30x8.jsonl.gz
+  python bench/calibration.py --summarise bench/results/calibration-*.jsonl* --markdown
+  python bench/calibration.py --summarise bench/results/calibration-300x30x8{,-strat,-jack}.jsonl.gz --split tune \
       --pivot security pigeonhole cgm date-strat cgm-strat max-strat-t max-jack-t
 
 Records are JSON lines (one per panel: size, scenario, seed, point premium, each replicate set's mean and sd, each

@@ -46,21 +46,21 @@ as the two-way candidate; the default's table comes from its own file on the sam
 
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe wild --size 300x30x8 \
         --panels 40 --scenarios null date-known market date-leak stock-strong stock-weak stock-0.02 --workers 2 \
-        --out bench/results/calibration-300x30x8-wild-tune-local.jsonl                    # R 200, 577 s
+        --out bench/results/calibration-300x30x8-wild-tune-local.jsonl.gz                    # R 200, 577 s
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe wild --wild-fit strata \
         --size 300x30x8 --panels 40 --scenarios null date-leak stock-weak stock-0.02 stock-strong date-known market \
-        --workers 1 --minutes 14 --out bench/results/calibration-300x30x8-wild-strata-tune-local.jsonl  # 679 s
+        --workers 1 --minutes 14 --out bench/results/calibration-300x30x8-wild-strata-tune-local.jsonl.gz  # 679 s
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe wild --chunk 50 \
         --size 100x30x128 --panels 30 --resamples 100 --scenarios null date-leak stock-strong stock-weak \
-        --workers 1 --minutes 20 --out bench/results/calibration-100x30x128-wild-r100-tune-local.jsonl
+        --workers 1 --minutes 20 --out bench/results/calibration-100x30x128-wild-r100-tune-local.jsonl.gz
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration.py --size 100x30x128 --panels 30 \
         --scenarios null --schemes two-way --workers 1 --minutes 19 \
-        --out bench/results/calibration-100x30x128-two-way-null-tune-local.jsonl         # the default, R 200, 824 s
-    python bench/calibration.py --summarise bench/results/calibration-300x30x8-wild-tune-local.jsonl --split tune
+        --out bench/results/calibration-100x30x128-two-way-null-tune-local.jsonl.gz         # the default, R 200, 824 s
+    python bench/calibration.py --summarise bench/results/calibration-300x30x8-wild-tune-local.jsonl.gz --split tune
 
 (Without OPENBLAS_NUM_THREADS=1 in the environment the workers, forked after numpy is imported, run several BLAS
 threads each: 5-10 x slower on 2 cores.) The default's records on the same seeds: calibration-300x30x8-two-way-pd4-
-tune40-local.jsonl (seeds 0-39, R 200), calibration-100x30x128-two-way-tune-local.jsonl (seeds 0-49, R 200) and
+tune40-local.jsonl (seeds 0-39, R 200), calibration-100x30x128-two-way-tune-local.jsonl.gz (seeds 0-49, R 200) and
 the null run above. Results (2026-12-05, tuning seeds; coverage of the cell's mean point premium / median width ÷
 3.92 sd across panels / share of intervals excluding 0; wild | wild strata | default two-way):
 
@@ -80,7 +80,7 @@ the null run above. Results (2026-12-05, tuning seeds; coverage of the cell's me
     stock-weak            47 % / 0.41 / 70 %    40 % / 0.37 / 70 %    93 % / 0.84 / 30 %
 
 (the 128-dimension strata run: the third command with ``--wild-fit strata --minutes 14 --out
-bench/results/calibration-100x30x128-wild-strata-r100-tune-local.jsonl``, 795 s; the pooled one 1016 s.)
+bench/results/calibration-100x30x128-wild-strata-r100-tune-local.jsonl.gz``, 795 s; the pooled one 1016 s.)
 
 Reading: the wild draws narrow the 300 × 30 × 8 nulls from 1.7-2.2 x to 0.94-1.28 x at 95-98 % coverage, but not
 to ≤ 1.2 x in null and market, and not at 128 dimensions (1.8 x). They are inference given X with the premium's
