@@ -73,7 +73,7 @@ point estimate's penalties (``bootstrap.reselectPenalty: false``), scored by the
 CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
               "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t",
               "two-way-pct", "two-way-basic", "two-way-sum-t", "two-way-strata", "two-way-held",
-              "two-way-adaptive")
+              "two-way-adaptive", "two-way-bca")
 JACK_GROUPS = 20
 """Security groups of the delete-a-group jackknife (``security-jack``; Kott 2001, J. Official Statistics 17(4))."""
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
@@ -208,6 +208,8 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
             sd, _, dim = rule.spread(reps)
             rec[name] = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
                          "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum())}
+            if KEEP_REPS:  # every replicate, for the BCa candidate (two-way-bca)
+                rec[name]["reps"] = [float(x) for x in reps]
             for half, v in zip(("security", "date"), rule.halves(reps)):  # for skew-aware candidates offline
                 rec[name][half] = {"sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
                                    "q": [float(x) for x in np.quantile(v, HALF_QUANTILES)] if v.size else []}
@@ -231,6 +233,8 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
     return rec
 
 
+KEEP_REPS = False
+"""Store the two-way replicates themselves in each record (``two-way.reps``; calibration_probes.py --probe bca)."""
 HALF_QUANTILES = (0.025, 0.05, 0.5, 0.95, 0.975)
 """Quantiles of each half of the two-way replicates kept in a record (``two-way.security.q``, ``two-way.date.q``):
 enough for the percentile and basic intervals of the dominating half without storing the replicates."""
@@ -270,6 +274,8 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
         g = rec["S"] if tw["dim"] == "security" else rec["T"]
         half = stats.t.ppf(0.5 + confidence / 2, g - 1) * (tw["security"]["sd"] ** 2 + tw["date"]["sd"] ** 2) ** 0.5
         out["two-way-sum-t"] = (p - half, p + half)  # both one-way variances added (no row-level term removed)
+    if "reps" in tw and "security-jack" in rec and "date-jack" in rec:
+        out["two-way-bca"] = bca_two_way(rec, confidence)
     if "security-jack" in rec and "date-jack" in rec:  # two-way jackknife: the larger one-way variance
         vs, vd = rec["security-jack"]["var"], rec["date-jack"]["var"]
         g = rec["security-jack"]["groups"] - 1 if vs >= vd else rec["T"] - len(np.unique(strata_of(rec["T"])))
@@ -302,6 +308,44 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
             v3 = max(vs + rec["date-strat"]["sd"] ** 2 - vr, vs, rec["date-strat"]["sd"] ** 2)
             out["cgm-strat"] = (p - z * v3 ** 0.5, p + z * v3 ** 0.5)
     return out
+
+
+def bca(point: float, reps: np.ndarray, jack: np.ndarray, confidence: float = 0.95) -> tuple[float, float]:
+    """BCa interval of ``point`` from bootstrap replicates ``reps`` float [B] and jackknife values ``jack`` float
+    [n] (Efron 1987, JASA 82(397):171-185; Efron & Tibshirani 1993, ch. 14): bias correction z0 = Φ⁻¹(share of
+    replicates below the point, ties counted half), acceleration a = Σ(J̄ − J_i)³ / (6 (Σ(J̄ − J_i)²)^1.5), and the
+    replicates' quantiles at Φ(z0 + (z0 + z)/(1 − a (z0 + z))) for z = ±z_{(1+c)/2}. (nan, nan) when the share is
+    0 or 1 or a replicate is not finite."""
+    from scipy import stats
+
+    reps, jack = np.asarray(reps, dtype=np.float64), np.asarray(jack, dtype=np.float64)
+    if not (np.isfinite(reps).all() and np.isfinite(jack).all()):
+        return float("nan"), float("nan")
+    share = (np.sum(reps < point) + 0.5 * np.sum(reps == point)) / reps.size
+    if not 0.0 < share < 1.0:
+        return float("nan"), float("nan")
+    z0 = stats.norm.ppf(share)
+    dev = jack.mean() - jack
+    den = 6.0 * float((dev ** 2).sum()) ** 1.5
+    a = float((dev ** 3).sum()) / den if den > 0 else 0.0
+    ends = []
+    for z in (stats.norm.ppf((1 - confidence) / 2), stats.norm.ppf((1 + confidence) / 2)):
+        q = stats.norm.cdf(z0 + (z0 + z) / (1.0 - a * (z0 + z)))
+        ends.append(float(np.quantile(reps, q)))
+    return ends[0], ends[1]
+
+
+def bca_two_way(rec: dict, confidence: float = 0.95) -> tuple[float, float]:
+    """The two-way rule's BCa variant: the dominating half's replicates (the larger one-way variance, as the
+    default chooses it) with that dimension's jackknife for the acceleration (``security-jack``, delete-a-group of
+    securities; ``date-jack``, delete-one-date)."""
+    from pitlab.evaluator.bootstrap import two_way_split
+
+    tw, reps = rec["two-way"], np.asarray(rec["two-way"]["reps"], dtype=np.float64)
+    n_sec = two_way_split(reps.size)
+    half = reps[:n_sec] if tw.get("dim") == "security" else reps[n_sec:]
+    jack = rec["security-jack" if tw.get("dim") == "security" else "date-jack"]["reps"]
+    return bca(rec["premium"], half, np.asarray(jack), confidence)
 
 
 def summarise(records: list[dict], tune_seeds: int) -> list[dict]:

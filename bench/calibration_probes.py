@@ -359,7 +359,7 @@ def main(argv: list[str]) -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights", "m-out-of-n", "wild"])
+    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights", "m-out-of-n", "wild", "bca"])
     ap.add_argument("--tau", type=float, default=0.5, help="shrunk-weights: the weights' scale, 0 < τ < 1")
     ap.add_argument("--fraction", type=float, default=0.5, help="m-out-of-n: m / n, 0 < f < 1")
     ap.add_argument("--chunk", type=int, default=16,
@@ -369,7 +369,11 @@ def main(argv: list[str]) -> int:
                          "leakage-off's (off), or at leakage-on's fitted apart on each date stratum of the split "
                          "(strata)")
     args, rest = ap.parse_known_args(argv)
-    if args.probe == "wild":
+    if args.probe == "bca":
+        import calibration
+
+        calibration.KEEP_REPS = True
+    elif args.probe == "wild":
         import functools
 
         import calibration
