@@ -67,13 +67,14 @@ SCENARIOS = ("null", "date-known", "market", "date-leak", "stock-strong", "stock
 ZERO_PREMIUM = ("null", "date-known", "market")
 SCHEMES = ("security", "date", "pigeonhole", "rows", "date-strat", "pigeonhole-strat", "date-jack", "two-way",
            "security-jack")
-OPTIONAL_SCHEMES = ("two-way-held",)
+OPTIONAL_SCHEMES = ("two-way-held", "two-way-half")
 """Drawn only when asked (``--schemes``): ``two-way-held``, the two-way draws with every replicate refitted at the
-point estimate's penalties (``bootstrap.reselectPenalty: false``), scored by the same rule as ``two-way``."""
+point estimate's penalties (``bootstrap.reselectPenalty: false``), scored by the same rule as ``two-way``;
+``two-way-half``, random half-samples instead of the two-way draws (:func:`half_samples`), scored by that rule."""
 CANDIDATES = ("two-way", "security", "date", "pigeonhole", "cgm", "cgm-t", "max-t", "date-strat", "pigeonhole-strat",
               "cgm-strat", "security-normal", "max-strat", "max-strat-t", "max-jack", "max-jack-t", "jack2-t",
               "two-way-pct", "two-way-basic", "two-way-sum-t", "two-way-strata", "two-way-held",
-              "two-way-adaptive", "two-way-bca")
+              "two-way-adaptive", "two-way-bca", "two-way-half")
 JACK_GROUPS = 20
 """Security groups of the delete-a-group jackknife (``security-jack``; Kott 2001, J. Official Statistics 17(4))."""
 ALPHAS = [0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0]
@@ -155,6 +156,33 @@ def stratified_dates(T: int, R: int, seed: int) -> np.ndarray:
     return draw_date_weights_stratified(strata_of(T), R, seed)
 
 
+def half_samples(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.ndarray) -> np.ndarray:
+    """Row weights float [R, S·T] of random half-samples: the first ceil(R/2) replicates keep ⌊S/2⌋ securities
+    drawn without replacement at weight S/⌊S/2⌋, the others keep m_k of the n_k dates of each of the split's date
+    strata at weight n_k/m_k, m_k = n_k/2, for odd n_k ⌊n_k/2⌋ or ⌈n_k/2⌉ with probability 1/2 each (a stratum of
+    one date keeps it). For a mean the variance of such half-sample estimates equals the full sample's (the
+    finite-population factor r/(n − r) is 1 at r = n/2: the delete-d jackknife with d = n/2, Shao & Wu 1989, Ann.
+    Statist. 17(3):1176-1197; McCarthy 1969's half-sampling), and no cluster is repeated."""
+    rng = np.random.default_rng([seed, 13])
+    n_sec = (R + 1) // 2
+    ws, wd = np.ones((R, S)), np.ones((R, T))
+    for r in range(n_sec):
+        keep = rng.permutation(S)[:S // 2]
+        ws[r] = 0.0
+        ws[r, keep] = S / (S // 2)
+    strata = strata_of(T)
+    for r in range(n_sec, R):
+        for h in np.unique(strata):
+            idx = np.flatnonzero(strata == h)
+            if idx.size < 2:
+                continue
+            m = idx.size // 2 + (int(rng.integers(0, 2)) if idx.size % 2 else 0)
+            keep = rng.permutation(idx)[:m]
+            wd[r, idx] = 0.0
+            wd[r, keep] = idx.size / m
+    return ws[:, sec] * wd[:, date]
+
+
 def panel_stats(scenario: str, seed: int, S: int, T: int, d: int, backend=None) -> tuple:
     """One simulated panel (:func:`simulate`; the market-neutral target where the scenario scores it) ready for
     pitlab's estimator: ``(stats, sec, date, on_sel, off_sel, point_folds)``: row units with calendar positions on
@@ -194,13 +222,15 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
            "per_decade": per_decade, "search": "staged", "edges": bool(edges["off"][0] or edges["on"][0])}
     sets = draws(S, T, R, seed, sec, date)
     sets["two-way-held"] = sets["two-way"]  # the same draws, refitted at the point estimate's penalties
+    if "two-way-half" in schemes:
+        sets["two-way-half"] = half_samples(S, T, R, seed, sec, date)
     for name, W in sets.items():
         if name not in schemes:
             continue
         held = (off.alpha_index, on.alpha_index) if name == "two-way-held" else None
         reps = bootstrap_model(st, W, replicate_row_folds(sec, S, W, K), K, grid, on_sel, "train_mean", held,
                                off_sel, same_rows=True).premium
-        if name in ("two-way", "two-way-held"):  # the product's default rule on pitlab's own draws
+        if name in ("two-way", "two-way-held", "two-way-half"):  # the product's default rule on these draws
             from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
 
             rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
@@ -248,7 +278,7 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
     p = rec["premium"]
     z = stats.norm.ppf(0.5 + confidence / 2)
     out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
-                                                      "pigeonhole-strat", "two-way", "two-way-held") if k in rec}
+                                                      "pigeonhole-strat", "two-way", "two-way-held", "two-way-half") if k in rec}
     if "two-way" in out and "two-way-held" in out:
         held = out["two-way-held"]
         out["two-way-adaptive"] = held if held[0] <= 0.0 <= held[1] else out["two-way"]

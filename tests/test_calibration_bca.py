@@ -46,3 +46,23 @@ def test_a_record_with_its_replicates_gives_the_bca_candidate(monkeypatch) -> No
         rec["two-way"]["reps"])[10:]
     assert half.min() <= iv[0] <= iv[1] <= half.max()
     assert iv == calibration.bca_two_way(rec)
+
+
+def test_half_samples_keep_half_of_each_dimension_once_and_the_total_weight() -> None:
+    S, T, R = 7, 30, 9
+    sec, date = np.repeat(np.arange(S), T), np.tile(np.arange(T), S)
+    W = calibration.half_samples(S, T, R, 5, sec, date)
+    assert W.shape == (R, S * T) and np.allclose(W.sum(axis=1), S * T)  # the panel's total weight kept
+    strata = calibration.strata_of(T)
+    for r in range(R):
+        w = W[r].reshape(S, T)
+        if r < 5:  # the security half: 3 of 7 securities at 7/3, every date of a kept security
+            per_sec = w[:, 0]
+            assert sorted(np.unique(per_sec).round(12)) == [0.0, round(7 / 3, 12)] and (per_sec > 0).sum() == 3
+            assert np.all(w == per_sec[:, None])
+        else:  # the date half: every stratum keeps half its dates (19 training dates: 9 or 10), the embargo date
+            per_date = w[0]
+            assert np.all(w == per_date[None, :])
+            kept = [(per_date[strata == h] > 0).sum() for h in (0, 1, 2)]
+            assert kept[0] in (9, 10) and kept[1] == 1 and kept[2] == 5
+            assert np.isclose(per_date[strata == 0].sum(), 19) and np.isclose(per_date[strata == 2].sum(), 10)
