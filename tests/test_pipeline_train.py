@@ -31,7 +31,7 @@ def test_the_report_is_camel_case_json_and_ignores_unknown_keys() -> None:
     assert json.loads(LOCAL.to_json()) == {
         "checkpointUri": "/o/t/checkpoint", "steps": 40, "firstLoss": 7.6543, "finalLoss": 5.0,
         "meanTokensPerSecond": 12345.6, "kernelWarning": "reference kernels on a GPU", "resumedFromStep": None,
-        "child": None, "childMessage": None, "cluster": False}
+        "parallelism": None, "child": None, "childMessage": None, "cluster": False}
     assert TrainReport.model_validate({**json.loads(CLUSTER.to_json()), "paramSha256": "ab"}) == CLUSTER
     assert TrainReport.model_validate({"checkpoint_uri": "/c", "first_loss": 1.5}).first_loss == 1.5
     with pytest.raises(ValidationError, match="checkpointUri"):
@@ -51,6 +51,9 @@ def test_local_message_gives_steps_losses_speed_and_the_kernel_warning() -> None
     # a resumed run with no metrics kept (its last checkpoint at the final step) has no losses to give
     resumed = plain.model_copy(update={"steps": 40, "first_loss": None, "final_loss": None})
     assert train.to_status(resumed, ResourceStatus()) == "40 steps"
+    # the trainer's summary names how the model was held (one process: the single-device path or FSDP2)
+    held = plain.model_copy(update={"parallelism": "FSDP2", "resumed_from_step": 8})
+    assert train.to_status(held, ResourceStatus()) == "40 steps (resumed at step 8) on FSDP2, loss 7.654 → 5.000"
 
 
 def test_local_message_leaves_the_progress_as_it_is() -> None:

@@ -517,8 +517,11 @@ def test_killed_rank_resumes_bit_identically(trained, tmp_path):
     assert sorted(p.name for p in (ckpt_dir / f"step-{killed_at}").glob("rng-rank-*.pt")) == [
         "rng-rank-0.pt", "rng-rank-1.pt"]
 
-    summary = run_training(spec_path, run, nproc=2, base=trained["base"])  # resumes from latest
+    seen: list[dict] = []
+    summary = run_training(spec_path, run, nproc=2, on_step=seen.append, base=trained["base"])  # resumes from latest
     assert summary["resumed_from_step"] == killed_at
+    # the kept steps reach on_step as one record, the checkpoint's, so a progress bar resumes there
+    assert [r["step"] for r in seen] == list(range(killed_at, 31))
     assert summary["param_sha256"] == trained["summary"]["param_sha256"]  # bit-identical parameters
     assert summary["final_loss"] == trained["summary"]["final_loss"]
     assert summary["first_loss"] == trained["summary"]["first_loss"]

@@ -33,6 +33,7 @@ class TrainReport(Report):
     mean_tokens_per_second: float | None = None
     kernel_warning: str | None = None
     resumed_from_step: int | None = None
+    parallelism: str | None = None
     child: str | None = None
     child_message: str | None = None
     cluster: bool = False
@@ -48,7 +49,8 @@ def to_status(report: TrainReport, status: ResourceStatus) -> str:
     tps = report.mean_tokens_per_second
     losses = report.first_loss is not None and report.final_loss is not None  # None: no step's loss was kept
     resumed = f" (resumed at step {report.resumed_from_step})" if report.resumed_from_step else ""
-    return (f"{report.steps} steps{resumed}"
+    on = f" on {report.parallelism}" if report.parallelism else ""
+    return (f"{report.steps} steps{resumed}{on}"
             + (f", loss {report.first_loss:.3f} → {report.final_loss:.3f}" if losses else "")
             + (f", {tps:,.0f} tokens/s (mean over the run)" if tps is not None else "")
             + (f"; WARNING: {report.kernel_warning}" if report.kernel_warning else ""))
@@ -85,8 +87,9 @@ def run(run: TrainingRun, stage: Stage) -> None:
     # where the checkpoints go, from the start (as the operator's status says): an interrupted run names it too
     st.status.checkpoint_uri = str(checkpoint_location(run.res.spec.checkpoint.uri, run.run_dir))
     st.running(stage, f"torchrun, {n} processes")
-    run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}, "
-                       f"{'layer streaming' if tr.layer_streaming.enabled else 'FSDP2'}")
+    # one process: the single-device path or FSDP2, as the memory plan decides (the Trained line says which)
+    how = "layer streaming" if tr.layer_streaming.enabled else "FSDP2" if n > 1 else ""
+    run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}" + (f", {how}" if how else ""))
     last_write = [0.0]
     warned = [False]
 
@@ -110,7 +113,8 @@ def run(run: TrainingRun, stage: Stage) -> None:
                          first_loss=summary["first_loss"], final_loss=summary["final_loss"],
                          mean_tokens_per_second=summary.get("mean_tokens_per_second"),
                          kernel_warning=summary.get("kernel_warning") or None,
-                         resumed_from_step=summary.get("resumed_from_step"))
+                         resumed_from_step=summary.get("resumed_from_step"),
+                         parallelism=summary.get("parallelism"))
     trained = to_status(report, st.status)
     st.done(stage, trained)
     run.reporter.done("train", trained)

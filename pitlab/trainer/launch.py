@@ -41,7 +41,8 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     ``latest`` exists, ``spec.checkpoint.uri`` (local or ``s3://``) or else ``run_dir/checkpoint``: then the
     trainer resumes from it and keeps the lines up to that step), starts the torchrun command
     of :func:`build_torchrun_command` (stdout/stderr to ``run_dir/train/{stdout,stderr}.log``), and calls
-    ``on_step(record)`` for each metrics line as it appears (see :mod:`pitlab.trainer.metrics`).
+    ``on_step(record)`` for each metrics line as it appears (see :mod:`pitlab.trainer.metrics`); a resumed run's
+    kept lines are delivered as one call, with the checkpoint's step, so that a progress bar starts there.
     Raises :class:`TrainingError` when the job fails or finishes without a summary; its message holds
     the exit code, the errors the ranks reported (e.g. a spec field), the command and the last 30
     lines of stderr.
@@ -56,11 +57,14 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     resume = latest_checkpoint(_checkpoint_dir(spec_path, run_dir))
     if resume is None:
         metrics_path.unlink(missing_ok=True)
-    else:  # the trainer resumes: keep (and re-report) the lines up to its checkpoint, drop the redone ones
+    else:  # the trainer resumes: keep the lines up to its checkpoint (reported as one), drop the redone ones
         truncate_metrics(metrics_path, int(read_train_state(resume)["step"]))
     cmd = build_torchrun_command(spec_path, run_dir, nproc, base)
     env = training_env(nproc, torch.cuda.is_available())
     tail = MetricsTail(metrics_path)
+    kept = tail.poll() if resume is not None else []
+    if kept and on_step is not None:
+        on_step(kept[-1])
     stderr_path = train_dir / "stderr.log"
     with open(train_dir / "stdout.log", "wb") as out, open(stderr_path, "wb") as err:
         # its own session (stopped as a group) and SIGTERM from the kernel if this process dies, even by SIGKILL
