@@ -91,6 +91,22 @@ stratum puts it back there (0.101 against 0.117; stock-weak 98 %, stock-strong 9
 at 128 dimensions the penalty (~5e3-1e4) shrinks ŷ's leak away in either fit (replicates 0.001-0.004 against
 0.012-0.042: stock-weak 40-47 %, stock-strong 73-83 %). The 128-dimension under-coverage is not fixed, it is made
 worse. Rejected as a replacement of the default. Tables: bench/results/calibration-wild-tune-summary.md.
+
+``--probe bca`` (2026-12-05): every record keeps its two-way replicates (``calibration.KEEP_REPS``), so that
+calibration.py's ``two-way-bca`` candidate (:func:`calibration.bca_two_way`: Efron's BCa on the dominating half,
+the acceleration from that dimension's jackknife, ``security-jack`` or ``date-jack``) can be read from them:
+
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe bca --size 300x30x8 \\
+        --panels 40 --scenarios null date-known market date-leak stock-strong stock-weak stock-0.02 \\
+        --schemes two-way security-jack date-jack --workers 2 \\
+        --out bench/results/calibration-300x30x8-bca-tune-local.jsonl.gz                     # 142 s
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe bca --size 100x30x128 \\
+        --panels 30 --scenarios date-leak stock-weak stock-strong null --schemes two-way security-jack date-jack \\
+        --workers 2 --out bench/results/calibration-100x30x128-bca-tune-local.jsonl.gz      # 1,319 s
+    python bench/calibration.py --summarise bench/results/calibration-300x30x8-bca-tune-local.jsonl.gz \\
+        --split tune --pivot two-way two-way-bca
+
+Results: bench/RESULTS.md, "Interval study", "BCa and half-sampling".
 """
 
 from __future__ import annotations
