@@ -179,7 +179,8 @@ class Interrupted(KeyboardInterrupt):
 
 def durable_state(run: Any) -> str:
     """What an interrupted run keeps, in words: the last complete training checkpoint (``step-N`` with its path)
-    when there is one, else that the stage starts over."""
+    when there is one, else that the stage starts over (and, for a training that saves only at its end,
+    ``checkpoint.everySteps: 0``, how to make it resumable)."""
     res = getattr(run, "res", None)
     if isinstance(res, PitTraining):
         from pitlab.trainer.checkpoint import checkpoint_location
@@ -191,6 +192,9 @@ def durable_state(run: Any) -> str:
             latest = None
         if latest is not None:
             return f"last durable checkpoint: {latest}"
+        if not res.spec.checkpoint.every_steps:
+            return ("no durable checkpoint: the stage starts over (checkpoint.everySteps: 0 saves only at the "
+                    "end; set it to N for a checkpoint every N steps that --resume continues from)")
     return "no durable checkpoint: the stage starts over"
 
 

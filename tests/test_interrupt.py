@@ -237,3 +237,21 @@ def test_an_interrupt_before_any_step_was_logged_leaves_step_0_of_the_planned_st
         res = load_resource(tmp_path / "pit.yaml")
         res.spec.tokens = tokens
         assert res.spec.optimizer_steps(nproc) == steps_for_budget(tokens, 64, 4, 1, nproc)
+
+
+def test_an_interrupted_training_without_checkpoints_says_how_to_make_it_resumable(tmp_path, monkeypatch):
+    """No checkpoint yet: with ``checkpoint.everySteps: 5`` the message says the stage starts over; with 0 (only
+    at the end, the local examples' setting) it also names the field and what to set, since --resume cannot
+    continue such a training."""
+    def training(metrics: Path, on_step) -> None:
+        raise local.Interrupted("SIGINT")
+
+    _, status = _train_stage_with(tmp_path, monkeypatch, training)
+    trained = next(c for c in status["conditions"] if c["type"] == "Trained")["message"]
+    assert trained == "interrupted by SIGINT during train; no durable checkpoint: the stage starts over"
+    res = load_resource(_small_spec(tmp_path))
+    res.spec.checkpoint.every_steps = 0
+    run = TrainingRun(res, tmp_path / "out", tmp_path / "out" / "x", None, SilentReporter(), None, 2, None)
+    assert local.durable_state(run) == (
+        "no durable checkpoint: the stage starts over (checkpoint.everySteps: 0 saves only at the end; set it to N "
+        "for a checkpoint every N steps that --resume continues from)")

@@ -313,3 +313,18 @@ def test_the_plan_says_what_the_trainer_will_compile_and_whether_with_cuda_graph
     monkeypatch.setenv("PITLAB_COMPILE_MODE", "default")
     assert planned_compile(spec, half) == (
         "torch.compile per decoder layer (mode default); CUDA graphs: off, as PITLAB_COMPILE_MODE says")
+
+
+def test_a_base_model_folder_without_config_names_where_it_looked(tmp_path, monkeypatch):
+    """A cluster spec's relative ``baseModel.uri`` (a folder on the cluster's volume) planned on a laptop: the error
+    names the field, the folder it read, that a relative URI was read from the current directory, and the fix."""
+    from pitlab.trainer.plan import spec_config
+
+    monkeypatch.chdir(tmp_path)
+    spec = PitTraining.model_validate(published("models/Qwen3.5-35B-A3B-Base", gpus=8, accum=1)).spec
+    with pytest.raises(SpecError) as err:
+        spec_config(spec)
+    assert str(err.value).count("spec.baseModel.uri") == 1
+    assert (f"models/Qwen3.5-35B-A3B-Base: no config.json to plan from (a relative URI, read here from {tmp_path}); "
+            "the plan needs only the model's config.json: point the URI at a local folder holding a copy") in str(
+        err.value)

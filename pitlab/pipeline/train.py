@@ -86,17 +86,18 @@ def run(run: TrainingRun, stage: Stage) -> None:
 
     # where the checkpoints go, from the start (as the operator's status says): an interrupted run names it too
     st.status.checkpoint_uri = str(checkpoint_location(run.res.spec.checkpoint.uri, run.run_dir))
-    st.running(stage, f"torchrun, {n} processes")
+    procs = f"torchrun, {n} process{'es' if n != 1 else ''}"
+    st.running(stage, procs)
     # one process: the single-device path or FSDP2, as the memory plan decides (the Trained line says which)
     how = "layer streaming" if tr.layer_streaming.enabled else "FSDP2" if n > 1 else ""
-    run.reporter.stage("train", f"torchrun, {n} process{'es' if n != 1 else ''}" + (f", {how}" if how else ""))
+    run.reporter.stage("train", procs + (f", {how}" if how else ""))
     last_write = [0.0]
     warned = [False]
 
     def on_step(m: dict) -> None:
         if m.get("kernel_warning") and not warned[0]:  # a GPU run on reference kernels: say so in the status
             warned[0] = True
-            st.running(stage, f"torchrun, {n} processes; WARNING: {m['kernel_warning']}")
+            st.running(stage, f"{procs}; WARNING: {m['kernel_warning']}")
         st.status.progress = step_progress(m)
         run.reporter.progress("train", m["step"], m.get("total_steps") or m["step"],
                               f"loss {m.get('loss', float('nan')):.3f}")

@@ -239,7 +239,9 @@ def spec_config(spec: PitTrainingSpec):
     if base.uri is not None:
         path = Path(base.uri)
         if not (path / "config.json").is_file():
-            raise SpecError([("spec.baseModel.uri", f"{path}: no config.json to plan from")])
+            where = "" if path.is_absolute() else f" (a relative URI, read here from {Path.cwd()})"
+            raise SpecError([("spec.baseModel.uri", f"{path}: no config.json to plan from{where}; the plan needs "
+                              "only the model's config.json: point the URI at a local folder holding a copy")])
         return AutoConfig.from_pretrained(path)
     ri = base.random_init
     return build_config(ri.model_type, ri.config, vocab_size=base.tokenizer.vocab_size)
