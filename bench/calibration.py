@@ -171,9 +171,9 @@ def half_samples(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.nd
         ws[r] = 0.0
         ws[r, keep] = S / (S // 2)
     strata = strata_of(T)
+    groups = [np.flatnonzero(strata == h) for h in np.unique(strata)]
     for r in range(n_sec, R):
-        for h in np.unique(strata):
-            idx = np.flatnonzero(strata == h)
+        for idx in groups:
             if idx.size < 2:
                 continue
             m = idx.size // 2 + (int(rng.integers(0, 2)) if idx.size % 2 else 0)
@@ -183,23 +183,53 @@ def half_samples(S: int, T: int, R: int, seed: int, sec: np.ndarray, date: np.nd
     return ws[:, sec] * wd[:, date]
 
 
-def panel_stats(scenario: str, seed: int, S: int, T: int, d: int, backend=None) -> tuple:
-    """One simulated panel (:func:`simulate`; the market-neutral target where the scenario scores it) ready for
-    pitlab's estimator: ``(stats, sec, date, on_sel, off_sel, point_folds)``: row units with calendar positions on
-    ``backend`` (default numpy), the leakage-off split (the first 2T/3 dates less one embargo date train, the last
-    T/3 test), security-cv for leakage-on, date blocks purged by :data:`EMBARGO` for leakage-off, and the point
-    estimate's GroupKFold of every row."""
+def panel_arrays(scenario: str, seed: int, S: int, T: int, d: int) -> tuple:
+    """One simulated panel (:func:`simulate`; the market-neutral target where the scenario scores it) as arrays:
+    ``(X, y, sec, date, train, test, point_folds)``: the leakage-off split's masks (the first 2T/3 dates less one
+    embargo date train, the last T/3 test) and the point estimate's GroupKFold of every row int [1, S·T]."""
     from pitlab.evaluator.decompose import market_neutral
-    from pitlab.evaluator.estimates import AlphaSelection, PanelStats
     from pitlab.evaluator.protocols import security_folds
 
     X, y, sec, date, neutral = simulate(scenario, S, T, d, seed)
     if neutral:
         y = market_neutral(y, date)
     train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3  # one date before the test block: the embargo
+    return X, y, sec, date, train, test, security_folds(np.full(S, T), K)[sec][None, :]
+
+
+def selections() -> tuple:
+    """The study's penalty selections ``(on_sel, off_sel)``: security-cv for leakage-on, date blocks purged by
+    :data:`EMBARGO` for leakage-off, :data:`INNER` inner folds each."""
+    from pitlab.evaluator.estimates import AlphaSelection
+
+    return AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
+
+
+def panel_stats(scenario: str, seed: int, S: int, T: int, d: int, backend=None) -> tuple:
+    """:func:`panel_arrays` ready for pitlab's estimator: ``(stats, sec, date, on_sel, off_sel, point_folds)``, row
+    units with calendar positions on ``backend`` (default numpy) and :func:`selections`."""
+    from pitlab.evaluator.estimates import PanelStats
+
+    X, y, sec, date, train, test, pf = panel_arrays(scenario, seed, S, T, d)
     st = PanelStats.build_rows(X, y, sec, train, test, backend=backend, positions=date * GAP)
-    on_sel, off_sel = AlphaSelection("security-cv", INNER), AlphaSelection("date-blocked", INNER, embargo_days=EMBARGO)
-    return st, sec, date, on_sel, off_sel, security_folds(np.full(S, T), K)[sec][None, :]
+    return (st, sec, date, *selections(), pf)
+
+
+def two_way_record(point: float, reps: np.ndarray, R: int, S: int, T: int) -> dict:
+    """The product's default rule (``two-way``, :class:`pitlab.evaluator.bootstrap.IntervalRule`) on replicates
+    ``reps`` float [R] of ``point``: the interval, its sd, dimension, bias and verdict, and each half's sd and
+    :data:`HALF_QUANTILES` (for skew-aware candidates offline)."""
+    from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
+
+    rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
+    j = judge(point, reps, rule)
+    sd, _, dim = rule.spread(reps)
+    rec = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
+           "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum())}
+    for half, v in zip(("security", "date"), rule.halves(reps)):
+        rec[half] = {"sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
+                     "q": [float(x) for x in np.quantile(v, HALF_QUANTILES)] if v.size else []}
+    return rec
 
 
 def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=SCHEMES, device: str = "cpu",
@@ -231,18 +261,9 @@ def one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, schemes=
         reps = bootstrap_model(st, W, replicate_row_folds(sec, S, W, K), K, grid, on_sel, "train_mean", held,
                                off_sel, same_rows=True).premium
         if name in ("two-way", "two-way-held", "two-way-half"):  # the product's default rule on these draws
-            from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
-
-            rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
-            j = judge(point, reps, rule)
-            sd, _, dim = rule.spread(reps)
-            rec[name] = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
-                         "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum())}
+            rec[name] = two_way_record(point, reps, R, S, T)
             if KEEP_REPS:  # every replicate, for the BCa candidate (two-way-bca)
                 rec[name]["reps"] = [float(x) for x in reps]
-            for half, v in zip(("security", "date"), rule.halves(reps)):  # for skew-aware candidates offline
-                rec[name][half] = {"sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
-                                   "q": [float(x) for x in np.quantile(v, HALF_QUANTILES)] if v.size else []}
             continue
         if name == "date-jack":  # delete-one-date jackknife within the split's strata (Wolter 2007, sec. 4.5)
             strata = strata_of(T)
@@ -277,8 +298,8 @@ def intervals(rec: dict, confidence: float = 0.95) -> dict[str, tuple[float, flo
 
     p = rec["premium"]
     z = stats.norm.ppf(0.5 + confidence / 2)
-    out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat",
-                                                      "pigeonhole-strat", "two-way", "two-way-held", "two-way-half") if k in rec}
+    out = {k: (rec[k]["lo"], rec[k]["hi"]) for k in ("security", "date", "pigeonhole", "date-strat", "pigeonhole-strat",
+                                                      "two-way", "two-way-held", "two-way-half") if k in rec}
     if "two-way" in out and "two-way-held" in out:
         held = out["two-way-held"]
         out["two-way-adaptive"] = held if held[0] <= 0.0 <= held[1] else out["two-way"]

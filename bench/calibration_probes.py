@@ -252,20 +252,6 @@ def ridge_fitted(X: np.ndarray, y: np.ndarray, alpha: float) -> np.ndarray:
     return mu + Xc @ beta
 
 
-def wild_panel(scenario: str, seed: int, S: int, T: int, d: int):
-    """The panel of :func:`calibration.panel_stats` as arrays: X, y (market-neutral where the scenario scores
-    it), sec, date, the leakage-off masks (train, test) and the point estimate's security folds [1, S·T]."""
-    import calibration as C
-    from pitlab.evaluator.decompose import market_neutral
-    from pitlab.evaluator.protocols import security_folds
-
-    X, y, sec, date, neutral = C.simulate(scenario, S, T, d, seed)
-    if neutral:
-        y = market_neutral(y, date)
-    train, test = date < (2 * T) // 3 - 1, date >= (2 * T) // 3
-    return X, y, sec, date, train, test, security_folds(np.full(S, T), C.K)[sec][None, :]
-
-
 def premia(X: np.ndarray, Y: np.ndarray, sec, date, train, test, pf, grid, chunk: int = 0) -> np.ndarray:
     """The premium R²(leakage-on, same rows) − R²(leakage-off) of every target column of ``Y`` float [n, B],
     computed as the point estimate does (:func:`pitlab.evaluator.targets.point_estimates`: penalties chosen again,
@@ -277,12 +263,11 @@ def premia(X: np.ndarray, Y: np.ndarray, sec, date, train, test, pf, grid, chunk
     edges (:func:`pitlab.evaluator.targets.widen_grid`, at most ``WIDEN_STEPS`` times), equal to the per-column
     numbers up to rounding."""
     import calibration as C
-    from pitlab.evaluator.estimates import AlphaSelection, PanelStats, leakage_off_r2, leakage_on_r2
+    from pitlab.evaluator.estimates import PanelStats, leakage_off_r2, leakage_on_r2
     from pitlab.evaluator.targets import WIDEN_STEPS, fold_edges, point_estimates, widen_grid
 
     Y = np.asarray(Y, dtype=np.float64)
-    on_sel = AlphaSelection("security-cv", C.INNER)
-    off_sel = AlphaSelection("date-blocked", C.INNER, embargo_days=C.EMBARGO)
+    on_sel, off_sel = C.selections()
     out = np.full(Y.shape[1], np.nan)
     if chunk <= 1:
         for b in range(Y.shape[1]):
@@ -329,17 +314,16 @@ def wild_one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, sch
     import time
 
     import calibration as C
-    from pitlab.evaluator.bootstrap import IntervalRule, judge, two_way_split
-    from pitlab.evaluator.estimates import AlphaSelection, PanelStats
+    from pitlab.evaluator.bootstrap import two_way_split
+    from pitlab.evaluator.estimates import PanelStats
     from pitlab.evaluator.targets import point_estimates
 
     if device != "cpu":
         raise ValueError("calibration_probes.py --probe wild: CPU path only (--device cpu)")
     t0 = time.perf_counter()
-    X, y, sec, date, train, test, pf = wild_panel(scenario, seed, S, T, d)
+    X, y, sec, date, train, test, pf = C.panel_arrays(scenario, seed, S, T, d)
     st = PanelStats.build_rows(X, y, sec, train, test, positions=date * C.GAP)
-    on_sel = AlphaSelection("security-cv", C.INNER)
-    off_sel = AlphaSelection("date-blocked", C.INNER, embargo_days=C.EMBARGO)
+    on_sel, off_sel = C.selections()
     grid0 = C.alpha_grid(per_decade)
     off, on, edges, grid, _ = point_estimates(st, pf, C.K, grid0, on_sel, "train_mean", None, off_sel, True)
     point = float(on.r2_rows[0] - off.r2[0])
@@ -355,15 +339,11 @@ def wild_one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, sch
     ws, wd = wild_weights(S, T, R, seed)
     Ystar = np.vstack([wild_targets(y, resid, sec, ws), wild_targets(y, resid, date, wd)]).T  # [n, R]
     reps = premia(X, Ystar, sec, date, train, test, pf, grid0, chunk)
-    rule = IntervalRule(0.95, "two-way", two_way_split(R), S, T)
-    j = judge(point, reps, rule)
-    sd, _, dim = rule.spread(reps)
-    iv = {"lo": j["ci"][0], "hi": j["ci"][1], "sd": sd, "dim": dim, "bias": j["bias"],
-          "unreliable": j["verdict"] == "unreliable", "n": int(np.isfinite(reps).sum()), "alpha_fit": a_fit}
-    for half, v in zip(("security", "date"), rule.halves(reps)):
-        iv[half] = {"sd": float(v.std(ddof=1)) if v.size > 1 else float("nan"),
-                    "q": [float(x) for x in np.quantile(v, C.HALF_QUANTILES)] if v.size else [],
-                    "mean": float(v.mean()) if v.size else float("nan")}
+    iv = {**C.two_way_record(point, reps, R, S, T), "alpha_fit": a_fit}
+    n_sec = two_way_split(R)
+    for half, v in (("security", reps[:n_sec]), ("date", reps[n_sec:])):  # where the wild replicates centre
+        v = v[np.isfinite(v)]
+        iv[half]["mean"] = float(v.mean()) if v.size else float("nan")
     return {"scenario": scenario, "seed": seed, "S": S, "T": T, "d": d, "R": R, "premium": point, "device": device,
             "alpha_off": float(off.alpha[0]), "alpha_on": [float(a) for a in np.ravel(on.alpha)],
             "per_decade": per_decade, "search": "staged", "edges": bool(edges["off"][0] or edges["on"][0]),

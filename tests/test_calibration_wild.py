@@ -27,7 +27,7 @@ def _point(scenario: str, seed: int) -> float:
 
 
 def test_weights_of_one_give_back_y_and_the_point_premium_bit_for_bit() -> None:
-    X, y, sec, date, train, test, pf = probes.wild_panel("date-leak", 3, S, T, D)
+    X, y, sec, date, train, test, pf = calibration.panel_arrays("date-leak", 3, S, T, D)
     resid = y - probes.ridge_fitted(X, y, 10.0)
     assert np.abs(resid).max() > 0.1
     ystar = probes.wild_targets(y, resid, sec, np.ones((1, S)))
@@ -39,7 +39,7 @@ def test_weights_of_one_give_back_y_and_the_point_premium_bit_for_bit() -> None:
 
 
 def test_one_rademacher_weight_per_cluster_in_each_half() -> None:
-    X, y, sec, date, *_ = probes.wild_panel("null", 0, S, T, D)
+    X, y, sec, date, *_ = calibration.panel_arrays("null", 0, S, T, D)
     ws, wd = probes.wild_weights(S, T, 9, seed=5)
     assert ws.shape == (5, S) and wd.shape == (4, T)
     assert set(np.unique(ws)) == {-1.0, 1.0} and set(np.unique(wd)) == {-1.0, 1.0}
@@ -57,7 +57,7 @@ def test_one_rademacher_weight_per_cluster_in_each_half() -> None:
 
 
 def test_several_targets_equal_one_target_at_a_time() -> None:
-    X, y, sec, date, train, test, pf = probes.wild_panel("stock-weak", 1, S, T, D)
+    X, y, sec, date, train, test, pf = calibration.panel_arrays("stock-weak", 1, S, T, D)
     resid = y - probes.ridge_fitted(X, y, 1.0)
     ws, wd = probes.wild_weights(S, T, 6, seed=1)
     Y = np.vstack([probes.wild_targets(y, resid, sec, ws), probes.wild_targets(y, resid, date, wd)]).T

@@ -62,7 +62,7 @@ def run_training(spec_path: Path, run_dir: Path, nproc: int, on_step: Callable[[
     cmd = build_torchrun_command(spec_path, run_dir, nproc, base)
     env = training_env(nproc, torch.cuda.is_available())
     tail = MetricsTail(metrics_path)
-    kept = tail.poll() if resume is not None else []
+    kept = tail.poll()  # a resumed run's lines up to its checkpoint; none after the unlink above
     if kept and on_step is not None:
         on_step(kept[-1])
     stderr_path = train_dir / "stderr.log"
