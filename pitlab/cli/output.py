@@ -60,8 +60,10 @@ class RichReporter:
         say(f"[green]✓ {name}[/] {detail} [dim]({took})[/]")
 
 
-def progress() -> Progress:
-    """The progress bars of a run or an embedding, drawn on :data:`console`."""
+def progress(terminal_only: bool = False) -> Progress:
+    """The progress bars of a run or an embedding, drawn on :data:`console`. With ``terminal_only`` nothing is
+    drawn when the console is not a terminal (the caller prints plain lines there, as :class:`RichReporter`
+    does), so a log does not end with the bars' last state after the stage lines."""
     return Progress(TextColumn("  {task.description:<28}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=console, transient=False)
+                    console=console, transient=False, disable=terminal_only and not console.is_terminal)

@@ -116,17 +116,19 @@ def _run_stages(res, file: Path, root: Path, published: RemoteOutput, doomed: li
     from pitlab.local import Interrupted, RunError, run_leakage_eval_local, run_pittraining_local
 
     remote = published.uri is not None
-    with _interruptible(Interrupted), progress() as p:
+    with _interruptible(Interrupted):
+        p = progress(terminal_only=True)
         reporter = RichReporter(p)
         keep = overwrite and not remote  # a remote output's local copy is scratch
         try:
-            if isinstance(res, PitTraining):
-                status = run_pittraining_local(res, root, reporter, overwrite or remote, nproc, resume,
-                                               keep_replaced=keep)
-                return status["status"].get("results") or {}, reporter.replaced
-            return {res.metadata.name: compact_results(
-                run_leakage_eval_local(res, root, reporter, overwrite or remote, resume=resume,
-                                       keep_replaced=keep))}, reporter.replaced
+            with p:  # the bars stop (their last state drawn) before an error below is printed, not after it
+                if isinstance(res, PitTraining):
+                    status = run_pittraining_local(res, root, reporter, overwrite or remote, nproc, resume,
+                                                   keep_replaced=keep)
+                    return status["status"].get("results") or {}, reporter.replaced
+                return {res.metadata.name: compact_results(
+                    run_leakage_eval_local(res, root, reporter, overwrite or remote, resume=resume,
+                                           keep_replaced=keep))}, reporter.replaced
         except InputError as err:
             published.publish(root)  # bad input found after the run folder exists (status.json: Failed)
             _say_kept(doomed, reporter)
