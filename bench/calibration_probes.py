@@ -28,6 +28,15 @@ Statistica Sinica 7:1-31): do the nulls, where the penalty selection sits at the
 
 Results (2026-12-04): bench/RESULTS.md, "Interval study", "Two probes of the nulls' width".
 
+``--probe fixed-alpha --alpha a``: a different estimator, not a different interval: both fits use the one penalty
+``a`` (no selection, no grid widening) in the point estimate and in every replicate, scored by the default rule. If
+the nulls' excess width is the selection's (docs/statistics.md §5), a premium at a penalty fixed before the data
+should have calibrated intervals: what would changing the estimator buy, and what would it cost in power?
+
+    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 python bench/calibration_probes.py --probe fixed-alpha --alpha 1000 \
+        --size 300x30x8 --panels 40 --scenarios null date-known market date-leak stock-strong stock-weak stock-0.02 \
+        --schemes two-way --workers 2 --out bench/results/calibration-300x30x8-fixed1000-tune-local.jsonl.gz
+
 ``--probe wild`` (:func:`wild_one_panel`; CPU path only): the wild cluster bootstrap (Cameron, Gelbach & Miller
 2008, REStat 90(3):414-427; MacKinnon & Webb 2017, J. Appl. Econometrics 32(2):233-254) instead of the pairs
 draws. Per panel, after the point estimate: ŷ = in-sample fitted values of ridge (unpenalised intercept) on all
@@ -178,10 +187,11 @@ def m_out_of_n_weights(n: int, m: int, resamples: int, rng: np.random.Generator)
     return np.bincount(picks.ravel(), minlength=resamples * n).reshape(resamples, n).astype(np.int64)
 
 
-def m_out_of_n(fraction: float) -> None:
+def m_out_of_n(fraction: float, scale: float) -> None:
     """Install m-out-of-n two-way draws (``calibration.draws``: securities, or dates within each stratum, drawn
-    ``fraction`` as many times as there are) and the sqrt(fraction) rescaling of every replicate's R² deviations
-    (``pitlab.evaluator.bootstrap.bootstrap_model``)."""
+    ``fraction`` as many times as there are) and the rescaling of every replicate's R² deviations by ``scale``
+    (``pitlab.evaluator.bootstrap.bootstrap_model``): sqrt(fraction) for a statistic converging at rate sqrt(n),
+    fraction at rate n."""
     import dataclasses
 
     import calibration
@@ -208,10 +218,10 @@ def m_out_of_n(fraction: float) -> None:
     def rescaled(*args, **kwargs):
         r = fit(*args, **kwargs)
 
-        def scale(v):
-            return None if v is None else np.nanmean(v) + (v - np.nanmean(v)) * np.sqrt(fraction)
+        def shrunk(v):
+            return None if v is None else np.nanmean(v) + (v - np.nanmean(v)) * scale
 
-        return dataclasses.replace(r, r2_off=scale(r.r2_off), r2_on=scale(r.r2_on), r2_on_rows=scale(r.r2_on_rows))
+        return dataclasses.replace(r, r2_off=shrunk(r.r2_off), r2_on=shrunk(r.r2_on), r2_on_rows=shrunk(r.r2_on_rows))
 
     calibration.draws, bootstrap.bootstrap_model = moon_draws, rescaled
 
@@ -350,12 +360,29 @@ def wild_one_panel(scenario: str, seed: int, S: int, T: int, d: int, R: int, sch
             "probe": "wild", "wild_fit": fit, "two-way": iv, "wild": iv, "seconds": time.perf_counter() - t0}
 
 
+def fixed_alpha(alpha: float) -> None:
+    """Install the fixed-penalty estimator: the grid is ``[alpha]`` alone for the point estimates and every
+    replicate, and the grid is never widened (the one value is always at both edges)."""
+    import calibration
+
+    from pitlab.evaluator import targets
+
+    calibration.alpha_grid = lambda per_decade=4: [float(alpha)]
+    targets.WIDEN_STEPS = 0
+
+
 def main(argv: list[str]) -> int:
     """Parse ``--probe`` and ``--tau``, install the probe, run :func:`calibration.main` on the other arguments."""
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--probe", required=True, choices=["one-se", "shrunk-weights", "m-out-of-n", "wild", "bca"])
+    ap.add_argument("--probe", required=True, nargs="+",
+                    choices=["one-se", "shrunk-weights", "m-out-of-n", "wild", "bca", "fixed-alpha"],
+                    help="one probe, or several installed together (e.g. fixed-alpha m-out-of-n)")
+    ap.add_argument("--rate", default="sqrt", choices=["sqrt", "n"],
+                    help="m-out-of-n: deviations scaled by sqrt(f) (a statistic converging at rate sqrt(n)) or by "
+                         "f (rate n: a degenerate statistic, such as the premium where no row carries signal)")
+    ap.add_argument("--alpha", type=float, default=1000.0, help="fixed-alpha: the one ridge penalty, > 0")
     ap.add_argument("--tau", type=float, default=0.5, help="shrunk-weights: the weights' scale, 0 < τ < 1")
     ap.add_argument("--fraction", type=float, default=0.5, help="m-out-of-n: m / n, 0 < f < 1")
     ap.add_argument("--chunk", type=int, default=16,
@@ -365,29 +392,39 @@ def main(argv: list[str]) -> int:
                          "leakage-off's (off), or at leakage-on's fitted apart on each date stratum of the split "
                          "(strata)")
     args, rest = ap.parse_known_args(argv)
-    if args.probe == "bca":
+    for probe in args.probe:
+        install(ap, args, probe)
+    import calibration
+
+    return calibration.main(rest)
+
+
+def install(ap, args, probe: str) -> None:
+    """Install one ``--probe`` with its options (``ap.error`` on a bad one)."""
+    if probe == "fixed-alpha":
+        if not args.alpha > 0:
+            ap.error(f"--alpha must be positive (got {args.alpha})")
+        fixed_alpha(args.alpha)
+    elif probe == "bca":
         import calibration
 
         calibration.KEEP_REPS = True
-    elif args.probe == "wild":
+    elif probe == "wild":
         import functools
 
         import calibration
 
         calibration.one_panel = functools.partial(wild_one_panel, chunk=args.chunk, fit=args.wild_fit)
-    elif args.probe == "one-se":
+    elif probe == "one-se":
         selection._scored = one_se_scored
-    elif args.probe == "m-out-of-n":
+    elif probe == "m-out-of-n":
         if not 0 < args.fraction < 1:
             ap.error(f"--fraction must lie in (0, 1) (got {args.fraction})")
-        m_out_of_n(args.fraction)
+        m_out_of_n(args.fraction, args.fraction if args.rate == "n" else np.sqrt(args.fraction))
     else:
         if not 0 < args.tau < 1:
             ap.error(f"--tau must lie in (0, 1) (got {args.tau})")
         shrink_weights(args.tau)
-    import calibration
-
-    return calibration.main(rest)
 
 
 if __name__ == "__main__":

@@ -80,3 +80,17 @@ def test_record_holds_the_two_way_fields_the_summariser_reads() -> None:
     assert np.isclose(iv["hi"] - rec["premium"], stats.t.ppf(0.975, g - 1) * sd)
     assert calibration.intervals(rec)["two-way"] == (iv["lo"], iv["hi"])
     assert rec["premium"] == _point("stock-strong", 2)
+
+
+def test_the_fixed_alpha_probe_fits_every_panel_and_replicate_at_its_one_penalty(monkeypatch) -> None:
+    """``--probe fixed-alpha``: no selection and no grid widening, in the point estimate and in the replicates."""
+    from pitlab.evaluator import targets
+
+    monkeypatch.setattr(calibration, "alpha_grid", calibration.alpha_grid)  # restored after the test
+    monkeypatch.setattr(targets, "WIDEN_STEPS", targets.WIDEN_STEPS)
+    default = _point("stock-strong", 2)
+    probes.fixed_alpha(1000.0)
+    assert calibration.alpha_grid(4) == [1000.0] and targets.WIDEN_STEPS == 0
+    rec = calibration.one_panel("stock-strong", 2, S, T, D, R=6, schemes=("two-way",))
+    assert rec["alpha_off"] == 1000.0 and rec["alpha_on"] == [1000.0] * calibration.K
+    assert rec["two-way"]["n"] == 6 and abs(rec["premium"] - default) > 1e-6  # the default chose other penalties
