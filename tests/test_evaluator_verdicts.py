@@ -429,8 +429,9 @@ def test_torch_backend_equals_numpy_backend_for_row_weights(cluster):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
 
 
-def test_each_cluster_setting_reruns_bit_identically_end_to_end(tmp_path, fake_embed):
-    S, T, d = 20, 16, 6
+def _small_panel(fake_embed, S: int = 20, T: int = 16, d: int = 6):
+    """A synthetic panel of S securities × T dates (every third session of 2019), date effects in the target and
+    in the embedding of model ``m``: ``(dates, panel, models)``."""
     cal = trading_calendar("XNYS", "ohlcv", pd.bdate_range("2019-01-01", "2019-12-31"))
     cal = cal[(cal >= "2019-01-01") & (cal <= "2019-12-31")].rename(None)
     dates = cal[5:5 + 3 * T:3]
@@ -442,16 +443,24 @@ def test_each_cluster_setting_reruns_bit_identically_end_to_end(tmp_path, fake_e
     rows["target"] = rng.standard_normal(T)[di] + rng.standard_normal(len(rows))
     X = rng.standard_normal((T, d))[di] + 0.5 * rng.standard_normal((len(rows), d))
     models = {"m": fake_embed("m", rows["prompt"].tolist(), X)}
-    panel = Panel(rows=rows, calendar=cal, source="synthetic")
+    return dates, Panel(rows=rows, calendar=cal, source="synthetic"), models
+
+
+def _small_spec(dates, cluster: str, resamples: int = 12) -> LeakageEvalSpec:
+    return LeakageEvalSpec.model_validate({
+        "models": [{"name": "m", "uri": "/m/m"}], "dataset": {"kind": "ohlcv", "uri": "synthetic"},
+        "protocol": {"trainEnd": str(dates[9].date()), "testStart": str(dates[10].date()), "embargoDays": 3,
+                     "groupKFolds": 4, "protocols": ["chronological", "group-kfold", "walk-forward",
+                                                     "purged-kfold"], "walkForwardFolds": 3, "purgedFolds": 3},
+        "bootstrap": {"resamples": resamples, "seed": 7, "cluster": cluster},
+        "regression": {"alphas": ALPHAS, "innerFolds": 3}})
+
+
+def test_each_cluster_setting_reruns_bit_identically_end_to_end(tmp_path, fake_embed):
+    dates, panel, models = _small_panel(fake_embed)
     seen = {}
     for cluster in ("security", "date", "security-and-date"):
-        spec = LeakageEvalSpec.model_validate({
-            "models": [{"name": "m", "uri": "/m/m"}], "dataset": {"kind": "ohlcv", "uri": "synthetic"},
-            "protocol": {"trainEnd": str(dates[9].date()), "testStart": str(dates[10].date()), "embargoDays": 3,
-                         "groupKFolds": 4, "protocols": ["chronological", "group-kfold", "walk-forward",
-                                                         "purged-kfold"], "walkForwardFolds": 3, "purgedFolds": 3},
-            "bootstrap": {"resamples": 12, "seed": 7, "cluster": cluster},
-            "regression": {"alphas": ALPHAS, "innerFolds": 3}})
+        spec = _small_spec(dates, cluster)
         a = run_leakage_eval(spec, panel, models, tmp_path / f"{cluster}-a")
         b = run_leakage_eval(spec, panel, models, tmp_path / f"{cluster}-b")
         assert (tmp_path / f"{cluster}-a" / "bootstrap_replicates.csv").read_bytes() == \
@@ -701,3 +710,27 @@ def test_few_resamples_are_named_with_what_they_cost_the_interval():
     # a 95 % percentile interval of 50 replicates: 1.25 beyond each end
     assert "each end of the percentile interval rests on 1.25 replicates" in resamples_warning(
         Bootstrap(resamples=50, cluster="security"))
+
+
+def test_the_replicates_file_reproduces_every_two_way_interval(tmp_path, fake_embed):
+    """bootstrap_replicates.csv holds the replicates each reported interval is read from, and which half drew
+    them: the two-way rule recomputed from the file alone (t(G − 1) × the larger half's sd, G its cluster count)
+    gives the premium's, the market-neutral premium's and the excess's intervals."""
+    from scipy import stats
+
+    S, T = 20, 16
+    dates, panel, models = _small_panel(fake_embed, S, T)
+    out = run_leakage_eval(_small_spec(dates, "two-way", resamples=14), panel, models, tmp_path / "e")
+    reps = pd.read_csv(tmp_path / "e" / "bootstrap_replicates.csv")
+    assert list(reps["resampled"]) == ["securities"] * 7 + ["dates"] * 7
+    m = out["models"][0]
+    for column, point, ci in (("premium", m["premium"], m["premium_ci"]),
+                              ("premium_market_neutral", m["market_neutral"]["premium"],
+                               m["market_neutral"]["premium_ci"]),
+                              ("excess", m["excess"]["premium"], m["excess"]["ci"])):
+        sd_s, sd_d = (reps.loc[reps["resampled"] == h, column].std(ddof=1) for h in ("securities", "dates"))
+        sd, g = (sd_s, S) if sd_s >= sd_d else (sd_d, T)
+        half = stats.t.ppf(0.975, g - 1) * sd
+        np.testing.assert_allclose(ci, [point - half, point + half], rtol=0, atol=1e-12, err_msg=column)
+    np.testing.assert_allclose(reps["premium_all_rows"], reps["r2_on"] - reps["r2_off"], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(reps["premium"], reps["r2_on_test_rows"] - reps["r2_off"], rtol=0, atol=1e-15)

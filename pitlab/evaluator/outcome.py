@@ -106,6 +106,7 @@ def model_outcome(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path
     ``stats`` = ``(raw, neutral, seconds)`` (:func:`pitlab.evaluator.parallel.timed_statistics`)."""
     raw, neutral, stats_s = stats
     info, earlier = emb.info, emb.earlier
+    base = baseline.result() if isinstance(baseline, Future) else baseline
     summary = target_summary(raw, setup.rule)
     edges = raw.edges
     m = next(m for m in spec.models if m.name == name)
@@ -121,8 +122,7 @@ def model_outcome(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path
         "n_truncated_prompts": info["n_truncated"], "embedding_cache_hit": info["cache_hit"],
         **summary,
         "premium_rows": "leakage-off test rows (R²(on) and R²(off) on the same rows)",
-        **_decomposition(name, raw, neutral, baseline.result() if isinstance(baseline, Future) else baseline,
-                         setup.rule),
+        **_decomposition(name, raw, neutral, base, setup.rule),
         "protocols": raw.protocols,
         "embargo_robustness": raw.robustness,
         "n_train": setup.split.n_train, "n_test": setup.split.n_test,
@@ -140,7 +140,9 @@ def model_outcome(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path
     model_edges = raw.edge_text["off"] + raw.edge_text["on"]
     return ModelOutcome(result, raw.reps.premium, {"r2_off": raw.reps.r2_off, "r2_on": raw.reps.r2_on,
                                                    "r2_on_test_rows": raw.reps.r2_on_rows,
-                                                   "premium_market_neutral": neutral.reps.premium},
+                                                   "premium": raw.reps.premium,
+                                                   "premium_market_neutral": neutral.reps.premium,
+                                                   "excess": raw.reps.premium - base.raw.reps.premium},
                         raw.protocol_reps, model_edges, notes, timings)
 
 

@@ -382,12 +382,27 @@ def _plain(value) -> str:
     return str(value)
 
 
+REPLICATE_COLUMNS = ("r2_off", "r2_on", "r2_on_test_rows", "premium", "premium_all_rows", "premium_market_neutral",
+                     "excess")
+"""Columns of bootstrap_replicates.csv after ``model,replicate,resampled`` (one row per model and replicate):
+R² off, on (all rows) and on the leakage-off test rows; the premium its interval is read from (test rows), the
+all-row premium, the market-neutral premium and the excess over the date-only baseline (paired replicate)."""
+
+
 def _replicates_csv(results: dict, replicates: dict[str, dict[str, np.ndarray]]) -> str:
-    rows = ["model,replicate,r2_off,r2_on,premium"]
+    """bootstrap_replicates.csv: every model's replicates (:data:`REPLICATE_COLUMNS`); ``resampled`` says what a
+    replicate drew (``securities`` or ``dates`` under the two-way interval, whose halves give its sd; else the
+    spec's ``bootstrap.cluster``). A column the run did not compute is left empty."""
+    boot = results["bootstrap"]
+    n_sec = boot.get("replicates_resampling_securities")
+    rows = ["model,replicate,resampled," + ",".join(REPLICATE_COLUMNS)]
     for m in results["models"]:
-        r = replicates[m["name"]]
-        for i, (a, b) in enumerate(zip(r["r2_off"], r["r2_on"])):
-            rows.append(f"{m['name']},{i},{float(a)!r},{float(b)!r},{float(b - a)!r}")
+        r = dict(replicates[m["name"]])
+        r.setdefault("premium_all_rows", np.asarray(r["r2_on"]) - np.asarray(r["r2_off"]))
+        for i in range(len(r["r2_off"])):
+            what = boot["cluster"] if n_sec is None else ("securities" if i < n_sec else "dates")
+            cells = [repr(float(r[c][i])) if r.get(c) is not None else "" for c in REPLICATE_COLUMNS]
+            rows.append(f"{m['name']},{i},{what}," + ",".join(cells))
     return "\n".join(rows) + "\n"
 
 
