@@ -468,6 +468,7 @@ def test_each_cluster_setting_reruns_bit_identically_end_to_end(tmp_path, fake_e
         strip = lambda r: {k: v for k, v in r.items() if k not in ("created", "timings")}  # noqa: E731
         assert json.dumps(strip(a), sort_keys=True) == json.dumps(strip(b), sort_keys=True)
         assert a["bootstrap"]["cluster"] == cluster
+        assert "the point estimate lies outside its own interval" in a["bootstrap"]["unreliable_when"]  # percentile
         seen[cluster] = a["models"][0]
     # one point estimate whatever is resampled (to rounding), different intervals
     assert seen["date"]["premium"] == pytest.approx(seen["security"]["premium"], abs=1e-10)
@@ -723,6 +724,8 @@ def test_the_replicates_file_reproduces_every_two_way_interval(tmp_path, fake_em
     out = run_leakage_eval(_small_spec(dates, "two-way", resamples=14), panel, models, tmp_path / "e")
     reps = pd.read_csv(tmp_path / "e" / "bootstrap_replicates.csv")
     assert list(reps["resampled"]) == ["securities"] * 7 + ["dates"] * 7
+    # centred on the point estimate, a two-way interval cannot leave it outside: not listed as a reason
+    assert not [r for r in out["bootstrap"]["unreliable_when"] if "outside its own interval" in r]
     m = out["models"][0]
     for column, point, ci in (("premium", m["premium"], m["premium_ci"]),
                               ("premium_market_neutral", m["market_neutral"]["premium"],

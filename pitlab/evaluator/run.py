@@ -198,7 +198,7 @@ def _bootstrap_section(spec: LeakageEvalSpec, setup: EvalSetup) -> dict:
     return {"resamples": boot.resamples, "confidence": boot.confidence, "cluster": boot.cluster,
             "bias_limit_sd": BIAS_LIMIT,
             "unreliable_when": [
-                "the point estimate lies outside its own interval",
+                *(["the point estimate lies outside its own interval"] if setup.rule.kind == "percentile" else []),
                 (f"the bootstrap bias (mean of replicates − point estimate) exceeds {BIAS_LIMIT:.2f} × "
                  "the bootstrap sd" if setup.rule.kind == "percentile" else
                  "(the bootstrap bias is reported but not a reason under the two-way interval: in the interval "
