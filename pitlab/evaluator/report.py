@@ -187,7 +187,8 @@ def _resampled(boot: dict) -> str:
     """What the bootstrap resampled, in words."""
     return {"security": "of securities", "date": "of dates",
             "security-and-date": "of securities and, independently, of dates (pigeonhole)",
-            "two-way": "(half of securities, half of dates within the leakage-off training and test dates)"}.get(
+            "two-way": "(half of them resample securities, the other half dates within the leakage-off training and "
+                       "test dates; every cluster drawn with replacement)"}.get(
         boot.get("cluster", "security"), "of securities")
 
 
