@@ -39,6 +39,8 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     path.write_text(yaml.safe_dump(doc))
     r, out = _invoke(["run", str(path), "--data-root", str(data_root)])
     assert r.exit_code == 0, out
+    # a log gets plain progress lines: the analyze stage's units are the baseline's and each model's statistics
+    assert "analyze: 4/4 statistics of the date-only baseline and each model (minilm done)" in out, out
     run_dir = tmp_path / "out" / "sp500-fomc-demo"
     status = json.loads((run_dir / "status.json").read_text())["status"]
     assert status["phase"] == "Succeeded"

@@ -47,7 +47,9 @@ def run(run: EvalRun, stage: Stage) -> None:
 
     def progress(task: str, done: int, total: int) -> None:
         if task.startswith("statistics:") and task.split(":", 1)[1] in names:
-            run.reporter.progress("analyze", names.index(task.split(":", 1)[1]) + done, len(names))
+            k = names.index(task.split(":", 1)[1]) + done
+            run.reporter.progress("analyze", k, len(names), "statistics of the date-only baseline and each model"
+                                  + (f" ({names[k - 1]} done)" if k else ""))
 
     out = EvaluationLayout(run.run_dir)
     run.results = run_leakage_eval(spec, run.checked.panel, models, out.eval_dir, progress=progress,
