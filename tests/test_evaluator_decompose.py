@@ -260,3 +260,42 @@ def test_the_mechanical_sentence_gives_each_remainder_its_interval_and_verdict()
     undefined = {"premium": 0.09, "ci": [float("nan"), None], "verdict": "unreliable"}
     assert "excess over the baseline +0.0900 [n/a, n/a] (unreliable)" in mechanical_sentence("m", 0.12, 0.03,
                                                                                              undefined, mn)
+
+
+def test_the_sd_monte_carlo_error_is_one_over_sqrt_2n_for_normal_replicates_and_matches_a_simulation():
+    from pitlab.evaluator.decompose import sd_monte_carlo_error
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal(200_000)
+    assert sd_monte_carlo_error(big) == pytest.approx(1 / np.sqrt(2 * big.size), rel=0.02)
+    # 4,000 sets of 100 heavy-tailed (t with 5 degrees of freedom, kurtosis 9) values: the spread of their sds
+    sets = rng.standard_t(5, size=(4000, 100))
+    observed = sets.std(axis=1, ddof=1).std() / sets.std(axis=1, ddof=1).mean()
+    predicted = np.mean([sd_monte_carlo_error(s) for s in sets])
+    assert observed == pytest.approx(0.133, abs=0.005)  # far above normal values' 1/sqrt(200) = 0.071
+    # the sample kurtosis of 100 heavy-tailed values is biased low, and so is the estimate: 0.10 (documented)
+    assert predicted == pytest.approx(0.100, abs=0.005) and predicted > 1 / np.sqrt(200)
+
+
+def test_a_verdict_within_two_monte_carlo_errors_of_the_edge_is_named():
+    from scipy import stats
+
+    from pitlab.evaluator.bootstrap import IntervalRule
+    from pitlab.evaluator.decompose import monte_carlo_checks, sd_monte_carlo_error
+
+    rng = np.random.default_rng(1)
+    reps = np.concatenate([0.02 * rng.standard_normal(100), 0.01 * rng.standard_normal(100)])
+    rule = IntervalRule(0.95, "two-way", 100, 300, 30)
+    sd, g, dim = rule.spread(reps)
+    assert (g, dim) == (300, "security")
+    half = stats.t.ppf(0.975, 299) * sd
+    r = sd_monte_carlo_error(reps[:100])
+    assert 0.05 < r < 0.1
+    checks = monte_carlo_checks(rule, {("m", "excess premium"): (-1.05 * half, reps),
+                                       ("m", "raw premium"): (half * (1 + 3 * r), reps),
+                                       ("m", "market-neutral premium"): (0.2 * half, reps)})
+    assert [c["check"] for c in checks] == ["monte-carlo-verdict"]
+    msg = checks[0]["message"]
+    assert msg.startswith("m, excess premium: |") and "1.05 × its interval's half-width" in msg, msg
+    assert f"the security half's sd (from 100 replicates) carries a Monte Carlo error of ±{r:.1%}" in msg, msg
+    assert msg.endswith("raise bootstrap.resamples (now 200)"), msg

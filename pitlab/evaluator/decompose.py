@@ -143,3 +143,49 @@ def rows_per_dimension_checks(n_train_rows: int, dims: dict[str, int]) -> list[d
                                       f"too narrow by an unknown amount: {ratio:.1f} rows per dimension is below "
                                       f"the {STUDIED_ROWS_PER_DIMENSION} the study reached")})
     return out
+
+
+MC_ERRORS = 2.0
+"""A two-way verdict is called fragile when ``|point| / half-width`` lies within this many Monte Carlo standard
+errors of 1 (the interval's edge at 0)."""
+
+
+def sd_monte_carlo_error(values: np.ndarray) -> float:
+    """Relative Monte Carlo standard error of the sample sd of ``values`` float [n] (n ≥ 4, finite): the delta
+    method on Var(s²) = (μ4 − σ⁴ (n − 3)/(n − 1)) / n, so se(s)/s = ½ sqrt((κ − (n − 3)/(n − 1)) / n) with κ the
+    sample kurtosis μ4/σ⁴ (1/sqrt(2n) for normal values; e.g. Rao 1973, Linear Statistical Inference, 6a.2).
+    Low for heavy tails, whose sample kurtosis is biased low: 0.10 on average for 100 values of t(5) whose sds
+    vary by 0.13 (tests/test_evaluator_decompose.py). NaN for fewer than 4 values or no spread."""
+    v = np.asarray(values, dtype=np.float64)
+    n = v.size
+    d = v - v.mean()
+    m2 = float((d ** 2).mean())
+    if n < 4 or m2 == 0.0:
+        return float("nan")
+    kurt = float((d ** 4).mean()) / m2 ** 2
+    return 0.5 * float(np.sqrt(max(kurt - (n - 3) / (n - 1), 0.0) / n))
+
+
+def monte_carlo_checks(rule, figures: dict[tuple[str, str], tuple[float, np.ndarray]]) -> list[dict]:
+    """One ``{"check": "monte-carlo-verdict", "protocol", "model", "message"}`` per figure whose two-way verdict
+    rests on the bootstrap's Monte Carlo error. ``rule``: the run's two-way
+    :class:`pitlab.evaluator.bootstrap.IntervalRule`; ``figures``: (model, figure name) → (point estimate, its
+    replicates float [R]). Fragile: ``|point| / half-width`` within :data:`MC_ERRORS` relative Monte Carlo errors
+    of the dominating half's sd (:func:`sd_monte_carlo_error`) of 1, so other draws could put 0 on the other side."""
+    from scipy import stats
+
+    out = []
+    for (model, figure), (point, reps) in figures.items():
+        sd, g, dim = rule.spread(reps)
+        if not (np.isfinite(sd) and sd > 0 and np.isfinite(point)):
+            continue
+        half_sd = rule.halves(reps)[0 if dim == "security" else 1]
+        r = sd_monte_carlo_error(half_sd)
+        ratio = abs(point) / (float(stats.t.ppf(0.5 + rule.confidence / 2, max(g - 1, 1))) * sd)
+        if np.isfinite(r) and abs(ratio - 1.0) <= MC_ERRORS * r:
+            out.append({"check": "monte-carlo-verdict", "protocol": "chronological", "model": model,
+                        "message": f"{model}, {figure}: |{point:+.4f}| is {ratio:.2f} × its interval's half-width "
+                                   f"and the {dim} half's sd (from {half_sd.size} replicates) carries a Monte Carlo "
+                                   f"error of ±{r:.1%}, so other bootstrap draws could give the other verdict: "
+                                   f"raise bootstrap.resamples (now {len(np.asarray(reps))})"})
+    return out

@@ -18,7 +18,8 @@ from pitlab.api.artifacts import MODEL_CARD, cutoff_warnings, read_model_card, r
 from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, paired_reductions
-from pitlab.evaluator.decompose import DATE_ONLY, date_features, empty_checks, rows_per_dimension_checks
+from pitlab.evaluator.decompose import (DATE_ONLY, date_features, empty_checks, monte_carlo_checks,
+                                        rows_per_dimension_checks)
 from pitlab.evaluator.embed import embed_texts
 from pitlab.evaluator.estimates import AlphaSelection
 from pitlab.evaluator.linalg import Backend
@@ -264,6 +265,11 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
     if setup.rule.kind == "two-way":  # the rule the interval study calibrated
         diagnostics += rows_per_dimension_checks(int(setup.split.n_train),
                                                  {o.result["name"]: o.result["embedding_dim"] for o in outcomes})
+        diagnostics += monte_carlo_checks(setup.rule, {
+            (o.result["name"], figure): (point, o.replicates[key]) for o in outcomes
+            for figure, point, key in (("market-neutral premium", o.result["market_neutral"]["premium"],
+                                        "premium_market_neutral"), ("raw premium", o.result["premium"], "premium"),
+                                       ("excess premium", o.result["excess"]["premium"], "excess"))})
     run_warnings += [f"{d['protocol']}: {d['message']}" for d in diagnostics]
     return {
         "headline": {"figure": HEADLINE,
