@@ -298,4 +298,6 @@ def test_a_verdict_within_two_monte_carlo_errors_of_the_edge_is_named():
     msg = checks[0]["message"]
     assert msg.startswith("m, excess premium: |") and "1.05 × its interval's half-width" in msg, msg
     assert f"the security half's sd (from 100 replicates) carries a Monte Carlo error of ±{r:.1%}" in msg, msg
-    assert msg.endswith("raise bootstrap.resamples (now 200)"), msg
+    needed = int(np.ceil(200 * (2 * r / 0.05) ** 2 / 100) * 100)
+    assert msg.endswith(f"raise bootstrap.resamples (now 200; about {needed:,} would settle it if the sd stays as it "
+                        "is)"), msg

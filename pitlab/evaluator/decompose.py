@@ -187,5 +187,17 @@ def monte_carlo_checks(rule, figures: dict[tuple[str, str], tuple[float, np.ndar
                         "message": f"{model}, {figure}: |{point:+.4f}| is {ratio:.2f} × its interval's half-width "
                                    f"and the {dim} half's sd (from {half_sd.size} replicates) carries a Monte Carlo "
                                    f"error of ±{r:.1%}, so other bootstrap draws could give the other verdict: "
-                                   f"raise bootstrap.resamples (now {len(np.asarray(reps))})"})
+                                   f"raise bootstrap.resamples (now {len(np.asarray(reps))}"
+                                   + _resamples_needed(ratio, r, len(np.asarray(reps))) + ")"})
     return out
+
+
+def _resamples_needed(ratio: float, r: float, resamples: int) -> str:
+    """``"; about N would …"``: the resamples at which :data:`MC_ERRORS` errors of the sd (shrinking as
+    1/sqrt(replicates)) no longer reach from ``ratio`` to 1, if the sd and the ratio stay as they are, rounded up
+    to hundreds; empty when the ratio is 1 to two decimals (no count would settle it)."""
+    gap = abs(ratio - 1.0)
+    if gap < 0.005:
+        return ""
+    n = resamples * (MC_ERRORS * r / gap) ** 2
+    return f"; about {int(np.ceil(n / 100.0) * 100):,} would settle it if the sd stays as it is"
