@@ -409,7 +409,8 @@ def _replicates_csv(results: dict, replicates: dict[str, dict[str, np.ndarray]])
 
 def write_outputs(results: dict, out_dir: Path, replicates: dict[str, dict[str, np.ndarray]] | None = None) -> dict:
     """Write report.md, premium.png, bootstrap_replicates.csv (if ``replicates`` is given: model name →
-    {"r2_off", "r2_on"} float [R]) and finally results.json into ``out_dir`` (created if missing).
+    {"r2_off", "r2_on", and any of the other :data:`REPLICATE_COLUMNS`} float [R]) and finally results.json into
+    ``out_dir`` (created if missing).
     Returns the JSON-ready results. On failure, removes what this call wrote and re-raises."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
