@@ -172,16 +172,15 @@ def monte_carlo_checks(rule, figures: dict[tuple[str, str], tuple[float, np.ndar
     :class:`pitlab.evaluator.bootstrap.IntervalRule`; ``figures``: (model, figure name) → (point estimate, its
     replicates float [R]). Fragile: ``|point| / half-width`` within :data:`MC_ERRORS` relative Monte Carlo errors
     of the dominating half's sd (:func:`sd_monte_carlo_error`) of 1, so other draws could put 0 on the other side."""
-    from scipy import stats
-
     out = []
     for (model, figure), (point, reps) in figures.items():
-        sd, g, dim = rule.spread(reps)
+        sd, _, dim = rule.spread(reps)
         if not (np.isfinite(sd) and sd > 0 and np.isfinite(point)):
             continue
         half_sd = rule.halves(reps)[0 if dim == "security" else 1]
         r = sd_monte_carlo_error(half_sd)
-        ratio = abs(point) / (float(stats.t.ppf(0.5 + rule.confidence / 2, max(g - 1, 1))) * sd)
+        lo, hi = rule.interval(point, reps)
+        ratio = abs(point) / ((hi - lo) / 2)
         if np.isfinite(r) and abs(ratio - 1.0) <= MC_ERRORS * r:
             out.append({"check": "monte-carlo-verdict", "protocol": "chronological", "model": model,
                         "message": f"{model}, {figure}: |{point:+.4f}| is {ratio:.2f} × its interval's half-width "

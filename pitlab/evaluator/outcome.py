@@ -24,12 +24,12 @@ EMBED_RATES = ("load_seconds", "forward_seconds", "layers_run", "n_tokens", "n_b
 
 @dataclass
 class ModelOutcome:
-    """One model's part of the results: its ``results.json`` entry, its bootstrap replicates (the premium, R²
-    off and on, each extra protocol's premium: float [B]), the grid-edge phrases its verdicts carry, the
-    warnings it adds and its timings (seconds)."""
+    """One model's part of the results: its ``results.json`` entry, its bootstrap replicates (``replicates``:
+    :data:`pitlab.evaluator.report.REPLICATE_COLUMNS` by name, the premium its interval is read from under
+    ``premium``; each extra protocol's premium: float [B]), the grid-edge phrases its verdicts carry, the warnings
+    it adds and its timings (seconds)."""
 
     result: dict
-    premium_reps: np.ndarray
     replicates: dict[str, np.ndarray]
     protocol_reps: dict[str, np.ndarray]
     edges: list[str]
@@ -138,12 +138,10 @@ def model_outcome(spec: LeakageEvalSpec, setup: EvalSetup, name: str, path: Path
     timings = {"embed_s": emb.seconds, "statistics_s": stats_s,
                **{f"embed_{k}": (earlier or info).get(k) for k in EMBED_RATES}}
     model_edges = raw.edge_text["off"] + raw.edge_text["on"]
-    return ModelOutcome(result, raw.reps.premium, {"r2_off": raw.reps.r2_off, "r2_on": raw.reps.r2_on,
-                                                   "r2_on_test_rows": raw.reps.r2_on_rows,
-                                                   "premium": raw.reps.premium,
-                                                   "premium_market_neutral": neutral.reps.premium,
-                                                   "excess": raw.reps.premium - base.raw.reps.premium},
-                        raw.protocol_reps, model_edges, notes, timings)
+    replicates = {"r2_off": raw.reps.r2_off, "r2_on": raw.reps.r2_on, "r2_on_test_rows": raw.reps.r2_on_rows,
+                  "premium": raw.reps.premium, "premium_market_neutral": neutral.reps.premium,
+                  "excess": raw.reps.premium - base.raw.reps.premium}
+    return ModelOutcome(result, replicates, raw.protocol_reps, model_edges, notes, timings)
 
 
 def _model_warnings(name: str, method: str, edges: dict, widenings: int, note: str,

@@ -237,7 +237,7 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
     and per extra protocol, on the shared draws), the control by knowledge cutoff, the warnings, and what the
     numbers depend on (spec, versions, device, seed, draws). ``timings`` is left for the caller to fill."""
     premiums = {o.result["name"]: o.result["premium"] for o in outcomes}
-    premium_reps = {o.result["name"]: o.premium_reps for o in outcomes}
+    premium_reps = {o.result["name"]: o.replicates["premium"] for o in outcomes}
     model_edges = {o.result["name"]: o.edges for o in outcomes}
     conf = setup.rule
     run_warnings = list(panel.warnings) + list(setup.split.warnings) + spec_warnings(spec)
