@@ -309,6 +309,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     total_steps = n_steps + max(0, profile_steps)
     spec_path = pitlab_spec(shape, work, total_steps, overrides, lr)
     _free()
+    reserved_at_start = torch.cuda.memory_reserved() if CUDA else 0
     t0 = time.perf_counter()
     ctx = setup_run(spec_path, RunPaths(spec_path.parent, spec_path.parent / "base"))
     setup_s = time.perf_counter() - t0
@@ -329,6 +330,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     result = {"tokens_per_second": tps, "tokens_per_step": tokens_per_step, "tokens_per_second_per_gpu": tps / world,
               "step_s": timed, "gpu_state": sampler.summary() if sampler is not None else None,
               "warmup_s": sum(times[:warmup]), "setup_s": setup_s, "world_size": world, **_peaks(),
+              # memory an earlier run of this process left reserved (CUDA-graph pools): not this run's, not planned
+              "reserved_at_start": reserved_at_start,
               "planned_peak": ctx.plan.peak_bytes if ctx.plan is not None else None,
               "planned_allocated": ctx.plan.allocated_bytes if ctx.plan is not None else None,
               "plan_components": ctx.plan.components if ctx.plan is not None else None,
@@ -575,6 +578,15 @@ def main() -> int:
                 print(f"{name:<18}ratio pitlab / plain HF loop = {entry['ratio_pitlab_per_gpu_to_hf']:.3f}")
             if "ratio_pitlab_per_gpu_to_liger" in entry:
                 print(f"{name:<18}ratio pitlab / HF + Liger = {entry['ratio_pitlab_per_gpu_to_liger']:.3f}")
+            for label, r in entry.items():  # every pitlab run: spread of its timed steps, reserved against the plan
+                if isinstance(r, dict) and "step_s" in r and r.get("planned_peak"):
+                    own = r["peak_reserved"] - r.get("reserved_at_start", 0)
+                    single = entry.get("pitlab", {}).get("tokens_per_second_per_gpu")
+                    vs = "" if not single or label == "pitlab" else \
+                        f", {r['tokens_per_second_per_gpu'] / single:.3f} x the default run"
+                    print(f"{name:<18}{label[:36]:<36} steps max/min {max(r['step_s']) / min(r['step_s']):.3f}, "
+                          f"reserved {r['peak_reserved'] / 1e9:.2f} GB ({own / 1e9:.2f} GB its own) against a "
+                          f"planned peak of {r['planned_peak'] / 1e9:.2f} GB{vs}")
     dist.destroy_process_group()
     return 0
 
