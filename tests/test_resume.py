@@ -195,6 +195,25 @@ def test_the_interrupted_message_names_the_durable_checkpoint(tmp_path):
     assert interrupted_detail(tmp_path / "missing.json") == ""
 
 
+def test_an_interruption_before_the_run_folder_offers_no_resume(tmp_path):
+    """Ctrl-C while the inputs are checked: no status.json (nothing to resume), or an earlier run's that
+    --overwrite had not replaced yet (named as it is); only a run that wrote Interrupted gets the resume command."""
+    from pitlab.cli.run import interrupted_message
+
+    run = tmp_path / "t2"
+    assert interrupted_message("SIGINT", run, "pitlab run --resume t2.yaml") == (
+        f"interrupted by SIGINT before the run wrote {run}: nothing to resume; run the same command again to start it")
+    run.mkdir()
+    (run / "status.json").write_text(json.dumps({"status": {"phase": "Succeeded", "conditions": []}}))
+    assert interrupted_message("SIGTERM", run, "again") == (
+        f"interrupted by SIGTERM before the run started: {run} is as before (status Succeeded, {run / 'status.json'})")
+    (run / "status.json").write_text(json.dumps({"status": {"phase": "Interrupted", "conditions": [
+        {"type": "Trained", "status": "False", "reason": "Interrupted", "message": "no durable checkpoint"}]}}))
+    assert interrupted_message("SIGINT", run, "again") == (
+        f"interrupted by SIGINT; status Interrupted ({run / 'status.json'}): no durable checkpoint; continue with "
+        "`again`")
+
+
 def test_the_resume_advice_keeps_out_and_a_finished_run_is_not_resumed(pt, tmp_path):
     res = load_resource(pt)
     root = tmp_path / "elsewhere"
@@ -214,7 +233,9 @@ def test_the_resume_advice_keeps_out_and_a_finished_run_is_not_resumed(pt, tmp_p
 def test_an_interrupted_run_names_the_command_that_resumes_it(pt, tmp_path, monkeypatch):
     import pitlab.local as local
 
-    def interrupted(*args, **kwargs):
+    def interrupted(res, root, *args, **kwargs):  # as the runner does: status Interrupted, then the signal
+        (root / res.metadata.name).mkdir(parents=True, exist_ok=True)
+        (root / res.metadata.name / "status.json").write_text(json.dumps({"status": {"phase": "Interrupted"}}))
         raise local.Interrupted("SIGTERM")
 
     monkeypatch.setattr(local, "run_pittraining_local", interrupted)

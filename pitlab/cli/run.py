@@ -141,9 +141,7 @@ def _run_stages(res, file: Path, root: Path, published: RemoteOutput, doomed: li
             fail(f"{err.reason}: {err}\n(status: {TrainingLayout(root / res.metadata.name).status})", err.exit_code)
         except KeyboardInterrupt as err:
             _say_kept(doomed, reporter)
-            status = TrainingLayout(root / res.metadata.name).status
-            fail(f"interrupted by {getattr(err, 'signal_name', 'SIGINT')}; status Interrupted ({status})"
-                 f"{interrupted_detail(status)}; continue with `{again}`", 130)
+            fail(interrupted_message(getattr(err, "signal_name", "SIGINT"), root / res.metadata.name, again), 130)
 
 
 def _say_kept(doomed: list[Path], reporter: RichReporter) -> None:
@@ -192,6 +190,24 @@ def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> 
         say(f"[yellow]--overwrite:[/] replacing {path} (written by {escape(folder_owner(path)[1])}) once the "
             f"inputs are checked: it is kept in {root / REPLACED}/ until the new run succeeds")
     return doomed
+
+
+def interrupted_message(signal_name: str, run_dir: Path, again: str) -> str:
+    """What an interrupted ``pitlab run`` says: the Interrupted status and ``again`` (the command that resumes it)
+    when the run wrote one in ``run_dir``; otherwise that it stopped before its run folder was written (nothing
+    to resume) or before it replaced the run already there (named with its phase, as before)."""
+    from pitlab.api.runfolders import folder_phase
+
+    status = TrainingLayout(run_dir).status
+    phase = folder_phase(run_dir)
+    if phase == "Interrupted":
+        return (f"interrupted by {signal_name}; status Interrupted ({status}){interrupted_detail(status)}; "
+                f"continue with `{again}`")
+    if phase is None:
+        return (f"interrupted by {signal_name} before the run wrote {run_dir}: nothing to resume; run the same "
+                "command again to start it")
+    return (f"interrupted by {signal_name} before the run started: {run_dir} is as before (status {phase}, "
+            f"{status})")
 
 
 def interrupted_detail(status_path: Path) -> str:
