@@ -68,6 +68,17 @@ def resumable_status(res, root: Path, source: str | None = None) -> ResourceStat
     return status
 
 
+def resume_refusal(res, root: Path) -> str | None:
+    """Why ``pitlab run --resume`` would refuse the unfinished run of ``res`` under ``root`` (``field: reason``,
+    the first problem of :func:`resumable_status`); None when it would continue it."""
+    try:
+        resumable_status(res, root)
+    except SpecError as err:
+        field, message = err.problems[0]
+        return f"{field}: {message}"
+    return None
+
+
 def check_same_corpus(res: PitTraining, status: ResourceStatus, audit, source: str | None = None) -> None:
     """Refuse a resume whose corpus filter keeps other documents than the interrupted run's (the sha256 of the
     included ids in the status differs from the preflight's), or the same ids with another text or timestamp

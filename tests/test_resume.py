@@ -195,6 +195,26 @@ def test_the_interrupted_message_names_the_durable_checkpoint(tmp_path):
     assert interrupted_detail(tmp_path / "missing.json") == ""
 
 
+def test_validate_and_run_do_not_offer_a_resume_the_changed_spec_would_refuse(pt, tmp_path):
+    res = load_resource(pt)
+    run_dir = _interrupted_run(res, tmp_path / "out")
+    doc = yaml.safe_load(pt.read_text())
+    was = doc["spec"]["tokens"]
+    doc["spec"]["tokens"] = was + 1
+    pt.write_text(yaml.safe_dump(doc))
+    refused = (f"spec.tokens: changed since the run in {run_dir} started (was {was}, now {was + 1}); a resume "
+               "continues the same spec: revert the change, or run with --overwrite to start again")
+    code, out = _invoke("validate", pt)
+    assert code == 0 and "--resume, to continue" not in out
+    assert f"its unfinished run (status Interrupted) cannot be resumed with this spec: {refused}" in out
+    code, out = _invoke("run", pt)
+    assert code == 2 and "continue it with" not in out
+    assert (f"(status Interrupted in {run_dir / 'status.json'}): it cannot be resumed with this spec ({refused}): "
+            "pass --overwrite to start again") in out
+    code, out = _invoke("run", pt, "--resume")
+    assert code == 2 and refused in out  # what both named
+
+
 def test_an_interruption_before_the_run_folder_offers_no_resume(tmp_path):
     """Ctrl-C while the inputs are checked: no status.json (nothing to resume), or an earlier run's that
     --overwrite had not replaced yet (named as it is); only a run that wrote Interrupted gets the resume command."""

@@ -146,7 +146,8 @@ def enclosing_run(root: Path) -> tuple[Path, str] | None:
 
 
 def check_run_folders(res, root: Path, overwrite: bool = False, source: str | None = None,
-                      earlier_runs_ok: bool = False, resume_command: str | None = None) -> list[Path]:
+                      earlier_runs_ok: bool = False, resume_command: str | None = None,
+                      resume_refused: str | None = None) -> list[Path]:
     """Check the run folders of ``res`` under ``root`` before anything is written.
 
     Returns the existing folders (the ones ``--overwrite`` deletes; an empty folder counts as free). Raises
@@ -154,7 +155,8 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
     that is a file or a folder holding an input of the spec (whatever ``overwrite``), and, without ``overwrite``,
     every existing folder (an unfinished run of ``res`` with the advice to ``--resume`` it); with
     ``earlier_runs_ok`` (``pitlab validate``) only the folders another resource (or no pitlab run) wrote.
-    ``resume_command``: the command the advice names (default ``pitlab run --resume <source>``).
+    ``resume_command``: the command the advice names (default ``pitlab run --resume <source>``);
+    ``resume_refused``: why ``--resume`` would refuse the unfinished run (a changed spec field), named instead.
     """
     folders = run_folders(res, root)
     problems: list[tuple[str, str]] = []
@@ -194,9 +196,10 @@ def check_run_folders(res, root: Path, overwrite: bool = False, source: str | No
         if overwrite or (earlier_runs_ok and owner == (f.kind, f.name, f.training)):
             continue
         if phase and owner == (f.kind, f.name, f.training):
+            advice = (f"it cannot be resumed with this spec ({resume_refused}): pass" if resume_refused else
+                      f"continue it with `{resume_command or 'pitlab run --resume ' + (source or 'FILE')}`, or pass")
             problems.append((f.field, f"{f.path} holds an unfinished run of {f.describe()} (status {phase} in "
-                                      f"{folders[0].path / layout.STATUS}): continue it with `"
-                                      f"{resume_command or 'pitlab run --resume ' + (source or 'FILE')}`, or pass "
+                                      f"{folders[0].path / layout.STATUS}): {advice} "
                                       "--overwrite to start again (the unfinished run, checkpoints included, is "
                                       f"kept in {Path(root) / REPLACED}/ until the new run succeeds)"))
             continue

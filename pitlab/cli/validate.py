@@ -51,10 +51,21 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     _say_panels(res, checked.evaluations)
     say_base_model_warning(res)
     phase = resumable(res, out or Path(spec_out)) if existing else None
+    resume = _resume_note(res, out or Path(spec_out), phase) if phase else ""
     for path in existing:
-        resume = f" (or --resume, to continue its unfinished run: status {phase})" if phase else ""
         say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
             f"which replaces it (kept in {REPLACED}/ until the new run succeeds){resume}")
+
+
+def _resume_note(res, root: Path, phase: str) -> str:
+    """How ``--resume`` would treat the unfinished run (status ``phase``) of ``res`` under ``root``: offered, or
+    the first reason `pitlab run --resume` would refuse it (a changed spec field, with both values)."""
+    from pitlab.resume import resume_refusal
+
+    refused = resume_refusal(res, root)
+    if refused:
+        return f"; its unfinished run (status {phase}) cannot be resumed with this spec: {refused}"
+    return f" (or --resume, to continue its unfinished run: status {phase})"
 
 
 def _say_panels(res, evaluations) -> None:
