@@ -10,6 +10,12 @@ Shapes (random init, seed 0; synthetic Zipf tokens, seq 4096, micro-batch 1):
   the experts, shared expert, vocabulary 248,320) with 8 of its 40 layers and 64 of its 256 experts.
 - ``qwen3_30b_slice``: Qwen3-30B-A3B (``qwen3_moe``: hidden 2048, 32 query / 4 KV heads of 128, expert width 768,
   top-8, vocabulary 151,936) with all 48 layers and 16 of its 128 experts.
+- ``tiny``: a 4-layer ``qwen3_5_moe_text`` of hidden 64 (seq 128, vocabulary 1,024): a CPU rehearsal of the
+  script (its rates say nothing about a GPU).
+
+Under ``torchrun --nproc_per_node N`` the pitlab runs use all N ranks (tokens/s of the world and per GPU); the
+plain loops run on every rank alone. Overrides of ``gradientAccumulationSteps`` and ``microBatchSize`` multiply a
+run's tokens per step.
 
 Plain loop ("what a user writes"): ``AutoModelForCausalLM.from_config(dtype=bfloat16)`` on the GPU, the fast
 kernels installed (transformers binds fla's gated delta rule by itself; the short convolution gets the same fla
@@ -249,9 +255,11 @@ def init_single_process_group() -> None:
     dist.init_process_group("nccl" if CUDA else "gloo")
 
 
-def accumulation(overrides: dict | None) -> int:
-    """Microbatches per optimizer step of a pitlab run (``gradientAccumulationSteps`` in its overrides, else 1)."""
-    return int((overrides or {}).get("gradientAccumulationSteps", 1))
+def sequences_per_step(overrides: dict | None) -> int:
+    """Sequences per optimizer step of one rank in a pitlab run: ``gradientAccumulationSteps`` ×
+    ``microBatchSize`` from its overrides (each 1 when not given, the spec's defaults)."""
+    o = overrides or {}
+    return int(o.get("gradientAccumulationSteps", 1)) * int(o.get("microBatchSize", 1))
 
 
 def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = None, lr: float = 3e-4) -> Path:
@@ -269,25 +277,29 @@ def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = 
     world = dist.get_world_size()
     run = work / shape["name"]
     base = run / "base"
-    if not (base / "config.json").is_file():
+    rank0 = dist.get_rank() == 0
+    missing = [not (base / "config.json").is_file()]
+    dist.broadcast_object_list(missing, src=0)  # one decision for every rank: each checking alone could deadlock
+    if missing[0] and rank0:
         torch.manual_seed(0)
         with torch.device(DEVICE):
             model = AutoModelForCausalLM.from_config(shape_config(shape), dtype=torch.bfloat16)
-        if dist.get_rank() == 0:
-            model.save_pretrained(base)
+        model.save_pretrained(base)
         del model
-        dist.barrier()
     seq = shape["seq"]
-    micro = n_steps * accumulation(overrides) * world  # microbatches of seq tokens in all
-    tokens = synthetic_tokens((seq + 1) * micro + 1, shape["vocab"])
-    (run / "data").mkdir(parents=True, exist_ok=True)
-    np.save(run / "data" / "tokens.npy", tokens)
-    res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * micro, world,
+    sequences = n_steps * sequences_per_step(overrides) * world  # sequences of seq tokens in all
+    res = training_resource("tp-" + shape["name"].replace("_", "-"), base, seq, seq * sequences, world,
                             checkpointing=None)
     spec = res.model_dump(mode="json", by_alias=True)
     for key, value in dict({"learningRate": lr}, **(overrides or {})).items():
         spec["spec"]["training"][key] = value
-    return write_spec(PitTraining.model_validate(spec), run / "spec.json")
+    if rank0:  # one writer; the others read after the barrier
+        tokens = synthetic_tokens((seq + 1) * sequences + 1, shape["vocab"])
+        (run / "data").mkdir(parents=True, exist_ok=True)
+        np.save(run / "data" / "tokens.npy", tokens)
+        write_spec(PitTraining.model_validate(spec), run / "spec.json")
+    dist.barrier()
+    return run / "spec.json"
 
 
 def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
@@ -325,7 +337,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     if sampler is not None:
         sampler.__exit__(None, None, None)
     timed = times[warmup:]
-    tokens_per_step = seq * accumulation(overrides) * world
+    tokens_per_step = seq * sequences_per_step(overrides) * world
     tps = tokens_per_step / float(np.median(timed))
     result = {"tokens_per_second": tps, "tokens_per_step": tokens_per_step, "tokens_per_second_per_gpu": tps / world,
               "step_s": timed, "gpu_state": sampler.summary() if sampler is not None else None,
@@ -584,9 +596,10 @@ def main() -> int:
                     single = entry.get("pitlab", {}).get("tokens_per_second_per_gpu")
                     vs = "" if not single or label == "pitlab" else \
                         f", {r['tokens_per_second_per_gpu'] / single:.3f} x the default run"
-                    print(f"{name:<18}{label[:36]:<36} steps max/min {max(r['step_s']) / min(r['step_s']):.3f}, "
-                          f"reserved {r['peak_reserved'] / 1e9:.2f} GB ({own / 1e9:.2f} GB its own) against a "
-                          f"planned peak of {r['planned_peak'] / 1e9:.2f} GB{vs}")
+                    memory = (f", reserved {r['peak_reserved'] / 1e9:.2f} GB ({own / 1e9:.2f} GB its own) against "
+                              f"a planned peak of {r['planned_peak'] / 1e9:.2f} GB") if CUDA else ""
+                    print(f"{name:<18}{label[:36]:<36} steps max/min {max(r['step_s']) / min(r['step_s']):.3f}"
+                          f"{memory}{vs}")
     dist.destroy_process_group()
     return 0
 
