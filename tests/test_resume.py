@@ -355,3 +355,18 @@ def test_nproc_above_one_with_layer_streaming_is_refused_before_anything(bases, 
     assert code == 2 and "--nproc: 2: spec.training.layerStreaming runs in one process; leave --nproc out or give 1" \
         in out, out
     assert not (tmp_path / "out").exists()
+
+
+def test_a_fused_optimizer_asked_with_layer_streaming_is_named_at_validate(tmp_path):
+    doc = yaml.safe_load(open("examples/local-lora-streaming.yaml"))
+    doc["spec"]["training"]["fusedOptimizer"] = True
+    spec = tmp_path / "streaming.yaml"
+    spec.write_text(yaml.safe_dump(doc))
+    code, out = _invoke("validate", spec, "--data-root", "../shared/data")
+    assert code == 0, out
+    assert ("warning: spec.training.fusedOptimizer: true has no effect with spec.training.layerStreaming (streamed "
+            "training steps with torch's AdamW); remove it, or turn layer streaming off") in out
+    doc["spec"]["training"]["fusedOptimizer"] = False  # asked off: what streaming does anyway, no word
+    spec.write_text(yaml.safe_dump(doc))
+    code, out = _invoke("validate", spec, "--data-root", "../shared/data")
+    assert code == 0 and "fusedOptimizer" not in out

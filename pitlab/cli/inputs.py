@@ -72,7 +72,8 @@ def say_spec_warnings(res, nproc: int | None = None) -> None:
         for w in spec_warnings(spec):
             say(f"[yellow]warning:[/] {where}.{escape(w)}")
     if hasattr(res.spec, "tokens"):
-        for w in (token_budget_warning(res.spec, nproc), warmup_warning(res.spec, nproc)):
+        for w in (token_budget_warning(res.spec, nproc), warmup_warning(res.spec, nproc),
+                  unused_fused_optimizer_warning(res.spec)):
             if w:
                 say(f"[yellow]warning:[/] {escape(w)}")
 
@@ -96,6 +97,16 @@ def warmup_warning(spec, nproc: int | None = None) -> str | None:
             f"{'s' if steps > 1 else ''} ({spec.tokens:,} tokens, {step:,} per step with {world} process"
             f"{'es' if world > 1 else ''}): the learning rate warms up for the whole run and ends at "
             f"{steps / tr.warmup_steps:.0%} of learningRate {tr.learning_rate:g}; lower warmupSteps below {steps:,}")
+
+
+def unused_fused_optimizer_warning(spec) -> str | None:
+    """A PitTraining that asks for ``fusedOptimizer: true`` with layer streaming, which keeps torch's AdamW (the
+    field then has no effect); None otherwise."""
+    tr = spec.training
+    if tr.fused_optimizer and tr.layer_streaming.enabled:
+        return ("spec.training.fusedOptimizer: true has no effect with spec.training.layerStreaming (streamed "
+                "training steps with torch's AdamW); remove it, or turn layer streaming off")
+    return None
 
 
 def token_budget_warning(spec, nproc: int | None = None) -> str | None:
