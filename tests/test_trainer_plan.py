@@ -328,3 +328,14 @@ def test_a_base_model_folder_without_config_names_where_it_looked(tmp_path, monk
     assert (f"models/Qwen3.5-35B-A3B-Base: no config.json to plan from (a relative URI, read here from {tmp_path}); "
             "the plan needs only the model's config.json: point the URI at a local folder holding a copy") in str(
         err.value)
+
+
+def test_a_refusal_shows_as_many_decimals_as_tell_the_peak_from_the_gpu(base35, shape35):
+    """Found in a trial: 'predicted peak 2.0 GiB per GPU exceeds ... = 2.0 GiB' for 2.02 against 2.00."""
+    import dataclasses
+
+    p = plan(base35, shape35, gpus=1, accum=1)
+    assert p.refusal("spec.resources.gpuMemoryGiB") == (
+        f"predicted peak {p.peak_bytes / GiB:.1f} GiB per GPU exceeds spec.resources.gpuMemoryGiB = 80.0 GiB")
+    close = dataclasses.replace(p, peak_bytes=int(2.02 * GiB), capacity_bytes=2 * GiB)
+    assert close.refusal("--gpu-memory-gib") == "predicted peak 2.02 GiB per GPU exceeds --gpu-memory-gib = 2.00 GiB"

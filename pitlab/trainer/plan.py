@@ -182,8 +182,11 @@ class MemoryPlan:
 
     def refusal(self, source: str) -> str:
         """Why the run does not fit ``capacity_bytes`` (given by ``source``, a field or flag name)."""
-        return (f"predicted peak {self.peak_bytes / GiB:.1f} GiB per GPU exceeds {source} = "
-                f"{self.capacity_bytes / GiB:.1f} GiB")
+        digits = 1  # as many decimals as show the two apart (2.02 against 2.00, not 2.0 against 2.0)
+        while digits < 4 and f"{self.peak_bytes / GiB:.{digits}f}" == f"{self.capacity_bytes / GiB:.{digits}f}":
+            digits += 1
+        return (f"predicted peak {self.peak_bytes / GiB:.{digits}f} GiB per GPU exceeds {source} = "
+                f"{self.capacity_bytes / GiB:.{digits}f} GiB")
 
 
 def model_shape(config) -> ModelShape:
