@@ -5,6 +5,7 @@ tests/test_interrupt.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -370,3 +371,29 @@ def test_a_fused_optimizer_asked_with_layer_streaming_is_named_at_validate(tmp_p
     spec.write_text(yaml.safe_dump(doc))
     code, out = _invoke("validate", spec, "--data-root", "../shared/data")
     assert code == 0 and "fusedOptimizer" not in out
+
+
+def test_validate_tells_a_killed_run_from_a_running_one(pt, tmp_path, monkeypatch):
+    """Found in a trial: after kill -9 status.json says Training (with an ETA) for ever; validate now says whether
+    a pitlab run holds the folder."""
+    from pitlab.api.runfolders import folder_holder, lock_run_folders
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    res = load_resource(pt)
+    run_dir = _interrupted_run(res, tmp_path / "out")
+    doc = json.loads((run_dir / "status.json").read_text())
+    doc["status"]["phase"] = "Training"
+    (run_dir / "status.json").write_text(json.dumps(doc))
+    assert folder_holder(run_dir) is None
+    code, out = _invoke("validate", pt)
+    assert code == 0 and ("(or --resume, to continue its unfinished run: status Training, but no pitlab run holds "
+                          "it: its process ended without a word, e.g. killed)") in out
+    held = lock_run_folders(tmp_path / "out", [res.metadata.name])
+    try:
+        assert folder_holder(run_dir) == str(os.getpid())
+        code, out = _invoke("validate", pt)
+        assert code == 0 and f"; a pitlab run (pid {os.getpid()}) is running it now (status Training): wait" in out
+    finally:
+        for f in held:
+            f.close()
+    assert folder_holder(run_dir) is None

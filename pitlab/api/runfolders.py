@@ -239,15 +239,11 @@ def lock_run_folders(root: Path, names: list[str], lock_dir: Path | None = None)
     folder's absolute path, so nothing is written into the output folder before the inputs pass; each holds
     its owner's pid. Raises :class:`pitlab.api.base.SpecError` at ``spec.output.uri`` naming the folder and the
     pid holding it. Where ``fcntl`` does not exist (Windows) nothing is locked."""
-    import hashlib
-
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX system
         return []
-    if lock_dir is None:
-        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        lock_dir = Path(cache) / "pitlab" / "locks"
+    lock_dir = lock_dir or _lock_dir()
     try:
         lock_dir.mkdir(parents=True, exist_ok=True)
     except OSError:  # no writable cache (a read-only home): run unlocked, as before
@@ -255,7 +251,7 @@ def lock_run_folders(root: Path, names: list[str], lock_dir: Path | None = None)
     held = []
     for name in names:
         folder = (root / name).resolve()
-        path = lock_dir / f"{hashlib.sha256(str(folder).encode()).hexdigest()[:24]}.lock"
+        path = _lock_path(folder, lock_dir)
         f = open(path, "a+", encoding="utf-8")
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -274,3 +270,36 @@ def lock_run_folders(root: Path, names: list[str], lock_dir: Path | None = None)
         f.flush()
         held.append(f)
     return held
+
+
+def _lock_dir() -> Path:
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "pitlab" / "locks"
+
+
+def _lock_path(folder: Path, lock_dir: Path) -> Path:
+    import hashlib
+
+    return lock_dir / f"{hashlib.sha256(str(folder).encode()).hexdigest()[:24]}.lock"
+
+
+def folder_holder(folder: Path, lock_dir: Path | None = None) -> str | None:
+    """The pid (as written in its lock file) of the ``pitlab run`` that holds run folder ``folder`` now
+    (:func:`lock_run_folders`), or None when none does (or locks do not exist here). Takes the lock for an
+    instant when it is free."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        return None
+    path = _lock_path(Path(folder).resolve(), lock_dir or _lock_dir())
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError:  # never locked, or no readable cache
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return (f.read().split()[:1] or ["unknown"])[0]
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return None

@@ -60,11 +60,18 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
 def _resume_note(res, root: Path, phase: str) -> str:
     """How ``--resume`` would treat the unfinished run (status ``phase``) of ``res`` under ``root``: offered, or
     the first reason `pitlab run --resume` would refuse it (a changed spec field, with both values)."""
+    from pitlab.api.runfolders import folder_holder
     from pitlab.resume import resume_refusal
 
+    pid = folder_holder(root / res.metadata.name)
+    if pid is not None:
+        return f"; a pitlab run (pid {pid}) is running it now (status {phase}): wait for it to end"
     refused = resume_refusal(res, root)
     if refused:
         return f"; its unfinished run (status {phase}) cannot be resumed with this spec: {refused}"
+    if phase not in ("Interrupted", "Failed"):  # a stage's phase that no process holds: killed (kill -9, a crash)
+        return (f" (or --resume, to continue its unfinished run: status {phase}, but no pitlab run holds it: its "
+                "process ended without a word, e.g. killed)")
     return f" (or --resume, to continue its unfinished run: status {phase})"
 
 
