@@ -339,3 +339,25 @@ def test_a_refusal_shows_as_many_decimals_as_tell_the_peak_from_the_gpu(base35, 
         f"predicted peak {p.peak_bytes / GiB:.1f} GiB per GPU exceeds spec.resources.gpuMemoryGiB = 80.0 GiB")
     close = dataclasses.replace(p, peak_bytes=int(2.02 * GiB), capacity_bytes=2 * GiB)
     assert close.refusal("--gpu-memory-gib") == "predicted peak 2.02 GiB per GPU exceeds --gpu-memory-gib = 2.00 GiB"
+
+
+def test_plan_nproc_plans_the_local_run_and_a_multi_node_spec_says_so(base35, tmp_path):
+    """Found in a trial: a spec of 2 nodes was planned at world size 16 while `pitlab run` starts 8 processes."""
+    runner = CliRunner()
+    doc = published(base35, 8, 1)
+    doc["spec"]["resources"]["nodes"] = 2
+    two = tmp_path / "two-nodes.yaml"
+    two.write_text(yaml.safe_dump(doc))
+    cluster = runner.invoke(app, ["plan", str(two)])
+    flat = " ".join(cluster.output.split())
+    assert cluster.exit_code == 0 and ("world size 16 (spec.resources: 2 nodes × 8 GPUs, as on a cluster); `pitlab "
+                                       "run` on one machine starts 8: plan that with --nproc 8") in flat
+    local = runner.invoke(app, ["plan", str(two), "--nproc", "8"])
+    one_node = tmp_path / "one-node.yaml"
+    one_node.write_text(yaml.safe_dump(published(base35, 8, 1)))
+    same = runner.invoke(app, ["plan", str(one_node)])
+    assert local.exit_code == 0 and "as on a cluster" not in local.output and "world size 8," in local.output
+    assert local.output == same.output  # --nproc 8 of the 2-node spec is the 1-node spec's plan
+    assert "world size 16," in cluster.output and cluster.output.splitlines()[:8] != local.output.splitlines()[:8]
+    bad = runner.invoke(app, ["plan", str(two), "--nproc", "0"])
+    assert bad.exit_code == 2 and "--nproc" in bad.output

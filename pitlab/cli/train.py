@@ -58,9 +58,14 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
          data_root: Optional[Path] = DataRoot,
          gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib",
                                                         help="GPU memory in GiB (overrides "
-                                                             "spec.resources.gpuMemoryGiB).")) -> None:
+                                                             "spec.resources.gpuMemoryGiB)."),
+         nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+                                             help="Plan a `pitlab run --nproc N` on this machine (world size N) "
+                                                  "instead of the spec's nodes × gpusPerNode.")) -> None:
     """Predict per-GPU memory by component, and whether the decoder layers will be compiled on CUDA and with CUDA
-    graphs (PITLAB_COMPILE_MODE or the plan decides); exit 3 if the run cannot fit the GPU the spec names."""
+    graphs (PITLAB_COMPILE_MODE or the plan decides); exit 3 if the run cannot fit the GPU the spec names. The
+    world size is the spec's nodes × gpusPerNode (the cluster's); `pitlab run` starts gpusPerNode processes (or
+    --nproc) on one machine."""
     from pitlab.trainer.kernels import planned_compile
     from pitlab.trainer.plan import plan_memory
 
@@ -72,12 +77,19 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
     res = load(file, data_root)
     if not isinstance(res, PitTraining):
         fail(SpecError([("kind", f"pitlab plan takes a PitTraining, got {res.kind}")], str(file)), 2)
+    r = res.spec.resources
+    spec = res.spec if nproc is None else \
+        res.spec.model_copy(update={"resources": r.model_copy(update={"nodes": 1, "gpus_per_node": nproc})})
     try:
-        result = plan_memory(res.spec, gpu_memory_gib=gpu_memory_gib)
+        result = plan_memory(spec, gpu_memory_gib=gpu_memory_gib)
     except SpecError as err:
         fail(err, 2)
     print(result.table())
-    say(f"decoder layers on CUDA: {escape(planned_compile(res.spec, result))}")
+    if nproc is None and r.nodes > 1:
+        say(f"world size {r.nodes * r.gpus_per_node} (spec.resources: {r.nodes} nodes × {r.gpus_per_node} GPUs, as "
+            f"on a cluster); `pitlab run` on one machine starts {r.gpus_per_node}: plan that with --nproc "
+            f"{r.gpus_per_node}")
+    say(f"decoder layers on CUDA: {escape(planned_compile(spec, result))}")
     if result.fits is None:
         say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB, --gpu-memory-gib or, with layer "
             "streaming, spec.training.layerStreaming.gpuMemoryBudgetBytes): no fit check")
