@@ -503,8 +503,11 @@ def append_record(path: Path | None, rec: dict) -> None:
 
 
 def _work(task):
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    return one_panel(*task)
+    from threadpoolctl import threadpool_limits
+
+    # numpy's BLAS started its threads at import, before main() set OPENBLAS_NUM_THREADS: limit them here
+    with threadpool_limits(limits=1):
+        return one_panel(*task)
 
 
 def main(argv: list[str] | None = None) -> int:

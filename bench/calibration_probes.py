@@ -67,8 +67,9 @@ as the two-way candidate; the default's table comes from its own file on the sam
         --out bench/results/calibration-100x30x128-two-way-null-tune-local.jsonl.gz         # the default, R 200, 824 s
     python bench/calibration.py --summarise bench/results/calibration-300x30x8-wild-tune-local.jsonl.gz --split tune
 
-(Without OPENBLAS_NUM_THREADS=1 in the environment the workers, forked after numpy is imported, run several BLAS
-threads each: 5-10 x slower on 2 cores.) The default's records on the same seeds: calibration-300x30x8-two-way-pd4-
+(Before 2026-12-06 the workers, forked after numpy is imported, ran several BLAS threads each without
+OPENBLAS_NUM_THREADS=1 in the environment, 5-10 x slower on 2 cores; they now limit BLAS to one thread themselves
+(threadpoolctl), with records bit-identical either way.) The default's records on the same seeds: calibration-300x30x8-two-way-pd4-
 tune40-local.jsonl (seeds 0-39, R 200), calibration-100x30x128-two-way-tune-local.jsonl.gz (seeds 0-49, R 200) and
 the null run above. Results (2026-12-05, tuning seeds; coverage of the cell's mean point premium / median width ÷
 3.92 sd across panels / share of intervals excluding 0; wild | wild strata | default two-way):

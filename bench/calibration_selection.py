@@ -108,6 +108,13 @@ def choose_on_distinct_units() -> None:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if argv else 2
+    wanted = {"--summarise": None, "--alphas": 4, "--distinct": 4}.get(argv[0], 3)
+    if wanted is not None and len(argv) != wanted or wanted is None and len(argv) < 2:
+        print(f"calibration_selection.py: wrong arguments {argv}; usage:\n{__doc__}", file=sys.stderr)
+        return 2
     if argv[0] == "--summarise":
         summarise(argv[1:])
         return 0
