@@ -376,7 +376,10 @@ def main(argv: list[str]) -> int:
     """Parse ``--probe`` and ``--tau``, install the probe, run :func:`calibration.main` on the other arguments."""
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Every other option (--size, --panels, --first-seed, --scenarios, --schemes, "
+                                        "--workers, --out, ...) is bench/calibration.py's: see `python "
+                                        "bench/calibration.py --help`.")
     ap.add_argument("--probe", required=True, nargs="+",
                     choices=["one-se", "shrunk-weights", "m-out-of-n", "wild", "bca", "fixed-alpha"],
                     help="one probe, or several installed together (e.g. fixed-alpha m-out-of-n)")
