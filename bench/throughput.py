@@ -29,6 +29,11 @@ the plain loop with liger-kernel's patch of the architecture (``apply_liger_kern
 ``_qwen3_moe`` on the model: RMSNorm, experts, fused linear cross-entropy; the seed recipe's stack as axolotl
 applies it), the modeling module restored afterwards; every ratio is then reported against both loops.
 
+The process keeps torch's allocator defaults; `pitlab run` gives its ranks expandable segments
+(``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, :func:`pitlab.trainer.train.default_alloc_conf`): export
+that variable to measure the pitlab runs as they run there (every run of the process then has it). Each pitlab run
+records the memory reserved when it starts (``reserved_at_start``: pools an earlier run left).
+
 Tokens/s: median of the timed steps after ``--warmup`` steps (each step is synchronised by its loss read).
 MFU from pitlab's FLOP count (:func:`pitlab.trainer.plan.train_flops_per_token`) for both. Peak memory:
 ``torch.cuda.max_memory_allocated`` of each run (reset in between). Writes ``throughput.json`` to ``--out``.
