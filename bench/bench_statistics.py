@@ -235,22 +235,23 @@ def main() -> None:
         pass
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=Formatter)
-    ap.add_argument("--dim", type=int, default=384)
-    ap.add_argument("--securities", type=int, default=500)
-    ap.add_argument("--dates", type=int, default=60)
-    ap.add_argument("--resamples", type=int, default=200)
-    ap.add_argument("--selection", default="protocol-cv", choices=["gcv", "security-cv", "protocol-cv"])
+    ap.add_argument("--dim", type=int, default=384, help="embedding dimensions")
+    ap.add_argument("--securities", type=int, default=500, help="securities of the panel")
+    ap.add_argument("--dates", type=int, default=60, help="dates of the panel (rows: securities × dates)")
+    ap.add_argument("--resamples", type=int, default=200, help="bootstrap resamples")
+    ap.add_argument("--selection", default="protocol-cv", choices=["gcv", "security-cv", "protocol-cv"],
+                    help="regression.selection")
     ap.add_argument("--reselect", action=argparse.BooleanOptionalAction, default=True,
-                    help="bootstrap.reselectPenalty (default: true, the spec default)")
+                    help="bootstrap.reselectPenalty (the spec's default is true)")
     ap.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda", "torch-cpu"],
                     help="regression.device; torch-cpu: the torch backend on the CPU (regression.device: cpu)")
     ap.add_argument("--penalty-path", default="auto", choices=["auto", "eigh", "cholesky"],
-                    help="security-cv's scoring of the α grid on the torch backend (default auto: cholesky on CUDA)")
+                    help="security-cv's scoring of the α grid on the torch backend (auto: cholesky on CUDA)")
     ap.add_argument("--cholesky-block", type=int, default=None,
-                    help="block of the blocked Cholesky (0: torch's whole-matrix cholesky_ex; default: pitlab's)")
+                    help="block of the blocked Cholesky (0: torch's whole-matrix cholesky_ex; None: pitlab's)")
     ap.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS,
-                    help="protocol.protocols (default: all four; the spec's default is chronological group-kfold)")
-    ap.add_argument("--repeat", type=int, default=1)
+                    help="protocol.protocols (the spec's default is chronological group-kfold)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed evaluations (byte-identity checked when > 1)")
     ap.add_argument("--microbench", action="store_true", help="time the Cholesky variants and eigh at --dim first")
     ap.add_argument("--check", action="append", default=[], metavar="REF:DIM:RESAMPLES",
                     help="compare with REF (numpy or eigh) at DIM dims, RESAMPLES resamples (repeatable)")
@@ -258,7 +259,7 @@ def main() -> None:
                     help="profile the last timed run with torch.profiler (CPU, and CUDA kernels on a GPU): FILE gets "
                          "the top operators by self device time and by self CPU time, and the share of the wall "
                          "time the GPU ran kernels (what a second process sharing the GPU could use)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="JSON written after every repeat")
     a = ap.parse_args()
     if a.cholesky_block is None:
         from pitlab.evaluator.linalg import CHOLESKY_BLOCK

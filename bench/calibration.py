@@ -518,23 +518,24 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--size", default="300x30x8", help="SxTxD: securities, dates, embedding dimension")
     p.add_argument("--panels", type=int, default=200, help="panels per scenario (seeds 0..panels-1)")
-    p.add_argument("--first-seed", type=int, default=0)
-    p.add_argument("--resamples", type=int, default=200)
+    p.add_argument("--first-seed", type=int, default=0, help="seed of the first panel")
+    p.add_argument("--resamples", type=int, default=200, help="bootstrap replicates per panel and scheme")
     p.add_argument("--alphas-per-decade", type=int, default=4,
                    help="penalty grid: this many values per decade from 0.1 to 1e5 (4: the spec's default grid; "
                         "1: the former default, one per decade)")
-    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS)
+    p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=SCENARIOS, help="scenarios to simulate")
     p.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES + OPTIONAL_SCHEMES,
                    help="replicate sets to draw (a later run may add schemes to the same panels in another file)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes (this machine's CPUs)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="cpu: the numpy backend, one BLAS thread per worker; cuda: the torch backend, every worker "
                         "on GPU 0 with an equal share of a quarter of its memory for batches of fits")
     p.add_argument("--minutes", type=float, default=None, help="stop submitting new panels after this long")
     p.add_argument("--out", type=Path, default=None, help="JSON lines, appended (resumable; gzip when it ends in .gz)")
-    p.add_argument("--summarise", nargs="*", type=Path, default=None, metavar="JSONL")
+    p.add_argument("--summarise", nargs="*", type=Path, default=None, metavar="JSONL",
+                   help="summarise these records instead of simulating")
     p.add_argument("--tune-seeds", type=int, default=50, help="seeds below this choose; the rest are held out")
-    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--markdown", action="store_true", help="with --summarise: a markdown table")
     p.add_argument("--split", default="held-out", choices=["held-out", "tune"], help="seeds the table shows")
     p.add_argument("--pivot", nargs="+", default=None, metavar="CANDIDATE",
                    help="with --summarise: coverage / width ratio per scenario for these candidates")

@@ -567,9 +567,10 @@ def main() -> int:
                 print(traceback.format_exc(), flush=True)
             entry[label]["wall_s"] = time.perf_counter() - t
             entry[label]["host_after"] = host_load()
-            print(name, label, json.dumps({k: v for k, v in entry[label].items()
-                                           if k not in ("step_s", "plan_table", "plan_components", "traceback", "profile")},
-                                          default=str), flush=True)
+            if rank == 0:
+                print(name, label, json.dumps({k: v for k, v in entry[label].items()
+                                               if k not in ("step_s", "plan_table", "plan_components", "traceback", "profile")},
+                                              default=str), flush=True)
             save()
         pl = entry.get("pitlab", {})
         for loop in ("hf", "liger"):  # the two baselines: ratio and MFU (pitlab's FLOP count) of each
