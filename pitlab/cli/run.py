@@ -180,12 +180,11 @@ def _claim_message(res, root: Path, overwrite: bool, file: Path, again: str) -> 
     """Refuse (exit 2) run folders under ``root`` that exist without ``--overwrite`` or that coincide (an
     unfinished run with the advice ``again``); with ``--overwrite``, say which folders the run will replace (and
     whose they are) and return them."""
-    from pitlab.api.runfolders import check_run_folders, folder_owner, resumable
-
+    from pitlab.api.runfolders import check_run_folders, folder_owner
     from pitlab.resume import resume_refusal
 
-    try:
-        refused = None if overwrite or resumable(res, root) is None else resume_refusal(res, root)
+    try:  # the refusal is named only where check_run_folders finds an unfinished run of res
+        refused = None if overwrite else resume_refusal(res, root)
         doomed = check_run_folders(res, root, overwrite, str(file), resume_command=again, resume_refused=refused)
     except SpecError as err:
         fail(err, 2)
