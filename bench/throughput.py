@@ -307,11 +307,38 @@ def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = 
     return run / "spec.json"
 
 
+def memory_by_stream() -> dict:
+    """The caching allocator's segments grouped by the CUDA stream that allocated them (``torch.cuda.
+    memory_snapshot``): ``{stream: {"reserved": bytes, "allocated": bytes, "segments": count}}``. A block freed on
+    one stream is reused only by that stream's allocations, so each stream's reserved bytes are that pool's own
+    peak until the cache is emptied. Empty without CUDA."""
+    pools: dict = {}
+    for seg in torch.cuda.memory_snapshot() if CUDA else []:
+        pool = pools.setdefault(str(seg["stream"]), {"reserved": 0, "allocated": 0, "segments": 0})
+        pool["reserved"] += seg["total_size"]
+        pool["allocated"] += seg["allocated_size"]
+        pool["segments"] += 1
+    return pools
+
+
+def cap_memory(fraction_of_plan: float | None, plan) -> float | None:
+    """Limit this process's CUDA caching allocator to ``fraction_of_plan`` × the plan's peak (bytes), so that a run
+    whose reserved memory outgrows its plan either fits by freeing cached blocks (``num_alloc_retries`` counts
+    those) or fails with out-of-memory; returns the cap in bytes, or None (no cap, no CUDA or no plan)."""
+    if fraction_of_plan is None or not CUDA or plan is None:
+        return None
+    cap = fraction_of_plan * plan.peak_bytes
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / torch.cuda.get_device_properties(0).total_memory))
+    return cap
+
+
 def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict | None = None,
                lr: float = 3e-4, profile_steps: int = 0) -> dict:
-    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels.
-    ``profile_steps`` > 0: that many more steps after the timed ones under ``torch.profiler``
-    (:func:`profiled_steps`), in ``result["profile"]``."""
+    """pitlab's trainer setup + steps in this process (no checkpoint); tokens/s, MFU, peak, planner, kernels,
+    the allocator's segments per stream after the timed steps (:func:`memory_by_stream`). ``profile_steps`` > 0:
+    that many more steps after the timed ones under ``torch.profiler`` (:func:`profiled_steps`), in
+    ``result["profile"]``. ``overrides["memoryCap"]`` (a fraction of the planned peak, not a spec field):
+    :func:`cap_memory` for the steps."""
     import torch.distributed as dist
 
     from pitlab.trainer.train import RunPaths, setup_run, train_step
@@ -319,6 +346,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     from pitlab.trainer.kernels import KERNEL_CALLS
 
     _free()
+    overrides = dict(overrides or {})
+    cap_fraction = overrides.pop("memoryCap", None)
     world = dist.get_world_size()
     seq = shape["seq"]
     n_steps = steps + warmup
@@ -332,15 +361,21 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     setup_s = time.perf_counter() - t0
     times, losses = [], []
     sampler = GpuSampler() if CUDA else None
-    for step in range(n_steps):
-        if step == warmup and sampler is not None:
-            sampler.__enter__()
-        t = time.perf_counter()
-        out = train_step(ctx, step)
-        times.append(time.perf_counter() - t)
-        losses.append(out.loss)
+    cap = cap_memory(cap_fraction, ctx.plan)
+    try:
+        for step in range(n_steps):
+            if step == warmup and sampler is not None:
+                sampler.__enter__()
+            t = time.perf_counter()
+            out = train_step(ctx, step)
+            times.append(time.perf_counter() - t)
+            losses.append(out.loss)
+    finally:
+        if cap is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
     if sampler is not None:
         sampler.__exit__(None, None, None)
+    stats = torch.cuda.memory_stats() if CUDA else {}
     timed = times[warmup:]
     tokens_per_step = seq * sequences_per_step(overrides) * world
     tps = tokens_per_step / float(np.median(timed))
@@ -359,7 +394,9 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
               "mfu": None if ctx.peak_flops is None else tps * ctx.flops_per_token / (ctx.peak_flops * world),
               "loss_first_last": [losses[0], losses[-1]], "parameters": ctx.shape.total,
               "active_parameters": ctx.shape.active, "training_overrides": overrides or {},
-              "fla_calls_per_step": {k: (v - calls_before.get(k, 0)) / n_steps for k, v in KERNEL_CALLS.items()}}
+              "fla_calls_per_step": {k: (v - calls_before.get(k, 0)) / n_steps for k, v in KERNEL_CALLS.items()},
+              "memory_by_stream": memory_by_stream(), "memory_cap": cap,
+              "num_alloc_retries": stats.get("num_alloc_retries"), "num_ooms": stats.get("num_ooms")}
     if result["planned_allocated"] and result["peak_allocated"]:
         result["plan_error_vs_allocated"] = ((result["planned_allocated"] - result["peak_allocated"])
                                              / result["peak_allocated"])
@@ -606,6 +643,12 @@ def main() -> int:
                               f"a planned peak of {r['planned_peak'] / 1e9:.2f} GB") if CUDA else ""
                     print(f"{name:<18}{label[:36]:<36} steps max/min {max(r['step_s']) / min(r['step_s']):.3f}"
                           f"{memory}{vs}")
+                    pools = ", ".join(f"stream {k}: {v['reserved'] / 1e9:.2f} GB reserved, {v['allocated'] / 1e9:.2f} "
+                                      f"allocated" for k, v in r.get("memory_by_stream", {}).items())
+                    if pools:
+                        print(f"{'':<18}{'':<36} after the timed steps: {pools}; allocation retries "
+                              f"{r.get('num_alloc_retries')}, out-of-memory {r.get('num_ooms')}"
+                              + (f", capped at {r['memory_cap'] / 1e9:.2f} GB" if r.get("memory_cap") else ""))
     dist.destroy_process_group()
     return 0
 
