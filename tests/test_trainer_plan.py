@@ -94,9 +94,14 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
     assert fsdp2.components["unsharded_parameters"] == 2 * P_35B and fsdp2.notes[0].endswith("FSDP2")
     assert fsdp2.single_device is False
     # in backward FSDP2 frees each layer's bf16 copy as its float32 gradients appear: 16 B per parameter + buffers
-    assert fsdp2.peak_bytes == (16 * P_35B + RESERVE_BYTES + 2 * (shape35.root + 2 * shape35.largest_layer)
-                                + fsdp2.components["gradient_buffers"] + (2048 + 248_320) * 2048 * 2
-                                + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
+    # allocated at once (one pool)
+    backward = (fsdp2.components["gradient_buffers"] + (2048 + 248_320) * 2048 * 2 + 2 * 2048 * 2048 * 2
+                + 2048 * shape35.layer_activation_elems * 2)
+    assert fsdp2.activation_checkpointing is True
+    assert fsdp2.allocated_bytes == 16 * P_35B + 2 * (shape35.root + 2 * shape35.largest_layer) + backward
+    # reserved: the float32 gradients (4 B per parameter) are the reduce-scatter stream's own pool, beside the
+    # default stream's peak in backward: masters, AdamW, every layer's bf16 copy, the layers' inputs, buffers
+    assert fsdp2.peak_bytes == 18 * P_35B + RESERVE_BYTES + 40 * 2048 * 2048 * 2 + backward
     # one rank: FSDP2 reduce-scatters once per step whatever gradientSyncEveryMicrobatch says, at one peak
     one_rank = [plan(base35, shape35, gpus=1, accum=4, sync=s, loss="chunked") for s in (True, False)]
     assert one_rank[0].peak_bytes == one_rank[1].peak_bytes
@@ -136,9 +141,18 @@ def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
     assert p.fits is True and 75 * GiB < p.peak_bytes < 80 * GiB
     # reduce-scatter every microbatch: accumulation 4 costs no extra memory
     assert plan(base35, shape35, gpus=8, accum=4, loss="reference").peak_bytes == p.peak_bytes
-    # without activation checkpointing every layer's activations are kept: at seq 2048 they are still smaller than
-    # the gradients that replace them in backward (it fits), at seq 8192 they are not
-    assert plan(base35, shape35, gpus=8, accum=1, activationCheckpointing=False).fits is True
+    # without activation checkpointing every layer's activations are kept: at seq 2048 they are smaller than the
+    # gradients that replace them in backward as one pool (the allocated peak fits 80 GiB), but the gradients are
+    # the reduce-scatter stream's own pool and never take the activations' memory: the reserved peak does not
+    off = plan(base35, shape35, gpus=8, accum=1, activationCheckpointing=False)
+    assert off.allocated_bytes < 80 * GiB < off.peak_bytes and off.fits is False
+    o = off.components
+    working = 2 * 2048 * 2048 * 2
+    saved = o["activations"] - working
+    assert saved == 40 * 2048 * shape35.layer_activation_elems * 2
+    assert off.peak_bytes == (12 * P_35B // 8 + RESERVE_BYTES + o["unsharded_parameters"] + saved
+                              + max(o["logits"], o["gradient_buffers"] + (2048 + 248_320) * 2048 * 2 + working)
+                              + 4 * P_35B // 8)  # the chunked loss keeps the gradients of hidden states and head
     assert plan(base35, shape35, gpus=8, accum=1, seqLen=8192, activationCheckpointing=False).fits is False
 
 

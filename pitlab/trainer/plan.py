@@ -64,10 +64,11 @@ unsharded_parameters + saved activations + logits (+ gradients from the second m
 max(unsharded_parameters + saved activations, gradients + the root's and two layers' copies) + gradient_buffers +
 the loss's kept gradients + one layer's working set). Gradients do not exist at the loss of a step's first
 microbatch (``zero_grad(set_to_none=True)``), and in backward they grow as the activations (and kept layer copies)
-are freed. The fit check compares the peak with ``spec.resources.gpuMemoryGiB``; ``allocated_bytes`` (the peak
-without the reserve) is what ``torch.cuda.max_memory_allocated`` measures: within +0.4 % to +3.1 % of it on the
-seven synchronised runs of bench/RESULTS.md (1, 2 and 4 H200s, with and without activation checkpointing, both
-losses; all under FSDP2, before the single-device path existed).
+are freed. That one-pool peak, without the reserve, is ``allocated_bytes`` (``torch.cuda.max_memory_allocated``:
+within +0.4 % to +6.5 % of it on every synchronised run of bench/RESULTS.md). The fit check compares the reserved
+peak with ``spec.resources.gpuMemoryGiB``: FSDP2 allocates the float32 gradient shards (``4 P / W``) on its
+reduce-scatter stream, whose freed blocks the caching allocator gives to that stream alone, so they are a pool
+beside the default stream's peak (every phase without them; bench/RESULTS.md, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -156,11 +157,15 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     activation_checkpointing: bool = False
     single_device: bool = False
+    allocated_peak: int | None = None
 
     @property
     def allocated_bytes(self) -> int:
-        """The predicted peak without the ``reserve`` (CUDA context, allocator cache): what
-        ``torch.cuda.max_memory_allocated`` measures."""
+        """The predicted peak of ``torch.cuda.max_memory_allocated`` (bytes): ``allocated_peak`` where the plan
+        gives it (FSDP2: below the reserved peak by the reduce-scatter stream's pool), else the peak without
+        the ``reserve`` (CUDA context, allocator cache)."""
+        if self.allocated_peak is not None:
+            return self.allocated_peak
         return self.peak_bytes - self.components["reserve"]
 
     @property
@@ -376,22 +381,26 @@ def _loss_head(shape: ModelShape, tokens: int, c: int, loss: str) -> tuple[int, 
 
 
 def _peak(comp: dict[str, int], w: _Weights, saved: int, working: int, loss_grads: int, accumulating: bool,
-          single: bool) -> int:
-    """The largest of the phases' bytes: at the loss, in backward, at the float32 cast (single device)."""
-    # gradients are None until backward makes them (zero_grad(set_to_none=True)): at the loss every saved
-    # activation, the gathered parameters and the loss head's memory are live; in backward the sharded gradients
-    # grow as the activations (and, on one GPU, the kept layer copies) are freed
+          single: bool, world: int) -> tuple[int, int]:
+    """``(reserved, allocated)`` peak bytes of the phases (module docstring): reserved with the reserve (FSDP2:
+    the reduce-scatter stream's pool beside the default stream's peak), allocated as one pool without it."""
+    # gradients are None until backward makes them (zero_grad(set_to_none=True)); in backward they grow as the
+    # activations (and, on one GPU, the kept layer copies) are freed
     base = sum(comp[k] for k in ("parameters", "optimizer", "accumulation", "reserve"))
     grads_at_loss = comp["gradients"] if accumulating else 0  # from the 2nd microbatch on
     at_loss = base + w.unsharded + saved + comp["logits"] + grads_at_loss
     if single:  # the copy stays; its bf16 gradients replace the activations in backward, then the float32 cast
         in_backward = base + w.unsharded + max(saved, w.grad_buffers) + loss_grads + working + grads_at_loss
         at_cast = base + w.unsharded + w.grad_buffers + comp["gradients"]
-    else:
-        in_backward = (base + max(w.unsharded + saved, comp["gradients"] + w.resident) + comp["gradient_buffers"]
-                       + loss_grads + working)
-        at_cast = 0
-    return max(at_loss, in_backward, at_cast)
+        peak = max(at_loss, in_backward, at_cast)
+        return peak, peak - comp["reserve"]
+    backward = comp["gradient_buffers"] + loss_grads + working
+    in_backward = base + max(w.unsharded + saved, comp["gradients"] + w.resident) + backward
+    allocated = max(at_loss, in_backward) - comp["reserve"]
+    # the float32 gradient shards: FSDP2's reduce-scatter stream's own pool (module docstring)
+    pool = REDUCE_BYTES * w.trained // world
+    default_stream = max(at_loss - grads_at_loss, base + max(w.unsharded + saved, w.resident) + backward)
+    return max(default_stream + pool, allocated + comp["reserve"]), allocated
 
 
 def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
@@ -416,10 +425,11 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         "logits": logits,
         "reserve": RESERVE_BYTES,
     }
-    peak = _peak(comp, w, saved, working, loss_grads, tr.gradient_accumulation_steps > 1, single)
+    peak, allocated = _peak(comp, w, saved, working, loss_grads, tr.gradient_accumulation_steps > 1, single,
+                            g.world)
     notes = _plan_notes(spec, shape, adapter, g, w.trained, act_ckpt, why)
     return MemoryPlan(g.world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
-                      single_device=single)
+                      single_device=single, allocated_peak=allocated)
 
 
 def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, g: _Regime, trained: int,
