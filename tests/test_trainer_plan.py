@@ -80,6 +80,7 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
             c["accumulation"]) == (4 * P_35B, 8 * P_35B, 4 * P_35B, 2 * P_35B, 2 * P_35B, 0)
     assert p.peak_bytes == 20 * P_35B + RESERVE_BYTES
     assert p.notes[0].endswith("single-device (fp32 master + bf16 compute copy), no FSDP2")
+    assert not any("reduce-scatter stream" in n for n in p.notes)  # no FSDP2, no second pool
     # gradientSyncEveryMicrobatch has no effect: the float32 gradients are the sum either way
     nosync = plan(base35, shape35, 1, 4, sync=False, loss="chunked")
     sync = plan(base35, shape35, 1, 4, loss="chunked")
@@ -139,6 +140,8 @@ def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
     assert plan(base35, shape35, gpus=8, accum=1, loss="chunked").components["logits"] == 2048 * 248_320 * 2 * 2
     assert c["activations"] == 40 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2 + 2 * 2048 * 2048 * 2
     assert p.fits is True and 75 * GiB < p.peak_bytes < 80 * GiB
+    assert any("the 16.14 GiB of float32 gradient shards in FSDP2's reduce-scatter stream's own pool" in n
+               for n in p.notes)  # 4 B × 34.66 B parameters / 8 GPUs
     # reduce-scatter every microbatch: accumulation 4 costs no extra memory
     assert plan(base35, shape35, gpus=8, accum=4, loss="reference").peak_bytes == p.peak_bytes
     # without activation checkpointing every layer's activations are kept: at seq 2048 they are smaller than the

@@ -453,6 +453,9 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
         notes.append(f"gradientSyncEveryMicrobatch: false keeps all {count_text(trained)} gradients unsharded on "
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {REDUCE_BYTES * trained / 1e9:.1f} GB as "
                      "FSDP2 accumulates them in float32; set it to true (the default)")
+    if not single:  # why the peak is above the allocated peak by more than the reserve
+        notes.append(f"predicted peak: memory reserved, the {REDUCE_BYTES * trained / g.world / GiB:.2f} GiB of float32 "
+                     "gradient shards in FSDP2's reduce-scatter stream's own pool, beside the default stream's peak")
     return notes
 
 
@@ -466,8 +469,7 @@ def _sync_text(g: _Regime, accum: int) -> str:
 
 
 def count_text(n: int | float) -> str:
-    """A count for people, three significant digits and a unit: ``512``, ``45.1 K``, ``1.23 M``, ``4.5 B``
-    (``999,500`` is ``1 M``, not ``1000 K``)."""
+    """A count for people, three significant digits and a unit: ``512``, ``45.1 K``, ``4.5 B`` (999,500: ``1 M``)."""
     for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
         v = float(f"{n / scale:.3g}")
         if abs(v) >= 1:
@@ -480,15 +482,13 @@ def train_flops_per_token(shape: ModelShape, seq_len: int, frozen_base: bool = F
     matmul parameters ``N_active`` excluding the input embedding lookup; causal attention scores and values
     ``2 × 2 × S/2 × d_attn`` per layer and token forward). Source: Kaplan et al. 2020, "Scaling Laws for
     Neural Language Models", §2.1 (C ≈ 6N), and Chowdhery et al. 2022, "PaLM", Appendix B (attention term,
-    halved for causal masking). Linear-attention layers are counted through their projections only.
-    ``frozen_base`` (LoRA): frozen weights need no weight gradient, so their matmuls cost forward + input
-    gradient, ``4 N_active`` (the small adapter is not counted); the attention term is unchanged."""
+    halved for causal masking); linear-attention layers through their projections. ``frozen_base`` (LoRA): no
+    weight gradient for frozen weights, ``4 N_active`` (adapter not counted); the attention term unchanged."""
     n_matmul = shape.active - shape.vocab * shape.hidden  # the embedding is a lookup, not a matmul
     return (4.0 if frozen_base else 6.0) * n_matmul + 6.0 * shape.full_attention_layers * seq_len * shape.attention_dim
 
 
-# Dense bf16 tensor-core peak FLOP/s by device name substring (vendor datasheets: NVIDIA H100/H200 SXM
-# 989.4 TFLOP/s dense, A100 312 TFLOP/s).
+# Dense bf16 tensor-core peak FLOP/s by device name (datasheets: H100/H200 SXM 989.4 TFLOP/s, A100 312).
 PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
 
 
