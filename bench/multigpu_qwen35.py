@@ -132,7 +132,8 @@ def main() -> int:
     from transformers import AutoModelForCausalLM
 
     from pitlab.trainer.launch import run_training, write_spec
-    from pitlab.trainer.plan import model_shape, plan_memory, train_flops_per_token
+    from pitlab.trainer.flops import train_flops_per_token
+    from pitlab.trainer.plan import model_shape, plan_memory
     from pitlab.trainer.prepare import build_config
 
     cuda = torch.cuda.is_available()

@@ -35,7 +35,7 @@ that variable to measure the pitlab runs as they run there (every run of the pro
 records the memory reserved when it starts (``reserved_at_start``: pools an earlier run left).
 
 Tokens/s: median of the timed steps after ``--warmup`` steps (each step is synchronised by its loss read).
-MFU from pitlab's FLOP count (:func:`pitlab.trainer.plan.train_flops_per_token`) for both. Peak memory:
+MFU from pitlab's FLOP count (:func:`pitlab.trainer.flops.train_flops_per_token`) for both. Peak memory:
 ``torch.cuda.max_memory_allocated`` of each run (reset in between). Writes ``throughput.json`` to ``--out``.
 """
 

@@ -7,7 +7,7 @@ Record fields (written by the trainer): ``step`` (1-based optimizer steps done),
 ``mean_tokens_per_second`` (all ranks, mean from the start of this attempt's training loop to the end of this
 step: the speed ``status.progress.tokensPerSecond`` and the run summary report),
 ``mfu`` (model FLOPs utilisation: ``tokens_per_second × train_flops_per_token / (peak bf16 FLOP/s ×
-world size)``, FLOPs from active parameters, see :func:`pitlab.trainer.plan.train_flops_per_token`; null
+world size)``, FLOPs from active parameters, see :func:`pitlab.trainer.flops.train_flops_per_token`; null
 on devices without a known peak, e.g. CPU), ``peak_memory_bytes`` (rank 0: CUDA max allocated bytes, or
 peak RSS on CPU), ``elapsed_s`` (seconds since the first step of this attempt started), ``start_step``
 (optimizer steps done before this attempt: 0, or the checkpoint's step a resumed run started from; with

@@ -381,7 +381,7 @@ def _loss_head(shape: ModelShape, tokens: int, c: int, loss: str) -> tuple[int, 
 
 
 def _peak(comp: dict[str, int], w: _Weights, saved: int, working: int, loss_grads: int, accumulating: bool,
-          single: bool, world: int) -> tuple[int, int]:
+          single: bool, pool: int) -> tuple[int, int]:
     """``(reserved, allocated)`` peak bytes of the phases (module docstring): reserved with the reserve (FSDP2:
     the reduce-scatter stream's pool beside the default stream's peak), allocated as one pool without it."""
     # gradients are None until backward makes them (zero_grad(set_to_none=True)); in backward they grow as the
@@ -397,10 +397,21 @@ def _peak(comp: dict[str, int], w: _Weights, saved: int, working: int, loss_grad
     backward = comp["gradient_buffers"] + loss_grads + working
     in_backward = base + max(w.unsharded + saved, comp["gradients"] + w.resident) + backward
     allocated = max(at_loss, in_backward) - comp["reserve"]
-    # the float32 gradient shards: FSDP2's reduce-scatter stream's own pool (module docstring)
-    pool = REDUCE_BYTES * w.trained // world
+    # reserved: the default stream's phases without the float32 gradient shards, and their pool (never less than
+    # the one-pool peak: the pool holds at least the gradients)
     default_stream = max(at_loss - grads_at_loss, base + max(w.unsharded + saved, w.resident) + backward)
-    return max(default_stream + pool, allocated + comp["reserve"]), allocated
+    return default_stream + pool, allocated
+
+
+def _gradient_pool(shape: ModelShape, adapter: AdapterShape | None, g: _Regime, accumulating: bool) -> int:
+    """Bytes of FSDP2's reduce-scatter stream's pool on each GPU (0 on the single-device path): the float32
+    gradient shards, ``4 P / W`` (LoRA: the adapter's), and, when a step's microbatches each reduce-scatter (``W >
+    1``), the root's and the largest layer's new shards, made beside the kept ones before they are added in."""
+    if g.single:
+        return 0
+    trained, root, layer = ((adapter.total, adapter.root, adapter.largest_layer) if adapter is not None
+                            else (shape.total, shape.root, shape.largest_layer))
+    return REDUCE_BYTES * (trained + (root + layer if accumulating and not g.nosync and g.world > 1 else 0)) // g.world
 
 
 def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, act_ckpt: bool,
@@ -425,16 +436,18 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         "logits": logits,
         "reserve": RESERVE_BYTES,
     }
-    peak, allocated = _peak(comp, w, saved, working, loss_grads, tr.gradient_accumulation_steps > 1, single,
-                            g.world)
-    notes = _plan_notes(spec, shape, adapter, g, w.trained, act_ckpt, why)
+    accumulating = tr.gradient_accumulation_steps > 1
+    pool = _gradient_pool(shape, adapter if spec.method == "lora" else None, g, accumulating)
+    peak, allocated = _peak(comp, w, saved, working, loss_grads, accumulating, single, pool)
+    notes = _plan_notes(spec, shape, adapter, g, w.trained, act_ckpt, why, pool)
     return MemoryPlan(g.world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
                       single_device=single, allocated_peak=allocated)
 
 
 def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, g: _Regime, trained: int,
-                act_ckpt: bool, why: str) -> list[str]:
-    """The lines under the plan's table: the model and how it runs, then what the spec should know."""
+                act_ckpt: bool, why: str, pool: int) -> list[str]:
+    """The lines under the plan's table: the model and how it runs, then what the spec should know (``pool``:
+    :func:`_gradient_pool`'s bytes)."""
     tr, single = spec.training, g.single
     notes = [f"model: {shape.model_type}, {count_text(shape.total)} parameters ({count_text(shape.active)} active), "
              f"world size {g.world}, {tr.precision}, accumulation {tr.gradient_accumulation_steps} "
@@ -454,8 +467,9 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
                      f"every GPU: {2 * trained / 1e9:.1f} GB in bf16, {REDUCE_BYTES * trained / 1e9:.1f} GB as "
                      "FSDP2 accumulates them in float32; set it to true (the default)")
     if not single:  # why the peak is above the allocated peak by more than the reserve
-        notes.append(f"predicted peak: memory reserved, the {REDUCE_BYTES * trained / g.world / GiB:.2f} GiB of float32 "
-                     "gradient shards in FSDP2's reduce-scatter stream's own pool, beside the default stream's peak")
+        size = f"{pool / GiB:.2f} GiB" if pool >= GiB // 10 else f"{pool / 2 ** 20:.2f} MiB"
+        notes.append(f"predicted peak: memory reserved, the {size} of float32 gradient shards in FSDP2's "
+                     "reduce-scatter stream's own pool, beside the default stream's peak")
     return notes
 
 
@@ -475,26 +489,3 @@ def count_text(n: int | float) -> str:
         if abs(v) >= 1:
             return f"{v:g} {unit}"
     return f"{n:.0f}"
-
-
-def train_flops_per_token(shape: ModelShape, seq_len: int, frozen_base: bool = False) -> float:
-    """Training FLOPs per token: ``6 N_active + 6 L_full S d_attn`` (forward + backward = 3 × forward;
-    matmul parameters ``N_active`` excluding the input embedding lookup; causal attention scores and values
-    ``2 × 2 × S/2 × d_attn`` per layer and token forward). Source: Kaplan et al. 2020, "Scaling Laws for
-    Neural Language Models", §2.1 (C ≈ 6N), and Chowdhery et al. 2022, "PaLM", Appendix B (attention term,
-    halved for causal masking); linear-attention layers through their projections. ``frozen_base`` (LoRA): no
-    weight gradient for frozen weights, ``4 N_active`` (adapter not counted); the attention term unchanged."""
-    n_matmul = shape.active - shape.vocab * shape.hidden  # the embedding is a lookup, not a matmul
-    return (4.0 if frozen_base else 6.0) * n_matmul + 6.0 * shape.full_attention_layers * seq_len * shape.attention_dim
-
-
-# Dense bf16 tensor-core peak FLOP/s by device name (datasheets: H100/H200 SXM 989.4 TFLOP/s, A100 312).
-PEAK_BF16_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12}
-
-
-def peak_flops(device_name: str) -> float | None:
-    """Dense bf16 peak FLOP/s of a device from :data:`PEAK_BF16_FLOPS`, None when unknown (e.g. CPU)."""
-    for key, value in PEAK_BF16_FLOPS.items():
-        if key in device_name:
-            return value
-    return None

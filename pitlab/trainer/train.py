@@ -64,8 +64,8 @@ from pitlab.trainer.kernels import (compile_run_layers, compiles_layers, determi
 from pitlab.trainer.knobs import check_knobs
 from pitlab.trainer.lora import lora_record, save_adapter_verified
 from pitlab.trainer.metrics import LossHistory, MetricsWriter, truncate_metrics
-from pitlab.trainer.plan import (GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, peak_flops, plan_memory,
-                                 train_flops_per_token)
+from pitlab.trainer.flops import peak_flops, train_flops_per_token
+from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, adapter_shape, model_shape, plan_memory
 from pitlab.trainer.prepare import load_tokens
 from pitlab.trainer.report import full_parameter_sha256, metrics_record, model_card
 from pitlab.trainer.report import summary as run_summary
