@@ -207,23 +207,40 @@ def _api_message(err: ApiException) -> str:
     return str(text)[:500]
 
 
+STALE_WRITES_BEFORE_ERROR = 10
+"""Status writes in a row refused as stale (409) before the next one is reported as an error."""
+
+
 def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch) -> None:
     """Write the status ``run_plan`` put in ``patch`` through the operator's own client, and take it out of
-    kopf's patch: kopf applies its patch after the handler returns, where an API error (a 409 Conflict when the
-    API server gives up its own retries, a 5xx after kopf's) would end the object's timer for good. Here it is
-    a :class:`kopf.TemporaryError`: the next attempt reconciles afresh and writes the status again (after one
-    ``reconcile_interval`` for a conflict, 5 s for another error)."""
+    kopf's patch: kopf applies its patch after the handler returns, where an API error would end the object's
+    timer for good. The write carries the body's ``metadata.resourceVersion``: a reconcile that read the object
+    before its previous status write arrived (kopf's body lags the watch) is refused with 409 Conflict instead of
+    writing conditions computed from the older status (their ``lastTransitionTime`` moved). That is logged, not
+    raised: the next timer tick reconciles afresh (after :data:`STALE_WRITES_BEFORE_ERROR` refusals in a row it
+    is a :class:`kopf.TemporaryError`). Any other API error is a TemporaryError, retried after 5 s."""
     status = patch.pop("status", None)
     if not status:
         return
+    name = body.metadata.name
     try:
-        memo.kube.patch_status(f"{API_GROUP}/{API_VERSION}/{plural}", body.metadata.namespace, body.metadata.name,
-                               dict(status))
+        memo.kube.patch_status(f"{API_GROUP}/{API_VERSION}/{plural}", body.metadata.namespace, name,
+                               dict(status), resource_version=body.metadata.get("resourceVersion"))
     except ApiException as err:
-        delay = memo.config.reconcile_interval if err.status == 409 else 5
-        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying", delay=delay) from err
+        if err.status == 409:
+            stale = getattr(memo, "stale_status_writes", 0) + 1
+            memo.stale_status_writes = stale
+            if stale < STALE_WRITES_BEFORE_ERROR:
+                log.info("%s %s: status not written (%s): read before a newer write; the next reconcile reads it "
+                         "afresh", plural, name, _api_detail(err))
+                return
+            memo.stale_status_writes = 0
+            raise kopf.TemporaryError(f"status not written ({_api_detail(err)}, {stale} times in a row); "
+                                      "retrying", delay=memo.config.reconcile_interval) from err
+        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying", delay=5) from err
     except HTTPError as err:
         raise kopf.TemporaryError(f"status not written (API unreachable: {err}); retrying", delay=5) from err
+    memo.stale_status_writes = 0
 
 
 def _reconcile_and_write(kind: str, plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch,

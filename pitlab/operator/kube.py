@@ -96,11 +96,16 @@ class Kube:
             raise
         return True
 
-    def patch_status(self, resource: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch ``status`` into the status subresource of a pitlab resource (raises ApiException)."""
+    def patch_status(self, resource: str, namespace: str, name: str, status: dict[str, Any],
+                     resource_version: str | None = None) -> None:
+        """Merge-patch ``status`` into the status subresource of a pitlab resource; with ``resource_version`` the
+        API server refuses the patch (409 Conflict) unless the object is still at that version (raises
+        ApiException)."""
         group, version, plural = _split(resource)
-        self.custom.patch_namespaced_custom_object_status(group, version, namespace, plural, name,
-                                                          {"status": status},
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        self.custom.patch_namespaced_custom_object_status(group, version, namespace, plural, name, body,
                                                           _content_type="application/merge-patch+json")
 
     def job_pods(self, namespace: str, job: str) -> list[dict[str, Any]]:
