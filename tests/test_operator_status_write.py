@@ -9,7 +9,9 @@ import kopf
 import pytest
 from kubernetes.client import ApiException
 
+from pitlab.api.status import ResourceStatus
 from pitlab.operator import handlers
+from pitlab.operator.context import Plan
 
 
 class FakeKube:
@@ -25,12 +27,15 @@ class FakeKube:
             raise ApiException(status=code, reason="Conflict" if code == 409 else "Internal Server Error")
 
 
+def _raw(rv: str) -> dict:
+    return {"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval",
+            "metadata": {"name": "le", "namespace": "research", "resourceVersion": rv}, "spec": {}, "status": {}}
+
+
 def _write(memo, rv: str = "42") -> None:
-    body = kopf.Body({"apiVersion": "pitlab.io/v1alpha1", "kind": "LeakageEval",
-                      "metadata": {"name": "le", "namespace": "research", "resourceVersion": rv}})
     patch = kopf.Patch()
     patch["status"] = {"phase": "Embedding"}
-    handlers.write_status("leakageevals", body, memo, patch)
+    handlers.write_status("leakageevals", kopf.Body(_raw(rv)), memo, patch, rv)
     assert "status" not in patch  # kopf never writes it itself
 
 
@@ -60,3 +65,24 @@ def test_another_api_error_is_retried_after_five_seconds():
     with pytest.raises(kopf.TemporaryError, match="status not written \\(500 Internal Server Error") as err:
         _write(memo)
     assert err.value.delay == 5
+
+
+def test_the_version_is_read_before_the_reconcile_copies_the_object():
+    """kopf updates the body in place when the watch delivers a newer object, also while the reconcile runs (in a
+    worker thread): the write must carry the version the status was computed from (100), not the newer one (101)
+    that would let a status computed from the older object through."""
+    raw = _raw("100")
+    body = kopf.Body(raw)
+    seen = []
+
+    def reconcile(doc, kube, config):
+        seen.append(doc["metadata"]["resourceVersion"])
+        raw["metadata"]["resourceVersion"] = "101"  # the watch delivers the operator's previous write meanwhile
+        raw["status"] = {"phase": "Embedding"}
+        return Plan(status=ResourceStatus(phase="Pending"))
+
+    memo = kopf.Memo(kube=FakeKube([409]), config=SimpleNamespace(reconcile_interval=0.1))
+    handlers._reconcile_and_write("LeakageEval", "leakageevals", body, memo, kopf.Patch(), reconcile)
+    assert seen == ["100"] and body.metadata["resourceVersion"] == "101"
+    assert [c[4] for c in memo.kube.calls] == ["100"]  # refused by the server: the next reconcile reads 101
+    assert memo.kube.calls[0][3]["phase"] == "Pending" and memo.stale_status_writes == 1

@@ -211,12 +211,13 @@ STALE_WRITES_BEFORE_ERROR = 10
 """Status writes in a row refused as stale (409) before the next one is reported as an error."""
 
 
-def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch) -> None:
+def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch, version: str | None) -> None:
     """Write the status ``run_plan`` put in ``patch`` through the operator's own client, and take it out of
     kopf's patch: kopf applies its patch after the handler returns, where an API error would end the object's
-    timer for good. The write carries the body's ``metadata.resourceVersion``: a reconcile that read the object
-    before its previous status write arrived (kopf's body lags the watch) is refused with 409 Conflict instead of
-    writing conditions computed from the older status (their ``lastTransitionTime`` moved). That is logged, not
+    timer for good. The write carries ``version``, the ``metadata.resourceVersion`` read before the reconcile
+    copied the object (kopf updates ``body`` in place meanwhile): a reconcile of a copy older than the operator's
+    previous status write (kopf's body lags the watch) is refused with 409 Conflict instead of writing conditions
+    computed from the older status (their ``lastTransitionTime`` moved). That is logged, not
     raised: the next timer tick reconciles afresh (after :data:`STALE_WRITES_BEFORE_ERROR` refusals in a row it
     is a :class:`kopf.TemporaryError`). Any other API error is a TemporaryError, retried after 5 s."""
     status = patch.pop("status", None)
@@ -225,7 +226,7 @@ def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch) -> 
     name = body.metadata.name
     try:
         memo.kube.patch_status(f"{API_GROUP}/{API_VERSION}/{plural}", body.metadata.namespace, name,
-                               dict(status), resource_version=body.metadata.get("resourceVersion"))
+                               dict(status), resource_version=version)
     except ApiException as err:
         if err.status == 409:
             stale = getattr(memo, "stale_status_writes", 0) + 1
@@ -245,11 +246,14 @@ def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch) -> 
 
 def _reconcile_and_write(kind: str, plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
                          reconcile: Callable[..., lifecycle.Plan]) -> None:
-    """:func:`run_plan`, then :func:`write_status` (also when run_plan asks for a retry: a stalled status)."""
+    """:func:`run_plan`, then :func:`write_status` (also when run_plan asks for a retry: a stalled status) with the
+    resourceVersion read before run_plan copies the object: a newer copy can only make the write stale (409),
+    never let a status computed from an older one through."""
+    version = body.metadata.get("resourceVersion")
     try:
         run_plan(kind, body, memo, patch, reconcile)
     finally:
-        write_status(plural, body, memo, patch)
+        write_status(plural, body, memo, patch, version)
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
