@@ -141,7 +141,7 @@ def test_35b_on_8x80gb_accumulation_1_fits(base35, shape35):
     assert plan(base35, shape35, gpus=8, accum=1, loss="chunked").components["logits"] == 2048 * 248_320 * 2 * 2
     assert c["activations"] == 40 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2 + 2 * 2048 * 2048 * 2
     assert p.fits is True and 75 * GiB < p.peak_bytes < 80 * GiB
-    assert any("the 16.14 GiB of float32 gradient shards in FSDP2's reduce-scatter stream's own pool" in n
+    assert any("FSDP2 keeps the 16.14 GiB of float32 gradient shards in its reduce-scatter stream's own pool" in n
                for n in p.notes)  # 4 B × 34.66 B parameters / 8 GPUs
     # reduce-scatter every microbatch: accumulation 4 allocates no more at once, but from the second microbatch on
     # the root's and a layer's new float32 shards are made in the reduce-scatter stream's pool before being added
@@ -358,10 +358,17 @@ def test_a_refusal_shows_as_many_decimals_as_tell_the_peak_from_the_gpu(base35, 
     import dataclasses
 
     p = plan(base35, shape35, gpus=1, accum=1)
+    fixes = ("; to fit, a shorter spec.training.seqLen or a smaller microBatchSize; or more GPUs (spec.resources."
+             "nodes or gpusPerNode: FSDP2 shards weights, gradients and AdamW states); or a LoRA adapter instead of "
+             "full weights (spec.method: lora)")  # checkpointing is on already: not offered
     assert p.refusal("spec.resources.gpuMemoryGiB") == (
-        f"predicted peak {p.peak_bytes / GiB:.1f} GiB per GPU exceeds spec.resources.gpuMemoryGiB = 80.0 GiB")
-    close = dataclasses.replace(p, peak_bytes=int(2.02 * GiB), capacity_bytes=2 * GiB)
+        f"predicted peak {p.peak_bytes / GiB:.1f} GiB per GPU exceeds spec.resources.gpuMemoryGiB = 80.0 GiB" + fixes)
+    close = dataclasses.replace(p, peak_bytes=int(2.02 * GiB), capacity_bytes=2 * GiB, remedies=[])
     assert close.refusal("--gpu-memory-gib") == "predicted peak 2.02 GiB per GPU exceeds --gpu-memory-gib = 2.00 GiB"
+    # without checkpointing it is offered first; a LoRA plan does not offer LoRA
+    off = plan(base35, shape35, gpus=8, accum=1, seqLen=8192, activationCheckpointing=False)
+    assert "; to fit, spec.training.activationCheckpointing: true; or a shorter" in off.refusal("x")
+    assert "spec.method: lora" not in lora_plan(base35, shape35, 8, seqLen=65536).refusal("x")
 
 
 def test_plan_nproc_plans_the_local_run_and_a_multi_node_spec_says_so(base35, tmp_path):

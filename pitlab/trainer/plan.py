@@ -158,6 +158,7 @@ class MemoryPlan:
     activation_checkpointing: bool = False
     single_device: bool = False
     allocated_peak: int | None = None
+    remedies: list[str] = field(default_factory=list)
 
     @property
     def allocated_bytes(self) -> int:
@@ -191,7 +192,8 @@ class MemoryPlan:
         while digits < 4 and f"{self.peak_bytes / GiB:.{digits}f}" == f"{self.capacity_bytes / GiB:.{digits}f}":
             digits += 1
         return (f"predicted peak {self.peak_bytes / GiB:.{digits}f} GiB per GPU exceeds {source} = "
-                f"{self.capacity_bytes / GiB:.{digits}f} GiB")
+                f"{self.capacity_bytes / GiB:.{digits}f} GiB" + (f"; to fit, {'; or '.join(self.remedies)}"
+                                                                 if self.remedies else ""))
 
 
 def model_shape(config) -> ModelShape:
@@ -440,8 +442,12 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
     pool = _gradient_pool(shape, adapter if spec.method == "lora" else None, g, accumulating)
     peak, allocated = _peak(comp, w, saved, working, loss_grads, accumulating, single, pool)
     notes = _plan_notes(spec, shape, adapter, g, w.trained, act_ckpt, why, pool)
+    remedies = ([] if act_ckpt else ["spec.training.activationCheckpointing: true"]) + [
+        "a shorter spec.training.seqLen or a smaller microBatchSize",
+        "more GPUs (spec.resources.nodes or gpusPerNode: FSDP2 shards weights, gradients and AdamW states)"] + (
+        ["a LoRA adapter instead of full weights (spec.method: lora)"] if spec.method == "full" else [])
     return MemoryPlan(g.world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
-                      single_device=single, allocated_peak=allocated)
+                      single_device=single, allocated_peak=allocated, remedies=remedies)
 
 
 def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, g: _Regime, trained: int,
@@ -468,8 +474,9 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
                      "FSDP2 accumulates them in float32; set it to true (the default)")
     if not single:  # why the peak is above the allocated peak by more than the reserve
         size = f"{pool / GiB:.2f} GiB" if pool >= GiB // 10 else f"{pool / 2 ** 20:.2f} MiB"
-        notes.append(f"predicted peak: memory reserved, the {size} of float32 gradient shards in FSDP2's "
-                     "reduce-scatter stream's own pool, beside the default stream's peak")
+        notes.append(f"the predicted peak is the memory reserved: FSDP2 keeps the {size} of float32 gradient "
+                     "shards in its reduce-scatter stream's own pool, which cannot reuse what the activations free, "
+                     "so it exceeds the allocated peak by more than the reserve where activations are large")
     return notes
 
 
