@@ -452,6 +452,10 @@ CASES += [
          "spec.training.minLearningRateRatio: Input should be a finite number (got -inf)"),
     Case("gpu-memory-inf", "pt", _set("spec.resources.gpuMemoryGiB", float("inf")),
          "spec.resources.gpuMemoryGiB: Input should be a finite number (got inf)"),
+    # the memory plan against the declared GPU memory, before anything is written (its 2 GiB reserve alone)
+    Case("gpu-memory-too-small", "pt", _set("spec.resources.gpuMemoryGiB", 1.0),
+         "spec.resources.gpuMemoryGiB: predicted peak 2.0 GiB per GPU exceeds spec.resources.gpuMemoryGiB = 1.0 "
+         "GiB; to fit, a shorter spec.training.seqLen or a smaller microBatchSize"),
     Case("lora-dropout-nan", "pt", _all(_set("spec.method", "lora"), _set("spec.lora", {"dropout": float("nan")})),
          "spec.lora.dropout: Input should be a finite number (got nan)"),
     Case("confidence-nan", "pt", _set("ev.bootstrap.confidence", float("nan")),
