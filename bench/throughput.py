@@ -99,6 +99,7 @@ def _free() -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.reset_accumulated_memory_stats()  # allocation retries and OOMs counted per run
 
 
 def _peaks() -> dict:
@@ -328,7 +329,7 @@ def cap_memory(fraction_of_plan: float | None, plan) -> float | None:
     if fraction_of_plan is None or not CUDA or plan is None:
         return None
     cap = fraction_of_plan * plan.peak_bytes
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / torch.cuda.get_device_properties(0).total_memory))
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory))
     return cap
 
 
