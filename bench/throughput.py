@@ -440,7 +440,8 @@ def profiled_steps(step, indices) -> dict:
     launches = sum(e.count for e in ev if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
     top_dev = sorted(ev, key=dev, reverse=True)[:25]
     top_calls = sorted((e for e in ev if e.key.startswith("aten::")), key=lambda e: e.count, reverse=True)[:25]
-    return {"steps": n, "wall_s_per_step": wall / n, "device_busy_s_per_step": busy if CUDA else None,
+    gaps = idle_gaps(prof, n) if CUDA else None
+    return {"idle_gaps": gaps, "steps": n, "wall_s_per_step": wall / n, "device_busy_s_per_step": busy if CUDA else None,
             "device_busy_fraction": busy / (wall / n) if CUDA and wall else None, "aten_calls_per_step": aten,
             "device_busy_union_s_per_step": union,
             "device_idle_fraction": 1 - union / (wall / n) if CUDA and wall else None,
@@ -457,6 +458,42 @@ def _kernel_union_s(prof) -> float:
     return interval_union((e.time_range.start, e.time_range.end) for e in prof.events()
                           if e.device_type == DeviceType.CUDA
                           and not getattr(e, "is_user_annotation", False)) / 1e6
+
+
+def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15) -> dict:
+    """Where the GPU waited for the host in the profiled steps: the gaps between consecutive kernels (of the union
+    of their intervals) longer than ``min_us`` microseconds; their total per step (ms), per ``step.*`` phase
+    (``record_function`` ranges as the device saw them), their count per step, and the ``top`` longest with the
+    kernel before and after each and its start in ms from the first kernel."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    if not kernels:
+        return {}
+    marks = [e for e in prof.events() if getattr(e, "is_user_annotation", False) and e.name.startswith("step.")]
+    on_device = [e for e in marks if e.device_type == DeviceType.CUDA]  # the ranges as the GPU ran them
+    phases = sorted((e.time_range.start, e.time_range.end, e.name) for e in (on_device or marks))
+
+    def phase(t: float) -> str:
+        inside = [p for p in phases if p[0] <= t <= p[1]]
+        return inside[-1][2] if inside else "between phases"
+
+    found, end, before = [], kernels[0][1], kernels[0][2]
+    for s, e, name in kernels[1:]:
+        if s - end > min_us:
+            found.append((s - end, end - kernels[0][0], before, name, phase(end + 1e-3)))
+        if e > end:
+            end, before = e, name
+    found.sort(reverse=True)
+    by_phase: dict = {}
+    for g in found:
+        by_phase[g[4]] = by_phase.get(g[4], 0.0) + g[0] / 1e3 / n_steps
+    return {"min_gap_us": min_us, "gaps_per_step": len(found) / n_steps,
+            "gap_ms_per_step": sum(g[0] for g in found) / 1e3 / n_steps,
+            "gap_ms_per_step_by_phase": {k: round(v, 3) for k, v in by_phase.items()},
+            "longest": [{"us": round(g, 1), "at_ms": round(at / 1e3, 3), "phase": ph, "after": b[:120],
+                         "before": a[:120]} for g, at, b, a, ph in found[:top]]}
 
 
 def interval_union(intervals) -> float:
