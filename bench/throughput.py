@@ -342,7 +342,9 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     :func:`cap_memory` for the steps."""
     import torch.distributed as dist
 
-    from pitlab.trainer.train import RunPaths, setup_run, train_step
+    from pitlab.trainer.metrics import LossHistory
+    from pitlab.trainer.step import run_steps
+    from pitlab.trainer.train import RunPaths, setup_run
 
     from pitlab.trainer.kernels import KERNEL_CALLS
 
@@ -353,7 +355,7 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     seq = shape["seq"]
     n_steps = steps + warmup
     calls_before = dict(KERNEL_CALLS)
-    total_steps = n_steps + max(0, profile_steps)
+    total_steps = n_steps + 1 + max(0, profile_steps)  # + 1: the step of launch_syncs
     spec_path = pitlab_spec(shape, work, total_steps, overrides, lr)
     _free()
     reserved_at_start = torch.cuda.memory_reserved() if CUDA else 0
@@ -363,13 +365,13 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     times, losses = [], []
     sampler = GpuSampler() if CUDA else None
     cap = cap_memory(cap_fraction, ctx.plan)
+    history = LossHistory()
     try:
-        for step in range(n_steps):
-            if step == warmup and sampler is not None:
+        # as the trainer's loop: each step read while the next runs; a step's time is from the previous read
+        for step, out in run_steps(ctx, range(n_steps), history):
+            if step == warmup - 1 and sampler is not None:
                 sampler.__enter__()
-            t = time.perf_counter()
-            out = train_step(ctx, step)
-            times.append(time.perf_counter() - t)
+            times.append(out.seconds)
             losses.append(out.loss)
     finally:
         if cap is not None:
@@ -401,16 +403,43 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     if result["planned_allocated"] and result["peak_allocated"]:
         result["plan_error_vs_allocated"] = ((result["planned_allocated"] - result["peak_allocated"])
                                              / result["peak_allocated"])
+    result["launch_syncs"] = launch_syncs(ctx, n_steps)
     if profile_steps > 0:
-        result["profile"] = profiled_steps(lambda s: train_step(ctx, s), range(n_steps, total_steps))
+        result["profile"] = profiled_steps(
+            lambda idx: [None for _ in run_steps(ctx, range(idx[0], idx[-1] + 1), history)],
+            range(n_steps + 1, total_steps))
     ctx.close()
     del ctx
     _free()
     return result
 
 
-def profiled_steps(step, indices) -> dict:
-    """``step(i)`` for each i of ``indices`` under ``torch.profiler`` (CPU, and CUDA on a GPU): wall seconds per
+def launch_syncs(ctx, step: int) -> dict:
+    """Step ``step`` launched under CUDA's sync debug mode (``torch.cuda.set_sync_debug_mode("warn")``), then read:
+    the host syncs inside :func:`pitlab.trainer.step.launch_step` (none lets the host launch a step while the
+    device still runs the one before), with the warning of the first few. On the CPU the step runs plainly."""
+    import warnings
+
+    from pitlab.trainer.step import finish_step, launch_step
+
+    if not CUDA:
+        finish_step(ctx, launch_step(ctx, step))
+        return {"count": None}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            pending = launch_step(ctx, step)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finish_step(ctx, pending)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    return {"count": len(syncs), "first": [f"{w.filename}:{w.lineno}: {str(w.message)[:160]}" for w in syncs[:5]]}
+
+
+def profiled_steps(steps, indices) -> dict:
+    """``steps(indices)`` (the steps of ``indices``, consecutive) under ``torch.profiler`` (CPU, and CUDA on a
+    GPU): wall seconds per
     step (synchronised), device-busy seconds per step (the sum of the kernels' device time: below the wall
     time when the GPU waits for the host, or above it when kernels overlap), host operator calls per step
     (``aten::`` operators, launches on CUDA), and the top operators by own device time and by call count."""
@@ -423,8 +452,7 @@ def profiled_steps(step, indices) -> dict:
         if CUDA:
             torch.cuda.synchronize()
         t = time.perf_counter()
-        for i in idx:
-            step(i)
+        steps(idx)
         if CUDA:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t

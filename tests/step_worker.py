@@ -1,5 +1,5 @@
 """Worker for tests/test_trainer_step.py (one gloo rank, its own process): pitlab's ``setup_run`` + ``train_step``
-on a run directory, counting the host reads of device values that pitlab's trainer code issues (``item()``,
+on a run directory (``MODE:deferred``: through ``run_steps``), counting the host reads of device values that pitlab's trainer code issues (``item()``,
 ``float()``, ``int()``, ``bool()``, ``tolist()`` called from ``pitlab/trainer``) and dynamo's graph breaks,
 recompilations and graphs.
 
@@ -59,6 +59,8 @@ def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
     from torch._dynamo.utils import counters
 
     from pitlab.trainer.kernels import compile_blocks
+    from pitlab.trainer.metrics import LossHistory
+    from pitlab.trainer.step import run_steps
     from pitlab.trainer.train import RunPaths, setup_run, train_step
 
     run = Path(run_dir)
@@ -68,6 +70,7 @@ def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
     for mode in modes:
         ctx = setup_run(run / "spec.json", RunPaths(run, run / "base"))
         backend, _, variant = mode.partition(":")
+        deferred = variant == "deferred"  # run_steps: each step read after the next one was launched
         if variant == "opaque":  # the short convolution and gated delta rule opaque to dynamo, as fla's are on a GPU
             stand_in(ctx.model)
         if backend != "eager":
@@ -76,13 +79,15 @@ def main(run_dir: str, out: str, steps: int, modes: list[str]) -> None:
             ctx.kernels["compile"] = compile_blocks(ctx.forward_model, backend=backend)  # the compute copy
         reads.clear()
         per_step = []
-        for step in range(steps):
-            before = sum(reads.values())
-            r = train_step(ctx, step)
+        before = 0
+        stepped = (run_steps(ctx, range(steps), LossHistory()) if deferred
+                   else ((step, train_step(ctx, step)) for step in range(steps)))
+        for _, r in stepped:
             per_step.append({"loss": r.loss, "grad_norm": r.grad_norm, "grad_norm_type": type(r.grad_norm).__name__,
                              "reads": sum(reads.values()) - before,
                              "graph_breaks": sum(counters["graph_break"].values()),
                              "unique_graphs": counters["stats"]["unique_graphs"]})
+            before = sum(reads.values())
         results[mode] = {"steps": per_step, "reads": dict(reads), "kernels": ctx.kernels,
                          "graph_break_reasons": dict(counters["graph_break"])}
         ctx.close()

@@ -161,5 +161,6 @@ def test_the_fused_step_is_opt_in_under_fsdp2_and_on_by_default_on_one_gpu():
 
     unset, on, off = (SimpleNamespace(fused_optimizer=v) for v in (None, True, False))
     assert [fused_step_enabled(unset, cuda) for cuda in (True, False)] == [True, False]
-    assert [fused_step_enabled(unset, cuda, fsdp2=True) for cuda in (True, False)] == [False, False]
+    assert [fused_step_enabled(unset, cuda, fsdp2=True) for cuda in (True, False)] == [True, False]
+    assert not fused_step_enabled(unset, True, fsdp2=True, lora=True)  # LoRA under FSDP2: not measured
     assert fused_step_enabled(on, False, fsdp2=True) and not fused_step_enabled(off, True)

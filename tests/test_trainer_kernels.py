@@ -364,3 +364,31 @@ def test_deterministic_algorithms_label_and_cublas_setting(monkeypatch):
         assert kern.deterministic_algorithms(True, torch.device("cuda")).endswith("(CUBLAS_WORKSPACE_CONFIG=:16:8)")
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_own_positions_skips_only_the_packed_sequence_check_of_the_models_own_positions(monkeypatch):
+    """The installed loss runs the model with its own position ids (0..T-1 per row: never packed), so Hugging
+    Face's packed-sequence check, a host sync, is answered without looking (None, what it returns for them);
+    outside that forward, and for packed positions a caller passes, the check is Hugging Face's own."""
+    from transformers import masking_utils
+
+    from pitlab.trainer.loss import _unpacked_when_own_positions, own_positions
+
+    packed = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    with own_positions(True):
+        assert masking_utils.find_packed_sequence_indices(packed) is None
+        with own_positions(False):
+            assert masking_utils.find_packed_sequence_indices(packed).tolist() == [[0, 0, 0, 1, 1, 2]]
+    assert masking_utils.find_packed_sequence_indices(packed).tolist() == [[0, 0, 0, 1, 1, 2]]
+    assert masking_utils.find_packed_sequence_indices(torch.arange(6)[None]) is None
+    original = masking_utils.find_packed_sequence_indices.pitlab_original
+    calls = []
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices",
+                        _unpacked_when_own_positions(lambda p: calls.append(p) or original(p)))
+    model = tiny_model()
+    install_loss(model, "chunked")
+    ids = torch.randint(0, 512, (1, 9), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids[:, :-1], labels=ids[:, 1:])
+    assert calls == []  # the installed forward: not looked at
+    model.model(input_ids=ids[:, :-1])
+    assert len(calls) == 1  # a plain forward of the model: Hugging Face's check as before

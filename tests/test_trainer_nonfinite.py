@@ -84,7 +84,7 @@ def test_a_failing_step_after_a_divergence_is_reported_as_one(monkeypatch):
     error, and leaves the step's own error when the run was steady."""
     from types import SimpleNamespace
 
-    from pitlab.trainer import train as train_mod
+    from pitlab.trainer import step as step_mod
     from pitlab.trainer.metrics import LossHistory
     from pitlab.trainer.train import StepResult, watched_step
 
@@ -97,7 +97,7 @@ def test_a_failing_step_after_a_divergence_is_reported_as_one(monkeypatch):
             raise FloatingPointError(f"step {k + 1}: gradient norm is nan with a finite loss")
         return StepResult(loss, 2.0, 1e6, 0.1)
 
-    monkeypatch.setattr(train_mod, "train_step", step)
+    monkeypatch.setattr(step_mod, "train_step", step)
     history = LossHistory()
     assert [watched_step(run, k, history).loss for k in (0, 1)] == [7.64, 1_294_044.0]
     with pytest.raises(FloatingPointError, match=r"^step 3: loss or gradient norm is not finite after the run "

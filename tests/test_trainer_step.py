@@ -50,7 +50,7 @@ def steps(tmp_path_factory):
     write_spec(resource, run / "spec.json")
     out = run / "out.json"
     proc = subprocess.run([sys.executable, str(WORKER), str(run), str(out), str(STEPS), "eager", "aot_eager",
-                           "aot_eager:opaque"],
+                           "aot_eager:opaque", "eager:deferred"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
@@ -59,7 +59,18 @@ def steps(tmp_path_factory):
 def test_a_step_reads_the_device_once(steps):
     eager = steps["eager"]
     assert [s["reads"] for s in eager["steps"]] == [1] * STEPS
-    assert eager["reads"] == {"tolist train.py:train_step": STEPS}  # loss and gradient norm in one transfer
+    assert eager["reads"] == {"tolist step.py:finish_step": STEPS}  # loss and gradient norm in one transfer
+
+
+def test_steps_read_one_step_late_give_the_same_values(steps):
+    """run_steps (the trainer's loop) launches step s + 1 before it reads step s: one read per step, none while
+    launching, and the losses and gradient norms of one step at a time to the bit."""
+    eager, deferred = steps["eager"], steps["eager:deferred"]
+    assert [s["reads"] for s in deferred["steps"]] == [1] * STEPS
+    assert deferred["reads"] == {"tolist step.py:finish_step": STEPS}
+    assert [(s["loss"], s["grad_norm"]) for s in deferred["steps"]] == [(s["loss"], s["grad_norm"])
+                                                                       for s in eager["steps"]]
+    assert len({s["loss"] for s in eager["steps"]}) == STEPS  # the steps differ: the comparison means something
     assert all(s["grad_norm_type"] == "float" and s["grad_norm"] > 0 for s in eager["steps"])
 
 

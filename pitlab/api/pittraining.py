@@ -202,9 +202,9 @@ class TrainingSpec(SpecModel):
         "clipping and AdamW in one pass per parameter (the same arithmetic and state as torch's AdamW). World "
         "size 1, full bf16 training (the single-device path): with the cast of the float32 masters into the bf16 "
         "compute copy, reading the bf16 gradients directly (30 instead of 52 bytes of memory traffic per "
-        "parameter). FSDP2: over each rank's float32 shards. Unset (auto): on for CUDA devices on the single-device "
-        "path, off under FSDP2 (its CUDA speed is not measured yet: true turns it on). false: torch's fused AdamW "
-        "and clip_grad_norm_. No effect with layer streaming"))
+        "parameter). FSDP2: over each rank's float32 shards. Unset (auto): on for CUDA devices, except LoRA under "
+        "FSDP2 (1.16x torch's AdamW under FSDP2, bench/RESULTS.md). false: torch's fused AdamW and "
+        "clip_grad_norm_. No effect with layer streaming"))
     gradient_sync_every_microbatch: bool = Field(True, description=(
         "reduce-scatter gradients after every microbatch (FSDP2 default: only sharded gradients are kept). "
         "false skips the sync until the last microbatch of a step: less communication, but every rank holds "

@@ -93,6 +93,11 @@ class Checkpointer:
             local.check_disk_space(self.location, local.checkpoint_bytes(trainable), len(steps), self.keep)
         return steps
 
+    def saves_at(self, step: int) -> bool:
+        """Whether :meth:`after_step` saves after ``step`` completed optimizer steps (the loop then reads that step
+        before it launches the next one, :func:`pitlab.trainer.step.run_steps`)."""
+        return step in self._periodic
+
     def after_step(self, step: int, model, optimizer, scheduler, train_state: dict) -> bool:
         """Collective: save when ``step`` (completed optimizer steps) is a periodic save step; True if it saved."""
         if step not in self._periodic:

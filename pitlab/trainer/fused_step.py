@@ -25,7 +25,8 @@ local shards (``to_local()`` of parameter, gradient and both moments, in place).
 ``torch.nn.utils.get_total_norm`` over the DTensor gradients made whole with ``full_tensor()``, as
 :func:`pitlab.trainer.strategies.base.clip_grad_norm` computes it; so on the CPU the norm, the losses and the
 parameters equal FSDP2's torch AdamW after that clipping bit for bit (tests/test_fsdp2_fused_step.py, 1 and 2 gloo
-ranks). Its speed on CUDA has not been measured yet.
+ranks). On CUDA it is FSDP2's default for full-weight training (1.16 x torch's AdamW + clipping at world size 1 on
+an H100, bench/RESULTS.md).
 
 The optimizer is a ``torch.optim.AdamW`` (same ``state`` keys: ``step`` on the CPU, ``exp_avg``,
 ``exp_avg_sq``; DTensors of the parameter's sharding under FSDP2), so DCP checkpoints, their resume and
@@ -48,13 +49,14 @@ SHARDED_LABEL = "fused clip + AdamW on the local shards (pitlab.trainer.fused_st
 TORCH_LABEL = "torch AdamW + clip_grad_norm_ (float32 gradients)"
 
 
-def fused_step_enabled(training, cuda: bool, fsdp2: bool = False) -> bool:
+def fused_step_enabled(training, cuda: bool, fsdp2: bool = False, lora: bool = False) -> bool:
     """Whether a run on FSDP2 (``fsdp2``) or on the single-device path uses :class:`MasterAdamW`:
-    ``training.fusedOptimizer`` (a ``TrainingSpec``) if set, else on CUDA devices for the single-device path and
-    off for FSDP2 (its CUDA speed is not measured yet). Layer streaming keeps torch's AdamW."""
+    ``training.fusedOptimizer`` (a ``TrainingSpec``) if set, else on CUDA devices, except for LoRA under FSDP2
+    (not measured). Under FSDP2 at world size 1 on an H100 it ran 1.16 x torch's AdamW + clipping
+    (bench/RESULTS.md, 2026-12-06). Layer streaming keeps torch's AdamW."""
     if training.fused_optimizer is not None:
         return training.fused_optimizer
-    return cuda and not fsdp2
+    return cuda and not (fsdp2 and lora)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -14,11 +14,47 @@ incoming scalar. Same three matrix products as the reference, ``T × V × 2`` by
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 
 IGNORE_INDEX = -100
 DEFAULT_CHUNK_TOKENS = 4096
 _compiled_rows = None  # torch.compile of _loss_and_grad_rows, built on the first CUDA call
+_OWN_POSITIONS = threading.local()  # .on: the running forward's position ids are the model's own 0..T-1
+
+
+def _unpacked_when_own_positions(original):
+    """``transformers.masking_utils.find_packed_sequence_indices`` returning None (no packed sequences) without
+    looking while :func:`own_positions` is on: its look (``(mask[:, -1] == 0).all()`` in Python) waits for the
+    device, the one host sync left inside a training step (bench/results/profile_step_h200_2026-12-01.log)."""
+
+    def find_packed_sequence_indices(position_ids):
+        if getattr(_OWN_POSITIONS, "on", False):
+            return None
+        return original(position_ids)
+
+    find_packed_sequence_indices.pitlab_original = original
+    return find_packed_sequence_indices
+
+
+@contextlib.contextmanager
+def own_positions(on: bool):
+    """While ``on``: the model builds its own position ids (``0 .. T-1`` for every row: the caller passed neither
+    ``position_ids`` nor ``attention_mask``), so no row packs several sequences and Hugging Face's check for that
+    is skipped (the answer it would give, without a host sync)."""
+    from transformers import masking_utils
+
+    current = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if on and current is not None and not hasattr(current, "pitlab_original"):
+        masking_utils.find_packed_sequence_indices = _unpacked_when_own_positions(current)
+    before = getattr(_OWN_POSITIONS, "on", False)
+    _OWN_POSITIONS.on = on
+    try:
+        yield
+    finally:
+        _OWN_POSITIONS.on = before
 
 
 def _loss_and_grad_rows(z: torch.Tensor, y: torch.Tensor, denom: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,7 +183,8 @@ def install_loss(model: torch.nn.Module, kind: str = "chunked", chunk: int = DEF
 
     def forward(input_ids: torch.Tensor, labels: torch.Tensor, **kwargs) -> CausalLMOutputWithPast:
         extra = {k: v for k, v in kwargs.items() if v is not None and k in ("attention_mask", "position_ids")}
-        hidden = lm.model(input_ids=input_ids, **extra).last_hidden_state
+        with own_positions(not extra):
+            hidden = lm.model(input_ids=input_ids, **extra).last_hidden_state
         if kind == "chunked":
             loss = chunked_linear_cross_entropy(hidden, lm.get_output_embeddings().weight, labels, chunk)
         else:

@@ -20,8 +20,10 @@ copy (:mod:`pitlab.trainer.single_device`, bit-identical to FSDP2 at world size 
 
 Structure: :func:`setup_run` (spec, data, the memory plan, the strategy of :mod:`pitlab.trainer.strategies` that
 builds the model and the loss, the kernels, AdamW and the schedule) returns a :class:`TrainRun`;
-:func:`train_step` runs one optimizer step of it through the strategy (forward-backward, optimizer step); :class:`pitlab.trainer.checkpointer.Checkpointer` owns where and when checkpoints are written and the
-resume; :func:`train` ties them together. ``bench/throughput.py`` times ``setup_run`` + ``train_step`` directly.
+:mod:`pitlab.trainer.step` runs its optimizer steps through the strategy (forward-backward, optimizer step), each
+step's loss read while the next one runs (:func:`~pitlab.trainer.step.run_steps`);
+:class:`pitlab.trainer.checkpointer.Checkpointer` owns where and when checkpoints are written and the resume;
+:func:`train` ties them together. ``bench/throughput.py`` times ``setup_run`` + ``run_steps`` directly.
 
 ``method: lora``: the meta-device model is wrapped with peft LoRA before ``fully_shard``
 (:func:`pitlab.trainer.loading.load_sharded_model`), the base is frozen, AdamW gets the adapter parameters
@@ -51,7 +53,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
-from torch.profiler import record_function
 from transformers import AutoConfig
 
 from pitlab.api import PitTraining, SpecError, layout, load_resource
@@ -71,6 +72,7 @@ from pitlab.trainer.report import full_parameter_sha256, metrics_record, model_c
 from pitlab.trainer.report import summary as run_summary
 from pitlab.trainer.schedule import lr_factor
 from pitlab.trainer.single_device import ComputeCopy
+from pitlab.trainer.step import StepResult, run_steps, train_step, watched_step  # noqa: F401  (re-exported)
 from pitlab.trainer.strategies import Strategy, choose_strategy
 
 
@@ -192,17 +194,6 @@ class TrainRun:
         release_cuda_graphs()
 
 
-@dataclass(frozen=True)
-class StepResult:
-    """One optimizer step: mean loss over all ranks and microbatches (nats), gradient norm before clipping,
-    the learning rate it used, and its wall time in seconds (this rank)."""
-
-    loss: float
-    grad_norm: float
-    lr: float
-    seconds: float
-
-
 def _device() -> torch.device:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -310,65 +301,11 @@ def _kernels(strategy: Strategy, tr, device: torch.device, loss_impl: str, lora:
     return kernels, warning
 
 
-def train_step(run: TrainRun, step: int) -> StepResult:
-    """Collective: optimizer step ``step`` (0-based) through the run's strategy: every microbatch's forward +
-    backward (gradients reduce-scattered per microbatch unless ``gradientSyncEveryMicrobatch: false``; on the
-    single-device path cast into the float32 masters' gradients, inside ``step.backward``), clipping, AdamW, the
-    LR schedule (and the masters cast into the compute copy, inside ``step.optimizer``), and the loss averaged
-    over all ranks. The host waits for the device once, at the end (the loss and the gradient norm read
-    together); the phases are ``record_function`` ranges (``step.forward``, ``step.backward``, ``step.clip``,
-    ``step.optimizer``, ``step.loss_read``) for ``bench/profile_step.py``.
-    Raises ``FloatingPointError`` for a non-finite loss or gradient norm."""
-    tr = run.spec.training
-    t = time.perf_counter()
-    accum = tr.gradient_accumulation_steps
-    lr = run.optimizer.param_groups[0]["lr"]
-    # every microbatch copied first: a copy from pageable host memory synchronises the stream, which at the
-    # start of the step is idle, but between microbatches would wait for the previous backward
-    batches = [tuple(t.to(run.device) for t in run.data.microbatch(step, micro)) for micro in range(accum)]
-    loss_sum = run.strategy.forward_backward(batches, accum, tr.gradient_sync_every_microbatch or accum == 1)
-    grad_norm = run.strategy.optimizer_step(run.optimizer, run.scheduler, tr.grad_clip)
-    with record_function("step.loss_read"):  # the step's one host sync, after the optimizer's launches
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-        loss_total, grad_norm = torch.stack([loss_sum, grad_norm.to(loss_sum)]).tolist()
-        step_loss = loss_total / (run.world * accum)
-    if not np.isfinite(step_loss):
-        raise FloatingPointError(f"step {step + 1}: loss is {step_loss}; lower spec.training.learningRate")
-    if not np.isfinite(grad_norm):
-        raise FloatingPointError(nonfinite_gradient_message(run, step, step_loss, grad_norm))
-    return StepResult(step_loss, grad_norm, lr, time.perf_counter() - t)
-
-
-def watched_step(run: TrainRun, step: int, history: LossHistory) -> StepResult:
-    """:func:`train_step`, recorded in ``history``; a non-finite step of a run that diverged before it
-    (:meth:`LossHistory.diverged`) raises ``FloatingPointError`` saying so, with the learning rate."""
-    try:
-        result = train_step(run, step)
-    except FloatingPointError as err:
-        raise FloatingPointError(history.diverged(step, run.spec.training.learning_rate) or str(err)) from None
-    history.add(step, result)
-    return result
-
-
-def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:
-    """The error for a finite loss whose gradient norm is not finite (step ``step``, 0-based): it names the
-    token chunks of every rank's microbatches (:meth:`PackedSequences.chunk_ids`), since the cause is the data
-    or the model rather than the learning rate (the gradient is computed before the step's update)."""
-    chunks = sorted({int(c) for micro in range(run.spec.training.gradient_accumulation_steps)
-                     for r in range(run.world) for c in run.data.chunk_ids(step, micro, r)})
-    span = run.spec.training.seq_len + 1
-    return (f"step {step + 1}: gradient norm is {grad_norm} with a finite loss ({loss:.6g}); the gradient was "
-            f"computed before this step's update, so lowering spec.training.learningRate does not help. The "
-            f"step's token chunks (all ranks): {chunks} (chunk c = corpus tokens [c*{span}, (c+1)*{span})). "
-            "A known cause: a random-initialised model whose padding token has a zero embedding row fed "
-            "that token; exactly-zero hidden states make every RMSNorm's gradient 1/sqrt(eps) times larger and "
-            "it overflows after about 10-20 layers (bench/RESULTS.md, layer streaming)")
-
-
 def train(spec_path: Path, paths: RunPaths) -> dict | None:
     """Run the training loop on this rank (the default process group must be initialised): :func:`setup_run`,
-    resume through the :class:`~pitlab.trainer.checkpointer.Checkpointer`, :func:`train_step` until the token
-    budget is spent, the checkpointer's saves, then the summary.
+    resume through the :class:`~pitlab.trainer.checkpointer.Checkpointer`, the steps
+    (:func:`~pitlab.trainer.step.run_steps`: a step is read before the next is launched where a checkpoint follows
+    it) until the token budget is spent, the checkpointer's saves, then the summary.
 
     Returns the summary dict on rank 0 (also written to ``summary.json``), None on other ranks.
     Raises :class:`SpecError` for spec problems (naming the field), ``FileNotFoundError`` naming a missing
@@ -392,8 +329,7 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     t_loop = time.perf_counter()
     history = LossHistory()
     try:
-        for step in range(start_step, run.total_steps):
-            result = watched_step(run, step, history)
+        for step, result in run_steps(run, range(start_step, run.total_steps), history, checkpointer.saves_at):
             first_loss = result.loss if first_loss is None else first_loss
             final_loss = result.loss
             elapsed = time.perf_counter() - t_loop

@@ -29,6 +29,7 @@ class FSDP2Strategy(Strategy):
         self.fused = False  # the optimizer is MasterAdamW over the DTensor parameters
         self.world = 1
         self.keep_gathered = False  # the parameters stay gathered between a step's microbatches
+        self.lora = False  # the trainable parameters are LoRA adapters
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -45,7 +46,8 @@ class FSDP2Strategy(Strategy):
 
         tr = spec.training
         self.device = device
-        self.keep_gathered = keep_gathered_between_microbatches(mesh.size(), lora is not None)
+        self.lora = lora is not None
+        self.keep_gathered = keep_gathered_between_microbatches(mesh.size(), self.lora)
         self.world = mesh.size()
         self.activation_checkpointing = checkpointing_choice(plan, tr)
         self.model = self.forward_model = load_sharded_model(base, mesh, tr.precision, device,
@@ -73,7 +75,7 @@ class FSDP2Strategy(Strategy):
         :func:`~pitlab.trainer.fused_step.fused_step_enabled` (clipping and AdamW in one pass per local shard;
         compiled on CUDA), else torch's AdamW (:meth:`Strategy.build_optimizer`)."""
         cuda = device.type == "cuda"
-        self.fused = fused_step_enabled(training, cuda, fsdp2=True)
+        self.fused = fused_step_enabled(training, cuda, fsdp2=True, lora=self.lora)
         if not self.fused:
             return super().build_optimizer(trainable, training, device)
         optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
