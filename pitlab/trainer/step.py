@@ -4,10 +4,9 @@
 the run's strategy, the loss's all-reduce) without waiting for the device; :func:`finish_step` reads its loss and
 gradient norm (the one host sync of a step) and refuses non-finite values. :func:`run_steps` launches step
 ``s + 1`` before it reads step ``s``, so the host prepares the next step while the device still runs this one
-(with one read per step the device idled while the host launched the next step's forward: 15 ms of a 114 ms step
-on an H100, bench/RESULTS.md). A step whose state the caller needs before the next update (a checkpoint save) is
-read before the next one is launched. The values and their order are those of :func:`train_step`, which launches
-and reads one step at a time.
+(docs/training.md, "The step loop"). A step whose state the caller needs before the next update (a checkpoint
+save) is read before the next one is launched. The values and their order are those of :func:`train_step`, which
+launches and reads one step at a time.
 """
 
 from __future__ import annotations
