@@ -21,8 +21,8 @@ Plain loop ("what a user writes"): ``AutoModelForCausalLM.from_config(dtype=bflo
 kernels installed (transformers binds fla's gated delta rule by itself; the short convolution gets the same fla
 kernel the trainer uses, :func:`pitlab.trainer.kernels.select_kernels`), ``model(input_ids, labels=...)`` (its own
 loss), fused AdamW on the bf16 parameters, clipping 1.0, no activation checkpointing (with it only if that runs
-out of memory). pitlab: the trainer's own setup and step (:func:`pitlab.trainer.train.setup_run`,
-:func:`pitlab.trainer.train.train_step`) with float32 master weights and bf16 compute (on one GPU without FSDP2:
+out of memory). pitlab: the trainer's own setup and loop (:func:`pitlab.trainer.train.setup_run`,
+:func:`pitlab.trainer.step.run_steps`) with float32 master weights and bf16 compute (on one GPU without FSDP2:
 a bf16 compute copy, :mod:`pitlab.trainer.single_device`; ``PITLAB_FORCE_FSDP2=1`` keeps FSDP2), the spec's
 defaults (chunked loss, compiled blocks, ``activationCheckpointing: auto``), no checkpoint written. ``liger``:
 the plain loop with liger-kernel's patch of the architecture (``apply_liger_kernel_to_qwen3_5_moe`` /
@@ -34,7 +34,8 @@ The process keeps torch's allocator defaults; `pitlab run` gives its ranks expan
 that variable to measure the pitlab runs as they run there (every run of the process then has it). Each pitlab run
 records the memory reserved when it starts (``reserved_at_start``: pools an earlier run left).
 
-Tokens/s: median of the timed steps after ``--warmup`` steps (each step is synchronised by its loss read).
+Tokens/s: median of the timed steps after ``--warmup`` steps (pitlab: each step timed as the trainer's loop times it,
+from the previous step's read to its own; the plain loops read every step's loss).
 MFU from pitlab's FLOP count (:func:`pitlab.trainer.flops.train_flops_per_token`) for both. Peak memory:
 ``torch.cuda.max_memory_allocated`` of each run (reset in between). Writes ``throughput.json`` to ``--out``.
 """
@@ -368,6 +369,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     sampler = GpuSampler() if CUDA else None
     cap = cap_memory(cap_fraction, ctx.plan)
     history = LossHistory()
+    if warmup == 0 and sampler is not None:
+        sampler.__enter__()
     try:
         # as the trainer's loop: each step read while the next runs; a step's time is from the previous read
         for step, out in run_steps(ctx, range(n_steps + 1), history):

@@ -154,7 +154,7 @@ def test_a_fused_checkpoint_resumes_bit_identically(runs):
     assert out["resume-torch"]["summary"]["kernels"]["optimizer"] == TORCH_LABEL
 
 
-def test_the_fused_step_is_opt_in_under_fsdp2_and_on_by_default_on_one_gpu():
+def test_the_fused_step_is_on_by_default_on_cuda_except_lora_under_fsdp2():
     from types import SimpleNamespace
 
     from pitlab.trainer.fused_step import fused_step_enabled

@@ -30,7 +30,9 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``plan_streaming``: the layer-streaming pre-flight plan and GPU budget (incl. the process's memory fraction)
 - ``metrics``: JSON-lines progress (writer and tailer)
 - ``report``: a run's metrics lines, summary, model card and parameter digests
-- ``train``: ``setup_run``, ``train_step``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)
+- ``step``: one optimizer step launched without a host sync, its read, and the loop that reads each step while the
+  next one runs (``run_steps``)
+- ``train``: ``setup_run``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)
 - ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica; every rank runs
   ``pitlab train``)
 - ``torchrun``: torchrun for the cluster's pods, exiting 2 when a rank reported bad input (a podFailurePolicy reads it)

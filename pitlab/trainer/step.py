@@ -40,14 +40,28 @@ class StepResult:
 
 @dataclass(frozen=True)
 class PendingStep:
-    """A launched step: ``loss_sum`` (0-d float32, summed over ranks and microbatches) and ``grad_norm`` (0-d) on
-    the device, not read yet; ``lr``; ``started``: ``time.perf_counter()`` at launch."""
+    """A launched step: ``values`` (float32 ``[2]``: the loss summed over ranks and microbatches, the gradient norm)
+    on the host, valid once ``ready`` (a CUDA event after their non-blocking copy into pinned memory; None on the
+    CPU, where they are already there); ``lr``; ``started``: ``time.perf_counter()`` at launch."""
 
     step: int
-    loss_sum: torch.Tensor
-    grad_norm: torch.Tensor
+    values: torch.Tensor
+    ready: torch.cuda.Event | None
     lr: float
     started: float
+
+
+def to_host_async(values: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """``values`` copied to pinned host memory without waiting, and the event after the copy: waiting on it waits
+    for this point of the stream only, not for work launched later (``tolist()`` on a CUDA tensor would wait for
+    everything queued before it, the next step included). A CPU tensor is returned as it is, with None."""
+    if values.device.type != "cuda":
+        return values, None
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -73,15 +87,18 @@ def launch_step(run: TrainRun, step: int) -> PendingStep:
     loss_sum = run.strategy.forward_backward(batches, accum, tr.gradient_sync_every_microbatch or accum == 1)
     grad_norm = run.strategy.optimizer_step(run.optimizer, run.scheduler, tr.grad_clip)
     dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-    return PendingStep(step, loss_sum, grad_norm, lr, t)
+    host, ready = to_host_async(torch.stack([loss_sum, grad_norm.to(loss_sum)]))
+    return PendingStep(step, host, ready, lr, t)
 
 
 def finish_step(run: TrainRun, pending: PendingStep, since: float | None = None) -> StepResult:
-    """Read ``pending``'s loss (averaged over ranks and microbatches) and gradient norm in one transfer; its
-    ``seconds`` run from ``since`` (the previous step's read, in :func:`run_steps`) or from its launch.
-    Raises ``FloatingPointError`` for a non-finite loss or gradient norm."""
+    """Read ``pending``'s loss (averaged over ranks and microbatches) and gradient norm, waiting for that step
+    only; its ``seconds`` run from its launch, or from ``since`` when that is later (the previous step's read,
+    in :func:`run_steps`). Raises ``FloatingPointError`` for a non-finite loss or gradient norm."""
     with record_function("step.loss_read"):
-        loss_total, grad_norm = torch.stack([pending.loss_sum, pending.grad_norm.to(pending.loss_sum)]).tolist()
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        loss_total, grad_norm = pending.values.tolist()
     step_loss = loss_total / (run.world * run.spec.training.gradient_accumulation_steps)
     step = pending.step
     if not np.isfinite(step_loss):
@@ -89,7 +106,7 @@ def finish_step(run: TrainRun, pending: PendingStep, since: float | None = None)
     if not np.isfinite(grad_norm):
         raise FloatingPointError(nonfinite_gradient_message(run, step, step_loss, grad_norm))
     end = time.perf_counter()
-    return StepResult(step_loss, grad_norm, pending.lr, end - (pending.started if since is None else since))
+    return StepResult(step_loss, grad_norm, pending.lr, end - max(pending.started, since or pending.started))
 
 
 def train_step(run: TrainRun, step: int) -> StepResult:
@@ -118,25 +135,23 @@ def run_steps(run: TrainRun, steps: range, history: LossHistory,
     """Collective: the optimizer steps ``steps`` in order, yielding ``(step, result)`` for each (recorded in
     ``history`` as :func:`watched_step` does). Step ``s`` is read after step ``s + 1`` was launched, unless
     ``read_now(s + 1)`` (``s + 1`` steps done: e.g. a checkpoint is saved then), so that the caller sees the state
-    after step ``s`` when it handles that step. A step's ``seconds`` run from the previous step's read (in a
-    steady loop, the device's time per step), the last one's from its own launch. Raises ``FloatingPointError`` as :func:`watched_step`, for the
+    after step ``s`` when it handles that step. A step's ``seconds`` run from its launch or from the caller's
+    return from the previous step, whichever is later (in a steady loop, the device's time per step; a checkpoint
+    save is not counted). Raises ``FloatingPointError`` as :func:`watched_step`, for the
     first non-finite step (the step after it may have been launched; its result is never yielded)."""
     pending: PendingStep | None = None
-    since = None
+    since = None  # when the caller last handed control back (a step's time leaves out the caller's own work)
     for step in steps:
         launched = launch_step(run, step)
         if pending is not None:
-            result = _watched(run, history, lambda p=pending: finish_step(run, p, since), pending.step)
+            yield pending.step, _watched(run, history, lambda p=pending: finish_step(run, p, since), pending.step)
             since = time.perf_counter()
-            yield pending.step, result
         pending = launched
         if read_now(step + 1):
-            result = _watched(run, history, lambda p=pending: finish_step(run, p, since), step)
+            yield step, _watched(run, history, lambda p=pending: finish_step(run, p, since), step)
             since, pending = time.perf_counter(), None
-            yield step, result
-    if pending is not None:  # the last step: timed from its own launch (no step was launched after it)
-        result = _watched(run, history, lambda p=pending: finish_step(run, p), pending.step)
-        yield pending.step, result
+    if pending is not None:
+        yield pending.step, _watched(run, history, lambda p=pending: finish_step(run, p, since), pending.step)
 
 
 def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:

@@ -4,7 +4,7 @@ A strategy is one way of holding and stepping the model: :mod:`~pitlab.trainer.s
 multi-GPU run), :mod:`~pitlab.trainer.strategies.single` (world size 1: float32 masters and a bf16 compute copy)
 and :mod:`~pitlab.trainer.strategies.streaming` (one GPU, LoRA, decoder layers streamed from host memory).
 :func:`pitlab.trainer.strategies.choose_strategy` picks one; the planner asks it for its memory plan, and
-:func:`pitlab.trainer.train.setup_run` / :func:`~pitlab.trainer.train.train_step` drive it (docs/design.md,
+:func:`pitlab.trainer.train.setup_run` / :func:`~pitlab.trainer.step.launch_step` drive it (docs/design.md,
 "Trainer": strategies).
 """
 
@@ -123,7 +123,7 @@ class Strategy:
 
 def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
     """Clip gradients to global L2 norm ``max_norm``; return the norm before clipping (a 0-d tensor on the
-    gradients' device, not read here: :func:`pitlab.trainer.train.train_step` reads it with the loss, so the
+    gradients' device, not read here: :func:`pitlab.trainer.step.finish_step` reads it with the loss, so the
     host does not wait for backward before launching the optimizer step). DTensor gradients (FSDP2) give the
     norm over all shards."""
     total = total_norm([p.grad for p in model.parameters() if p.grad is not None])
