@@ -309,6 +309,33 @@ def pitlab_spec(shape: dict, work: Path, n_steps: int, overrides: dict | None = 
     return run / "spec.json"
 
 
+PLAN_MARGIN = 1.05
+"""How far above the GPU's memory a run's planned allocated peak may be and the run still start: the planner's
+allocated figure was within −1 % to +6.5 % of the measured peak in the runs of bench/RESULTS.md."""
+
+
+def plan_exceeds_gpu(spec_path: Path, capacity_bytes: int) -> str | None:
+    """Why the pitlab run of ``spec_path`` (``pitlab_spec``'s) cannot fit ``capacity_bytes`` of GPU memory: its
+    planned allocated peak (the plan's reserve left out), for the strategy the environment chooses, above
+    ``PLAN_MARGIN`` × the GPU's memory; None when it may fit. Such a run would only spend device time on an
+    out-of-memory error (FSDP2 on the Qwen3-30B slice on an 80 GB card: 16 bytes per parameter of float32 state
+    alone are 82.5 GB)."""
+    from transformers import AutoConfig
+
+    from pitlab.api import PitTraining
+    from pitlab.trainer.plan import GiB, model_shape, plan_memory
+
+    spec = PitTraining.model_validate(json.loads(spec_path.read_text())).spec
+    plan = plan_memory(spec, model_shape(AutoConfig.from_pretrained(spec_path.parent / "base")),
+                       gpu_memory_gib=capacity_bytes / GiB)
+    if plan.allocated_bytes <= PLAN_MARGIN * capacity_bytes:
+        return None
+    path = "single-device" if plan.single_device else "FSDP2"
+    return (f"planned allocated peak {plan.allocated_bytes / GiB:.2f} GiB ({path}, activation "
+            f"checkpointing {plan.activation_checkpointing}) is more than {PLAN_MARGIN:g} x this GPU's "
+            f"{capacity_bytes / GiB:.2f} GiB")
+
+
 def memory_by_stream() -> dict:
     """The caching allocator's segments grouped by the CUDA stream that allocated them (``torch.cuda.
     memory_snapshot``): ``{stream: {"reserved": bytes, "allocated": bytes, "segments": count}}``. A block freed on
@@ -360,6 +387,9 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     # loop's last step is timed from its launch); + 1: the step of launch_syncs
     total_steps = n_steps + 2 + max(0, profile_steps)
     spec_path = pitlab_spec(shape, work, total_steps, overrides, lr)
+    too_big = plan_exceeds_gpu(spec_path, torch.cuda.get_device_properties(0).total_memory) if CUDA else None
+    if too_big is not None:
+        return {"skipped": too_big}
     _free()
     reserved_at_start = torch.cuda.memory_reserved() if CUDA else 0
     t0 = time.perf_counter()

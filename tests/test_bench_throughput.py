@@ -1,0 +1,53 @@
+"""bench/throughput.py's helpers that decide and describe a run without a GPU: where the GPU waited for the host
+(``idle_gaps`` on hand-made kernel intervals) and whether a run's memory plan can fit the card at all
+(``plan_exceeds_gpu``, which skips a run that would only run out of memory)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+throughput = pytest.importorskip("throughput")
+
+
+def event(start: float, end: float, name: str, annotation: bool = False):
+    return types.SimpleNamespace(time_range=types.SimpleNamespace(start=start, end=end), name=name,
+                                 device_type=DeviceType.CUDA, is_user_annotation=annotation)
+
+
+def test_idle_gaps_are_the_holes_between_kernels_by_phase():
+    """Kernels k1 [0, 10), k2 [50, 60) overlapping k3 [55, 70), k4 [200, 210) µs; forward is [0, 100), the optimizer
+    [100, 300): holes of 40 µs (forward) and 130 µs (starting in forward at 70), nothing counted twice."""
+    prof = types.SimpleNamespace(events=lambda: [
+        event(0, 10, "k1"), event(50, 60, "k2"), event(55, 70, "k3"), event(200, 210, "k4"),
+        event(0, 100, "step.forward", True), event(100, 300, "step.optimizer", True)])
+    gaps = throughput.idle_gaps(prof, n_steps=1)
+    assert gaps["gaps_per_step"] == 2 and gaps["gap_ms_per_step"] == pytest.approx(0.170)
+    assert gaps["gap_ms_per_step_by_phase"] == {"step.forward": 0.17}
+    assert [(g["us"], g["after"], g["before"]) for g in gaps["longest"]] == [(130, "k3", "k4"), (40, "k1", "k2")]
+    assert throughput.idle_gaps(prof, n_steps=1, min_us=50)["gaps_per_step"] == 1
+
+
+def test_a_run_whose_plan_cannot_fit_the_card_is_skipped_with_the_numbers(tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from h200_qwen35 import training_resource
+    from pitlab.trainer.launch import write_spec
+
+    shape = throughput.SHAPES["tiny"]
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(throughput.shape_config(shape)).save_pretrained(tmp_path / "base")
+    write_spec(training_resource("tp-tiny", tmp_path / "base", 128, 128 * 4, 1, checkpointing=None),
+               tmp_path / "spec.json")
+    assert throughput.plan_exceeds_gpu(tmp_path / "spec.json", 80 * 2**30) is None
+    why = throughput.plan_exceeds_gpu(tmp_path / "spec.json", 2**20)
+    assert why.startswith("planned allocated peak 0.01 GiB (single-device, activation checkpointing True) is more "
+                          "than 1.05 x this GPU's 0.00 GiB")
+    monkeypatch.setenv("PITLAB_FORCE_FSDP2", "1")
+    assert "(FSDP2," in throughput.plan_exceeds_gpu(tmp_path / "spec.json", 2**20)
