@@ -387,7 +387,8 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
     # loop's last step is timed from its launch); + 1: the step of launch_syncs
     total_steps = n_steps + 2 + max(0, profile_steps)
     spec_path = pitlab_spec(shape, work, total_steps, overrides, lr)
-    too_big = plan_exceeds_gpu(spec_path, torch.cuda.get_device_properties(0).total_memory) if CUDA else None
+    too_big = (plan_exceeds_gpu(spec_path, torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+               if CUDA else None)
     if too_big is not None:
         return {"skipped": too_big}
     _free()
@@ -441,9 +442,11 @@ def pitlab_run(shape: dict, work: Path, steps: int, warmup: int, overrides: dict
                                              / result["peak_allocated"])
     result["launch_syncs"] = launch_syncs(ctx, n_steps + 1)
     if profile_steps > 0:
-        result["profile"] = profiled_steps(
-            lambda idx: [None for _ in run_steps(ctx, range(idx[0], idx[-1] + 1), history)],
-            range(n_steps + 2, total_steps))
+        def run_all(idx):
+            for _ in run_steps(ctx, range(idx[0], idx[-1] + 1), history):
+                pass
+
+        result["profile"] = profiled_steps(run_all, range(n_steps + 2, total_steps))
     ctx.close()
     del ctx
     _free()
@@ -532,11 +535,12 @@ def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15) -> dict:
     kernel before and after each and its start in ms from the first kernel."""
     from torch.autograd import DeviceType
 
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                     if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
-    if not kernels:
+    events = prof.events()
+    spans = merged_intervals((e.time_range.start, e.time_range.end, e.name) for e in events
+                             if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False))
+    if not spans:
         return {}
-    marks = [e for e in prof.events() if getattr(e, "is_user_annotation", False) and e.name.startswith("step.")]
+    marks = [e for e in events if getattr(e, "is_user_annotation", False) and e.name.startswith("step.")]
     on_device = [e for e in marks if e.device_type == DeviceType.CUDA]  # the ranges as the GPU ran them
     phases = sorted((e.time_range.start, e.time_range.end, e.name) for e in (on_device or marks))
 
@@ -544,13 +548,9 @@ def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15) -> dict:
         inside = [p for p in phases if p[0] <= t <= p[1]]
         return inside[-1][2] if inside else "between phases"
 
-    found, end, before = [], kernels[0][1], kernels[0][2]
-    for s, e, name in kernels[1:]:
-        if s - end > min_us:
-            found.append((s - end, end - kernels[0][0], before, name, phase(end + 1e-3)))
-        if e > end:
-            end, before = e, name
-    found.sort(reverse=True)
+    t0 = spans[0][0]
+    found = sorted(((nxt[0] - cur[1], cur[1] - t0, cur[3], nxt[2], phase(cur[1] + 1e-3))
+                    for cur, nxt in zip(spans, spans[1:]) if nxt[0] - cur[1] > min_us), reverse=True)
     by_phase: dict = {}
     for g in found:
         by_phase[g[4]] = by_phase.get(g[4], 0.0) + g[0] / 1e3 / n_steps
@@ -561,19 +561,22 @@ def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15) -> dict:
                          "before": a[:120]} for g, at, b, a, ph in found[:top]]}
 
 
+def merged_intervals(intervals) -> list[tuple]:
+    """``(start, end, name)`` intervals merged where they overlap or touch, in order: ``(start, end, first name,
+    name of the interval that ends last)`` per merged span."""
+    spans: list[list] = []
+    for s, e, name in sorted(intervals, key=lambda x: (x[0], x[1])):
+        if spans and s <= spans[-1][1]:
+            if e > spans[-1][1]:
+                spans[-1][1], spans[-1][3] = e, name
+        else:
+            spans.append([s, e, name, name])
+    return [tuple(x) for x in spans]
+
+
 def interval_union(intervals) -> float:
     """The length covered by ``(start, end)`` intervals (any unit), overlapping ones counted once."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
+    return sum(e - s for s, e, _, _ in merged_intervals((s, e, None) for s, e in intervals))
 
 
 def with_env(env: dict, fn):

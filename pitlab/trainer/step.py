@@ -106,7 +106,7 @@ def finish_step(run: TrainRun, pending: PendingStep, since: float | None = None)
     if not np.isfinite(grad_norm):
         raise FloatingPointError(nonfinite_gradient_message(run, step, step_loss, grad_norm))
     end = time.perf_counter()
-    return StepResult(step_loss, grad_norm, pending.lr, end - max(pending.started, since or pending.started))
+    return StepResult(step_loss, grad_norm, pending.lr, end - max(pending.started, since or 0.0))
 
 
 def train_step(run: TrainRun, step: int) -> StepResult:
@@ -139,19 +139,23 @@ def run_steps(run: TrainRun, steps: range, history: LossHistory,
     return from the previous step, whichever is later (in a steady loop, the device's time per step; a checkpoint
     save is not counted). Raises ``FloatingPointError`` as :func:`watched_step`, for the
     first non-finite step (the step after it may have been launched; its result is never yielded)."""
-    pending: PendingStep | None = None
     since = None  # when the caller last handed control back (a step's time leaves out the caller's own work)
+
+    def read(p: PendingStep) -> tuple[int, StepResult]:
+        return p.step, _watched(run, history, lambda: finish_step(run, p, since), p.step)
+
+    pending: PendingStep | None = None
     for step in steps:
         launched = launch_step(run, step)
         if pending is not None:
-            yield pending.step, _watched(run, history, lambda p=pending: finish_step(run, p, since), pending.step)
+            yield read(pending)
             since = time.perf_counter()
         pending = launched
         if read_now(step + 1):
-            yield step, _watched(run, history, lambda p=pending: finish_step(run, p, since), step)
+            yield read(pending)
             since, pending = time.perf_counter(), None
     if pending is not None:
-        yield pending.step, _watched(run, history, lambda p=pending: finish_step(run, p, since), pending.step)
+        yield read(pending)
 
 
 def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:
