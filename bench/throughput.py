@@ -528,11 +528,12 @@ def _kernel_union_s(prof) -> float:
                           and not getattr(e, "is_user_annotation", False)) / 1e6
 
 
-def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15) -> dict:
+def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15, host_top: int = 5) -> dict:
     """Where the GPU waited for the host in the profiled steps: the gaps between consecutive kernels (of the union
     of their intervals) longer than ``min_us`` microseconds; their total per step (ms), per ``step.*`` phase
     (``record_function`` ranges as the device saw them), their count per step, and the ``top`` longest with the
-    kernel before and after each and its start in ms from the first kernel."""
+    kernel before and after each and its start in ms from the first kernel; the ``host_top`` longest also with
+    what the host ran meanwhile (:func:`host_during`)."""
     from torch.autograd import DeviceType
 
     events = prof.events()
@@ -549,16 +550,35 @@ def idle_gaps(prof, n_steps: int, min_us: float = 20.0, top: int = 15) -> dict:
         return inside[-1][2] if inside else "between phases"
 
     t0 = spans[0][0]
-    found = sorted(((nxt[0] - cur[1], cur[1] - t0, cur[3], nxt[2], phase(cur[1] + 1e-3))
+    found = sorted(((nxt[0] - cur[1], cur[1] - t0, cur[3], nxt[2], phase(cur[1] + 1e-3), cur[1], nxt[0])
                     for cur, nxt in zip(spans, spans[1:]) if nxt[0] - cur[1] > min_us), reverse=True)
     by_phase: dict = {}
     for g in found:
         by_phase[g[4]] = by_phase.get(g[4], 0.0) + g[0] / 1e3 / n_steps
+    host = [e for e in events if e.device_type == DeviceType.CPU]
     return {"min_gap_us": min_us, "gaps_per_step": len(found) / n_steps,
             "gap_ms_per_step": sum(g[0] for g in found) / 1e3 / n_steps,
             "gap_ms_per_step_by_phase": {k: round(v, 3) for k, v in by_phase.items()},
             "longest": [{"us": round(g, 1), "at_ms": round(at / 1e3, 3), "phase": ph, "after": b[:120],
-                         "before": a[:120]} for g, at, b, a, ph in found[:top]]}
+                         "before": a[:120], **({"host": host_during(host, start, end)} if i < host_top else {})}
+                        for i, (g, at, b, a, ph, start, end) in enumerate(found[:top])]}
+
+
+def host_during(host_events, start: float, end: float, min_share: float = 0.1, top: int = 12) -> list[dict]:
+    """What the host ran while the GPU idled in ``[start, end]`` (µs, the profiler's clock, which host and device
+    events share): every host event (``record_function`` range or operator) covering at least ``min_share`` of
+    the window, as ``{"name", "us", "depth"}`` (``us``: its overlap with the window; ``depth``: its nesting level,
+    0 outermost), outermost first, longest first within a level; the ``top`` first of them."""
+    window = end - start
+    rows = []
+    for e in host_events:
+        overlap = min(end, e.time_range.end) - max(start, e.time_range.start)
+        if overlap >= min_share * window:
+            depth, parent = 0, getattr(e, "cpu_parent", None)
+            while parent is not None:
+                depth, parent = depth + 1, getattr(parent, "cpu_parent", None)
+            rows.append((depth, -overlap, e.name[:100]))
+    return [{"name": n, "us": round(-o, 1), "depth": d} for d, o, n in sorted(rows)[:top]]
 
 
 def merged_intervals(intervals) -> list[tuple]:

@@ -16,9 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 throughput = pytest.importorskip("throughput")
 
 
-def event(start: float, end: float, name: str, annotation: bool = False):
+def event(start: float, end: float, name: str, annotation: bool = False, host: bool = False, parent=None):
     return types.SimpleNamespace(time_range=types.SimpleNamespace(start=start, end=end), name=name,
-                                 device_type=DeviceType.CUDA, is_user_annotation=annotation)
+                                 device_type=DeviceType.CPU if host else DeviceType.CUDA,
+                                 is_user_annotation=annotation, cpu_parent=parent)
 
 
 def test_idle_gaps_are_the_holes_between_kernels_by_phase():
@@ -32,6 +33,21 @@ def test_idle_gaps_are_the_holes_between_kernels_by_phase():
     assert gaps["gap_ms_per_step_by_phase"] == {"step.forward": 0.17}
     assert [(g["us"], g["after"], g["before"]) for g in gaps["longest"]] == [(130, "k3", "k4"), (40, "k1", "k2")]
     assert throughput.idle_gaps(prof, n_steps=1, min_us=50)["gaps_per_step"] == 1
+
+
+def test_the_longest_gaps_name_what_the_host_ran_meanwhile():
+    """The GPU idles in [10, 110) µs; the host runs ``callback`` [0, 105) with ``norm`` [20, 100) inside it, then
+    ``hyper`` [105, 109) and a 1 µs ``tiny`` (below a tenth of the window): the rows are the outer range first
+    (95 µs of the window), then ``norm`` (80 µs); ``hyper`` (4 µs) and ``tiny`` are under 10 % of the 100 µs."""
+    callback = event(0, 105, "FSDP::root_post_backward_callback", True, host=True)
+    prof = types.SimpleNamespace(events=lambda: [
+        event(0, 10, "sum_and_scatter"), event(110, 120, "Memcpy HtoD"), callback,
+        event(20, 100, "aten::_foreach_norm", host=True, parent=callback), event(105, 109, "hyper", host=True),
+        event(50, 51, "tiny", host=True)])
+    gaps = throughput.idle_gaps(prof, n_steps=1)
+    assert gaps["longest"][0]["host"] == [{"name": "FSDP::root_post_backward_callback", "us": 95, "depth": 0},
+                                         {"name": "aten::_foreach_norm", "us": 80, "depth": 1}]
+    assert "host" not in throughput.idle_gaps(prof, n_steps=1, host_top=0)["longest"][0]
 
 
 def test_a_run_whose_plan_cannot_fit_the_card_is_skipped_with_the_numbers(tmp_path, monkeypatch):
