@@ -4,7 +4,8 @@ torchrun (``PITLAB_FORCE_FSDP2=1`` keeps FSDP2 at world size 1).
     python -m torch.distributed.run --standalone --nproc_per_node N tests/fsdp2_fused_worker.py PLAN.json OUT.json
 
 ``PLAN.json``: a list of runs, done in order in these processes, each ``{"name", "run_dir", "base", "mode"}``.
-``mode: "steps"`` (with ``"steps"`` and ``"params"``, a ``.pt`` file): ``setup_run`` + ``train_step``; records each
+``mode: "steps"`` (with ``"steps"`` and ``"params"``, a ``.pt`` file; optional ``"env"``: variables set for that run
+only): ``setup_run`` + ``train_step``; records each
 step's loss and gradient norm, the optimizer's kernel label, the layout of the optimizer's ``state_dict`` and of
 the DCP optimizer state dict a checkpoint saves (class, global and local shape, dtype of each entry), and saves the
 final float32 parameters and AdamW moments (full tensors, by name). ``mode: "train"``: the whole ``train``
@@ -48,8 +49,13 @@ def steps_run(item: dict) -> dict:
     from pitlab.trainer.train import RunPaths, setup_run, train_step
 
     run = Path(item["run_dir"])
-    ctx = setup_run(run / "spec.json", RunPaths(run, Path(item["base"])))
-    steps = [train_step(ctx, s) for s in range(item["steps"])]
+    os.environ.update(item.get("env", {}))
+    try:
+        ctx = setup_run(run / "spec.json", RunPaths(run, Path(item["base"])))
+        steps = [train_step(ctx, s) for s in range(item["steps"])]
+    finally:
+        for key in item.get("env", {}):
+            os.environ.pop(key, None)
     opt = ctx.optimizer
     names = {id(p): n for n, p in ctx.model.named_parameters()}
     tensors = {n: _full(p) for n, p in ctx.model.named_parameters()}  # collective: every rank gathers
@@ -60,6 +66,7 @@ def steps_run(item: dict) -> dict:
     _, dcp_optim = get_state_dict(ctx.model, opt, options=STATE_DICT_OPTIONS)
     record = {"loss": [s.loss for s in steps], "grad_norm": [s.grad_norm for s in steps],
               "parallelism": ctx.parallelism, "optimizer": ctx.kernels["optimizer"],
+              "copy_in": ctx.kernels["reduce_scatter_copy_in"],
               "optimizer_class": type(opt).__name__,
               "state": {str(i): {k: _layout(v) for k, v in s.items()} for i, s in sd["state"].items()},
               "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],

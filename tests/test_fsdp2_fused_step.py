@@ -71,6 +71,11 @@ def runs(request, tmp_path_factory):
              "run_dir": run_dir(f"{opt}-{accum}-{clip}", resource(base, world, accum, STEPS, fused, clip)),
              "params": str(root / f"{opt}-{accum}-{clip}.pt")}
             for accum, clip in CASES for opt, fused in OPTIMIZERS.items()]
+    # FSDP2's own reduce-scatter copy-in (torch._chunk_cat) instead of pitlab's (pitlab.trainer.fsdp_copy_in)
+    plan.append({"name": "fused-torch-copy-in", "mode": "steps", "steps": STEPS, "base": str(base),
+                 "env": {"PITLAB_FSDP_COPY_IN": "torch"},
+                 "run_dir": run_dir("fused-torch-copy-in", resource(base, world, 2, STEPS, True, GRAD_CLIP)),
+                 "params": str(root / "fused-torch-copy-in.pt")})
     plan += [{"name": f"lora-{opt}", "mode": "steps", "steps": STEPS, "base": str(base),
               "run_dir": run_dir(f"lora-{opt}", resource(base, world, 2, STEPS, fused, LORA_CLIP, lora=True)),
               "params": str(root / f"lora-{opt}.pt")} for opt, fused in OPTIMIZERS.items()]
@@ -104,6 +109,20 @@ def test_fused_step_equals_torch_adamw_after_clipping_bit_for_bit(runs, accum, c
     assert list(t_fused) == list(t_ref) and len(t_fused) > 3 * 10  # parameters, then both moments of each
     assert all(t.dtype == torch.float32 for t in t_fused.values())
     assert [n for n in t_fused if not torch.equal(t_fused[n], t_ref[n])] == []
+
+
+def test_pitlab_copy_in_gives_fsdp2s_own_bits(runs):
+    """Accumulation 2, every step clipped: FSDP2's reduce-scatter copy-in replaced by pitlab's (the default) and
+    FSDP2's own (``PITLAB_FSDP_COPY_IN=torch``) give the same losses, gradient norms, parameters and moments."""
+    from pitlab.trainer.fsdp_copy_in import LABEL, TORCH_LABEL
+
+    ours, theirs = runs["out"][f"fused-2-{GRAD_CLIP}"], runs["out"]["fused-torch-copy-in"]
+    assert ours["copy_in"] == LABEL and theirs["copy_in"] == TORCH_LABEL
+    assert ours["loss"] == theirs["loss"] and ours["grad_norm"] == theirs["grad_norm"]
+    t_ours = torch.load(runs["root"] / f"fused-2-{GRAD_CLIP}.pt")
+    t_theirs = torch.load(runs["root"] / "fused-torch-copy-in.pt")
+    assert list(t_ours) == list(t_theirs) and len(t_ours) > 30
+    assert [n for n in t_ours if not torch.equal(t_ours[n], t_theirs[n])] == []
 
 
 def test_lora_fused_step_equals_torch_adamw_bit_for_bit(runs):

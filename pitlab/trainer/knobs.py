@@ -22,7 +22,13 @@ views), ``static`` (one kernel per parameter size), ``grouped`` (static sizes, o
 :func:`pitlab.trainer.fused_step.layer_groups`)."""
 
 
-_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES}
+COPY_IN_ENV = "PITLAB_FSDP_COPY_IN"
+COPY_IN_MODES = ("pitlab", "torch")
+"""FSDP2's reduce-scatter copy-in (``PITLAB_FSDP_COPY_IN``): ``pitlab`` (the default,
+:func:`pitlab.trainer.fsdp_copy_in.reduce_scatter_copy_in`) or ``torch`` (FSDP2's own, through ``torch._chunk_cat``)."""
+
+
+_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES, COPY_IN_ENV: COPY_IN_MODES}
 
 
 def _refusal(name: str, env) -> str | None:
@@ -49,6 +55,12 @@ def shape_mode(env: dict | None = None) -> str:
     """``PITLAB_FUSED_STEP_SHAPES`` (default ``grouped``); raises ValueError naming the variable for another
     value (:data:`SHAPE_MODES`)."""
     return _read(SHAPES_ENV, "grouped", env)
+
+
+def copy_in_mode(env: dict | None = None) -> str:
+    """``PITLAB_FSDP_COPY_IN`` (default ``pitlab``); raises ValueError naming the variable for another value
+    (:data:`COPY_IN_MODES`)."""
+    return _read(COPY_IN_ENV, "pitlab", env)
 
 
 def check_knobs(env: dict | None = None) -> None:

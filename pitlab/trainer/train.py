@@ -234,6 +234,7 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     loss_impl = strategy.build(paths.base, paths.run_dir, spec, device, mesh, plan, lora)
     kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank, plan, capacity)
     kernels["deterministic"] = deterministic
+    kernels.update(strategy.kernel_labels())
     trainable = [p for p in strategy.model.parameters() if p.requires_grad]  # all of them, or the LoRA adapter
     optimizer, kernels["optimizer"] = strategy.build_optimizer(trainable, tr, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

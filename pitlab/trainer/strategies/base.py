@@ -112,6 +112,10 @@ class Strategy:
     def after_load(self) -> None:
         """After ``model`` was loaded from a checkpoint; nothing by default."""
 
+    def kernel_labels(self) -> dict:
+        """The strategy's own entries of the run's ``kernels`` report (none by default)."""
+        return {}
+
     def report(self) -> dict:
         """The strategy's entries of ``summary.json``: ``layer_streaming`` (None unless streaming)."""
         return {"layer_streaming": None}

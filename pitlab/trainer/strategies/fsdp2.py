@@ -30,6 +30,7 @@ class FSDP2Strategy(Strategy):
         self.world = 1
         self.keep_gathered = False  # the parameters stay gathered between a step's microbatches
         self.lora = False  # the trainable parameters are LoRA adapters
+        self.copy_in = ""  # the reduce-scatter copy-in's label (pitlab.trainer.fsdp_copy_in)
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -39,12 +40,15 @@ class FSDP2Strategy(Strategy):
 
     def build(self, base: Path, run_dir: Path, spec, device: torch.device, mesh, plan: MemoryPlan | None,
               lora: dict | None) -> str:
-        """:func:`pitlab.trainer.loading.load_sharded_model` over ``mesh``, then the loss
+        """:func:`pitlab.trainer.loading.load_sharded_model` over ``mesh`` with FSDP2's reduce-scatter copy-in
+        as ``PITLAB_FSDP_COPY_IN`` says (:func:`pitlab.trainer.fsdp_copy_in.install_copy_in`), then the loss
         (:func:`pitlab.trainer.loss.install_loss`). Returns the loss label."""
+        from pitlab.trainer.fsdp_copy_in import install_copy_in
         from pitlab.trainer.loading import load_sharded_model
         from pitlab.trainer.loss import install_loss
 
         tr = spec.training
+        self.copy_in = install_copy_in()
         self.device = device
         self.lora = lora is not None
         self.keep_gathered = keep_gathered_between_microbatches(mesh.size(), self.lora)
@@ -55,6 +59,10 @@ class FSDP2Strategy(Strategy):
         loss_impl = install_loss(self.model, tr.loss)
         self.model.train()
         return loss_impl
+
+    def kernel_labels(self) -> dict:
+        """``reduce_scatter_copy_in``: which copy-in FSDP2 uses (:mod:`pitlab.trainer.fsdp_copy_in`)."""
+        return {"reduce_scatter_copy_in": self.copy_in}
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
         """Unless FSDP2 reduces every microbatch (:func:`pitlab.trainer.fsdp.reduces_every_microbatch`: never with

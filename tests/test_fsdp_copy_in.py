@@ -1,0 +1,58 @@
+"""pitlab.trainer.fsdp_copy_in: FSDP2's reduce-scatter copy-in written with one copy per gradient gives the buffer
+torch's own copy-in (``torch.ops.fsdp.chunk_cat``) gives, bit for bit, padding included; the knob that chooses it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+
+from pitlab.errors import SpecError
+from pitlab.trainer.fsdp_copy_in import LABEL, TORCH_LABEL, install_copy_in, reduce_scatter_copy_in
+from pitlab.trainer.knobs import check_knobs
+
+SHAPES = [(7, 5), (8,), (3, 2, 4), (1,), (12, 16), (5,)]  # dim 0 of 7, 3, 1 and 5 needs padding at 2, 3 and 4 ranks
+
+
+def padded_numel(shapes, world: int) -> int:
+    return sum(-(-s[0] // world) * world * (torch.Size(s).numel() // s[0]) for s in shapes)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_copy_in_equals_fsdp2s_chunk_cat_bit_for_bit(world, dtype):
+    """bf16 gradients into a float32 buffer (FSDP2's mixed precision) and float32 into float32; a buffer filled with
+    NaN first, so that every element (the zero padding too) must be written: 265 elements at one rank, 284 at 4."""
+    g = torch.Generator().manual_seed(world)
+    grads = [torch.randn(s, generator=g).to(dtype) for s in SHAPES]
+    n = padded_numel(SHAPES, world)
+    assert n == {1: 265, 2: 280, 3: 279, 4: 284}[world]
+    theirs = torch.full((n,), float("nan"))
+    ours = torch.full((n,), float("nan"))
+    torch.ops.fsdp.chunk_cat(grads, dim=0, num_chunks=world, out=theirs.view(world, -1))
+    reduce_scatter_copy_in(grads, ours, world)
+    assert torch.equal(ours, theirs)
+    if world == 4:  # rank 3's share of the 7-row gradient is its last row and one padding row of zeros
+        assert torch.equal(ours.view(4, -1)[3, 0:5], grads[0][6].float()) and ours.view(4, -1)[3, 5:10].eq(0).all()
+
+
+def test_a_buffer_of_another_size_is_refused():
+    grads = [torch.ones(4, 2)]
+    with pytest.raises(ValueError, match="holds 5 elements per rank, the gradients 4"):
+        reduce_scatter_copy_in(grads, torch.zeros(10), 2)
+
+
+def test_the_knob_chooses_the_copy_in_and_is_checked_before_any_work():
+    original = getattr(collectives, "_torch_copy_in", collectives.foreach_reduce_scatter_copy_in)
+    try:
+        assert install_copy_in({}) == LABEL and collectives.foreach_reduce_scatter_copy_in is reduce_scatter_copy_in
+        assert install_copy_in({"PITLAB_FSDP_COPY_IN": "torch"}) == TORCH_LABEL
+        assert collectives.foreach_reduce_scatter_copy_in is original
+        assert install_copy_in({"PITLAB_FSDP_COPY_IN": "pitlab"}) == LABEL  # installed twice: the same original kept
+        assert collectives._torch_copy_in is original
+        with pytest.raises(ValueError, match="PITLAB_FSDP_COPY_IN='chunk': give one of pitlab, torch"):
+            install_copy_in({"PITLAB_FSDP_COPY_IN": "chunk"})
+        with pytest.raises(SpecError, match="PITLAB_FSDP_COPY_IN"):
+            check_knobs({"PITLAB_FSDP_COPY_IN": "chunk"})
+    finally:
+        collectives.foreach_reduce_scatter_copy_in = original
