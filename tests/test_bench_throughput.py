@@ -63,7 +63,26 @@ def test_a_run_whose_plan_cannot_fit_the_card_is_skipped_with_the_numbers(tmp_pa
                tmp_path / "spec.json")
     assert throughput.plan_exceeds_gpu(tmp_path / "spec.json", 80 * 2**30) is None
     why = throughput.plan_exceeds_gpu(tmp_path / "spec.json", 2**20)
-    assert why.startswith("planned allocated peak 0.01 GiB (single-device, activation checkpointing True) is more "
-                          "than 1.05 x this GPU's 0.00 GiB")
+    assert why.startswith("predicted peak 2.01 GiB (allocated 0.01 GiB; single-device, activation checkpointing "
+                          "True) is more than 1.05 x this GPU's 0.00 GiB")
     monkeypatch.setenv("PITLAB_FORCE_FSDP2", "1")
-    assert "(FSDP2," in throughput.plan_exceeds_gpu(tmp_path / "spec.json", 2**20)
+    assert "; FSDP2," in throughput.plan_exceeds_gpu(tmp_path / "spec.json", 2**20)
+
+
+def test_fsdp2_on_the_30b_slice_is_skipped_on_an_80_gb_card_and_the_single_device_path_is_not(tmp_path,
+                                                                                               monkeypatch):
+    """The Qwen3-30B slice on an H100 (81,559 MiB): the single-device path's predicted peak, 80.01 GiB, is within
+    1.05 x (it ran, 2026-12-06); FSDP2's, 92.05 GiB (its float32 gradient shards in the reduce-scatter stream's
+    pool), is not (it ran out of memory in every call). Only the base model's config.json is needed."""
+    from h200_qwen35 import training_resource
+    from pitlab.trainer.launch import write_spec
+
+    throughput.shape_config(throughput.QWEN3_30B_SLICE).save_pretrained(tmp_path / "base")
+    write_spec(training_resource("tp-slice", tmp_path / "base", 4096, 4096 * 20, 1, checkpointing=None),
+               tmp_path / "spec.json")
+    h100 = 81559 * 2**20
+    assert throughput.plan_exceeds_gpu(tmp_path / "spec.json", h100) is None
+    monkeypatch.setenv("PITLAB_FORCE_FSDP2", "1")
+    assert throughput.plan_exceeds_gpu(tmp_path / "spec.json", h100) == (
+        "predicted peak 92.05 GiB (allocated 81.21 GiB; FSDP2, activation checkpointing True) is more than 1.05 x "
+        "this GPU's 79.65 GiB")
