@@ -36,10 +36,30 @@ def test_copy_in_equals_fsdp2s_chunk_cat_bit_for_bit(world, dtype):
         assert torch.equal(ours.view(4, -1)[3, 0:5], grads[0][6].float()) and ours.view(4, -1)[3, 5:10].eq(0).all()
 
 
-def test_a_buffer_of_another_size_is_refused():
-    grads = [torch.ones(4, 2)]
-    with pytest.raises(ValueError, match="holds 5 elements per rank, the gradients 4"):
-        reduce_scatter_copy_in(grads, torch.zeros(10), 2)
+@pytest.mark.parametrize("size", [9, 10, 12])
+def test_a_buffer_of_another_size_is_refused_before_anything_is_written(size):
+    """Two ranks, a [4, 2] gradient: 8 elements needed; 9 (not a multiple of the ranks), 10 and 12 are refused and
+    the buffer is left as it was."""
+    buffer = torch.full((size,), -1.0)
+    with pytest.raises(ValueError, match=f"a buffer of {size} elements for 2 ranks × 4 padded gradient elements"):
+        reduce_scatter_copy_in([torch.ones(4, 2)], buffer, 2)
+    assert buffer.eq(-1).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's CUDA _chunk_cat needs a GPU")
+@pytest.mark.parametrize("world", [1, 2, 3, 8])
+def test_copy_in_equals_the_cuda_chunk_cat_bit_for_bit(world):
+    """On a GPU, against torch's CUDA ``_chunk_cat`` (the kernel with per-block host metadata): bf16 gradients of
+    the reduced Qwen3.5 layer's kinds of shapes (3-D experts, odd dim 0) into a float32 buffer."""
+    g = torch.Generator(device="cuda").manual_seed(world)
+    shapes = [(64, 1024, 2048), (7, 5), (2048,), (33, 256), (1,), (248, 16)]
+    grads = [torch.randn(s, generator=g, device="cuda").to(torch.bfloat16) for s in shapes]
+    n = padded_numel(shapes, world)
+    theirs = torch.full((n,), float("nan"), device="cuda")
+    ours = torch.full((n,), float("nan"), device="cuda")
+    torch.ops.fsdp.chunk_cat(grads, dim=0, num_chunks=world, out=theirs.view(world, -1))
+    reduce_scatter_copy_in(grads, ours, world)
+    assert torch.equal(ours, theirs)
 
 
 def test_the_knob_chooses_the_copy_in_and_is_checked_before_any_work():

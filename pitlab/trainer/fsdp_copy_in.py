@@ -6,9 +6,9 @@ dim 0 padded to a multiple of the world size and split into one row block per ra
 ``torch._chunk_cat``). On CUDA torch's ``_chunk_cat`` builds an ``int64`` host vector with one entry per 2,048 bytes
 of the buffer, copies it into pinned memory and then to the device before the kernel runs: 16 MB for the float32
 embedding and LM head of a 248,320-token vocabulary at hidden size 2,048, whose host work FSDP2 does after the
-whole backward has been launched, so the GPU waits for it (5.1-19.7 ms per step on an H100, bench/RESULTS.md,
-2026-12-06). :func:`reduce_scatter_copy_in` writes the same buffer with one ``copy_`` per gradient (a padded row
-block per rank where dim 0 does not divide): the same bytes (a cast to a wider float type is exact), and host work
+whole backward has been launched, so the GPU can wait for it (docs/training.md, "FSDP2's reduce-scatter
+copy-in"). :func:`reduce_scatter_copy_in` writes the same buffer with one ``copy_`` per gradient (at most two copies
+and two fills where dim 0 does not divide): the same bytes (a cast to a wider float type is exact), and host work
 that does not grow with the gradients' size.
 """
 
@@ -24,31 +24,31 @@ TORCH_LABEL = "torch _chunk_cat (FSDP2's own)"
 
 def reduce_scatter_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_input: torch.Tensor,
                            world_size: int) -> None:
-    """Write ``unsharded_grads`` into ``reduce_scatter_input`` (1-D, the reduce dtype) as FSDP2's copy-in does:
-    viewed as ``[world_size, chunk]``, rank r's row holds, for each gradient in order, its rows
-    ``[r·p, (r + 1)·p)`` (``p`` = dim 0 rounded up to a multiple of ``world_size``, divided by it), flattened,
-    zeros past the gradient's last row. Raises ``ValueError`` if the buffer's size is not the gradients' padded
-    total."""
+    """Write ``unsharded_grads`` (each at least 1-D) into ``reduce_scatter_input`` (1-D, the reduce dtype) as
+    FSDP2's copy-in does: viewed as ``[world_size, chunk]``, rank r's row holds, for each gradient in order, its
+    rows ``[r·p, (r + 1)·p)`` (``p`` = dim 0 rounded up to a multiple of ``world_size``, divided by it), flattened,
+    zeros past the gradient's last row. One ``copy_`` per gradient whose dim 0 divides, at most two copies and two
+    fills otherwise. Raises ``ValueError``, before writing anything, if the buffer's size is not ``world_size`` ×
+    the gradients' padded total."""
+    widths = [-(-g.size(0) // world_size) * (g.numel() // g.size(0) if g.size(0) else 0) for g in unsharded_grads]
+    if reduce_scatter_input.numel() != world_size * sum(widths):
+        raise ValueError(f"reduce_scatter_copy_in: a buffer of {reduce_scatter_input.numel()} elements for "
+                         f"{world_size} ranks × {sum(widths)} padded gradient elements")
     out = reduce_scatter_input.view(world_size, -1)
     offset = 0
-    for grad in unsharded_grads:
-        rows = grad.size(0) if grad.dim() else 1
+    for grad, width in zip(unsharded_grads, widths):
+        rows = grad.size(0)
         per_rank = -(-rows // world_size)
-        trailing = grad.numel() // rows if rows else 0
-        width = per_rank * trailing
+        trailing = width // per_rank if per_rank else 0
         dst = out[:, offset:offset + width].view(world_size, per_rank, trailing)
         src = grad.reshape(rows, trailing)
-        if per_rank * world_size == rows:
-            dst.copy_(src.view(world_size, per_rank, trailing))
-        else:
-            for r in range(world_size):
-                lo, hi = min(r * per_rank, rows), min((r + 1) * per_rank, rows)
-                dst[r, :hi - lo].copy_(src[lo:hi])
-                dst[r, hi - lo:].zero_()
+        full, rest = divmod(rows, per_rank) if per_rank else (0, 0)
+        dst[:full].copy_(src[:full * per_rank].view(full, per_rank, trailing))
+        if rest:  # the rank holding the gradient's last rows, then padding
+            dst[full, :rest].copy_(src[full * per_rank:])
+            dst[full, rest:].zero_()
+        dst[full + (1 if rest else 0):].zero_()  # ranks past the gradient's rows
         offset += width
-    if offset != out.size(1):
-        raise ValueError(f"reduce_scatter_copy_in: the buffer holds {out.size(1)} elements per rank, the gradients "
-                         f"{offset}")
 
 
 def install_copy_in(env: dict | None = None) -> str:
