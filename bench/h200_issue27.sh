@@ -37,6 +37,11 @@
 #             default compile mode against reduce-overhead (CUDA graphs) under deterministic algorithms: whether
 #             whole steps are bit-identical, which kernels.CUDA_GRAPHS_VERIFIED waits for (about 6-8 min on a fresh
 #             machine: the first run compiles and autotunes everything; 215 s were not enough on 2026-12-05).
+# copy-in:    FSDP2's reduce-scatter copy-in, pitlab's (pitlab.trainer.fsdp_copy_in) against torch's _chunk_cat:
+#             tests/test_fsdp_copy_in.py with the GPU (the buffer against torch's CUDA kernel, bit for bit; the image's
+#             pytest), then FSDP2 forced at world size 1 with torch's, pitlab's, torch's
+#             and pitlab's copy-in, then the single-device path, in one process, each profiled (one call of
+#             2026-12-06 gave +0.8 %, inside the steps' spread; about 7 min on a fresh machine).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -153,6 +158,14 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                    timeout 270 python3 bench/determinism.py --out "$OUT/determinism${flag}.json" $flag 2>&1 \
                      | grep -v Warn | tail -30
                  done ;;
+    copy-in) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_fsdp_copy_in.py 2>&1 | tail -3
+             TORCH_='{"env": {"PITLAB_FORCE_FSDP2": "1", "PITLAB_FSDP_COPY_IN": "torch"}}'
+             OURS='{"env": {"PITLAB_FORCE_FSDP2": "1"}}'
+             timeout ${THROUGHPUT_BUDGET_S:-450} python3 bench/throughput.py --work /tmp/tp --out "$OUT/copy-in" \
+               --shapes qwen35_reduced --checks "" --steps 10 --warmup 3 --profile-steps 2 \
+               --budget-s $(( ${THROUGHPUT_BUDGET_S:-450} - 25 )) --runs "$TORCH_;$OURS;$TORCH_;$OURS;default" \
+               > "$OUT/copy-in.log" 2>&1
+             grep -E "tokens/s|steps max/min|^qwen35_reduced  " "$OUT/copy-in.log" | tail -14 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
