@@ -30,24 +30,29 @@ def reduce_scatter_copy_in(unsharded_grads: list[torch.Tensor], reduce_scatter_i
     zeros past the gradient's last row. One ``copy_`` per gradient whose dim 0 divides, at most two copies and two
     fills otherwise. Raises ``ValueError``, before writing anything, if the buffer's size is not ``world_size`` ×
     the gradients' padded total."""
-    widths = [-(-g.size(0) // world_size) * (g.numel() // g.size(0) if g.size(0) else 0) for g in unsharded_grads]
-    if reduce_scatter_input.numel() != world_size * sum(widths):
+    layout = []  # (rows, rows per rank, elements per row) of each gradient
+    for grad in unsharded_grads:
+        rows = grad.size(0)
+        layout.append((rows, -(-rows // world_size), grad.numel() // rows if rows else 0))
+    per_rank_total = sum(per_rank * trailing for _, per_rank, trailing in layout)
+    if reduce_scatter_input.numel() != world_size * per_rank_total:
         raise ValueError(f"reduce_scatter_copy_in: a buffer of {reduce_scatter_input.numel()} elements for "
-                         f"{world_size} ranks × {sum(widths)} padded gradient elements")
+                         f"{world_size} ranks × {per_rank_total} padded gradient elements")
     out = reduce_scatter_input.view(world_size, -1)
     offset = 0
-    for grad, width in zip(unsharded_grads, widths):
-        rows = grad.size(0)
-        per_rank = -(-rows // world_size)
-        trailing = width // per_rank if per_rank else 0
+    for grad, (rows, per_rank, trailing) in zip(unsharded_grads, layout):
+        width = per_rank * trailing
+        if width == 0:  # nothing to write
+            continue
         dst = out[:, offset:offset + width].view(world_size, per_rank, trailing)
         src = grad.reshape(rows, trailing)
-        full, rest = divmod(rows, per_rank) if per_rank else (0, 0)
+        full, rest = divmod(rows, per_rank)
         dst[:full].copy_(src[:full * per_rank].view(full, per_rank, trailing))
         if rest:  # the rank holding the gradient's last rows, then padding
             dst[full, :rest].copy_(src[full * per_rank:])
             dst[full, rest:].zero_()
-        dst[full + (1 if rest else 0):].zero_()  # ranks past the gradient's rows
+        if full + bool(rest) < world_size:  # ranks past the gradient's rows
+            dst[full + bool(rest):].zero_()
         offset += width
 
 
