@@ -14,6 +14,8 @@ every issued update: the trainer calls it before anything else reads the master 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -60,6 +62,9 @@ class UpdateOverlap:
         from pitlab.trainer.fsdp import decoder_layers
 
         self.stream = torch.cuda.Stream(device)
+        # forward and backward on a stream of higher priority than the update's: the block scheduler dispatches
+        # their kernels first, and the update's blocks fill what they leave free
+        self.compute_stream = torch.cuda.Stream(device, priority=-1)
         inner = master.get_base_model() if hasattr(master, "get_base_model") else master
         tail = [m for m in (getattr(inner.model, "norm", None), master.get_output_embeddings()) if m is not None]
         self.slots = run_slots(names, runs, _prefixes(master, list(decoder_layers(master))),
@@ -73,6 +78,18 @@ class UpdateOverlap:
             self._hooks.append(final_norm.register_forward_pre_hook(self._waiter(TAIL)))
         else:  # no final norm to wait at: its groups are waited for before the forward
             self.slots = [HEAD if s == TAIL else s for s in self.slots]
+
+    @contextlib.contextmanager
+    def computing(self):
+        """Forward and backward inside: on :attr:`compute_stream` (high priority), after what the current stream
+        has queued (the batches) and after the groups outside the decoder layers; the current stream waits for
+        them on exit."""
+        main = torch.cuda.current_stream(self.stream.device)
+        self.compute_stream.wait_stream(main)
+        with torch.cuda.stream(self.compute_stream):
+            self.wait(HEAD)
+            yield
+        main.wait_stream(self.compute_stream)
 
     def _waiter(self, slot: int):
         def hook(module, args):

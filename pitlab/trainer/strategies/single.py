@@ -16,7 +16,7 @@ from pitlab.trainer.knobs import overlap_mode
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import LABEL, load_single_device_model
 from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
-from pitlab.trainer.update_overlap import HEAD, UpdateOverlap
+from pitlab.trainer.update_overlap import UpdateOverlap
 
 
 class SingleDeviceStrategy(Strategy):
@@ -85,9 +85,10 @@ class SingleDeviceStrategy(Strategy):
         """As :meth:`Strategy.forward_backward`; with the fused step and one microbatch per step the copy's bf16
         gradients stay for the step to read (no float32 gradient is made)."""
         self.from_copy = self.fused and accum == 1
-        if self.overlap is not None:  # the last update's groups outside the decoder layers (the embedding)
-            self.overlap.wait(HEAD)
-        return super().forward_backward(batches, accum, sync_every_micro)
+        if self.overlap is None:
+            return super().forward_backward(batches, accum, sync_every_micro)
+        with self.overlap.computing():  # on a high-priority stream, beside the last update's groups
+            return super().forward_backward(batches, accum, sync_every_micro)
 
     def after_backward(self, accum: int) -> None:
         """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank), unless the
