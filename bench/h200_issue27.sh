@@ -42,11 +42,6 @@
 #             pytest), then FSDP2 forced at world size 1 with torch's, pitlab's, torch's
 #             and pitlab's copy-in, then the single-device path, in one process, each profiled (one call of
 #             2026-12-06 gave +0.8 %, inside the steps' spread; about 7 min on a fresh machine).
-# overlap:    the single-device path's fused update on a side stream overlapping the next forward
-#             (PITLAB_UPDATE_OVERLAP=forward, pitlab.trainer.update_overlap): tests/test_update_overlap.py and
-#             tests/test_fsdp_copy_in.py with the GPU (bit equality against the sequential step and torch's CUDA
-#             _chunk_cat), then the reduced shape with the update after backward and overlapped, alternating, twice
-#             each, in one process, each profiled (about 9.5 min on a fresh machine).
 # determinism: bench/determinism.py as measured on 2026-12-04 (which gradients differ between identical passes),
 #             then with --deterministic (whether torch's deterministic algorithms make the step repeat; about 6 min);
 # determinism-on: the --deterministic half alone (about 3 min).
@@ -171,13 +166,6 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                --budget-s $(( ${THROUGHPUT_BUDGET_S:-450} - 25 )) --runs "$TORCH_;$OURS;$TORCH_;$OURS;default" \
                > "$OUT/copy-in.log" 2>&1
              grep -E "tokens/s|steps max/min|^qwen35_reduced  " "$OUT/copy-in.log" | tail -14 ;;
-    overlap) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_update_overlap.py tests/test_fsdp_copy_in.py 2>&1 | tail -3
-             OV='{"env": {"PITLAB_UPDATE_OVERLAP": "forward"}}'
-             timeout ${THROUGHPUT_BUDGET_S:-380} python3 bench/throughput.py --work /tmp/tp --out "$OUT/overlap" \
-               --shapes qwen35_reduced --checks "" --steps 10 --warmup 3 --profile-steps 2 \
-               --budget-s $(( ${THROUGHPUT_BUDGET_S:-380} - 25 )) --runs "default;$OV;default;$OV" \
-               > "$OUT/overlap.log" 2>&1
-             grep -E "tokens/s|steps max/min|^qwen35_reduced  |Error|error" "$OUT/overlap.log" | tail -16 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

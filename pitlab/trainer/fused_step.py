@@ -36,10 +36,8 @@ torch's.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
-from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -205,22 +203,13 @@ class MasterAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def clip_step_cast(self, grads: list[torch.Tensor | None], copies: list[torch.Tensor | None] | None,
-                       max_norm: float, stream: torch.cuda.Stream | None = None,
-                       after_run: Callable[[int, int], None] | None = None) -> torch.Tensor:
+                       max_norm: float) -> torch.Tensor:
         """Clip the gradients ``grads`` (one per parameter of the group, in order; bf16 or float32; None: no
         gradient, the parameter is skipped as torch's AdamW skips it) to global L2 norm ``max_norm``, apply AdamW
         to the parameters, and write each updated parameter into ``copies[i]`` (bf16, same shape) when given.
         DTensor parameters (FSDP2): ``grads`` are their float32 DTensor gradients (same sharding), ``copies`` is
         None, and the update runs in place on the local shards (:func:`grad_norm` for the norm).
-
-        The norm is computed on the current stream; the updates are issued group by group (:attr:`runs`), on
-        ``stream`` when given (a CUDA side stream: it first waits for the current stream; each gradient is
-        marked used on it and its entry of ``grads`` set to None once its group is issued, so that its memory
-        is reused only after that group's update has run). ``after_run(a, b)`` is called after the group of
-        parameters ``[a, b)`` is issued, inside ``stream``'s context (where an event recorded marks its end).
-        Returns the gradient norm before clipping (0-d float32 tensor on the parameters' device, not read).
-        Raises ``ValueError`` for lists of the wrong length, no gradient at all, or copies / a stream with DTensor
-        parameters."""
+        Returns the gradient norm before clipping (0-d float32 tensor on the parameters' device, not read)."""
         group = self.param_groups[0]
         params = group["params"]
         if len(grads) != len(params) or (copies is not None and len(copies) != len(params)):
@@ -229,9 +218,9 @@ class MasterAdamW(torch.optim.AdamW):
         if not live:
             raise ValueError("clip_step_cast: no parameter has a gradient")
         device = params[live[0]].device
-        if (copies is not None or stream is not None) and isinstance(grads[live[0]], DTensor):
-            raise ValueError("clip_step_cast: no bf16 copies or side stream with DTensor parameters")
         total = grad_norm([grads[i] for i in live])
+        if copies is not None and isinstance(grads[live[0]], DTensor):
+            raise ValueError("clip_step_cast: no bf16 copies of DTensor parameters")
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         steps = []
         for i in live:
@@ -244,50 +233,14 @@ class MasterAdamW(torch.optim.AdamW):
         torch._foreach_add_(steps, 1.0)
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
         step_of = {i: float(t) for i, t in zip(live, steps)}  # on the CPU (torch's non-fused AdamW): no device read
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(device))
-            coef.record_stream(stream)
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            # by step count (one unless some parameter had no gradient at an earlier step)
-            hypers = {step: self._hyper(step, device) for step in dict.fromkeys(step_of.values())}
-            for a, b in self._runs:
-                run = [i for i in range(a, b) if i in step_of]
-                if run:
-                    self._update_run(run, b - a, step_of, hypers, grads, copies, coef)
-                if stream is not None:
-                    for i in run:
-                        grads[i].record_stream(stream)
-                        grads[i] = None
-                if after_run is not None:
-                    after_run(a, b)
-        return total
-
-    @property
-    def runs(self) -> list[tuple[int, int]]:
-        """``[start, stop)`` of each run of consecutive parameters with one ``groups`` key, in order: the units
-        :meth:`clip_step_cast` issues (one compiled call each in ``grouped`` mode)."""
-        return list(self._runs)
-
-    def _update_run(self, run: list[int], size: int, step_of: dict[int, float], hypers: dict[float, torch.Tensor],
-                    grads: list, copies: list | None, coef: torch.Tensor) -> None:
-        """The live parameters ``run`` of one group of ``size`` parameters: in ``grouped`` mode one
-        :func:`_update_group` call when all have a gradient and one step count, else one :meth:`_update_one` each
-        (symbolic sizes in ``grouped`` mode)."""
-        if self.shapes != "grouped":
-            for i in run:
+        # by step count (one unless some parameter had no gradient at an earlier step)
+        hypers = {step: self._hyper(step, device) for step in dict.fromkeys(step_of.values())}
+        if self.shapes == "grouped":
+            self._grouped_update(step_of, hypers, grads, copies, coef)
+        else:
+            for i in live:
                 self._update_one(i, grads, copies, coef, hypers[step_of[i]], self.shapes == "rows16")
-            return
-        if len(run) < size or len({step_of[i] for i in run}) > 1:
-            for i in run:
-                self._update_one(i, grads, copies, coef, hypers[step_of[i]])
-            return
-        group = self.param_groups[0]
-        params = group["params"]
-        states = [self.state[params[i]] for i in run]
-        self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
-                           [_local(st["exp_avg"]) for st in states], [_local(st["exp_avg_sq"]) for st in states],
-                           None if copies is None else [copies[i] for i in run], coef, hypers[step_of[run[0]]],
-                           *group["betas"], group["eps"])
+        return total
 
     def _update_one(self, i: int, grads: list, copies: list | None, coef: torch.Tensor, hyper: torch.Tensor,
                     rows16: bool = False) -> None:
@@ -298,3 +251,22 @@ class MasterAdamW(torch.optim.AdamW):
         self._update(_flat(p, rows16), _flat(grads[i], rows16), _flat(st["exp_avg"], rows16),
                      _flat(st["exp_avg_sq"], rows16), None if copies is None else _flat(copies[i], rows16), coef,
                      hyper, *group["betas"], group["eps"])
+
+    def _grouped_update(self, step_of: dict[int, float], hypers: dict[float, torch.Tensor], grads: list,
+                        copies: list | None, coef: torch.Tensor) -> None:
+        """``grouped`` mode: one :func:`_update_group` call per group whose parameters all have a gradient
+        (``step_of``: live parameter → step count) and one step count (the rank's local shards, as they are
+        shaped); the live parameters of any other group one by one (:meth:`_update_one`, symbolic sizes)."""
+        group = self.param_groups[0]
+        params = group["params"]
+        for a, b in self._runs:
+            run = [i for i in range(a, b) if i in step_of]
+            if len(run) < b - a or len({step_of[i] for i in run}) > 1:
+                for i in run:
+                    self._update_one(i, grads, copies, coef, hypers[step_of[i]])
+                continue
+            states = [self.state[params[i]] for i in run]
+            self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
+                               [_local(st["exp_avg"]) for st in states], [_local(st["exp_avg_sq"]) for st in states],
+                               None if copies is None else [copies[i] for i in run], coef, hypers[step_of[a]],
+                               *group["betas"], group["eps"])

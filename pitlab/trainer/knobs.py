@@ -28,15 +28,7 @@ COPY_IN_MODES = ("pitlab", "torch")
 :func:`pitlab.trainer.fsdp_copy_in.reduce_scatter_copy_in`) or ``torch`` (FSDP2's own, through ``torch._chunk_cat``)."""
 
 
-OVERLAP_ENV = "PITLAB_UPDATE_OVERLAP"
-OVERLAP_MODES = ("off", "forward")
-"""Where the single-device path's fused update runs on CUDA (``PITLAB_UPDATE_OVERLAP``): ``off`` (after backward, on
-the main stream) or ``forward`` (on a side stream, overlapping the next step's forward:
-:mod:`pitlab.trainer.update_overlap`)."""
-
-
-_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES, COPY_IN_ENV: COPY_IN_MODES,
-            OVERLAP_ENV: OVERLAP_MODES}
+_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES, COPY_IN_ENV: COPY_IN_MODES}
 
 
 def _refusal(name: str, env) -> str | None:
@@ -69,12 +61,6 @@ def copy_in_mode(env: dict | None = None) -> str:
     """``PITLAB_FSDP_COPY_IN`` (default ``pitlab``); raises ValueError naming the variable for another value
     (:data:`COPY_IN_MODES`)."""
     return _read(COPY_IN_ENV, "pitlab", env)
-
-
-def overlap_mode(env: dict | None = None) -> str:
-    """``PITLAB_UPDATE_OVERLAP`` (default ``off``); raises ValueError naming the variable for another value
-    (:data:`OVERLAP_MODES`)."""
-    return _read(OVERLAP_ENV, "off", env)
 
 
 def check_knobs(env: dict | None = None) -> None:

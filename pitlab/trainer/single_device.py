@@ -110,24 +110,17 @@ class ComputeCopy:
             c.grad = None
 
     @torch.no_grad()
-    def fused_step(self, optimizer, max_norm: float, from_copy: bool, overlap=None) -> torch.Tensor:
+    def fused_step(self, optimizer, max_norm: float, from_copy: bool) -> torch.Tensor:
         """Clipping, AdamW on the masters and their cast into the copy in one pass per parameter
         (:meth:`pitlab.trainer.fused_step.MasterAdamW.clip_step_cast`; ``optimizer`` holds the masters in
         order). ``from_copy``: read the copy's bf16 gradients (one microbatch per step: no float32 gradient is
-        made), else the masters' float32 ``.grad`` (:meth:`accumulate_grads` after each microbatch). ``overlap``
-        (an :class:`~pitlab.trainer.update_overlap.UpdateOverlap`): the updates issued on its side stream, an event
-        after each group. Drops the gradients it read (group by group with ``overlap``); returns the gradient norm
-        before clipping (0-d float32 tensor, not read)."""
+        made), else the masters' float32 ``.grad`` (:meth:`accumulate_grads` after each microbatch). Drops the
+        gradients it read; returns the gradient norm before clipping (0-d float32 tensor, not read)."""
         source = self._copies if from_copy else self._masters
-
-        def after_run(a: int, b: int) -> None:
-            for p in source[a:b]:
-                p.grad = None
-            if overlap is not None:
-                overlap.after_run(a, b)
-
-        stream = overlap.stream if overlap is not None else None
-        return optimizer.clip_step_cast([p.grad for p in source], self._copies, max_norm, stream, after_run)
+        norm = optimizer.clip_step_cast([p.grad for p in source], self._copies, max_norm)
+        for p in source:
+            p.grad = None
+        return norm
 
     @torch.no_grad()
     def refresh(self) -> None:

@@ -111,12 +111,8 @@ def finish_step(run: TrainRun, pending: PendingStep, since: float | None = None)
 
 def train_step(run: TrainRun, step: int) -> StepResult:
     """Collective: :func:`launch_step` then :func:`finish_step` of step ``step``: the host waits for the device
-    once, at the end, and the step's update is settled (``Strategy.settle``: an update on a side stream is
-    waited for before anything later on the main stream). Raises ``FloatingPointError`` for a non-finite loss or
-    gradient norm."""
-    result = finish_step(run, launch_step(run, step))
-    run.strategy.settle()
-    return result
+    once, at the end. Raises ``FloatingPointError`` for a non-finite loss or gradient norm."""
+    return finish_step(run, launch_step(run, step))
 
 
 def watched_step(run: TrainRun, step: int, history: LossHistory) -> StepResult:
@@ -156,11 +152,9 @@ def run_steps(run: TrainRun, steps: range, history: LossHistory,
             since = time.perf_counter()
         pending = launched
         if read_now(step + 1):
-            run.strategy.settle()  # the caller reads the state after this step (a checkpoint)
             yield read(pending)
             since, pending = time.perf_counter(), None
     if pending is not None:
-        run.strategy.settle()
         yield read(pending)
 
 

@@ -112,10 +112,6 @@ class Strategy:
     def after_load(self) -> None:
         """After ``model`` was loaded from a checkpoint; nothing by default."""
 
-    def settle(self) -> None:
-        """Make the current stream wait for any optimizer work the strategy still runs elsewhere, before the
-        masters, the optimizer state or the checkpoints are read (nothing by default)."""
-
     def kernel_labels(self) -> dict:
         """The strategy's own entries of the run's ``kernels`` report (none by default)."""
         return {}

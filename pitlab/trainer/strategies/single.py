@@ -12,11 +12,9 @@ from torch.profiler import record_function
 from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
 from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled, model_groups
-from pitlab.trainer.knobs import overlap_mode
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import LABEL, load_single_device_model
 from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
-from pitlab.trainer.update_overlap import UpdateOverlap
 
 
 class SingleDeviceStrategy(Strategy):
@@ -29,7 +27,6 @@ class SingleDeviceStrategy(Strategy):
         self.compute = None
         self.fused = False  # the optimizer is MasterAdamW
         self.from_copy = False  # this step's fused update reads the copy's bf16 gradients
-        self.overlap = None  # an UpdateOverlap: the fused update on a side stream (PITLAB_UPDATE_OVERLAP=forward)
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -73,11 +70,6 @@ class SingleDeviceStrategy(Strategy):
             return optimizer, TORCH_STEP_LABEL
         optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
                                 weight_decay=training.weight_decay, groups=model_groups(self.model, trainable))
-        if cuda and overlap_mode() == "forward":
-            names = {id(p): n for n, p in self.model.named_parameters()}
-            self.overlap = UpdateOverlap(self.model, self.compute.model, [names[id(p)] for p in trainable],
-                                         optimizer.runs, device)
-            return optimizer, FUSED_STEP_LABEL + ", on a side stream overlapping the next forward"
         return optimizer, FUSED_STEP_LABEL + ("" if cuda else ", eager on the CPU")
 
     def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]], accum: int,
@@ -85,10 +77,7 @@ class SingleDeviceStrategy(Strategy):
         """As :meth:`Strategy.forward_backward`; with the fused step and one microbatch per step the copy's bf16
         gradients stay for the step to read (no float32 gradient is made)."""
         self.from_copy = self.fused and accum == 1
-        if self.overlap is None:
-            return super().forward_backward(batches, accum, sync_every_micro)
-        with self.overlap.computing():  # on a high-priority stream, beside the last update's groups
-            return super().forward_backward(batches, accum, sync_every_micro)
+        return super().forward_backward(batches, accum, sync_every_micro)
 
     def after_backward(self, accum: int) -> None:
         """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank), unless the
@@ -103,7 +92,7 @@ class SingleDeviceStrategy(Strategy):
         if not self.fused:
             return super().optimizer_step(optimizer, scheduler, max_norm)
         with record_function("step.optimizer"):  # clipping, AdamW and the cast into the copy in one pass
-            grad_norm = self.compute.fused_step(optimizer, max_norm, self.from_copy, self.overlap)
+            grad_norm = self.compute.fused_step(optimizer, max_norm, self.from_copy)
             scheduler.step()
         return grad_norm
 
@@ -113,18 +102,9 @@ class SingleDeviceStrategy(Strategy):
 
     def after_load(self) -> None:
         """The loaded float32 masters cast into the bf16 copy."""
-        self.settle()
         self.compute.refresh()
 
-    def settle(self) -> None:
-        """With the update on a side stream: the current stream waits for every update issued so far."""
-        if self.overlap is not None:
-            self.overlap.settle()
-
     def close(self) -> None:
-        """Drop the master and the compute copy (after any update still running on the side stream)."""
-        if self.overlap is not None:
-            self.overlap.close()
-            self.overlap = None
+        """Drop the master and the compute copy."""
         super().close()
         self.compute = None
