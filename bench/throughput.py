@@ -52,6 +52,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -603,16 +604,8 @@ def interval_union(intervals) -> float:
 
 def with_env(env: dict, fn):
     """``fn()`` with the environment variables ``env`` (str -> str) set, restored afterwards."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update({k: str(v) for k, v in env.items()})
-    try:
+    with mock.patch.dict(os.environ, {k: str(v) for k, v in env.items()}):
         return fn()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def pl_flops(entry: dict) -> float | None:

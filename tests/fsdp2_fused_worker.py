@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -49,17 +50,9 @@ def steps_run(item: dict) -> dict:
     from pitlab.trainer.train import RunPaths, setup_run, train_step
 
     run = Path(item["run_dir"])
-    saved = {key: os.environ.get(key) for key in item.get("env", {})}
-    os.environ.update(item.get("env", {}))
-    try:
+    with mock.patch.dict(os.environ, item.get("env", {})):  # restored afterwards
         ctx = setup_run(run / "spec.json", RunPaths(run, Path(item["base"])))
         steps = [train_step(ctx, s) for s in range(item["steps"])]
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     opt = ctx.optimizer
     names = {id(p): n for n, p in ctx.model.named_parameters()}
     tensors = {n: _full(p) for n, p in ctx.model.named_parameters()}  # collective: every rank gathers

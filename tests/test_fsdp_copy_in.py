@@ -3,6 +3,10 @@ torch's own copy-in (``torch.ops.fsdp.chunk_cat``) gives, bit for bit, padding i
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
@@ -76,3 +80,37 @@ def test_the_knob_chooses_the_copy_in_and_is_checked_before_any_work():
             check_knobs({"PITLAB_FSDP_COPY_IN": "chunk"})
     finally:
         collectives.foreach_reduce_scatter_copy_in = original
+
+
+CALLED_BY_FSDP2 = r"""
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+from pitlab.trainer import fsdp_copy_in
+
+calls = []
+real = fsdp_copy_in.reduce_scatter_copy_in
+fsdp_copy_in.reduce_scatter_copy_in = lambda grads, out, world: (calls.append(len(grads)), real(grads, out, world))
+print(fsdp_copy_in.install_copy_in({}))
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+mesh = init_device_mesh("cpu", (1,))
+fully_shard(model[0], mesh=mesh, mp_policy=policy)
+fully_shard(model, mesh=mesh, mp_policy=policy)
+model(torch.randn(2, 8)).sum().backward()
+print(calls, collectives.foreach_reduce_scatter_copy_in.__name__)
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_calls_the_installed_copy_in_in_its_backward():
+    """A two-layer model under FSDP2 (one gloo rank, bf16 parameters, float32 reduction): its backward packs each
+    group's gradients with the copy-in :func:`install_copy_in` put in place: twice, two gradients each (the inner
+    layer's, then the root's). The equality tests above would pass even if FSDP2 kept calling its own."""
+    out = subprocess.run([sys.executable, "-c", CALLED_BY_FSDP2], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == [LABEL, "[2, 2] <lambda>"]
