@@ -155,9 +155,10 @@ def apply_liger(model, model_type: str) -> str:
 
 def hf_setup(shape: dict, loss: str | None = None, compiled: bool = False, act_ckpt: bool = False, seed: int = 0,
              lr: float = 3e-4, liger: bool = False):
-    """The plain loop's model, optimizer and kernel report on this process's device, and ``step(chunk)``: one
-    training step on ``chunk`` (``seq + 1`` token ids on the device), returning the loss tensor (not read, so
-    not synchronised). ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks (for the
+    """The plain loop's model, optimizer and kernel report on this process's device, and ``step(chunks)``: one
+    training step over the microbatches ``chunks`` (each ``seq + 1`` token ids on the device; each loss divided by
+    their count before its backward, the gradients summed, then clipping and AdamW), returning the mean loss
+    tensor (not read, so not synchronised). ``loss="chunked"`` / ``compiled`` switch in pitlab's loss / compiled blocks (for the
     exploration only; the baseline uses neither)."""
     from transformers import AutoModelForCausalLM
 
@@ -185,44 +186,52 @@ def hf_setup(shape: dict, loss: str | None = None, compiled: bool = False, act_c
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=CUDA)
 
-    def step(chunk: torch.Tensor) -> torch.Tensor:
-        if loss is None:
-            out = model(input_ids=chunk[None], labels=chunk[None])  # HF shifts the labels itself
-        else:
-            out = model(input_ids=chunk[None, :-1], labels=chunk[None, 1:])
-        out.loss.backward()
+    def step(chunks: list[torch.Tensor]) -> torch.Tensor:
+        total = 0.0
+        for chunk in chunks:
+            if loss is None:
+                out = model(input_ids=chunk[None], labels=chunk[None])  # HF shifts the labels itself
+            else:
+                out = model(input_ids=chunk[None, :-1], labels=chunk[None, 1:])
+            (out.loss / len(chunks)).backward()
+            total = total + out.loss.detach() / len(chunks)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return out.loss.detach()
+        return total
 
     return model, opt, report, step
 
 
 def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | None = None, compiled: bool = False,
-                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4, liger: bool = False) -> dict:
-    """The plain loop on one GPU (:func:`hf_setup`); returns tokens/s (median of timed steps), step times, peak
-    allocated bytes, losses and the kernel report."""
+                     act_ckpt: bool = False, seed: int = 0, lr: float = 3e-4, liger: bool = False,
+                     accumulation: int = 1) -> dict:
+    """The plain loop on one GPU (:func:`hf_setup`), ``accumulation`` microbatches of one sequence per optimizer
+    step; returns tokens/s (median of timed steps), tokens per step, step times, peak allocated bytes, losses
+    and the kernel report."""
     _free()
     seq = shape["seq"]
     model, opt, report, step = hf_setup(shape, loss, compiled, act_ckpt, seed, lr, liger)
-    tokens = torch.from_numpy(synthetic_tokens((seq + 1) * (steps + warmup) + 1, shape["vocab"]).astype(np.int64))
+    n_chunks = (steps + warmup) * accumulation
+    tokens = torch.from_numpy(synthetic_tokens((seq + 1) * n_chunks + 1, shape["vocab"]).astype(np.int64))
     times, losses = [], []
     t_first = time.perf_counter()
     sampler = GpuSampler() if CUDA else contextlib.nullcontext()
     for i in range(warmup + steps):
-        chunk = tokens[i * (seq + 1):(i + 1) * (seq + 1)].to(DEVICE)
+        chunks = [tokens[j * (seq + 1):(j + 1) * (seq + 1)].to(DEVICE)
+                  for j in range(i * accumulation, (i + 1) * accumulation)]
         if i == warmup and CUDA:
             sampler.__enter__()
         t = time.perf_counter()
-        losses.append(float(step(chunk)))  # synchronises
+        losses.append(float(step(chunks)))  # synchronises
         times.append(time.perf_counter() - t)
         if i == warmup - 1:
             warm_s = time.perf_counter() - t_first
     if CUDA:
         sampler.__exit__(None, None, None)
     timed = times[warmup:]
-    result = {"tokens_per_second": seq / float(np.median(timed)), "step_s": timed, "warmup_s": warm_s, **_peaks(),
+    result = {"tokens_per_second": seq * accumulation / float(np.median(timed)), "tokens_per_step": seq * accumulation,
+              "step_s": timed, "warmup_s": warm_s, **_peaks(),
               "gpu_state": sampler.summary() if CUDA else None,
               "loss_first_last": [losses[0], losses[-1]], "kernels": report, "activation_checkpointing": act_ckpt,
               "parameters": sum(p.numel() for p in model.parameters())}
@@ -231,21 +240,22 @@ def hf_training_loop(shape: dict, steps: int = 12, warmup: int = 3, loss: str | 
     return result
 
 
-def hf_best(shape: dict, steps: int, warmup: int, lr: float = 3e-4, liger: bool = False) -> dict:
+def hf_best(shape: dict, steps: int, warmup: int, lr: float = 3e-4, liger: bool = False, accumulation: int = 1) -> dict:
     """The plain loop's best configuration: no activation checkpointing, or with it if that does not fit. With
-    ``liger``, the same loop with liger-kernel's patch (:func:`apply_liger`), undone afterwards."""
+    ``liger``, the same loop with liger-kernel's patch (:func:`apply_liger`), undone afterwards. ``accumulation``:
+    microbatches per optimizer step (:func:`hf_training_loop`)."""
     if not liger:
-        return _hf_best(shape, steps, warmup, lr, False)
+        return _hf_best(shape, steps, warmup, lr, False, accumulation)
     with restored_modeling(shape["model_type"]):
-        return _hf_best(shape, steps, warmup, lr, True)
+        return _hf_best(shape, steps, warmup, lr, True, accumulation)
 
 
-def _hf_best(shape: dict, steps: int, warmup: int, lr: float, liger: bool) -> dict:
+def _hf_best(shape: dict, steps: int, warmup: int, lr: float, liger: bool, accumulation: int) -> dict:
     try:
-        return hf_training_loop(shape, steps, warmup, act_ckpt=False, lr=lr, liger=liger)
+        return hf_training_loop(shape, steps, warmup, act_ckpt=False, lr=lr, liger=liger, accumulation=accumulation)
     except torch.OutOfMemoryError as err:
         _free()
-        res = hf_training_loop(shape, steps, warmup, act_ckpt=True, lr=lr, liger=liger)
+        res = hf_training_loop(shape, steps, warmup, act_ckpt=True, lr=lr, liger=liger, accumulation=accumulation)
         res["note"] = f"out of memory without activation checkpointing: {str(err)[:200]}"
         return res
 
@@ -626,6 +636,10 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=570)
     ap.add_argument("--lr", type=float, default=3e-4, help="peak learning rate of both loops (speed does not "
                     "depend on it; the 48-layer random-init slice diverges at 3e-4)")
+    ap.add_argument("--accumulation", type=int, default=1,
+                    help="microbatches (of one sequence) per optimizer step in every run: the plain loops accumulate "
+                         "that many before each step, pitlab runs get gradientAccumulationSteps unless their "
+                         "overrides set it (the update is then shared by accumulation x seq tokens)")
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="after each pitlab run's timed steps, this many more under torch.profiler: wall vs "
                          "device-busy time per step, host calls, the top operators (\"profile\" in the run's entry)")
@@ -653,7 +667,8 @@ def main() -> int:
         triton = None
     results: dict = {"command": " ".join(sys.argv), "device": torch.cuda.get_device_name() if CUDA else "cpu",
                      "torch": torch.__version__, "triton": getattr(triton, "__version__", None),
-                     "transformers": transformers.__version__, "host_at_start": host_load(), "shapes": {}}
+                     "transformers": transformers.__version__, "host_at_start": host_load(), "accumulation": args.accumulation,
+                     "shapes": {}}
     try:
         import fla
         results["fla"] = fla.__version__
@@ -691,20 +706,25 @@ def main() -> int:
         out = []
         for item in (x.strip() for x in args.runs.split(";") if x.strip()):
             if item == "hf":
-                out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup, args.lr)))
+                out.append(("hf", lambda: hf_best(shape, args.steps, args.warmup, args.lr, accumulation=accum)))
             elif item == "liger":
-                out.append(("liger", lambda: hf_best(shape, args.steps, args.warmup, args.lr, liger=True)))
+                out.append(("liger", lambda: hf_best(shape, args.steps, args.warmup, args.lr, liger=True,
+                                                     accumulation=accum)))
             elif item == "default":
-                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, lr=args.lr,
-                                                         profile_steps=args.profile_steps)))
+                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, default, args.lr,
+                                                         args.profile_steps)))
             else:
                 v = json.loads(item)
                 env = v.pop("env", {})
                 label = "pitlab " + ",".join([f"{k}={v[k]}" for k in sorted(v)] + [f"{k}={env[k]}" for k in sorted(env)])
                 out.append((label, lambda v=v, env=env: with_env(env, lambda: pitlab_run(
-                    shape, args.work, args.steps, args.warmup, v, args.lr, args.profile_steps))))
+                    shape, args.work, args.steps, args.warmup, dict(default or {}, **v), args.lr, args.profile_steps))))
         return out
 
+    if args.accumulation < 1:
+        ap.error(f"--accumulation: must be at least 1 (got {args.accumulation})")
+    accum = args.accumulation
+    default = {"gradientAccumulationSteps": accum} if accum > 1 else None  # pitlab's overrides for the plain loop's
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         entry = results["shapes"].setdefault(name, {"config": shape["config"], "vocab": shape["vocab"],

@@ -86,3 +86,23 @@ def test_fsdp2_on_the_30b_slice_is_skipped_on_an_80_gb_card_and_the_single_devic
     assert throughput.plan_exceeds_gpu(tmp_path / "spec.json", h100) == (
         "predicted peak 92.05 GiB (allocated 81.21 GiB; FSDP2, activation checkpointing True) is more than 1.05 x "
         "this GPU's 79.65 GiB")
+
+
+def test_the_plain_loop_accumulates_microbatches_into_one_step():
+    """``--accumulation 2``: the plain loop's step runs two microbatches of one sequence each (256 tokens of the
+    tiny shape per step) and reports the mean of their losses, which equals the mean of the two losses the same
+    initial model gives each chunk alone; the second step's loss differs (the update was applied once)."""
+    from transformers import AutoModelForCausalLM
+
+    shape = throughput.SHAPES["tiny"]
+    seq = shape["seq"]
+    res = throughput.hf_training_loop(shape, steps=1, warmup=1, accumulation=2)
+    assert res["tokens_per_step"] == 2 * seq and len(res["step_s"]) == 1
+    tokens = torch.from_numpy(throughput.synthetic_tokens((seq + 1) * 4 + 1, shape["vocab"]).astype("int64"))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(throughput.shape_config(shape), dtype=torch.bfloat16)
+    model.train()
+    with torch.no_grad():
+        losses = [model(input_ids=c[None], labels=c[None]).loss for c in (tokens[:seq + 1], tokens[seq + 1:2 * seq + 2])]
+    expected = float(0.0 + losses[0] / 2 + losses[1] / 2)
+    assert res["loss_first_last"][0] == expected and res["loss_first_last"][1] != expected

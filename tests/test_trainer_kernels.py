@@ -233,24 +233,41 @@ def test_the_compile_mode_knob_is_read_named_and_checked(monkeypatch):
 
 
 def test_closing_a_run_frees_its_cuda_graphs_once(monkeypatch):
-    """``release_cuda_graphs`` resets torch's CUDA-graph trees (which own the graphs' private memory pool) once after
-    layers were compiled with CUDA graphs, then no longer marks generations; nothing when none were."""
+    """``release_cuda_graphs`` resets torch's CUDA-graph trees (which own the graphs' private memory pool) and drops
+    torch.compile's cached code (bound to those trees: reused, it raised "Running CUDAGraph after shutdown" on a
+    GPU) once after layers were compiled with CUDA graphs, then no longer marks generations; nothing when none
+    were: the cached code is kept and not compiled again."""
+    import torch._dynamo
     import torch._inductor.cudagraph_trees as trees
 
     import pitlab.trainer.kernels as kern
 
-    resets, marks = [], []
+    resets, marks, compiles = [], [], []
     monkeypatch.setattr(trees, "reset_cudagraph_trees", lambda: resets.append(1))
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+
+    def backend(gm, example_inputs):  # counts torch.compile's compilations of the layer's code
+        compiles.append(1)
+        return gm.forward
+
+    def forward(x):
+        return x * 2 + 1
+
+    torch._dynamo.reset()
+    layer = torch.compile(forward, backend=backend)
+    x = torch.arange(3.0)
     monkeypatch.setattr(kern, "_CUDAGRAPHS", False)
+    layer(x)
     kern.release_cuda_graphs()
-    assert resets == []
+    assert torch.equal(layer(x), torch.tensor([1.0, 3.0, 5.0])) and resets == [] and compiles == [1]
     monkeypatch.setattr(kern, "_CUDAGRAPHS", True)
     kern.cudagraph_step_begin()
     kern.release_cuda_graphs()
     kern.release_cuda_graphs()
     kern.cudagraph_step_begin()
+    assert torch.equal(layer(x), torch.tensor([1.0, 3.0, 5.0])) and compiles == [1, 1]  # compiled anew
     assert resets == [1] and marks == [1] and kern._CUDAGRAPHS is False
+    torch._dynamo.reset()
 
 
 def test_every_microbatch_starts_a_cuda_graph_generation_when_layers_use_cuda_graphs(monkeypatch):

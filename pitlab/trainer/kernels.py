@@ -338,15 +338,20 @@ def deterministic_algorithms(on: bool, device: torch.device) -> str:
 
 def release_cuda_graphs() -> None:
     """Free the CUDA graphs this process recorded over compiled layers, with their private memory pool
-    (``torch._inductor.cudagraph_trees.reset_cudagraph_trees``): called when a run drops its model, so that a
-    second run in the same process (a benchmark, a notebook, a test) does not start with the first's pool (7.24 GiB
-    after the reduced Qwen3.5 shape, which made the Qwen3-30B slice run out of memory on an H100, 2026-12-05).
-    Nothing when no layer asked for CUDA graphs."""
+    (``torch._inductor.cudagraph_trees.reset_cudagraph_trees``), and drop torch.compile's in-memory code
+    (``torch._dynamo.reset``): called when a run drops its model, so that a second run in the same process (a
+    benchmark, a notebook, a test) does not start with the first's pool (7.24 GiB after the reduced Qwen3.5 shape,
+    which made the Qwen3-30B slice run out of memory on an H100, 2026-12-05) and compiles its layers anew. The
+    code torch.compile cached for a layer class is bound to the graph trees it was recorded in: a second run
+    reusing it after the reset failed with "Running CUDAGraph after shutdown" (2026-12-06). Nothing when no layer
+    asked for CUDA graphs."""
     global _CUDAGRAPHS
     if _CUDAGRAPHS:
+        import torch._dynamo
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
 
         reset_cudagraph_trees()
+        torch._dynamo.reset()
         _CUDAGRAPHS = False
 
 
