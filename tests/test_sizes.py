@@ -15,9 +15,11 @@ EXEMPT: set[str] = set()
 
 
 def _parse(text: str) -> ast.Module:
-    """``ast.parse``, once more after a ``SystemError``: CPython 3.11 keeps the AST converter's recursion depth per
-    interpreter, so a parse in another thread at the same moment (a kopf thread left by an operator test in the
-    same pytest worker) can trip its consistency check ("AST constructor recursion depth mismatch")."""
+    """``ast.parse``, once more after a ``SystemError``: CPython 3.11 keeps the AST converter's recursion depth in
+    interpreter-wide state and can leave it unbalanced (python/cpython#106905), so a parse can trip its consistency
+    check ("AST constructor recursion depth mismatch", seen once in a full ``make test``). Which other parse in
+    the pytest worker did it is not known: after every operator test only idle executor threads are left, no kopf
+    operator thread (checked 2026-12-06)."""
     try:
         return ast.parse(text)
     except SystemError:
