@@ -1,7 +1,7 @@
 """Whether pitlab's trainer computes the same steps with CUDA graphs over its compiled decoder layers as without.
 
     python3 bench/cuda_graphs_check.py --work /tmp/cg --out "$OUT" [--shape qwen35_reduced] [--steps 8]
-        [--accumulation 1,2] [--layers 4 --experts 16]
+        [--accumulation 1,2] [--layers 4 --experts 16] [--env PITLAB_FORCE_FSDP2=1]
 
 For each gradient-accumulation count, two runs from one base model and one token stream in this process, under
 ``torch.use_deterministic_algorithms(True)`` (``bench/determinism.py --deterministic`` showed pitlab's kernels repeat
@@ -9,7 +9,8 @@ a step bit for bit that way): ``PITLAB_COMPILE_MODE=default`` (torch.compile wit
 ``PITLAB_COMPILE_MODE=reduce-overhead`` (CUDA graphs over the compiled decoder layers; what
 :func:`pitlab.trainer.kernels.auto_compile_mode` chooses once ``CUDA_GRAPHS_VERIFIED``). Compared step by step: the loss and the gradient norm (float bits),
 then every float32 master parameter after the last step (bit equality, the largest absolute difference).
-Writes ``cuda_graphs_check.json`` to ``--out``. ``--shape tiny`` rehearses it on the CPU (no CUDA graphs there).
+``--env KEY=VALUE`` (repeatable) sets more environment for both runs (``PITLAB_FORCE_FSDP2=1``: the same comparison
+on FSDP2's path at world size 1). Writes ``cuda_graphs_check.json`` to ``--out``. ``--shape tiny`` rehearses it on the CPU (no CUDA graphs there).
 """
 
 from __future__ import annotations
@@ -67,7 +68,15 @@ def main() -> int:
     ap.add_argument("--accumulation", default="1,2", help="comma-separated gradient-accumulation counts")
     ap.add_argument("--layers", type=int, default=0, help="cut the shape to this many decoder layers (0: as is)")
     ap.add_argument("--experts", type=int, default=0, help="and to this many experts (0: as is)")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="more environment for both runs (repeatable), e.g. PITLAB_FORCE_FSDP2=1")
     args = ap.parse_args()
+    extra = {}
+    for item in args.env:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            ap.error(f"--env: expected KEY=VALUE (got {item!r})")
+        extra[key] = value
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
     torch.use_deterministic_algorithms(True)
     from throughput import SHAPES, init_single_process_group
@@ -79,10 +88,10 @@ def main() -> int:
         shape = dict(shape, name=f"{shape['name']}_{args.layers}x{args.experts}", config=dict(shape["config"], **cut))
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"shape": shape["name"], "steps": args.steps, "torch": torch.__version__,
-              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "runs": {}}
+              "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "env": extra, "runs": {}}
     for k in (int(x) for x in args.accumulation.split(",")):
-        plain = one_run(shape, args.work, args.steps, k, {"PITLAB_COMPILE_MODE": "default"})
-        graphs = one_run(shape, args.work, args.steps, k, {"PITLAB_COMPILE_MODE": "reduce-overhead"})
+        plain = one_run(shape, args.work, args.steps, k, dict(extra, PITLAB_COMPILE_MODE="default"))
+        graphs = one_run(shape, args.work, args.steps, k, dict(extra, PITLAB_COMPILE_MODE="reduce-overhead"))
         entry = {"default": {x: plain[x] for x in ("loss", "grad_norm", "compile", "seconds")},
                  "cuda_graphs": {x: graphs[x] for x in ("loss", "grad_norm", "compile", "seconds")}, **compare(plain, graphs)}
         report["runs"][f"accumulation_{k}"] = entry
