@@ -250,13 +250,23 @@ def not_compiled_label(explicit: bool | None) -> str:
     return "off" if explicit is False else "off (auto: LoRA and layer streaming are not compiled)"
 
 
+CUDA_GRAPHS_OFF_PATH = ("not this path's default: under FSDP2 they ran 0.13 x torch's default mode on an H100, "
+                        "bench/RESULTS.md 2026-12-06")
+"""What CUDA graphs cost where the strategy does not choose them: FSDP2 at world size 1 on the reduced Qwen3.5
+shape ran 4,341 tokens/s with them against 32,653 without (one H100, one process, 2026-12-06)."""
+
+
 def layer_compile_mode(cuda_graphs_by_default: bool, device: torch.device, activation_checkpointing: bool,
                        planned_peak_bytes: int | None, total_memory_bytes: int | None) -> tuple[str | None, str]:
     """The decoder layers' ``torch.compile`` mode and whether it uses CUDA graphs, and why:
-    ``PITLAB_COMPILE_MODE`` when set, else :func:`auto_compile_mode` (the arguments are its own)."""
+    ``PITLAB_COMPILE_MODE`` when set (CUDA graphs on a path that does not choose them, e.g. FSDP2, say what they
+    cost there), else :func:`auto_compile_mode` (the arguments are its own)."""
     mode = compile_mode()
     if mode is not None:
-        return mode, f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
+        why = f"{'on' if mode in CUDA_GRAPH_MODES else 'off'}, as {COMPILE_MODE_ENV} says"
+        if mode in CUDA_GRAPH_MODES and not cuda_graphs_by_default:
+            why += f" ({CUDA_GRAPHS_OFF_PATH})"
+        return mode, why
     return auto_compile_mode(cuda_graphs_by_default, device, activation_checkpointing, planned_peak_bytes,
                              total_memory_bytes)
 
