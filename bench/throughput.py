@@ -651,6 +651,11 @@ def main() -> int:
                          "spec.training overrides for another pitlab run (e.g. {\"compile\": false}); its key \"env\" "
                          "sets environment variables for that run only (e.g. {\"env\": {\"PITLAB_FORCE_FSDP2\": \"1\"}})")
     args = ap.parse_args()
+    if args.accumulation < 1:  # refused before any work
+        ap.error(f"--accumulation: must be at least 1 (got {args.accumulation})")
+    accum = args.accumulation
+    # every pitlab run's overrides start from the plain loops' accumulation (none at 1: the spec's default)
+    accum_overrides = {"gradientAccumulationSteps": accum} if accum > 1 else {}
     t_begin = time.perf_counter()
     import torch._dynamo
     # several runs in one process: the fused optimizer's update is compiled once per parameter rank, dtype and
@@ -711,20 +716,16 @@ def main() -> int:
                 out.append(("liger", lambda: hf_best(shape, args.steps, args.warmup, args.lr, liger=True,
                                                      accumulation=accum)))
             elif item == "default":
-                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup, default, args.lr,
-                                                         args.profile_steps)))
+                out.append(("pitlab", lambda: pitlab_run(shape, args.work, args.steps, args.warmup,
+                                                         accum_overrides or None, args.lr, args.profile_steps)))
             else:
                 v = json.loads(item)
                 env = v.pop("env", {})
                 label = "pitlab " + ",".join([f"{k}={v[k]}" for k in sorted(v)] + [f"{k}={env[k]}" for k in sorted(env)])
                 out.append((label, lambda v=v, env=env: with_env(env, lambda: pitlab_run(
-                    shape, args.work, args.steps, args.warmup, dict(default or {}, **v), args.lr, args.profile_steps))))
+                    shape, args.work, args.steps, args.warmup, dict(accum_overrides, **v), args.lr, args.profile_steps))))
         return out
 
-    if args.accumulation < 1:
-        ap.error(f"--accumulation: must be at least 1 (got {args.accumulation})")
-    accum = args.accumulation
-    default = {"gradientAccumulationSteps": accum} if accum > 1 else None  # pitlab's overrides for the plain loop's
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         entry = results["shapes"].setdefault(name, {"config": shape["config"], "vocab": shape["vocab"],
