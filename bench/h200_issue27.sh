@@ -172,7 +172,7 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                --budget-s $(( ${THROUGHPUT_BUDGET_S:-450} - 25 )) --runs "$TORCH_;$OURS;$TORCH_;$OURS;default" \
                > "$OUT/copy-in.log" 2>&1
              grep -E "tokens/s|steps max/min|^qwen35_reduced  " "$OUT/copy-in.log" | tail -14 ;;
-    accum-ab) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_single_device.py -k compiled_accumulation \
+    accum-ab) timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_single_device.py -k compiled_accumulation \
                 2>&1 | tail -2
               for tree in . "${OLD_TREE:-build/wt-c256b26}"; do
                 tag=$(basename "$(cd "$tree" && pwd)"); runs=default; [ "$tree" = . ] && runs="hf;default"
