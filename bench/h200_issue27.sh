@@ -9,7 +9,8 @@
 #             then profiled for 2 steps (the GPU's idle share of a step) and every run's SM clock, power and
 #             clock-event reasons sampled over its timed steps (about 9.5 min; THROUGHPUT_SHAPES=qwen3_30b_slice for
 #             the other shape in its own call; THROUGHPUT_RUNS="hf;default" THROUGHPUT_BUDGET_S=330 for the ratio alone
-#             in about 6 min). Several shapes (THROUGHPUT_SHAPES=a,b) run one process each, the budget split between
+#             in about 6 min; THROUGHPUT_ACCUMULATION=N for N microbatches per optimizer step, THROUGHPUT_PROFILE_STEPS=0
+#             for no profile). Several shapes (THROUGHPUT_SHAPES=a,b) run one process each, the budget split between
 #             them: on an H100, after a CUDA-graph run of the reduced shape, the process kept 7.2-7.7 GiB that the
 #             Qwen3-30B slice (78-83 GB reserved alone) then lacked, even for the plain loop (2026-12-05).
 # repeat:     FSDP2 forced at world size 1, two fresh 12-step runs of a 4-layer x 16-expert cut of the shape compared
@@ -86,8 +87,8 @@ for k, v in r.items():
                 for shape in ${shapes//,/ }; do  # one process per shape: see the comment at the top
                   out=$OUT/throughput; [ "$n" -gt 1 ] && out=$OUT/throughput-$shape
                   timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$out" \
-                    --shapes "$shape" --checks "" --budget-s "$budget" --profile-steps 2 \
-                    --runs "${THROUGHPUT_RUNS:-hf;liger;default;$FSDP2_FUSED}" > "$out.log" 2>&1
+                    --shapes "$shape" --checks "" --budget-s "$budget" --profile-steps "${THROUGHPUT_PROFILE_STEPS:-2}" \
+                    --accumulation "${THROUGHPUT_ACCUMULATION:-1}" --runs "${THROUGHPUT_RUNS:-hf;liger;default;$FSDP2_FUSED}" > "$out.log" 2>&1
                   tail -8 "$out.log"
                 done
                 python3 -c "
