@@ -236,36 +236,6 @@ def test_compute_copy_casts_parameters_keeps_buffers_and_accumulates_in_float32(
         ComputeCopy(cc.model)
 
 
-def test_accumulation_holds_a_first_bf16_gradient_and_sums_in_microbatch_order():
-    """Three microbatches: a parameter's first bf16 gradient of the step is held (no float32 ``.grad`` yet), its
-    second is summed with it in float32, later ones added; a gradient still held at the last microbatch is cast.
-    Every ``.grad`` equals the cast-then-``+=`` sums in microbatch order, bit for bit: a parameter with gradients in
-    all three, one only in the first, one in the last two, one only in the last."""
-    torch.manual_seed(0)
-    master = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 32)).float()
-    cc = ComputeCopy(master)
-    gen = torch.Generator().manual_seed(3)
-    present = [[0, 1], [0, 2], [0, 2, 3]]  # parameter indices with a gradient in microbatch 0, 1, 2
-    scale = [1.0, 3e3, 1e-3]  # magnitudes far apart: float32 sums then depend on their order
-    g = [{i: (scale[k] * torch.randn(list(master.parameters())[i].shape, generator=gen)).to(torch.bfloat16)
-          for i in idx} for k, idx in enumerate(present)]
-    for micro, grads in enumerate(g):
-        for i, c in enumerate(cc.model.parameters()):
-            c.grad = grads[i].clone() if i in grads else None
-        cc.accumulate_grads(last=micro == 2)
-        assert all(c.grad is None for c in cc.model.parameters())
-        if micro == 0:
-            assert all(m.grad is None for m in master.parameters()) and sorted(cc._held) == [0, 1]
-    expected = [g[0][0].float(), g[0][1].float(), g[1][2].float(), g[2][3].float()]
-    expected[0] += g[1][0]
-    expected[0] += g[2][0]
-    expected[2] += g[2][2]
-    assert cc._held == {}
-    for m, e in zip(master.parameters(), expected):
-        assert m.grad.dtype == torch.float32 and torch.equal(m.grad, e)
-    assert not torch.equal(expected[0], g[0][0].float() + (g[1][0].float() + g[2][0].float()))  # order shows
-
-
 def test_deterministic_training_turns_torchs_deterministic_algorithms_on_and_changes_no_bit_on_the_cpu(runs):
     """``training.deterministic: true``: the rank runs under ``torch.use_deterministic_algorithms(True)`` (named in
     the kernels report); on the CPU, already deterministic, its losses, gradient norms and parameters equal the
@@ -278,21 +248,3 @@ def test_deterministic_training_turns_torchs_deterministic_algorithms_on_and_cha
     p_det = torch.load(runs["root"] / "deterministic.pt")
     p_plain = torch.load(runs["root"] / "qwen3_5_moe_text-1-True-fused.pt")
     assert list(p_det) == list(p_plain) and all(torch.equal(p_det[n], p_plain[n]) for n in p_det)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_the_compiled_accumulation_equals_torchs_operations_on_cuda():
-    """On CUDA ``accumulate_grads`` sums a held pair and adds later gradients with compiled kernels; over three
-    microbatches of bf16 gradients of several ranks and sizes (magnitudes 1, 3e3, 1e-3) the float32 ``.grad`` equal
-    those of torch's own operations (``float() + float()``, ``_foreach_add_``) bit for bit."""
-    from pitlab.trainer.single_device import _add_into, _sum_pair
-
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    shapes = [(7,), (1023,), (64, 96), (3, 129, 65), (2048, 2048)]
-    g = [[(s * torch.randn(shape, generator=gen, device="cuda")).to(torch.bfloat16) for shape in shapes]
-         for s in (1.0, 3e3, 1e-3)]
-    fast = [_sum_pair(a, b, True) for a, b in zip(g[0], g[1])]
-    ref = [_sum_pair(a, b, False) for a, b in zip(g[0], g[1])]
-    _add_into(fast, g[2], True)
-    _add_into(ref, g[2], False)
-    assert all(f.dtype == torch.float32 and torch.equal(f, r) for f, r in zip(fast, ref))

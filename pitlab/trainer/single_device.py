@@ -12,7 +12,7 @@ At world size 1 FSDP2 shards nothing, and its per-layer hooks, copy-in and gradi
 
 One optimizer step: every microbatch's forward and backward on the copy, each followed by
 :meth:`ComputeCopy.accumulate_grads` (bf16 gradients cast into the masters' float32 ``.grad``, added to the earlier
-microbatches'; the first two summed in one pass), then clipping and AdamW on the masters, then :meth:`ComputeCopy.refresh` (masters cast into the
+microbatches'), then clipping and AdamW on the masters, then :meth:`ComputeCopy.refresh` (masters cast into the
 copy). Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16 gradients,
 freed at the cast), all five live at the cast after backward; FSDP2 at world size 1 peaks near 16 bytes (it frees
 each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the trainer takes
@@ -83,41 +83,31 @@ class ComputeCopy:
         self.dtype = dtype
         self._masters = list(master.parameters())
         self._copies = list(self.model.parameters())
-        self._held: dict[int, torch.Tensor] = {}  # parameter index -> its first ``dtype`` gradient of the step
 
     @torch.no_grad()
-    def accumulate_grads(self, last: bool = True) -> None:
+    def accumulate_grads(self) -> None:
         """After a microbatch's backward: add each copy parameter's ``dtype`` gradient, cast to float32, to its
-        master's ``.grad``, then drop the copy's gradients. A parameter's first gradient of a step stays in
-        ``dtype`` (held) until its second arrives, and the two are then summed into float32 in one pass (the same
-        sum as the cast followed by ``+=``, 8 bytes per parameter instead of 16); with ``last`` (the step's last
-        microbatch) a gradient still held is cast into ``.grad``. Parameters without a gradient are left alone."""
-        held, fast = self._held, self._masters[0].device.type == "cuda"
+        master's ``.grad`` (set it on the first microbatch after ``zero_grad(set_to_none=True)``), then drop the
+        copy's gradients. Parameters without a gradient are left alone."""
         fresh_m, fresh_g, acc_m, acc_g = [], [], [], []
-        for i, (m, c) in enumerate(zip(self._masters, self._copies)):
-            g = c.grad
-            c.grad = None
-            if g is None:
-                if last and i in held:
-                    fresh_m.append(m)
-                    fresh_g.append(held.pop(i))
-            elif i in held:  # the second gradient of the step: float32(h) + float32(g), one rounding
-                m.grad = _sum_pair(held.pop(i), g, fast)
-            elif m.grad is not None:
-                acc_m.append(m.grad)
-                acc_g.append(g)
-            elif last:
+        for m, c in zip(self._masters, self._copies):
+            if c.grad is None:
+                continue
+            if m.grad is None:
                 fresh_m.append(m)
-                fresh_g.append(g)
+                fresh_g.append(c.grad)
             else:
-                held[i] = g
+                acc_m.append(m.grad)
+                acc_g.append(c.grad)
         if fresh_m:
             grads = [torch.empty_like(m) for m in fresh_m]
             torch._foreach_copy_(grads, fresh_g)  # the exact bf16 -> float32 cast
             for m, g in zip(fresh_m, grads):
                 m.grad = g
         if acc_m:
-            _add_into(acc_m, acc_g, fast)  # float32 += bf16: one float32 rounding, as FSDP2's += of casts
+            torch._foreach_add_(acc_m, acc_g)  # float32 += bf16: one float32 rounding, as FSDP2's += of casts
+        for c in self._copies:
+            c.grad = None
 
     @torch.no_grad()
     def fused_step(self, optimizer, max_norm: float, from_copy: bool) -> torch.Tensor:
@@ -136,42 +126,6 @@ class ComputeCopy:
     def refresh(self) -> None:
         """Cast every master parameter into its copy (after each optimizer step and after a checkpoint load)."""
         torch._foreach_copy_(self._copies, self._masters)
-
-
-def _pair(h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    return h.float() + g.float()
-
-
-def _add(acc: torch.Tensor, g: torch.Tensor) -> None:
-    acc.add_(g)
-
-
-_COMPILED: dict[str, object] = {}
-
-
-def _compiled(name: str):
-    """``_pair`` or ``_add`` compiled by ``torch.compile`` (dynamic sizes: one graph per rank of tensor), made once
-    per process: one vectorised kernel per call where torch's mixed-dtype elementwise kernels are not."""
-    if name not in _COMPILED:
-        _COMPILED[name] = torch.compile({"pair": _pair, "add": _add}[name], dynamic=True, fullgraph=True)
-    return _COMPILED[name]
-
-
-def _sum_pair(h: torch.Tensor, g: torch.Tensor, fast: bool) -> torch.Tensor:
-    """``float32(h) + float32(g)`` of two ``dtype`` gradients as a new float32 tensor: compiled into one kernel on
-    CUDA (``fast``), two torch operations otherwise; the same bits either way (exact casts, one float32 add)."""
-    return _compiled("pair")(h, g) if fast else _pair(h, g)
-
-
-def _add_into(acc: list[torch.Tensor], grads: list[torch.Tensor], fast: bool) -> None:
-    """``acc[i] += grads[i]`` (float32 += ``dtype``, one float32 rounding each): compiled per tensor on CUDA
-    (``fast``), else ``torch._foreach_add_``; the same bits either way."""
-    if not fast:
-        torch._foreach_add_(acc, grads)
-        return
-    add = _compiled("add")
-    for a, g in zip(acc, grads):
-        add(a, g)
 
 
 def load_single_device_model(base, spec, device: torch.device,

@@ -24,8 +24,6 @@ class SingleDeviceStrategy(Strategy):
     cuda_graphs_by_default = True  # measured: bench/RESULTS.md, "CUDA graphs over the compiled layers"
 
     def __init__(self) -> None:
-        self.microbatches = 1  # of the step under way
-        self.last_micro = True  # the microbatch under way is its step's last
         self.compute = None
         self.fused = False  # the optimizer is MasterAdamW
         self.from_copy = False  # this step's fused update reads the copy's bf16 gradients
@@ -79,18 +77,13 @@ class SingleDeviceStrategy(Strategy):
         """As :meth:`Strategy.forward_backward`; with the fused step and one microbatch per step the copy's bf16
         gradients stay for the step to read (no float32 gradient is made)."""
         self.from_copy = self.fused and accum == 1
-        self.microbatches = len(batches)
         return super().forward_backward(batches, accum, sync_every_micro)
-
-    def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
-        """Notes whether microbatch ``micro`` is the step's last (its gradients then all reach the masters)."""
-        self.last_micro = micro == self.microbatches - 1
 
     def after_backward(self, accum: int) -> None:
         """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank), unless the
-        fused step reads them directly (:meth:`~pitlab.trainer.single_device.ComputeCopy.accumulate_grads`)."""
+        fused step reads them directly."""
         if not self.from_copy:
-            self.compute.accumulate_grads(last=self.last_micro)
+            self.compute.accumulate_grads()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
         """The fused step (:meth:`~pitlab.trainer.single_device.ComputeCopy.fused_step`), or torch's clipping and
