@@ -61,6 +61,10 @@
 #             beside it) and from OLD_TREE (default build/wt-c256b26: `git archive c256b26 pitlab bench/*.py | tar -x
 #             -C build/wt-c256b26`), each in its own process (36.7 ms of a 358 ms step were the accumulation's adds on
 #             an H100 on 2026-12-06; about 5 min on a fresh machine).
+# first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
+#             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
+#             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
+#             whether the per-process first losses are inductor's autotuning; about 6 min on a fresh machine).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -181,6 +185,10 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                    --out "$OUT/accum-ab-$tag" --shapes qwen35_reduced --checks "" --budget-s 235 --steps 8 --warmup 3 \
                    --accumulation 4 --runs "$runs" > "$OUT/accum-ab-$tag.log" 2>&1; tail -4 "$OUT/accum-ab-$tag.log")
               done ;;
+    first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
+                  TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
+                    --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
+                done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
