@@ -65,6 +65,10 @@
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
 #             whether the per-process first losses are inductor's autotuning; about 6 min on a fresh machine).
+# resume-det: bench/multigpu_qwen35.py --deterministic on this one GPU, the 4-layer x 16-expert cut: 10 steps with
+#             checkpoints at steps 5 and 10, then the run resumed from step 5, its losses, gradient norms and final
+#             parameters against the uninterrupted run's (issue 27 item 6: whether training.deterministic makes a
+#             resumed GPU run bit-identical; about 6 min on a fresh machine).
 set -u
 export PYTHONUNBUFFERED=1
 cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
@@ -189,6 +193,20 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
                     --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
                 done ;;
+    resume-det) timeout 560 python3 bench/multigpu_qwen35.py --work /tmp/mg --out "$OUT/resume-det" --layers 4 \
+                  --experts 16 --stages base,resume --steps 10 --deterministic --budget-s 540 > "$OUT/resume-det.log" 2>&1
+                python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+for name, st in d['stages'].items():
+    if 'error' in st: print(name, st['error'][:600]); continue
+    print(name, 'tokens/s', round(st['tokens_per_second_total']), 'loss', st['loss'], 'deterministic',
+          st['summary'].get('kernels', {}).get('deterministic'))
+    if name == 'resume':
+        print('resumed from', st['resumed_from_step'], 'parameters bit-identical', st['params_bit_identical_to_uninterrupted'],
+              'of', st['params_total'], 'first step differing', st['against_base']['first_step_differing'],
+              'compared', st['against_base']['steps_compared'])
+print('skipped', d['skipped'])" "$OUT/resume-det/multigpu.json" || tail -30 "$OUT/resume-det.log" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -57,9 +57,10 @@ def write_synthetic_tokens(path: Path, n: int, vocab: int, seed: int = 0) -> np.
 
 def training_resource(name: str, base: Path, seq: int, tokens: int, nproc: int, *, accumulation: int = 1,
                       sync_every_microbatch: bool = True, checkpointing: bool | None = True, checkpoint_every: int = 0,
-                      keep: int = 1):
+                      keep: int = 1, deterministic: bool = False):
     """The PitTraining of these benchmarks: full-weight AdamW, bf16, micro-batch 1, lr 3e-4, warmup 10 + cosine;
-    ``checkpointing=None`` leaves activation checkpointing to the planner (auto)."""
+    ``checkpointing=None`` leaves activation checkpointing to the planner (auto); ``deterministic``:
+    ``training.deterministic`` (torch's deterministic algorithms)."""
     from pitlab.api import PitTraining
 
     return PitTraining.model_validate({
@@ -69,7 +70,8 @@ def training_resource(name: str, base: Path, seq: int, tokens: int, nproc: int, 
                  "training": {"seqLen": seq, "microBatchSize": 1, "gradientAccumulationSteps": accumulation,
                               "gradientSyncEveryMicrobatch": sync_every_microbatch,
                               "learningRate": 3e-4, "warmupSteps": 10, "schedule": "cosine",
-                              "activationCheckpointing": checkpointing, "precision": "bf16"},
+                              "activationCheckpointing": checkpointing, "precision": "bf16",
+                              "deterministic": deterministic},
                  "resources": {"nodes": 1, "gpusPerNode": nproc, "gpuMemoryGiB": 139},
                  "checkpoint": {"everySteps": checkpoint_every, "keep": keep}}})
 

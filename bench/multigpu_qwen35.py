@@ -122,6 +122,9 @@ def main() -> int:
     ap.add_argument("--experts", type=int, default=REDUCED["num_experts"],
                     help="routed experts per layer (the real model has 256; top-8 routing either way, so the "
                          "active parameters and FLOPs per token do not depend on it; default %(default)s)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="every stage with training.deterministic: true (torch's deterministic algorithms): whether "
+                         "a resume, or a repeat, is then bit-identical on the GPU")
     ap.add_argument("--stages", default="base,accum_sync,accum_nosync,merge,resume",  # and repeat
                     help="comma-separated subset to run (resume and merge need base)")
     args = ap.parse_args()
@@ -148,7 +151,7 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"command": " ".join(sys.argv), "world_size": nproc, "seq_len": seq, "vocab": vocab,
+    results: dict = {"command": " ".join(sys.argv), "world_size": nproc, "deterministic": args.deterministic, "seq_len": seq, "vocab": vocab,
                      "config": cfg, "reduced_from_real": {k: (REAL.get(k), v) for k, v in reduced.items() if REAL.get(k) != v},
                      "nccl_env": {k: os.environ.get(k) for k in sorted(os.environ)
                                   if k.startswith(("NCCL", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM"))},
@@ -195,7 +198,8 @@ def main() -> int:
         if not (run / "data").exists():
             (run / "data").symlink_to(data.parent)
         res = training_resource("mg-" + name.replace("_", "-"), base, seq, seq * steps * nproc * accum, nproc, accumulation=accum,
-                                sync_every_microbatch=sync, checkpoint_every=every, keep=keep)
+                                sync_every_microbatch=sync, checkpoint_every=every, keep=keep,
+                                deterministic=args.deterministic)
         spec_path = write_spec(res, run / "spec.json")
         plan = plan_memory(res.spec, shape)
         t = time.perf_counter()
