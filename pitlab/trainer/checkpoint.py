@@ -134,6 +134,16 @@ optimizer's (a checkpoint of the fused step, which runs with ``foreach=False, fu
 AdamW keeps that AdamW's fused or foreach kernel)."""
 
 
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Before a load: an optimizer with no state yet that can make it without stepping (``init_state``, as
+    :class:`~pitlab.trainer.fused_step.MasterAdamW`) makes it, so that ``get_state_dict`` does not initialise it by
+    a step on zero gradients (float32 gradients of every parameter, 4 bytes each, at the load's peak). Other
+    optimizers are left to ``get_state_dict``."""
+    init = getattr(optimizer, "init_state", None)
+    if callable(init) and not any(optimizer.state.values()):
+        init()
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> dict:
     """Collective: restore a checkpoint written by :func:`save_checkpoint` into this rank's live objects.
@@ -154,6 +164,7 @@ def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.O
     rng_path = path / rng_file_name(rank)
     if not rng_path.is_file():
         raise CheckpointError(f"{rng_path}: missing; the checkpoint has no RNG state for rank {rank}")
+    init_optimizer_state(optimizer)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=STATE_DICT_OPTIONS)
     sd = {"model": model_sd, "optim": optim_sd}
     dcp.load(sd, checkpoint_id=path)

@@ -226,9 +226,7 @@ class MasterAdamW(torch.optim.AdamW):
         for i in live:
             state = self.state[params[i]]
             if not state:
-                state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(params[i], memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(params[i], memory_format=torch.preserve_format)
+                self._new_state(params[i], state)
             steps.append(state["step"])
         torch._foreach_add_(steps, 1.0)
         self._opt_called = True  # what torch's LR schedulers check to see that the optimizer stepped
@@ -241,6 +239,25 @@ class MasterAdamW(torch.optim.AdamW):
             for i in live:
                 self._update_one(i, grads, copies, coef, hypers[step_of[i]], self.shapes == "rows16")
         return total
+
+    @staticmethod
+    def _new_state(p: torch.Tensor, state: dict) -> None:
+        """A parameter's AdamW state before its first step, as torch's AdamW (foreach and fused off) makes it:
+        ``step`` a 0-d float32 CPU tensor at 0, the two moments zeros of ``p``'s shape, dtype and placement."""
+        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+    @torch.no_grad()
+    def init_state(self) -> None:
+        """Give every parameter without state its state before a first step (:meth:`_new_state`; 8 bytes per
+        parameter), without gradients and without stepping: the tensors a checkpoint load fills in place
+        (:func:`pitlab.trainer.checkpoint.load_checkpoint`). Torch's initialisation for a load otherwise steps
+        once on zero float32 gradients, 4 more bytes per parameter at the load's peak."""
+        for p in self.param_groups[0]["params"]:
+            state = self.state[p]
+            if not state:
+                self._new_state(p, state)
 
     def _update_one(self, i: int, grads: list, copies: list | None, coef: torch.Tensor, hyper: torch.Tensor,
                     rows16: bool = False) -> None:
