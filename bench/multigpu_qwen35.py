@@ -151,7 +151,8 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     out.mkdir(parents=True, exist_ok=True)
-    results: dict = {"command": " ".join(sys.argv), "world_size": nproc, "deterministic": args.deterministic, "seq_len": seq, "vocab": vocab,
+    results: dict = {"command": " ".join(sys.argv), "world_size": nproc, "deterministic": args.deterministic,
+                     "seq_len": seq, "vocab": vocab,
                      "config": cfg, "reduced_from_real": {k: (REAL.get(k), v) for k, v in reduced.items() if REAL.get(k) != v},
                      "nccl_env": {k: os.environ.get(k) for k in sorted(os.environ)
                                   if k.startswith(("NCCL", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM"))},
