@@ -7,7 +7,7 @@ compiled too (``kernels.compile_blocks``, torch's default mode: the trainer's fi
 graphs). For each, a SHA-256 of every decoder layer's output (bf16 bytes) and of the final hidden states, so
 that processes can be compared layer by layer; within the process, how far the compiled layers' outputs are
 from the eager ones. Then the launch configurations inductor chose for its Triton kernels in this process
-(``*.best_config`` files under ``TORCHINDUCTOR_CACHE_DIR``, read back as inductor wrote them).
+(``*.best_config`` files under ``TORCHINDUCTOR_CACHE_DIR``, as inductor wrote them less the timing and cache hash).
 
 Run it in several processes with cold and warm inductor caches (``bash bench/h200_issue27.sh first-loss``):
 equal eager losses and different compiled ones in two cold processes, equal ones with a warm cache, and
