@@ -106,3 +106,39 @@ def test_the_plain_loop_accumulates_microbatches_into_one_step():
         losses = [model(input_ids=c[None], labels=c[None]).loss for c in (tokens[:seq + 1], tokens[seq + 1:2 * seq + 2])]
     expected = float(0.0 + losses[0] / 2 + losses[1] / 2)
     assert res["loss_first_last"][0] == expected and res["loss_first_last"][1] != expected
+
+
+def test_the_plain_loop_clips_the_gradients_of_both_microbatches(monkeypatch):
+    """``--accumulation 2``: the gradients the plain loop's first step clips are those of both microbatches (each
+    loss halved, back-propagated one after the other into the same bf16 ``.grad``), bit for bit, and not those of
+    the first microbatch alone."""
+    from transformers import AutoModelForCausalLM
+
+    seen = []
+    real_clip = torch.nn.utils.clip_grad_norm_
+
+    def spy(params, *args, **kwargs):
+        params = list(params)
+        if not seen:
+            seen.append([None if p.grad is None else p.grad.clone() for p in params])
+        return real_clip(params, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    shape = throughput.SHAPES["tiny"]
+    seq = shape["seq"]
+    throughput.hf_training_loop(shape, steps=1, warmup=1, accumulation=2)
+    tokens = torch.from_numpy(throughput.synthetic_tokens((seq + 1) * 4 + 1, shape["vocab"]).astype("int64"))
+    chunks = (tokens[:seq + 1], tokens[seq + 1:2 * seq + 2])
+
+    def grads(n_chunks: int) -> list:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(throughput.shape_config(shape), dtype=torch.bfloat16)
+        model.train()
+        for c in chunks[:n_chunks]:
+            (model(input_ids=c[None], labels=c[None]).loss / 2).backward()
+        return [p.grad for p in model.parameters()]
+
+    both, first_only = grads(2), grads(1)
+    assert len(seen[0]) == len(both) and all(g is not None for g in seen[0])
+    assert all(torch.equal(a, b) for a, b in zip(seen[0], both))
+    assert not all(torch.equal(a, b) for a, b in zip(seen[0], first_only))
