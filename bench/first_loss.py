@@ -21,7 +21,6 @@ On the CPU (a rehearsal of the script only) pass ``--shape tiny --backend aot_ea
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -32,11 +31,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def digest(t: torch.Tensor) -> str:
-    """SHA-256 (first 16 hex digits) of a tensor's bytes, as stored (contiguous copy on the host)."""
-    return hashlib.sha256(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
 
 
 def best_configs(root: Path) -> dict[str, dict]:
@@ -65,11 +59,12 @@ def main() -> int:
     if args.layers < 1 or args.experts < 2 or args.seq < 2:
         ap.error("--layers >= 1, --experts >= 2 and --seq >= 2")
     cache = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "/nonexistent"))
-    cold = not cache.exists() or not any(cache.rglob("*.best_config"))
+    cold = not any(cache.rglob("*.best_config"))  # nothing under a folder that does not exist
     from throughput import SHAPES, shape_config
     from transformers import AutoModelForCausalLM
 
     from pitlab.trainer import loss as loss_mod
+    from pitlab.trainer.digest import tensor_sha256
     from pitlab.trainer.fsdp import decoder_layers
     from pitlab.trainer.kernels import compile_blocks, select_kernels
 
@@ -114,7 +109,7 @@ def main() -> int:
         per_layer = []
         for i, (o, e) in enumerate(zip(outs, eager_outs)):
             d = (o.float() - e.float()).abs()
-            per_layer.append({"output": f"layer {i}" if i < len(layers) else "final norm", "sha256_16": digest(o),
+            per_layer.append({"output": f"layer {i}" if i < len(layers) else "final norm", "sha256_16": tensor_sha256(o)[:16],
                               "elements_differing_from_eager": int((o != e).sum()),
                               "fraction_differing_from_eager": float((o != e).float().mean()),
                               "max_abs_difference_from_eager": float(d.max())})
@@ -122,7 +117,7 @@ def main() -> int:
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
            "kernels": kernels, "layers": args.layers, "experts": args.experts, "seq": args.seq,
            "backend": args.backend, "inductor_cache": str(cache), "inductor_cache_cold_at_start": cold,
-           "runs": outputs, "best_configs": best_configs(cache) if cache.exists() else {}}
+           "runs": outputs, "best_configs": best_configs(cache)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     for name, r in outputs.items():

@@ -55,12 +55,6 @@
 #             calls on one machine; the plain loop 133-160 ms) is the kernels a process compiles and picks, and which
 #             kernels differ between a fast and a slow process (about 8 min; the first process also writes the model:
 #             its 150 s limit of 2026-12-05 was too short for that).
-# accum-ab:   the compiled gradient accumulation of dd8903e (reverted in a903b37 before a GPU checked it; `git revert
-#             a903b37` first): its CUDA test (tests/test_single_device.py -k compiled_accumulation, bit equality with
-#             torch's operations), then 4 microbatches per step (`--accumulation 4`) from this tree (the plain loop
-#             beside it) and from OLD_TREE (default build/wt-c256b26: `git archive c256b26 pitlab bench/*.py | tar -x
-#             -C build/wt-c256b26`), each in its own process (36.7 ms of a 358 ms step were the accumulation's adds on
-#             an H100 on 2026-12-06; about 5 min on a fresh machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -181,14 +175,6 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                --budget-s $(( ${THROUGHPUT_BUDGET_S:-450} - 25 )) --runs "$TORCH_;$OURS;$TORCH_;$OURS;default" \
                > "$OUT/copy-in.log" 2>&1
              grep -E "tokens/s|steps max/min|^qwen35_reduced  " "$OUT/copy-in.log" | tail -14 ;;
-    accum-ab) timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_single_device.py -k compiled_accumulation \
-                2>&1 | tail -2
-              for tree in . "${OLD_TREE:-build/wt-c256b26}"; do
-                tag=$(basename "$(cd "$tree" && pwd)"); runs=default; [ "$tree" = . ] && runs="hf;default"
-                (cd "$tree" && PYTHONPATH=$PYTHONPATH:$PWD timeout 250 python3 bench/throughput.py --work /tmp/tp \
-                   --out "$OUT/accum-ab-$tag" --shapes qwen35_reduced --checks "" --budget-s 235 --steps 8 --warmup 3 \
-                   --accumulation 4 --runs "$runs" > "$OUT/accum-ab-$tag.log" 2>&1; tail -4 "$OUT/accum-ab-$tag.log")
-              done ;;
     first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
                     --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
