@@ -232,14 +232,15 @@ def test_grouped_mode_with_gradients_missing_now_and_then_compiles_a_bounded_num
 
 def test_the_recompile_limit_counts_every_grouped_optimizer_of_the_process(monkeypatch):
     """Dynamo's recompile limit is per code object, which every MasterAdamW of a process shares: each grouped
-    optimizer adds two graphs per signature (two gradient dtypes), so two with 2 signatures each make it 16."""
+    optimizer adds four graphs per signature (bf16 or float32 gradients, with or without the last microbatch's
+    bf16 gradient added), so two with 2 signatures each make it 8 + 8 + 8 = 24."""
     import pitlab.trainer.fused_step as fs
     from torch import _dynamo
 
     monkeypatch.setenv("PITLAB_FUSED_STEP_SHAPES", "grouped")
     monkeypatch.setattr(fs, "_GRAPHS_ASKED", 0)
     with _dynamo.config.patch(recompile_limit=8):  # restored afterwards
-        for limit in (12, 16):
+        for limit in (16, 24):
             MasterAdamW([torch.zeros(4, 2, requires_grad=True), torch.zeros(3, requires_grad=True)], compiled=True,
                         backend="eager", groups=["a", "b"])
             assert _dynamo.config.recompile_limit == limit
@@ -252,3 +253,42 @@ def test_an_unknown_shape_mode_is_refused():
     with pytest.raises(ValueError,
                        match="PITLAB_FUSED_STEP_SHAPES='rows8': give one of dynamic, rows16, static, grouped"):
         shape_mode({"PITLAB_FUSED_STEP_SHAPES": "rows8"})
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("base_dtype", [torch.bfloat16, torch.float32])
+def test_an_added_last_gradient_equals_the_step_on_the_stored_sum(compiled, base_dtype):
+    """``extras``: a bf16 gradient per parameter added to ``grads`` as the step reads them (the last microbatch's)
+    gives the step on the stored float32 sum ``g.float() + e`` bit for bit: the norm (torch's
+    ``clip_grad_norm_`` of the sums; eager: ``torch._foreach_norm`` of them, compiled with ``backend="eager"``:
+    each norm of ``g + e`` in one graph), the parameters and the copies (eager: torch's AdamW after clipping;
+    compiled: the same compiled update given the sums), over an unclipped and a clipped step, with one parameter
+    that has only the added gradient and one that has none."""
+    ref, o_ref, fused, o_fused = _pair(compiled=compiled, backend="eager")
+    _, _, summed, o_summed = _pair(compiled=compiled, backend="eager")
+    copies = [torch.empty(s, dtype=torch.bfloat16) for s in SHAPES]
+    copies_summed = [torch.empty(s, dtype=torch.bfloat16) for s in SHAPES]
+    gen = torch.Generator().manual_seed(3)
+    norms = []
+    for step in range(2):
+        scale = 3.0 if step % 2 else 0.01
+        base = [(torch.randn(s, generator=gen) * scale).to(base_dtype) for s in SHAPES]
+        extra = [(torch.randn(s, generator=gen) * scale).to(torch.bfloat16) for s in SHAPES]
+        base[1], extra[3] = None, None  # parameter 1: only the added gradient; parameter 3: no added one
+        sums = []
+        for g, e in zip(base, extra):
+            t = g.to(torch.float32, copy=True) if g is not None else None
+            sums.append(e.float() if t is None else t if e is None else t.add_(e))
+        for p, t in zip(ref, sums):
+            p.grad = t.clone()
+        n_ref = torch.nn.utils.clip_grad_norm_(ref, 1.0)
+        o_ref.step()
+        n = o_fused.clip_step_cast(base, copies, 1.0, extra)
+        o_summed.clip_step_cast(sums, copies_summed, 1.0)
+        norms.append(float(n))
+        assert torch.equal(n, n_ref), step
+        assert all(torch.equal(a, b) for a, b in zip(summed, fused)), step
+        assert all(torch.equal(a, b) for a, b in zip(copies_summed, copies)), step
+        if not compiled:
+            assert all(torch.equal(a, b) for a, b in zip(ref, fused)), step
+    assert norms[0] < 1 < norms[1]

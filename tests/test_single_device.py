@@ -1,8 +1,8 @@
 """The world-size-1 path without FSDP2 (pitlab.trainer.single_device: float32 masters + a bf16 compute copy) against
 FSDP2 at world size 1 (``PITLAB_FORCE_FSDP2=1``), bit for bit: each step's loss and gradient norm and the final
 float32 parameters, for a tiny qwen3_5_moe_text (chunked loss, activation checkpointing) and a tiny llama (reference
-loss), without and with gradient accumulation (2 microbatches; also ``gradientSyncEveryMicrobatch: false``), and a
-run resumed from a checkpoint of either path. The single-device path with the fused optimizer step
+loss), without and with gradient accumulation (2 microbatches, also with ``gradientSyncEveryMicrobatch: false``,
+and 3 for qwen3_5_moe_text), and a run resumed from a checkpoint of either path. The single-device path with the fused optimizer step
 (``fusedOptimizer: true``, pitlab.trainer.fused_step, eager on the CPU) gives the same bits too. All runs share one
 gloo process (tests/single_device_worker.py)."""
 
@@ -32,8 +32,8 @@ VOCAB = 256
 # model -> spec.training settings: the fused loss with activation checkpointing, and the reference loss without
 MODELS = {"qwen3_5_moe_text": {"loss": "chunked", "activationCheckpointing": True},
           "llama": {"loss": "reference", "activationCheckpointing": False}}
-CASES = [(m, accum, sync) for m in MODELS for accum, sync in ((1, True), (2, True), (2, False))
-         if not (m == "llama" and not sync)]
+CASES = [(m, accum, sync) for m in MODELS for accum, sync in ((1, True), (2, True), (2, False), (3, True))
+         if not (m == "llama" and (not sync or accum == 3))]
 
 
 def resource(base: Path, accum: int, sync: bool = True, **training) -> PitTraining:
@@ -248,3 +248,114 @@ def test_deterministic_training_turns_torchs_deterministic_algorithms_on_and_cha
     p_det = torch.load(runs["root"] / "deterministic.pt")
     p_plain = torch.load(runs["root"] / "qwen3_5_moe_text-1-True-fused.pt")
     assert list(p_det) == list(p_plain) and all(torch.equal(p_det[n], p_plain[n]) for n in p_det)
+
+
+def _gather_run(k: int, hold_in_place: bool, pair_fn=None, scribble: bool = False, steps: int = 2,
+                reference: str = "torch", device: str = "cpu", compiled: bool = False):
+    """``steps`` optimizer steps of ``k`` microbatches each on a tiny llama's compute copy with the fused step's
+    gathering (:meth:`ComputeCopy.gather_grads` + :meth:`ComputeCopy.fused_step`), and the same on a reference
+    path: ``torch`` (:meth:`ComputeCopy.accumulate_grads`, ``clip_grad_norm_``, ``torch.optim.AdamW``) or
+    ``sums`` (:meth:`ComputeCopy.accumulate_grads`, then the fused step on the stored float32 sums: the path before
+    the gathering). ``compiled``: both MasterAdamW compiled with inductor (CUDA). The bf16 gradients are random
+    (scaled far over the clip norm on odd steps); the embedding has none in microbatch 0 and the final norm none
+    in the last. ``scribble``: every gradient tensor is overwritten with 7.0 after its microbatch's gathering, as a
+    CUDA graph's next replay writes over its outputs. Returns {path: (norms, masters, copies)}."""
+    from pitlab.trainer.fused_step import MasterAdamW
+
+    config = build_config("llama", TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=0, pad_token_id=1,
+                          bos_token_id=0)
+    out = {}
+    for path in ("gather", reference):
+        torch.manual_seed(0)
+        master = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
+        cc = ComputeCopy(master)
+        params = list(master.parameters())
+        opt = (torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1) if path == "torch"
+               else MasterAdamW(params, compiled=compiled, lr=1e-2, weight_decay=0.1))
+        names = [n for n, _ in master.named_parameters()]
+        gen = torch.Generator().manual_seed(1)
+        norms = []
+        for step in range(steps):
+            for micro in range(k):
+                grads = []
+                for n, c in zip(names, cc.model.parameters()):
+                    g = (torch.randn(c.shape, generator=gen) * (30.0 if step % 2 else 1e-3)).to(torch.bfloat16)
+                    skip = ("embed_tokens" in n and micro == 0 and k > 1) or ("model.norm" in n and micro == k - 1)
+                    c.grad = None if skip else g.to(device)
+                    grads.append(c.grad)
+                if path == "gather":
+                    cc.gather_grads(micro == k - 1, hold_in_place, pair_fn)
+                    if scribble and micro < k - 1:
+                        for g in grads:
+                            if g is not None:
+                                g.fill_(7.0)
+                else:
+                    cc.accumulate_grads()
+            if path == "gather":
+                norms.append(cc.fused_step(opt, 1.0))
+            elif path == "sums":
+                norms.append(opt.clip_step_cast([p.grad for p in params], list(cc.model.parameters()), 1.0))
+                opt.zero_grad(set_to_none=True)
+            else:
+                norms.append(torch.nn.utils.clip_grad_norm_(params, 1.0))
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                cc.refresh()
+            assert all(c.grad is None for c in cc.model.parameters()) and all(p.grad is None for p in params)
+        out[path] = ([float(n) for n in norms], [p.detach().cpu().clone() for p in params],
+                     [c.detach().cpu().clone() for c in cc.model.parameters()])
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")
+@pytest.mark.parametrize("k", [2, 4])
+def test_gathering_on_cuda_with_inductor_kernels_against_the_stored_sums(k):
+    """On CUDA, with the kernels the trainer compiles (inductor: the pair sum, the norms of ``g + e`` and the
+    update reading the last gradient), against the fused step on float32 sums stored by
+    :meth:`ComputeCopy.accumulate_grads` (the path before): the unclipped step's masters and copies are equal bit
+    for bit (the clip factor is 1 either way); the norms agree to 1e-6 relative (each norm is one inductor
+    reduction instead of ``torch._foreach_norm``'s), and so the clipped step's masters to 1e-6 of their size."""
+    from pitlab.trainer.fused_step import compiled_pair_sums
+
+    out = _gather_run(k, hold_in_place=False, pair_fn=compiled_pair_sums(8), steps=1, reference="sums",
+                      device="cuda", compiled=True)
+    (n_g, p_g, c_g), (n_s, p_s, c_s) = out["gather"], out["sums"]
+    assert n_s[0] < 1.0 and abs(n_g[0] - n_s[0]) <= 1e-6 * n_s[0]
+    assert all(torch.equal(a, b) for a, b in zip(p_g, p_s)) and all(torch.equal(a, b) for a, b in zip(c_g, c_s))
+    out = _gather_run(k, hold_in_place=False, pair_fn=compiled_pair_sums(8), steps=2, reference="sums",
+                      device="cuda", compiled=True, scribble=True)
+    (n_g, p_g, _), (n_s, p_s, _) = out["gather"], out["sums"]
+    assert n_s[1] > 1.0 and abs(n_g[1] - n_s[1]) <= 1e-6 * n_s[1]
+    print(f"k={k}: norms {n_g} vs {n_s}; masters equal {sum(torch.equal(a, b) for a, b in zip(p_g, p_s))}"
+          f"/{len(p_s)}")
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6 * float(b.abs().max())) for a, b in zip(p_g, p_s))
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+@pytest.mark.parametrize("hold_in_place", [True, False])
+def test_fused_step_gathering_equals_torch_accumulation_and_adamw_bit_for_bit(k, hold_in_place):
+    """The fused step's gathering (first microbatch held, second summed with it in one pass, the last added as the
+    update reads it) gives torch's float32 accumulation, clipping and AdamW to the last bit: the gradient norms of
+    a clipped and an unclipped step, every master and the bf16 copy, at 1-4 microbatches, the held gradient kept
+    in place or copied, and parameters without a gradient in some microbatches."""
+    out = _gather_run(k, hold_in_place)
+    (n_g, p_g, c_g), (n_t, p_t, c_t) = out["gather"], out["torch"]
+    assert n_g == n_t
+    assert n_t[0] < 1.0 < n_t[1]  # an unclipped and a clipped step
+    assert all(torch.equal(a, b) for a, b in zip(p_g, p_t))
+    assert all(torch.equal(a, b) for a, b in zip(c_g, c_t))
+    assert all(torch.equal(c, p.to(torch.bfloat16)) for c, p in zip(c_g, p_g))
+
+
+def test_the_held_gradient_is_a_copy_where_a_cuda_graph_replay_would_overwrite_it():
+    """With the gradient tensors written over after each microbatch (what a CUDA graph's next replay does), the
+    copied held gradient still gives torch's bits; held in place, the same run does not (negative control: the
+    copy is what makes it safe). The compiled pair sum (``backend="eager"``: dynamo's graph, torch's kernels)
+    gives the same bits as the eager one."""
+    from pitlab.trainer.fused_step import pair_sums
+
+    compiled = torch.compile(pair_sums, dynamic=False, fullgraph=True, backend="eager")
+    copied = _gather_run(4, hold_in_place=False, pair_fn=compiled, scribble=True)
+    assert all(torch.equal(a, b) for a, b in zip(copied["gather"][1], copied["torch"][1]))
+    in_place = _gather_run(4, hold_in_place=True, scribble=True)
+    assert not all(torch.equal(a, b) for a, b in zip(in_place["gather"][1], in_place["torch"][1]))

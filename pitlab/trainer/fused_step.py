@@ -119,12 +119,21 @@ def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
 
+def _gradient(g: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+    """The float32 gradient ``g + e``: ``g`` (bf16 or float32) cast exactly to float32, plus the last
+    microbatch's bf16 gradient ``e`` cast exactly when given (one float32 rounding: the bits of ``g += e``)."""
+    g32 = g.to(torch.float32)
+    return g32 if e is None else g32 + e.to(torch.float32)
+
+
 def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, c: torch.Tensor | None,
-            coef: torch.Tensor, hyper: torch.Tensor, beta1: float, beta2: float, eps: float) -> None:
+            coef: torch.Tensor, hyper: torch.Tensor, beta1: float, beta2: float, eps: float,
+            e: torch.Tensor | None = None) -> None:
     """One parameter's AdamW step on the clipped gradient, in place. ``p``, ``m``, ``v``: float32; ``g``: its
     gradient (bf16 or float32, same shape); ``c``: the bf16 copy written with the new ``p`` (or None); ``coef``:
-    0-d float32 clip factor; ``hyper``: float32 ``[1 - lr·wd, lr / (1 - β1^t), sqrt(1 - β2^t)]``."""
-    g32 = g.to(torch.float32) * coef
+    0-d float32 clip factor; ``hyper``: float32 ``[1 - lr·wd, lr / (1 - β1^t), sqrt(1 - β2^t)]``; ``e``: a bf16
+    gradient added to ``g`` first (:func:`_gradient`), or None."""
+    g32 = _gradient(g, e) * coef
     p.mul_(hyper[0])
     m.lerp_(g32, 1 - beta1)
     v.mul_(beta2).addcmul_(g32, g32, value=1 - beta2)
@@ -135,11 +144,42 @@ def _update(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, 
 
 
 def _update_group(ps: list, gs: list, ms: list, vs: list, cs: list | None, coef: torch.Tensor, hyper: torch.Tensor,
-                  beta1: float, beta2: float, eps: float) -> None:
+                  beta1: float, beta2: float, eps: float, es: list | None = None) -> None:
     """:func:`_update` of each parameter of the lists (one compiled graph for them all in ``grouped`` mode: one
-    host call per group instead of one per parameter); ``cs`` None: no copies."""
+    host call per group instead of one per parameter); ``cs`` None: no copies; ``es`` None: no added gradients."""
     for j, p in enumerate(ps):
-        _update(p, gs[j], ms[j], vs[j], None if cs is None else cs[j], coef, hyper, beta1, beta2, eps)
+        _update(p, gs[j], ms[j], vs[j], None if cs is None else cs[j], coef, hyper, beta1, beta2, eps,
+                None if es is None else es[j])
+
+
+def _norms(gs: list, es: list) -> list:
+    """The float32 L2 norm of each :func:`_gradient` ``gs[j] + es[j]`` (0-d tensors). Compiled, the sum is not
+    stored: each norm reads the two gradients (6 or 4 bytes per element) instead of a float32 sum (4) that
+    another pass wrote (10)."""
+    return [torch.linalg.vector_norm(_gradient(g, e), 2.0, dtype=torch.float32) for g, e in zip(gs, es)]
+
+
+def pair_sums(gs: list, es: list) -> list:
+    """``gs[j] + es[j]`` in float32 (two bf16 gradients cast exactly, one rounding: the bits of ``g.float()``
+    followed by ``+= e``); compiled, one pass that reads 4 bytes per element and writes 4."""
+    return [_gradient(g, e) for g, e in zip(gs, es)]
+
+
+def compiled_pair_sums(signatures: int):
+    """:func:`pair_sums` compiled with static shapes (CUDA; one graph per distinct list of shapes, ``signatures``
+    of them, added to the recompile limit by :func:`allow_graphs`)."""
+    allow_graphs(signatures)
+    return torch.compile(pair_sums, dynamic=False, fullgraph=True)
+
+
+def allow_graphs(graphs: int) -> None:
+    """Raise torch's recompile limit (per code object, shared by every compiled function of the process) by
+    ``graphs`` more for the optimizer's compiled functions (their static shapes: one graph per signature)."""
+    from torch import _dynamo
+
+    global _GRAPHS_ASKED
+    _GRAPHS_ASKED += graphs
+    _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, _GRAPHS_ASKED + 8)
 
 
 class MasterAdamW(torch.optim.AdamW):
@@ -168,13 +208,10 @@ class MasterAdamW(torch.optim.AdamW):
         self._runs = list(zip(starts, starts[1:] + [len(plist)]))  # [start, stop) of each group's parameters
         self.shapes = shape_mode()
         if compiled and self.shapes in ("static", "grouped"):  # one graph per size (or group): above torch's limit
-            from torch import _dynamo
-
-            global _GRAPHS_ASKED
             graphs = len({p.numel() for p in plist}) if self.shapes == "static" else len(self._signatures())
-            # per code object, shared by every MasterAdamW of the process: two gradient dtypes per graph, summed
-            _GRAPHS_ASKED += 2 * graphs
-            _dynamo.config.recompile_limit = max(_dynamo.config.recompile_limit, _GRAPHS_ASKED + 8)
+            # per code object, shared by every MasterAdamW of the process, summed: four gradient kinds per graph
+            # (bf16 or float32, with or without the last microbatch's bf16 gradient added)
+            allow_graphs(4 * graphs)
 
         def compile_(fn, dynamic: bool):
             return torch.compile(fn, dynamic=dynamic, fullgraph=True, backend=backend) if compiled else fn
@@ -183,6 +220,8 @@ class MasterAdamW(torch.optim.AdamW):
         # per-parameter update at symbolic sizes (a few graphs) rather than one more static graph per pattern
         self._update = compile_(_update, self.shapes != "static")
         self._update_group = compile_(_update_group, False)
+        self._norms = compile_(_norms, False)
+        self.compiled = compiled
 
     def _signatures(self) -> set:
         """The distinct (shape, ...) tuples of the groups' parameters: ``grouped`` mode's compilations."""
@@ -203,24 +242,32 @@ class MasterAdamW(torch.optim.AdamW):
 
     @torch.no_grad()
     def clip_step_cast(self, grads: list[torch.Tensor | None], copies: list[torch.Tensor | None] | None,
-                       max_norm: float) -> torch.Tensor:
+                       max_norm: float, extras: list[torch.Tensor | None] | None = None) -> torch.Tensor:
         """Clip the gradients ``grads`` (one per parameter of the group, in order; bf16 or float32; None: no
         gradient, the parameter is skipped as torch's AdamW skips it) to global L2 norm ``max_norm``, apply AdamW
         to the parameters, and write each updated parameter into ``copies[i]`` (bf16, same shape) when given.
-        DTensor parameters (FSDP2): ``grads`` are their float32 DTensor gradients (same sharding), ``copies`` is
-        None, and the update runs in place on the local shards (:func:`grad_norm` for the norm).
+        ``extras``: a bf16 gradient per parameter (or None) added to ``grads[i]`` in float32 first (the last
+        microbatch's, read where it lies instead of added into the float32 sum by another pass; the same bits).
+        DTensor parameters (FSDP2): ``grads`` are their float32 DTensor gradients (same sharding), ``copies`` and
+        ``extras`` are None, and the update runs in place on the local shards (:func:`grad_norm` for the norm).
         Returns the gradient norm before clipping (0-d float32 tensor on the parameters' device, not read)."""
         group = self.param_groups[0]
         params = group["params"]
-        if len(grads) != len(params) or (copies is not None and len(copies) != len(params)):
+        if len(grads) != len(params) or (copies is not None and len(copies) != len(params)) or (
+                extras is not None and len(extras) != len(params)):
             raise ValueError(f"clip_step_cast: {len(params)} parameters, {len(grads)} gradients")
+        if extras is not None:  # a parameter with only the last microbatch's gradient: that one alone
+            grads = [e if g is None else g for g, e in zip(grads, extras)]
+            extras = [None if g is e else e for g, e in zip(grads, extras)]
+            if all(e is None for e in extras):
+                extras = None
         live = [i for i, g in enumerate(grads) if g is not None]
         if not live:
             raise ValueError("clip_step_cast: no parameter has a gradient")
         device = params[live[0]].device
-        total = grad_norm([grads[i] for i in live])
-        if copies is not None and isinstance(grads[live[0]], DTensor):
-            raise ValueError("clip_step_cast: no bf16 copies of DTensor parameters")
+        if isinstance(grads[live[0]], DTensor) and (copies is not None or extras is not None):
+            raise ValueError("clip_step_cast: no bf16 copies or added gradients of DTensor parameters")
+        total = grad_norm([grads[i] for i in live]) if extras is None else self._total_norm(grads, extras, live)
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         steps = []
         for i in live:
@@ -234,11 +281,28 @@ class MasterAdamW(torch.optim.AdamW):
         # by step count (one unless some parameter had no gradient at an earlier step)
         hypers = {step: self._hyper(step, device) for step in dict.fromkeys(step_of.values())}
         if self.shapes == "grouped":
-            self._grouped_update(step_of, hypers, grads, copies, coef)
+            self._grouped_update(step_of, hypers, grads, copies, coef, extras)
         else:
             for i in live:
-                self._update_one(i, grads, copies, coef, hypers[step_of[i]], self.shapes == "rows16")
+                self._update_one(i, grads, copies, coef, hypers[step_of[i]], self.shapes == "rows16", extras)
         return total
+
+    def _total_norm(self, grads: list, extras: list, live: list[int]) -> torch.Tensor:
+        """The global L2 norm of ``grads[i] + extras[i]`` over ``live``, as :func:`grad_norm` of the float32 sums
+        computes it (each parameter's float32 norm, then the norm of those). Compiled: one call per group run
+        (:func:`_norms`, the sums never stored). Eager: each run's sums made, then ``torch._foreach_norm`` of
+        them, the bits of :func:`grad_norm` on the stored sums."""
+        norms = []
+        for a, b in self._runs:
+            run = [i for i in range(a, b) if grads[i] is not None]
+            if not run:
+                continue
+            gs, es = [grads[i] for i in run], [extras[i] for i in run]
+            if self.compiled:
+                norms.extend(self._norms(gs, es))
+            else:
+                norms.extend(torch._foreach_norm(pair_sums(gs, es), 2.0, dtype=torch.float32))
+        return torch.linalg.vector_norm(torch.stack(norms), 2.0)
 
     @staticmethod
     def _new_state(p: torch.Tensor, state: dict) -> None:
@@ -260,17 +324,17 @@ class MasterAdamW(torch.optim.AdamW):
                 self._new_state(p, state)
 
     def _update_one(self, i: int, grads: list, copies: list | None, coef: torch.Tensor, hyper: torch.Tensor,
-                    rows16: bool = False) -> None:
+                    rows16: bool = False, extras: list | None = None) -> None:
         """Parameter ``i``'s update, alone (:func:`_update` on :func:`_flat` views)."""
         group = self.param_groups[0]
         p = group["params"][i]
         st = self.state[p]
         self._update(_flat(p, rows16), _flat(grads[i], rows16), _flat(st["exp_avg"], rows16),
                      _flat(st["exp_avg_sq"], rows16), None if copies is None else _flat(copies[i], rows16), coef,
-                     hyper, *group["betas"], group["eps"])
+                     hyper, *group["betas"], group["eps"], None if extras is None else _flat(extras[i], rows16))
 
     def _grouped_update(self, step_of: dict[int, float], hypers: dict[float, torch.Tensor], grads: list,
-                        copies: list | None, coef: torch.Tensor) -> None:
+                        copies: list | None, coef: torch.Tensor, extras: list | None = None) -> None:
         """``grouped`` mode: one :func:`_update_group` call per group whose parameters all have a gradient
         (``step_of``: live parameter → step count) and one step count (the rank's local shards, as they are
         shaped); the live parameters of any other group one by one (:meth:`_update_one`, symbolic sizes)."""
@@ -280,10 +344,10 @@ class MasterAdamW(torch.optim.AdamW):
             run = [i for i in range(a, b) if i in step_of]
             if len(run) < b - a or len({step_of[i] for i in run}) > 1:
                 for i in run:
-                    self._update_one(i, grads, copies, coef, hypers[step_of[i]])
+                    self._update_one(i, grads, copies, coef, hypers[step_of[i]], extras=extras)
                 continue
             states = [self.state[params[i]] for i in run]
             self._update_group([_local(params[i]) for i in run], [_local(grads[i]) for i in run],
                                [_local(st["exp_avg"]) for st in states], [_local(st["exp_avg_sq"]) for st in states],
                                None if copies is None else [copies[i] for i in run], coef, hypers[step_of[a]],
-                               *group["betas"], group["eps"])
+                               *group["betas"], group["eps"], None if extras is None else [extras[i] for i in run])

@@ -365,6 +365,12 @@ def release_cuda_graphs() -> None:
         _CUDAGRAPHS = False
 
 
+def cuda_graphs_recorded() -> bool:
+    """Whether layers of this process were compiled with CUDA graphs: then a gradient a recorded backward
+    returned is written over by its next replay (the next microbatch), and must be copied to be kept."""
+    return _CUDAGRAPHS
+
+
 def cudagraph_step_begin() -> None:
     """Start a new CUDA-graph generation (``torch.compiler.cudagraph_mark_step_begin``) when the layers were
     compiled with CUDA graphs: called before each microbatch, so that a replay never overwrites outputs the

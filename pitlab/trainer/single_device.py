@@ -47,7 +47,15 @@ import os
 import torch
 from torch import nn
 
+from pitlab.trainer.fused_step import layer_groups, pair_sums
+
 FORCE_FSDP2_ENV = "PITLAB_FORCE_FSDP2"
+
+
+def _runs(keys: list) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each run of equal consecutive ``keys``."""
+    starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
+    return list(zip(starts, starts[1:] + [len(keys)]))
 LABEL = "single-device (fp32 master + bf16 compute copy)"
 FSDP2_LABEL = "FSDP2"
 
@@ -83,6 +91,14 @@ class ComputeCopy:
         self.dtype = dtype
         self._masters = list(master.parameters())
         self._copies = list(self.model.parameters())
+        self._held: list | None = None  # per parameter, the step's first bf16 gradient (gather_grads)
+        self._groups = layer_groups(names)
+
+    def pair_signatures(self) -> int:
+        """How many distinct per-layer calls :meth:`gather_grads` makes (shapes of a layer's parameters): the
+        graphs a compiled ``pair_sums`` needs."""
+        shapes = [tuple(p.shape) for p in self._masters]
+        return len({tuple(shapes[a:b]) for a, b in _runs(self._groups)})
 
     @torch.no_grad()
     def accumulate_grads(self) -> None:
@@ -110,16 +126,58 @@ class ComputeCopy:
             c.grad = None
 
     @torch.no_grad()
-    def fused_step(self, optimizer, max_norm: float, from_copy: bool) -> torch.Tensor:
+    def gather_grads(self, last: bool, hold_in_place: bool, pair_fn=None) -> None:
+        """After a microbatch's backward, with the fused step: keep the gradients with fewer passes over memory
+        than :meth:`accumulate_grads`, the same float32 sums in the same order. Per parameter: its first bf16
+        gradient of the step is held (a bf16 copy, 4 bytes per element moved, or the tensor itself when
+        ``hold_in_place``: allowed only where no CUDA graph replay will write over it); the second is added to it
+        in float32 into the master's ``.grad`` in one pass (``pair_fn``, default
+        :func:`pitlab.trainer.fused_step.pair_sums` eager; 8 bytes instead of a cast's 6 and an add's 10); later
+        ones are added to that. ``last``: the step's last microbatch, whose gradients stay on the copy for
+        :meth:`fused_step` to add as it reads them (no float32 pass over them at all)."""
+        if last:
+            return
+        if self._held is None:
+            self._held = [None] * len(self._masters)
+        pair_m, pair_h, pair_g, acc_m, acc_g = [], [], [], [], []
+        for i, (m, c) in enumerate(zip(self._masters, self._copies)):
+            g = c.grad
+            if g is None:
+                continue
+            if m.grad is not None:
+                acc_m.append(m.grad)
+                acc_g.append(g)
+            elif self._held[i] is not None:
+                pair_m.append(i)
+                pair_h.append(self._held[i])
+                pair_g.append(g)
+            else:
+                self._held[i] = g if hold_in_place else g.clone()
+        fn = pair_fn or pair_sums
+        for a, b in _runs([self._groups[i] for i in pair_m]):  # one call per decoder layer (compiled: per kind)
+            for i, s in zip(pair_m[a:b], fn(pair_h[a:b], pair_g[a:b])):
+                self._masters[i].grad = s
+                self._held[i] = None
+        if acc_m:
+            torch._foreach_add_(acc_m, acc_g)  # float32 += bf16: one float32 rounding, as FSDP2's += of casts
+        for c in self._copies:
+            c.grad = None
+
+    @torch.no_grad()
+    def fused_step(self, optimizer, max_norm: float) -> torch.Tensor:
         """Clipping, AdamW on the masters and their cast into the copy in one pass per parameter
         (:meth:`pitlab.trainer.fused_step.MasterAdamW.clip_step_cast`; ``optimizer`` holds the masters in
-        order). ``from_copy``: read the copy's bf16 gradients (one microbatch per step: no float32 gradient is
-        made), else the masters' float32 ``.grad`` (:meth:`accumulate_grads` after each microbatch). Drops the
+        order). Each parameter's gradient is its float32 sum (:meth:`accumulate_grads` or :meth:`gather_grads`)
+        or its held bf16 one, plus the copy's bf16 gradient of the last microbatch, added as the step reads it;
+        with one microbatch per step just the copy's bf16 gradient (no float32 gradient is made). Drops the
         gradients it read; returns the gradient norm before clipping (0-d float32 tensor, not read)."""
-        source = self._copies if from_copy else self._masters
-        norm = optimizer.clip_step_cast([p.grad for p in source], self._copies, max_norm)
-        for p in source:
+        held = self._held or [None] * len(self._masters)
+        base = [m.grad if m.grad is not None else h for m, h in zip(self._masters, held)]
+        extras = [c.grad for c in self._copies]
+        norm = optimizer.clip_step_cast(base, self._copies, max_norm, extras)
+        for p in self._masters + self._copies:
             p.grad = None
+        self._held = None
         return norm
 
     @torch.no_grad()

@@ -11,7 +11,8 @@ from torch.profiler import record_function
 
 from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
-from pitlab.trainer.fused_step import MasterAdamW, fused_step_enabled, model_groups
+from pitlab.trainer.fused_step import MasterAdamW, compiled_pair_sums, fused_step_enabled, model_groups
+from pitlab.trainer.kernels import cuda_graphs_recorded
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import LABEL, load_single_device_model
 from pitlab.trainer.strategies.base import Strategy, checkpointing_choice
@@ -26,7 +27,8 @@ class SingleDeviceStrategy(Strategy):
     def __init__(self) -> None:
         self.compute = None
         self.fused = False  # the optimizer is MasterAdamW
-        self.from_copy = False  # this step's fused update reads the copy's bf16 gradients
+        self.micro = (0, 1)  # (microbatch, microbatches of the step) of the backward in progress
+        self.pair_fn = None  # pitlab.trainer.fused_step.pair_sums compiled (CUDA), or None: eager
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -70,20 +72,23 @@ class SingleDeviceStrategy(Strategy):
             return optimizer, TORCH_STEP_LABEL
         optimizer = MasterAdamW(trainable, compiled=cuda, lr=training.learning_rate,
                                 weight_decay=training.weight_decay, groups=model_groups(self.model, trainable))
+        if cuda and training.gradient_accumulation_steps > 2:  # only then are two held gradients summed
+            self.pair_fn = compiled_pair_sums(self.compute.pair_signatures())
         return optimizer, FUSED_STEP_LABEL + ("" if cuda else ", eager on the CPU")
 
-    def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]], accum: int,
-                         sync_every_micro: bool) -> torch.Tensor:
-        """As :meth:`Strategy.forward_backward`; with the fused step and one microbatch per step the copy's bf16
-        gradients stay for the step to read (no float32 gradient is made)."""
-        self.from_copy = self.fused and accum == 1
-        return super().forward_backward(batches, accum, sync_every_micro)
+    def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
+        """Remember which microbatch of the step runs (:meth:`after_backward` keeps its gradients by it)."""
+        self.micro = (micro, accum)
 
     def after_backward(self, accum: int) -> None:
-        """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank), unless the
-        fused step reads them directly."""
-        if not self.from_copy:
+        """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank); with the fused
+        step (:meth:`~pitlab.trainer.single_device.ComputeCopy.gather_grads`) the first held, the second summed
+        with it, and the last left for the step to read."""
+        if not self.fused:
             self.compute.accumulate_grads()
+            return
+        micro, accum = self.micro
+        self.compute.gather_grads(micro == accum - 1, hold_in_place=not cuda_graphs_recorded(), pair_fn=self.pair_fn)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
         """The fused step (:meth:`~pitlab.trainer.single_device.ComputeCopy.fused_step`), or torch's clipping and
@@ -92,7 +97,7 @@ class SingleDeviceStrategy(Strategy):
         if not self.fused:
             return super().optimizer_step(optimizer, scheduler, max_norm)
         with record_function("step.optimizer"):  # clipping, AdamW and the cast into the copy in one pass
-            grad_norm = self.compute.fused_step(optimizer, max_norm, self.from_copy)
+            grad_norm = self.compute.fused_step(optimizer, max_norm)
             scheduler.step()
         return grad_norm
 
