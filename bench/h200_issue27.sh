@@ -55,6 +55,13 @@
 #             calls on one machine; the plain loop 133-160 ms) is the kernels a process compiles and picks, and which
 #             kernels differ between a fast and a slow process (about 8 min; the first process also writes the model:
 #             its 150 s limit of 2026-12-05 was too short for that).
+# gather-ab:  the fused step's gathering of microbatch gradients (ComputeCopy.gather_grads: the first held, the second
+#             summed with it in one compiled pass, the last read by the update): its CUDA test
+#             (tests/test_single_device.py -k gathering_on_cuda: inductor's kernels against the stored sums), then
+#             GATHER_ACCUM (default 4) microbatches per step from this tree (the plain loop beside it) and from OLD_TREE
+#             (default build/wt-3f30228: `git archive 3f30228 pitlab bench/*.py | tar -x -C build/wt-3f30228`), each in
+#             its own process and profiled for 2 steps (47 ms of a 357 ms step were the accumulation's cast and adds
+#             on an H100 on 2026-12-06; about 6 min on a fresh machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -175,6 +182,27 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                --budget-s $(( ${THROUGHPUT_BUDGET_S:-450} - 25 )) --runs "$TORCH_;$OURS;$TORCH_;$OURS;default" \
                > "$OUT/copy-in.log" 2>&1
              grep -E "tokens/s|steps max/min|^qwen35_reduced  " "$OUT/copy-in.log" | tail -14 ;;
+    gather-ab) timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/test_single_device.py -k gathering_on_cuda \
+                2>&1 | tail -6
+              for tree in . "${OLD_TREE:-build/wt-3f30228}"; do
+                tag=$(basename "$(cd "$tree" && pwd)"); runs=default; [ "$tree" = . ] && runs="hf;default"
+                (cd "$tree" && PYTHONPATH=$PYTHONPATH:$PWD timeout 270 python3 bench/throughput.py --work /tmp/tp \
+                   --out "$OUT/gather-ab-$tag" --shapes qwen35_reduced --checks "" --budget-s 255 --steps 8 --warmup 3 \
+                   --profile-steps 2 --accumulation "${GATHER_ACCUM:-4}" --runs "$runs" > "$OUT/gather-ab-$tag.log" 2>&1
+                 tail -4 "$OUT/gather-ab-$tag.log")
+              done
+              python3 -c "
+import json, sys
+for f in sys.argv[1:]:
+    for shape, e in json.load(open(f))['shapes'].items():
+        for k, v in e.items():
+            if isinstance(v, dict) and 'step_s' in v:
+                p = v.get('profile') or {}
+                print(f.split('/')[-2], k[:30], round(v['tokens_per_second']), 'mfu', v.get('mfu'),
+                      'steps ms', [round(1000 * s) for s in v['step_s']], 'peak', v.get('peak_allocated'),
+                      v.get('peak_reserved'), 'plan', v.get('planned_peak'), 'loss', v.get('loss_first_last'))
+                if p: print('  top:', [(n[:60], t, c) for n, t, c in p.get('top_device_time', [])[:14]])" \
+                "$OUT"/gather-ab-*/throughput.json ;;
     first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
                     --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
