@@ -13,7 +13,10 @@ At world size 1 FSDP2 shards nothing, and its per-layer hooks, copy-in and gradi
 One optimizer step: every microbatch's forward and backward on the copy, each followed by
 :meth:`ComputeCopy.accumulate_grads` (bf16 gradients cast into the masters' float32 ``.grad``, added to the earlier
 microbatches'), then clipping and AdamW on the masters, then :meth:`ComputeCopy.refresh` (masters cast into the
-copy). Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16 gradients,
+copy). With the fused step (:mod:`pitlab.trainer.fused_step`) :meth:`ComputeCopy.gather_grads` makes the same
+float32 sums with fewer passes (the first microbatch's gradients held in bf16, the second summed with them in one
+pass, the last added as the update reads it): 26 bytes per parameter moved for the gradients of 4 microbatches
+instead of 36. Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16 gradients,
 freed at the cast), all five live at the cast after backward; FSDP2 at world size 1 peaks near 16 bytes (it frees
 each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the trainer takes
 FSDP2 when only FSDP2's plan fits the GPU (``MemoryPlan.single_device``).
