@@ -65,9 +65,14 @@ def test_one_gpu_full_bf16_plans_masters_and_a_compute_copy(base35, shape35, mon
     assert fused.peak_bytes == (16 * P_35B + RESERVE_BYTES + (2048 + 248_320) * 2048 * 2
                                 + 2 * 2048 * 2048 * 2 + 2048 * shape35.layer_activation_elems * 2)
     assert fused.notes[0].endswith("fused optimizer step (no float32 gradients)")
-    # with accumulation the float32 sums exist as before, fused or not
+    # with accumulation the float32 sums exist as before, fused or not; at two microbatches the fused step holds
+    # the first one's bf16 gradients instead (ComputeCopy.gather_grads): 2 B per parameter
     accum = plan(base35, shape35, 1, 4, loss="chunked")
     assert accum.components["gradients"] == 4 * P_35B
+    two = plan(base35, shape35, 1, 2, loss="chunked")
+    assert two.components["gradients"] == 2 * P_35B
+    assert two.notes[0].endswith("the first microbatch's bf16 gradients held: no float32 gradients)")
+    assert plan(base35, shape35, 1, 2, loss="chunked", fusedOptimizer=False).components["gradients"] == 4 * P_35B
     assert accum.notes[0].endswith("fused optimizer step (float32 gradient sums: accumulation)")
     # FSDP2's fused step reads the float32 gradient shards torch's AdamW reads: the plan does not change
     sharded = plan(base35, shape35, 8, 1, fusedOptimizer=True)

@@ -142,7 +142,7 @@ class ComputeCopy:
             return
         if self._held is None:
             self._held = [None] * len(self._masters)
-        pair_m, pair_h, pair_g, acc_m, acc_g = [], [], [], [], []
+        pairs, acc_m, acc_g = [], [], []
         for i, (m, c) in enumerate(zip(self._masters, self._copies)):
             g = c.grad
             if g is None:
@@ -151,14 +151,15 @@ class ComputeCopy:
                 acc_m.append(m.grad)
                 acc_g.append(g)
             elif self._held[i] is not None:
-                pair_m.append(i)
-                pair_h.append(self._held[i])
-                pair_g.append(g)
+                pairs.append(i)
             else:
                 self._held[i] = g if hold_in_place else g.clone()
         fn = pair_fn or pair_sums
-        for a, b in _runs([self._groups[i] for i in pair_m]):  # one call per decoder layer (compiled: per kind)
-            for i, s in zip(pair_m[a:b], fn(pair_h[a:b], pair_g[a:b])):
+        # one call per decoder layer (compiled: one graph per kind of layer); each layer's held gradients are
+        # dropped after its call, so the float32 sums replace them layer by layer rather than all at once
+        for a, b in _runs([self._groups[i] for i in pairs]):
+            idx = pairs[a:b]
+            for i, s in zip(idx, fn([self._held[i] for i in idx], [self._copies[i].grad for i in idx])):
                 self._masters[i].grad = s
                 self._held[i] = None
         if acc_m:
