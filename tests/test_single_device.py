@@ -2,9 +2,9 @@
 FSDP2 at world size 1 (``PITLAB_FORCE_FSDP2=1``), bit for bit: each step's loss and gradient norm and the final
 float32 parameters, for a tiny qwen3_5_moe_text (chunked loss, activation checkpointing) and a tiny llama (reference
 loss), without and with gradient accumulation (2 microbatches, also with ``gradientSyncEveryMicrobatch: false``,
-and 3 for qwen3_5_moe_text), and a run resumed from a checkpoint of either path. The single-device path with the fused optimizer step
-(``fusedOptimizer: true``, pitlab.trainer.fused_step, eager on the CPU) gives the same bits too. All runs share one
-gloo process (tests/single_device_worker.py)."""
+and 3 for qwen3_5_moe_text), and a run resumed from a checkpoint of either path. The single-device path with the
+fused optimizer step (``fusedOptimizer: true``, pitlab.trainer.fused_step, eager on the CPU) gives the same bits
+too. All runs share one gloo process (tests/single_device_worker.py)."""
 
 from __future__ import annotations
 

@@ -57,8 +57,8 @@ by default on a GPU: :mod:`pitlab.trainer.fused_step`) and one microbatch per st
 (``gradients = 0``): the step reads the copy's bf16 gradients, so the phase after backward holds
 parameters + optimizer + the copy + its bf16 gradients (16 bytes per parameter); with two microbatches the first
 one's bf16 gradients are held instead (``gradients = 2 P``: 18 bytes per parameter after backward,
-:meth:`~pitlab.trainer.single_device.ComputeCopy.gather_grads`); with more the float32 sums stay as above. Under FSDP2 the fused step reads the float32 gradient shards torch's AdamW reads: its plan is
-the same.
+:meth:`~pitlab.trainer.single_device.ComputeCopy.gather_grads`); with more the float32 sums stay as above.
+Under FSDP2 the fused step reads the float32 gradient shards torch's AdamW reads: its plan is the same.
 
 FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss:
 unsharded_parameters + saved activations + logits (+ gradients from the second microbatch on); phase in backward:

@@ -16,9 +16,9 @@ microbatches'), then clipping and AdamW on the masters, then :meth:`ComputeCopy.
 copy). With the fused step (:mod:`pitlab.trainer.fused_step`) :meth:`ComputeCopy.gather_grads` makes the same
 float32 sums with fewer passes (the first microbatch's gradients held in bf16, the second summed with them in one
 pass, the last added as the update reads it): 26 bytes per parameter moved for the gradients of 4 microbatches
-instead of 36. Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16 gradients,
-freed at the cast), all five live at the cast after backward; FSDP2 at world size 1 peaks near 16 bytes (it frees
-each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the trainer takes
+instead of 36. Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16
+gradients, freed at the cast), all five live at the cast after backward; FSDP2 at world size 1 peaks near 16
+bytes (it frees each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the trainer takes
 FSDP2 when only FSDP2's plan fits the GPU (``MemoryPlan.single_device``).
 
 Bit-identical to FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` at world size 1
@@ -53,14 +53,14 @@ from torch import nn
 from pitlab.trainer.fused_step import layer_groups, pair_sums
 
 FORCE_FSDP2_ENV = "PITLAB_FORCE_FSDP2"
+LABEL = "single-device (fp32 master + bf16 compute copy)"
+FSDP2_LABEL = "FSDP2"
 
 
 def _runs(keys: list) -> list[tuple[int, int]]:
     """``[start, stop)`` of each run of equal consecutive ``keys``."""
     starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
     return list(zip(starts, starts[1:] + [len(keys)]))
-LABEL = "single-device (fp32 master + bf16 compute copy)"
-FSDP2_LABEL = "FSDP2"
 
 
 def uses_compute_copy(spec, world_size: int) -> bool:
