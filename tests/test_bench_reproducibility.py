@@ -32,8 +32,9 @@ def test_best_configs_reads_inductors_choices_without_timings(tmp_path):
 
 def test_the_tiny_first_loss_is_the_same_eager_and_compiled_on_the_cpu(tmp_path, monkeypatch):
     """On the CPU with ``aot_eager`` (no kernel generated) the compiled layers give the eager path's bits: the same
-    loss and the same SHA-256 for each of the 4 layers' outputs and the final norm's, 0 elements differing; the
-    random-initialised model's loss is near ln(1,024) = 6.931; a cache folder with no configurations is cold."""
+    loss and the same SHA-256 for each of the 4 layers' outputs and the final norm's (five different digests), 0
+    elements differing; the random-initialised model's loss is near ln(1,024) = 6.931; a cache folder with no
+    configurations is cold."""
     out = tmp_path / "fl.json"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(sys, "argv", ["first_loss.py", "--out", str(out), "--shape", "tiny", "--backend",
@@ -49,6 +50,9 @@ def test_the_tiny_first_loss_is_the_same_eager_and_compiled_on_the_cpu(tmp_path,
         assert [o["output"] for o in r["outputs"]] == ["layer 0", "layer 1", "layer 2", "layer 3", "final norm"]
         assert [o["sha256_16"] for o in r["outputs"]] == [o["sha256_16"] for o in eager["outputs"]]
         assert all(o["elements_differing_from_eager"] == 0 for o in r["outputs"])
+    # the digests are of the outputs: five different tensors, five different 16-hex-digit digests
+    digests = [o["sha256_16"] for o in eager["outputs"]]
+    assert len(set(digests)) == 5 and all(len(d) == 16 and int(d, 16) >= 0 for d in digests)
     assert rec["inductor_cache_cold_at_start"] is True and rec["best_configs"] == {}
 
 
