@@ -54,11 +54,9 @@ gradients from the second microbatch on); in backward: max(saved activations, gr
 gradients + one layer's working set (+ gradients from the second microbatch on); at the cast: gradient_buffers +
 gradients) — 20 bytes per parameter at the cast. With the fused optimizer step (``training.fusedOptimizer``, on
 by default on a GPU: :mod:`pitlab.trainer.fused_step`) and one microbatch per step no float32 gradient exists
-(``gradients = 0``): the step reads the copy's bf16 gradients, so the phase after backward holds
-parameters + optimizer + the copy + its bf16 gradients (16 bytes per parameter); with two microbatches the first
-one's bf16 gradients are held instead (``gradients = 2 P``: 18 bytes per parameter after backward,
-:meth:`~pitlab.trainer.single_device.ComputeCopy.gather_grads`); with more the float32 sums stay as above.
-Under FSDP2 the fused step reads the float32 gradient shards torch's AdamW reads: its plan is the same.
+(``gradients = 0``: after backward parameters + optimizer + the copy + its bf16 gradients, 16 bytes per
+parameter); with two the first one's bf16 gradients are held instead (``gradients = 2 P``, 18 bytes;
+``ComputeCopy.gather_grads``); with more the float32 sums stay as above. Under FSDP2 it plans as torch's AdamW.
 
 FSDP2 (every other run): Peak = parameters + optimizer + accumulation + reserve + max(phase at the loss:
 unsharded_parameters + saved activations + logits (+ gradients from the second microbatch on); phase in backward:
@@ -314,8 +312,8 @@ def plan_checkpointing(spec: PitTrainingSpec, shape: ModelShape, adapter: Adapte
 class _Regime:
     """How the trainer runs a spec: world size, compute bytes ``c`` (2 with bf16, else 4), the single-device
     path, gradients kept unsharded between microbatches (``nosync``), the fused optimizer step of the
-    single-device path (FSDP2's reads the same float32 gradient shards as torch's AdamW: not planned apart) and
-    whether it leaves no float32 gradients."""
+    single-device path (FSDP2's reads the same float32 gradient shards as torch's AdamW: not planned apart),
+    whether it leaves no float32 gradients, and whether it holds bf16 ones instead (two microbatches)."""
 
     world: int
     c: int
@@ -334,9 +332,8 @@ def _regime(spec: PitTrainingSpec, single: bool) -> _Regime:
         world=world, c=2 if tr.precision == "bf16" else 4, single=single,
         nosync=(tr.gradient_accumulation_steps > 1 and not single
                 and not reduces_every_microbatch(world, tr.gradient_sync_every_microbatch)),
-        # the fused step on one microbatch per step reads the bf16 gradients: no float32 gradients
+        # the fused step reads the bf16 gradients of one microbatch (no float32 ones), or holds the first of two
         fused=fused, no_fp32_grads=fused and tr.gradient_accumulation_steps == 1,
-        # and on two it holds the first microbatch's bf16 gradients, adding the second as it reads them
         held_bf16_grads=fused and tr.gradient_accumulation_steps == 2)
 
 
@@ -433,8 +430,7 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
         "parameters": w.params,
         # without per-microbatch sync the float32 gradient shards appear in the last backward as each layer's
         # unsharded sums are reduce-scattered and freed: inside "accumulation", not beside it
-        "gradients": (0 if g.no_fp32_grads or g.nosync else 2 * w.trained if g.held_bf16_grads
-                      else 4 * w.trained // g.world),
+        "gradients": 0 if g.no_fp32_grads or g.nosync else (2 if g.held_bf16_grads else 4) * w.trained // g.world,
         "optimizer": 8 * w.trained // g.world,
         "accumulation": REDUCE_BYTES * w.trained if g.nosync else 0,
         "unsharded_parameters": w.unsharded,
@@ -466,9 +462,8 @@ def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape 
              f"activation checkpointing: {act_ckpt}"
              + (f" ({why})" if why else "") + f", loss: {tr.loss}, "
              + (SINGLE_DEVICE_LABEL + ", no FSDP2" if single else "FSDP2")
-             + (", fused optimizer step (no float32 gradients)" if g.no_fp32_grads else
-                ", fused optimizer step (the first microbatch's bf16 gradients held: no float32 gradients)"
-                if g.held_bf16_grads else
+             + (", fused optimizer step (no float32 gradients)" if g.no_fp32_grads else ", fused optimizer step "
+                "(the first microbatch's bf16 gradients held: no float32 gradients)" if g.held_bf16_grads else
                 ", fused optimizer step (float32 gradient sums: accumulation)" if g.fused else "")]
     if spec.method == "lora":
         notes.append(f"method: lora, r={spec.lora.r} on {', '.join(spec.lora.target_modules)}: "
