@@ -27,7 +27,7 @@ class SingleDeviceStrategy(Strategy):
     def __init__(self) -> None:
         self.compute = None
         self.fused = False  # the optimizer is MasterAdamW
-        self.micro = (0, 1)  # (microbatch, microbatches of the step) of the backward in progress
+        self.micro = 0  # the microbatch (0-based) whose backward is in progress
         self.pair_fn = None  # pitlab.trainer.fused_step.pair_sums compiled (CUDA), or None: eager
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
@@ -78,7 +78,7 @@ class SingleDeviceStrategy(Strategy):
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
         """Remember which microbatch of the step runs (:meth:`after_backward` keeps its gradients by it)."""
-        self.micro = (micro, accum)
+        self.micro = micro
 
     def after_backward(self, accum: int) -> None:
         """The copy's bf16 gradients added into the float32 masters' (FSDP2's reduce of one rank); with the fused
@@ -87,8 +87,8 @@ class SingleDeviceStrategy(Strategy):
         if not self.fused:
             self.compute.accumulate_grads()
             return
-        micro, accum = self.micro
-        self.compute.gather_grads(micro == accum - 1, hold_in_place=not cuda_graphs_recorded(), pair_fn=self.pair_fn)
+        self.compute.gather_grads(self.micro == accum - 1, hold_in_place=not cuda_graphs_recorded(),
+                                  pair_fn=self.pair_fn)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
         """The fused step (:meth:`~pitlab.trainer.single_device.ComputeCopy.fused_step`), or torch's clipping and
