@@ -94,6 +94,12 @@ def layer_groups(names: list[str]) -> list[str]:
     return [m.group(1) if (m := _LAYER.match(n)) else n for n in names]
 
 
+def runs(keys: list) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each run of equal consecutive ``keys`` (e.g. :func:`layer_groups`' layers)."""
+    starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
+    return list(zip(starts, starts[1:] + [len(keys)]))
+
+
 def model_groups(model: torch.nn.Module, params: list) -> list[str]:
     """:func:`layer_groups` of ``params`` (parameters of ``model``, by identity; one not found is its own
     group), for :class:`MasterAdamW`'s ``groups``."""
@@ -204,8 +210,7 @@ class MasterAdamW(torch.optim.AdamW):
         if groups is not None and len(groups) != len(plist):
             raise ValueError(f"MasterAdamW: {len(groups)} groups for {len(plist)} parameters")
         self.groups = list(groups) if groups is not None else [i // GROUP_SIZE for i in range(len(plist))]
-        starts = [i for i in range(len(plist)) if i == 0 or self.groups[i] != self.groups[i - 1]]
-        self._runs = list(zip(starts, starts[1:] + [len(plist)]))  # [start, stop) of each group's parameters
+        self._runs = runs(self.groups)  # [start, stop) of each group's parameters
         self.shapes = shape_mode()
         if compiled and self.shapes in ("static", "grouped"):  # one graph per size (or group): above torch's limit
             graphs = len({p.numel() for p in plist}) if self.shapes == "static" else len(self._signatures())

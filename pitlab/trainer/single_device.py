@@ -50,17 +50,11 @@ import os
 import torch
 from torch import nn
 
-from pitlab.trainer.fused_step import layer_groups, pair_sums
+from pitlab.trainer.fused_step import layer_groups, pair_sums, runs
 
 FORCE_FSDP2_ENV = "PITLAB_FORCE_FSDP2"
 LABEL = "single-device (fp32 master + bf16 compute copy)"
 FSDP2_LABEL = "FSDP2"
-
-
-def _runs(keys: list) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each run of equal consecutive ``keys``."""
-    starts = [i for i in range(len(keys)) if i == 0 or keys[i] != keys[i - 1]]
-    return list(zip(starts, starts[1:] + [len(keys)]))
 
 
 def uses_compute_copy(spec, world_size: int) -> bool:
@@ -101,7 +95,7 @@ class ComputeCopy:
         """How many distinct per-layer calls :meth:`gather_grads` makes (shapes of a layer's parameters): the
         graphs a compiled ``pair_sums`` needs."""
         shapes = [tuple(p.shape) for p in self._masters]
-        return len({tuple(shapes[a:b]) for a, b in _runs(self._groups)})
+        return len({tuple(shapes[a:b]) for a, b in runs(self._groups)})
 
     @torch.no_grad()
     def accumulate_grads(self) -> None:
@@ -157,7 +151,7 @@ class ComputeCopy:
         fn = pair_fn or pair_sums
         # one call per decoder layer (compiled: one graph per kind of layer); each layer's held gradients are
         # dropped after its call, so the float32 sums replace them layer by layer rather than all at once
-        for a, b in _runs([self._groups[i] for i in pairs]):
+        for a, b in runs([self._groups[i] for i in pairs]):
             idx = pairs[a:b]
             for i, s in zip(idx, fn([self._held[i] for i in idx], [self._copies[i].grad for i in idx])):
                 self._masters[i].grad = s
