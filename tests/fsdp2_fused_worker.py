@@ -63,7 +63,7 @@ def steps_run(item: dict) -> dict:
     _, dcp_optim = get_state_dict(ctx.model, opt, options=STATE_DICT_OPTIONS)
     record = {"loss": [s.loss for s in steps], "grad_norm": [s.grad_norm for s in steps],
               "parallelism": ctx.parallelism, "optimizer": ctx.kernels["optimizer"],
-              "copy_in": ctx.kernels["reduce_scatter_copy_in"],
+              "copy_in": ctx.kernels["reduce_scatter_copy_in"], "grads": ctx.kernels["fsdp_grads"],
               "optimizer_class": type(opt).__name__,
               "state": {str(i): {k: _layout(v) for k, v in s.items()} for i, s in sd["state"].items()},
               "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]],

@@ -2,9 +2,10 @@
 local shards, eager on the CPU) against FSDP2's torch AdamW after clip_grad_norm (``fusedOptimizer: false``), bit for
 bit, at world sizes 1 and 2 (gloo, torchrun; ``PITLAB_FORCE_FSDP2=1`` keeps FSDP2 at world size 1): each step's loss
 and gradient norm, the final float32 parameters and AdamW moments, without and with gradient accumulation, with
-every step clipped and with none; the optimizer's state_dict and the DCP state dict of a checkpoint are torch AdamW's (keys, classes,
-shapes, dtypes); a run resumed from a fused checkpoint, fused or not, continues with the same bits. One torchrun per
-world size runs every case (tests/fsdp2_fused_worker.py)."""
+every step clipped and with none; pitlab's gradient accumulation and one-rank reduce (pitlab.trainer.fsdp_grads)
+against FSDP2's own; the optimizer's state_dict and the DCP state dict of a checkpoint are torch AdamW's (keys,
+classes, shapes, dtypes); a run resumed from a fused checkpoint, fused or not, continues with the same bits. One
+torchrun per world size runs every case (tests/fsdp2_fused_worker.py)."""
 
 from __future__ import annotations
 
@@ -37,8 +38,9 @@ LORA_CLIP = 0.01  # LoRA's first gradients are small (B starts at zero): clipped
 
 
 def resource(base: Path, world: int, accum: int, steps: int, fused: bool, clip: float = GRAD_CLIP,
-             lora: bool = False) -> PitTraining:
+             lora: bool = False, sync: bool = True) -> PitTraining:
     t = {"seqLen": SEQ, "microBatchSize": MICRO, "gradientAccumulationSteps": accum, "learningRate": 3e-3,
+         "gradientSyncEveryMicrobatch": sync,
          "warmupSteps": 1, "weightDecay": 0.1, "gradClip": clip, "precision": "bf16", "seed": 0,
          "loss": "reference", "activationCheckpointing": False, "fusedOptimizer": fused}
     return PitTraining.model_validate({
@@ -76,6 +78,14 @@ def runs(request, tmp_path_factory):
                  "env": {"PITLAB_FSDP_COPY_IN": "torch"},
                  "run_dir": run_dir("fused-torch-copy-in", resource(base, world, 2, STEPS, True, GRAD_CLIP)),
                  "params": str(root / "fused-torch-copy-in.pt")})
+    # FSDP2's own accumulation and one-rank reduce instead of pitlab's (pitlab.trainer.fsdp_grads), with every
+    # microbatch reduced (2) and with 3 microbatches reduced only at the last (gradientSyncEveryMicrobatch: false)
+    for name, accum, sync, env in (("fused-torch-grads", 2, True, {"PITLAB_FSDP_GRADS": "torch"}),
+                                   ("nosync-3", 3, False, {}),
+                                   ("nosync-3-torch-grads", 3, False, {"PITLAB_FSDP_GRADS": "torch"})):
+        plan.append({"name": name, "mode": "steps", "steps": STEPS, "base": str(base), "env": env,
+                     "run_dir": run_dir(name, resource(base, world, accum, STEPS, True, GRAD_CLIP, sync=sync)),
+                     "params": str(root / f"{name}.pt")})
     plan += [{"name": f"lora-{opt}", "mode": "steps", "steps": STEPS, "base": str(base),
               "run_dir": run_dir(f"lora-{opt}", resource(base, world, 2, STEPS, fused, LORA_CLIP, lora=True)),
               "params": str(root / f"lora-{opt}.pt")} for opt, fused in OPTIMIZERS.items()]
@@ -123,6 +133,23 @@ def test_pitlab_copy_in_gives_fsdp2s_own_bits(runs):
     t_theirs = torch.load(runs["root"] / "fused-torch-copy-in.pt")
     assert list(t_ours) == list(t_theirs) and len(t_ours) > 30
     assert [n for n in t_ours if not torch.equal(t_ours[n], t_theirs[n])] == []
+
+
+@pytest.mark.parametrize("ours,theirs", [(f"fused-2-{GRAD_CLIP}", "fused-torch-grads"),
+                                         ("nosync-3", "nosync-3-torch-grads")])
+def test_pitlab_accumulation_and_reduce_give_fsdp2s_own_bits(runs, ours, theirs):
+    """pitlab.trainer.fsdp_grads (the default) against FSDP2's own accumulation and reduce
+    (``PITLAB_FSDP_GRADS=torch``): every microbatch reduced (2 microbatches), and 3 microbatches summed unsharded
+    before one reduce (``gradientSyncEveryMicrobatch: false``, where the first two are held and paired): the same
+    losses, gradient norms, parameters and moments on 1 and 2 ranks."""
+    from pitlab.trainer.fsdp_grads import LABEL, TORCH_LABEL
+
+    a, b = runs["out"][ours], runs["out"][theirs]
+    assert a["grads"] == LABEL and b["grads"] == TORCH_LABEL
+    assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and len(set(a["loss"])) == STEPS
+    t_a, t_b = torch.load(runs["root"] / f"{ours}.pt"), torch.load(runs["root"] / f"{theirs}.pt")
+    assert list(t_a) == list(t_b) and len(t_a) > 30
+    assert [n for n in t_a if not torch.equal(t_a[n], t_b[n])] == []
 
 
 def test_lora_fused_step_equals_torch_adamw_bit_for_bit(runs):

@@ -128,8 +128,10 @@ def test_single_device_path_equals_fsdp2_bit_for_bit(runs, model_type, accum, sy
     # activation checkpointing applies on the compute copy: each layer's forward runs again in backward
     per_micro = 2 if MODELS[model_type]["activationCheckpointing"] else 1
     assert single["first_layer_norm_calls"] == fsdp2["first_layer_norm_calls"] == per_micro * accum * STEPS
-    # the same kernels; FSDP2 also names its reduce-scatter copy-in (pitlab.trainer.fsdp_copy_in)
+    # the same kernels; FSDP2 also names its reduce-scatter copy-in (pitlab.trainer.fsdp_copy_in) and its
+    # accumulation and one-rank reduce (pitlab.trainer.fsdp_grads: with 2 and 3 microbatches it holds and pairs)
     assert fsdp2["kernels"].pop("reduce_scatter_copy_in").startswith("pitlab.trainer.fsdp_copy_in")
+    assert fsdp2["kernels"].pop("fsdp_grads").startswith("pitlab.trainer.fsdp_grads")
     assert single["kernels"] == fsdp2["kernels"]
     # FSDP2 at world size 1 gathers each parameter group (every decoder layer and the root) once per step, not
     # once per microbatch: the gathered parameters stay between a step's microbatches; the other path never gathers

@@ -27,8 +27,14 @@ COPY_IN_MODES = ("pitlab", "torch")
 """FSDP2's reduce-scatter copy-in (``PITLAB_FSDP_COPY_IN``): ``pitlab`` (the default,
 :func:`pitlab.trainer.fsdp_copy_in.reduce_scatter_copy_in`) or ``torch`` (FSDP2's own, through ``torch._chunk_cat``)."""
 
+FSDP_GRADS_ENV = "PITLAB_FSDP_GRADS"
+FSDP_GRADS_MODES = ("pitlab", "torch")
+"""FSDP2's gradient accumulation and one-rank reduce (``PITLAB_FSDP_GRADS``): ``pitlab`` (the default,
+:mod:`pitlab.trainer.fsdp_grads`) or ``torch`` (FSDP2's own)."""
 
-_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES, COPY_IN_ENV: COPY_IN_MODES}
+
+_ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES, COPY_IN_ENV: COPY_IN_MODES,
+            FSDP_GRADS_ENV: FSDP_GRADS_MODES}
 
 
 def _refusal(name: str, env) -> str | None:
@@ -61,6 +67,12 @@ def copy_in_mode(env: dict | None = None) -> str:
     """``PITLAB_FSDP_COPY_IN`` (default ``pitlab``); raises ValueError naming the variable for another value
     (:data:`COPY_IN_MODES`)."""
     return _read(COPY_IN_ENV, "pitlab", env)
+
+
+def fsdp_grads_mode(env: dict | None = None) -> str:
+    """``PITLAB_FSDP_GRADS`` (default ``pitlab``); raises ValueError naming the variable for another value
+    (:data:`FSDP_GRADS_MODES`)."""
+    return _read(FSDP_GRADS_ENV, "pitlab", env)
 
 
 def check_knobs(env: dict | None = None) -> None:

@@ -31,6 +31,7 @@ class FSDP2Strategy(Strategy):
         self.keep_gathered = False  # the parameters stay gathered between a step's microbatches
         self.lora = False  # the trainable parameters are LoRA adapters
         self.copy_in = ""  # the reduce-scatter copy-in's label (pitlab.trainer.fsdp_copy_in)
+        self.grads = ""  # the accumulation and one-rank reduce's label (pitlab.trainer.fsdp_grads)
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -41,9 +42,11 @@ class FSDP2Strategy(Strategy):
     def build(self, base: Path, run_dir: Path, spec, device: torch.device, mesh, plan: MemoryPlan | None,
               lora: dict | None) -> str:
         """:func:`pitlab.trainer.loading.load_sharded_model` over ``mesh`` with FSDP2's reduce-scatter copy-in
-        as ``PITLAB_FSDP_COPY_IN`` says (:func:`pitlab.trainer.fsdp_copy_in.install_copy_in`), then the loss
-        (:func:`pitlab.trainer.loss.install_loss`). Returns the loss label."""
+        as ``PITLAB_FSDP_COPY_IN`` says (:func:`pitlab.trainer.fsdp_copy_in.install_copy_in`), its gradient
+        accumulation and one-rank reduce as ``PITLAB_FSDP_GRADS`` says (:func:`pitlab.trainer.fsdp_grads.install_grads`),
+        then the loss (:func:`pitlab.trainer.loss.install_loss`). Returns the loss label."""
         from pitlab.trainer.fsdp_copy_in import install_copy_in
+        from pitlab.trainer.fsdp_grads import install_grads
         from pitlab.trainer.loading import load_sharded_model
         from pitlab.trainer.loss import install_loss
 
@@ -56,13 +59,15 @@ class FSDP2Strategy(Strategy):
         self.activation_checkpointing = checkpointing_choice(plan, tr)
         self.model = self.forward_model = load_sharded_model(base, mesh, tr.precision, device,
                                                              self.activation_checkpointing, lora=lora, seed=tr.seed)
+        self.grads = install_grads(self.model, self.world, device.type == "cuda")
         loss_impl = install_loss(self.model, tr.loss)
         self.model.train()
         return loss_impl
 
     def kernel_labels(self) -> dict:
-        """``reduce_scatter_copy_in``: which copy-in FSDP2 uses (:mod:`pitlab.trainer.fsdp_copy_in`)."""
-        return {"reduce_scatter_copy_in": self.copy_in}
+        """``reduce_scatter_copy_in`` and ``fsdp_grads``: which copy-in (:mod:`pitlab.trainer.fsdp_copy_in`) and
+        which accumulation and one-rank reduce (:mod:`pitlab.trainer.fsdp_grads`) FSDP2 uses."""
+        return {"reduce_scatter_copy_in": self.copy_in, "fsdp_grads": self.grads}
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
         """Unless FSDP2 reduces every microbatch (:func:`pitlab.trainer.fsdp.reduces_every_microbatch`: never with
