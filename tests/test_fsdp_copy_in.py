@@ -66,6 +66,27 @@ def test_copy_in_equals_the_cuda_chunk_cat_bit_for_bit(world):
     assert torch.equal(ours, theirs)
 
 
+def test_a_sum_given_its_last_gradient_is_packed_with_it_added():
+    """:func:`add_on_copy_in`: the copy-in writes ``total + grad`` (float32 + bf16 cast exactly: the bits of
+    ``total += grad`` then the copy) for that sum only, padding as before, and forgets it once packed."""
+    from pitlab.trainer.fsdp_copy_in import add_on_copy_in, pending_adds
+
+    torch.manual_seed(0)
+    total, other = torch.randn(5, 3), torch.randn(4, 3)
+    grad = torch.randn(5, 3).to(torch.bfloat16)
+    add_on_copy_in(total, grad)
+    assert pending_adds([total, other]) == 1
+    ours, expected = torch.empty(2 * (3 * 3 + 2 * 3)), torch.empty(2 * (3 * 3 + 2 * 3))
+    reduce_scatter_copy_in([total, other], ours, 2)
+    summed = total.clone()
+    summed += grad
+    reduce_scatter_copy_in([summed, other], expected, 2)
+    assert torch.equal(ours, expected) and not torch.equal(summed, total)
+    assert pending_adds([total, other]) == 0
+    reduce_scatter_copy_in([total, other], ours, 2)  # a second packing copies the sum alone
+    assert not torch.equal(ours, expected) and torch.equal(ours.view(2, -1)[0, :9], total[:3].flatten())
+
+
 def test_the_knob_chooses_the_copy_in_and_is_checked_before_any_work():
     original = getattr(collectives, "_torch_copy_in", collectives.foreach_reduce_scatter_copy_in)
     try:

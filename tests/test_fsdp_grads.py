@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from pitlab.trainer.knobs import fsdp_grads_mode
 
@@ -21,10 +22,13 @@ import torch, torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from pitlab.trainer import fsdp_grads
+from pitlab.trainer import fsdp_copy_in, fsdp_grads
 
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-mesh = init_device_mesh("cpu", (1,))
+fsdp_copy_in.install_copy_in({})  # pitlab's copy-in (the trainer's default): it adds the last microbatch
+
+DEV = sys.argv[1]  # cpu (gloo, eager pair sums) or cuda (nccl, the pair sums compiled by inductor)
+dist.init_process_group("gloo" if DEV == "cpu" else "nccl", store=dist.HashStore(), rank=0, world_size=1)
+mesh = init_device_mesh(DEV, (1,))
 policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 USES_B = [True, False, True, False]  # the branch runs in microbatches 1 and 3 only
 REUSED = [0]  # outputs the one-rank comm gave as its input again
@@ -39,6 +43,9 @@ def counted(self, size, *, dtype, device):
 
 
 fsdp_grads.OneRankReduceScatter.allocate = counted
+ON_COPY = [0]  # float32 sums whose last gradient the copy-in added
+add_on_copy_in = fsdp_grads.add_on_copy_in
+fsdp_grads.add_on_copy_in = lambda total, grad: (ON_COPY.__setitem__(0, ON_COPY[0] + 1), add_on_copy_in(total, grad))
 
 
 class Net(nn.Module):
@@ -53,17 +60,17 @@ class Net(nn.Module):
 
 def run(mode, k, pair=None):
     torch.manual_seed(0)
-    net = Net()
+    net = Net().to(DEV)
     for m in (net.a, net.b, net.c):
         fully_shard(m, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(net, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
-    label = fsdp_grads.install_grads(net, 1, False, {"PITLAB_FSDP_GRADS": mode})
+    label = fsdp_grads.install_grads(net, 1, DEV == "cuda", {"PITLAB_FSDP_GRADS": mode})
     if pair is not None:
         for g in fsdp_grads.param_groups(net):
             setattr(g, fsdp_grads.PAIR, pair)
-    REUSED[0] = 0
+    REUSED[0] = ON_COPY[0] = 0
     torch.manual_seed(1)
-    xs = [torch.randn(4, 16) for _ in range(k)]
+    xs = [torch.randn(4, 16, device=DEV) for _ in range(k)]
     states = []
     for i, x in enumerate(xs):
         last = i == k - 1
@@ -76,10 +83,10 @@ def run(mode, k, pair=None):
                             is not None else None,
                             str(fp.unsharded_accumulated_grad.dtype) if fp.unsharded_accumulated_grad is not None
                             else None] for fp in fps])
-    grads = {n: p.grad.to_local().clone() for n, p in net.named_parameters()}
+    grads = {n: p.grad.to_local().cpu() for n, p in net.named_parameters()}
     leftover = [fp for g in fsdp_grads.param_groups(net) for fp in g.fsdp_params
                 if getattr(fp, fsdp_grads.HELD, None) is not None or fp.unsharded_accumulated_grad is not None]
-    return label, grads, states, [len(leftover), REUSED[0]]
+    return label, grads, states, [len(leftover), REUSED[0], ON_COPY[0]]
 
 
 out = {}
@@ -109,12 +116,28 @@ dist.destroy_process_group()
 """
 
 
-@pytest.fixture(scope="module")
-def result():
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
+def _run(device: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, device], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def result():
+    return _run("cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled pair sums need a GPU")
+def test_on_cuda_with_the_compiled_pair_sums_the_same_bits():
+    """One GPU (nccl), the pair sums compiled by inductor: FSDP2's own gradients bit for bit with 1-4
+    microbatches; the bf16 pair differs."""
+    r = _run("cuda")
+    for k in ("1", "2", "3", "4"):
+        assert r[k]["differ"] == [] and r[k]["nonzero"], (k, r[k])
+        assert r[k]["leftover"] == [[0, 3, 4 if k in ("3", "4") else 0], [0, 0, 0]], (k, r[k])
+        assert (len(r[k]["differ_bf16_pair"]) >= 2) == (k != "1"), (k, r[k]["differ_bf16_pair"])
+    assert r["4"]["states"] == _run("cpu")["4"]["states"]
 
 
 @pytest.mark.parametrize("k", ["1", "2", "3", "4"])
@@ -124,8 +147,9 @@ def test_accumulation_and_one_rank_reduce_give_fsdp2s_own_bits(result, k):
     assert r["names"] == ["a.bias", "a.weight", "b.bias", "b.weight", "c.bias", "c.weight"] and r["nonzero"]
     assert r["differ"] == []
     # nothing held or accumulated after the step's reduce; each of the three groups reduced once into the
-    # buffer it packed (FSDP2's own allocates an output and copies)
-    assert r["leftover"] == [[0, 3], [0, 0]]
+    # buffer it packed (FSDP2's own allocates an output and copies); with 3 and 4 microbatches the last gradients
+    # of a and c (4 parameters; b's last was its pair, or it had none) were added by the copy-in
+    assert r["leftover"] == [[0, 3, 4 if k in ("3", "4") else 0], [0, 0, 0]]
 
 
 def test_the_first_gradient_is_held_in_bf16_and_the_second_makes_the_float32_sum(result):

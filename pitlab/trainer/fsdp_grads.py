@@ -6,7 +6,9 @@
   each later one to it (10 bytes). :func:`gather_group` holds the first bf16 gradient instead and sums it with the
   second in one pass per parameter group (8 bytes; :func:`pitlab.trainer.fused_step.pair_sums`, compiled on
   CUDA): ``g1.float() + g2.float()`` rounds once, as ``acc = g1.float(); acc += g2`` does. Later microbatches
-  are FSDP2's own adds, and a parameter whose held gradient met no second one is cast when its group reduces.
+  are FSDP2's own adds, except the last: with pitlab's reduce-scatter copy-in (:mod:`pitlab.trainer.fsdp_copy_in`)
+  it is added as the copy-in packs the sum (10 bytes instead of an add's 10 and a copy's 8). A parameter whose
+  held gradient met no second one is cast when its group reduces.
 - **The reduce at world size 1**: FSDP2 copies its reduce-scatter input into a new output buffer
   (``foreach_reduce``; 8 bytes per parameter). :class:`OneRankReduceScatter` hands the input back as the
   output, and ``Tensor.copy_`` of a tensor onto itself returns at once.
@@ -23,6 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from pitlab.trainer.fsdp_copy_in import add_on_copy_in, pending_adds, reduce_scatter_copy_in
 from pitlab.trainer.fused_step import compiled_pair_sums, pair_sums
 from pitlab.trainer.knobs import FSDP_GRADS_ENV, fsdp_grads_mode
 
@@ -46,16 +49,26 @@ def param_groups(model: nn.Module) -> list:
     return groups
 
 
+def _copy_in_adds() -> bool:
+    """Whether FSDP2's reduce-scatter copy-in is pitlab's (which adds what :func:`add_on_copy_in` gave it)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_collectives as collectives
+
+    return collectives.foreach_reduce_scatter_copy_in is reduce_scatter_copy_in
+
+
 @torch.no_grad()
-def gather_group(group, pair: Callable[[list, list], list]) -> None:
+def gather_group(group, pair: Callable[[list, list], list]) -> list:
     """Before FSDP2's ``post_backward`` of ``group``: hold each parameter's first gradient of a step that is not
     reduced (bf16, no float32 sum yet); where a held gradient meets the next one, store ``pair(held, next)`` (float32)
-    as FSDP2's accumulated gradient; when the group reduces, cast a held gradient that met none (FSDP2's cast).
-    Parameters whose gradient is already in the reduce dtype or a DTensor are left to FSDP2."""
+    as FSDP2's accumulated gradient; when the group reduces, cast a held gradient that met none (FSDP2's cast), and
+    leave the last gradient of a float32 sum to the copy-in (:func:`pitlab.trainer.fsdp_copy_in.add_on_copy_in`,
+    dim-0 shards only). Returns the sums left to the copy-in. Parameters whose gradient is already in the reduce
+    dtype or a DTensor are left to FSDP2."""
     from torch.distributed.tensor import DTensor
 
     reduce = group.reduce_grads
-    met, firsts, seconds = [], [], []
+    on_copy = reduce and _copy_in_adds()
+    met, firsts, seconds, left = [], [], [], []
     for fp in group.fsdp_params:
         if not hasattr(fp, "_unsharded_param"):
             continue
@@ -68,6 +81,11 @@ def gather_group(group, pair: Callable[[list, list], list]) -> None:
         elif held is not None and reduce:
             fp.unsharded_accumulated_grad = held.to(fp.reduce_dtype)
             setattr(fp, HELD, None)
+        elif (on_copy and grad is not None and fp.unsharded_accumulated_grad is not None
+              and not isinstance(grad, DTensor) and getattr(getattr(fp, "fsdp_placement", None), "dim", 0) == 0):
+            add_on_copy_in(fp.unsharded_accumulated_grad, grad)
+            left.append(fp.unsharded_accumulated_grad)
+            param.grad = None
         elif (held is None and grad is not None and not reduce and fp.unsharded_accumulated_grad is None
               and fp.reduce_dtype is not None and grad.dtype != fp.reduce_dtype and not isinstance(grad, DTensor)):
             setattr(fp, HELD, grad)
@@ -77,6 +95,7 @@ def gather_group(group, pair: Callable[[list, list], list]) -> None:
             fp.unsharded_accumulated_grad = total
             fp._unsharded_param.grad = None
             setattr(fp, HELD, None)
+    return left
 
 
 def _install_wrapper() -> None:
@@ -90,9 +109,13 @@ def _install_wrapper() -> None:
 
     def post_backward(self, *unused):
         pair = getattr(self, PAIR, None)
-        if pair is not None:
-            gather_group(self, pair)
-        return original(self, *unused)
+        left = gather_group(self, pair) if pair is not None else []
+        out = original(self, *unused)
+        if left and pending_adds(left):  # never a sum reduced without its last microbatch
+            raise RuntimeError(f"pitlab.trainer.fsdp_grads: {pending_adds(left)} gradient sums of {len(left)} were "
+                               "reduced without their last microbatch (FSDP2 did not pack them with pitlab's "
+                               "copy-in); set PITLAB_FSDP_GRADS=torch")
+        return out
 
     post_backward.pitlab_wrapped = True
     post_backward.pitlab_original = original
