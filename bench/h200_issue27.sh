@@ -62,6 +62,12 @@
 #             (default build/wt-3f30228: `git archive 3f30228 pitlab bench/*.py | tar -x -C build/wt-3f30228`), each in
 #             its own process and profiled for 2 steps (47 ms of a 357 ms step were the accumulation's cast and adds
 #             on an H100 on 2026-12-06; about 6 min on a fresh machine).
+# fsdp2-grads: FSDP2's accumulation and one-rank reduce (pitlab.trainer.fsdp_grads: the first two microbatches
+#             summed in one compiled pass, the last added by the reduce-scatter copy-in, no one-rank output copy): the
+#             CUDA tests of tests/test_fsdp_grads.py and tests/test_fsdp_copy_in.py, then in one process at
+#             GATHER_ACCUM (default 4) microbatches per step the single-device path, FSDP2 forced at world size 1
+#             with FSDP2's own gradient handling (PITLAB_FSDP_GRADS=torch) and with pitlab's, each profiled for 2
+#             steps (about 7 min on a fresh machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -182,6 +188,23 @@ print('  top device time (ms/step, calls/step):', [(n[:60], t, c) for n, t, c in
                --budget-s $(( ${THROUGHPUT_BUDGET_S:-450} - 25 )) --runs "$TORCH_;$OURS;$TORCH_;$OURS;default" \
                > "$OUT/copy-in.log" 2>&1
              grep -E "tokens/s|steps max/min|^qwen35_reduced  " "$OUT/copy-in.log" | tail -14 ;;
+    fsdp2-grads) timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_fsdp_grads.py tests/test_fsdp_copy_in.py \
+                  2>&1 | tail -3
+                F='"PITLAB_FORCE_FSDP2": "1"'
+                timeout 420 python3 bench/throughput.py --work /tmp/tp --out "$OUT/fsdp2-grads" --shapes qwen35_reduced \
+                  --checks "" --budget-s 400 --steps 8 --warmup 3 --profile-steps 2 --accumulation "${GATHER_ACCUM:-4}" \
+                  --runs "default;{\"env\": {$F, \"PITLAB_FSDP_GRADS\": \"torch\"}};{\"env\": {$F}}" \
+                  > "$OUT/fsdp2-grads.log" 2>&1
+                tail -4 "$OUT/fsdp2-grads.log"
+                python3 -c "
+import json, sys
+for k, v in json.load(open(sys.argv[1]))['shapes']['qwen35_reduced'].items():
+    if isinstance(v, dict) and 'step_s' in v:
+        p = v.get('profile') or {}
+        print(k[:60], round(v['tokens_per_second']), 'steps ms', [round(1000 * s, 1) for s in v['step_s']],
+              'loss0', v.get('loss_first_last', [None])[0], (v.get('kernels') or {}).get('fsdp_grads'),
+              'busy ms', round(1000 * p.get('device_busy_s_per_step', 0), 1), 'idle', p.get('device_idle_fraction'))
+        print('  top:', [(n[:40], t, c) for n, t, c in p.get('top_device_time', [])[:14]])" "$OUT/fsdp2-grads/throughput.json" ;;
     gather-ab) timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/test_single_device.py -k gathering_on_cuda \
                 2>&1 | tail -6
               for tree in . "${OLD_TREE:-build/wt-3f30228}"; do
