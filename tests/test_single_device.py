@@ -252,7 +252,7 @@ def test_deterministic_training_turns_torchs_deterministic_algorithms_on_and_cha
     assert list(p_det) == list(p_plain) and all(torch.equal(p_det[n], p_plain[n]) for n in p_det)
 
 
-def _gather_run(k: int, hold_in_place: bool, pair_fn=None, scribble: bool = False, steps: int = 2,
+def _gather_run(k: int, hold_in_place: bool | str, pair_fn=None, scribble: bool | str = False, steps: int = 2,
                 reference: str = "torch", device: str = "cpu", compiled: bool = False):
     """``steps`` optimizer steps of ``k`` microbatches each on a tiny llama's compute copy with the fused step's
     gathering (:meth:`ComputeCopy.gather_grads` + :meth:`ComputeCopy.fused_step`), and the same on a reference
@@ -261,7 +261,9 @@ def _gather_run(k: int, hold_in_place: bool, pair_fn=None, scribble: bool = Fals
     the gathering). ``compiled``: both MasterAdamW compiled with inductor (CUDA). The bf16 gradients are random
     (scaled far over the clip norm on odd steps); the embedding has none in microbatch 0 and the final norm none
     in the last. ``scribble``: every gradient tensor is overwritten with 7.0 after its microbatch's gathering, as a
-    CUDA graph's next replay writes over its outputs. Returns {path: (norms, masters, copies)}."""
+    CUDA graph's next replay writes over its outputs (``"layers"``: only the decoder layers', as when the layers
+    are compiled with CUDA graphs). ``hold_in_place="graphs"``: per parameter as
+    :meth:`ComputeCopy.in_place_holds` says with CUDA graphs. Returns {path: (norms, masters, copies)}."""
     from pitlab.trainer.fused_step import MasterAdamW
 
     config = build_config("llama", TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=0, pad_token_id=1,
@@ -286,10 +288,11 @@ def _gather_run(k: int, hold_in_place: bool, pair_fn=None, scribble: bool = Fals
                     c.grad = None if skip else g.to(device)
                     grads.append(c.grad)
                 if path == "gather":
-                    cc.gather_grads(micro == k - 1, hold_in_place, pair_fn)
+                    holds = cc.in_place_holds(True) if hold_in_place == "graphs" else hold_in_place
+                    cc.gather_grads(micro == k - 1, holds, pair_fn)
                     if scribble and micro < k - 1:
-                        for g in grads:
-                            if g is not None:
+                        for n, g in zip(names, grads):
+                            if g is not None and (scribble is True or ".layers." in n):
                                 g.fill_(7.0)
                 else:
                     cc.accumulate_grads()
@@ -360,4 +363,22 @@ def test_the_held_gradient_is_a_copy_where_a_cuda_graph_replay_would_overwrite_i
     copied = _gather_run(4, hold_in_place=False, pair_fn=compiled, scribble=True)
     assert all(torch.equal(a, b) for a, b in zip(copied["gather"][1], copied["torch"][1]))
     in_place = _gather_run(4, hold_in_place=True, scribble=True)
+    assert not all(torch.equal(a, b) for a, b in zip(in_place["gather"][1], in_place["torch"][1]))
+
+
+def test_with_cuda_graphs_only_the_decoder_layers_gradients_are_copied_to_be_held():
+    """With the decoder layers under CUDA graphs only their gradients are written over by a replay: held per
+    parameter as :meth:`ComputeCopy.in_place_holds` says (copied inside the layers, in place for the embedding,
+    the final norm and the LM head), a run whose layer gradients are overwritten after each microbatch still
+    gives torch's bits; holding the layers' in place too does not (the negative control)."""
+    config = build_config("llama", TINY_CONFIGS["llama"], vocab_size=64, eos_token_id=0, pad_token_id=1,
+                          bos_token_id=0)
+    cc = ComputeCopy(AutoModelForCausalLM.from_config(config, dtype=torch.float32))
+    names = [n for n, _ in cc.master.named_parameters()]
+    holds = dict(zip(names, cc.in_place_holds(True)))
+    assert [n for n, h in holds.items() if h] == ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"]
+    assert all(cc.in_place_holds(False))
+    per_param = _gather_run(4, hold_in_place="graphs", scribble="layers")
+    assert all(torch.equal(a, b) for a, b in zip(per_param["gather"][1], per_param["torch"][1]))
+    in_place = _gather_run(4, hold_in_place=True, scribble="layers")
     assert not all(torch.equal(a, b) for a, b in zip(in_place["gather"][1], in_place["torch"][1]))

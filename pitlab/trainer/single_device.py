@@ -90,6 +90,13 @@ class ComputeCopy:
         self._copies = list(self.model.parameters())
         self._held: list | None = None  # per parameter, the step's first bf16 gradient (gather_grads)
         self._groups = layer_groups(names)
+        self._in_layers = [g != n for g, n in zip(self._groups, names)]  # in a decoder layer (model.layers.N)
+
+    def in_place_holds(self, graphs: bool) -> list[bool]:
+        """Per parameter, whether :meth:`gather_grads` may hold its gradient in place when the decoder layers were
+        compiled with CUDA graphs (``graphs``): only outside the decoder layers (the embedding, the final norm and
+        the LM head, whose gradients eager or non-graph code makes); every parameter without graphs."""
+        return [not (graphs and inside) for inside in self._in_layers]
 
     def pair_signatures(self) -> int:
         """How many distinct per-layer calls :meth:`gather_grads` makes (shapes of a layer's parameters): the
@@ -123,11 +130,12 @@ class ComputeCopy:
             c.grad = None
 
     @torch.no_grad()
-    def gather_grads(self, last: bool, hold_in_place: bool, pair_fn=None) -> None:
+    def gather_grads(self, last: bool, hold_in_place: bool | list[bool], pair_fn=None) -> None:
         """After a microbatch's backward, with the fused step: keep the gradients with fewer passes over memory
         than :meth:`accumulate_grads`, the same float32 sums in the same order. Per parameter: its first bf16
         gradient of the step is held (a bf16 copy, 4 bytes per element moved, or the tensor itself when
-        ``hold_in_place``: allowed only where no CUDA graph replay will write over it); the second is added to it
+        ``hold_in_place``, for all parameters or per parameter as :meth:`in_place_holds` gives it: allowed only
+        where no CUDA graph replay will write over it); the second is added to it
         in float32 into the master's ``.grad`` in one pass (``pair_fn``, default
         :func:`pitlab.trainer.fused_step.pair_sums` eager; 8 bytes instead of a cast's 6 and an add's 10); later
         ones are added to that. ``last``: the step's last microbatch, whose gradients stay on the copy for
@@ -137,6 +145,7 @@ class ComputeCopy:
         if self._held is None:
             self._held = [None] * len(self._masters)
         pairs, acc_m, acc_g = [], [], []
+        in_place = hold_in_place if isinstance(hold_in_place, list) else [hold_in_place] * len(self._masters)
         for i, (m, c) in enumerate(zip(self._masters, self._copies)):
             g = c.grad
             if g is None:
@@ -147,7 +156,7 @@ class ComputeCopy:
             elif self._held[i] is not None:
                 pairs.append(i)
             else:
-                self._held[i] = g if hold_in_place else g.clone()
+                self._held[i] = g if in_place[i] else g.clone()
         fn = pair_fn or pair_sums
         # one call per decoder layer (compiled: one graph per kind of layer); each layer's held gradients are
         # dropped after its call, so the float32 sums replace them layer by layer rather than all at once

@@ -87,7 +87,7 @@ class SingleDeviceStrategy(Strategy):
         if not self.fused:
             self.compute.accumulate_grads()
             return
-        self.compute.gather_grads(self.micro == accum - 1, hold_in_place=not cuda_graphs_recorded(),
+        self.compute.gather_grads(self.micro == accum - 1, self.compute.in_place_holds(cuda_graphs_recorded()),
                                   pair_fn=self.pair_fn)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
