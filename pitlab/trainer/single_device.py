@@ -135,12 +135,12 @@ class ComputeCopy:
         than :meth:`accumulate_grads`, the same float32 sums in the same order. Per parameter: its first bf16
         gradient of the step is held (a bf16 copy, 4 bytes per element moved, or the tensor itself when
         ``hold_in_place``, for all parameters or per parameter as :meth:`in_place_holds` gives it: allowed only
-        where no CUDA graph replay will write over it); the second is added to it
-        in float32 into the master's ``.grad`` in one pass (``pair_fn``, default
-        :func:`pitlab.trainer.fused_step.pair_sums` eager; 8 bytes instead of a cast's 6 and an add's 10); later
-        ones are added to that (``add_fn`` per decoder layer, e.g. :func:`pitlab.trainer.fused_step.add_sums`
-        compiled; default one ``torch._foreach_add_``). ``last``: the step's last microbatch, whose gradients stay on the copy for
-        :meth:`fused_step` to add as it reads them (no float32 pass over them at all)."""
+        where no CUDA graph replay will write over it); the second is added to it in float32 into the master's
+        ``.grad`` in one pass (``pair_fn``, default :func:`pitlab.trainer.fused_step.pair_sums` eager; 8 bytes
+        instead of a cast's 6 and an add's 10); later ones are added to that (``add_fn`` per decoder layer, e.g.
+        :func:`pitlab.trainer.fused_step.add_sums` compiled; default one ``torch._foreach_add_``). ``last``: the
+        step's last microbatch, whose gradients stay on the copy for :meth:`fused_step` to add as it reads them
+        (no float32 pass over them at all)."""
         if last:
             return
         if self._held is None:

@@ -43,8 +43,9 @@ class FSDP2Strategy(Strategy):
               lora: dict | None) -> str:
         """:func:`pitlab.trainer.loading.load_sharded_model` over ``mesh`` with FSDP2's reduce-scatter copy-in
         as ``PITLAB_FSDP_COPY_IN`` says (:func:`pitlab.trainer.fsdp_copy_in.install_copy_in`), its gradient
-        accumulation and one-rank reduce as ``PITLAB_FSDP_GRADS`` says (:func:`pitlab.trainer.fsdp_grads.install_grads`),
-        then the loss (:func:`pitlab.trainer.loss.install_loss`). Returns the loss label."""
+        accumulation and one-rank reduce as ``PITLAB_FSDP_GRADS`` says
+        (:func:`pitlab.trainer.fsdp_grads.install_grads`), then the loss (:func:`pitlab.trainer.loss.install_loss`).
+        Returns the loss label."""
         from pitlab.trainer.fsdp_copy_in import install_copy_in
         from pitlab.trainer.fsdp_grads import install_grads
         from pitlab.trainer.loading import load_sharded_model
