@@ -179,6 +179,16 @@ def test_the_one_rank_comm_returns_its_input_as_the_output_and_refuses_a_collect
 
 
 def test_the_knob_is_read_and_checked():
+    """``PITLAB_FSDP_GRADS``: pitlab by default; another value is refused by the trainer and, before any work, by
+    ``check_knobs`` (``validate``, ``plan``, ``run``: exit 2 naming the variable)."""
+    from pitlab.errors import SpecError
+    from pitlab.trainer.knobs import check_knobs
+
     assert fsdp_grads_mode({}) == "pitlab" and fsdp_grads_mode({"PITLAB_FSDP_GRADS": "torch"}) == "torch"
     with pytest.raises(ValueError, match="PITLAB_FSDP_GRADS='fast': give one of pitlab, torch"):
         fsdp_grads_mode({"PITLAB_FSDP_GRADS": "fast"})
+    check_knobs({"PITLAB_FSDP_GRADS": "torch"})
+    with pytest.raises(SpecError) as err:
+        check_knobs({"PITLAB_FSDP_GRADS": "fast"})
+    assert err.value.problems == [("environment variable PITLAB_FSDP_GRADS", "'fast': give one of pitlab, torch")]
+    assert err.value.exit_code == 2
