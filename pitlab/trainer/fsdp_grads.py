@@ -27,7 +27,7 @@ from torch import nn
 
 from pitlab.trainer.fsdp_copy_in import add_on_copy_in, pending_adds, reduce_scatter_copy_in
 from pitlab.trainer.fused_step import compiled_pair_sums, pair_sums
-from pitlab.trainer.knobs import FSDP_GRADS_ENV, fsdp_grads_mode
+from pitlab.trainer.knobs import fsdp_grads_mode
 
 LABEL = "pitlab.trainer.fsdp_grads (first two microbatches summed in one pass; no one-rank reduce copy)"
 TORCH_LABEL = "FSDP2's own (cast, then one add per microbatch; one-rank reduce copied)"
@@ -162,7 +162,3 @@ def install_grads(model: nn.Module, world_size: int, cuda: bool, env: dict | Non
             if isinstance(module, FSDPModule):
                 module.set_custom_reduce_scatter(OneRankReduceScatter())
     return LABEL
-
-
-__all__ = ["FSDP_GRADS_ENV", "LABEL", "TORCH_LABEL", "OneRankReduceScatter", "gather_group", "install_grads",
-           "param_groups"]

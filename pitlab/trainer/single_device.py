@@ -18,8 +18,8 @@ float32 sums with fewer passes (the first microbatch's gradients held in bf16, t
 pass, the last added as the update reads it): 26 bytes per parameter moved for the gradients of 4 microbatches
 instead of 36. Memory per parameter: 4 (master) + 8 (AdamW) + 4 (float32 gradients) + 2 (copy) + 2 bytes (bf16
 gradients, freed at the cast), all five live at the cast after backward; FSDP2 at world size 1 peaks near 16
-bytes (it frees each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the trainer takes
-FSDP2 when only FSDP2's plan fits the GPU (``MemoryPlan.single_device``).
+bytes (it frees each layer's bf16 copy and gradients in backward). :mod:`pitlab.trainer.plan` models both, and the
+trainer takes FSDP2 when only FSDP2's plan fits the GPU (``MemoryPlan.single_device``).
 
 Bit-identical to FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` at world size 1
 (losses, gradient norms and parameters; tests/test_single_device.py, on the CPU with gloo; CUDA runs the same
