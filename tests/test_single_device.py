@@ -253,7 +253,7 @@ def test_deterministic_training_turns_torchs_deterministic_algorithms_on_and_cha
 
 
 def _gather_run(k: int, hold_in_place: bool | str, pair_fn=None, scribble: bool | str = False, steps: int = 2,
-                reference: str = "torch", device: str = "cpu", compiled: bool = False):
+                reference: str = "torch", device: str = "cpu", compiled: bool = False, add_fn=None):
     """``steps`` optimizer steps of ``k`` microbatches each on a tiny llama's compute copy with the fused step's
     gathering (:meth:`ComputeCopy.gather_grads` + :meth:`ComputeCopy.fused_step`), and the same on a reference
     path: ``torch`` (:meth:`ComputeCopy.accumulate_grads`, ``clip_grad_norm_``, ``torch.optim.AdamW``) or
@@ -289,7 +289,7 @@ def _gather_run(k: int, hold_in_place: bool | str, pair_fn=None, scribble: bool 
                     grads.append(c.grad)
                 if path == "gather":
                     holds = cc.in_place_holds(True) if hold_in_place == "graphs" else hold_in_place
-                    cc.gather_grads(micro == k - 1, holds, pair_fn)
+                    cc.gather_grads(micro == k - 1, holds, pair_fn, add_fn)
                     if scribble and micro < k - 1:
                         for n, g in zip(names, grads):
                             if g is not None and (scribble is True or ".layers." in n):
@@ -320,15 +320,15 @@ def test_gathering_on_cuda_with_inductor_kernels_against_the_stored_sums(k):
     :meth:`ComputeCopy.accumulate_grads` (the path before): the unclipped step's masters and copies are equal bit
     for bit (the clip factor is 1 either way); the norms agree to 1e-6 relative (each norm is one inductor
     reduction instead of ``torch._foreach_norm``'s), and so the clipped step's masters to 1e-6 of their size."""
-    from pitlab.trainer.fused_step import compiled_pair_sums
+    from pitlab.trainer.fused_step import compiled_add_sums, compiled_pair_sums
 
     out = _gather_run(k, hold_in_place=False, pair_fn=compiled_pair_sums(8), steps=1, reference="sums",
-                      device="cuda", compiled=True)
+                      device="cuda", compiled=True, add_fn=compiled_add_sums(8))
     (n_g, p_g, c_g), (n_s, p_s, c_s) = out["gather"], out["sums"]
     assert n_s[0] < 1.0 and abs(n_g[0] - n_s[0]) <= 1e-6 * n_s[0]
     assert all(torch.equal(a, b) for a, b in zip(p_g, p_s)) and all(torch.equal(a, b) for a, b in zip(c_g, c_s))
     out = _gather_run(k, hold_in_place=False, pair_fn=compiled_pair_sums(8), steps=2, reference="sums",
-                      device="cuda", compiled=True, scribble=True)
+                      device="cuda", compiled=True, scribble=True, add_fn=compiled_add_sums(8))
     (n_g, p_g, _), (n_s, p_s, _) = out["gather"], out["sums"]
     assert n_s[1] > 1.0 and abs(n_g[1] - n_s[1]) <= 1e-6 * n_s[1]
     print(f"k={k}: norms {n_g} vs {n_s}; masters equal {sum(torch.equal(a, b) for a, b in zip(p_g, p_s))}"
@@ -355,12 +355,13 @@ def test_fused_step_gathering_equals_torch_accumulation_and_adamw_bit_for_bit(k,
 def test_the_held_gradient_is_a_copy_where_a_cuda_graph_replay_would_overwrite_it():
     """With the gradient tensors written over after each microbatch (what a CUDA graph's next replay does), the
     copied held gradient still gives torch's bits; held in place, the same run does not (negative control: the
-    copy is what makes it safe). The compiled pair sum (``backend="eager"``: dynamo's graph, torch's kernels)
-    gives the same bits as the eager one."""
-    from pitlab.trainer.fused_step import pair_sums
+    copy is what makes it safe). The compiled pair sum and the per-layer adds of the third microbatch
+    (``backend="eager"``: dynamo's graph, torch's kernels) give the same bits as the eager ones."""
+    from pitlab.trainer.fused_step import add_sums, pair_sums
 
     compiled = torch.compile(pair_sums, dynamic=False, fullgraph=True, backend="eager")
-    copied = _gather_run(4, hold_in_place=False, pair_fn=compiled, scribble=True)
+    adds = torch.compile(add_sums, dynamic=False, fullgraph=True, backend="eager")
+    copied = _gather_run(4, hold_in_place=False, pair_fn=compiled, scribble=True, add_fn=adds)
     assert all(torch.equal(a, b) for a, b in zip(copied["gather"][1], copied["torch"][1]))
     in_place = _gather_run(4, hold_in_place=True, scribble=True)
     assert not all(torch.equal(a, b) for a, b in zip(in_place["gather"][1], in_place["torch"][1]))

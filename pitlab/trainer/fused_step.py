@@ -171,6 +171,20 @@ def pair_sums(gs: list, es: list) -> list:
     return [_gradient(g, e) for g, e in zip(gs, es)]
 
 
+def add_sums(ss: list, gs: list) -> None:
+    """``ss[j] += gs[j]`` in place: float32 sums plus bf16 gradients cast exactly, one rounding (the bits of
+    ``torch._foreach_add_``). Compiled, one vectorised pass reading 6 bytes per element and writing 4, where the
+    eager add of mixed dtypes casts element by element."""
+    for s, g in zip(ss, gs):
+        s.add_(g)
+
+
+def compiled_add_sums(signatures: int):
+    """:func:`add_sums` compiled with static shapes (CUDA; as :func:`compiled_pair_sums`)."""
+    allow_graphs(signatures)
+    return torch.compile(add_sums, dynamic=False, fullgraph=True)
+
+
 def compiled_pair_sums(signatures: int):
     """:func:`pair_sums` compiled with static shapes (CUDA; one graph per distinct list of shapes, ``signatures``
     of them, added to the recompile limit by :func:`allow_graphs`)."""

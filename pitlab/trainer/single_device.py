@@ -130,27 +130,29 @@ class ComputeCopy:
             c.grad = None
 
     @torch.no_grad()
-    def gather_grads(self, last: bool, hold_in_place: bool | list[bool], pair_fn=None) -> None:
+    def gather_grads(self, last: bool, hold_in_place: bool | list[bool], pair_fn=None, add_fn=None) -> None:
         """After a microbatch's backward, with the fused step: keep the gradients with fewer passes over memory
         than :meth:`accumulate_grads`, the same float32 sums in the same order. Per parameter: its first bf16
         gradient of the step is held (a bf16 copy, 4 bytes per element moved, or the tensor itself when
         ``hold_in_place``, for all parameters or per parameter as :meth:`in_place_holds` gives it: allowed only
         where no CUDA graph replay will write over it); the second is added to it in float32 into the master's
         ``.grad`` in one pass (``pair_fn``, default :func:`pitlab.trainer.fused_step.pair_sums` eager; 8 bytes
-        instead of a cast's 6 and an add's 10); later ones are added to that. ``last``: the step's last microbatch,
-        whose gradients stay on the copy for :meth:`fused_step` to add as it reads them (no float32 pass over them
-        at all)."""
+        instead of a cast's 6 and an add's 10); later ones are added to that (``add_fn`` per decoder layer, e.g.
+        :func:`pitlab.trainer.fused_step.add_sums` compiled; default one ``torch._foreach_add_``). ``last``: the
+        step's last microbatch, whose gradients stay on the copy for :meth:`fused_step` to add as it reads them
+        (no float32 pass over them at all)."""
         if last:
             return
         if self._held is None:
             self._held = [None] * len(self._masters)
-        pairs, acc_m, acc_g = [], [], []
+        pairs, adds, acc_m, acc_g = [], [], [], []
         in_place = hold_in_place if isinstance(hold_in_place, list) else [hold_in_place] * len(self._masters)
         for i, (m, c) in enumerate(zip(self._masters, self._copies)):
             g = c.grad
             if g is None:
                 continue
             if m.grad is not None:
+                adds.append(i)
                 acc_m.append(m.grad)
                 acc_g.append(g)
             elif self._held[i] is not None:
@@ -165,7 +167,10 @@ class ComputeCopy:
             for i, s in zip(idx, fn([self._held[i] for i in idx], [self._copies[i].grad for i in idx])):
                 self._masters[i].grad = s
                 self._held[i] = None
-        if acc_m:
+        if add_fn is not None:
+            for a, b in runs([self._groups[i] for i in adds]):
+                add_fn(acc_m[a:b], acc_g[a:b])
+        elif acc_m:
             torch._foreach_add_(acc_m, acc_g)  # float32 += bf16: one float32 rounding, as FSDP2's += of casts
         for c in self._copies:
             c.grad = None

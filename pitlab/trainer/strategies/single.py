@@ -11,7 +11,8 @@ from torch.profiler import record_function
 
 from pitlab.trainer.fused_step import LABEL as FUSED_STEP_LABEL
 from pitlab.trainer.fused_step import TORCH_LABEL as TORCH_STEP_LABEL
-from pitlab.trainer.fused_step import MasterAdamW, compiled_pair_sums, fused_step_enabled, model_groups
+from pitlab.trainer.fused_step import (MasterAdamW, compiled_add_sums, compiled_pair_sums, fused_step_enabled,
+                                       model_groups)
 from pitlab.trainer.kernels import cuda_graphs_recorded
 from pitlab.trainer.plan import GiB, MemoryPlan, ModelShape, plan_checkpointing, plan_inputs
 from pitlab.trainer.single_device import LABEL, load_single_device_model
@@ -29,6 +30,7 @@ class SingleDeviceStrategy(Strategy):
         self.fused = False  # the optimizer is MasterAdamW
         self.micro = 0  # the microbatch (0-based) whose backward is in progress
         self.pair_fn = None  # pitlab.trainer.fused_step.pair_sums compiled (CUDA), or None: eager
+        self.add_fn = None  # pitlab.trainer.fused_step.add_sums compiled (CUDA), or None: torch._foreach_add_
 
     def plan(self, spec, shape: ModelShape | None = None, gpu_memory_gib: float | None = None,
              adapter=None) -> MemoryPlan:
@@ -74,6 +76,8 @@ class SingleDeviceStrategy(Strategy):
                                 weight_decay=training.weight_decay, groups=model_groups(self.model, trainable))
         if cuda and training.gradient_accumulation_steps > 2:  # only then are two held gradients summed
             self.pair_fn = compiled_pair_sums(self.compute.pair_signatures())
+        if cuda and training.gradient_accumulation_steps > 3:  # and only then added to
+            self.add_fn = compiled_add_sums(self.compute.pair_signatures())
         return optimizer, FUSED_STEP_LABEL + ("" if cuda else ", eager on the CPU")
 
     def before_microbatch(self, micro: int, accum: int, sync_every_micro: bool) -> None:
@@ -88,7 +92,7 @@ class SingleDeviceStrategy(Strategy):
             self.compute.accumulate_grads()
             return
         self.compute.gather_grads(self.micro == accum - 1, self.compute.in_place_holds(cuda_graphs_recorded()),
-                                  pair_fn=self.pair_fn)
+                                  pair_fn=self.pair_fn, add_fn=self.add_fn)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, scheduler, max_norm: float) -> torch.Tensor:
         """The fused step (:meth:`~pitlab.trainer.single_device.ComputeCopy.fused_step`), or torch's clipping and
