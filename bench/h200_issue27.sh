@@ -68,6 +68,12 @@
 #             GATHER_ACCUM (default 4) microbatches per step the single-device path, FSDP2 forced at world size 1
 #             with FSDP2's own gradient handling (PITLAB_FSDP_GRADS=torch) and with pitlab's, each profiled for 2
 #             steps (about 7 min on a fresh machine).
+# accept:     the acceptance call of issue 27: bench/throughput.py on both shapes (one process each), the plain loop,
+#             Liger, pitlab's defaults and FSDP2 forced at world size 1 (fused step), no profile, ACCEPT_ACCUM (default
+#             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1) on the slice
+#             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
+#             parameter of float32 sums); then one line per run: tokens/s, MFU, the ratios, timed
+#             steps max/min, peak allocated / reserved against the plan (about 4-5 min on a warm machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -226,6 +232,26 @@ for f in sys.argv[1:]:
                       v.get('peak_reserved'), 'plan', v.get('planned_peak'), 'loss', v.get('loss_first_last'))
                 if p: print('  top:', [(n[:60], t, c) for n, t, c in p.get('top_device_time', [])[:14]])" \
                 "$OUT"/gather-ab-*/throughput.json ;;
+    accept) for shape in qwen35_reduced qwen3_30b_slice; do  # one process per shape: see the comment at the top
+              accum=${ACCEPT_ACCUM:-4}; [ "$shape" = qwen3_30b_slice ] && accum=${ACCEPT_SLICE_ACCUM:-1}
+              timeout 290 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accept-$shape" --shapes "$shape" \
+                --checks "" --budget-s 265 --profile-steps 0 --accumulation "$accum" \
+                --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/accept-$shape.log" 2>&1; tail -3 "$OUT/accept-$shape.log"
+            done
+            python3 -c "
+import json, sys
+for f in sys.argv[1:]:
+    for shape, e in json.load(open(f))['shapes'].items():
+        print(shape, {k: round(v, 3) for k, v in e.items() if k.startswith(('ratio', 'hf_mfu', 'liger_mfu'))})
+        for k, v in e.items():
+            if isinstance(v, dict) and ('step_s' in v or 'error' in v):
+                if 'error' in v: print(' ', k[:40], 'ERROR', str(v['error'])[:160]); continue
+                gb = lambda x: None if x is None else round(x / 1e9, 2)
+                print(' ', k[:40], round(v['tokens_per_second']), 'mfu', v.get('mfu') and round(100 * v['mfu'], 2),
+                      'steps', round(max(v['step_s']) / min(v['step_s']), 3), 'alloc', gb(v.get('peak_allocated')),
+                      'reserved', gb(v.get('peak_reserved')), 'plan', gb(v.get('planned_peak')),
+                      gb(v.get('planned_allocated')), 'ckpt', v.get('activation_checkpointing'),
+                      'loss0', v.get('loss_first_last', [None])[0])" "$OUT"/accept-*/throughput.json ;;
     first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
                     --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
