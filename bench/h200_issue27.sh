@@ -73,7 +73,9 @@
 #             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1) on the slice
 #             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
 #             parameter of float32 sums); then one line per run: tokens/s, MFU, the ratios, timed
-#             steps max/min, peak allocated / reserved against the plan (about 4-5 min on a warm machine).
+#             steps max/min, peak allocated / reserved against the plan (7.5 min on a warm H100 on 2026-12-07).
+#             Liger runs last: its kernels' first warm-up took 184 s at 16,384 tokens per step (2026-12-07), and a
+#             budget spent on it had left no time for the pitlab runs.
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -236,7 +238,7 @@ for f in sys.argv[1:]:
               accum=${ACCEPT_ACCUM:-4}; [ "$shape" = qwen3_30b_slice ] && accum=${ACCEPT_SLICE_ACCUM:-1}
               timeout 290 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accept-$shape" --shapes "$shape" \
                 --checks "" --budget-s 265 --profile-steps 0 --accumulation "$accum" \
-                --runs "hf;liger;default;$FSDP2_FUSED" > "$OUT/accept-$shape.log" 2>&1; tail -3 "$OUT/accept-$shape.log"
+                --runs "hf;default;$FSDP2_FUSED;liger" > "$OUT/accept-$shape.log" 2>&1; tail -3 "$OUT/accept-$shape.log"
             done
             python3 -c "
 import json, sys
