@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 FINALIZER = f"{API_GROUP}/finalizer"
 REFUSALS = (400, 422)  # a create refused for good: the manifest itself is invalid
 BLOCKED = {404: "ChildKindMissing", 403: "Forbidden"}  # refused until the cluster changes: retried
+API_RETRY_DELAY_S = 5  # seconds before kopf retries a handler after any other API error (kopf.TemporaryError)
 WHAT_TO_DO = {
     "PyTorchJob": "install the Kubeflow training operator (the kubeflow.org/v1 PyTorchJob CRD)",
     "TrainJob": "install Kubeflow Trainer v2 (the trainer.kubeflow.org/v1alpha1 TrainJob CRD) and the chart's "
@@ -75,9 +76,9 @@ def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
     try:
         plan = reconcile(doc, memo.kube, memo.config)
     except ApiException as err:
-        raise kopf.TemporaryError(f"API error {err}", delay=5) from err
+        raise kopf.TemporaryError(f"API error {err}", delay=API_RETRY_DELAY_S) from err
     except HTTPError as err:
-        raise kopf.TemporaryError(f"API unreachable: {err}", delay=5) from err
+        raise kopf.TemporaryError(f"API unreachable: {err}", delay=API_RETRY_DELAY_S) from err
     except Exception as err:  # noqa: BLE001 - classified by broken_status: a pitlab error's reason, else a bug
         if not isinstance(err, (PitlabError, ValidationError)):  # a bug: ReconcileError, never InvalidSpec
             log.exception("%s %s: reconcile failed", kind, doc["metadata"].get("name"))
@@ -108,9 +109,9 @@ def run_plan(kind: str, body: kopf.Body, memo: Any, patch: kopf.Patch,
             patch.status.update(refused)
             kopf.warn(body, reason="CreateFailed", message=refused["conditions"][-1]["message"])
             return
-        raise kopf.TemporaryError(f"API error {err}", delay=5) from err
+        raise kopf.TemporaryError(f"API error {err}", delay=API_RETRY_DELAY_S) from err
     except HTTPError as err:
-        raise kopf.TemporaryError(f"API unreachable: {err}", delay=5) from err
+        raise kopf.TemporaryError(f"API unreachable: {err}", delay=API_RETRY_DELAY_S) from err
     if plan.status is not None:
         new = plan.status.to_yaml_dict()
         if new != doc["status"]:
@@ -219,7 +220,7 @@ def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch, ver
     previous status write (kopf's body lags the watch) is refused with 409 Conflict instead of writing conditions
     computed from the older status (their ``lastTransitionTime`` moved). That is logged, not
     raised: the next timer tick reconciles afresh (after :data:`STALE_WRITES_BEFORE_ERROR` refusals in a row it
-    is a :class:`kopf.TemporaryError`). Any other API error is a TemporaryError, retried after 5 s."""
+    is a :class:`kopf.TemporaryError`). Any other API error is a TemporaryError, retried after :data:`API_RETRY_DELAY_S`."""
     status = patch.pop("status", None)
     if not status:
         return
@@ -238,9 +239,9 @@ def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch, ver
             memo.stale_status_writes = 0
             raise kopf.TemporaryError(f"status not written ({_api_detail(err)}, {stale} times in a row); "
                                       "retrying", delay=memo.config.reconcile_interval) from err
-        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying", delay=5) from err
+        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying", delay=API_RETRY_DELAY_S) from err
     except HTTPError as err:
-        raise kopf.TemporaryError(f"status not written (API unreachable: {err}); retrying", delay=5) from err
+        raise kopf.TemporaryError(f"status not written (API unreachable: {err}); retrying", delay=API_RETRY_DELAY_S) from err
     memo.stale_status_writes = 0
 
 
