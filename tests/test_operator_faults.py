@@ -194,8 +194,8 @@ async def test_create_conflict_adopts_the_child_that_exists(cluster: Cluster, ba
     uid: list[str] = []
 
     async def between(now: str) -> None:
-        if now == stage:  # shown before an API error's retry could have come: adopted, no error backoff (2.1 s
-            # after the refused create on a loaded 2-core machine, so the bound is the retry delay, not a few reconciles)
+        if now == stage:  # shown before an API error's retry could have come: adopted, no error backoff (it
+            # took 2.1 s on a loaded 2-core machine: the bound is the retry delay, not a few reconciles)
             assert len(fault.hits) == 1 and time.monotonic() - fault.at[0] < API_RETRY_DELAY_S
             uid.append(c.get(resource, child)["metadata"]["uid"])
     await run_to_success(c, backend, between)

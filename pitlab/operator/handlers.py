@@ -220,7 +220,8 @@ def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch, ver
     previous status write (kopf's body lags the watch) is refused with 409 Conflict instead of writing conditions
     computed from the older status (their ``lastTransitionTime`` moved). That is logged, not
     raised: the next timer tick reconciles afresh (after :data:`STALE_WRITES_BEFORE_ERROR` refusals in a row it
-    is a :class:`kopf.TemporaryError`). Any other API error is a TemporaryError, retried after :data:`API_RETRY_DELAY_S`."""
+    is a :class:`kopf.TemporaryError`). Any other API error is a TemporaryError, retried after
+    :data:`API_RETRY_DELAY_S`."""
     status = patch.pop("status", None)
     if not status:
         return
@@ -239,9 +240,11 @@ def write_status(plural: str, body: kopf.Body, memo: Any, patch: kopf.Patch, ver
             memo.stale_status_writes = 0
             raise kopf.TemporaryError(f"status not written ({_api_detail(err)}, {stale} times in a row); "
                                       "retrying", delay=memo.config.reconcile_interval) from err
-        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying", delay=API_RETRY_DELAY_S) from err
+        raise kopf.TemporaryError(f"status not written ({_api_detail(err)}); retrying",
+                                  delay=API_RETRY_DELAY_S) from err
     except HTTPError as err:
-        raise kopf.TemporaryError(f"status not written (API unreachable: {err}); retrying", delay=API_RETRY_DELAY_S) from err
+        raise kopf.TemporaryError(f"status not written (API unreachable: {err}); retrying",
+                                  delay=API_RETRY_DELAY_S) from err
     memo.stale_status_writes = 0
 
 
