@@ -60,10 +60,3 @@ def s3_bucket(moto_server, monkeypatch, tmp_path):
     else:
         moto_server.thaw()
 
-
-def pytest_collection_modifyitems(config, items):
-    """Run the test files that hold a test marked ``slow`` first, each file's tests together and in their order:
-    under pytest-xdist's worksteal the long end-to-end tests then start early and the run ends on short tests,
-    rather than one process finishing a minutes-long test while the other has nothing left to take."""
-    slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)  # a stable sort keeps the order within
