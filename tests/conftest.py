@@ -59,4 +59,3 @@ def s3_bucket(moto_server, monkeypatch, tmp_path):
         moto_server.start()
     else:
         moto_server.thaw()
-
