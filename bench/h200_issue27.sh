@@ -72,8 +72,9 @@
 #             Liger, pitlab's defaults and FSDP2 forced at world size 1 (fused step), no profile, ACCEPT_ACCUM (default
 #             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1) on the slice
 #             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
-#             parameter of float32 sums); then one line per run: tokens/s, MFU, the ratios, timed
-#             steps max/min, peak allocated / reserved against the plan (7.5 min on a warm H100 on 2026-12-07).
+#             parameter of float32 sums); then the bench's own summary of each shape (tokens/s, MFU, the ratios,
+#             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
+#             (7.5 min on a warm H100 on 2026-12-07).
 #             Liger runs last: its kernels' first warm-up took 184 s at 16,384 tokens per step (2026-12-07), and a
 #             budget spent on it had left no time for the pitlab runs.
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
@@ -236,24 +237,13 @@ for f in sys.argv[1:]:
                 "$OUT"/gather-ab-*/throughput.json ;;
     accept) for shape in qwen35_reduced qwen3_30b_slice; do  # one process per shape: see the comment at the top
               accum=${ACCEPT_ACCUM:-4}; [ "$shape" = qwen3_30b_slice ] && accum=${ACCEPT_SLICE_ACCUM:-1}
+              log=$OUT/accept-$shape.log
               timeout 290 python3 bench/throughput.py --work /tmp/tp --out "$OUT/accept-$shape" --shapes "$shape" \
                 --checks "" --budget-s 265 --profile-steps 0 --accumulation "$accum" \
-                --runs "hf;default;$FSDP2_FUSED;liger" > "$OUT/accept-$shape.log" 2>&1; tail -3 "$OUT/accept-$shape.log"
-            done
-            python3 -c "
-import json, sys
-for f in sys.argv[1:]:
-    for shape, e in json.load(open(f))['shapes'].items():
-        print(shape, {k: round(v, 3) for k, v in e.items() if k.startswith(('ratio', 'hf_mfu', 'liger_mfu'))})
-        for k, v in e.items():
-            if isinstance(v, dict) and ('step_s' in v or 'error' in v):
-                if 'error' in v: print(' ', k[:40], 'ERROR', str(v['error'])[:160]); continue
-                gb = lambda x: None if x is None else round(x / 1e9, 2)
-                print(' ', k[:40], round(v['tokens_per_second']), 'mfu', v.get('mfu') and round(100 * v['mfu'], 2),
-                      'steps', round(max(v['step_s']) / min(v['step_s']), 3), 'alloc', gb(v.get('peak_allocated')),
-                      'reserved', gb(v.get('peak_reserved')), 'plan', gb(v.get('planned_peak')),
-                      gb(v.get('planned_allocated')), 'ckpt', v.get('activation_checkpointing'),
-                      'loss0', v.get('loss_first_last', [None])[0])" "$OUT"/accept-*/throughput.json ;;
+                --runs "hf;default;$FSDP2_FUSED;liger" > "$log" 2>&1
+              sed -n '/^shape  /,$p' "$log"  # the bench's own summary: tokens/s, MFU, ratios, spread, memory vs plan
+              grep -E ': skipped|"(skipped|error)": ' "$log" | cut -c1-300  # runs that did not run, and why
+            done ;;
     first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
                     --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
