@@ -338,6 +338,8 @@ CASES = [
          "train_files/stock_prices.csv: row 6 (line 7): column 'AdjustmentFactor': must be > 0: '0'"),
     Case("jpx-close-dash", "le", _csv_edit("jpx/train_files/stock_prices.csv", _cell(10, "Close", "-")),
          "train_files/stock_prices.csv: row 10 (line 11): column 'Close': not a finite number: '-'"),
+    Case("jpx-stock-list-empty-code", "le", _csv_edit("jpx/stock_list.csv", _cell(2, "SecuritiesCode", "")),
+         "jpx/stock_list.csv: row 2 (line 3): column 'SecuritiesCode' is empty (1 such row)"),
     Case("jpx-stock-list-duplicate-code", "le",
          _csv_edit("jpx/stock_list.csv", lambda df: pd.concat([df, df.assign(Name="OTHER").iloc[[2]]])),
          "jpx/stock_list.csv: rows [3, 4] (lines 4, 5): duplicate (SecuritiesCode) = '7203'"),

@@ -1,5 +1,7 @@
 """Market panels: loaders, the JPX target, PIT sampling and prompts."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -484,3 +486,51 @@ def test_each_dropped_row_is_named_with_the_day_that_is_missing(tmp_path):
                     f"delisted or halted), 2 without a target (no close at t+1 or t+2); e.g. BBB {d(28)}: no close "
                     f"on {d(30)} (the target's t+1 or t+2); BBB {d(29)}: no close on {d(30)} (the target's t+1 or "
                     f"t+2); BBB {d(30)}: no close or volume on {d(30)} (+8 more in results.json)")
+
+
+@pytest.mark.parametrize("text, lines, fast", [
+    ("a,b,c\n1,2,3\n\n4,5,6\n", [2, 4], True),  # a blank line is no record
+    ("a,b,c\n1,2,3\n4,5,6", [2, 3], True),  # no newline after the last record
+    ("a,b,c\n1,2,3\n\n\n", [2], True),
+    ("a,b,c\n", [], True),
+    ('a,b,c\n1,"x,y",3\n4,5,6\n', [2, 3], False),  # a quoted comma: the csv module's reading
+    ('a,b,c\n1,"x\ny",3\n4,5,6\n', [2, 4], False),  # a record over two lines
+    ("a,b,c\r\n1,2,3\r\n4,5,6\r\n", [2, 3], False),
+    ("a,b,c\n4,5\n", "row 1 (line 2): 2 fields, the header has 3: '4,5'", False),
+    ("a,b,c\n1,2,3\n4,5,6,7\n", "row 2 (line 3): 4 fields, the header has 3: '4,5,6,7'", False),
+    ("a,b,c\n \n1,2,3\n", "row 1 (line 2): 1 fields, the header has 3: ' '", False),
+])
+def test_record_lines_count_commas_where_the_csv_module_would_read_the_same(tmp_path, text, lines, fast):
+    """The numpy reading of plain files (no quote, CR or NUL) gives the csv module's lines; any other file, or a
+    record with another field count, is left to the csv module, whose error names the row and line."""
+    from pitlab.data.panels import _plain_record_lines, _record_lines
+
+    f = tmp_path / "f.csv"
+    f.write_bytes(text.encode())
+    assert (_plain_record_lines(f, 3) is not None) is fast
+    if isinstance(lines, str):
+        with pytest.raises(PanelError, match=re.escape(lines)):
+            _record_lines(f, 3)
+    else:
+        assert _record_lines(f, 3).tolist() == lines
+
+
+def test_the_sp500_file_reads_the_same_with_the_csv_module(data_root):
+    """sp500_5yr_ohlcv_long.csv.gz (619,040 records, one per line after the header): the numpy reading gives the
+    csv module's line of every record."""
+    import csv
+    import gzip
+
+    from pitlab.data.panels import _record_lines
+
+    path = data_root / "sp500_5yr" / "sp500_5yr_ohlcv_long.csv.gz"
+    with gzip.open(path, "rt", encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        next(reader)
+        expected, start = [], reader.line_num + 1
+        for values in reader:
+            if values:
+                expected.append(start)  # the line on which the record starts
+            start = reader.line_num + 1
+    got = _record_lines(path, 7)
+    assert len(got) == len(expected) == 619_040 and got.tolist() == expected
