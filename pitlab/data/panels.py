@@ -111,14 +111,18 @@ def _record_lines(path: Path, n_fields: int) -> np.ndarray:
     """The line (1-based, of the file as text) on which each data record of a CSV starts, in order, blank lines
     skipped as the reader skips them; int64 [records]. Raises :class:`PanelError` naming the record and its line
     when its field count is not the header's ``n_fields`` (a reader keeping only some columns would otherwise
-    read such a row shifted: a decimal comma in one field moves the next field's value into the Name column)."""
+    read such a row shifted: a decimal comma in one field moves the next field's value into the Name column).
+    Plain files are counted with numpy (:func:`_plain_record_lines`), others read with the csv module."""
+    fast = _plain_record_lines(path, n_fields)
+    return fast if fast is not None else _csv_record_lines(path, n_fields)
+
+
+def _csv_record_lines(path: Path, n_fields: int) -> np.ndarray:
+    """:func:`_record_lines` as Python's csv module reads the file (quoted fields, records over several lines)."""
     import csv
 
     from pandas.io.common import get_handle
 
-    fast = _plain_record_lines(path, n_fields)
-    if fast is not None:
-        return fast
     lines: list[int] = []
     with get_handle(path, "r", encoding=CSV_OPTIONS["encoding"], compression="infer") as h:
         reader = csv.reader(h.handle)
@@ -141,9 +145,10 @@ def _record_lines(path: Path, n_fields: int) -> np.ndarray:
 
 def _plain_record_lines(path: Path, n_fields: int) -> np.ndarray | None:
     """:func:`_record_lines` of a file with no quote, carriage return or NUL byte, where a record is one line and its
-    fields are its commas + 1, counted with numpy over the whole file (0.1 s for the 619,040 rows of
-    sp500_5yr_ohlcv_long.csv.gz, against 1.8 s for the csv module); ``None`` when the file has such a byte or a
-    record whose field count is not ``n_fields`` (the csv module then reads it and names the row)."""
+    fields are its commas + 1, counted with numpy over the whole file (bench/price_load.py times it against
+    :func:`_csv_record_lines`); ``None`` when the file has such a byte or a record whose field count is not
+    ``n_fields`` (the csv module then reads it and names the row). Raises UnicodeDecodeError as a text reader
+    would."""
     from pandas.io.common import get_handle
 
     with get_handle(path, "rb", compression="infer", is_text=False) as h:
