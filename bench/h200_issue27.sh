@@ -75,8 +75,8 @@
 #             parameter of float32 sums); then the bench's own summary of each shape (tokens/s, MFU, the ratios,
 #             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
 #             (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540,
-#             split between the shapes) for one shape per call on a fresh machine, ACCEPT_RUNS for other runs, where compiling and autotuning
-#             take most of the time. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at
+#             split between the shapes) for one shape per call on a fresh machine, where compiling and autotuning
+#             take most of the time; ACCEPT_RUNS (bench/throughput.py --runs) for other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at
 #             16,384 tokens per step (2026-12-07), and a budget spent on it had left no time for the pitlab runs.
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
 #             and call (fla's and Liger's kernels alike; the timed steps run after warm-up either way).
