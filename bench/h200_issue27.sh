@@ -76,8 +76,10 @@
 #             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
 #             (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540,
 #             split between the shapes) for one shape per call on a fresh machine, where compiling and autotuning
-#             take most of the time; ACCEPT_RUNS (bench/throughput.py --runs) for other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at
-#             16,384 tokens per step (2026-12-07), and a budget spent on it had left no time for the pitlab runs.
+#             take most of the time (on a fresh H100 on 2026-12-07 the plain loop's first steps compiled fla for
+#             97 s, pitlab's layers 82 s, FSDP2 after them 27 s); ACCEPT_RUNS (bench/throughput.py --runs) for
+#             other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at 16,384 tokens
+#             per step (2026-12-07), and a budget spent on it had left no time for the pitlab runs.
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
 #             and call (fla's and Liger's kernels alike; the timed steps run after warm-up either way).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
