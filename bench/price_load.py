@@ -2,7 +2,7 @@
 (``pitlab.data.panels._plain_record_lines``) against Python's csv module (``_csv_record_lines``, what every
 file was read with before), then the whole ``load_ohlcv_long`` and ``pitlab validate``'s price checks.
 
-    .venv/bin/python bench/price_load.py [--file ../shared/data/sp500_5yr/sp500_5yr_ohlcv_long.csv.gz]
+    .venv/bin/python bench/price_load.py [--file $PITLAB_DATA_ROOT/sp500_5yr/sp500_5yr_ohlcv_long.csv.gz]
         [--repeat 5] [--against 79fdb31] [--out FILE.json]
 
 Prints the median and range of ``--repeat`` runs of each, in alternating order, and whether the two readings give
@@ -26,7 +26,8 @@ import numpy as np
 
 from pitlab.data.panels import OHLCV_COLUMNS, _csv_record_lines, _plain_record_lines, load_ohlcv_long
 
-DEFAULT_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "sp500_5yr" / "sp500_5yr_ohlcv_long.csv.gz"
+DATA_ROOT = Path(os.environ.get("PITLAB_DATA_ROOT", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DEFAULT_FILE = DATA_ROOT / "sp500_5yr" / "sp500_5yr_ohlcv_long.csv.gz"
 
 
 def _timed(fn) -> tuple[float, object]:
