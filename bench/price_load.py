@@ -1,6 +1,7 @@
 """Reading a price file, side by side in one process: the line of each record counted with numpy
 (``pitlab.data.panels._plain_record_lines``) against Python's csv module (``_csv_record_lines``, what every
-file was read with before), then the whole ``load_ohlcv_long`` and ``pitlab validate``'s price checks.
+file was read with before), then the whole ``load_ohlcv_long`` (which ``pitlab validate`` and every run's
+preflight call).
 
     .venv/bin/python bench/price_load.py [--file $PITLAB_DATA_ROOT/sp500_5yr/sp500_5yr_ohlcv_long.csv.gz]
         [--repeat 5] [--against 79fdb31] [--out FILE.json]
