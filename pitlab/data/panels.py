@@ -257,7 +257,7 @@ def _check_ids(df: pd.DataFrame, col: str, path: Path) -> None:
     if ids.isna().any():
         raise PanelError(f"{path}: {_where(df, _first_bad(ids.isna()))}: column {col!r} is empty "
                          f"({_such_rows(int(ids.isna().sum()))})")
-    codes, distinct = pd.factorize(ids, use_na_sentinel=False)  # each distinct id checked once
+    codes, distinct = pd.factorize(ids)  # each distinct id checked once (an empty one was refused above)
     distinct = pd.Series(distinct)
     padded = pd.Series((distinct.str.strip() != distinct).to_numpy()[codes], index=ids.index)
     if padded.any():
