@@ -136,6 +136,23 @@ def stable(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: v for k, v in x.items() if k != "message"} for x in obj["status"]["conditions"]]
 
 
+async def settled(c: Cluster, refs: list[tuple[str, str]], quiet_s: float = 1.0, timeout: float = 20) -> dict:
+    """``stable`` of each (resource, name) in ``refs`` once none has changed for ``quiet_s`` (ten reconcile
+    intervals of CFG): the status a restart must leave as it is. A phase shows before the same reconcile's later
+    conditions land when a status write is refused as stale (409) and made again on the next tick."""
+    def now() -> dict:
+        return {r: stable(c.get(r, n)) for r, n in refs if c.get(r, n)}
+    deadline = time.monotonic() + timeout
+    last, since = now(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"the statuses did not settle: {last}"
+        await asyncio.sleep(0.05)
+        cur = now()
+        if cur != last:
+            last, since = cur, time.monotonic()
+    return last
+
+
 def operator_creates(c: Cluster) -> list[tuple[str, str]]:
     """(kind, name) of every create request the operator made (events aside), accepted or not."""
     kind_of = {res: kind for kind, res in KINDS.items()}
@@ -228,7 +245,7 @@ async def test_training_restart_adopts_children(cluster: Cluster, restart_in: st
         assert {k: sorted(v) for k, v in got.items()} == expected(stage, t, with_eval), stage
         if stage == restart_in and not unrecorded:
             before = got
-            statuses = {r: stable(c.get(r, n)) for r, n in ((PIT, name), (LE, le_name)) if c.get(r, n)}
+            statuses = await settled(c, [(PIT, name), (LE, le_name)])
             await restart(c, watched)
             assert children(c) == before  # same names, same uids: adopted, not recreated
             for r, n in ((PIT, name), (LE, le_name)):
@@ -294,7 +311,8 @@ async def test_standalone_leakageeval_restart_adopts_children(cluster: Cluster, 
     await c.phase(LE, name, "Embedding")
     assert {k: sorted(v) for k, v in children(c).items()} == expected("Embedding", None, e)
     if restart_in == "Embedding":
-        before, st = children(c), stable(c.get(LE, name))
+        st = (await settled(c, [(LE, name)]))[LE]
+        before = children(c)
         await restart(c, [(JOBS, j) for j in e["embed"]])
         assert children(c) == before and stable(c.get(LE, name)) == st
     for j in e["embed"]:
@@ -302,7 +320,8 @@ async def test_standalone_leakageeval_restart_adopts_children(cluster: Cluster, 
     await c.phase(LE, name, "Analyzing")
     assert {k: sorted(v) for k, v in children(c).items()} == expected("Analyzing", None, e)
     if restart_in == "Analyzing":
-        before, st = children(c), stable(c.get(LE, name))
+        st = (await settled(c, [(LE, name)]))[LE]
+        before = children(c)
         await restart(c, [(JOBS, e["analyze"])])
         assert children(c) == before and stable(c.get(LE, name)) == st
     c.finish_job(e["analyze"], message=RESULTS_MESSAGE)
