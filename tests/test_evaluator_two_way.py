@@ -144,3 +144,23 @@ def test_inner_folds_summed_one_at_a_time_equal_one_product():
     got = _fold_stats(rs, w, masks)
     want = rs.weighted((w[:, None, :] * masks).reshape(-1, len(y)))
     _same(got, want)
+
+
+@pytest.mark.parametrize("d", [1, 2, 7, 64])
+def test_packed_row_terms_are_the_gathered_products_bit_for_bit(d):
+    """The packed per-row table, written in place a triangle row at a time, holds what gathering the columns
+    of ``np.tril_indices`` gives: 1, y, y², x, x·y and x_i·x_j (i >= j), bit for bit; a weighted sum through it
+    equals the loop over rows within float64 rounding."""
+    rng = np.random.default_rng(d)
+    X, y = rng.standard_normal((53, d)), rng.standard_normal(53)
+    rs = RowStats(X, y, np.arange(53), 53, np.arange(53) % 9)
+    lo, hi = np.tril_indices(d)
+    want = np.concatenate([np.stack([np.ones(53), y, y * y], axis=1), X, X * y[:, None], X[:, lo] * X[:, hi]], axis=1)
+    got = rowstats._packed_row_terms(rs)
+    assert got.shape == (53, 3 + 2 * d + d * (d + 1) // 2) and got.dtype == np.float64
+    assert np.array_equal(got, want)
+    W = rng.integers(0, 3, (4, 53)).astype(float)
+    fast = rs.weighted(W)
+    assert np.array_equal(fast.sxx, fast.sxx.swapaxes(1, 2))
+    assert np.allclose(fast.sxx, np.einsum("br,ri,rj->bij", W, X, X), rtol=1e-12, atol=1e-12)
+    assert np.allclose(fast.sxy, W @ (X * y[:, None]), rtol=1e-12, atol=1e-12)

@@ -286,13 +286,20 @@ def _packed_row_terms(rs: "RowStats"):
     q = 3 + 2 * d + d * (d + 1) // 2
     if r * q * 8 > PACKED_ROW_TERMS_BYTES:
         return None
-    m = xp(rs.X)
-    lo, hi = np.tril_indices(d)
-    if m is not np:
-        import torch
-
-        lo, hi = torch.as_tensor(lo, device=rs.X.device), torch.as_tensor(hi, device=rs.X.device)
     X, y = rs.X, rs.y
-    one = m.ones_like(y)
-    return m.concatenate([m.stack([one, y, y * y], axis=1) if m is np else m.stack([one, y, y * y], dim=1),
-                          X, X * y[:, None], X[:, lo] * X[:, hi]], axis=1)
+    if xp(X) is np:  # written in place, one row of the triangle at a time: no gathered copies of X
+        out = np.empty((r, q))
+        out[:, 0], out[:, 1] = 1.0, y
+        np.multiply(y, y, out=out[:, 2])
+        out[:, 3:3 + d] = X
+        np.multiply(X, y[:, None], out=out[:, 3 + d:3 + 2 * d])
+        at = 3 + 2 * d
+        for i in range(d):  # np.tril_indices order: (i, 0), ..., (i, i)
+            np.multiply(X[:, i:i + 1], X[:, :i + 1], out=out[:, at:at + i + 1])
+            at += i + 1
+        return out
+    import torch
+
+    lo, hi = (torch.as_tensor(v, device=X.device) for v in np.tril_indices(d))
+    one = torch.ones_like(y)
+    return torch.concatenate([torch.stack([one, y, y * y], dim=1), X, X * y[:, None], X[:, lo] * X[:, hi]], dim=1)
