@@ -32,6 +32,7 @@ Modules, one job each (imported on demand; ``import pitlab.trainer`` loads nothi
 - ``report``: a run's metrics lines, summary, model card and parameter digests
 - ``step``: one optimizer step launched without a host sync, its read, and the loop that reads each step while the
   next one runs (``run_steps``)
+- ``gcpolicy``: Python's garbage collection in that loop: frozen after setup, collected after each launch
 - ``train``: ``setup_run``, the loop and ``run_rank`` (one torchrun rank: ``pitlab train``)
 - ``command``: the torchrun command of the train stage (one machine, or one PyTorchJob replica; every rank runs
   ``pitlab train``)

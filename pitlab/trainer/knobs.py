@@ -32,9 +32,15 @@ FSDP_GRADS_MODES = ("pitlab", "torch")
 """FSDP2's gradient accumulation and one-rank reduce (``PITLAB_FSDP_GRADS``): ``pitlab`` (the default,
 :mod:`pitlab.trainer.fsdp_grads`) or ``torch`` (FSDP2's own)."""
 
+GC_ENV = "PITLAB_GC"
+GC_MODES = ("pitlab", "python")
+"""Python's garbage collection during the step loop (``PITLAB_GC``): ``pitlab`` (the default,
+:class:`pitlab.trainer.gcpolicy.SteadyGC`: frozen after setup, collected after each step's launch) or ``python``
+(automatic collection, as Python does it)."""
+
 
 _ALLOWED = {COMPILE_MODE_ENV: COMPILE_MODES, SHAPES_ENV: SHAPE_MODES, COPY_IN_ENV: COPY_IN_MODES,
-            FSDP_GRADS_ENV: FSDP_GRADS_MODES}
+            FSDP_GRADS_ENV: FSDP_GRADS_MODES, GC_ENV: GC_MODES}
 
 
 def _refusal(name: str, env) -> str | None:
@@ -73,6 +79,12 @@ def fsdp_grads_mode(env: dict | None = None) -> str:
     """``PITLAB_FSDP_GRADS`` (default ``pitlab``); raises ValueError naming the variable for another value
     (:data:`FSDP_GRADS_MODES`)."""
     return _read(FSDP_GRADS_ENV, "pitlab", env)
+
+
+def gc_mode(env: dict | None = None) -> str:
+    """``PITLAB_GC`` (default ``pitlab``); raises ValueError naming the variable for another value
+    (:data:`GC_MODES`)."""
+    return _read(GC_ENV, "pitlab", env)
 
 
 def check_knobs(env: dict | None = None) -> None:

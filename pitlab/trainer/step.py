@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from pitlab.trainer.gcpolicy import SteadyGC
 from pitlab.trainer.metrics import LossHistory
 
 if TYPE_CHECKING:
@@ -138,24 +139,27 @@ def run_steps(run: TrainRun, steps: range, history: LossHistory,
     after step ``s`` when it handles that step. A step's ``seconds`` run from its launch or from the caller's
     return from the previous step, whichever is later (in a steady loop, the device's time per step; a checkpoint
     save is not counted). Raises ``FloatingPointError`` as :func:`watched_step`, for the
-    first non-finite step (the step after it may have been launched; its result is never yielded)."""
+    first non-finite step (the step after it may have been launched; its result is never yielded). Python's
+    garbage collection runs after each launch, not inside steps (:class:`pitlab.trainer.gcpolicy.SteadyGC`)."""
     since = None  # when the caller last handed control back (a step's time leaves out the caller's own work)
 
     def read(p: PendingStep) -> tuple[int, StepResult]:
         return p.step, _watched(run, history, lambda: finish_step(run, p, since), p.step)
 
     pending: PendingStep | None = None
-    for step in steps:
-        launched = launch_step(run, step)
+    with SteadyGC() as collector:
+        for step in steps:
+            launched = launch_step(run, step)
+            collector.after_launch()  # while the device runs the step just launched
+            if pending is not None:
+                yield read(pending)
+                since = time.perf_counter()
+            pending = launched
+            if read_now(step + 1):
+                yield read(pending)
+                since, pending = time.perf_counter(), None
         if pending is not None:
             yield read(pending)
-            since = time.perf_counter()
-        pending = launched
-        if read_now(step + 1):
-            yield read(pending)
-            since, pending = time.perf_counter(), None
-    if pending is not None:
-        yield read(pending)
 
 
 def nonfinite_gradient_message(run: TrainRun, step: int, loss: float, grad_norm: float) -> str:

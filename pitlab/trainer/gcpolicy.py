@@ -1,0 +1,54 @@
+"""Python's garbage collector during the step loop: collections at a point of the step the caller picks, not
+whenever allocations cross a threshold.
+
+Automatic collection runs wherever an allocation trips it, inside a step's forward or backward, and a collection
+of the oldest generation walks every object torch, transformers and the compiled layers created (tens to hundreds
+of milliseconds; on several ranks one rank's pause holds the others at the next collective). :class:`SteadyGC`
+collects everything once, moves the survivors to the permanent generation (``gc.freeze``) and turns automatic
+collection off; :meth:`SteadyGC.after_launch` then collects the young generations after each step's launch, while
+the device runs that step, and everything else every :data:`FULL_EVERY_STEPS` steps (cheap: the frozen objects are
+not walked). On exit the objects are unfrozen and automatic collection is on again. ``PITLAB_GC=python``
+(:mod:`pitlab.trainer.knobs`) leaves Python's own collection as it is.
+"""
+
+from __future__ import annotations
+
+import gc
+
+from pitlab.trainer.knobs import gc_mode
+
+FULL_EVERY_STEPS = 50
+"""Steps between two collections of every generation (the young ones are collected after every step)."""
+
+
+class SteadyGC:
+    """Context manager of the step loop's collections (module docstring). ``active``: whether it manages them
+    (False under ``PITLAB_GC=python`` in ``env``, default ``os.environ``, or when automatic collection was already
+    off on entry, which it then leaves as it was); ``collections``: how many :meth:`after_launch` made."""
+
+    def __init__(self, env: dict | None = None):
+        self.active = gc_mode(env) == "pitlab"
+        self.collections = 0
+        self._launched = 0
+
+    def __enter__(self) -> SteadyGC:
+        self.active = self.active and gc.isenabled()
+        if self.active:
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+        return self
+
+    def after_launch(self) -> None:
+        """Call once per step, right after launching it: collect the young generations, and every generation
+        every :data:`FULL_EVERY_STEPS` calls."""
+        if not self.active:
+            return
+        self._launched += 1
+        gc.collect(2 if self._launched % FULL_EVERY_STEPS == 0 else 1)
+        self.collections += 1
+
+    def __exit__(self, *exc) -> None:
+        if self.active:
+            gc.unfreeze()
+            gc.enable()
