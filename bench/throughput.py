@@ -326,6 +326,17 @@ the Qwen3-30B slice, predicted at 80.01 GiB on a 79.18 GiB H100, reserved 77.7 G
 reserved peaks were 2.5 % above the prediction on the reduced shape."""
 
 
+def unique_labels(labels: list[str]) -> list[str]:
+    """``labels`` with the second, third, ... occurrence of one suffixed `` #2``, `` #3`` (a run given twice in
+    ``--runs`` keeps both results)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} #{seen[label]}")
+    return out
+
+
 def plan_exceeds_gpu(spec_path: Path, capacity_bytes: int) -> str | None:
     """Why the pitlab run of ``spec_path`` (``pitlab_spec``'s) cannot fit ``capacity_bytes`` of GPU memory: its
     predicted peak (the memory it would reserve: under FSDP2 the reduce-scatter stream's pool of float32
@@ -724,7 +735,7 @@ def main() -> int:
                 label = "pitlab " + ",".join([f"{k}={v[k]}" for k in sorted(v)] + [f"{k}={env[k]}" for k in sorted(env)])
                 out.append((label, lambda v=v, env=env: with_env(env, lambda: pitlab_run(
                     shape, args.work, args.steps, args.warmup, dict(accum_overrides, **v), args.lr, args.profile_steps))))
-        return out
+        return list(zip(unique_labels([label for label, _ in out]), [fn for _, fn in out]))
 
     for name in args.shapes.split(","):
         shape = SHAPES[name]

@@ -142,3 +142,9 @@ def test_the_plain_loop_clips_the_gradients_of_both_microbatches(monkeypatch):
     assert len(seen[0]) == len(both) and all(g is not None for g in seen[0])
     assert all(torch.equal(a, b) for a, b in zip(seen[0], both))
     assert not all(torch.equal(a, b) for a, b in zip(seen[0], first_only))
+
+
+def test_a_run_given_twice_keeps_both_results_under_numbered_labels():
+    labels = ["hf", "pitlab PITLAB_GC=python", "pitlab", "pitlab PITLAB_GC=python", "pitlab", "pitlab"]
+    assert throughput.unique_labels(labels) == ["hf", "pitlab PITLAB_GC=python", "pitlab",
+                                                "pitlab PITLAB_GC=python #2", "pitlab #2", "pitlab #3"]
