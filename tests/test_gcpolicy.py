@@ -64,3 +64,22 @@ def test_an_unknown_mode_is_refused_naming_the_variable():
         gcpolicy.SteadyGC(env={"PITLAB_GC": "auto"})
     with pytest.raises(SpecError, match="PITLAB_GC"):
         check_knobs({"PITLAB_GC": "auto"})
+
+
+def test_a_loop_left_by_an_error_gives_the_collector_back_when_closed():
+    """As train.py walks run_steps: a generator inside SteadyGC, left by the caller's error, then closed."""
+    from contextlib import closing
+
+    def steps():
+        with gcpolicy.SteadyGC(env={}) as c:
+            for i in range(10):
+                c.after_launch()
+                yield i
+
+    with pytest.raises(RuntimeError, match="a save failed"):
+        with closing(steps()) as it:
+            for i in it:
+                assert not gc.isenabled()
+                if i == 3:
+                    raise RuntimeError("a save failed")
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -45,6 +45,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,14 +331,16 @@ def train(spec_path: Path, paths: RunPaths) -> dict | None:
     t_loop = time.perf_counter()
     history = LossHistory()
     try:
-        for step, result in run_steps(run, range(start_step, run.total_steps), history, checkpointer.saves_at):
-            first_loss = result.loss if first_loss is None else first_loss
-            final_loss = result.loss
-            elapsed = time.perf_counter() - t_loop
-            mean_tps = (step + 1 - start_step) * run.data.tokens_per_step / max(elapsed, 1e-9)
-            if metrics is not None:
-                metrics.write(metrics_record(run, step + 1, result, elapsed, mean_tps, start_step))
-            checkpointer.after_step(step + 1, run.model, run.optimizer, run.scheduler, run.train_state(step + 1))
+        # closed on any exit: the loop gives Python's garbage collection back (pitlab.trainer.gcpolicy)
+        with closing(run_steps(run, range(start_step, run.total_steps), history, checkpointer.saves_at)) as steps:
+            for step, result in steps:
+                first_loss = result.loss if first_loss is None else first_loss
+                final_loss = result.loss
+                elapsed = time.perf_counter() - t_loop
+                mean_tps = (step + 1 - start_step) * run.data.tokens_per_step / max(elapsed, 1e-9)
+                if metrics is not None:
+                    metrics.write(metrics_record(run, step + 1, result, elapsed, mean_tps, start_step))
+                checkpointer.after_step(step + 1, run.model, run.optimizer, run.scheduler, run.train_state(step + 1))
         loop_seconds = time.perf_counter() - t_loop
         last_ckpt = checkpointer.final(run.total_steps, run.model, run.optimizer, run.scheduler,
                                        run.train_state(run.total_steps), ran_steps=start_step < run.total_steps)
