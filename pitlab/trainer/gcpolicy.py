@@ -1,14 +1,9 @@
-"""Python's garbage collector during the step loop: collections at a point of the step the caller picks, not
-whenever allocations cross a threshold.
-
-Automatic collection runs wherever an allocation trips it, inside a step's forward or backward, and a collection
-of the oldest generation walks every object torch, transformers and the compiled layers created (tens to hundreds
-of milliseconds; on several ranks one rank's pause holds the others at the next collective). :class:`SteadyGC`
-collects everything once, moves the survivors to the permanent generation (``gc.freeze``) and turns automatic
-collection off; :meth:`SteadyGC.after_launch` then collects the young generations after each step's launch, while
-the device runs that step, and everything else every :data:`FULL_EVERY_STEPS` steps (cheap: the frozen objects are
-not walked). On exit the objects are unfrozen and automatic collection is on again. ``PITLAB_GC=python``
-(:mod:`pitlab.trainer.knobs`) leaves Python's own collection as it is.
+"""Python's garbage collection during the step loop (docs/training.md, "Garbage collection"): :class:`SteadyGC`
+collects everything once, freezes the survivors (``gc.freeze``) and turns automatic collection off;
+:meth:`SteadyGC.after_launch` collects the young generations after each step's launch, while the device runs that
+step, and every generation every :data:`FULL_EVERY_STEPS` steps (the frozen objects are not walked). On exit the
+objects are unfrozen and automatic collection is on again. ``PITLAB_GC=python`` (:mod:`pitlab.trainer.knobs`)
+leaves Python's own collection as it is.
 """
 
 from __future__ import annotations
