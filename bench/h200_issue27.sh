@@ -80,7 +80,7 @@
 #             97 s, pitlab's layers 82 s, FSDP2 after them 27 s); ACCEPT_RUNS (bench/throughput.py --runs) for
 #             other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at 16,384 tokens
 #             per step (2026-12-07), and a budget spent on it had left no time for the pitlab runs. On a fresh
-#             H100 at 07:10 that day the warm-ups took 166 s (plain loop), 113 s (pitlab) and 37 s (FSDP2), and
+#             H100 at 07:05 that day the warm-ups took 166 s (plain loop), 113 s (pitlab) and 37 s (FSDP2), and
 #             Liger's did not finish in 230 s in two calls: give Liger a call of its own (ACCEPT_RUNS=liger,
 #             ACCEPT_BUDGET_S=400 or more).
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
