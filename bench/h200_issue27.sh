@@ -81,8 +81,8 @@
 #             other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at 16,384 tokens
 #             per step (2026-12-07), and a budget spent on it had left no time for the pitlab runs. On a fresh
 #             H100 at 07:05 that day the warm-ups took 166 s (plain loop), 113 s (pitlab) and 37 s (FSDP2), and
-#             Liger's did not finish with about 185 s and 240 s left in two calls: give Liger a call of its own (ACCEPT_RUNS=liger,
-#             ACCEPT_BUDGET_S=400 or more).
+#             Liger's did not finish with about 185 s and 240 s left in two calls: give Liger a call of its own
+#             (ACCEPT_RUNS=liger, ACCEPT_BUDGET_S=400 or more).
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
 #             and call (fla's and Liger's kernels alike; the timed steps run after warm-up either way).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):

@@ -24,7 +24,6 @@ class SteadyGC:
     def __init__(self, env: dict | None = None):
         self.active = gc_mode(env) == "pitlab"
         self.collections = 0
-        self._launched = 0
 
     def __enter__(self) -> SteadyGC:
         self.active = self.active and gc.isenabled()
@@ -39,9 +38,8 @@ class SteadyGC:
         every :data:`FULL_EVERY_STEPS` calls."""
         if not self.active:
             return
-        self._launched += 1
-        gc.collect(2 if self._launched % FULL_EVERY_STEPS == 0 else 1)
         self.collections += 1
+        gc.collect(2 if self.collections % FULL_EVERY_STEPS == 0 else 1)
 
     def __exit__(self, *exc) -> None:
         if self.active:
