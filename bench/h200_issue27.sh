@@ -85,6 +85,11 @@
 #             (ACCEPT_RUNS=liger, ACCEPT_BUDGET_S=400 or more).
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
 #             and call (fla's and Liger's kernels alike; the timed steps run after warm-up either way).
+# cache-out:  Triton's autotuning results and inductor's cache as $OUT/triton-autotune.tgz and $OUT/inductor.tgz
+#             (the latter only under 16 MB), to be carried into a later call as build/tune-cache/ (see TUNE_CACHE
+#             below): on a fresh machine the warm-ups of one reduced-shape call took 166 + 113 + 37 s and Liger's
+#             did not finish in 240 s (2026-12-07); Liger's fused MoE kernels autotune 16 candidates each, keyed
+#             on the hidden and expert sizes only.
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -99,6 +104,18 @@ cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
 source build/gpu-kit/device-env.sh build/gpu-kit || exit 1
 export PYTHONPATH=$PYTHONPATH:$PWD
 t0=$(date +%s)
+# Compile caches carried from an earlier call (TUNE_CACHE, default build/tune-cache, written by `cache-out`):
+# Triton's autotuning results (fla's and Liger's kernels: the candidates are not timed again) and inductor's cache
+# (the compiled layers). They shorten the warm-ups only; the timed steps run after the warm-up either way.
+TRITON_CACHE=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
+INDUCTOR_CACHE=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
+TUNE_CACHE=${TUNE_CACHE:-build/tune-cache}
+for f in triton-autotune:$TRITON_CACHE inductor:$INDUCTOR_CACHE; do
+  if [ -f "$TUNE_CACHE/${f%%:*}.tgz" ]; then
+    mkdir -p "${f#*:}" && tar -xzf "$TUNE_CACHE/${f%%:*}.tgz" -C "${f#*:}" --skip-old-files \
+      && echo "caches: $TUNE_CACHE/${f%%:*}.tgz into ${f#*:} ($(find "${f#*:}" -type f | wc -l) files)"
+  fi
+done
 FSDP2_FUSED='{"fusedOptimizer": true, "env": {"PITLAB_FORCE_FSDP2": "1"}}'
 for stage in "$@"; do
   echo "== $stage at $(( $(date +%s) - t0 )) s"
@@ -273,6 +290,12 @@ for name, st in d['stages'].items():
               'of', st['params_total'], 'first step differing', st['against_base']['first_step_differing'],
               'compared', st['against_base']['steps_compared'])
 print('skipped', d['skipped'])" "$OUT/resume-det/multigpu.json" || tail -30 "$OUT/resume-det.log" ;;
+    cache-out) (cd "$TRITON_CACHE" 2>/dev/null && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tgz" -T -)
+               (cd "$INDUCTOR_CACHE" 2>/dev/null && tar -czf "$OUT/inductor.tgz" .)
+               echo "caches: Triton $(du -sh "$TRITON_CACHE" | cut -f1), inductor $(du -sh "$INDUCTOR_CACHE" | cut -f1);" \
+                    "out: $(ls -l "$OUT"/*.tgz | awk '{printf "%s %d B; ", $NF, $5}')"
+               [ "$(stat -c %s "$OUT/inductor.tgz")" -gt 16000000 ] && rm -f "$OUT/inductor.tgz" \
+                 && echo "caches: inductor.tgz over 16 MB, not returned" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
