@@ -90,6 +90,13 @@
 #             below): on a fresh machine the warm-ups of one reduced-shape call took 166 + 113 + 37 s and Liger's
 #             did not finish in 240 s (2026-12-07); Liger's fused MoE kernels autotune 16 candidates each, keyed
 #             on the hidden and expert sizes only.
+# seeds-ab:   pitlab's default run of the reduced shape (one microbatch of 4,096 tokens, 2 warm-up and 4
+#             timed steps) in two processes, each with empty Triton and inductor caches and
+#             TRITON_CACHE_DIR unset, seeded from $TUNE_CACHE/seeds (a machine's own *.autotune.json files): first
+#             from OLD_TREE (default build/wt-c6c20f9: `git archive c6c20f9 pitlab bench/throughput.py
+#             bench/gpu_checks.py | tar -x -C build/wt-c6c20f9`), then from this tree, which pins TRITON_CACHE_DIR
+#             before seeding (inductor moves every Triton kernel's cache to its own folder otherwise): the warm-up
+#             of each and where the autotuning results were written (about 4 min on a fresh machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -296,6 +303,20 @@ print('skipped', d['skipped'])" "$OUT/resume-det/multigpu.json" || tail -30 "$OU
                     "out: $(ls -l "$OUT"/*.tgz | awk '{printf "%s %d B; ", $NF, $5}')"
                [ "$(stat -c %s "$OUT/inductor.tgz")" -gt 16000000 ] && rm -f "$OUT/inductor.tgz" \
                  && echo "caches: inductor.tgz over 16 MB, not returned" ;;
+    seeds-ab) for tree in "${OLD_TREE:-build/wt-c6c20f9}" .; do  # one process each, its own empty caches
+                tag=$(basename "$(cd "$tree" && pwd)"); rm -rf "/tmp/sa-$tag"
+                (cd "$tree" && unset TRITON_CACHE_DIR TRITON_CACHE_AUTOTUNING && TRITON_HOME=/tmp/sa-$tag \
+                   TORCHINDUCTOR_CACHE_DIR=/tmp/sa-$tag/inductor PITLAB_AUTOTUNE_SEEDS=$OLDPWD/$TUNE_CACHE/seeds \
+                   timeout "${SEEDS_LIMIT_S:-200}" python3 bench/throughput.py --work /tmp/tp --out "$OUT/seeds-ab-$tag" \
+                   --shapes qwen35_reduced --checks "" --budget-s $(( ${SEEDS_LIMIT_S:-200} - 10 )) --steps 4 --warmup 2 \
+                   --runs default > "$OUT/seeds-ab-$tag.log" 2>&1)
+                python3 -c "
+import json, sys
+r = json.load(open(sys.argv[1]))['shapes']['qwen35_reduced']['pitlab']
+print(sys.argv[2], 'warm-up s', round(r['warmup_s'], 1), 'tokens/s', round(r['tokens_per_second']), 'loss', r['loss_first_last'])" \
+                  "$OUT/seeds-ab-$tag/throughput.json" "$tag" || tail -5 "$OUT/seeds-ab-$tag.log"
+                echo "  autotuning results: $(find /tmp/sa-$tag -name '*.autotune.json' | sed 's|/[^/]*/[^/]*$||' | sort | uniq -c | tr '\n' ' ')"
+              done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from pitlab.trainer import autotune
 from pitlab.trainer.autotune import export_autotune_results, seed_autotune_cache, seed_source, triton_cache_dir
@@ -57,3 +58,29 @@ def test_seeding_is_turned_off_or_redirected_by_the_environment(tmp_path, monkey
     monkeypatch.delenv("TRITON_CACHE_DIR")
     monkeypatch.setenv("TRITON_HOME", str(tmp_path))
     assert triton_cache_dir() == tmp_path / ".triton" / "cache"
+
+
+def test_seeding_pins_the_folder_inductor_would_otherwise_move_every_kernel_to(tmp_path, monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import triton_cache_dir as inductor_triton_dir
+
+    seeds = tmp_path / "seeds"
+    _result(seeds, "AAAA", "chunk_fwd_kernel_o", [[{"num_warps": 4}, [0.5]]])
+    monkeypatch.setenv("TRITON_CACHE_DIR", "set, so that the teardown removes what seeding sets")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # unpinned, inductor's first kernel would set TRITON_CACHE_DIR to its own folder, where the seeds are not
+    assert inductor_triton_dir(0) == str(tmp_path / "inductor" / "triton" / "0")
+
+    assert seed_autotune_cache(seeds) == 1
+    folder = tmp_path / "home" / ".triton" / "cache"
+    assert (folder / "AAAA" / "chunk_fwd_kernel_o.autotune.json").is_file()
+    assert inductor_triton_dir(0) == str(folder)  # inductor now keeps the folder the seeds are in
+
+
+def test_a_cache_folder_the_user_set_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("PITLAB_AUTOTUNE_SEEDS", "off")
+    assert seed_autotune_cache() == 0
+    assert autotune.pin_triton_cache_dir() == tmp_path / "mine"
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")

@@ -29,6 +29,16 @@ def triton_cache_dir() -> Path:
     return Path(os.environ.get("TRITON_HOME") or os.path.expanduser("~")) / ".triton" / "cache"
 
 
+def pin_triton_cache_dir() -> Path:
+    """Set ``TRITON_CACHE_DIR`` to :func:`triton_cache_dir` where it is unset; returns the folder. Without it,
+    torch's inductor sets the variable to its own ``<inductor cache>/triton/<device>`` when it builds its first
+    kernel, and from then on every Triton kernel of the process (fla's, Liger's) reads and writes its autotuning
+    results there: results seeded into, or tuned before that in, Triton's default folder are not read again."""
+    folder = triton_cache_dir()
+    os.environ.setdefault("TRITON_CACHE_DIR", str(folder))
+    return folder
+
+
 def seed_source() -> Path | None:
     """The folder :func:`seed_autotune_cache` copies from by default (:data:`ENV`, else :data:`SEEDS`); None when
     seeding is turned off."""
@@ -40,14 +50,14 @@ def seed_source() -> Path | None:
 
 def seed_autotune_cache(seeds: Path | None = None, cache_dir: Path | None = None) -> int:
     """Copy every ``<key dir>/<kernel>.autotune.json`` of ``seeds`` (default :func:`seed_source`) into
-    ``cache_dir`` (default :func:`triton_cache_dir`) where the cache lacks it; files the cache has are left as
-    they are. Each file is written under a temporary name and renamed, so a concurrent reader never sees half of
+    ``cache_dir`` (default: Triton's folder, pinned for the process by :func:`pin_triton_cache_dir`) where the
+    cache lacks it; files the cache has are left as they are. Each file is written under a temporary name and renamed, so a concurrent reader never sees half of
     one. Returns the number of files copied (0 when seeding is off or ``seeds`` does not exist). An unwritable
     cache folder is logged and skipped: Triton then tunes as it would without seeds."""
+    cache_dir = pin_triton_cache_dir() if cache_dir is None else cache_dir
     seeds = seed_source() if seeds is None else seeds
     if seeds is None or not seeds.is_dir():
         return 0
-    cache_dir = triton_cache_dir() if cache_dir is None else cache_dir
     copied = 0
     for src in sorted(seeds.glob(f"*/*{SUFFIX}")):
         dst = cache_dir / src.parent.name / src.name
