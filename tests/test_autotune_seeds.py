@@ -84,3 +84,17 @@ def test_a_cache_folder_the_user_set_is_kept(tmp_path, monkeypatch):
     assert seed_autotune_cache() == 0
     assert autotune.pin_triton_cache_dir() == tmp_path / "mine"
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
+
+
+def test_the_shipped_seeds_cover_the_trainers_backward_kernels_and_each_holds_timed_candidates():
+    files = sorted(autotune.SEEDS.glob(f"*/*{autotune.SUFFIX}"))
+    kernels = {p.name.removesuffix(autotune.SUFFIX) for p in files}
+    assert len(files) == 20
+    assert {"chunk_bwd_kernel_dqkwg", "chunk_bwd_kernel_dv_local", "chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64",
+            "prepare_wy_repr_bwd_kernel", "l2norm_bwd_kernel", "causal_conv1d_bwd_kernel"} <= kernels
+    for p in files:
+        d = json.loads(p.read_text())
+        timings = d["configs_timings"]
+        assert len(timings) >= 1 and all(len(t) == 2 for t in timings), p
+        assert all(ms > 0 for _, measured in timings for ms in measured), p  # milliseconds Triton measured
+        assert len(p.parent.name) == 52, p  # Triton's base32 key folder
