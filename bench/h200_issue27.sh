@@ -81,8 +81,11 @@
 #             other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at 16,384 tokens
 #             per step (2026-12-07), and a budget spent on it had left no time for the pitlab runs. On a fresh
 #             H100 at 07:05 that day the warm-ups took 166 s (plain loop), 113 s (pitlab) and 37 s (FSDP2), and
-#             Liger's did not finish with about 185 s and 240 s left in two calls: give Liger a call of its own
-#             (ACCEPT_RUNS=liger, ACCEPT_BUDGET_S=400 or more).
+#             Liger's did not finish with about 185 s and 240 s left in two calls. Those Liger runs came after
+#             pitlab's compiled runs, which (before 5ba39d0) left the process's Triton cache in inductor's folder,
+#             so Liger tuned again there whatever an earlier process had tuned. On a fresh H100 at 08:31 the
+#             reduced shape's four runs took 420 s in the order hf;liger;default;FSDP2 (warm-ups 86, 158, 83, 25 s),
+#             and once the machine was warm a call of both shapes took 128-134 s.
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
 #             and call (fla's and Liger's kernels alike; the timed steps run after warm-up either way).
 # cache-out:  Triton's autotuning results and inductor's cache as $OUT/triton-autotune.tgz and $OUT/inductor.tgz
