@@ -120,6 +120,13 @@ t0=$(date +%s)
 TRITON_CACHE=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
 INDUCTOR_CACHE=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
 TUNE_CACHE=${TUNE_CACHE:-build/tune-cache}
+# Without a carried cache, Liger's autotuning results for this card where bench/tune-cache has them (the baseline's
+# kernels then run the configurations that card's own tuning chose; 158 s of its first warm-up on a fresh H100).
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
+if [ ! -f "$TUNE_CACHE/triton-autotune.tgz" ] && [ -f "bench/tune-cache/liger-$card.tgz" ]; then
+  mkdir -p "$TRITON_CACHE" && tar -xzf "bench/tune-cache/liger-$card.tgz" -C "$TRITON_CACHE" --skip-old-files \
+    && echo "caches: Liger's autotuning results for $card from bench/tune-cache"
+fi
 for f in triton-autotune:$TRITON_CACHE inductor:$INDUCTOR_CACHE; do
   if [ -f "$TUNE_CACHE/${f%%:*}.tgz" ]; then
     mkdir -p "${f#*:}" && tar -xzf "$TUNE_CACHE/${f%%:*}.tgz" -C "${f#*:}" --skip-old-files \
