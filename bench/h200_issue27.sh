@@ -96,8 +96,9 @@
 # seeds-ab:   pitlab's default run of the reduced shape (one microbatch of 4,096 tokens, 2 warm-up and 4
 #             timed steps) in two processes, each with empty Triton and inductor caches and
 #             TRITON_CACHE_DIR unset, seeded from $TUNE_CACHE/seeds (a machine's own *.autotune.json files): first
-#             from OLD_TREE (default build/wt-c6c20f9: `git archive c6c20f9 pitlab bench/throughput.py
-#             bench/gpu_checks.py | tar -x -C build/wt-c6c20f9`), then from this tree, which pins TRITON_CACHE_DIR
+#             from OLD_TREE (default build/wt-c6c20f9: `git archive c6c20f9 pitlab bench | tar -x -C
+#             build/wt-c6c20f9 && rm -r build/wt-c6c20f9/bench/results`: the bench imports its sibling modules, and
+#             the records would take the carried tree over 64 MiB), then from this tree, which pins TRITON_CACHE_DIR
 #             before seeding (inductor moves every Triton kernel's cache to its own folder otherwise): the warm-up
 #             of each and where the autotuning results were written (about 4 min on a fresh machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
