@@ -88,11 +88,12 @@
 #             and once the machine was warm a call of both shapes took 128-134 s.
 #             TRITON_CACHE_AUTOTUNING=1 keeps each kernel's autotuning result on the machine for the next process
 #             and call (fla's and Liger's kernels alike; the timed steps run after warm-up either way).
-# cache-out:  Triton's autotuning results and inductor's cache as $OUT/triton-autotune.tgz and $OUT/inductor.tgz
-#             (the latter only under 16 MB), to be carried into a later call as build/tune-cache/ (see TUNE_CACHE
-#             below): on a fresh machine the warm-ups of one reduced-shape call took 166 + 113 + 37 s and Liger's
-#             did not finish in 240 s (2026-12-07); Liger's fused MoE kernels autotune 16 candidates each, keyed
-#             on the hidden and expert sizes only.
+# cache-out:  Triton's autotuning results as $OUT/triton-autotune.tgz, to be carried into a later call as
+#             build/tune-cache/ (see TUNE_CACHE below; inductor's cache, 17 MB and 43 MB compressed on 2026-12-07,
+#             is over the 16 MB a returned file may have and would take the carried tree over 64 MiB): on a fresh
+#             machine the warm-ups of one reduced-shape call took 166 + 113 + 37 s and Liger's did not finish in
+#             240 s (2026-12-07); Liger's fused MoE kernels autotune 16 candidates each, keyed on the hidden and
+#             expert sizes only.
 # seeds-ab:   pitlab's default run of the reduced shape (one microbatch of 4,096 tokens, 2 warm-up and 4
 #             timed steps) in two processes, each with empty Triton and inductor caches and
 #             TRITON_CACHE_DIR unset, seeded from $TUNE_CACHE/seeds (a machine's own *.autotune.json files): first
@@ -115,25 +116,15 @@ cp build/whl-stats/*.whl build/gpu-kit/whl/ 2>/dev/null
 source build/gpu-kit/device-env.sh build/gpu-kit || exit 1
 export PYTHONPATH=$PYTHONPATH:$PWD
 t0=$(date +%s)
-# Compile caches carried from an earlier call (TUNE_CACHE, default build/tune-cache, written by `cache-out`):
-# Triton's autotuning results (fla's and Liger's kernels: the candidates are not timed again) and inductor's cache
-# (the compiled layers). They shorten the warm-ups only; the timed steps run after the warm-up either way.
+# Triton's autotuning results carried from an earlier call (TUNE_CACHE, default build/tune-cache, written by
+# `cache-out`; fla's and Liger's kernels then do not time their candidates again). They shorten the warm-ups only;
+# the timed steps run after the warm-up either way.
 TRITON_CACHE=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
-INDUCTOR_CACHE=${TORCHINDUCTOR_CACHE_DIR:-/tmp/torchinductor_$(id -un)}
 TUNE_CACHE=${TUNE_CACHE:-build/tune-cache}
-# Without a carried cache, Liger's autotuning results for this card where bench/tune-cache has them (the baseline's
-# kernels then run the configurations that card's own tuning chose; 158 s of its first warm-up on a fresh H100).
-card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '-')
-if [ ! -f "$TUNE_CACHE/triton-autotune.tgz" ] && [ -f "bench/tune-cache/liger-$card.tgz" ]; then
-  mkdir -p "$TRITON_CACHE" && tar -xzf "bench/tune-cache/liger-$card.tgz" -C "$TRITON_CACHE" --skip-old-files \
-    && echo "caches: Liger's autotuning results for $card from bench/tune-cache"
+if [ -f "$TUNE_CACHE/triton-autotune.tgz" ]; then
+  mkdir -p "$TRITON_CACHE" && tar -xzf "$TUNE_CACHE/triton-autotune.tgz" -C "$TRITON_CACHE" --skip-old-files \
+    && echo "caches: $TUNE_CACHE/triton-autotune.tgz into $TRITON_CACHE"
 fi
-for f in triton-autotune:$TRITON_CACHE inductor:$INDUCTOR_CACHE; do
-  if [ -f "$TUNE_CACHE/${f%%:*}.tgz" ]; then
-    mkdir -p "${f#*:}" && tar -xzf "$TUNE_CACHE/${f%%:*}.tgz" -C "${f#*:}" --skip-old-files \
-      && echo "caches: $TUNE_CACHE/${f%%:*}.tgz into ${f#*:} ($(find "${f#*:}" -type f | wc -l) files)"
-  fi
-done
 FSDP2_FUSED='{"fusedOptimizer": true, "env": {"PITLAB_FORCE_FSDP2": "1"}}'
 for stage in "$@"; do
   echo "== $stage at $(( $(date +%s) - t0 )) s"
@@ -309,11 +300,7 @@ for name, st in d['stages'].items():
               'compared', st['against_base']['steps_compared'])
 print('skipped', d['skipped'])" "$OUT/resume-det/multigpu.json" || tail -30 "$OUT/resume-det.log" ;;
     cache-out) (cd "$TRITON_CACHE" 2>/dev/null && find . -name '*.autotune.json' | tar -czf "$OUT/triton-autotune.tgz" -T -)
-               (cd "$INDUCTOR_CACHE" 2>/dev/null && tar -czf "$OUT/inductor.tgz" .)
-               echo "caches: Triton $(du -sh "$TRITON_CACHE" | cut -f1), inductor $(du -sh "$INDUCTOR_CACHE" | cut -f1);" \
-                    "out: $(ls -l "$OUT"/*.tgz | awk '{printf "%s %d B; ", $NF, $5}')"
-               [ "$(stat -c %s "$OUT/inductor.tgz")" -gt 16000000 ] && rm -f "$OUT/inductor.tgz" \
-                 && echo "caches: inductor.tgz over 16 MB, not returned" ;;
+               echo "caches: $(stat -c %s "$OUT/triton-autotune.tgz") B of autotuning results out" ;;
     seeds-ab) for tree in "${OLD_TREE:-build/wt-c6c20f9}" .; do  # one process each, its own empty caches
                 tag=$(basename "$(cd "$tree" && pwd)"); rm -rf "/tmp/sa-$tag"
                 (cd "$tree" && unset TRITON_CACHE_DIR TRITON_CACHE_AUTOTUNING && TRITON_HOME=/tmp/sa-$tag \

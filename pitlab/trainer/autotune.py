@@ -52,8 +52,9 @@ def seed_autotune_cache(seeds: Path | None = None, cache_dir: Path | None = None
     """Copy every ``<key dir>/<kernel>.autotune.json`` of ``seeds`` (default :func:`seed_source`) into
     ``cache_dir`` (default: Triton's folder, pinned for the process by :func:`pin_triton_cache_dir`) where the
     cache lacks it; files the cache has are left as they are. Each file is written under a temporary name and
-    renamed, so a concurrent reader never sees half of one. Returns the number of files copied (0 when seeding is off or ``seeds`` does not exist). An unwritable
-    cache folder is logged and skipped: Triton then tunes as it would without seeds."""
+    renamed, so a concurrent reader never sees half of one. Returns the number of files copied (0 when seeding is
+    off or ``seeds`` does not exist). An unwritable cache folder is logged and skipped: Triton then tunes as it
+    would without seeds."""
     cache_dir = pin_triton_cache_dir() if cache_dir is None else cache_dir
     seeds = seed_source() if seeds is None else seeds
     if seeds is None or not seeds.is_dir():
