@@ -70,12 +70,14 @@
 #             steps (about 7 min on a fresh machine).
 # accept:     the acceptance call of issue 27: bench/throughput.py on both shapes (one process each), the plain loop,
 #             Liger, pitlab's defaults and FSDP2 forced at world size 1 (fused step), no profile, ACCEPT_ACCUM (default
-#             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1) on the slice
+#             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1; "1 4" runs
+#             the slice twice, each in its own process, into accept-qwen3_30b_slice-a1 and -a4) on the slice
 #             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
-#             parameter of float32 sums); then the bench's own summary of each shape (tokens/s, MFU, the ratios,
+#             parameter of float32 sums); then the bench's own summary of each process (tokens/s, MFU, the ratios,
 #             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
-#             (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540,
-#             split between the shapes) for one shape per call on a fresh machine, where compiling and autotuning
+#             (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540:
+#             each process may spend what is left of it less ACCEPT_RESERVE_S, default 150, for each process after
+#             it) for one shape per call on a fresh machine, where compiling and autotuning
 #             take most of the time (on a fresh H100 on 2026-12-07 the plain loop's first steps compiled fla for
 #             97 s, pitlab's layers 82 s, FSDP2 after them 27 s); ACCEPT_RUNS (bench/throughput.py --runs) for
 #             other runs. Liger runs last: its fused MoE kernel's first warm-up autotuned for 184 s at 16,384 tokens
@@ -269,15 +271,26 @@ for f in sys.argv[1:]:
                       v.get('peak_reserved'), 'plan', v.get('planned_peak'), 'loss', v.get('loss_first_last'))
                 if p: print('  top:', [(n[:60], t, c) for n, t, c in p.get('top_device_time', [])[:14]])" \
                 "$OUT"/gather-ab-*/throughput.json ;;
-    accept) shapes=${ACCEPT_SHAPES:-qwen35_reduced,qwen3_30b_slice}; n=$(echo "$shapes" | tr ',' '\n' | wc -l)
-            budget=$(( ${ACCEPT_BUDGET_S:-540} / n ))
+    accept) shapes=${ACCEPT_SHAPES:-qwen35_reduced,qwen3_30b_slice}
+            procs=()  # one process per (shape, microbatches per step): see the comment at the top
+            for shape in ${shapes//,/ }; do
+              if [ "$shape" = qwen3_30b_slice ]; then accums=${ACCEPT_SLICE_ACCUM:-1}; else accums=${ACCEPT_ACCUM:-4}; fi
+              for accum in $accums; do procs+=("$shape:$accum"); done
+            done
             export TRITON_CACHE_AUTOTUNING=1  # a kernel's autotuning timed once per machine, not once per process
-            for shape in ${shapes//,/ }; do  # one process per shape: see the comment at the top
-              accum=${ACCEPT_ACCUM:-4}; [ "$shape" = qwen3_30b_slice ] && accum=${ACCEPT_SLICE_ACCUM:-1}
-              log=$OUT/accept-$shape.log
-              timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/accept-$shape" \
+            t_end=$(( SECONDS + ${ACCEPT_BUDGET_S:-540} )); left_procs=${#procs[@]}
+            for proc in "${procs[@]}"; do
+              shape=${proc%%:*}; accum=${proc##*:}; left_procs=$(( left_procs - 1 ))
+              # this process may spend what is left less ACCEPT_RESERVE_S (default 150) for each one after it
+              budget=$(( t_end - SECONDS - left_procs * ${ACCEPT_RESERVE_S:-150} ))
+              name=accept-$shape  # the slice at several microbatch counts: one folder each
+              [ "$shape" = qwen3_30b_slice ] && [ "$(echo ${ACCEPT_SLICE_ACCUM:-1} | wc -w)" -gt 1 ] && name=$name-a$accum
+              [ "$budget" -lt 60 ] && { echo "$name: skipped ($budget s of ACCEPT_BUDGET_S left)"; continue; }
+              log=$OUT/$name.log
+              timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/$name" \
                 --shapes "$shape" --checks "" --budget-s "$budget" --profile-steps 0 --accumulation "$accum" \
                 --runs "${ACCEPT_RUNS:-hf;default;$FSDP2_FUSED;liger}" > "$log" 2>&1
+              echo "== $name ($accum x 4,096-token microbatches per optimizer step)"
               sed -n '/^shape  /,$p' "$log"  # the bench's own summary: tokens/s, MFU, ratios, spread, memory vs plan
               grep -E ': skipped|"(skipped|error)": ' "$log" | cut -c1-300  # runs that did not run, and why
             done ;;
