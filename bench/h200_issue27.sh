@@ -71,7 +71,8 @@
 # accept:     the acceptance call of issue 27: bench/throughput.py on both shapes (one process each), the plain loop,
 #             Liger, pitlab's defaults and FSDP2 forced at world size 1 (fused step), no profile, ACCEPT_ACCUM (default
 #             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1; "1 4" runs
-#             the slice twice, each in its own process, into accept-qwen3_30b_slice-a1 and -a4) on the slice
+#             the slice twice, each in its own process, into accept-qwen3_30b_slice-a1 and -a4; "1 4:hf;default"
+#             runs only those two at 4) on the slice
 #             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
 #             parameter of float32 sums); then the bench's own summary of each process (tokens/s, MFU, the ratios,
 #             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
@@ -280,16 +281,18 @@ for f in sys.argv[1:]:
             export TRITON_CACHE_AUTOTUNING=1  # a kernel's autotuning timed once per machine, not once per process
             t_end=$(( SECONDS + ${ACCEPT_BUDGET_S:-540} )); left_procs=${#procs[@]}
             for proc in "${procs[@]}"; do
-              shape=${proc%%:*}; accum=${proc##*:}; left_procs=$(( left_procs - 1 ))
+              shape=${proc%%:*}; accum=${proc#*:}; left_procs=$(( left_procs - 1 ))
+              runs=${ACCEPT_RUNS:-hf;default;$FSDP2_FUSED;liger}
+              [ "${accum#*:}" != "$accum" ] && { runs=${accum#*:}; accum=${accum%%:*}; }  # "4:hf;default"
               # this process may spend what is left less ACCEPT_RESERVE_S (default 150) for each one after it
               budget=$(( t_end - SECONDS - left_procs * ${ACCEPT_RESERVE_S:-150} ))
               name=accept-$shape  # the slice at several microbatch counts: one folder each
-              [ "$shape" = qwen3_30b_slice ] && [ "$(echo ${ACCEPT_SLICE_ACCUM:-1} | wc -w)" -gt 1 ] && name=$name-a$accum
+              [ "$shape" = qwen3_30b_slice ] && [ "$(echo ${ACCEPT_SLICE_ACCUM:-1} | wc -w)" -gt 1 ] && name=$name-a${accum%%:*}
               [ "$budget" -lt 60 ] && { echo "$name: skipped ($budget s of ACCEPT_BUDGET_S left)"; continue; }
               log=$OUT/$name.log
               timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/$name" \
                 --shapes "$shape" --checks "" --budget-s "$budget" --profile-steps 0 --accumulation "$accum" \
-                --runs "${ACCEPT_RUNS:-hf;default;$FSDP2_FUSED;liger}" > "$log" 2>&1
+                --runs "$runs" > "$log" 2>&1
               echo "== $name ($accum x 4,096-token microbatches per optimizer step)"
               sed -n '/^shape  /,$p' "$log"  # the bench's own summary: tokens/s, MFU, ratios, spread, memory vs plan
               grep -E ': skipped|"(skipped|error)": ' "$log" | cut -c1-300  # runs that did not run, and why
