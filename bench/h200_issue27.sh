@@ -105,6 +105,11 @@
 #             the records would take the carried tree over 64 MiB), then from this tree, which pins TRITON_CACHE_DIR
 #             before seeding (inductor moves every Triton kernel's cache to its own folder otherwise): the warm-up
 #             of each and where the autotuning results were written (about 4 min on a fresh machine).
+# fsdp2-spread: FSDP2 forced at world size 1 (fused step) on the reduced shape at 4 microbatches per step in
+#             SPREAD_N (default 4) processes, the first with the single-device path before it, each profiled for 2
+#             steps: tokens/s, timed steps, GPU power and clock, the host's load, and the profile's longest gaps,
+#             so that a slow process (0.817 x the single-device path in one of four H100 calls on 2026-12-07, its
+#             GPU drawing 576 against 653-655 W) shows where the GPU waited (about 6 min on a fresh machine).
 # first-loss: bench/first_loss.py in four processes, inductor's cache cold (A), warm (A again), cold (B), cold (C):
 #             the first-step loss of the 4-layer x 16-expert cut eager, with the compiled loss and with compiled
 #             layers, each layer's output digest, and the Triton configurations inductor chose (issue 27 item 6:
@@ -297,6 +302,26 @@ for f in sys.argv[1:]:
               sed -n '/^shape  /,$p' "$log"  # the bench's own summary: tokens/s, MFU, ratios, spread, memory vs plan
               grep -E ': skipped|"(skipped|error)": ' "$log" | cut -c1-300  # runs that did not run, and why
             done ;;
+    fsdp2-spread) for i in $(seq 1 "${SPREAD_N:-4}"); do  # FSDP2's run-to-run spread, one process each
+                    runs=$FSDP2_FUSED; [ "$i" = 1 ] && runs="default;$FSDP2_FUSED"
+                    timeout "${SPREAD_LIMIT_S:-200}" python3 bench/throughput.py --work /tmp/tp --out "$OUT/spread-$i" \
+                      --shapes qwen35_reduced --checks "" --accumulation 4 --profile-steps 2 \
+                      --budget-s $(( ${SPREAD_LIMIT_S:-200} - 20 )) --runs "$runs" > "$OUT/spread-$i.log" 2>&1
+                    echo "== process $i at $(( $(date +%s) - t0 )) s"
+                    python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+print('host at start', d.get('host_at_start'))
+for k, v in d['shapes']['qwen35_reduced'].items():
+    if not isinstance(v, dict) or 'step_s' not in v: print(k, str(v)[:300]); continue
+    g, p = v.get('gpu_state') or {}, v.get('profile') or {}
+    gaps = p.get('idle_gaps') or {}
+    print(k[:40], round(v['tokens_per_second']), 'steps ms', [round(1000 * s) for s in v['step_s']],
+          'W', g.get('power_w_median'), 'MHz', g.get('sm_mhz_median'), 'host after', v.get('host_after'))
+    print('  profiled: wall/step', p.get('wall_s_per_step'), 'busy/step', p.get('device_busy_s_per_step'),
+          'gaps/step', gaps.get('gaps_per_step'), 'gap ms/step', gaps.get('gap_ms_per_step'), gaps.get('gap_ms_per_step_by_phase'))
+    for gap in (gaps.get('longest') or [])[:4]: print('   gap', json.dumps(gap)[:400])" "$OUT/spread-$i/throughput.json"
+                  done ;;
     first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
                     --out "$OUT/first-loss-$run.json" > "$OUT/first-loss-$run.log" 2>&1; tail -5 "$OUT/first-loss-$run.log"
