@@ -320,7 +320,9 @@ for k, v in d['shapes']['qwen35_reduced'].items():
           'W', g.get('power_w_median'), 'MHz', g.get('sm_mhz_median'), 'host after', v.get('host_after'))
     print('  profiled: wall/step', p.get('wall_s_per_step'), 'busy/step', p.get('device_busy_s_per_step'),
           'gaps/step', gaps.get('gaps_per_step'), 'gap ms/step', gaps.get('gap_ms_per_step'), gaps.get('gap_ms_per_step_by_phase'))
-    for gap in (gaps.get('longest') or [])[:4]: print('   gap', json.dumps(gap)[:400])" "$OUT/spread-$i/throughput.json"
+    for gap in (gaps.get('longest') or [])[:4]:
+        print('   gap', json.dumps({a: b for a, b in gap.items() if a != 'host'})[:330])
+        print('     host meanwhile', [(h['name'][:50], round(h['us'])) for h in gap.get('host', [])][:8])" "$OUT/spread-$i/throughput.json"
                   done ;;
     first-loss) for run in a1 a2 b1 c1; do  # a2 reuses a1's cache
                   TORCHINDUCTOR_CACHE_DIR=/tmp/ind-${run%?} timeout 140 python3 bench/first_loss.py \
