@@ -70,11 +70,10 @@
 #             steps (about 7 min on a fresh machine).
 # accept:     the acceptance call of issue 27: bench/throughput.py on both shapes (one process each), the plain loop,
 #             Liger, pitlab's defaults and FSDP2 forced at world size 1 (fused step), no profile, ACCEPT_ACCUM (default
-#             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1; "1 4" runs
-#             the slice twice, each in its own process, into accept-qwen3_30b_slice-a1 and -a4; "1 4:hf;default"
-#             runs only those two at 4) on the slice
+#             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1) on the slice
 #             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
-#             parameter of float32 sums); then the bench's own summary of each process (tokens/s, MFU, the ratios,
+#             parameter of float32 sums; "1 4" runs the slice twice, each in its own process, into
+#             accept-qwen3_30b_slice-a1 and -a4, and "1 4:hf;default" only those two runs at 4); then the bench's own summary of each process (tokens/s, MFU, the ratios,
 #             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
 #             (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540:
 #             each process may spend what is left of it less ACCEPT_RESERVE_S, default 150, for each process after
