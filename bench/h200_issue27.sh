@@ -73,9 +73,10 @@
 #             4) microbatches per optimizer step on the reduced shape and ACCEPT_SLICE_ACCUM (default 1) on the slice
 #             (on an 80 GB H100 the slice needs activation checkpointing at 1 already, and 4 adds 4 bytes per
 #             parameter of float32 sums; "1 4" runs the slice twice, each in its own process, into
-#             accept-qwen3_30b_slice-a1 and -a4, and "1 4:hf;default" only those two runs at 4); then the bench's own summary of each process (tokens/s, MFU, the ratios,
-#             timed steps max/min, peak allocated / reserved against the plan) and the runs skipped or failed
-#             (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540:
+#             accept-qwen3_30b_slice-a1 and -a4, and "1 4:hf;default" only those two runs at 4); then the bench's
+#             own summary of each process (tokens/s, MFU, the ratios, timed steps max/min, peak allocated /
+#             reserved against the plan), the runs skipped or failed, and at the end bench/accept_table.py's
+#             markdown rows of every process, as bench/RESULTS.md takes them (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540:
 #             each process may spend what is left of it less ACCEPT_RESERVE_S, default 150, for each process after
 #             it) for one shape per call on a fresh machine, where compiling and autotuning
 #             take most of the time (on a fresh H100 on 2026-12-07 the plain loop's first steps compiled fla for
@@ -300,7 +301,9 @@ for f in sys.argv[1:]:
               echo "== $name ($accum x 4,096-token microbatches per optimizer step)"
               sed -n '/^shape  /,$p' "$log"  # the bench's own summary: tokens/s, MFU, ratios, spread, memory vs plan
               grep -E ': skipped|"(skipped|error)": ' "$log" | cut -c1-300  # runs that did not run, and why
-            done ;;
+            done
+            records=$(ls "$OUT"/accept-*/throughput.json 2>/dev/null)
+            [ -n "$records" ] && python3 bench/accept_table.py $records ;;  # the rows bench/RESULTS.md takes
     fsdp2-spread) for i in $(seq 1 "${SPREAD_N:-4}"); do  # FSDP2's run-to-run spread, one process each
                     runs=$FSDP2_FUSED; limit=${SPREAD_LIMIT_S:-120}  # the first compiles for both paths
                     [ "$i" = 1 ] && { runs="default;$FSDP2_FUSED"; limit=${SPREAD_FIRST_LIMIT_S:-280}; }

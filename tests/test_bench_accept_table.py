@@ -1,0 +1,53 @@
+"""bench/accept_table.py: the acceptance table of issue 27 read from committed `bench/throughput.py` records, the
+rows bench/RESULTS.md gives for them ("Four acceptance calls at a031034" and the H200 calls of 2026-12-06)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+accept_table = pytest.importorskip("accept_table")
+RESULTS = ROOT / "bench" / "results"
+
+
+def cells(name: str) -> list[str]:
+    (row,) = accept_table.rows(json.loads((RESULTS / name).read_text()), "r")
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_reduced_shape_row_is_the_recorded_one():
+    """Call 1 on the H100: 30,798 / 19,843 / 48,638 tokens/s, 1.579 and 2.451 ×, MFU 30.3 %, steps within 1.011,
+    FSDP2 46,867 tokens/s at 0.964 × with steps within 1.016, 67.64 GB reserved against 64.49 planned."""
+    assert cells("throughput-h100-2026-12-07-accept-call1-reduced.json") == [
+        "qwen35_reduced, 16,384, r", "30,798", "19,843", "48,638", "1.579 / 2.451", "30.3 %", "1.011",
+        "46,867, 0.964, 1.016", "67.64 / 64.49 GB"]
+
+
+def test_missing_and_skipped_runs_say_so():
+    """Call 2: its Liger run was killed (absent from the record: "–", and no ratio to it); the slice's FSDP2 run was
+    skipped by its plan, and the row says why."""
+    reduced = cells("throughput-h100-2026-12-07-accept-call2-reduced.json")
+    assert reduced[2] == "–" and reduced[4] == "1.702 / –" and reduced[7] == "39,635, 0.817, 1.303"
+    slice_ = cells("throughput-h100-2026-12-07-accept-call2-slice.json")
+    assert slice_[1:7] == ["7,480", "9,265", "11,147", "1.490 / 1.203", "25.9 %", "1.046"]
+    assert slice_[7].startswith("skipped: predicted peak 92.05 GiB")
+
+
+def test_h200_slice_row():
+    """The slice on the H200 of 2026-12-06, call 1: 1.842 / 1.357 ×, MFU 35.6 %, FSDP2 0.802 ×."""
+    c = cells("throughput-h200-2026-12-06-call1-slice.json")
+    assert c[4:8] == ["1.842 / 1.357", "35.6 %", "1.104", "12,292, 0.802, 1.134"]
+
+
+def test_a_missing_record_is_refused_before_any_row(capsys):
+    with pytest.raises(SystemExit) as err:
+        accept_table.main([str(RESULTS / "throughput-h100-2026-12-07-accept-call1-reduced.json"),
+                           str(RESULTS / "no-such-record.json")])
+    assert err.value.code == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "no such record:" in out.err and "no-such-record.json" in out.err
