@@ -1,11 +1,13 @@
-"""The acceptance table of issue 27 from `bench/throughput.py` records, one markdown row per shape and record.
+"""The acceptance table of issue 27 from `bench/throughput.py` records, one markdown row per shape and record,
+in the columns of bench/RESULTS.md's acceptance tables.
 
-    python3 bench/accept_table.py $OUT/accept-*/throughput.json [--label-from-path]
+    python3 bench/accept_table.py $OUT/accept-*/throughput.json
 
-Columns: the plain loop's, Liger's and pitlab's tokens/s (per GPU), pitlab against the plain loop and Liger, pitlab's
-MFU, the spread of its timed steps (max/min), FSDP2 forced at world size 1 (tokens/s, against pitlab, steps
-max/min) and pitlab's reserved peak against its planned peak (GB, 10^9 bytes). A run that was skipped or failed
-reads "skipped" or "failed" with the first words of its reason; a run not in the record reads "–".
+Columns: the plain loop's, Liger's and pitlab's tokens/s (per GPU); pitlab against the plain loop and Liger; the
+three MFUs (the plain loops' from pitlab's model FLOPs per token, as the bench's summary computes them); pitlab's
+timed steps (ms) and their max/min; pitlab's peak allocated and reserved against its planned peak (GB, 10^9
+bytes); FSDP2 forced at world size 1: tokens/s, against pitlab, MFU, steps max/min, reserved against planned. A run that was skipped or failed reads "skipped: …" or "failed: …" with the first words of its
+reason; a run absent from the record (killed with its process) reads "–".
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import json
 from pathlib import Path
 
 FSDP2_KEY = "PITLAB_FORCE_FSDP2=1"
-HEADER = ("| shape, tokens/step, record | plain loop | Liger | pitlab | vs plain / Liger | pitlab MFU "
-          "| pitlab steps max/min | FSDP2 ws 1: tokens/s, vs pitlab, steps max/min | pitlab reserved / planned peak |\n"
-          "|---|---:|---:|---:|---|---:|---:|---|---|")
+HEADER = ("| shape, tokens/step, record | plain loop | Liger | pitlab | vs plain / Liger | MFU (plain, Liger, pitlab) "
+          "| pitlab steps (ms), max/min | pitlab peak allocated / reserved vs plan (GB) "
+          "| FSDP2 ws 1: tokens/s, vs pitlab, MFU, steps max/min, reserved vs plan |\n"
+          "|---|---:|---:|---:|---|---|---|---|---|")
+DASH = "–"
 
 
 def _rate(run: dict | None) -> float | None:
@@ -29,13 +33,27 @@ def _rate(run: dict | None) -> float | None:
 
 def _missing(run: dict | None, width: int = 60) -> str:
     """How a run without a measurement reads: "–" (absent), "skipped: …" or "failed: …"."""
-    if not run:
-        return "–"
-    if "skipped" in run:
+    if run and "skipped" in run:
         return "skipped: " + str(run["skipped"])[:width]
-    if "error" in run:
+    if run and "error" in run:
         return "failed: " + str(run["error"])[:width]
-    return "–"
+    return DASH
+
+
+def _n(x: float | None) -> str:
+    return DASH if x is None else f"{x:,.0f}"
+
+
+def _pct(x: float | None) -> str:
+    return DASH if x is None else f"{100 * x:.1f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.3f}" if a and b else DASH
+
+
+def _gb(x: float | None) -> str:
+    return DASH if not x else f"{x / 1e9:.2f}"
 
 
 def _spread(run: dict) -> float:
@@ -43,8 +61,15 @@ def _spread(run: dict) -> float:
     return max(run["step_s"]) / min(run["step_s"])
 
 
-def _n(x: float | None) -> str:
-    return "–" if x is None else f"{x:,.0f}"
+def _loop_mfu(rate: float | None, pitlab: dict | None, stored: float | None) -> float | None:
+    """A plain loop's MFU: its tokens/s × pitlab's model FLOPs per token / the card's peak FLOP/s, as the bench's
+    summary computes it (a record whose process was killed before its summary holds only the runs); the stored
+    value where pitlab did not run; None where the loop did not."""
+    if not rate:
+        return None
+    if pitlab and pitlab.get("flops_per_token") and pitlab.get("peak_flops"):
+        return rate * pitlab["flops_per_token"] / pitlab["peak_flops"]
+    return stored
 
 
 def rows(record: dict, label: str) -> list[str]:
@@ -54,18 +79,21 @@ def rows(record: dict, label: str) -> list[str]:
         hf, liger, pit = runs.get("hf"), runs.get("liger"), runs.get("pitlab")
         fsdp = next((v for k, v in runs.items() if isinstance(v, dict) and FSDP2_KEY in k), None)
         r_hf, r_lg, r_pit, r_fs = _rate(hf), _rate(liger), _rate(pit), _rate(fsdp)
-        tokens = (pit or hf or {}).get("tokens_per_step")
-        vs = ("–" if r_pit is None else
-              f"{r_pit / r_hf:.3f}" if r_hf else "–") + " / " + (f"{r_pit / r_lg:.3f}" if r_pit and r_lg else "–")
-        mfu = f"{100 * pit['mfu']:.1f} %" if r_pit is not None and pit.get("mfu") is not None else "–"
-        steps = f"{_spread(pit):.3f}" if r_pit is not None else _missing(pit)
-        fs = (f"{_n(r_fs)}, {r_fs / r_pit:.3f}, {_spread(fsdp):.3f}" if r_fs is not None and r_pit
-              else _n(r_fs) if r_fs is not None else _missing(fsdp))
-        mem = (f"{pit['peak_reserved'] / 1e9:.2f} / {pit['planned_peak'] / 1e9:.2f} GB"
-               if r_pit is not None and pit.get("peak_reserved") and pit.get("planned_peak") else "–")
-        out.append(f"| {shape}, {_n(tokens)}, {label} | {_n(r_hf) if r_hf else _missing(hf)} "
-                   f"| {_n(r_lg) if r_lg else _missing(liger)} | {_n(r_pit) if r_pit else _missing(pit)} | {vs} "
-                   f"| {mfu} | {steps} | {fs} | {mem} |")
+        tokens = (pit if r_pit else hf if r_hf else {}).get("tokens_per_step")
+        mfu = ", ".join([_pct(_loop_mfu(r_hf, pit if r_pit else None, runs.get("hf_mfu"))),
+                         _pct(_loop_mfu(r_lg, pit if r_pit else None, runs.get("liger_mfu"))),
+                         _pct(pit.get("mfu") if r_pit else None)]) + " %"
+        if r_pit:
+            steps = (f"{1e3 * min(pit['step_s']):.1f}–{1e3 * max(pit['step_s']):.1f}, {_spread(pit):.3f}")
+            mem = (f"{_gb(pit.get('peak_allocated'))} / {_gb(pit.get('peak_reserved'))} vs "
+                   f"{_gb(pit.get('planned_peak'))}")
+        else:
+            steps, mem = _missing(pit), DASH
+        fs = (f"{_n(r_fs)}, {_ratio(r_fs, r_pit)}, {_pct(fsdp.get('mfu'))} %, {_spread(fsdp):.3f}, "
+              f"{_gb(fsdp.get('peak_reserved'))} vs {_gb(fsdp.get('planned_peak'))}") if r_fs else _missing(fsdp)
+        out.append(" | ".join([f"| {shape}, {_n(tokens)}, {label}", _n(r_hf) if r_hf else _missing(hf),
+                               _n(r_lg) if r_lg else _missing(liger), _n(r_pit) if r_pit else _missing(pit),
+                               f"{_ratio(r_pit, r_hf)} / {_ratio(r_pit, r_lg)}", mfu, steps, mem, fs]) + " |")
     return out
 
 
