@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from throughput import pl_flops  # pitlab's FLOPs per token over the card's peak, as the bench's summary uses
+
 FSDP2_KEY = "PITLAB_FORCE_FSDP2=1"
 HEADER = ("| shape, tokens/step, record | plain loop | Liger | pitlab | vs plain / Liger | MFU (plain, Liger, pitlab) "
           "| pitlab steps (ms), max/min | pitlab peak allocated / reserved vs plan (GB) "
@@ -61,17 +63,6 @@ def _spread(run: dict) -> float:
     return max(run["step_s"]) / min(run["step_s"])
 
 
-def _loop_mfu(rate: float | None, pitlab: dict | None, stored: float | None) -> float | None:
-    """A plain loop's MFU: its tokens/s × pitlab's model FLOPs per token / the card's peak FLOP/s, as the bench's
-    summary computes it (a record whose process was killed before its summary holds only the runs); the stored
-    value where pitlab did not run; None where the loop did not."""
-    if not rate:
-        return None
-    if pitlab and pitlab.get("flops_per_token") and pitlab.get("peak_flops"):
-        return rate * pitlab["flops_per_token"] / pitlab["peak_flops"]
-    return stored
-
-
 def rows(record: dict, label: str) -> list[str]:
     """Markdown rows (one per shape) of one `bench/throughput.py` record (its throughput.json, parsed)."""
     out = []
@@ -80,9 +71,11 @@ def rows(record: dict, label: str) -> list[str]:
         fsdp = next((v for k, v in runs.items() if isinstance(v, dict) and FSDP2_KEY in k), None)
         r_hf, r_lg, r_pit, r_fs = _rate(hf), _rate(liger), _rate(pit), _rate(fsdp)
         tokens = (pit if r_pit else hf if r_hf else {}).get("tokens_per_step")
-        mfu = ", ".join([_pct(_loop_mfu(r_hf, pit if r_pit else None, runs.get("hf_mfu"))),
-                         _pct(_loop_mfu(r_lg, pit if r_pit else None, runs.get("liger_mfu"))),
-                         _pct(pit.get("mfu") if r_pit else None)]) + " %"
+        # the plain loops' MFU from pitlab's FLOP count, as the bench's summary has it (a process killed before
+        # its summary left only the runs)
+        per_rate = pl_flops(runs) if r_pit else None
+        mfu = ", ".join([_pct(r * per_rate if r and per_rate else None) for r in (r_hf, r_lg)]
+                        + [_pct(pit.get("mfu") if r_pit else None)]) + " %"
         if r_pit:
             steps = (f"{1e3 * min(pit['step_s']):.1f}–{1e3 * max(pit['step_s']):.1f}, {_spread(pit):.3f}")
             mem = (f"{_gb(pit.get('peak_allocated'))} / {_gb(pit.get('peak_reserved'))} vs "

@@ -284,6 +284,7 @@ for f in sys.argv[1:]:
               for accum in $accums; do procs+=("$shape:$accum"); done
             done
             export TRITON_CACHE_AUTOTUNING=1  # a kernel's autotuning timed once per machine, not once per process
+            slice_folders=$(( $(echo ${ACCEPT_SLICE_ACCUM:-1} | wc -w) > 1 ))  # the slice's folders name their count
             t_end=$(( SECONDS + ${ACCEPT_BUDGET_S:-540} )); left_procs=${#procs[@]}
             for proc in "${procs[@]}"; do
               shape=${proc%%:*}; accum=${proc#*:}; left_procs=$(( left_procs - 1 ))
@@ -291,8 +292,7 @@ for f in sys.argv[1:]:
               [ "${accum#*:}" != "$accum" ] && { runs=${accum#*:}; accum=${accum%%:*}; }  # "4:hf;default"
               # this process may spend what is left less ACCEPT_RESERVE_S (default 150) for each one after it
               budget=$(( t_end - SECONDS - left_procs * ${ACCEPT_RESERVE_S:-150} ))
-              name=accept-$shape  # the slice at several microbatch counts: one folder each
-              [ "$shape" = qwen3_30b_slice ] && [ "$(echo ${ACCEPT_SLICE_ACCUM:-1} | wc -w)" -gt 1 ] && name=$name-a${accum%%:*}
+              name=accept-$shape; [ "$shape" = qwen3_30b_slice ] && [ "$slice_folders" = 1 ] && name=$name-a$accum
               [ "$budget" -lt 60 ] && { echo "$name: skipped ($budget s of ACCEPT_BUDGET_S left)"; continue; }
               log=$OUT/$name.log
               timeout $(( budget + 25 )) python3 bench/throughput.py --work /tmp/tp --out "$OUT/$name" \
