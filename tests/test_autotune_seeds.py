@@ -79,10 +79,18 @@ def test_seeding_pins_the_folder_inductor_would_otherwise_move_every_kernel_to(t
 
 
 def test_a_cache_folder_the_user_set_is_kept(tmp_path, monkeypatch):
+    seeds = tmp_path / "seeds"
+    _result(seeds, "AAAA", "chunk_fwd_kernel_o", [[{"num_warps": 4}, [0.5]]])
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PITLAB_AUTOTUNE_SEEDS", str(seeds))
+    assert seed_autotune_cache() == 1  # into the user's folder, not $TRITON_HOME's
+    assert (tmp_path / "mine" / "AAAA" / "chunk_fwd_kernel_o.autotune.json").is_file()
+    assert not (tmp_path / "home").exists()
+    assert autotune.pin_triton_cache_dir() == tmp_path / "mine"
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
     monkeypatch.setenv("PITLAB_AUTOTUNE_SEEDS", "off")
     assert seed_autotune_cache() == 0
-    assert autotune.pin_triton_cache_dir() == tmp_path / "mine"
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "mine")
 
 
