@@ -6,8 +6,9 @@ in the columns of bench/RESULTS.md's acceptance tables.
 Columns: the plain loop's, Liger's and pitlab's tokens/s (per GPU); pitlab against the plain loop and Liger; the
 three MFUs (the plain loops' from pitlab's model FLOPs per token, as the bench's summary computes them); pitlab's
 timed steps (ms) and their max/min; pitlab's peak allocated and reserved against its planned peak (GB, 10^9
-bytes); FSDP2 forced at world size 1: tokens/s, against pitlab, MFU, steps max/min, reserved against planned. A run that was skipped or failed reads "skipped: …" or "failed: …" with the first words of its
-reason; a run absent from the record (killed with its process) reads "–".
+bytes); FSDP2 forced at world size 1: tokens/s, against pitlab, MFU, steps max/min, reserved against planned. A
+run that was skipped or failed reads "skipped: …" or "failed: …" with the first words of its reason; a run absent
+from the record (killed with its process) reads "–".
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def _missing(run: dict | None, width: int = 60) -> str:
     if run and "error" in run:
         return "failed: " + str(run["error"])[:width]
     return DASH
+
+
+def _rate_cell(run: dict | None, rate: float | None) -> str:
+    """A run's tokens/s, or why it has none (:func:`_missing`)."""
+    return _n(rate) if rate else _missing(run)
 
 
 def _n(x: float | None) -> str:
@@ -84,9 +90,9 @@ def rows(record: dict, label: str) -> list[str]:
             steps, mem = _missing(pit), DASH
         fs = (f"{_n(r_fs)}, {_ratio(r_fs, r_pit)}, {_pct(fsdp.get('mfu'))} %, {_spread(fsdp):.3f}, "
               f"{_gb(fsdp.get('peak_reserved'))} vs {_gb(fsdp.get('planned_peak'))}") if r_fs else _missing(fsdp)
-        out.append(" | ".join([f"| {shape}, {_n(tokens)}, {label}", _n(r_hf) if r_hf else _missing(hf),
-                               _n(r_lg) if r_lg else _missing(liger), _n(r_pit) if r_pit else _missing(pit),
-                               f"{_ratio(r_pit, r_hf)} / {_ratio(r_pit, r_lg)}", mfu, steps, mem, fs]) + " |")
+        out.append(" | ".join([f"| {shape}, {_n(tokens)}, {label}", _rate_cell(hf, r_hf), _rate_cell(liger, r_lg),
+                               _rate_cell(pit, r_pit), f"{_ratio(r_pit, r_hf)} / {_ratio(r_pit, r_lg)}", mfu, steps,
+                               mem, fs]) + " |")
     return out
 
 

@@ -76,7 +76,8 @@
 #             accept-qwen3_30b_slice-a1 and -a4, and "1 4:hf;default" only those two runs at 4); then the bench's
 #             own summary of each process (tokens/s, MFU, the ratios, timed steps max/min, peak allocated /
 #             reserved against the plan), the runs skipped or failed, and at the end bench/accept_table.py's
-#             markdown rows of every process, as bench/RESULTS.md takes them (7.5 min on a warm H100 on 2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540:
+#             markdown rows of every process, as bench/RESULTS.md takes them (7.5 min on a warm H100 on
+#             2026-12-07). ACCEPT_SHAPES (default both) and ACCEPT_BUDGET_S (default 540:
 #             each process may spend what is left of it less ACCEPT_RESERVE_S, default 150, for each process after
 #             it) for one shape per call on a fresh machine, where compiling and autotuning
 #             take most of the time (on a fresh H100 on 2026-12-07 the plain loop's first steps compiled fla for
