@@ -87,6 +87,10 @@ def test_validate_ok(tmp_path, spec, data_root):
     r, out = _run(tmp_path, spec, data_root, cmd="validate")
     assert r.exit_code == 0, out
     assert "valid PitTraining 'sp500-fomc-demo'; corpus keeps 159 of 235 documents" in out
+    # a new user's trial: validate pointed at a results.json it does not write
+    assert ("panel of sp500-leakage: 8,994 rows (30 dates × 300 securities); 6 of 9,000 sampled rows dropped: 6 "
+            "without features" in out)
+    assert "no close or volume on 2013-04-26 (+3 more in the run's results.json; validate writes no file)" in out
 
 
 def test_a_dotted_name_kubectl_accepts_is_valid(tmp_path, spec, data_root):
@@ -162,7 +166,9 @@ def test_run_help_shows_flags_without_a_value_and_the_argument_as_FILE():
     assert re.search(r"\n  --overwrite +Replace the run's existing folders: out/<name>/", out), out
     assert re.search(r"\n  --help +Show this message and exit\.\n", out), out
     assert re.search(r"\n  FILE <path> +PitTraining or LeakageEval YAML\. +\[required\]\n", out), out
-    assert re.search(r"\n  --nproc <int> +torchrun processes", out), out  # options that take a value keep it
+    assert re.search(r"\n  --nproc N +torchrun processes", out), out  # options that take a value name it
+    plan = _help(["plan", "--help"], columns=120)  # a new user's trial: typer printed `--nproc <int range>`
+    assert re.search(r"\n  --nproc N +Plan a `pitlab run --nproc N`", plan) and "int range" not in plan, plan
     assert re.search(r"\n  --overwrite +Replace an existing out/<name>/ folder",
                      _help(["evaluate", "--help"], columns=120))  # found undocumented by a new user
     assert "Usage: pitlab push [OPTIONS] {SRC} {DEST}\n" in _help(["push", "--help"])

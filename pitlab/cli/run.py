@@ -36,7 +36,7 @@ def run(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining or Le
                                             "once the inputs passed, and deleted when the new run succeeds (kept "
                                             "there if it fails or is interrupted, also through a later --resume). "
                                             "To continue an interrupted run instead, use --resume."),
-        nproc: Optional[int] = typer.Option(None, "--nproc",
+        nproc: Optional[int] = typer.Option(None, "--nproc", metavar="N",
                                             help="torchrun processes (default: spec.resources.gpusPerNode)."),
         resume: bool = typer.Option(False, "--resume",
                                     help="Continue the interrupted run in out/<name>/ from its first unfinished "

@@ -59,7 +59,7 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
          gpu_memory_gib: Optional[float] = typer.Option(None, "--gpu-memory-gib",
                                                         help="GPU memory in GiB (overrides "
                                                              "spec.resources.gpuMemoryGiB)."),
-         nproc: Optional[int] = typer.Option(None, "--nproc", min=1,
+         nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N",
                                              help="Plan a `pitlab run --nproc N` on this machine (world size N) "
                                                   "instead of the spec's nodes × gpusPerNode.")) -> None:
     """Predict per-GPU memory by component, and whether the decoder layers will be compiled on CUDA and with CUDA

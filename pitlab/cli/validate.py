@@ -85,7 +85,8 @@ def _say_panels(res, evaluations) -> None:
     names = [res.metadata.name] if res.kind == "LeakageEval" else [e.name for e in res.spec.evaluations]
     for name, checked in zip(names, evaluations):
         panel = checked.panel
-        note = dropped_note(panel.dropped, len(panel.rows), panel.dropped_rows)
+        note = dropped_note(panel.dropped, len(panel.rows), panel.dropped_rows,
+                            listed_in="in the run's results.json; validate writes no file")
         say(f"  panel of {name}: {len(panel.rows):,} rows ({panel.rows.date.nunique()} dates × "
             f"{panel.rows.security.nunique()} securities){note}")
         for w in panel.warnings + checked.warnings:

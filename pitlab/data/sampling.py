@@ -248,12 +248,14 @@ def _split_name(ratio: float) -> str:
     return f"{f.denominator}:{f.numerator}"
 
 
-def dropped_note(dropped: dict[str, int], kept: int, rows: list[dict] | None = None, shown: int = 3) -> str:
+def dropped_note(dropped: dict[str, int], kept: int, rows: list[dict] | None = None, shown: int = 3,
+                 listed_in: str = "in results.json") -> str:
     """What ``Panel.dropped`` says in words, for the console and the report: ``""`` when no row was dropped, else
     e.g. ``"; 8 of 240 sampled rows dropped: 7 without features (price history missing: not yet listed,
     delisted or halted), 1 without a target (no close at t+1 or t+2)"``, then the first ``shown`` of
     ``rows`` (``Panel.dropped_rows``), e.g. ``"; e.g. AAPL 2016-10-31: no close or volume on 2016-10-05"``;
-    ``kept``: the panel's rows (the sampled count is they plus the dropped)."""
+    ``kept``: the panel's rows (the sampled count is they plus the dropped); ``listed_in``: where the rest are
+    listed, e.g. ``"(+8 more in results.json)"``."""
     lost = dropped.get("missing_features", 0) + dropped.get("missing_target", 0)
     if not lost:
         return ""
@@ -264,6 +266,6 @@ def dropped_note(dropped: dict[str, int], kept: int, rows: list[dict] | None = N
     if dropped.get("missing_target"):
         parts.append(f"{dropped['missing_target']:,} without a target (no close at t+1 or t+2)")
     named = "; ".join(f"{r['security']} {r['date']}: {r['why']}" for r in (rows or [])[:shown])
-    more = f" (+{len(rows) - shown} more in results.json)" if rows and len(rows) > shown else ""
+    more = f" (+{len(rows) - shown} more {listed_in})" if rows and len(rows) > shown else ""
     return f"; {lost:,} of {kept + lost:,} sampled rows dropped: {', '.join(parts)}" + (
         f"; e.g. {named}{more}" if named else "")
