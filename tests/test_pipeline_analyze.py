@@ -89,3 +89,46 @@ def test_results_of_an_unexpected_shape_lose_only_the_premium_line() -> None:
     assert done is True and c.status.premium_summary is None and c.status.results == {"models": ["pit"]}
     assert c.plan.warnings == [("MalformedResults", "Job jpx-leakage-2021-analyze: results summary has an unexpected "
                                                     "shape; no premium summary")]
+
+
+class _Lines:
+    """A reporter that keeps each progress call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int, str]] = []
+
+    def progress(self, task: str, done: int, total: int, info: str = "") -> None:
+        self.calls.append((task, done, total, info))
+
+
+def test_progress_counts_finished_statistics_when_they_run_in_parallel() -> None:
+    """A new user's trial: with the statistics in parallel processes (every start note first) the stage said
+    "3/4 (pit-2016-lora done)" when minilm's started, before any had finished."""
+    names = ["date-only", "base", "pit", "minilm"]
+    lines = _Lines()
+    note = analyze.StatisticsProgress(names, lines)
+    for n in names:  # pitlab.evaluator.run._evaluate_models with a StatisticsPool: every start, then each result
+        note(f"statistics:{n}", 0, 1)
+    note("embed:base", 5, 9)  # not a statistics task: ignored
+    for n in names:
+        note(f"statistics:{n}", 1, 1)
+    text = "statistics of the date-only baseline and each model"
+    assert lines.calls == [
+        ("analyze", 0, 4, f"{text} (running: date-only)"),
+        ("analyze", 0, 4, f"{text} (running: date-only, base)"),
+        ("analyze", 0, 4, f"{text} (running: date-only, base, pit)"),
+        ("analyze", 0, 4, f"{text} (running: date-only, base, pit, minilm)"),
+        ("analyze", 1, 4, f"{text} (date-only done; running: base, pit, minilm)"),
+        ("analyze", 2, 4, f"{text} (base done; running: pit, minilm)"),
+        ("analyze", 3, 4, f"{text} (pit done; running: minilm)"),
+        ("analyze", 4, 4, f"{text} (minilm done)")]
+
+
+def test_progress_one_model_after_the_other() -> None:
+    lines = _Lines()
+    note = analyze.StatisticsProgress(["date-only", "m"], lines)
+    for n in ["date-only", "m"]:
+        note(f"statistics:{n}", 0, 1)
+        note(f"statistics:{n}", 1, 1)
+    assert [(c[1], c[3].split("model")[1]) for c in lines.calls] == [
+        (0, " (running: date-only)"), (1, " (date-only done)"), (1, " (running: m)"), (2, " (m done)")]

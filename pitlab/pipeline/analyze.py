@@ -33,6 +33,35 @@ def to_status(report: AnalyzeReport, status: ResourceStatus) -> str:
     return f"report at {status.report_uri}"
 
 
+class StatisticsProgress:
+    """The analyze stage's progress, counted in finished statistics (the date-only baseline's and each model's):
+    called as ``run_leakage_eval``'s ``progress(task, done, total)``, it reports ``analyze`` k/len(names) with the
+    one just finished and those still running (several at once where the statistics run in parallel processes,
+    whose start notes all come first); tasks other than ``statistics:<name>`` of ``names`` are ignored."""
+
+    def __init__(self, names: list[str], reporter) -> None:
+        self.names, self.reporter = names, reporter
+        self.finished: set[str] = set()
+        self.running: set[str] = set()
+
+    def __call__(self, task: str, done: int, total: int) -> None:
+        name = task.split(":", 1)[1] if task.startswith("statistics:") else None
+        if name not in self.names:
+            return
+        if done >= total:
+            self.finished.add(name)
+            self.running.discard(name)
+        else:
+            self.running.add(name)
+        parts = [f"{name} done"] if done >= total else []
+        running = [n for n in self.names if n in self.running]
+        if running:
+            parts.append(f"running: {', '.join(running)}")
+        self.reporter.progress("analyze", len(self.finished), len(self.names),
+                               "statistics of the date-only baseline and each model"
+                               + (f" ({'; '.join(parts)})" if parts else ""))
+
+
 def run(run: EvalRun, stage: Stage) -> None:
     """Protocols, clustered bootstrap and report into ``eval/``; the results summary goes to the status."""
     from pitlab.evaluator.decompose import DATE_ONLY
@@ -43,14 +72,7 @@ def run(run: EvalRun, stage: Stage) -> None:
     run.reporter.stage("analyze", f"{spec.bootstrap.resamples} bootstrap resamples, {spec.regression.selection} "
                                   "penalty selection")
 
-    names = [DATE_ONLY, *models]  # the baseline's statistics run first
-
-    def progress(task: str, done: int, total: int) -> None:
-        if task.startswith("statistics:") and task.split(":", 1)[1] in names:
-            k = names.index(task.split(":", 1)[1]) + done
-            run.reporter.progress("analyze", k, len(names), "statistics of the date-only baseline and each model"
-                                  + (f" ({names[k - 1]} done)" if k else ""))
-
+    progress = StatisticsProgress([DATE_ONLY, *models], run.reporter)  # the baseline's statistics run first
     out = EvaluationLayout(run.run_dir)
     run.results = run_leakage_eval(spec, run.checked.panel, models, out.eval_dir, progress=progress,
                                    cache_dir=run.cache, embedded=run.embedded)
