@@ -103,7 +103,7 @@ class _Lines:
 
 def test_progress_counts_finished_statistics_when_they_run_in_parallel() -> None:
     """A new user's trial: with the statistics in parallel processes (every start note first) the stage said
-    "3/4 (pit-2016-lora done)" when minilm's started, before any had finished."""
+    "3/4 (pit-2016-lora done)" when minilm's started, before pit-2016-lora had finished."""
     names = ["date-only", "base", "pit", "minilm"]
     lines = _Lines()
     note = analyze.StatisticsProgress(names, lines)

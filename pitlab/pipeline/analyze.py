@@ -48,12 +48,13 @@ class StatisticsProgress:
         name = task.split(":", 1)[1] if task.startswith("statistics:") else None
         if name not in self.names:
             return
-        if done >= total:
+        finished = done >= total
+        if finished:
             self.finished.add(name)
             self.running.discard(name)
         else:
             self.running.add(name)
-        parts = [f"{name} done"] if done >= total else []
+        parts = [f"{name} done"] if finished else []
         running = [n for n in self.names if n in self.running]
         if running:
             parts.append(f"running: {', '.join(running)}")
