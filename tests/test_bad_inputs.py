@@ -217,7 +217,7 @@ CASES = [
     Case("alphas-empty", "pt", _set("ev.regression", {"alphas": []}),
          "spec.evaluations[0].spec.regression.alphas: List should have at least 1 item"),
     Case("yaml-syntax", "pt", _raw_spec("apiVersion: pitlab.io/v1alpha1\nspec: [unclosed\n"),
-         "{tmp}/spec.yaml: YAML syntax error: while parsing a flow sequence in \"<unicode string>\", line 2, column 7"),
+         "{tmp}/spec.yaml: YAML syntax error: while parsing a flow sequence in {tmp}/spec.yaml, line 2, column 7"),
     Case("yaml-empty", "pt", _raw_spec(""), "{tmp}/spec.yaml: expected exactly one YAML document, found 0"),
     Case("yaml-not-a-mapping", "pt", _raw_spec("- a\n- b\n"),
          "{tmp}/spec.yaml: expected a YAML mapping (a Kubernetes resource), got list"),

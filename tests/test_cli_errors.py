@@ -264,3 +264,18 @@ def test_a_trainer_setting_of_the_environment_it_would_refuse_stops_every_comman
             "max-autotune-no-cudagraphs") in out
     assert "environment variable PITLAB_FUSED_STEP_SHAPES: 'rows8': give one of dynamic, rows16, static, grouped" in out
     assert _no_output(tmp_path)
+
+
+def test_validate_of_a_missing_input_points_at_schema_only(tmp_path, spec, data_root):
+    """A cluster spec's corpus is not on this machine: validate names the field and offers --schema-only, which
+    then passes; a schema error gets no such hint."""
+    spec["spec"]["corpus"]["uri"] = "corpora/not-here.csv"
+    r, out = _run(tmp_path, spec, data_root, "validate")
+    assert r.exit_code == 2 and "spec.corpus.uri: 'corpora/not-here.csv' does not exist" in out
+    assert f"hint: a cluster spec's inputs live on the cluster's volume: `pitlab validate --schema-only " \
+           f"{tmp_path / 'spec.yaml'}` checks its schema alone" in out
+    ok = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.yaml"), "--schema-only"], env={"COLUMNS": "400"})
+    assert ok.exit_code == 0 and "valid PitTraining" in ok.output
+    spec["spec"]["tokens"] = "lots"
+    r, out = _run(tmp_path, spec, data_root, "validate")
+    assert r.exit_code == 2 and "spec.tokens" in out and "--schema-only" not in out

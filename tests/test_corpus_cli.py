@@ -44,9 +44,9 @@ def test_day_first_corpus_is_refused_without_a_format(tmp_path, spec, data_root)
     r, out = _invoke(tmp_path, spec, data_root, "validate")
     assert r.exit_code == 2
     assert (f"error: {corpus}: row 1 (line 2, id 's0'): timestamp '15/03/2017' does not match ISO 8601: YYYY-MM-DD or "
-            "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set spec.corpus.timestampFormat "
-            "(e.g. \"%d/%m/%Y\") for another format; fix the row, or set spec.corpus.onMissingTimestamp: drop to "
-            "count and skip it") in out
+            "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; it reads as '%d/%m/%Y': set "
+            "spec.corpus.timestampFormat: \"%d/%m/%Y\" if the file writes every timestamp that way; fix the row, or "
+            "set spec.corpus.onMissingTimestamp: drop to count and skip it") in out
 
 
 def test_day_first_corpus_with_its_format_keeps_exactly_the_march_document(tmp_path, spec, data_root):

@@ -65,8 +65,16 @@ def test_refusal_says_what_is_expected_and_how_to_name_another_format():
     with pytest.raises(TimestampError) as err:
         parse_timestamp("01/04/2017", "UTC")
     assert str(err.value) == ("timestamp '01/04/2017' does not match ISO 8601: YYYY-MM-DD or "
-                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; set "
-                              "spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format")
+                              "YYYY-MM-DDTHH:MM[:SS[.fff]], optionally ending in Z, ±HH:MM, ±HHMM or ±HH; it reads as "
+                              "'%d/%m/%Y' and as '%m/%d/%Y': set spec.corpus.timestampFormat to the one the file uses "
+                              "(pitlab does not guess between them)")
+    with pytest.raises(TimestampError) as err:  # month-first only: the hint names the one format that reads it
+        parse_timestamp("03/15/1995", "UTC")
+    assert str(err.value).endswith("; it reads as '%m/%d/%Y': set spec.corpus.timestampFormat: \"%m/%d/%Y\" if the "
+                                   "file writes every timestamp that way")
+    with pytest.raises(TimestampError) as err:  # none of the common formats: the generic example
+        parse_timestamp("Q1 2017", "UTC")
+    assert str(err.value).endswith("; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format")
 
 
 def test_a_json_number_needs_an_epoch_format():

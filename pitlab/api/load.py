@@ -139,7 +139,8 @@ def load_resource(path: str | os.PathLike) -> Resource:
     except DuplicateKeyError as err:
         raise SpecError([("", str(err))], str(p)) from None
     except yaml.YAMLError as err:
-        raise SpecError([("", f"YAML syntax error: {err}")], str(p)) from None
+        where = str(err).replace('"<unicode string>"', str(p))  # PyYAML names a string it was given so
+        raise SpecError([("", f"YAML syntax error: {where}")], str(p)) from None
     except ValueError as err:  # a scalar PyYAML cannot construct (dates are left to the schema: _timestamp)
         raise SpecError([("", f"invalid value in YAML ({err})")], str(p)) from None
     if len(docs) != 1:

@@ -43,7 +43,13 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         existing = [] if out is None and storage.is_s3(spec_out) else \
             check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
     except InputError as err:
-        fail(from_file(err, file), err.exit_code)
+        err = from_file(err, file)
+        if _missing_input(err):
+            say(f"[bold red]error:[/] {escape(str(err))}")
+            say(f"  hint: a cluster spec's inputs live on the cluster's volume: `pitlab validate --schema-only "
+                f"{escape(str(file))}` checks its schema alone")
+            raise typer.Exit(err.exit_code)
+        fail(err, err.exit_code)
     say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r}{_corpus_summary(plan)}")
     if plan is not None:
         say_audit_notes(plan.audit)
@@ -55,6 +61,13 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
     for path in existing:
         say(f"  note: {path} exists (written by {escape(folder_owner(path)[1])}): `pitlab run` needs --overwrite, "
             f"which replaces it (kept in {REPLACED}/ until the new run succeeds){resume}")
+
+
+def _missing_input(err: InputError) -> bool:
+    """Whether ``err`` is a spec error naming an input path that does not exist here."""
+    from pitlab.errors import SpecError
+
+    return isinstance(err, SpecError) and any(" does not exist" in msg for _, msg in err.problems)
 
 
 def _resume_note(res, root: Path, phase: str) -> str:

@@ -210,8 +210,27 @@ def _refusal(s: str, fmt: str, detail: str = "") -> TimestampError:
         return TimestampError(f"timestamp {s!r}: zone abbreviation {zone.group(1)!r} refused (abbreviations are "
                               "ambiguous: CST is US Central, China and Cuba); write the UTC offset (e.g. -05:00), or "
                               "local times without a zone and spec.corpus.timezone")
-    hint = "; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format" if fmt == ISO8601 else ""
+    hint = _format_hint(s) if fmt == ISO8601 else ""
     return TimestampError(f"timestamp {s!r} does not match {describe_format(fmt)}{detail}{hint}")
+
+
+# Day-first, month-first and other common ways of writing a date, tried only to word the hint of a refusal.
+_HINT_FORMATS = ("%d/%m/%Y", "%m/%d/%Y", "%Y/%m/%d", "%d.%m.%Y", "%d-%m-%Y", "%m-%d-%Y", "%Y%m%d",
+                 "%d/%m/%Y %H:%M", "%m/%d/%Y %H:%M", "%d/%m/%Y %H:%M:%S", "%m/%d/%Y %H:%M:%S")
+
+
+def _format_hint(s: str) -> str:
+    """The spec.corpus.timestampFormat hint for a value ISO 8601 refused: the common formats ``s`` reads in (one:
+    that one; several, e.g. 03/04/1995: all, since which is meant is the file's convention, not pitlab's guess)."""
+    fits = [f for f in _HINT_FORMATS if _matches(s, f)]
+    if not fits:
+        return "; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format"
+    if len(fits) == 1:
+        return (f"; it reads as {fits[0]!r}: set spec.corpus.timestampFormat: \"{fits[0]}\" if the file writes "
+                "every timestamp that way")
+    both = " and as ".join(repr(f) for f in fits)
+    return (f"; it reads as {both}: set spec.corpus.timestampFormat to the one the file uses (pitlab does not "
+            "guess between them)")
 
 
 def _matches(s: str, fmt: str) -> bool:
