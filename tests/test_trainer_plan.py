@@ -189,6 +189,9 @@ def test_plan_cli(base35, tmp_path):
     assert res.exit_code == 0 and "fits" in res.output
     assert "decoder layers on CUDA: torch.compile per decoder layer; CUDA graphs: only on the single-device path" in " ".join(
         res.output.split())  # 8 GPUs: FSDP2
+    import torch
+    cpu_note = "this machine has no CUDA GPU: `pitlab run` here trains on the CPU (gloo)"
+    assert (cpu_note in " ".join(res.output.split())) == (not torch.cuda.is_available())
     res = runner.invoke(app, ["plan", str(good), "--gpu-memory-gib", "40"])
     assert res.exit_code == 3 and "exceeds --gpu-memory-gib = 40.0 GiB" in res.output  # the flag, not the spec
     missing = tmp_path / "missing.yaml"

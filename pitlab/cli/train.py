@@ -90,6 +90,9 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
             f"on a cluster); `pitlab run` on one machine starts {r.gpus_per_node}: plan that with --nproc "
             f"{r.gpus_per_node}")
     say(f"decoder layers on CUDA: {escape(planned_compile(spec, result))}")
+    if not _has_cuda():
+        say("this machine has no CUDA GPU: `pitlab run` here trains on the CPU (gloo), where the table's per-GPU "
+            "figures and the line above do not apply (the reserve is a CUDA context's and allocator's)")
     if result.fits is None:
         say("[yellow]no GPU memory given[/] (spec.resources.gpuMemoryGiB, --gpu-memory-gib or, with layer "
             "streaming, spec.training.layerStreaming.gpuMemoryBudgetBytes): no fit check")
@@ -98,6 +101,13 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
         say(f"[green]✓[/] fits: {_size(result.peak_bytes)} of {_size(result.capacity_bytes)} per GPU")
+
+
+def _has_cuda() -> bool:
+    """Whether torch sees a CUDA device on this machine."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _size(n: int) -> str:
