@@ -14,9 +14,11 @@ EXIT_CODES = ("Exit codes: 0 success; 2 bad input (a spec, file, column or argum
               "a non-finite loss or an OS error, and 1 with a traceback on anything unexpected.)")
 
 
-def fail(err: BaseException | str, code: int = 1) -> None:
-    """Print ``error: <err>`` and exit with ``code`` (raises ``typer.Exit``)."""
+def fail(err: BaseException | str, code: int = 1, hint: str | None = None) -> None:
+    """Print ``error: <err>`` (then ``  hint: <hint>`` when given) and exit with ``code`` (raises ``typer.Exit``)."""
     say(f"[bold red]error:[/] {escape(str(err))}")
+    if hint:
+        say(f"  hint: {escape(hint)}")
     raise typer.Exit(code)
 
 

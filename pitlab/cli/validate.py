@@ -43,13 +43,9 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
         existing = [] if out is None and storage.is_s3(spec_out) else \
             check_run_folders(res, out or Path(spec_out), overwrite, str(file), earlier_runs_ok=True)
     except InputError as err:
-        err = from_file(err, file)
-        if _missing_input(err):
-            say(f"[bold red]error:[/] {escape(str(err))}")
-            say(f"  hint: a cluster spec's inputs live on the cluster's volume: `pitlab validate --schema-only "
-                f"{escape(str(file))}` checks its schema alone")
-            raise typer.Exit(err.exit_code)
-        fail(err, err.exit_code)
+        hint = (f"a cluster spec's inputs live on the cluster's volume: `pitlab validate --schema-only {file}` "
+                "checks its schema alone") if _missing_input(err) else None
+        fail(from_file(err, file), err.exit_code, hint)
     say(f"[green]✓[/] {file}: valid {res.kind} {res.metadata.name!r}{_corpus_summary(plan)}")
     if plan is not None:
         say_audit_notes(plan.audit)

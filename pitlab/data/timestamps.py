@@ -222,7 +222,7 @@ _HINT_FORMATS = ("%d/%m/%Y", "%m/%d/%Y", "%Y/%m/%d", "%d.%m.%Y", "%d-%m-%Y", "%m
 def _format_hint(s: str) -> str:
     """The spec.corpus.timestampFormat hint for a value ISO 8601 refused: the common formats ``s`` reads in (one:
     that one; several, e.g. 03/04/1995: all, since which is meant is the file's convention, not pitlab's guess)."""
-    fits = [f for f in _HINT_FORMATS if _matches(s, f)]
+    fits = [f for f in _HINT_FORMATS if _reads_as(s, f)]
     if not fits:
         return "; set spec.corpus.timestampFormat (e.g. \"%d/%m/%Y\") for another format"
     if len(fits) == 1:
@@ -231,6 +231,16 @@ def _format_hint(s: str) -> str:
     both = " and as ".join(repr(f) for f in fits)
     return (f"; it reads as {both}: set spec.corpus.timestampFormat to the one the file uses (pitlab does not "
             "guess between them)")
+
+
+def _reads_as(s: str, fmt: str) -> bool:
+    """Whether ``s`` passes the strict reading spec.corpus.timestampFormat ``fmt`` would give it
+    (:func:`_parse_pattern`: full-width fields, the date's own weekday)."""
+    try:
+        _parse_pattern(s, fmt)
+    except (TimestampError, ValueError):
+        return False
+    return True
 
 
 def _matches(s: str, fmt: str) -> bool:
