@@ -93,6 +93,11 @@ class SpecError(InputError, ValueError):
         return cls([_problem(e, root, model) for e in err.errors()], source)
 
 
+class MissingInputError(SpecError):
+    """A spec's input path (data set, corpus, model) does not exist on this machine: a :class:`SpecError` (exit
+    code 2) that ``pitlab validate`` can tell from a schema error (a cluster spec's inputs live on its volume)."""
+
+
 def _internal(loc) -> bool:
     """Whether a pydantic error location step is pydantic's own (validators, tagged unions), not a field."""
     return loc in ("function-after", "function-before") or "[" in str(loc)

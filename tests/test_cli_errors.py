@@ -279,3 +279,20 @@ def test_validate_of_a_missing_input_points_at_schema_only(tmp_path, spec, data_
     spec["spec"]["tokens"] = "lots"
     r, out = _run(tmp_path, spec, data_root, "validate")
     assert r.exit_code == 2 and "spec.tokens" in out and "--schema-only" not in out
+
+
+def test_missing_input_is_told_by_its_class_not_its_words(tmp_path):
+    """The --schema-only hint follows a :class:`MissingInputError` (kept through ``from_file``), not any spec error
+    whose message happens to say "does not exist" (a ``--resume`` folder, a bucket)."""
+    from pitlab.api.load import resolve_local_path
+    from pitlab.cli.errors import from_file
+    from pitlab.cli.validate import _missing_input
+    from pitlab.errors import MissingInputError, SpecError
+
+    with pytest.raises(MissingInputError) as e:
+        resolve_local_path(str(tmp_path / "absent.csv"), "spec.corpus.uri")
+    named = from_file(e.value, "spec.yaml")
+    assert type(named) is MissingInputError and named.source == "spec.yaml" and _missing_input(named)
+    assert str(named) == f"spec.yaml: spec.corpus.uri: {str(tmp_path / 'absent.csv')!r} does not exist"
+    worded = SpecError([("--resume", "out/pit does not exist: there is no run of PitTraining")])
+    assert not _missing_input(worded) and not _missing_input(from_file(worded, "spec.yaml"))

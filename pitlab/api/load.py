@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from pitlab.api.base import GROUP_VERSION, SpecError
+from pitlab.errors import MissingInputError
 from pitlab.api.leakageeval import LeakageEval
 from pitlab.api.pittraining import PitTraining
 from pitlab.api.scheduling import INHERITED
@@ -183,7 +184,7 @@ def _missing_file_hint(p: Path) -> str:
 
 def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[str, str] | None = None) -> Path:
     """Expand variables in ``uri`` and return it as a local path (a relative one as given: relative to the current
-    directory); raises :class:`SpecError` naming ``field`` if it does not exist (when ``must_exist``; the error
+    directory); raises :class:`MissingInputError` naming ``field`` if it does not exist (when ``must_exist``; the error
     names the current directory for a relative path) or is an unsupported scheme."""
     s = expand_uri(uri, field, env)
     if s.startswith("file://"):
@@ -202,7 +203,7 @@ def resolve_local_path(uri: str, field: str, must_exist: bool = True, env: dict[
                 hint = f" (is {DATA_ROOT_ENV}={root!r} the shared data folder?)"
         elif not p.is_absolute():  # a relative path is read from where the command runs, not beside the spec
             hint = f" (a relative path is read from the current directory, {Path.cwd()})"
-        raise SpecError([(field, f"{s!r} does not exist{hint}")])
+        raise MissingInputError([(field, f"{s!r} does not exist{hint}")])
     return p
 
 

@@ -23,10 +23,10 @@ def fail(err: BaseException | str, code: int = 1, hint: str | None = None) -> No
 
 
 def from_file(err: BaseException, file) -> BaseException:
-    """``err``, or for a :class:`pitlab.errors.SpecError` that names no file, the same problems prefixed with
-    ``file`` (the spec the command read), as the schema's errors are."""
+    """``err``, or for a :class:`pitlab.errors.SpecError` that names no file, the same problems (and class)
+    prefixed with ``file`` (the spec the command read), as the schema's errors are."""
     from pitlab.errors import SpecError
 
     if isinstance(err, SpecError) and not err.source:
-        return SpecError(err.problems, str(file))
+        return type(err)(err.problems, str(file))
     return err

@@ -61,9 +61,9 @@ def validate(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining 
 
 def _missing_input(err: InputError) -> bool:
     """Whether ``err`` is a spec error naming an input path that does not exist here."""
-    from pitlab.errors import SpecError
+    from pitlab.errors import MissingInputError
 
-    return isinstance(err, SpecError) and any(" does not exist" in msg for _, msg in err.problems)
+    return isinstance(err, MissingInputError)
 
 
 def _resume_note(res, root: Path, phase: str) -> str:
