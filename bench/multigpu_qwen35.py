@@ -22,6 +22,17 @@ shared expert 512, top-8 routing, vocabulary 248,320) with **8 instead of 40 dec
 6. ``repeat``: the base run again from the start in another folder, its losses and gradient norms compared
    with the base run's step by step (as the resume's are): whether two uninterrupted runs on this machine are
    bit-identical, which tells a resume's drift from the GPU's own run-to-run differences.
+7. ``single`` (run right after ``base``): the base run's spec on one GPU (pitlab's single-device path, the
+   faster one there), so ``scaling`` in the JSON holds both per-GPU rates and the scaling efficiency
+   ``rate(W) / (W rate(1))`` (issue 27 item 4: at least 0.9 from 1 to 2 GPUs). Without ``merge`` and ``resume``
+   the base run's checkpoint is deleted first (53 GB at 40 layers × 16 experts: a 128 GB disk does not hold the
+   base model and two).
+
+Issue 27 item 4 on a machine of 2 H200s (about 8 minutes; both runs without activation checkpointing, as the planner
+chooses there; their final checkpoints are the only ones written)::
+
+    python3 bench/multigpu_qwen35.py --work /tmp/mg --out "$OUT" --layers 40 --experts 16 --steps 20 \
+        --stages base,single --final-checkpoint-only --checkpointing auto --budget-s 540
 
 Per stage: the trainer summary (rank 0's ``max_memory_allocated`` / ``max_memory_reserved``), the planner's
 prediction for that spec, and each GPU's peak ``memory.used`` sampled with nvidia-smi every 0.5 s (the
@@ -104,6 +115,17 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
+def scaling(stages: dict, nproc: int) -> dict | None:
+    """Tokens/s per GPU on one GPU (the ``single`` stage) and on ``nproc`` (``base``), and the scaling efficiency
+    ``rate(nproc) / (nproc × rate(1))`` (the per-GPU rates' ratio); None unless both stages measured a rate."""
+    one = stages.get("single", {}).get("tokens_per_second_per_gpu")
+    many = stages.get("base", {}).get("tokens_per_second_per_gpu")
+    if not one or not many:
+        return None
+    return {"tokens_per_second_per_gpu": {"1": one, str(nproc): many}, "efficiency": many / one,
+            "parallelism": {"1": stages["single"].get("parallelism"), str(nproc): stages["base"].get("parallelism")}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--work", type=Path, required=True)
@@ -125,8 +147,12 @@ def main() -> int:
     ap.add_argument("--deterministic", action="store_true",
                     help="every stage with training.deterministic: true (torch's deterministic algorithms): whether "
                          "a resume, or a repeat, is then bit-identical on the GPU")
-    ap.add_argument("--stages", default="base,accum_sync,accum_nosync,merge,resume",  # and repeat
-                    help="comma-separated subset to run (resume and merge need base)")
+    ap.add_argument("--checkpointing", choices=("on", "off", "auto"), default="on",
+                    help="activation checkpointing of every stage: on (the records before 2026-12-07), off, or auto "
+                         "(the planner's choice: off where the run fits the GPU without it, as `pitlab run` does)")
+    ap.add_argument("--stages", default="base,accum_sync,accum_nosync,merge,resume",  # and repeat, single
+                    help="comma-separated subset to run (resume and merge need base; single: the base run's spec "
+                         "on one GPU, pitlab's single-device path, for the scaling efficiency from 1 GPU to all)")
     args = ap.parse_args()
     t_begin = time.perf_counter()
     for k, v in NCCL_ENV.items():
@@ -193,19 +219,23 @@ def main() -> int:
           f"base written in {time.perf_counter() - t0:.1f} s", flush=True)
     save()
 
+    checkpointing = {"on": True, "off": False, "auto": None}[args.checkpointing]
+
     def train_stage(name: str, run: Path, steps: int, accum: int = 1, sync: bool = True, every: int = 0,
-                    keep: int = 1) -> dict:
+                    keep: int = 1, ranks: int | None = None) -> dict:
+        """One torchrun job of ``ranks`` processes (default: every GPU) and its record."""
+        ranks = ranks or nproc
         run.mkdir(parents=True, exist_ok=True)
         if not (run / "data").exists():
             (run / "data").symlink_to(data.parent)
-        res = training_resource("mg-" + name.replace("_", "-"), base, seq, seq * steps * nproc * accum, nproc, accumulation=accum,
-                                sync_every_microbatch=sync, checkpoint_every=every, keep=keep,
-                                deterministic=args.deterministic)
+        res = training_resource("mg-" + name.replace("_", "-"), base, seq, seq * steps * ranks * accum, ranks,
+                                accumulation=accum, sync_every_microbatch=sync, checkpointing=checkpointing,
+                                checkpoint_every=every, keep=keep, deterministic=args.deterministic)
         spec_path = write_spec(res, run / "spec.json")
         plan = plan_memory(res.spec, shape)
         t = time.perf_counter()
         with GpuMemorySampler() as sampler:
-            summary = run_training(spec_path, run, nproc=nproc, base=base,
+            summary = run_training(spec_path, run, nproc=ranks, base=base,
                                    on_step=lambda r: print(name, json.dumps(r), flush=True))
         wall = time.perf_counter() - t
         metrics = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
@@ -215,9 +245,10 @@ def main() -> int:
         tps = float(np.median([m["tokens_per_second"] for m in steady]))
         measured = summary["peak_memory_bytes"]
         stage = {
-            "steps": steps, "accumulation": accum, "sync_every_microbatch": sync, "wall_s": wall,
+            "world_size": ranks, "steps": steps, "accumulation": accum, "sync_every_microbatch": sync, "wall_s": wall,
+            "activation_checkpointing": plan.activation_checkpointing, "parallelism": summary.get("parallelism"),
             "steady_steps": [steady[0]["step"], steady[-1]["step"]],
-            "tokens_per_second_total": tps, "tokens_per_second_per_gpu": tps / nproc,
+            "tokens_per_second_total": tps, "tokens_per_second_per_gpu": tps / ranks,
             "mfu": None if steady[0]["mfu"] is None else float(np.median([m["mfu"] for m in steady])),
             "peak_allocated_rank0": measured, "peak_reserved_rank0": summary["peak_memory_reserved_bytes"],
             "nvidia_smi_peak_mib_per_gpu": dict(sorted(sampler.peak.items())),
@@ -272,6 +303,22 @@ def main() -> int:
     guarded("base", 0, base_stage)
     per_step = results["stages"].get("base", {}).get("summary", {}).get("train_seconds", args.steps) / args.steps
     overhead = results["stages"].get("base", {}).get("wall_s", 60) - per_step * args.steps
+    if "summary" in state and not {"merge", "resume"} & wanted:  # disk: the 40-layer shape's checkpoint is 53 GB
+        shutil.rmtree(run_base / "checkpoint", ignore_errors=True)
+        results["stages"]["base"]["checkpoint_removed"] = "neither merge nor resume in --stages"
+
+    def single_stage():
+        run = work / "run-single"
+        stage, _ = train_stage("single", run, args.steps, every=0, keep=1, ranks=1)
+        shutil.rmtree(run / "checkpoint", ignore_errors=True)  # disk
+        return stage
+
+    if "summary" in state or "base" not in wanted:
+        guarded("single", overhead + per_step * args.steps, single_stage)
+    else:
+        results["skipped"]["single"] = "the base run did not finish"
+    results["scaling"] = scaling(results["stages"], nproc)
+    save()
 
     def accum_stage(sync: bool):
         def fn():
@@ -363,7 +410,8 @@ def main() -> int:
     else:
         results["skipped"]["resume"] = "the base run did not finish"
     save()
-    print(json.dumps({k: results[k] for k in ("world_size", "model", "skipped", "elapsed_s")}, indent=2, default=str))
+    print(json.dumps({k: results[k] for k in ("world_size", "model", "scaling", "skipped", "elapsed_s")}, indent=2,
+                     default=str))
     return 0
 
 
