@@ -320,3 +320,42 @@ def test_a_csv_error_names_the_file_line_beside_the_row():
         with pytest.raises(CorpusError) as err:
             filter_corpus(read_corpus(j, "jsonl", "text", "date", "UTC"), dt.date(2016, 12, 31), "UTC", source=str(j))
         assert str(err.value).startswith(f"{j}: row 3 (id 'row-3'): timestamp 'bad'")  # JSONL: the row is the line
+
+
+@pytest.mark.parametrize("fmt, later", [("%m/%d/%Y", "01/05/2017"), ("%d %b %Y", "05 Jan 2017"),
+                                        ("%Y/%m/%d %H:%M", "2017/01/05 09:30")])
+def test_an_unclosed_quote_swallowing_a_row_is_refused_in_any_timestamp_format(tmp_path, fmt, later):
+    """Found by a trial: with a strftime timestampFormat a swallowed row (dated after the cutoff) was read as part
+    of the earlier row's text, since only ISO dates and epoch numbers were recognised as a row's start."""
+    first = dt.datetime(2016, 12, 30, 9, 30).strftime(fmt)
+    f = tmp_path / "c.csv"
+    f.write_text(f'date,text\n{first},"Statement A begins\n{later},Secret future text\n'
+                 f'{dt.datetime(2016, 12, 31, 9, 30).strftime(fmt)},more text"\n')
+    with pytest.raises(CorpusError, match=r"row 1 \(lines 2-4\): a quoted field runs over line 3, which reads as a "
+                                          rf"row of its own \('{later},Secret future text'\)"):
+        read_corpus(f, "csv", "text", "date", "America/New_York", timestamp_format=fmt)
+    f.write_text(f'date,text\n{first},"Statement A begins\nnot a date,continued\nend"\n')  # no row of its own
+    docs = read_corpus(f, "csv", "text", "date", "America/New_York", timestamp_format=fmt)
+    assert [d.text for d in docs] == ["Statement A begins\nnot a date,continued\nend"]
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_jsonl_nan_is_refused_not_read_as_missing(tmp_path, constant):
+    """Found by a trial: ``{"date": NaN}`` (not JSON; Python's reader takes it) read as an empty timestamp."""
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"id": "a", "date": "2010-01-01", "text": "ok"}\n'
+                 f'{{"id": "b", "date": {constant}, "text": "x"}}\n')
+    with pytest.raises(CorpusError, match=rf"c.jsonl: line 2: {constant} is not a JSON value \(JSON has no NaN or "
+                                          r"Infinity\); write null for a missing value"):
+        read_corpus(f, "jsonl", "text", "date", "UTC", id_field="id")
+
+
+def test_a_compressed_corpus_is_named_as_such(tmp_path):
+    """Found by a trial: a gzipped corpus got the hint "Latin-1 or Windows-1252 text ... set spec.corpus.encoding"."""
+    import gzip
+
+    f = tmp_path / "c.csv"
+    f.write_bytes(gzip.compress(b"date,text\n2010-01-01,hello\n"))
+    with pytest.raises(CorpusError, match=r"c.csv: the file is gzip-compressed \(it starts with bytes 1f 8b 08 00\), "
+                                          "not text: decompress it and give the uncompressed file"):
+        read_corpus(f, "csv", "text", "date", "UTC")

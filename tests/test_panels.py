@@ -534,3 +534,18 @@ def test_the_sp500_file_reads_the_same_with_the_csv_module(data_root):
             start = reader.line_num + 1
     got = _record_lines(path, 7)
     assert len(got) == len(expected) == 619_040 and got.tolist() == expected
+
+
+def test_ohlcv_open_high_low_are_neither_required_nor_read(tmp_path):
+    """Found by a trial: open, high and low were required but never checked, so ``high=abc`` passed as if read.
+    pitlab reads date, close, volume and Name only: a file without the three loads, and one with text in them loads
+    to the same prices bit for bit (they are never used)."""
+    path, _ = _ohlcv(tmp_path)
+    want = load_ohlcv_long(path)
+    df = pd.read_csv(path, dtype=str)
+    df.drop(columns=["open", "high", "low"]).to_csv(tmp_path / "cvn.csv", index=False)
+    df.loc[5, "high"], df.loc[5, "open"] = "abc", "-999"
+    df.to_csv(tmp_path / "odd.csv", index=False)
+    for variant in ("cvn.csv", "odd.csv"):
+        got = load_ohlcv_long(tmp_path / variant)
+        assert got.close.equals(want.close) and got.volume.equals(want.volume) and got.close.shape == (40, 3)

@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import re
 import zoneinfo
 
 import pandas as pd
@@ -441,3 +442,43 @@ def test_a_corpus_row_with_such_a_timestamp_is_refused_with_file_row_id_and_valu
                                 today=dt.date(2018, 1, 1))
     assert [d.id for d in kept] == ["a"]
     assert audit.rejected_timestamp_examples == [{"row": 2, "id": "b", "value": value, "error": error}]
+
+
+@pytest.mark.parametrize("fmt, zone", [("%Y-%m-%dT%H:%M:%SZ", "Z"), ("%Y-%m-%dT%H:%M:%S.%fZ", "Z"),
+                                       ("%Y-%m-%d %H:%M UTC", "UTC"), ("%Y-%m-%d %H:%M GMT", "GMT"),
+                                       ("%Y-%m-%d %H:%M EST", "EST"), ("%d/%m/%Y %H:%M CEST", "CEST"),
+                                       ("%Y-%m-%d %H:%M+09:00", "+09:00"), ("%Y-%m-%d %H:%M -0500", "-0500")])
+def test_a_pattern_whose_literal_text_names_a_zone_is_refused(fmt, zone):
+    """Found by a trial: ``%Y-%m-%dT%H:%M:%SZ`` matched the Z as text and read 2016-12-31T20:00:00Z as 20:00 in
+    the corpus zone (Tokyo: 05:00 UTC on 2017-01-01 became 11:00 UTC on 2016-12-31, before the cutoff)."""
+    with pytest.raises(ValueError, match=rf"the literal text '{re.escape(zone)}' names a zone or an offset, which "
+                                         r"strptime matches as plain text.*use %z"):
+        check_format(fmt)
+
+
+@pytest.mark.parametrize("fmt", ["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M:%S%z", "%d %b %Y", "%a %d %B %Y",
+                                 "%Y%m%d", "%d.%m.%Y %H:%M", "%I:%M %p %d/%m/%Y", "%Y-%m-%d at %H:%M"])
+def test_patterns_without_zone_text_are_kept(fmt):
+    """The ISO separator T, month and weekday names and lower-case words are no zone."""
+    assert check_format(fmt) == fmt
+
+
+@pytest.mark.parametrize("name, message", [
+    ("localtime", "'localtime' is the zone of the machine that reads the corpus"),
+    ("posixrules", "'posixrules' is the POSIX default rules"),
+    ("Factory", "'Factory' is tzdata's placeholder for an unset zone"),
+    ("right/America/New_York", r"counts leap seconds .*name the zone itself \('America/New_York'\)"),
+    ("posix/Asia/Tokyo", r"is a copy of the IANA zone that some machines lack; name the zone itself \('Asia/Tokyo'\)"),
+    ("Mars/Olympus", "unknown IANA time zone 'Mars/Olympus'"),
+])
+def test_a_zone_that_reads_differently_from_machine_to_machine_is_refused(name, message):
+    """Found by a trial: ``timezone: localtime`` kept 1 of 3 documents on a UTC host and 2 of 3 on one set to New
+    York: the knowledge cutoff depended on the machine."""
+    from pitlab.api.pittraining import CorpusSpec
+    from pitlab.data.timestamps import check_timezone
+
+    with pytest.raises(ValueError, match=message):
+        check_timezone(name)
+    with pytest.raises(ValueError, match="timezone: "):
+        CorpusSpec(uri="c.csv", format="csv", timezone=name)
+    assert check_timezone("America/New_York") == "America/New_York" and check_timezone("UTC") == "UTC"

@@ -79,7 +79,7 @@ class DateSampling(SpecModel):
 
 
 class Dataset(SpecModel):
-    """The market panel. ``kind: ohlcv`` reads a long OHLCV CSV (date, open, high, low, close, volume, Name);
+    """The market panel. ``kind: ohlcv`` reads date, close, volume, Name of a long OHLCV CSV (not open/high/low);
     ``kind: jpx`` reads a folder with Kaggle JPX ``stock_list.csv`` and ``stock_prices.csv``, either beside it
     or as the competition's download unpacks (``train_files/stock_prices.csv``, plus
     ``supplemental_files/stock_prices.csv`` when present).

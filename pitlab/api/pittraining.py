@@ -90,12 +90,9 @@ class CorpusSpec(SpecModel):
 
     @model_validator(mode="after")
     def _tz(self) -> "CorpusSpec":
-        import zoneinfo
+        from pitlab.data.timestamps import check_timezone
 
-        try:
-            zoneinfo.ZoneInfo(self.timezone)
-        except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"timezone: unknown IANA time zone {self.timezone!r}") from None
+        check_timezone(self.timezone)  # ValueError naming timezone
         return self
 
     @field_validator("encoding")

@@ -98,16 +98,18 @@ def _no_duplicates(path: Path, line: int):
 
 
 def _iter_records(path: Path, fmt: Literal["csv", "jsonl"], encoding: str = "utf-8",
-                  timestamp_field: str | None = None) -> Iterator[tuple[int, dict, int]]:
+                  timestamp_field: str | None = None,
+                  timestamp_format: str | None = None) -> Iterator[tuple[int, dict, int]]:
     """Yield (1-based data row, record, the file line where it starts). CSV rows are numbered after the header;
     JSONL by line (row and line equal). Raises
     :class:`CorpusError` naming the file and line for text that is not ``encoding`` (with the byte offset), a
     header naming a column twice, a CSV row with more or fewer fields than the header, a stray or unclosed quote,
     a quoted CSV field that runs over a line reading as a row of its own (``timestamp_field``'s column holding a
-    timestamp), a JSON key given twice."""
+    timestamp in ``timestamp_format``), a JSON key given twice or a JSON ``NaN`` / ``Infinity``."""
     enc = "utf-8-sig" if codecs.lookup(encoding).name == "utf-8" else encoding  # a byte-order mark is no name
     try:
-        yield from (_iter_csv(path, enc, timestamp_field) if fmt == "csv" else _iter_jsonl(path, enc))
+        yield from (_iter_csv(path, enc, timestamp_field, timestamp_format) if fmt == "csv"
+                    else _iter_jsonl(path, enc))
     except UnicodeDecodeError:
         raise CorpusError(decode_problem(path, encoding, "spec.corpus.encoding")) from None
 
@@ -116,11 +118,26 @@ _RECORD_START = re.compile(r"\d{4}-\d{2}-\d{2}|\d{9,19}", re.ASCII)
 """A field that begins like a corpus timestamp (ISO 8601 date, or an epoch number)."""
 
 
-def _swallowed_line(lines: list[str], header: list[str], stamp_col: int | None) -> int | None:
+def _starts_record(value: str, timestamp_format: str | None) -> bool:
+    """Whether ``value`` (white space around it ignored) reads as a timestamp: the start of an ISO 8601 date or an
+    epoch number, or, for a strftime pattern, a value the pattern reads."""
+    value = value.strip()
+    if _RECORD_START.match(value):
+        return True
+    if timestamp_format is None or "%" not in timestamp_format:
+        return False
+    try:
+        return parse_timestamp(value, "UTC", timestamp_format) is not None
+    except TimestampError:
+        return False
+
+
+def _swallowed_line(lines: list[str], header: list[str], stamp_col: int | None,
+                    timestamp_format: str | None = None) -> int | None:
     """Index (in ``lines``, the record's raw lines) of a line after the first that parses as a whole record of
-    its own: the header's field count and a timestamp in column ``stamp_col``; None if there is none. A quoted
-    text spanning such a line is most likely an unclosed quote that swallowed the next row (its text, dated
-    later, would be trained on under the earlier row's date)."""
+    its own: the header's field count and a timestamp (:func:`_starts_record`) in column ``stamp_col``; None if
+    there is none. A quoted text spanning such a line is most likely an unclosed quote that swallowed the next row
+    (its text, dated later, would be trained on under the earlier row's date)."""
     if stamp_col is None:
         return None
     for k, line in enumerate(lines[1:], start=1):
@@ -128,12 +145,13 @@ def _swallowed_line(lines: list[str], header: list[str], stamp_col: int | None) 
             fields = next(csv.reader([line.rstrip("\r\n")]), [])
         except csv.Error:
             continue
-        if len(fields) == len(header) and _RECORD_START.match(fields[stamp_col].strip()):
+        if len(fields) == len(header) and _starts_record(fields[stamp_col], timestamp_format):
             return k
     return None
 
 
-def _iter_csv(path: Path, encoding: str, timestamp_field: str | None = None) -> Iterator[tuple[int, dict]]:
+def _iter_csv(path: Path, encoding: str, timestamp_field: str | None = None,
+              timestamp_format: str | None = None) -> Iterator[tuple[int, dict]]:
     csv.field_size_limit(1 << 30)
     with path.open(newline="", encoding=encoding) as f:
         raw: list[str] = []
@@ -165,7 +183,7 @@ def _iter_csv(path: Path, encoding: str, timestamp_field: str | None = None) -> 
                     raise CorpusError(f"{path}: row {i} (line {reader.line_num}): {len(values)} fields, the header "
                                       f"has {len(header)}; a field with a comma or a line break must be quoted"
                                       f"{separator_hint(header)}")
-                k = _swallowed_line(record, header, stamp_col) if len(record) > 1 else None
+                k = _swallowed_line(record, header, stamp_col, timestamp_format) if len(record) > 1 else None
                 if k is not None:
                     raise CorpusError(f"{path}: row {i} (lines {first}-{reader.line_num}): a quoted field runs over "
                                       f"line {first + k}, which reads as a row of its own "
@@ -182,13 +200,23 @@ def _json_type(value: object) -> str:
     return "float" if isinstance(value, float) else type(value).__name__
 
 
+def _not_json(path: Path, line: int):
+    """``json.loads``'s ``parse_constant``: Python's reader accepts ``NaN``, ``Infinity`` and ``-Infinity``, which
+    JSON does not have; a value written so is refused naming the line, not read as a missing one."""
+    def refuse(constant: str):
+        raise CorpusError(f"{path}: line {line}: {constant} is not a JSON value (JSON has no NaN or Infinity); "
+                          "write null for a missing value")
+    return refuse
+
+
 def _iter_jsonl(path: Path, encoding: str) -> Iterator[tuple[int, dict]]:
     with path.open(encoding=encoding) as f:
         for i, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line, object_pairs_hook=_no_duplicates(path, i), parse_float=JsonNumber)
+                rec = json.loads(line, object_pairs_hook=_no_duplicates(path, i), parse_float=JsonNumber,
+                                 parse_constant=_not_json(path, i))
             except json.JSONDecodeError as err:
                 raise CorpusError(f"{path}: line {i}: invalid JSON ({err.msg})") from None
             if not isinstance(rec, dict):
@@ -217,7 +245,7 @@ def read_corpus(path: str | Path, fmt: Literal["csv", "jsonl"], text_field: str,
         raise CorpusError(f"{p}: corpus file not found")
     docs: list[Document] = []
     seen: dict[str, int] = {}
-    for row, rec, line in _iter_records(p, fmt, encoding, timestamp_field):
+    for row, rec, line in _iter_records(p, fmt, encoding, timestamp_field, timestamp_format):
         for field, role in ((text_field, "textField"), (timestamp_field, "timestampField"),
                             (id_field, "idField")):
             if field is not None and field not in rec:

@@ -19,9 +19,15 @@ def check_encoding_name(name: str) -> str:
     return name
 
 
+COMPRESSED = ((b"\x1f\x8b", "gzip-compressed"), (b"PK\x03\x04", "a zip archive"), (b"BZh", "bzip2-compressed"),
+              (b"\xfd7zXZ\x00", "xz-compressed"), (b"\x28\xb5\x2f\xfd", "zstd-compressed"))
+"""Leading bytes of compressed files (a corpus is read as text)."""
+
+
 def decode_problem(path: Path, encoding: str, field: str | None = None) -> str:
     """Why ``path`` cannot be read as ``encoding``: ``<path>: line L, byte offset B: bytes ... are not valid
-    <encoding> (...)`` with a hint (a UTF-16 byte-order mark; Latin-1 or cp1252 text), naming the spec
+    <encoding> (...)`` with a hint (a UTF-16 byte-order mark; Latin-1 or cp1252 text), or that the file is
+    compressed (gzip, zip, bzip2, xz, zstd: :data:`COMPRESSED`), naming the spec
     ``field`` that sets the encoding when given. Reads the file once; call it after a decode failed."""
     data = Path(path).read_bytes()
     try:
@@ -32,6 +38,10 @@ def decode_problem(path: Path, encoding: str, field: str | None = None) -> str:
         return f"{path}: cannot be read as {encoding}"
     line = data[:start].decode(encoding, errors="replace").count("\n") + 1
     bad = data[start:min(end, start + 4) if end > start else start + 1]
+    packed = next((what for magic, what in COMPRESSED if data.startswith(magic)), None)
+    if packed is not None:  # no encoding reads it: the bytes are compressed, not text
+        return (f"{path}: the file is {packed} (it starts with bytes {data[:4].hex(' ')}), not text: decompress it "
+                "and give the uncompressed file")
     hint = ""
     if data.startswith(UTF16_BOMS) and codecs.lookup(encoding).name != "utf-16":
         hint = "; the file starts with a UTF-16 byte-order mark: it is UTF-16 text"

@@ -26,7 +26,8 @@ import pandas as pd
 from pitlab.data.encoding import decode_problem, separator_hint
 from pitlab.errors import PanelError
 
-OHLCV_COLUMNS = ("date", "open", "high", "low", "close", "volume", "Name")
+OHLCV_COLUMNS = ("date", "open", "high", "low", "close", "volume", "Name")  # a long OHLCV file (sp500_5yr)
+OHLCV_READ = ("date", "close", "volume", "Name")  # what pitlab reads of it, and requires: open/high/low are not read
 JPX_PRICE_COLUMNS = ("RowId", "Date", "SecuritiesCode", "Open", "High", "Low", "Close", "Volume",
                      "AdjustmentFactor", "ExpectedDividend", "SupervisionFlag", "Target")
 JPX_LIST_COLUMNS = ("SecuritiesCode", "Name")
@@ -285,7 +286,8 @@ def _check_unique(df: pd.DataFrame, keys: list[str], path: Path) -> None:
 
 
 def load_ohlcv_long(path: str | Path, headers: Headers | None = None) -> Prices:
-    """Read a long OHLCV CSV (optionally .gz) with columns date, open, high, low, close, volume, Name.
+    """Read a long OHLCV CSV (optionally .gz): its columns date, close, volume and Name (open, high, low and any
+    other column are neither required nor read).
 
     This is the format of ``sp500_5yr/sp500_5yr_ohlcv_long.csv.gz`` (split-adjusted by its source). An empty
     close stays NaN (no price that day). Raises :class:`PanelError` naming the file, column, row and value for
@@ -294,7 +296,7 @@ def load_ohlcv_long(path: str | Path, headers: Headers | None = None) -> Prices:
     preflight already read it.
     """
     p = Path(path)
-    df = _read_csv(p, OHLCV_COLUMNS, ("date", "close", "volume", "Name"), headers)
+    df = _read_csv(p, OHLCV_READ, OHLCV_READ, headers)
     df["date"] = _parse_dates(df, "date", p)
     df["close"] = _numeric(df, "close", p, "> 0")
     df["volume"] = _numeric(df, "volume", p, ">= 0")

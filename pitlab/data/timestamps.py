@@ -102,6 +102,11 @@ def check_format(fmt: str | None) -> str:
                          "spec.corpus.timezone")
     if "y" in directives:
         raise ValueError(f"{fmt!r}: %y (two-digit year) needs a century guess; use %Y")
+    zone = _literal_zone(fmt)
+    if zone is not None:
+        raise ValueError(f"{fmt!r}: the literal text {zone!r} names a zone or an offset, which strptime matches as "
+                         "plain text, so the time would be read in spec.corpus.timezone instead; use %z (it reads Z, "
+                         "+HH:MM and +HHMM), or drop the zone from the values and set spec.corpus.timezone")
     bad = sorted({d for d in directives if d not in _ALLOWED_DIRECTIVES})
     if bad:
         raise ValueError(f"{fmt!r}: directive(s) {', '.join('%' + d for d in bad)} not accepted; use "
@@ -129,6 +134,43 @@ def check_format(fmt: str | None) -> str:
     except Exception as err:  # noqa: BLE001 - any failure to read its own output means the pattern is malformed
         raise ValueError(f"{fmt!r}: not a usable strptime pattern ({err})") from None
     return fmt
+
+
+# zoneinfo files that are no zone of their own: the host's setting, the POSIX default rules, tzdata's "Factory"
+_HOST_ZONES = {"localtime": "the zone of the machine that reads the corpus (a laptop and a pod may differ)",
+               "posixrules": "the POSIX default rules of the machine's tz database",
+               "factory": "tzdata's placeholder for an unset zone (every time reads as UTC, written '-00')"}
+
+
+def check_timezone(name: str) -> str:
+    """``name`` if it is an IANA time zone that reads the same on every machine; raises ``ValueError`` (naming
+    ``timezone``) for an unknown name, the host's own setting (``localtime``, ``posixrules``, ``Factory``) and the
+    ``right/`` (leap-second clock) and ``posix/`` copies of the database."""
+    lowered = name.lower()
+    if lowered in _HOST_ZONES:
+        raise ValueError(f"timezone: {name!r} is {_HOST_ZONES[lowered]}, not a time zone: a knowledge cutoff would "
+                         "then depend on where pitlab runs; name the IANA zone the timestamps are written in "
+                         "(e.g. America/New_York)")
+    if lowered.startswith(("right/", "posix/")):
+        what = ("counts leap seconds (its times differ from every other reading by up to 27 s)"
+                if lowered.startswith("right/") else "is a copy of the IANA zone that some machines lack")
+        raise ValueError(f"timezone: {name!r} {what}; name the zone itself ({name.split('/', 1)[1]!r})")
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"timezone: unknown IANA time zone {name!r}") from None
+    return name
+
+
+def _literal_zone(fmt: str) -> str | None:
+    """The text of ``fmt`` outside its directives that names a zone or an offset (``Z``, ``UTC``, ``GMT``, ``EST``,
+    ``+09:00``), else None: strptime matches it as plain text and the time would be read in spec.corpus.timezone."""
+    literal = " ".join(t for t in re.findall(r"%.|[^%]+", fmt.replace("%%", "")) if not t.startswith("%"))
+    for word in re.findall(r"[A-Za-z]+", literal):
+        if word in ("Z", "UTC", "UT", "GMT") or re.fullmatch(r"[A-Z]{1,4}T", word) and word != "T":
+            return word
+    offset = re.search(r"[+-]\d{1,2}(?::?\d{2})?", literal)
+    return offset.group(0) if offset else None
 
 
 def describe_format(fmt: str | None) -> str:

@@ -15,7 +15,7 @@ from pitlab import storage
 from pitlab.api import LeakageEvalSpec, SpecError, expand_uri, resolve_input, resolve_local_path
 from pitlab.api.artifacts import MODEL_CARD, read_model_card, resolve_cutoff
 from pitlab.data import build_panel, load_jpx, load_ohlcv_long
-from pitlab.data.panels import (JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_COLUMNS, PanelError, check_csv_columns,
+from pitlab.data.panels import (JPX_LIST_COLUMNS, JPX_PRICE_COLUMNS, OHLCV_READ, PanelError, check_csv_columns,
                                 jpx_files)
 from pitlab.data.sampling import check_prompt_template
 from pitlab.data.types import Panel
@@ -45,7 +45,7 @@ def check_dataset(spec: LeakageEvalSpec, field_prefix: str) -> CheckedDataset:
         except ValueError as err:
             raise SpecError([(f"{field_prefix}.dataset.promptTemplate", str(err).split(": ", 1)[-1])]) from None
     if ds.kind == "ohlcv":
-        files = [(path, OHLCV_COLUMNS)]
+        files = [(path, OHLCV_READ)]
     else:
         prices, stock_list = jpx_files(path)
         files = [(f, JPX_PRICE_COLUMNS) for f in prices] + [(stock_list, JPX_LIST_COLUMNS)]
