@@ -354,6 +354,8 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     mem, noise = res["models"]
     # dates 2 and 4 trading days before the first test date fall in the 5-day embargo
     assert (mem["n_train"], mem["n_embargoed"], mem["n_test"]) == (10 * S, 2 * S, 8 * S)
+    off = res["protocol"]["leakage_off"]
+    assert (off["last_train_row_date"], off["first_test_row_date"]) == (str(dates[9].date()), str(dates[12].date()))
     # planted date effect: the model recognises in-sample dates (leakage-on) but not new ones (leakage-off)
     assert mem["r2_on"] == pytest.approx(0.34731, abs=1e-5)
     assert mem["r2_off"] == pytest.approx(-0.44391, abs=1e-5)
@@ -383,6 +385,13 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     # 0.4336 (one indicator per date), so the memoriser's excess over it is what its fingerprint adds in-sample
     assert mem["market_neutral"]["premium"] == pytest.approx(-0.00004, abs=1e-5)
     assert res["date_only_baseline"]["raw"]["premium"] == pytest.approx(0.43360, abs=1e-5)
+    # the baseline records the grid its penalties came from, as each model does (a quant's trial found its α
+    # outside the reported grid with no word of a widening)
+    base = res["date_only_baseline"]["raw"]
+    assert base["alpha_off"] in base["alphas"] and set(base["alpha_on"]) <= set(base["alphas"])
+    assert (base["alphas"], base["alpha_grid_widenings"]) == (ALPHAS, 0)
+    # the memoriser's market-neutral target has no signal: its selection widened the grid once, the raw one did not
+    assert mem["market_neutral"]["alphas"] == ALPHAS + [1e5, 1e6] and mem["market_neutral"]["alpha_grid_widenings"] == 1
     assert mem["excess"]["premium"] == pytest.approx(0.78143 - 0.43360, abs=1e-5)
     # one set of draws and folds, shared by the date-only baseline and both models, raw and market-neutral: the
     # memoriser's two targets end on one grid and are fitted in one call (two targets), the noise model's raw
@@ -391,6 +400,23 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     assert all(c[1] is calls[0][1] and c[2] is calls[0][2] for c in calls)
     np.testing.assert_array_equal(calls[0][1], draw_cluster_weights(S, 100, seed=0))
     assert res["bootstrap"]["resamples"] == 100 and res["benchmark"] == "training mean"
+    # rows.csv (a quant's trial could not recompute a premium from the outputs): with the embeddings, R²(off) is
+    # recomputed by scikit-learn's Ridge at the chosen penalty, and the splits and folds are the reported ones
+    from sklearn.linear_model import Ridge
+
+    table = pd.read_csv(tmp_path / "out" / "rows.csv")
+    assert list(table.columns) == ["row", "date", "security", "target", "target_market_neutral", "leakage_off",
+                                   "leakage_on_fold", "prompt"]
+    assert table["row"].tolist() == list(range(S * T)) and table["prompt"].tolist() == prompts
+    assert (table["target"].to_numpy() == rows["target"].to_numpy()).all()  # %.17g: bit for bit
+    assert table["leakage_off"].value_counts().to_dict() == {"train": 10 * S, "test": 8 * S, "embargoed": 2 * S}
+    assert table.groupby("security")["leakage_on_fold"].nunique().max() == 1
+    assert sorted(table["leakage_on_fold"].unique()) == list(range(res["protocol"]["leakage_on"]["n_splits"]))
+    train, test = (table["leakage_off"] == "train").to_numpy(), (table["leakage_off"] == "test").to_numpy()
+    y, X = table["target"].to_numpy(), X_date.astype(np.float32).astype(np.float64)  # the embedding's float32
+    fit = Ridge(alpha=mem["alpha_off"]).fit(X[train], y[train])
+    r2_off = 1 - ((y[test] - fit.predict(X[test])) ** 2).sum() / ((y[test] - y[train].mean()) ** 2).sum()
+    assert r2_off == pytest.approx(mem["r2_off"], abs=1e-10)
 
 
 def test_security_cv_selection_end_to_end_on_planted_date_effect(tmp_path, fake_models):

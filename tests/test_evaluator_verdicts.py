@@ -737,3 +737,22 @@ def test_the_replicates_file_reproduces_every_two_way_interval(tmp_path, fake_em
         np.testing.assert_allclose(ci, [point - half, point + half], rtol=0, atol=1e-12, err_msg=column)
     np.testing.assert_allclose(reps["premium_all_rows"], reps["r2_on"] - reps["r2_off"], rtol=0, atol=1e-15)
     np.testing.assert_allclose(reps["premium"], reps["r2_on_test_rows"] - reps["r2_off"], rtol=0, atol=1e-15)
+
+
+def test_the_two_way_bias_is_that_of_the_half_the_interval_is_read_from():
+    """Found by a quant's trial: the legend said "mean of the replicates − the point estimate" while the number was
+    the dominating half's. The security half [0.9, 1.1, 1.0, 1.2] (sd 0.129) is narrower than the date half
+    [0.0, 2.0, 1.0, 3.0] (sd 1.291): bias = mean(date half) − point = 1.5 − 1.0 = +0.5 (all 8: +0.275), sd 1.291;
+    the report says so under two-way and plainly under a percentile rule."""
+    from pitlab.evaluator.bootstrap import IntervalRule, judge
+    from pitlab.evaluator.report import render_markdown
+
+    values = np.array([0.9, 1.1, 1.0, 1.2, 0.0, 2.0, 1.0, 3.0])
+    got = judge(1.0, values, IntervalRule(0.95, "two-way", n_security=4, n_securities=50, n_dates=20))
+    assert got["bias"] == pytest.approx(0.5, abs=1e-15) and got["sd"] == pytest.approx(np.std([0, 2, 1, 3], ddof=1))
+    assert judge(1.0, values, 0.95)["bias"] == pytest.approx(0.275, abs=1e-15)
+    base = _results_for_tables()
+    base["bootstrap"]["cluster"] = "two-way"
+    assert "(the half, by security or by date, whose spread is larger) − the point estimate" in render_markdown(base)
+    base["bootstrap"]["cluster"] = "security"
+    assert "*bias / sd*: the mean of the replicates − the point estimate, and their sd." in render_markdown(base)

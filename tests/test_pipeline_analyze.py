@@ -132,3 +132,27 @@ def test_progress_one_model_after_the_other() -> None:
         note(f"statistics:{n}", 1, 1)
     assert [(c[1], c[3].split("model")[1]) for c in lines.calls] == [
         (0, " (running: date-only)"), (1, " (date-only done)"), (1, " (running: m)"), (2, " (m done)")]
+
+
+def test_a_log_gets_every_statistics_line(monkeypatch) -> None:
+    """Found by a quant's trial: in a log (no terminal) the 15-s throttle hid "1/2 (date-only baseline done)" and
+    "1/2 (running: minilm)", so for the 5 minutes of minilm's statistics the log said the baseline was running. A
+    task of a few units prints every change; one of many (prompts) a line per 15 s and its end."""
+    from pitlab.cli import output
+
+    said: list[str] = []
+    monkeypatch.setattr(output, "say", said.append)
+    monkeypatch.setattr(type(output.console), "is_terminal", property(lambda self: False))
+    reporter = output.RichReporter(output.progress(terminal_only=True))
+    note = analyze.StatisticsProgress(["date-only baseline", "minilm"], reporter)
+    for n in ["date-only baseline", "minilm"]:
+        note(f"statistics:{n}", 0, 1)
+        note(f"statistics:{n}", 1, 1)
+    text = "analyze: {}/2 statistics of the date-only baseline and each model ({})"
+    assert said == ["  " + text.format(0, "running: date-only baseline"),
+                    "  " + text.format(1, "date-only baseline done"), "  " + text.format(1, "running: minilm"),
+                    "  " + text.format(2, "minilm done")]
+    said.clear()
+    for done in range(0, 301, 50):  # 300 prompts within a second: the first line and the last
+        reporter.progress("embed minilm", done, 300, "prompts")
+    assert said == ["  embed minilm: 0/300 prompts", "  embed minilm: 300/300 prompts"]

@@ -32,6 +32,7 @@ REPORT = "report.md"
 HTML = "report.html"
 PLOT = "premium.png"
 REPLICATES = "bootstrap_replicates.csv"
+ROWS = "rows.csv"
 
 Root = Union[Path, str]
 
@@ -81,6 +82,7 @@ class EvalOutputs:
     html = property(lambda self: join(self.root, HTML))
     plot = property(lambda self: join(self.root, PLOT))
     replicates = property(lambda self: join(self.root, REPLICATES))
+    rows = property(lambda self: join(self.root, ROWS))
     embeddings = property(lambda self: join(self.root, EMBEDDINGS))
 
 

@@ -19,6 +19,11 @@ def say(*objects, **kwargs) -> None:
     console.print(*objects, soft_wrap=not console.is_terminal, **kwargs)
 
 
+FEW_UNITS = 20
+"""A progress task counted in at most this many units (the analyze stage's statistics: the baseline and each
+model) gets a log line at every change: between two of them minutes can pass."""
+
+
 class RichReporter:
     """Draws the runner's stages and progress bars with rich."""
 
@@ -27,6 +32,7 @@ class RichReporter:
         self.tasks: dict[str, int] = {}
         self.t0: dict[str, float] = {}
         self.last_line: dict[str, float] = {}
+        self.last_text: dict[str, str] = {}
         self.deleted_paths: list[Path] = []
         self.replaced: list[tuple[Path, Path]] = []  # (run folder, where its previous content is kept)
 
@@ -45,14 +51,17 @@ class RichReporter:
         say(f"[bold cyan]▶ {name}[/] {detail}")
 
     def progress(self, task: str, done: int, total: int, info: str = "") -> None:
+        """A bar on a terminal; in a log a plain line: every change of a task counted in at most
+        :data:`FEW_UNITS` (models, stages), else every 15 s (prompts, steps) and at the end."""
         if task not in self.tasks:
             self.tasks[task] = self.p.add_task(task, total=total, info=info)
         self.p.update(self.tasks[task], completed=done, total=total, info=info)
-        if not console.is_terminal:  # logs and CI: a plain line every 15 s instead of a live bar
-            now = time.monotonic()
-            if now - self.last_line.get(task, 0.0) > 15 or done == total:
-                self.last_line[task] = now
-                say(f"  {task}: {done}/{total} {info}".rstrip())
+        if not console.is_terminal:  # logs and CI: plain lines instead of a live bar
+            now, line = time.monotonic(), f"  {task}: {done}/{total} {info}".rstrip()
+            changed = total <= FEW_UNITS and line != self.last_text.get(task)
+            if changed or now - self.last_line.get(task, 0.0) > 15 or done == total:
+                self.last_line[task], self.last_text[task] = now, line
+                say(line)
 
     def done(self, name: str, detail: str = "") -> None:
         t0 = self.t0.pop(name, None)  # a stage done without running (a resume skips it) has no start

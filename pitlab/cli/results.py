@@ -70,7 +70,8 @@ def print_results_table(results: dict, title: str) -> None:
     output.say("  premiums: R²(on) − R²(off) on the same rows (the leakage-off test dates). market-neutral (the "
                "headline): target minus its date's cross-sectional mean; date-only: the raw premium of features "
                "that identify the date only; excess: raw − date-only on the same bootstrap draws; bias: the raw "
-               "premium's bootstrap bias (mean of the replicates − the point estimate)")
+               "premium's bootstrap bias, the mean of the replicates its interval is read from (under the two-way "
+               "interval: the half, by security or by date, whose spread is larger) − the point estimate")
     neutral = results.get("reductionsMarketNeutral") or []
     for label, reductions in (("market-neutral", neutral), ("raw" if neutral else "", results.get("reductions") or [])):
         for x in reductions:

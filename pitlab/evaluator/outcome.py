@@ -48,7 +48,8 @@ class Baseline:
 
 def target_summary(ts: TargetStats, confidence: "IntervalRule | float") -> dict:
     """JSON-ready numbers of one target: R²(off), R²(on) on all rows and on the leakage-off test rows, the
-    same-row premium with its interval, p-value, bias, sd and verdict (:func:`judge`), the chosen penalties."""
+    same-row premium with its interval, p-value, bias, sd and verdict (:func:`judge`), the chosen penalties and
+    the α grid they were chosen from (``alphas``, after ``alpha_grid_widenings`` widenings)."""
     edges = ts.edge_text["off"] + ts.edge_text["on"]
     pj = judge(ts.premium, ts.reps.premium, confidence, edges)
     return {"r2_off": float(ts.off.r2[0]), "r2_on": float(ts.on.r2[0]), "r2_on_test_rows": ts.r2_on_rows,
@@ -59,6 +60,7 @@ def target_summary(ts: TargetStats, confidence: "IntervalRule | float") -> dict:
             "r2_on_ci": interval(float(ts.on.r2[0]), ts.reps.r2_on, confidence),
             "r2_on_test_rows_ci": interval(ts.r2_on_rows, ts.reps.r2_on_rows, confidence),
             "alpha_off": float(ts.off.alpha[0]), "alpha_on": [float(a) for a in ts.on.alpha[0]],
+            "alphas": [float(a) for a in ts.grid], "alpha_grid_widenings": ts.widenings,
             "n_valid_replicates": int(np.isfinite(ts.reps.premium).sum())}
 
 

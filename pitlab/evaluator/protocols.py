@@ -99,7 +99,9 @@ class ChronologicalFolds:
     train_mask, test_mask, embargo_mask : np.ndarray of bool, shape [n_rows]
         Training rows; test rows; rows with date <= train_end removed by the embargo.
     first_test_date : pd.Timestamp
-        T0.
+        T0: the first calendar session on or after ``test_start`` (the embargo counts sessions before it).
+    last_train_row_date, first_test_row_date : pd.Timestamp
+        The panel's own last training row's and first test row's dates (a sampled panel's can differ from T0).
     train_end, test_start : pd.Timestamp; embargo_days : int
         The splitter's parameters.
     n_train, n_test, n_embargoed, n_gap : int
@@ -132,6 +134,10 @@ class ChronologicalFolds:
         self.n_test = int(self.test_mask.sum())
         self.n_embargoed = int(self.embargo_mask.sum())
         self.n_gap = int(len(d) - self.n_train - self.n_test - self.n_embargoed)
+        # the panel's own dates beside the calendar's: the embargo counts sessions before first_test_date, while a
+        # sampled panel's first test row can be later
+        self.last_train_row_date = d[self.train_mask].max() if self.train_mask.any() else None
+        self.first_test_row_date = d[self.test_mask].min() if self.test_mask.any() else None
         self.warnings: list[str] = []
         # a training row at t has the label close t+1 -> t+2: within LABEL_HORIZON_DAYS of T0 it reaches into the test
         overlap = self.train_mask & (pos >= t0_pos - LABEL_HORIZON_DAYS)
@@ -164,7 +170,8 @@ class ChronologicalFolds:
         return {"train_end": self.train_end.date().isoformat(), "test_start": self.test_start.date().isoformat(),
                 "first_test_date": self.first_test_date.date().isoformat(), "embargo_days": self.embargo_days,
                 "n_train": self.n_train, "n_test": self.n_test, "n_embargoed": self.n_embargoed,
-                "n_gap": self.n_gap, "warnings": list(self.warnings)}
+                "n_gap": self.n_gap, "last_train_row_date": self.last_train_row_date.date().isoformat(),
+                "first_test_row_date": self.first_test_row_date.date().isoformat(), "warnings": list(self.warnings)}
 
 
 def check_group_k_folds(n_splits: int, n_securities: int) -> None:

@@ -29,7 +29,8 @@ HTML_FILE = layout.HTML
 FOLDS_PLOT_FILE = "r2_by_fold.png"
 CUTOFF_PLOT_FILE = "premium_vs_cutoff.png"
 REPLICATES_FILE = layout.REPLICATES
-OUTPUT_FILES = (REPORT_FILE, HTML_FILE, PLOT_FILE, REPLICATES_FILE, RESULTS_FILE)
+ROWS_FILE = layout.ROWS
+OUTPUT_FILES = (REPORT_FILE, HTML_FILE, PLOT_FILE, REPLICATES_FILE, ROWS_FILE, RESULTS_FILE)
 """Files every evaluation writes (r2_by_fold.png and premium_vs_cutoff.png only when there is something to plot)."""
 
 
@@ -70,12 +71,8 @@ def render_markdown(results: dict) -> str:
             "R² = 1 − SSE / Σ(y − ȳ_train)², ȳ_train being the mean target of the fold the ridge was fitted on. ")
          + "Ridge regression on the embeddings, intercept unpenalised, penalty chosen inside every training set "
          + f"by {_selection_text(results)}. "
-         f"**leakage-off**: fitted on dates ≤ {off['train_end']} "
-         f"less the {off['embargo_days']} trading days"
-         + (f" ({off['calendar']} sessions)" if off.get("calendar") else "")
-         + f" before the first test date {off['first_test_date']} "
-         f"({off['n_train']} rows, {off['n_embargoed']} embargoed), tested on dates ≥ {off['test_start']} "
-         f"({off['n_test']} rows). **leakage-on**: GroupKFold by security ({on['n_splits']} folds) over all "
+         + _leakage_off_text(off)
+         + f" **leakage-on**: GroupKFold by security ({on['n_splits']} folds) over all "
          f"{on['n_rows']} rows, pooled out-of-fold R². Premium = R²(on) − R²(off)"
          + (", both on the leakage-off test rows (same rows)" if _decomposed(results) else "")
          + f". {pct} {_interval_text(boot)} "
@@ -90,7 +87,7 @@ def render_markdown(results: dict) -> str:
          + "a penalty selection of its point estimate ends at an edge of the α grid (the grid is first widened; "
            "the largest penalty counts as an edge only while the fit keeps at least one effective parameter "
            "besides the intercept: a fit shrunk below that says \"no signal\", which more shrinkage would not "
-           "change)."),
+           "change). " + _bias_sentence(boot)),
         "",
     ]
     if _decomposed(results):
@@ -175,6 +172,27 @@ def decomposition_lines(results: dict, pct: str) -> list[str]:
     return out
 
 
+def _leakage_off_text(off: dict) -> str:
+    """The leakage-off split in words: training dates, the embargo before the first test date (a calendar
+    session) and the panel's own last training and first test dates where the results record them."""
+    return (f"**leakage-off**: fitted on dates ≤ {off['train_end']} less the {off['embargo_days']} trading days"
+            + (f" ({off['calendar']} sessions)" if off.get("calendar") else "")
+            + f" before the first test date {off['first_test_date']} "
+            + ("(the first session on or after testStart) " if off.get("first_test_row_date") else "")
+            + f"({off['n_train']} rows, {off['n_embargoed']} embargoed"
+            + (f", the last dated {off['last_train_row_date']}" if off.get("last_train_row_date") else "")
+            + f"), tested on dates ≥ {off['test_start']} ({off['n_test']} rows"
+            + (f", the first dated {off['first_test_row_date']}" if off.get("first_test_row_date") else "") + ").")
+
+
+def _bias_sentence(boot: dict) -> str:
+    """What *bias / sd* beside an interval are: those of the replicates the interval is read from."""
+    if boot.get("cluster") == "two-way":
+        return ("Beside each interval, *bias / sd*: the mean of the replicates the interval is read from (the half, "
+                "by security or by date, whose spread is larger) − the point estimate, and their sd.")
+    return "Beside each interval, *bias / sd*: the mean of the replicates − the point estimate, and their sd."
+
+
 def _interval_text(boot: dict) -> str:
     """How the intervals were read from the replicates, in words."""
     if boot.get("cluster") == "two-way":
@@ -210,10 +228,14 @@ def _reason_lines(items: list[tuple[str, dict]], key: str = "verdict_reasons") -
 
 def details_table(results: dict) -> tuple[list[str], list[list[str]], str]:
     """Header, rows and alignment of the per-model details: kind, dimension, chosen penalties (and the α grid
-    when it was widened), the R² intervals."""
+    when it was widened), the R² intervals; the date-only baseline's last (results that record its grid)."""
     header = ["model", "kind", "dim", "α (off)", "α (on, per fold)", "α grid", "r2_off CI", "r2_on CI"]
     rows = []
-    for m in results["models"]:
+    base = (results.get("date_only_baseline") or {}).get("raw")
+    baseline = [] if base is None or "alphas" not in base else [
+        dict(base, name=f"*{results['date_only_baseline']['name']}*", kind="date indicators",
+             embedding_dim=results["panel"].get("n_dates", ""))]
+    for m in results["models"] + baseline:
         grid = m.get("alphas") or results["regression"]["alphas"]
         widened = m.get("alpha_grid_widenings") or 0
         rows.append([m["name"], m["kind"], str(m["embedding_dim"]), f"{m['alpha_off']:g}",
@@ -407,10 +429,12 @@ def _replicates_csv(results: dict, replicates: dict[str, dict[str, np.ndarray]])
     return "\n".join(rows) + "\n"
 
 
-def write_outputs(results: dict, out_dir: Path, replicates: dict[str, dict[str, np.ndarray]] | None = None) -> dict:
+def write_outputs(results: dict, out_dir: Path, replicates: dict[str, dict[str, np.ndarray]] | None = None,
+                  rows=None) -> dict:
     """Write report.md, premium.png, bootstrap_replicates.csv (if ``replicates`` is given: model name →
-    {"r2_off", "r2_on", and any of the other :data:`REPLICATE_COLUMNS`} float [R]) and finally results.json into
-    ``out_dir`` (created if missing).
+    {"r2_off", "r2_on", and any of the other :data:`REPLICATE_COLUMNS`} float [R]), rows.csv (if ``rows``, a
+    DataFrame, is given: :func:`pitlab.evaluator.setup.rows_frame`) and finally results.json into ``out_dir``
+    (created if missing).
     Returns the JSON-ready results. On failure, removes what this call wrote and re-raises."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -422,6 +446,8 @@ def write_outputs(results: dict, out_dir: Path, replicates: dict[str, dict[str, 
             *_report_writers(clean),
             (REPLICATES_FILE, (lambda p: p.write_text(_replicates_csv(clean, replicates), encoding="utf-8"))
              if replicates is not None else None),
+            (ROWS_FILE, (lambda p: rows.to_csv(p, index=False, float_format="%.17g", lineterminator="\n"))
+             if rows is not None else None),
             (RESULTS_FILE, lambda p: p.write_text(text, encoding="utf-8")),
         ):
             if write is None:

@@ -29,7 +29,7 @@ from pitlab.evaluator.parallel import StatisticsPool, result_of, statistics_proc
 from pitlab.evaluator.protocols import ChronologicalSplit
 from pitlab.evaluator.provenance import TARGET, device_record, panel_summary, versions  # noqa: F401
 from pitlab.evaluator.report import RESULTS_FILE, write_outputs
-from pitlab.evaluator.setup import (EvalSetup, EvaluationError, date_strata,  # noqa: F401  (re-exported)
+from pitlab.evaluator.setup import (EvalSetup, EvaluationError, date_strata, rows_frame,  # noqa: F401  (re-exported)
                                     prepare_evaluation)
 from pitlab.evaluator.targets import (WIDEN_DECADES, WIDEN_STEPS, TargetStats, fold_edges,  # noqa: F401
                                       model_statistics, point_estimates, target_statistics, widen_grid)
@@ -291,7 +291,9 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
                        **_selection_record(setup), "device": setup.backend.name,
                        "dtype": "float64"},
         "bootstrap": _bootstrap_section(spec, setup),
-        "embedding": spec.embedding.model_dump(mode="json"),
+        "embedding": {**spec.embedding.model_dump(mode="json"),  # the spec's; what each model ran: models[]
+                      "pooling_applies_to": "causal models; an encoder pools by mean (each model's pooling: "
+                                            "models[].pooling)"},
         "dataset": dict(panel.dataset),
         "panel": panel_summary(panel, setup.calendar),
         "models": [o.result for o in outcomes],
@@ -398,6 +400,7 @@ def run_leakage_eval(spec: LeakageEvalSpec, panel: Panel, models: dict[str, tupl
     timings["evaluate_s"] = time.perf_counter() - t_all
     timings["total_s"] = timings["evaluate_s"] + sum(t["embed_s"] for n, t in timings["models"].items()
                                                      if n in (embedded or {}))
-    clean = write_outputs(results, out_dir, {o.result["name"]: o.replicates for o in outcomes})
+    clean = write_outputs(results, out_dir, {o.result["name"]: o.replicates for o in outcomes},
+                          rows_frame(panel, setup))
     note("report", 1, 1)
     return clean

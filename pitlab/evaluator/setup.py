@@ -126,6 +126,23 @@ def prepare_evaluation(spec: LeakageEvalSpec, panel: Panel,
                      date_codes, len(udates), market_neutral(y, date_codes), rule, splitters)
 
 
+def rows_frame(panel: Panel, setup: EvalSetup) -> pd.DataFrame:
+    """rows.csv: one row per panel row, in the order of the embeddings (row i of every model's matrix): ``row``,
+    ``date`` (YYYY-MM-DD), ``security``, ``target`` and ``target_market_neutral`` (float64, as fitted),
+    ``leakage_off`` (``train``, ``embargoed``, ``test`` or ``gap``: after trainEnd, before the first test date),
+    ``leakage_on_fold`` (the point estimate's GroupKFold fold, 0-based) and ``prompt`` (the text embedded): what
+    a premium is recomputed from, with the embeddings."""
+    split = setup.split
+    role = np.full(len(setup.y), "gap", dtype=object)
+    role[split.train_mask], role[split.embargo_mask], role[split.test_mask] = "train", "embargoed", "test"
+    folds = setup.point_folds[0] if setup.row_units else setup.point_folds[0][setup.codes]
+    rows = panel.rows
+    return pd.DataFrame({"row": np.arange(len(rows)), "date": pd.DatetimeIndex(rows["date"]).strftime("%Y-%m-%d"),
+                         "security": rows["security"].astype(str).to_numpy(), "target": setup.y,
+                         "target_market_neutral": setup.y_neutral, "leakage_off": role,
+                         "leakage_on_fold": folds.astype(np.int64), "prompt": setup.prompts})
+
+
 def date_strata(date_codes: np.ndarray, n_dates: int, train_mask: np.ndarray, test_mask: np.ndarray) -> np.ndarray:
     """Stratum of every panel date for the two-way bootstrap's date draws, int [n_dates]: 0 = a leakage-off
     training date, 2 = a test date, 1 = neither (embargoed or outside both sides)."""
