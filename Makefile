@@ -30,9 +30,9 @@ install: $(BIN)/.installed  ## create .venv and install pitlab with its test ext
 demo: $(BIN)/.installed  ## run the local example: PIT training on FOMC statements + leakage eval on the S&P 500
 	$(BIN)/pitlab run examples/local-sp500-fomc.yaml --overwrite
 
-validate: $(BIN)/.installed  ## validate the examples (local ones fully, cluster ones against the schema)
-	$(BIN)/pitlab validate examples/local-sp500-fomc.yaml
-	@for f in examples/pittraining.yaml examples/pittraining-trainjob.yaml examples/leakageeval.yaml; do $(BIN)/pitlab validate --schema-only $$f || exit 1; done
+validate: $(BIN)/.installed  ## validate every example (those on the shared data fully, the others against the schema)
+	@for f in examples/local-sp500-fomc.yaml examples/local-lora-fomc.yaml examples/local-lora-streaming.yaml; do $(BIN)/pitlab validate $$f || exit 1; done
+	@for f in examples/pittraining.yaml examples/pittraining-trainjob.yaml examples/leakageeval.yaml examples/leakageeval-jpx.yaml; do $(BIN)/pitlab validate --schema-only $$f || exit 1; done
 
 test: $(BIN)/.installed $(BIN)/helm  ## run the test suite
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)

@@ -19,6 +19,7 @@ This module is the bottom layer: it imports nothing of pitlab, and every layer m
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import re
 import typing
@@ -161,7 +162,8 @@ def _problem(e: dict, root: str, model: type | None = None) -> tuple[str, str]:
     if e["type"] == "extra_forbidden":
         msg = ("unknown field (check the spelling; fields are camelCase)"
                + _suggestion(str(e["loc"][-1]), _fields_at(model, tuple(e["loc"][:-1]))))
-    elif "input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list)):
+    elif ("input" in e and e["type"] not in ("missing",) and not isinstance(e["input"], (dict, list))
+          and not isinstance(e["input"], dt.date)):  # a YAML date or datetime: the message shows it (isoformat)
         msg = f"{msg} (got {e['input']!r})"
     return ".".join(parts), msg
 

@@ -37,7 +37,7 @@ def _iso_date(value: object) -> object:
         except ValueError as err:  # 2016-13-01
             raise ValueError(f"expected a date as YYYY-MM-DD ({err})") from None
     if isinstance(value, str) and re.match(r"^\d{4}-\d{2}-\d{2}[T ]", value.strip()):
-        raise ValueError(f"expected a date as YYYY-MM-DD, got a date and time ({value.strip()})")
+        raise ValueError("expected a date as YYYY-MM-DD, got a date and time")  # the error adds (got '...')
     raise ValueError("expected a date as YYYY-MM-DD")
 
 

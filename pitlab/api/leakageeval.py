@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pitlab.api.base import GROUP_VERSION, FieldError, SpecModel
+from pitlab.api.base import GROUP_VERSION, FieldError, ISODate, SpecModel
 from pitlab.api.meta import ObjectMeta
 from pitlab.api.names import LABEL_RULE, label_problem
 from pitlab.api.scheduling import PodScheduling, Quantity
@@ -44,7 +43,7 @@ class ModelRef(SpecModel):
     uri: str | None = None
     training_ref: TrainingRef | None = None
     kind: Literal["auto", "causal", "encoder"] = "auto"
-    knowledge_cutoff: dt.date | None = None
+    knowledge_cutoff: ISODate | None = None
 
     @field_validator("name")
     @classmethod
@@ -68,8 +67,8 @@ class DateSampling(SpecModel):
         {"rule": "!has(self.start) || !has(self.end) || self.start <= self.end",
          "message": "start must not be after end"}]})
     count: int = Field(30, ge=2)
-    start: dt.date | None = None
-    end: dt.date | None = None
+    start: ISODate | None = None
+    end: ISODate | None = None
 
     @model_validator(mode="after")
     def _order(self) -> "DateSampling":
@@ -133,8 +132,8 @@ class Protocol(SpecModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
         {"rule": "self.testStart > self.trainEnd", "message": "testStart must be after trainEnd"}]})
 
-    train_end: dt.date
-    test_start: dt.date
+    train_end: ISODate
+    test_start: ISODate
     embargo_days: int = Field(5, ge=0)
     group_k_folds: int = Field(5, ge=2)
     protocols: list[Literal["chronological", "group-kfold", "walk-forward", "purged-kfold"]] = Field(
