@@ -354,6 +354,10 @@ def test_synthetic_date_effect_premium_above_zero_noise_contains_zero(tmp_path, 
     mem, noise = res["models"]
     # dates 2 and 4 trading days before the first test date fall in the 5-day embargo
     assert (mem["n_train"], mem["n_embargoed"], mem["n_test"]) == (10 * S, 2 * S, 8 * S)
+    # neither fake model has a knowledge cutoff (typed or on a card): each gets the unknown-cutoff check (a new
+    # user's trial: MiniLM's near-zero premium was read as point-in-time with no word that its cutoff is unknown)
+    assert [(c["model"], c["check"]) for c in res["diagnostics"] if c["check"] == "unknown-cutoff"] == [
+        ("memoriser", "unknown-cutoff"), ("noise", "unknown-cutoff")]
     off = res["protocol"]["leakage_off"]
     assert (off["last_train_row_date"], off["first_test_row_date"]) == (str(dates[9].date()), str(dates[12].date()))
     # planted date effect: the model recognises in-sample dates (leakage-on) but not new ones (leakage-off)

@@ -301,3 +301,17 @@ def test_a_verdict_within_two_monte_carlo_errors_of_the_edge_is_named():
     needed = int(np.ceil(200 * (2 * r / 0.05) ** 2 / 100) * 100)
     assert msg.endswith(f"raise bootstrap.resamples (now 200; about {needed:,} would settle it if the sd stays as it "
                         "is)"), msg
+
+
+def test_unknown_cutoff_is_named_for_each_model_without_one():
+    """A model with a cutoff (typed or from its card) gets no check; each one without gets one, in order."""
+    import datetime as dt
+
+    from pitlab.evaluator.decompose import unknown_cutoff_checks
+
+    got = unknown_cutoff_checks({"base": None, "pit": dt.date(2016, 12, 31), "minilm": None})
+    assert [(c["model"], c["check"], c["protocol"]) for c in got] == [
+        ("base", "unknown-cutoff", "chronological"), ("minilm", "unknown-cutoff", "chronological")]
+    assert got[1]["message"].startswith("minilm: no knowledge cutoff is known (none in models[].knowledgeCutoff, no "
+                                        "pitlab model card in its folder)")
+    assert unknown_cutoff_checks({"pit": dt.date(2016, 12, 31)}) == []

@@ -125,6 +125,17 @@ def empty_checks(split, extra: dict, embargo_rows: list[dict], dates: np.ndarray
     return out
 
 
+def unknown_cutoff_checks(cutoffs: dict) -> list[dict]:
+    """One ``{"check": "unknown-cutoff", "protocol", "model", "message"}`` per model whose knowledge cutoff pitlab
+    does not know (``cutoffs``: model name → ``datetime.date`` or None; none typed in ``models[].knowledgeCutoff``
+    and no pitlab model card in its folder)."""
+    return [{"check": "unknown-cutoff", "protocol": "chronological", "model": name,
+             "message": f"{name}: no knowledge cutoff is known (none in models[].knowledgeCutoff, no pitlab model "
+                        "card in its folder), so its premium cannot show point-in-time training: a pretrained "
+                        "model may have read about the test period; give the cutoff its makers state, if any"}
+            for name, c in cutoffs.items() if c is None]
+
+
 def rows_per_dimension_checks(n_train_rows: int, dims: dict[str, int]) -> list[dict]:
     """One ``{"check": "few-rows-per-dimension", "protocol", "model", "message"}`` per model whose embedding has
     fewer than :data:`MIN_ROWS_PER_DIMENSION` leakage-off training rows per dimension (``dims``: model name →

@@ -19,7 +19,7 @@ from pitlab.api.leakageeval import LeakageEvalSpec, spec_warnings
 from pitlab.data.types import Panel
 from pitlab.evaluator.bootstrap import BIAS_LIMIT, IntervalRule, cutoff_control, paired_reductions
 from pitlab.evaluator.decompose import (DATE_ONLY, date_features, empty_checks, monte_carlo_checks,
-                                        rows_per_dimension_checks)
+                                        rows_per_dimension_checks, unknown_cutoff_checks)
 from pitlab.evaluator.embed import embed_texts
 from pitlab.evaluator.estimates import AlphaSelection
 from pitlab.evaluator.linalg import Backend
@@ -262,6 +262,7 @@ def assemble_results(spec: LeakageEvalSpec, panel: Panel, setup: EvalSetup, name
         {o.result["name"]: o.replicates["premium_market_neutral"] for o in outcomes}, conf, model_edges)
     robustness = outcomes[0].result["embargo_robustness"] if outcomes else []
     diagnostics = empty_checks(setup.split, setup.extra, robustness, setup.dates, setup.calendar.name)
+    diagnostics += unknown_cutoff_checks(cutoffs)
     if setup.rule.kind == "two-way":  # the rule the interval study calibrated
         diagnostics += rows_per_dimension_checks(int(setup.split.n_train),
                                                  {o.result["name"]: o.result["embedding_dim"] for o in outcomes})
