@@ -167,7 +167,7 @@ def _literal_zone(fmt: str) -> str | None:
     ``+09:00``), else None: strptime matches it as plain text and the time would be read in spec.corpus.timezone."""
     literal = " ".join(t for t in re.findall(r"%.|[^%]+", fmt.replace("%%", "")) if not t.startswith("%"))
     for word in re.findall(r"[A-Za-z]+", literal):
-        if word in ("Z", "UTC", "UT", "GMT") or re.fullmatch(r"[A-Z]{1,4}T", word) and word != "T":
+        if word in ("Z", "UTC", "UT", "GMT") or re.fullmatch(r"[A-Z]{1,4}T", word):  # 2-5 letters: not the ISO T
             return word
     offset = re.search(r"[+-]\d{1,2}(?::?\d{2})?", literal)
     return offset.group(0) if offset else None
