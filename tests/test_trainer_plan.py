@@ -399,3 +399,31 @@ def test_plan_nproc_plans_the_local_run_and_a_multi_node_spec_says_so(base35, tm
     assert "world size 16," in cluster.output and cluster.output.splitlines()[:8] != local.output.splitlines()[:8]
     bad = runner.invoke(app, ["plan", str(two), "--nproc", "0"])
     assert bad.exit_code == 2 and "--nproc" in bad.output
+
+
+def test_model_config_plans_the_cluster_example_without_its_weights(base35, tmp_path):
+    """``pitlab plan --model-config``: the cluster example (its 35B folder exists only on the cluster's volume)
+    planned from a copy of config.json alone, as a file of any name or a folder. Found that way: 79.8 GiB per GPU
+    on 8 ranks, over an 80 GB H100's 79.18 GiB, which the example's comment offered."""
+    runner = CliRunner()
+    copy = tmp_path / "qwen35.json"
+    copy.write_bytes((base35 / "config.json").read_bytes())
+    plain = runner.invoke(app, ["plan", "examples/pittraining.yaml"])
+    assert plain.exit_code == 2 and "no config.json to plan from" in plain.output
+    for given in (copy, base35):
+        res = runner.invoke(app, ["plan", "examples/pittraining.yaml", "--model-config", str(given),
+                                  "--gpu-memory-gib", "141"])
+        assert res.exit_code == 0, res.output
+        assert "model: qwen3_5_moe_text, 34.7 B parameters (3.45 B active), world size 8" in res.output
+        assert "predicted peak             79.82     85.71" in res.output and "fits: 79.8 GiB of 141.0 GiB" in res.output
+    h100 = runner.invoke(app, ["plan", "examples/pittraining.yaml", "--model-config", str(copy),
+                               "--gpu-memory-gib", "79.18"])
+    assert h100.exit_code == 3 and "predicted peak 79.8 GiB per GPU exceeds --gpu-memory-gib = 79.2 GiB" in h100.output
+    (tmp_path / "bogus.json").write_text('{"model_type": "bogus"}')
+    (tmp_path / "list.json").write_text('[1, 2]')
+    for path, message in ((tmp_path / "nowhere.json", "nowhere.json: no such file"),
+                          (tmp_path, "a folder without config.json"),
+                          (tmp_path / "list.json", 'not a transformers config.json (no "model_type")'),
+                          (tmp_path / "bogus.json", "has model type `bogus` but Transformers does not recognize")):
+        res = runner.invoke(app, ["plan", "examples/pittraining.yaml", "--model-config", str(path)])
+        assert res.exit_code == 2 and "--model-config" in res.output and message in res.output, res.output

@@ -3,7 +3,10 @@ memory plan (``plan``, exit 3 when the run does not fit)."""
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -61,7 +64,11 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
                                                              "spec.resources.gpuMemoryGiB)."),
          nproc: Optional[int] = typer.Option(None, "--nproc", min=1, metavar="N",
                                              help="Plan a `pitlab run --nproc N` on this machine (world size N) "
-                                                  "instead of the spec's nodes × gpusPerNode.")) -> None:
+                                                  "instead of the spec's nodes × gpusPerNode."),
+         model_config: Optional[Path] = typer.Option(None, "--model-config", metavar="PATH",
+                                                     help="The base model's config.json (or a folder holding one) "
+                                                          "to plan with instead of spec.baseModel.uri's: plan a "
+                                                          "cluster spec without the weights.")) -> None:
     """Predict per-GPU memory by component, and whether the decoder layers will be compiled on CUDA and with CUDA
     graphs (PITLAB_COMPILE_MODE or the plan decides); exit 3 if the run cannot fit the GPU the spec names. The
     world size is the spec's nodes × gpusPerNode (the cluster's); `pitlab run` starts gpusPerNode processes (or
@@ -80,16 +87,20 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
     r = res.spec.resources
     spec = res.spec if nproc is None else \
         res.spec.model_copy(update={"resources": r.model_copy(update={"nodes": 1, "gpus_per_node": nproc})})
-    try:
-        result = plan_memory(spec, gpu_memory_gib=gpu_memory_gib)
-    except SpecError as err:
-        fail(err, 2)
+    with tempfile.TemporaryDirectory(prefix="pitlab-plan-") as tmp:
+        try:
+            if model_config is not None:
+                spec = with_model_config(spec, model_config, Path(tmp))
+            result = plan_memory(spec, gpu_memory_gib=gpu_memory_gib)
+            compiled = planned_compile(spec, result)
+        except SpecError as err:
+            fail(err, 2)
     print(result.table())
     if nproc is None and r.nodes > 1:
         say(f"world size {r.nodes * r.gpus_per_node} (spec.resources: {r.nodes} nodes × {r.gpus_per_node} GPUs, as "
             f"on a cluster); `pitlab run` on one machine starts {r.gpus_per_node}: plan that with --nproc "
             f"{r.gpus_per_node}")
-    say(f"decoder layers on CUDA: {escape(planned_compile(spec, result))}")
+    say(f"decoder layers on CUDA: {escape(compiled)}")
     if not _has_cuda():
         say("this machine has no CUDA GPU: `pitlab run` here trains on the CPU (gloo), where the table's per-GPU "
             "figures and the line above do not apply (the reserve is a CUDA context's and allocator's)")
@@ -101,6 +112,32 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
         say(f"[green]✓[/] fits: {_size(result.peak_bytes)} of {_size(result.capacity_bytes)} per GPU")
+
+
+def with_model_config(spec, path: Path, scratch: Path):
+    """``spec`` with ``baseModel.uri`` pointing at a folder whose ``config.json`` is ``path`` (a config.json file
+    of any name, copied into ``scratch``, or a folder holding one) and no ``randomInit``. Raises
+    :class:`SpecError` naming ``--model-config`` when ``path`` is missing, has no config.json or is not a JSON
+    object with a ``model_type`` transformers knows."""
+    from transformers import AutoConfig
+
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise SpecError([("--model-config", f"{path}: no such file" if not path.exists() else
+                          f"{path}: a folder without config.json")])
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise SpecError([("--model-config", f"{file}: not JSON ({err})")]) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("model_type"), str):
+        raise SpecError([("--model-config", f"{file}: not a transformers config.json (no \"model_type\")")])
+    shutil.copyfile(file, scratch / "config.json")
+    try:
+        AutoConfig.from_pretrained(scratch)
+    except (ValueError, KeyError) as err:  # a model_type this transformers does not know
+        raise SpecError([("--model-config", f"{file}: {str(err).splitlines()[0]}")]) from None
+    base = spec.base_model.model_copy(update={"uri": str(scratch), "random_init": None})
+    return spec.model_copy(update={"base_model": base})
 
 
 def _has_cuda() -> bool:
