@@ -1,5 +1,6 @@
 """The local runner end to end: one YAML → corpus filter → torchrun training → merge → leakage evaluation."""
 
+import hashlib
 import json
 import re
 
@@ -74,6 +75,15 @@ def test_pittraining_runs_end_to_end(tmp_path, data_root):
     results = json.loads((ev_dir / "eval" / "results.json").read_text())
     assert [m["name"] for m in results["models"]] == ["base", "pit-2016", "minilm"]
     assert [m["embedding_dim"] for m in results["models"]] == [64, 64, 384]
+    # the random-initialised base has read only the kept documents (its tokenizer's): its card gives the cutoff,
+    # so only minilm's is unknown
+    base_card = json.loads((run_dir / "base" / "pitlab_model.json").read_text())
+    audit_sha = hashlib.sha256((run_dir / "corpus_audit.json").read_bytes()).hexdigest()
+    assert base_card == {"knowledgeCutoff": doc["spec"]["knowledgeCutoff"], "corpusAuditSha256": audit_sha,
+                         "training": "sp500-fomc-demo", "baseModel": None, "method": "random-init"}
+    assert [m["knowledge_cutoff"] for m in results["models"]] == [doc["spec"]["knowledgeCutoff"]] * 2 + [None]
+    assert [(c["model"], c["check"]) for c in results["diagnostics"] if c["check"] == "unknown-cutoff"] == [
+        ("minilm", "unknown-cutoff")]
     # a fresh output folder: every model was embedded by this run's Embedded stage, none came from the cache
     assert [m["embedding_cache_hit"] for m in results["models"]] == [False, False, False]
     assert all(t["embed_s"] > 0.05 for t in results["timings"]["models"].values())

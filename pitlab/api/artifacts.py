@@ -25,7 +25,8 @@ class ModelCard(SpecModel):
     """A PIT model folder's card. ``knowledgeCutoff``: the last date a training document may carry (the
     PitTraining's ``spec.knowledgeCutoff``); ``corpusAuditSha256``: sha256 (hex) of the run's
     ``corpus_audit.json``; ``training``: the PitTraining's ``metadata.name``; ``baseModel``: its
-    ``spec.baseModel.uri``; ``method``: ``full`` or ``lora``."""
+    ``spec.baseModel.uri``; ``method``: ``full`` or ``lora``, or ``random-init`` on the ``base/`` folder of a
+    ``randomInit`` training (random weights and a tokenizer trained on the documents up to the cutoff)."""
 
     knowledge_cutoff: ISODate
     corpus_audit_sha256: str | None = None

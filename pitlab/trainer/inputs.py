@@ -80,7 +80,8 @@ def short_corpus_message(count: str, seq_len: int) -> str:
 
 def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path, int]:
     """Write what every training rank reads: ``base/`` (tokenizer trained on the kept documents + base
-    model), ``data/tokens.npy`` (packed corpus tokens) and ``spec.json`` (the resolved resource).
+    model; with ``randomInit`` its model card, the run's knowledge cutoff and method ``random-init``),
+    ``data/tokens.npy`` (packed corpus tokens) and ``spec.json`` (the resolved resource).
 
     This is the ``pitlab prepare`` entry point's work (a single-pod Job on a cluster). Returns
     (base model folder, number of corpus tokens).
@@ -88,6 +89,7 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     from transformers import AutoTokenizer
 
     from pitlab.trainer.prepare import ShortCorpusError, prepare_base_model, tokenize_corpus
+    from pitlab.trainer.report import model_card
 
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = TrainingLayout(run_dir)
@@ -95,7 +97,9 @@ def prepare_run(res: PitTraining, plan: CorpusPlan, run_dir: Path) -> tuple[Path
     if not paths.corpus_audit.exists():
         write_json_atomic(paths.corpus_audit, plan.audit.to_dict())
     texts = [d.text for d in plan.documents]
-    base_dir = prepare_base_model(res.spec, texts, paths.base)
+    # a random-initialised base has read nothing but the kept documents (its tokenizer's): its card says so
+    card = model_card(res, run_dir, method="random-init") if res.spec.base_model.random_init else None
+    base_dir = prepare_base_model(res.spec, texts, paths.base, card)
     if res.spec.base_model.uri and storage.is_s3(res.spec.base_model.uri):
         # the download lives in this process's cache; the ranks and the merge (other pods on a cluster) read
         # RUN/base, so the verified copy goes there

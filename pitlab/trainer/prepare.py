@@ -17,9 +17,10 @@ from transformers import CONFIG_MAPPING, AutoModelForCausalLM, PreTrainedConfig,
 from transformers.activations import ACT2FN
 
 from pitlab.api import PitTrainingSpec, SpecError, resolve_input
+from pitlab.api.artifacts import MODEL_CARD, ModelCard
 from pitlab.errors import InputError
 from pitlab.storage.outdir import swap_in
-from pitlab.trainer.files import make_readable
+from pitlab.trainer.files import make_readable, write_json_atomic
 from pitlab.trainer.tokenizer import train_tokenizer
 
 _CONFIG_FIELD = "spec.baseModel.randomInit.config"
@@ -29,15 +30,15 @@ _RESERVED_CONFIG_KEYS = ("vocab_size", "eos_token_id", "pad_token_id", "bos_toke
 _GENERIC_CONFIG_KWARGS = {"attn_implementation", "experts_implementation"}
 
 
-def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path) -> Path:
+def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path, card: dict | None = None) -> Path:
     """Return the Hugging Face model directory that training starts from.
 
     With ``spec.baseModel.randomInit``: trains the tokenizer on ``texts`` (the PIT-filtered corpus),
     builds the ``modelType`` config from ``randomInit.config`` with ``vocab_size`` and eos/pad/bos ids
     from the tokenizer, seeds torch with ``randomInit.seed``, instantiates the causal LM in float32 and
-    writes model (safetensors) + config + tokenizer to ``out_dir`` (via ``out_dir.tmp``, renamed when
-    complete; an existing ``out_dir`` is replaced). Returns ``out_dir``. Deterministic for the same
-    spec and texts.
+    writes model (safetensors) + config + tokenizer, and ``card`` when given (the model card,
+    :data:`pitlab.api.artifacts.MODEL_CARD`), to ``out_dir`` (via ``out_dir.tmp``, renamed when complete; an
+    existing ``out_dir`` is replaced). Returns ``out_dir``. Deterministic for the same spec and texts.
 
     With ``spec.baseModel.uri`` (a Hugging Face directory holding ``config.json`` and a tokenizer, local or
     a published ``s3://`` prefix, then downloaded into the cache): returns that local path; nothing is written and ``texts`` is unused.
@@ -76,6 +77,8 @@ def prepare_base_model(spec: PitTrainingSpec, texts: list[str], out_dir: Path) -
     finally:
         if bar:
             transformers.logging.enable_progress_bar()
+    if card is not None:
+        write_json_atomic(tmp / MODEL_CARD, ModelCard.model_validate(card).model_dump(by_alias=True, mode="json"))
     make_readable(tmp)
     swap_in(tmp, out_dir)  # an existing out_dir is removed only once this one is in place
     return out_dir

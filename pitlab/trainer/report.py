@@ -17,10 +17,10 @@ if TYPE_CHECKING:
     from pitlab.trainer.train import StepResult, TrainRun
 
 
-def model_card(res: PitTraining, run_dir: Path) -> dict:
+def model_card(res: PitTraining, run_dir: Path, method: str | None = None) -> dict:
     """The card the merge writes beside the model (:class:`pitlab.api.artifacts.ModelCard`, JSON-ready): the
     knowledge cutoff, the sha256 of ``run_dir/corpus_audit.json`` (None when absent), the PitTraining's name,
-    base model and method."""
+    base model and method (``method``, default ``spec.method``; ``random-init`` for a randomInit base)."""
     import hashlib
 
     from pitlab.api.artifacts import ModelCard
@@ -29,7 +29,7 @@ def model_card(res: PitTraining, run_dir: Path) -> dict:
     digest = hashlib.sha256(audit.read_bytes()).hexdigest() if audit.is_file() else None
     return ModelCard(knowledge_cutoff=res.spec.knowledge_cutoff, corpus_audit_sha256=digest,
                      training=res.metadata.name, base_model=res.spec.base_model.uri,
-                     method=res.spec.method).model_dump(by_alias=True, mode="json")
+                     method=method or res.spec.method).model_dump(by_alias=True, mode="json")
 
 
 def metrics_record(run: TrainRun, step: int, result: StepResult, elapsed: float, mean_tps: float,
