@@ -419,19 +419,19 @@ def test_evaluation_of_the_cluster_example_inherits_the_trainings_placement() ->
     body["spec"]["resources"]["queueName"] = "gpu-queue"  # commented out in the example
     child, jobs, analyze = _child_and_jobs(body)
     assert child["spec"]["resources"] == {
-        "gpus": 1, "cpu": "8", "memory": "200Gi", "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "gpus": 1, "cpu": "8", "memory": "200Gi", "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"},
         "tolerations": [GPU_TOLERATION], "queueName": "gpu-queue"}
     assert [j["metadata"]["name"] for j in jobs] == ["qwen35-a3b-pit-2020-jpx-embed-base",
                                                      "qwen35-a3b-pit-2020-jpx-embed-pit-2020"]
     for job in jobs:
-        assert _placement(job) == ({"nvidia.com/gpu.present": "true"}, [GPU_TOLERATION], "gpu-queue")
+        assert _placement(job) == ({"nvidia.com/gpu.product": "NVIDIA-H200"}, [GPU_TOLERATION], "gpu-queue")
         _assert_queue_label_on_job_only(job)
         assert validate(job) == []
     assert _placement(analyze) == (None, None, None)
     assert validate(analyze) == []
     # the example as written (no queueName): placement without a queue label
     _, jobs, _ = _child_and_jobs(_example("examples/pittraining.yaml"))
-    assert [_placement(j) for j in jobs] == [({"nvidia.com/gpu.present": "true"}, [GPU_TOLERATION], None)] * 2
+    assert [_placement(j) for j in jobs] == [({"nvidia.com/gpu.product": "NVIDIA-H200"}, [GPU_TOLERATION], None)] * 2
 
 
 def test_evaluation_template_placement_overrides_the_trainings() -> None:

@@ -231,8 +231,9 @@ class ResourcesSpec(PodScheduling):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(8, ge=1)
     gpu_memory_gib: float | None = Field(None, gt=0, alias="gpuMemoryGiB", description=(
-        "memory of one GPU in GiB (e.g. 80 for an H100 80GB, 141 for an H200); `pitlab plan` refuses a run "
-        "whose predicted per-GPU peak exceeds it"))
+        "memory of one GPU in GiB as torch reports it (`torch.cuda.get_device_properties(0).total_memory / 2**30`: "
+        "79.18 on an H100 80GB, 139.0 on the H200s measured here; the names' 80 and 141 are GB, and more than "
+        "torch can use); `pitlab plan` and `pitlab run` refuse a run whose predicted per-GPU peak exceeds it"))
     image: str | None = None
     cpu: Quantity | None = None
     memory: Quantity | None = None

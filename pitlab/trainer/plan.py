@@ -250,7 +250,8 @@ def spec_config(spec: PitTrainingSpec):
         if not (path / "config.json").is_file():
             where = "" if path.is_absolute() else f" (a relative URI, read here from {Path.cwd()})"
             raise SpecError([("spec.baseModel.uri", f"{path}: no config.json to plan from{where}; the plan needs "
-                              "only the model's config.json: point the URI at a local folder holding a copy")])
+                              "only the model's config.json: give a copy with `pitlab plan --model-config "
+                              "PATH`, or point the URI at a local folder holding one")])
         return AutoConfig.from_pretrained(path)
     ri = base.random_init
     return build_config(ri.model_type, ri.config, vocab_size=base.tokenizer.vocab_size)
@@ -443,12 +444,34 @@ def _plan(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None
     pool = _gradient_pool(shape, adapter if spec.method == "lora" else None, g, accumulating)
     peak, allocated = _peak(comp, w, saved, working, loss_grads, accumulating, single, pool)
     notes = _plan_notes(spec, shape, adapter, g, w.trained, act_ckpt, why, pool)
-    remedies = ([] if act_ckpt else ["spec.training.activationCheckpointing: true"]) + [
-        "a shorter spec.training.seqLen or a smaller microBatchSize",
-        "more GPUs (spec.resources.nodes or gpusPerNode: FSDP2 shards weights, gradients and AdamW states)"] + (
-        ["a LoRA adapter instead of full weights (spec.method: lora)"] if spec.method == "full" else [])
     return MemoryPlan(g.world, comp, peak, capacity, shape, notes, activation_checkpointing=act_ckpt,
-                      single_device=single, allocated_peak=allocated, remedies=remedies)
+                      single_device=single, allocated_peak=allocated,
+                      remedies=_remedies(spec, comp, act_ckpt, single, None if capacity is None else peak - capacity))
+
+
+def _remedies(spec: PitTrainingSpec, comp: dict[str, int], act_ckpt: bool, single: bool,
+              short: int | None) -> list[str]:
+    """What would make a plan fit, in the order a refusal offers them: activation checkpointing when off; then
+    more GPUs and shorter sequences, the one whose components (weights, gradients and AdamW states; activations
+    and logits; on the ``single``-device path also its whole-model bf16 copy and gradients) hold more bytes
+    first; a LoRA adapter last (it changes what is trained). A change is left out when the components it shrinks
+    hold no more than the ``short`` bytes missing (it cannot fit alone); when none is left, a larger GPU."""
+    tokens = "a shorter spec.training.seqLen" + (" or a smaller microBatchSize"
+                                                  if spec.training.micro_batch_size > 1 else "")
+    per_token = comp["activations"] + comp["logits"]
+    state = comp["parameters"] + comp["gradients"] + comp["optimizer"]
+    whole_model = comp["unsharded_parameters"] + comp["gradient_buffers"] if single else 0  # FSDP2: one layer's
+    options = [("spec.training.activationCheckpointing: true", 0 if act_ckpt else comp["activations"])]
+    options += sorted([("more GPUs (spec.resources.nodes or gpusPerNode: FSDP2 shards weights, gradients and "
+                        "AdamW states)", state + whole_model), (tokens, per_token)], key=lambda o: -o[1])
+    # LoRA keeps the frozen weights sharded in bf16 (half the float32 master), no gradients or AdamW states of
+    # them, and no whole-model copy
+    options.append(("a LoRA adapter instead of full weights (spec.method: lora)",
+                    state - comp["parameters"] // 2 + whole_model if spec.method == "full" else 0))
+    out = [text for text, holds in options if holds > 0 and (short is None or holds > short)]
+    if not out and short is not None:
+        out = [f"a GPU with more memory: no one change to the spec saves the {short / GiB:.2f} GiB missing"]
+    return out
 
 
 def _plan_notes(spec: PitTrainingSpec, shape: ModelShape, adapter: AdapterShape | None, g: _Regime, trained: int,
