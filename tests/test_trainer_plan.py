@@ -300,6 +300,15 @@ def test_a_typed_gpu_memory_above_the_cards_is_planned_against_the_card(base35, 
     typed = plan_memory(spec, shape35)
     assert (typed.activation_checkpointing, on_card.activation_checkpointing) == (False, True)
     assert on_card.capacity_bytes == card and typed.capacity_bytes == 141 * GiB
+    # 35B on 8 H100s at seq 8192 with checkpointing: over the card; the trainer warns on rank 0 and goes on
+    from pitlab.trainer.train import fit_warning
+
+    assert fit_warning(on_card, True) == (
+        f"predicted peak {on_card.peak_bytes / GiB:.1f} GiB per GPU exceeds this GPU's memory = 79.2 GiB; to fit, "
+        "more GPUs (spec.resources.nodes or gpusPerNode: FSDP2 shards weights, gradients and AdamW states); or a "
+        "shorter spec.training.seqLen; or a LoRA adapter instead of full weights (spec.method: lora); the run may "
+        "run out of memory (`pitlab plan` shows the plan)") and on_card.fits is False
+    assert fit_warning(typed, False) is None and fit_warning(None, True) is None
     doc["spec"]["resources"]["gpuMemoryGiB"] = 70  # less than the card: the user's limit stands
     assert plan_capacity(PitTraining.model_validate(doc).spec, card) == (None, None)
     del doc["spec"]["resources"]["gpuMemoryGiB"]  # none typed: the card's

@@ -229,8 +229,9 @@ def setup_run(spec_path: Path, paths: RunPaths) -> TrainRun:
     capacity = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     plan_gib, too_much = plan_capacity(spec, capacity)
     plan = _plan(spec, shape, config, plan_gib)  # the chosen strategy's plan (layerStreaming: plan_streaming's)
-    if too_much and rank == 0:
-        print(f"warning: {too_much}", file=sys.stderr, flush=True)
+    for warning in (too_much, fit_warning(plan, plan_gib is not None)):
+        if warning and rank == 0:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
     strategy = choose_strategy(spec, world, plan)
     loss_impl = strategy.build(paths.base, paths.run_dir, spec, device, mesh, plan, lora)
     kernels, warning = _kernels(strategy, tr, device, loss_impl, lora, rank, plan, capacity)
@@ -372,6 +373,16 @@ def plan_capacity(spec, capacity_bytes: int | None) -> tuple[float | None, str |
         return capacity_bytes / GiB, (f"spec.resources.gpuMemoryGiB={typed:g} is more than this GPU's "
                                       f"{capacity_bytes / GiB:.2f} GiB: the memory plan uses the GPU's")
     return None, None
+
+
+def fit_warning(plan: MemoryPlan | None, on_card: bool) -> str | None:
+    """A warning when ``plan`` (made against this GPU's memory when ``on_card``, else the spec's
+    ``gpuMemoryGiB``) predicts more than it: the run goes on (the plan can be a few percent high), but may run out
+    of memory after loading the model; None when it fits or nothing was planned."""
+    if plan is None or plan.fits is not False:
+        return None
+    source = "this GPU's memory" if on_card else "spec.resources.gpuMemoryGiB"
+    return f"{plan.refusal(source)}; the run may run out of memory (`pitlab plan` shows the plan)"
 
 
 def _plan(spec, shape, config, gpu_memory_gib: float | None) -> MemoryPlan | None:
