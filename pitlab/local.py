@@ -100,12 +100,10 @@ def preflight(res: PitTraining | LeakageEval) -> Preflight:
             from pitlab.trainer.plan_streaming import check_spec_fits
 
             check_spec_fits(res.spec)  # the spec's budget, before anything is written; the trainer checks the GPU
-        elif res.spec.resources.gpu_memory_gib is not None and config is not None:  # the memory plan, likewise
-            from pitlab.trainer.plan import model_shape, plan_memory
+        elif config is not None:  # the memory plan against spec.resources.gpuMemoryGiB, likewise
+            from pitlab.trainer.inputs import check_memory
 
-            fit = plan_memory(res.spec, model_shape(config))
-            if fit.fits is False:
-                raise SpecError([("spec.resources.gpuMemoryGiB", fit.refusal("spec.resources.gpuMemoryGiB"))])
+            check_memory(res.spec, config)
         plan = check_corpus(res)
         evaluations = [_check_evaluation(ev.spec, f"spec.evaluations[{i}].spec", res.metadata.name)
                        for i, ev in enumerate(res.spec.evaluations)]

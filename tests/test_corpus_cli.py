@@ -166,3 +166,20 @@ def test_run_refuses_a_corpus_shorter_than_one_sequence_with_exit_2_and_a_failed
                         r"seqLen \+ 1 = 513 tokens; lower spec.training.seqLen or give a corpus with more text up to "
                         r"the knowledge cutoff", prepared["message"])
     assert not (tmp_path / "out" / "sp500-fomc-demo" / "data" / "tokens.npy").exists()
+
+
+def test_prepare_refuses_a_run_that_cannot_fit_its_gpus_before_reading_the_corpus(tmp_path, spec, data_root):
+    """The prepare Job (the cluster's first stage) plans memory against spec.resources.gpuMemoryGiB, so a spec that
+    cannot fit fails there (exit 2, the field named) before a TrainJob asks for its GPUs; the corpus is not read."""
+    spec["spec"]["resources"]["gpuMemoryGiB"] = 1.5  # the demo model needs its 2 GiB reserve and a little more
+    spec["spec"]["corpus"]["uri"] = str(tmp_path / "never-read.csv")
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    run_dir = tmp_path / "run"
+    r = CliRunner().invoke(app, ["prepare", "--spec", str(path), "--run-dir", str(run_dir), "--data-root",
+                                 str(data_root)], env={"COLUMNS": "400"})
+    out = re.sub(r"\s+", " ", r.output)
+    assert r.exit_code == 2, out
+    assert ("spec.resources.gpuMemoryGiB: predicted peak 2.0 GiB per GPU exceeds spec.resources.gpuMemoryGiB = 1.5 "
+            "GiB; to fit, a GPU with more memory: no one change to the spec saves the 0.52 GiB missing") in out, out
+    assert not run_dir.exists()

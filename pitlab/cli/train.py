@@ -25,19 +25,31 @@ def prepare(spec: Path = typer.Option(..., "--spec", help="PitTraining as YAML o
             run_dir: Path = typer.Option(..., "--run-dir", help="Run folder to write base/, data/, spec.json into."),
             data_root: Optional[Path] = DataRoot) -> None:
     """Filter the corpus to the knowledge cutoff, train the tokenizer, write the base model and packed tokens
-    (the prepare Job's entry point; `pitlab run` does the same before training)."""
+    (the prepare Job's entry point; `pitlab run` does the same before training); exit 2 when the memory plan
+    exceeds spec.resources.gpuMemoryGiB, before the training's GPUs are asked for."""
+    from transformers import AutoConfig
+
     from pitlab.trainer.files import write_json_atomic
-    from pitlab.trainer.inputs import check_corpus, prepare_run
+    from pitlab.trainer.inputs import check_corpus, check_memory, prepare_run
+    from pitlab.trainer.plan import spec_config
 
     res = load(spec, data_root)
     if not isinstance(res, PitTraining):
         fail(f"{spec}: kind {res.kind}: `pitlab prepare` takes a PitTraining", 2)
     try:
+        try:  # randomInit or a local folder: before the corpus is read; an s3:// model once it is downloaded
+            config = spec_config(res.spec)
+        except SpecError:
+            config = None
+        if config is not None:
+            check_memory(res.spec, config)
         plan = check_corpus(res)
         say_audit_notes(plan.audit)
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(TrainingLayout(run_dir).corpus_audit, plan.audit.to_dict())
         base_dir, n_tokens = prepare_run(res, plan, run_dir)
+        if config is None:
+            check_memory(res.spec, AutoConfig.from_pretrained(base_dir))
     except InputError as err:
         fail(err, err.exit_code)
     say(f"[green]✓[/] {plan.audit.included} documents, {n_tokens:,} tokens → {run_dir}")

@@ -26,6 +26,19 @@ class CorpusPlan:
     audit: CorpusAudit
 
 
+def check_memory(spec, config) -> None:
+    """Refuse ``spec`` (a ``PitTrainingSpec``) whose memory plan for the model of ``config`` (its transformers
+    config) exceeds ``spec.resources.gpuMemoryGiB``: :class:`SpecError` naming that field, with what would fit.
+    Nothing is checked without a typed GPU memory or with layer streaming (its own budget)."""
+    if spec.resources.gpu_memory_gib is None or spec.training.layer_streaming.enabled:
+        return
+    from pitlab.trainer.plan import model_shape, plan_memory
+
+    fit = plan_memory(spec, model_shape(config))
+    if fit.fits is False:
+        raise SpecError([("spec.resources.gpuMemoryGiB", fit.refusal("spec.resources.gpuMemoryGiB"))])
+
+
 def check_corpus(res: PitTraining) -> CorpusPlan:
     """Read and filter the corpus; raises SpecError/CorpusError naming the field, file and row."""
     c = res.spec.corpus
