@@ -439,6 +439,11 @@ def test_model_config_plans_the_cluster_example_without_its_weights(base35, tmp_
                                "--gpu-memory-gib", "79.18"])
     assert h100.exit_code == 3 and ("predicted peak 79.8 GiB per GPU exceeds --gpu-memory-gib = 79.2 GiB; to fit, "
                                     "more GPUs (") in h100.output
+    # 80, the H100's label, passes the 79.8 GiB plan: said to be the label, not what torch can use
+    label = runner.invoke(app, ["plan", "examples/pittraining.yaml", "--model-config", str(copy),
+                                "--gpu-memory-gib", "80"])
+    assert label.exit_code == 0 and ("warning: 80 is the GB on the card's label; torch can use 79.18 GiB of an H100 "
+                                     "80GB, less than the predicted peak: plan with that") in label.output, label.output
     (tmp_path / "bogus.json").write_text('{"model_type": "bogus"}')
     (tmp_path / "list.json").write_text('[1, 2]')
     for path, message in ((tmp_path / "nowhere.json", "nowhere.json: no such file"),

@@ -124,6 +124,14 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
         fail(RuntimeError(f"{file}: {result.refusal(source)}"), 3)
     else:
         say(f"[green]✓[/] fits: {_size(result.peak_bytes)} of {_size(result.capacity_bytes)} per GPU")
+        usable = LABEL_GIB.get(round(result.capacity_bytes / 2**30, 2))
+        if usable is not None and result.peak_bytes > usable[0] * 2**30:
+            say(f"[yellow]warning:[/] {result.capacity_bytes / 2**30:g} is the GB on the card's label; torch can use "
+                f"{usable[0]:g} GiB of {usable[1]}, less than the predicted peak: plan with that")
+
+
+LABEL_GIB = {80.0: (79.18, "an H100 80GB"), 141.0: (139.0, "the H200s measured here")}
+"""GPU memory typed as the card's label (GB) → (GiB torch reports on that card, which card)."""
 
 
 def with_model_config(spec, path: Path, scratch: Path):
