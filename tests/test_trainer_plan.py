@@ -435,6 +435,7 @@ def test_model_config_plans_the_cluster_example_without_its_weights(base35, tmp_
         assert res.exit_code == 0, res.output
         assert "model: qwen3_5_moe_text, 34.7 B parameters (3.45 B active), world size 8" in res.output
         assert "predicted peak             79.82     85.71" in res.output and "fits: 79.8 GiB of 139.0 GiB" in res.output
+        assert "this machine has no CUDA GPU" not in res.output  # the run planned is not one on this machine
     h100 = runner.invoke(app, ["plan", "examples/pittraining.yaml", "--model-config", str(copy),
                                "--gpu-memory-gib", "79.18"])
     assert h100.exit_code == 3 and ("predicted peak 79.8 GiB per GPU exceeds --gpu-memory-gib = 79.2 GiB; to fit, "

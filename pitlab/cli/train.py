@@ -113,7 +113,7 @@ def plan(file: Path = typer.Argument(..., metavar="FILE", help="PitTraining YAML
             f"on a cluster); `pitlab run` on one machine starts {r.gpus_per_node}: plan that with --nproc "
             f"{r.gpus_per_node}")
     say(f"decoder layers on CUDA: {escape(compiled)}")
-    if not _has_cuda():
+    if model_config is None and not _has_cuda():  # with --model-config the weights, and the run, are elsewhere
         say("this machine has no CUDA GPU: `pitlab run` here trains on the CPU (gloo), where the table's per-GPU "
             "figures and the line above do not apply (the reserve is a CUDA context's and allocator's)")
     if result.fits is None:
