@@ -387,7 +387,7 @@ def test_a_refusal_shows_as_many_decimals_as_tell_the_peak_from_the_gpu(base35, 
     # without checkpointing it is offered first; a LoRA plan does not offer LoRA
     off = plan(base35, shape35, gpus=8, accum=1, seqLen=8192, activationCheckpointing=False)
     assert "; to fit, spec.training.activationCheckpointing: true; or more GPUs (" in off.refusal("x")
-    # 0.6 GiB short on 8 H100s: the 77 GiB of sharded state first, then shorter sequences (microBatchSize is 1)
+    # 0.6 GiB short on 8 H100s: the 64.6 GiB of sharded state first, then shorter sequences (microBatchSize is 1)
     h100 = plan_memory(PitTraining.model_validate(published(base35, 8, 1)).spec, shape35, gpu_memory_gib=79.18)
     assert h100.refusal("x").endswith(
         "exceeds x = 79.2 GiB; to fit, more GPUs (spec.resources.nodes or gpusPerNode: FSDP2 shards weights, "
